@@ -1,0 +1,479 @@
+// Package ctxtree implements the per-request cancellation context of dynamo-ctx:
+// a tree (in fact a graph) of contexts, each in one of three states, that
+// propagates a stop or a kill from a parent to its children.
+//
+// States are monotonic: Live -> Stopped -> Killed, and Live -> Killed directly.
+// No operation ever moves a context backwards: a StopGenerating after Kill
+// changes nothing, and the reason of a context only changes together with its
+// state.
+//
+// Stopped is graceful (the producer should stop producing; what it produced
+// stays valid and the stream ends cleanly). Killed is a hard abort. A killed
+// context is also stopped, so everything that waits for Stopped is released by
+// a kill too.
+//
+// The guarantees of the tree, each implemented in exactly one place:
+//
+//   - Propagation (Cancel): moving a context to Stopped moves every linked child
+//     to at least Stopped, moving it to Killed moves every linked child to
+//     Killed, transitively, with reason ReasonParent. Propagation stops at nodes
+//     already in the target state, so it terminates on cycles. It runs on the
+//     calling goroutine, iteratively (a 10k-deep chain needs no deep stack), and
+//     has finished when Cancel returns. No goroutine is started per link or per
+//     context.
+//   - Linking (LinkChild): linking a child to a parent that is already Stopped or
+//     Killed applies that state to the child before LinkChild returns. A parent's
+//     state change and its snapshot of children happen under the parent's lock,
+//     and linking reads the parent's state and inserts the child under the same
+//     lock, so a child is either in the snapshot or sees the new state: no child
+//     linked concurrently with a cancel can miss it.
+//   - Unlinking: Finish removes a context from all of its parents at once, and a
+//     parent holds its children through weak pointers, so a child that nobody
+//     else references is dropped by the garbage collector and pruned from the
+//     parent. A long-lived parent does not grow with the requests it served.
+//   - Notification: Stopped and Killed return channels closed on the transition;
+//     Notify runs a function exactly once when the context reaches a state.
+//
+// A context's state word (state in bits 0-7, reason in bits 8-15) can live in
+// memory supplied by the caller (WithStateWord), for readers outside Go that
+// poll it with an atomic load; Go only ever writes it atomically.
+package ctxtree
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"time"
+	"weak"
+)
+
+// State is the cancellation state of a Context. The numeric values are part of
+// the C ABI: they are what the state word holds.
+type State uint32
+
+const (
+	Live    State = 0 // not cancelled
+	Stopped State = 1 // stop_generating: finish cleanly, produce no more
+	Killed  State = 2 // kill: abort now, do not drain
+)
+
+func (s State) String() string {
+	switch s {
+	case Live:
+		return "live"
+	case Stopped:
+		return "stopped"
+	case Killed:
+		return "killed"
+	}
+	return "invalid"
+}
+
+// Reason says why a context was cancelled. The numeric values are part of the
+// C ABI.
+type Reason uint32
+
+const (
+	ReasonNone               Reason = 0 // still live
+	ReasonStopGenerating     Reason = 1
+	ReasonKill               Reason = 2
+	ReasonClientDisconnected Reason = 3
+	ReasonParent             Reason = 4 // propagated from a parent
+	ReasonDeadline           Reason = 5
+	ReasonConnectionLost     Reason = 6
+	ReasonShutdown           Reason = 7
+	numReasons                      = 8
+)
+
+var reasonNames = [numReasons]string{
+	"", "stop_generating", "kill", "client_disconnected", "parent",
+	"deadline", "connection_lost", "shutdown",
+}
+
+// String returns the reason's name as the Python API spells it ("" for ReasonNone).
+func (r Reason) String() string {
+	if r < numReasons {
+		return reasonNames[r]
+	}
+	return "invalid"
+}
+
+// Valid reports whether r is one of the defined reasons other than ReasonNone.
+func (r Reason) Valid() bool { return r > ReasonNone && r < numReasons }
+
+// ReasonFromString is the inverse of Reason.String for the defined reasons.
+func ReasonFromString(s string) (Reason, bool) {
+	for i := Reason(1); i < numReasons; i++ {
+		if reasonNames[i] == s {
+			return i, true
+		}
+	}
+	return ReasonNone, false
+}
+
+// Pack builds a state word; Unpack splits one.
+func Pack(s State, r Reason) uint32 { return uint32(s) | uint32(r)<<8 }
+
+// Unpack splits a state word into its state and reason.
+func Unpack(w uint32) (State, Reason) { return State(w & 0xff), Reason((w >> 8) & 0xff) }
+
+var seqCounter atomic.Uint64
+
+// Context is one node of the cancellation tree. The zero value is not usable;
+// create contexts with New. All methods are safe for concurrent use.
+type Context struct {
+	id   string
+	seq  uint64         // global creation order: the lock order when two contexts are locked together
+	word *atomic.Uint32 // state word: own, or caller-supplied memory
+	own  atomic.Uint32
+
+	mu       sync.Mutex
+	children map[weak.Pointer[Context]]struct{}
+	pruneAt  int
+	parents  []*Context
+	finished bool
+	stopCh   chan struct{}
+	killCh   chan struct{}
+	hooks    map[uint64]hook
+	nextHook uint64
+}
+
+type hook struct {
+	target State
+	f      func()
+}
+
+// Option configures New.
+type Option func(*Context)
+
+// WithStateWord makes the context keep its state word at w instead of inside
+// the Context. w must be zero, must stay valid for as long as the Context is
+// reachable, and must only be read (atomically) by others.
+func WithStateWord(w *atomic.Uint32) Option { return func(c *Context) { c.word = w } }
+
+// New returns a live context with the given id and no parent.
+func New(id string, opts ...Option) *Context {
+	c := &Context{id: id, seq: seqCounter.Add(1)}
+	c.word = &c.own
+	for _, o := range opts {
+		o(c)
+	}
+	return c
+}
+
+// ID returns the request id the context was created with.
+func (c *Context) ID() string { return c.id }
+
+// State returns the current state and reason (one atomic load).
+func (c *Context) State() (State, Reason) { return Unpack(c.word.Load()) }
+
+// IsStopped reports whether the context is Stopped or Killed.
+func (c *Context) IsStopped() bool { return State(c.word.Load()&0xff) >= Stopped }
+
+// IsKilled reports whether the context is Killed.
+func (c *Context) IsKilled() bool { return State(c.word.Load()&0xff) == Killed }
+
+// Reason returns why the context was cancelled, ReasonNone while it is live.
+func (c *Context) Reason() Reason { _, r := c.State(); return r }
+
+// StopGenerating moves the context to Stopped with ReasonStopGenerating.
+func (c *Context) StopGenerating() { c.Cancel(Stopped, ReasonStopGenerating) }
+
+// Kill moves the context to Killed with ReasonKill.
+func (c *Context) Kill() { c.Cancel(Killed, ReasonKill) }
+
+// Child returns a new live context with the same id, linked as a child of c
+// (so it is already cancelled if c is).
+func (c *Context) Child(opts ...Option) *Context {
+	ch := New(c.id, opts...)
+	c.LinkChild(ch)
+	return ch
+}
+
+// Cancel moves c to target (Stopped or Killed) with the given reason, and every
+// context linked below it with ReasonParent. It reports whether c itself
+// changed state: false when c was already at or past target, or target is not
+// Stopped or Killed. When Cancel returns, the whole tree below c has been
+// moved and every channel and Notify function of the moved contexts has run.
+func (c *Context) Cancel(target State, reason Reason) bool {
+	if target != Stopped && target != Killed {
+		return false
+	}
+	kids, fired, ok := c.transition(target, reason)
+	if !ok {
+		return false
+	}
+	runHooks(fired)
+	// Depth-first over an explicit stack: deep chains need no deep goroutine stack.
+	stack := kids
+	for len(stack) > 0 {
+		n := stack[len(stack)-1]
+		stack = stack[:len(stack)-1]
+		more, fired, ok := n.transition(target, ReasonParent)
+		if !ok {
+			continue
+		}
+		runHooks(fired)
+		stack = append(stack, more...)
+	}
+	return true
+}
+
+// transition moves one node under its lock and returns what the caller must
+// do outside the lock: the children to visit and the hooks to run.
+func (c *Context) transition(target State, reason Reason) ([]*Context, []func(), bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	old, _ := Unpack(c.word.Load())
+	if old >= target {
+		return nil, nil, false
+	}
+	c.word.Store(Pack(target, reason))
+	if c.stopCh != nil && old < Stopped {
+		close(c.stopCh)
+	}
+	if c.killCh != nil && target == Killed {
+		close(c.killCh)
+	}
+	var fired []func()
+	for k, h := range c.hooks {
+		if h.target <= target {
+			fired = append(fired, h.f)
+			delete(c.hooks, k)
+		}
+	}
+	kids := make([]*Context, 0, len(c.children))
+	for wp := range c.children {
+		if k := wp.Value(); k != nil {
+			kids = append(kids, k)
+		}
+	}
+	if target == Killed {
+		// Nothing can happen to a killed context any more: its children need
+		// not be remembered.
+		c.children = nil
+	}
+	return kids, fired, true
+}
+
+func runHooks(fs []func()) {
+	for _, f := range fs {
+		f()
+	}
+}
+
+// LinkChild makes child follow c: stopping c stops child, killing c kills
+// child. If c is already Stopped or Killed, child is moved to that state
+// before LinkChild returns. Linking a context to itself or building a cycle is
+// allowed; propagation terminates. Linking a finished child does nothing but
+// apply c's current state. Linking the same pair twice is the same as once.
+func (c *Context) LinkChild(child *Context) {
+	if child == nil {
+		return
+	}
+	if child == c {
+		return // a self-link can never change anything
+	}
+	first, second := c, child
+	if second.seq < first.seq {
+		first, second = second, first
+	}
+	first.mu.Lock()
+	second.mu.Lock()
+	pst, _ := Unpack(c.word.Load())
+	if pst < Killed && !child.finished {
+		wp := weak.Make(child)
+		if _, dup := c.children[wp]; !dup {
+			if c.children == nil {
+				c.children = make(map[weak.Pointer[Context]]struct{})
+			}
+			c.children[wp] = struct{}{}
+			child.parents = append(child.parents, c)
+			c.maybePruneLocked()
+		}
+	}
+	second.mu.Unlock()
+	first.mu.Unlock()
+	if pst > Live {
+		child.Cancel(pst, ReasonParent)
+	}
+}
+
+// maybePruneLocked drops children the garbage collector has reclaimed, once
+// the map has doubled since the last sweep (amortised O(1) per link).
+func (c *Context) maybePruneLocked() {
+	if len(c.children) < c.pruneAt || len(c.children) < 64 {
+		return
+	}
+	for wp := range c.children {
+		if wp.Value() == nil {
+			delete(c.children, wp)
+		}
+	}
+	c.pruneAt = 2 * len(c.children)
+}
+
+// Finish declares that the request of c is over: c is unlinked from all of its
+// parents (so they stop holding it) and will not be linked again. c's own
+// state and its children are unaffected: cancelling c still propagates.
+func (c *Context) Finish() {
+	c.mu.Lock()
+	if c.finished {
+		c.mu.Unlock()
+		return
+	}
+	c.finished = true
+	parents := c.parents
+	c.parents = nil
+	c.mu.Unlock()
+	wp := weak.Make(c)
+	for _, p := range parents {
+		p.mu.Lock()
+		delete(p.children, wp)
+		p.mu.Unlock()
+	}
+}
+
+// NumChildren returns how many linked children are still reachable, sweeping
+// the collected ones. It is meant for tests and metrics.
+func (c *Context) NumChildren() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for wp := range c.children {
+		if wp.Value() == nil {
+			delete(c.children, wp)
+		}
+	}
+	return len(c.children)
+}
+
+var closedCh = func() chan struct{} { ch := make(chan struct{}); close(ch); return ch }()
+
+// Stopped returns a channel that is closed when c becomes Stopped or Killed.
+func (c *Context) Stopped() <-chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.IsStopped() {
+		return closedCh
+	}
+	if c.stopCh == nil {
+		c.stopCh = make(chan struct{})
+	}
+	return c.stopCh
+}
+
+// Killed returns a channel that is closed when c becomes Killed.
+func (c *Context) Killed() <-chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.IsKilled() {
+		return closedCh
+	}
+	if c.killCh == nil {
+		c.killCh = make(chan struct{})
+	}
+	return c.killCh
+}
+
+// Notify arranges for f to run exactly once when c reaches target (Stopped
+// also fires on Killed). f runs synchronously on the goroutine that cancels
+// c, after c's lock is released, or in Notify itself if c is already there;
+// it must not block. The returned stop function unregisters f and reports
+// whether it did so before f ran.
+func (c *Context) Notify(target State, f func()) (stop func() bool) {
+	c.mu.Lock()
+	if st, _ := Unpack(c.word.Load()); st >= target {
+		c.mu.Unlock()
+		f()
+		return func() bool { return false }
+	}
+	if c.hooks == nil {
+		c.hooks = make(map[uint64]hook)
+	}
+	c.nextHook++
+	key := c.nextHook
+	c.hooks[key] = hook{target: target, f: f}
+	c.mu.Unlock()
+	return func() bool {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		if _, ok := c.hooks[key]; ok {
+			delete(c.hooks, key)
+			return true
+		}
+		return false
+	}
+}
+
+type ctxKey struct{}
+
+// Std returns a context.Context that is done when c is Stopped or Killed, for
+// Go code that only knows the standard interface. It starts no goroutine.
+// Err returns context.Canceled (context.DeadlineExceeded for ReasonDeadline).
+// FromStd recovers c from it or from any context derived from it.
+func (c *Context) Std() context.Context { return stdContext{c} }
+
+type stdContext struct{ c *Context }
+
+func (s stdContext) Deadline() (time.Time, bool) { return time.Time{}, false }
+func (s stdContext) Done() <-chan struct{}       { return s.c.Stopped() }
+func (s stdContext) Err() error {
+	st, r := s.c.State()
+	switch {
+	case st == Live:
+		return nil
+	case r == ReasonDeadline:
+		return context.DeadlineExceeded
+	default:
+		return context.Canceled
+	}
+}
+func (s stdContext) Value(key any) any {
+	if key == (ctxKey{}) {
+		return s.c
+	}
+	return nil
+}
+
+// FromStd returns the Context behind a context.Context made by Std, or nil.
+func FromStd(ctx context.Context) *Context {
+	c, _ := ctx.Value(ctxKey{}).(*Context)
+	return c
+}
+
+// FollowStd kills c when std is done: with ReasonDeadline if std's deadline
+// passed, ReasonParent otherwise. It uses context.AfterFunc, so no goroutine
+// exists until std is done. The returned stop function detaches c from std.
+func (c *Context) FollowStd(std context.Context) (stop func() bool) {
+	return context.AfterFunc(std, func() {
+		r := ReasonParent
+		if errors.Is(context.Cause(std), context.DeadlineExceeded) {
+			r = ReasonDeadline
+		}
+		c.Cancel(Killed, r)
+	})
+}
+
+// NewID returns a random (version 4) UUID in its canonical text form, the id
+// of a request that arrived without one.
+func NewID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails on supported platforms
+	b[6] = b[6]&0x0f | 0x40
+	b[8] = b[8]&0x3f | 0x80
+	const hexd = "0123456789abcdef"
+	out := make([]byte, 0, 36)
+	for i, x := range b {
+		if i == 4 || i == 6 || i == 8 || i == 10 {
+			out = append(out, '-')
+		}
+		out = append(out, hexd[x>>4], hexd[x&0xf])
+	}
+	return string(out)
+}
+
+// StateWord returns the word that holds c's state and reason (see Pack). It
+// is the one given to WithStateWord, or c's own. Only read it.
+func (c *Context) StateWord() *atomic.Uint32 { return c.word }

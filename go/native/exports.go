@@ -1,0 +1,618 @@
+package main
+
+/*
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+// Error codes returned by every dc_* function (0 is success). The values
+// follow errno where one fits, so strerror gives a rough idea, but
+// dc_last_error gives the precise message.
+enum {
+	DC_OK = 0,
+	DC_ENOENT = 2,        // no such entry (dc_queue_unwatch: token not registered or already fired)
+	DC_EBADF = 9,         // zero, stale, freed, forged or wrong-kind handle
+	DC_EAGAIN = 11,       // nothing to read now (dc_log_next)
+	DC_EEXIST = 17,       // token already registered on this queue
+	DC_EINVAL = 22,       // invalid argument: NULL pointer, bad UTF-8, empty or too long id, unknown state or reason
+	DC_ERANGE = 34,       // caller's buffer too small; the needed size was stored
+	DC_EIO = 5,           // the operating system refused (pipe creation, ...)
+	DC_EINTERNAL = 1000,  // a bug: a Go panic was recovered; the library is still usable
+};
+
+// Context states, as found in bits 0-7 of a state word.
+enum { DC_LIVE = 0, DC_STOPPED = 1, DC_KILLED = 2 };
+
+// Cancellation reasons, as found in bits 8-15 of a state word.
+enum {
+	DC_REASON_NONE = 0,
+	DC_REASON_STOP_GENERATING = 1,
+	DC_REASON_KILL = 2,
+	DC_REASON_CLIENT_DISCONNECTED = 3,
+	DC_REASON_PARENT = 4,
+	DC_REASON_DEADLINE = 5,
+	DC_REASON_CONNECTION_LOST = 6,
+	DC_REASON_SHUTDOWN = 7,
+};
+
+// Implemented in errors.c.
+void dc_set_error(const char* msg, size_t len);
+size_t dc_copy_error(char* buf, size_t cap);
+*/
+import "C"
+
+import (
+	"fmt"
+	"log/slog"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"unicode/utf8"
+	"unsafe"
+
+	"github.com/dynamo-ctx/dynamo-ctx/go/ctxtree"
+	"github.com/dynamo-ctx/dynamo-ctx/go/handle"
+	"github.com/dynamo-ctx/dynamo-ctx/go/wake"
+)
+
+const (
+	kindContext handle.Kind = 1
+	kindQueue   handle.Kind = 2
+
+	maxIDLen = 4096
+	version  = "0.1.0"
+)
+
+var (
+	contexts = handle.NewTable[*ctxtree.Context](kindContext)
+	queues   = handle.NewTable[*eventQueue](kindQueue)
+	cVersion = C.CString(version) // static for the life of the process
+)
+
+// fail records msg as the calling thread's last error and returns code.
+func fail(code C.int, format string, args ...any) C.int {
+	msg := fmt.Sprintf(format, args...)
+	if len(msg) == 0 {
+		C.dc_set_error(nil, 0)
+	} else {
+		C.dc_set_error((*C.char)(unsafe.Pointer(unsafe.StringData(msg))), C.size_t(len(msg)))
+	}
+	return code
+}
+
+// guard turns a panic in an exported function into DC_EINTERNAL: nothing may
+// unwind across the C boundary.
+func guard(name string, rc *C.int) {
+	if r := recover(); r != nil {
+		slog.Error("recovered panic", "function", name, "panic", fmt.Sprint(r))
+		*rc = fail(C.DC_EINTERNAL, "%s: internal error (recovered panic): %v", name, r)
+	}
+}
+
+func getContext(name string, h C.uint64_t) (*ctxtree.Context, C.int) {
+	c, err := contexts.Get(uint64(h))
+	if err != nil {
+		return nil, fail(C.DC_EBADF, "%s: %v", name, err)
+	}
+	return c, C.DC_OK
+}
+
+func getQueue(name string, h C.uint64_t) (*eventQueue, C.int) {
+	q, err := queues.Get(uint64(h))
+	if err != nil {
+		return nil, fail(C.DC_EBADF, "%s: %v", name, err)
+	}
+	return q, C.DC_OK
+}
+
+// newContext allocates the state word outside the Go heap, so C code may keep
+// a pointer to it and poll it without calling into Go. The word is freed by
+// the garbage collector's cleanup once the Go context is unreachable: its
+// handle is gone and no parent or propagation holds it any more.
+func newContext(id string) *ctxtree.Context {
+	word := C.calloc(1, 4)
+	if word == nil {
+		panic("out of memory")
+	}
+	c := ctxtree.New(id, ctxtree.WithStateWord((*atomic.Uint32)(word)))
+	runtime.AddCleanup(c, func(p unsafe.Pointer) { C.free(p) }, word)
+	return c
+}
+
+func putContext(c *ctxtree.Context, out *C.uint64_t) {
+	*out = C.uint64_t(contexts.Insert(c))
+}
+
+// writeString copies s into the caller's buffer with a terminating NUL and
+// stores its length (without the NUL) in *n; DC_ERANGE if it does not fit.
+func writeString(name, s string, buf *C.char, bufLen C.size_t, n *C.size_t) C.int {
+	if n != nil {
+		*n = C.size_t(len(s))
+	}
+	if buf == nil || uint64(bufLen) < uint64(len(s))+1 {
+		return fail(C.DC_ERANGE, "%s: buffer of %d bytes is too small for %d bytes and a NUL", name, bufLen, len(s))
+	}
+	dst := unsafe.Slice((*byte)(unsafe.Pointer(buf)), int(bufLen))
+	copy(dst, s)
+	dst[len(s)] = 0
+	return C.DC_OK
+}
+
+// Returns the library's version, a static NUL-terminated string.
+//
+//export dc_version
+func dc_version() *C.char { return cVersion }
+
+// Copies the calling thread's last error message into buf (NUL-terminated,
+// truncated to cap-1 bytes) and returns its full length. buf may be NULL to
+// ask for the length. Messages are per thread and only set by failing calls.
+//
+//export dc_last_error
+func dc_last_error(buf *C.char, bufLen C.size_t) C.size_t {
+	return C.dc_copy_error(buf, bufLen)
+}
+
+// Creates a live root context with the given id (len bytes of UTF-8, no NUL,
+// 1 to 4096 bytes) and stores its handle in *out. Errors: DC_EINVAL for a NULL
+// id or out, an empty, too long or invalid UTF-8 id.
+//
+//export dc_context_new
+func dc_context_new(id *C.char, idLen C.size_t, out *C.uint64_t) (rc C.int) {
+	defer guard("dc_context_new", &rc)
+	if id == nil || out == nil {
+		return fail(C.DC_EINVAL, "dc_context_new: id and out must not be NULL")
+	}
+	if idLen == 0 || idLen > maxIDLen {
+		return fail(C.DC_EINVAL, "dc_context_new: id must be 1 to %d bytes, got %d", maxIDLen, idLen)
+	}
+	s := C.GoStringN(id, C.int(idLen))
+	if !utf8.ValidString(s) {
+		return fail(C.DC_EINVAL, "dc_context_new: id is not valid UTF-8")
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] == 0 {
+			return fail(C.DC_EINVAL, "dc_context_new: id contains a NUL byte")
+		}
+	}
+	putContext(newContext(s), out)
+	return C.DC_OK
+}
+
+// Creates a live root context with a fresh random UUID as its id.
+// Errors: DC_EINVAL for a NULL out.
+//
+//export dc_context_new_uuid
+func dc_context_new_uuid(out *C.uint64_t) (rc C.int) {
+	defer guard("dc_context_new_uuid", &rc)
+	if out == nil {
+		return fail(C.DC_EINVAL, "dc_context_new_uuid: out must not be NULL")
+	}
+	putContext(newContext(ctxtree.NewID()), out)
+	return C.DC_OK
+}
+
+// Releases a context handle. The context itself lives on while a parent,
+// child or request still needs it (it keeps propagating cancellation); its
+// state word pointer (dc_context_state_word) must not be used after this.
+// Errors: DC_EBADF (including a second free of the same handle).
+//
+//export dc_context_free
+func dc_context_free(h C.uint64_t) (rc C.int) {
+	defer guard("dc_context_free", &rc)
+	if _, err := contexts.Remove(uint64(h)); err != nil {
+		return fail(C.DC_EBADF, "dc_context_free: %v", err)
+	}
+	return C.DC_OK
+}
+
+// Copies the context's id into buf (NUL-terminated) and its length without
+// the NUL into *len. Errors: DC_EBADF; DC_ERANGE if cap < length+1 (*len is
+// still set, so call again with a larger buffer).
+//
+//export dc_context_id
+func dc_context_id(h C.uint64_t, buf *C.char, bufLen C.size_t, n *C.size_t) (rc C.int) {
+	defer guard("dc_context_id", &rc)
+	c, rc := getContext("dc_context_id", h)
+	if rc != C.DC_OK {
+		return rc
+	}
+	return writeString("dc_context_id", c.ID(), buf, bufLen, n)
+}
+
+// Stores the context's state word in *word: state (DC_LIVE, DC_STOPPED,
+// DC_KILLED) in bits 0-7, reason (DC_REASON_*) in bits 8-15.
+// Errors: DC_EBADF, DC_EINVAL for a NULL word.
+//
+//export dc_context_state
+func dc_context_state(h C.uint64_t, word *C.uint32_t) (rc C.int) {
+	defer guard("dc_context_state", &rc)
+	if word == nil {
+		return fail(C.DC_EINVAL, "dc_context_state: word must not be NULL")
+	}
+	c, rc := getContext("dc_context_state", h)
+	if rc != C.DC_OK {
+		return rc
+	}
+	st, r := c.State()
+	*word = C.uint32_t(ctxtree.Pack(st, r))
+	return C.DC_OK
+}
+
+// Stores in *out a pointer to the context's state word, which the library
+// updates with atomic stores and which stays valid until dc_context_free of
+// this handle. Read it with an atomic (acquire) load: this is how a caller
+// polls a context without calling into the library at all.
+// Errors: DC_EBADF, DC_EINVAL for a NULL out.
+//
+//export dc_context_state_word
+func dc_context_state_word(h C.uint64_t, out **C.uint32_t) (rc C.int) {
+	defer guard("dc_context_state_word", &rc)
+	if out == nil {
+		return fail(C.DC_EINVAL, "dc_context_state_word: out must not be NULL")
+	}
+	c, rc := getContext("dc_context_state_word", h)
+	if rc != C.DC_OK {
+		return rc
+	}
+	*out = (*C.uint32_t)(unsafe.Pointer(c.StateWord()))
+	return C.DC_OK
+}
+
+// Moves the context to state (DC_STOPPED or DC_KILLED) with the given reason
+// (DC_REASON_STOP_GENERATING .. DC_REASON_SHUTDOWN), and its linked children
+// with DC_REASON_PARENT, before returning. A context already at or past state
+// is unchanged (success). Errors: DC_EBADF, DC_EINVAL for another state or
+// reason.
+//
+//export dc_context_cancel
+func dc_context_cancel(h C.uint64_t, state C.uint32_t, reason C.uint32_t) (rc C.int) {
+	defer guard("dc_context_cancel", &rc)
+	st, r := ctxtree.State(state), ctxtree.Reason(reason)
+	if st != ctxtree.Stopped && st != ctxtree.Killed {
+		return fail(C.DC_EINVAL, "dc_context_cancel: state must be DC_STOPPED or DC_KILLED, got %d", state)
+	}
+	if !r.Valid() {
+		return fail(C.DC_EINVAL, "dc_context_cancel: unknown reason %d", reason)
+	}
+	c, rc := getContext("dc_context_cancel", h)
+	if rc != C.DC_OK {
+		return rc
+	}
+	c.Cancel(st, r)
+	return C.DC_OK
+}
+
+// dc_context_cancel(h, DC_STOPPED, DC_REASON_STOP_GENERATING). Idempotent.
+//
+//export dc_context_stop_generating
+func dc_context_stop_generating(h C.uint64_t) C.int {
+	return dc_context_cancel(h, C.DC_STOPPED, C.DC_REASON_STOP_GENERATING)
+}
+
+// dc_context_cancel(h, DC_KILLED, DC_REASON_KILL). Idempotent.
+//
+//export dc_context_kill
+func dc_context_kill(h C.uint64_t) C.int {
+	return dc_context_cancel(h, C.DC_KILLED, C.DC_REASON_KILL)
+}
+
+// Links child below parent: stopping or killing parent does the same to child.
+// If parent is already stopped or killed, child is moved to that state before
+// this returns. Cycles are allowed. Errors: DC_EBADF for either handle.
+//
+//export dc_context_link_child
+func dc_context_link_child(parent, child C.uint64_t) (rc C.int) {
+	defer guard("dc_context_link_child", &rc)
+	p, rc := getContext("dc_context_link_child (parent)", parent)
+	if rc != C.DC_OK {
+		return rc
+	}
+	c, rc := getContext("dc_context_link_child (child)", child)
+	if rc != C.DC_OK {
+		return rc
+	}
+	p.LinkChild(c)
+	return C.DC_OK
+}
+
+// Creates a new context with parent's id, already linked below parent, and
+// stores its handle in *out. Errors: DC_EBADF, DC_EINVAL for a NULL out.
+//
+//export dc_context_child
+func dc_context_child(parent C.uint64_t, out *C.uint64_t) (rc C.int) {
+	defer guard("dc_context_child", &rc)
+	if out == nil {
+		return fail(C.DC_EINVAL, "dc_context_child: out must not be NULL")
+	}
+	p, rc := getContext("dc_context_child", parent)
+	if rc != C.DC_OK {
+		return rc
+	}
+	c := newContext(p.ID())
+	p.LinkChild(c)
+	putContext(c, out)
+	return C.DC_OK
+}
+
+// Declares the context's request finished: it is unlinked from its parents,
+// which stop holding it. Its state and its own children are unaffected.
+// Errors: DC_EBADF.
+//
+//export dc_context_finish
+func dc_context_finish(h C.uint64_t) (rc C.int) {
+	defer guard("dc_context_finish", &rc)
+	c, rc := getContext("dc_context_finish", h)
+	if rc != C.DC_OK {
+		return rc
+	}
+	c.Finish()
+	return C.DC_OK
+}
+
+// Copies the name of a reason ("stop_generating", "kill", ...) into buf, as
+// dc_context_id does. Errors: DC_EINVAL for an unknown reason or
+// DC_REASON_NONE, DC_ERANGE.
+//
+//export dc_reason_name
+func dc_reason_name(reason C.uint32_t, buf *C.char, bufLen C.size_t, n *C.size_t) (rc C.int) {
+	defer guard("dc_reason_name", &rc)
+	r := ctxtree.Reason(reason)
+	if !r.Valid() {
+		return fail(C.DC_EINVAL, "dc_reason_name: unknown reason %d", reason)
+	}
+	return writeString("dc_reason_name", r.String(), buf, bufLen, n)
+}
+
+// eventQueue is the readiness channel between the library and one event loop:
+// watches push their token into q when their context reaches a state, and the
+// loop, woken by q's fd, drains the tokens.
+type eventQueue struct {
+	q       *wake.Queue[uint64]
+	mu      sync.Mutex
+	closed  bool
+	watches map[uint64]func() bool // token -> unregister; nil while being registered
+}
+
+func (e *eventQueue) fire(token uint64) {
+	e.mu.Lock()
+	_, ok := e.watches[token]
+	delete(e.watches, token)
+	e.mu.Unlock()
+	if ok {
+		_ = e.q.Push(token) // only fails once closed, when nobody waits any more
+	}
+}
+
+func (e *eventQueue) close() {
+	e.mu.Lock()
+	e.closed = true
+	stops := make([]func() bool, 0, len(e.watches))
+	for _, stop := range e.watches {
+		if stop != nil {
+			stops = append(stops, stop)
+		}
+	}
+	e.watches = nil
+	e.mu.Unlock()
+	for _, stop := range stops {
+		stop()
+	}
+	_ = e.q.Close()
+}
+
+// Creates an event queue: a FIFO of 64-bit tokens and a file descriptor that is
+// readable whenever the queue is not empty (watch it with poll, epoll, or an
+// event loop's add_reader; never read it yourself, dc_queue_drain does).
+// Stores the handle in *out and the fd in *fd; the fd belongs to the queue and
+// is closed by dc_queue_free. Errors: DC_EINVAL for NULL pointers, DC_EIO.
+//
+//export dc_queue_new
+func dc_queue_new(out *C.uint64_t, fd *C.int) (rc C.int) {
+	defer guard("dc_queue_new", &rc)
+	if out == nil || fd == nil {
+		return fail(C.DC_EINVAL, "dc_queue_new: out and fd must not be NULL")
+	}
+	q, err := wake.New[uint64]()
+	if err != nil {
+		return fail(C.DC_EIO, "dc_queue_new: %v", err)
+	}
+	e := &eventQueue{q: q, watches: map[uint64]func() bool{}}
+	*out = C.uint64_t(queues.Insert(e))
+	*fd = C.int(q.Fd())
+	return C.DC_OK
+}
+
+// Frees an event queue: unregisters its pending watches and closes its fd
+// (remove the fd from your event loop first). Errors: DC_EBADF.
+//
+//export dc_queue_free
+func dc_queue_free(h C.uint64_t) (rc C.int) {
+	defer guard("dc_queue_free", &rc)
+	e, err := queues.Remove(uint64(h))
+	if err != nil {
+		return fail(C.DC_EBADF, "dc_queue_free: %v", err)
+	}
+	e.close()
+	return C.DC_OK
+}
+
+// Moves up to cap tokens, oldest first, into buf and stores their number in
+// *n. When the queue becomes empty its fd stops being readable; if tokens
+// remain (*n == cap) it stays readable. Errors: DC_EBADF, DC_EINVAL for NULL
+// pointers.
+//
+//export dc_queue_drain
+func dc_queue_drain(h C.uint64_t, buf *C.uint64_t, bufLen C.size_t, n *C.size_t) (rc C.int) {
+	defer guard("dc_queue_drain", &rc)
+	if n == nil || (buf == nil && bufLen > 0) {
+		return fail(C.DC_EINVAL, "dc_queue_drain: buf and n must not be NULL")
+	}
+	e, rc := getQueue("dc_queue_drain", h)
+	if rc != C.DC_OK {
+		return rc
+	}
+	var dst []uint64
+	if bufLen > 0 {
+		dst = unsafe.Slice((*uint64)(unsafe.Pointer(buf)), int(bufLen))
+	}
+	got, _ := e.q.Drain(dst)
+	*n = C.size_t(got)
+	return C.DC_OK
+}
+
+// Arranges for token to be pushed onto queue q once, when the context reaches
+// state (DC_STOPPED, which a kill also satisfies, or DC_KILLED). If it already
+// has, the token is pushed at once. Errors: DC_EBADF for either handle,
+// DC_EINVAL for another state, DC_EEXIST if token is already pending on q.
+//
+//export dc_context_watch
+func dc_context_watch(h C.uint64_t, q C.uint64_t, state C.uint32_t, token C.uint64_t) (rc C.int) {
+	defer guard("dc_context_watch", &rc)
+	st := ctxtree.State(state)
+	if st != ctxtree.Stopped && st != ctxtree.Killed {
+		return fail(C.DC_EINVAL, "dc_context_watch: state must be DC_STOPPED or DC_KILLED, got %d", state)
+	}
+	c, rc := getContext("dc_context_watch", h)
+	if rc != C.DC_OK {
+		return rc
+	}
+	e, rc := getQueue("dc_context_watch", q)
+	if rc != C.DC_OK {
+		return rc
+	}
+	tok := uint64(token)
+	e.mu.Lock()
+	if e.closed {
+		e.mu.Unlock()
+		return fail(C.DC_EBADF, "dc_context_watch: queue is being freed")
+	}
+	if _, dup := e.watches[tok]; dup {
+		e.mu.Unlock()
+		return fail(C.DC_EEXIST, "dc_context_watch: token %d is already pending on this queue", tok)
+	}
+	e.watches[tok] = nil // reserved: fire and unwatch may run before Notify returns
+	e.mu.Unlock()
+
+	stop := c.Notify(st, func() { e.fire(tok) })
+
+	e.mu.Lock()
+	f, still := e.watches[tok]
+	if still && f == nil {
+		e.watches[tok] = stop
+	}
+	e.mu.Unlock()
+	if !still {
+		stop() // unwatched (or the queue freed) while registering
+	}
+	return C.DC_OK
+}
+
+// Cancels a pending watch. Errors: DC_EBADF, DC_ENOENT if token is not pending
+// (never registered, or already fired: then it is in, or was drained from, the
+// queue).
+//
+//export dc_queue_unwatch
+func dc_queue_unwatch(q C.uint64_t, token C.uint64_t) (rc C.int) {
+	defer guard("dc_queue_unwatch", &rc)
+	e, rc := getQueue("dc_queue_unwatch", q)
+	if rc != C.DC_OK {
+		return rc
+	}
+	e.mu.Lock()
+	stop, ok := e.watches[uint64(token)]
+	delete(e.watches, uint64(token))
+	e.mu.Unlock()
+	if !ok {
+		return fail(C.DC_ENOENT, "dc_queue_unwatch: token %d is not pending", uint64(token))
+	}
+	if stop != nil {
+		stop()
+	}
+	return C.DC_OK
+}
+
+// Stores the numbers of live context and queue handles, for leak tests.
+// Either pointer may be NULL.
+//
+//export dc_handle_counts
+func dc_handle_counts(nContexts, nQueues *C.uint64_t) (rc C.int) {
+	defer guard("dc_handle_counts", &rc)
+	if nContexts != nil {
+		*nContexts = C.uint64_t(contexts.Len())
+	}
+	if nQueues != nil {
+		*nQueues = C.uint64_t(queues.Len())
+	}
+	return C.DC_OK
+}
+
+// Panics inside the library on purpose, to test that every export recovers:
+// always returns DC_EINTERNAL with a message, and logs an error record.
+//
+//export dc_selftest_panic
+func dc_selftest_panic() (rc C.int) {
+	defer guard("dc_selftest_panic", &rc)
+	var m map[string]int
+	m["boom"]++ // a real runtime panic (nil map write), not just panic("...")
+	return C.DC_OK
+}
+
+// Stores in *fd a descriptor that is readable whenever log records are
+// waiting for dc_log_next. The fd belongs to the library: never read or close
+// it. Errors: DC_EINVAL for NULL, DC_EIO if the library has no log queue.
+//
+//export dc_log_fd
+func dc_log_fd(fd *C.int) (rc C.int) {
+	defer guard("dc_log_fd", &rc)
+	if fd == nil {
+		return fail(C.DC_EINVAL, "dc_log_fd: fd must not be NULL")
+	}
+	if logQueue == nil {
+		return fail(C.DC_EIO, "dc_log_fd: the log queue could not be created")
+	}
+	*fd = C.int(logQueue.Fd())
+	return C.DC_OK
+}
+
+// Sets the lowest level (Python's numbers: 10 debug, 20 info, 30 warning, 40
+// error) of the records the library queues; the default is 30.
+//
+//export dc_log_set_level
+func dc_log_set_level(level C.int) (rc C.int) {
+	defer guard("dc_log_set_level", &rc)
+	minLevel.Store(int64(level))
+	return C.DC_OK
+}
+
+// Takes the oldest log record: its level in *level (Python's numbers) and its
+// message into buf, as dc_context_id does. Errors: DC_EAGAIN when no record
+// is waiting; DC_ERANGE when buf is too small (*len is set and the record stays
+// first in line); DC_EINVAL for NULL level or len.
+//
+//export dc_log_next
+func dc_log_next(level *C.int, buf *C.char, bufLen C.size_t, n *C.size_t) (rc C.int) {
+	defer guard("dc_log_next", &rc)
+	if level == nil || n == nil {
+		return fail(C.DC_EINVAL, "dc_log_next: level and len must not be NULL")
+	}
+	pendingMu.Lock()
+	defer pendingMu.Unlock()
+	rec := pendingRec
+	pendingRec = nil
+	if rec == nil {
+		var one [1]logRecord
+		if logQueue == nil {
+			return fail(C.DC_EAGAIN, "dc_log_next: no record")
+		}
+		if got, _ := logQueue.Drain(one[:]); got == 0 {
+			return fail(C.DC_EAGAIN, "dc_log_next: no record")
+		}
+		rec = &one[0]
+	}
+	*level = C.int(rec.level)
+	if code := writeString("dc_log_next", rec.msg, buf, bufLen, n); code != C.DC_OK {
+		pendingRec = rec
+		return code
+	}
+	return C.DC_OK
+}

@@ -1,0 +1,479 @@
+// The CPython extension module dynamo_ctx._native, in the same shared library
+// as the C ABI it wraps. Thin by design: the Context type, argument
+// conversion, GIL release and error translation; all logic is in Go.
+//
+// Built against the stable ABI (Py_LIMITED_API 3.9), so one library serves
+// every CPython from 3.9 on. Compiled only when Python.h is on the include
+// path (build.py puts it there); without it the library is the plain C ABI.
+#if defined(__has_include)
+#if __has_include(<Python.h>)
+#define DC_WITH_PYTHON 1
+#endif
+#endif
+
+#ifdef DC_WITH_PYTHON
+#define PY_SSIZE_T_CLEAN
+#define Py_LIMITED_API 0x03090000
+#include <Python.h>
+#include <pthread.h>
+#include <unistd.h>
+#include "_cgo_export.h"
+
+// The Go runtime's threads do not survive fork(): a call into Go in the child
+// would hang. The child handler marks the process, and every method that
+// would enter Go raises instead. is_stopped/is_killed only read memory and
+// keep working.
+static volatile int dc_forked = 0;
+static pid_t dc_loaded_pid = 0;
+static void dc_atfork_child(void) { dc_forked = 1; }
+
+static int check_fork(void) {
+    if (dc_forked) {
+        PyErr_Format(PyExc_RuntimeError,
+                     "dynamo_ctx: the native library was loaded in process %d and cannot be "
+                     "used in a child forked from it (the Go runtime does not survive fork); "
+                     "use the 'spawn' or 'forkserver' start method, or create contexts only "
+                     "after forking",
+                     (int)dc_loaded_pid);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject* raise_rc(int rc) {
+    char msg[1024];
+    dc_last_error(msg, sizeof msg);
+    PyObject* exc;
+    switch (rc) {
+    case DC_EINVAL:
+    case DC_EBADF:
+    case DC_ERANGE:
+    case DC_EEXIST:
+    case DC_ENOENT:
+        exc = PyExc_ValueError;
+        break;
+    case DC_EIO:
+        exc = PyExc_OSError;
+        break;
+    default:
+        exc = PyExc_RuntimeError;
+    }
+    PyErr_Format(exc, "%s (code %d)", msg, rc);
+    return NULL;
+}
+
+// ---------------------------------------------------------------- Context
+
+typedef struct {
+    PyObject_HEAD
+    uint64_t handle;         // 0 once released
+    const uint32_t* word;    // state word, owned by the library, valid while handle is
+    PyObject* id;            // cached str, or NULL
+} ContextObject;
+
+static PyTypeObject* ContextType; // set at module init; the module keeps it alive
+
+static PyObject* context_wrap(PyTypeObject* tp, uint64_t h) {
+    const uint32_t* word = NULL;
+    int rc = dc_context_state_word(h, (uint32_t**)&word);
+    if (rc != DC_OK) {
+        dc_context_free(h);
+        return raise_rc(rc);
+    }
+    allocfunc alloc = (allocfunc)PyType_GetSlot(tp, Py_tp_alloc);
+    ContextObject* self = (ContextObject*)alloc(tp, 0);
+    if (self == NULL) {
+        dc_context_free(h);
+        return NULL;
+    }
+    self->handle = h;
+    self->word = word;
+    self->id = NULL;
+    return (PyObject*)self;
+}
+
+static int context_check(PyObject* o) {
+    int r = PyObject_IsInstance(o, (PyObject*)ContextType);
+    if (r == 0) PyErr_SetString(PyExc_TypeError, "expected a dynamo_ctx.Context");
+    return r == 1 ? 0 : -1;
+}
+
+static PyObject* context_new(PyTypeObject* tp, PyObject* args, PyObject* kwds) {
+    static char* kwlist[] = {"id", NULL};
+    PyObject* id = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|O:Context", kwlist, &id)) return NULL;
+    if (check_fork() < 0) return NULL;
+    uint64_t h = 0;
+    int rc;
+    if (id == Py_None) {
+        rc = dc_context_new_uuid(&h);
+    } else {
+        if (!PyUnicode_Check(id)) {
+            PyErr_SetString(PyExc_TypeError, "Context id must be a str or None");
+            return NULL;
+        }
+        PyObject* b = PyUnicode_AsUTF8String(id); // surrogates raise UnicodeEncodeError
+        if (b == NULL) return NULL;
+        char* s;
+        Py_ssize_t n;
+        if (PyBytes_AsStringAndSize(b, &s, &n) < 0) {
+            Py_DECREF(b);
+            return NULL;
+        }
+        rc = dc_context_new(s, (size_t)n, &h);
+        Py_DECREF(b);
+    }
+    if (rc != DC_OK) return raise_rc(rc);
+    return context_wrap(tp, h);
+}
+
+static void context_dealloc(PyObject* o) {
+    ContextObject* self = (ContextObject*)o;
+    PyTypeObject* tp = Py_TYPE(o);
+    uint64_t h = self->handle;
+    self->handle = 0;
+    Py_CLEAR(self->id);
+    if (h != 0 && !dc_forked) {
+        Py_BEGIN_ALLOW_THREADS
+        dc_context_free(h);
+        Py_END_ALLOW_THREADS
+    }
+    freefunc tp_free = (freefunc)PyType_GetSlot(tp, Py_tp_free);
+    tp_free(o);
+    Py_DECREF(tp); // instances of heap types own a reference to their type
+}
+
+static inline uint32_t load_word(ContextObject* self) {
+    return __atomic_load_n(self->word, __ATOMIC_ACQUIRE);
+}
+
+static PyObject* context_is_stopped(PyObject* o, PyObject* unused) {
+    if ((load_word((ContextObject*)o) & 0xff) >= DC_STOPPED) Py_RETURN_TRUE;
+    Py_RETURN_FALSE;
+}
+
+static PyObject* context_is_killed(PyObject* o, PyObject* unused) {
+    if ((load_word((ContextObject*)o) & 0xff) == DC_KILLED) Py_RETURN_TRUE;
+    Py_RETURN_FALSE;
+}
+
+static PyObject* context_state_word(PyObject* o, PyObject* unused) {
+    return PyLong_FromUnsignedLong(load_word((ContextObject*)o));
+}
+
+static PyObject* context_id(PyObject* o, PyObject* unused) {
+    ContextObject* self = (ContextObject*)o;
+    if (self->id == NULL) {
+        if (check_fork() < 0) return NULL;
+        char small[128];
+        size_t n = 0;
+        int rc = dc_context_id(self->handle, small, sizeof small, &n);
+        if (rc == DC_OK) {
+            self->id = PyUnicode_DecodeUTF8(small, (Py_ssize_t)n, "strict");
+        } else if (rc == DC_ERANGE) {
+            char* big = PyMem_Malloc(n + 1);
+            if (big == NULL) return PyErr_NoMemory();
+            rc = dc_context_id(self->handle, big, n + 1, &n);
+            if (rc == DC_OK) self->id = PyUnicode_DecodeUTF8(big, (Py_ssize_t)n, "strict");
+            PyMem_Free(big);
+            if (rc != DC_OK) return raise_rc(rc);
+        } else {
+            return raise_rc(rc);
+        }
+        if (self->id == NULL) return NULL;
+    }
+    Py_INCREF(self->id);
+    return self->id;
+}
+
+static PyObject* context_handle(PyObject* o, PyObject* unused) {
+    return PyLong_FromUnsignedLongLong(((ContextObject*)o)->handle);
+}
+
+// Calls that take locks in Go (a cancel may walk a large tree) release the GIL.
+#define CALL_RELEASED(rc, expr) \
+    do {                          \
+        Py_BEGIN_ALLOW_THREADS    \
+        rc = (expr);              \
+        Py_END_ALLOW_THREADS      \
+    } while (0)
+
+static PyObject* context_cancel_with(PyObject* o, uint32_t state, uint32_t reason) {
+    if (check_fork() < 0) return NULL;
+    int rc;
+    CALL_RELEASED(rc, dc_context_cancel(((ContextObject*)o)->handle, state, reason));
+    if (rc != DC_OK) return raise_rc(rc);
+    Py_RETURN_NONE;
+}
+
+static PyObject* context_stop_generating(PyObject* o, PyObject* unused) {
+    return context_cancel_with(o, DC_STOPPED, DC_REASON_STOP_GENERATING);
+}
+
+static PyObject* context_kill(PyObject* o, PyObject* unused) {
+    return context_cancel_with(o, DC_KILLED, DC_REASON_KILL);
+}
+
+static PyObject* context_cancel(PyObject* o, PyObject* args) {
+    unsigned int state, reason;
+    if (!PyArg_ParseTuple(args, "II:_cancel", &state, &reason)) return NULL;
+    return context_cancel_with(o, state, reason);
+}
+
+static PyObject* context_link_child(PyObject* o, PyObject* child) {
+    if (context_check(child) < 0) return NULL;
+    if (check_fork() < 0) return NULL;
+    int rc;
+    CALL_RELEASED(rc, dc_context_link_child(((ContextObject*)o)->handle, ((ContextObject*)child)->handle));
+    if (rc != DC_OK) return raise_rc(rc);
+    Py_RETURN_NONE;
+}
+
+static PyObject* context_child(PyObject* o, PyObject* unused) {
+    if (check_fork() < 0) return NULL;
+    uint64_t h = 0;
+    int rc;
+    CALL_RELEASED(rc, dc_context_child(((ContextObject*)o)->handle, &h));
+    if (rc != DC_OK) return raise_rc(rc);
+    return context_wrap(Py_TYPE(o), h);
+}
+
+static PyMethodDef context_methods[] = {
+    {"id", context_id, METH_NOARGS, "The request id."},
+    {"is_stopped", context_is_stopped, METH_NOARGS, "True once stopped or killed (reads the state word)."},
+    {"is_killed", context_is_killed, METH_NOARGS, "True once killed (reads the state word)."},
+    {"stop_generating", context_stop_generating, METH_NOARGS, "Graceful stop; idempotent."},
+    {"kill", context_kill, METH_NOARGS, "Hard abort; idempotent."},
+    {"link_child", context_link_child, METH_O, "Make child follow this context."},
+    {"child", context_child, METH_NOARGS, "New context with the same id, already linked."},
+    {"_cancel", context_cancel, METH_VARARGS, "_cancel(state, reason): cancel with a given reason code."},
+    {"_state_word", context_state_word, METH_NOARGS, "The raw state word (state | reason << 8)."},
+    {"_handle", context_handle, METH_NOARGS, "The C ABI handle."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyType_Slot context_slots[] = {
+    {Py_tp_new, context_new},
+    {Py_tp_dealloc, context_dealloc},
+    {Py_tp_methods, context_methods},
+    {Py_tp_doc, "Native base of dynamo_ctx.Context: one request's cancellation state."},
+    {0, NULL},
+};
+
+static PyType_Spec context_spec = {
+    "dynamo_ctx._native.Context",
+    sizeof(ContextObject),
+    0,
+    Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+    context_slots,
+};
+
+// ---------------------------------------------------------------- module functions
+
+static int parse_u64(PyObject* o, uint64_t* out) {
+    unsigned long long v = PyLong_AsUnsignedLongLong(o);
+    if (v == (unsigned long long)-1 && PyErr_Occurred()) return -1;
+    *out = (uint64_t)v;
+    return 0;
+}
+
+static PyObject* mod_queue_new(PyObject* m, PyObject* unused) {
+    if (check_fork() < 0) return NULL;
+    uint64_t h = 0;
+    int fd = -1;
+    int rc = dc_queue_new(&h, &fd);
+    if (rc != DC_OK) return raise_rc(rc);
+    return Py_BuildValue("(Ki)", (unsigned long long)h, fd);
+}
+
+static PyObject* mod_queue_free(PyObject* m, PyObject* arg) {
+    uint64_t h;
+    if (parse_u64(arg, &h) < 0) return NULL;
+    if (check_fork() < 0) return NULL;
+    int rc;
+    CALL_RELEASED(rc, dc_queue_free(h));
+    if (rc != DC_OK) return raise_rc(rc);
+    Py_RETURN_NONE;
+}
+
+static PyObject* mod_queue_drain(PyObject* m, PyObject* arg) {
+    uint64_t h;
+    if (parse_u64(arg, &h) < 0) return NULL;
+    if (check_fork() < 0) return NULL;
+    PyObject* out = PyList_New(0);
+    if (out == NULL) return NULL;
+    uint64_t buf[256];
+    for (;;) {
+        size_t n = 0;
+        int rc = dc_queue_drain(h, buf, 256, &n);
+        if (rc != DC_OK) {
+            Py_DECREF(out);
+            return raise_rc(rc);
+        }
+        for (size_t i = 0; i < n; i++) {
+            PyObject* v = PyLong_FromUnsignedLongLong(buf[i]);
+            if (v == NULL || PyList_Append(out, v) < 0) {
+                Py_XDECREF(v);
+                Py_DECREF(out);
+                return NULL;
+            }
+            Py_DECREF(v);
+        }
+        if (n < 256) return out;
+    }
+}
+
+static PyObject* mod_watch(PyObject* m, PyObject* args) {
+    PyObject* ctx;
+    unsigned long long q, token;
+    unsigned int state;
+    if (!PyArg_ParseTuple(args, "OKIK:watch", &ctx, &q, &state, &token)) return NULL;
+    if (context_check(ctx) < 0) return NULL;
+    if (check_fork() < 0) return NULL;
+    int rc;
+    CALL_RELEASED(rc, dc_context_watch(((ContextObject*)ctx)->handle, q, state, token));
+    if (rc != DC_OK) return raise_rc(rc);
+    Py_RETURN_NONE;
+}
+
+static PyObject* mod_unwatch(PyObject* m, PyObject* args) {
+    unsigned long long q, token;
+    if (!PyArg_ParseTuple(args, "KK:unwatch", &q, &token)) return NULL;
+    if (check_fork() < 0) return NULL;
+    int rc;
+    CALL_RELEASED(rc, dc_queue_unwatch(q, token));
+    if (rc == DC_ENOENT) Py_RETURN_FALSE;
+    if (rc != DC_OK) return raise_rc(rc);
+    Py_RETURN_TRUE;
+}
+
+static PyObject* mod_handle_counts(PyObject* m, PyObject* unused) {
+    if (check_fork() < 0) return NULL;
+    uint64_t c = 0, q = 0;
+    int rc = dc_handle_counts(&c, &q);
+    if (rc != DC_OK) return raise_rc(rc);
+    return Py_BuildValue("{sKsK}", "contexts", (unsigned long long)c, "queues", (unsigned long long)q);
+}
+
+static PyObject* mod_log_fd(PyObject* m, PyObject* unused) {
+    if (check_fork() < 0) return NULL;
+    int fd = -1;
+    int rc = dc_log_fd(&fd);
+    if (rc != DC_OK) return raise_rc(rc);
+    return PyLong_FromLong(fd);
+}
+
+static PyObject* mod_log_set_level(PyObject* m, PyObject* arg) {
+    long level = PyLong_AsLong(arg);
+    if (level == -1 && PyErr_Occurred()) return NULL;
+    if (check_fork() < 0) return NULL;
+    int rc = dc_log_set_level((int)level);
+    if (rc != DC_OK) return raise_rc(rc);
+    Py_RETURN_NONE;
+}
+
+static PyObject* mod_log_drain(PyObject* m, PyObject* unused) {
+    if (check_fork() < 0) return NULL;
+    PyObject* out = PyList_New(0);
+    if (out == NULL) return NULL;
+    char small[1024];
+    for (;;) {
+        int level = 0;
+        size_t n = 0;
+        int rc = dc_log_next(&level, small, sizeof small, &n);
+        PyObject* msg = NULL;
+        if (rc == DC_EAGAIN) return out;
+        if (rc == DC_OK) {
+            msg = PyUnicode_DecodeUTF8(small, (Py_ssize_t)n, "replace");
+        } else if (rc == DC_ERANGE) {
+            char* big = PyMem_Malloc(n + 1);
+            if (big == NULL) {
+                Py_DECREF(out);
+                return PyErr_NoMemory();
+            }
+            rc = dc_log_next(&level, big, n + 1, &n);
+            if (rc == DC_OK) msg = PyUnicode_DecodeUTF8(big, (Py_ssize_t)n, "replace");
+            PyMem_Free(big);
+        }
+        if (rc != DC_OK) {
+            Py_DECREF(out);
+            return raise_rc(rc);
+        }
+        if (msg == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyObject* item = Py_BuildValue("(iN)", level, msg);
+        if (item == NULL || PyList_Append(out, item) < 0) {
+            Py_XDECREF(item);
+            Py_DECREF(out);
+            return NULL;
+        }
+        Py_DECREF(item);
+    }
+}
+
+static PyObject* mod_selftest_panic(PyObject* m, PyObject* unused) {
+    if (check_fork() < 0) return NULL;
+    int rc = dc_selftest_panic();
+    if (rc != DC_OK) return raise_rc(rc);
+    Py_RETURN_NONE;
+}
+
+static PyObject* mod_version(PyObject* m, PyObject* unused) {
+    return PyUnicode_FromString(dc_version());
+}
+
+static PyMethodDef module_methods[] = {
+    {"queue_new", mod_queue_new, METH_NOARGS, "queue_new() -> (handle, fd)"},
+    {"queue_free", mod_queue_free, METH_O, "queue_free(handle)"},
+    {"queue_drain", mod_queue_drain, METH_O, "queue_drain(handle) -> list of tokens"},
+    {"watch", mod_watch, METH_VARARGS, "watch(context, queue, state, token)"},
+    {"unwatch", mod_unwatch, METH_VARARGS, "unwatch(queue, token) -> bool (False if not pending)"},
+    {"handle_counts", mod_handle_counts, METH_NOARGS, "handle_counts() -> {'contexts': n, 'queues': n}"},
+    {"log_fd", mod_log_fd, METH_NOARGS, "log_fd() -> fd readable when log records wait"},
+    {"log_set_level", mod_log_set_level, METH_O, "log_set_level(python_level)"},
+    {"log_drain", mod_log_drain, METH_NOARGS, "log_drain() -> list of (level, message)"},
+    {"selftest_panic", mod_selftest_panic, METH_NOARGS, "Panic in Go on purpose; raises RuntimeError."},
+    {"version", mod_version, METH_NOARGS, "The library version."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef native_module = {
+    PyModuleDef_HEAD_INIT, "dynamo_ctx._native",
+    "Native core of dynamo_ctx (a Go c-shared library). Internal: use dynamo_ctx.", -1,
+    module_methods,
+};
+
+static int add_int(PyObject* m, const char* name, long v) {
+    return PyModule_AddIntConstant(m, name, v);
+}
+
+PyMODINIT_FUNC PyInit__native(void) {
+    PyObject* m = PyModule_Create(&native_module);
+    if (m == NULL) return NULL;
+    ContextType = (PyTypeObject*)PyType_FromSpec(&context_spec);
+    if (ContextType == NULL || PyModule_AddObject(m, "Context", (PyObject*)ContextType) < 0) {
+        Py_XDECREF(ContextType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    Py_INCREF(ContextType); // one reference for the module, one for this file
+    if (add_int(m, "LIVE", DC_LIVE) < 0 || add_int(m, "STOPPED", DC_STOPPED) < 0 ||
+        add_int(m, "KILLED", DC_KILLED) < 0 ||
+        add_int(m, "REASON_STOP_GENERATING", DC_REASON_STOP_GENERATING) < 0 ||
+        add_int(m, "REASON_KILL", DC_REASON_KILL) < 0 ||
+        add_int(m, "REASON_CLIENT_DISCONNECTED", DC_REASON_CLIENT_DISCONNECTED) < 0 ||
+        add_int(m, "REASON_PARENT", DC_REASON_PARENT) < 0 ||
+        add_int(m, "REASON_DEADLINE", DC_REASON_DEADLINE) < 0 ||
+        add_int(m, "REASON_CONNECTION_LOST", DC_REASON_CONNECTION_LOST) < 0 ||
+        add_int(m, "REASON_SHUTDOWN", DC_REASON_SHUTDOWN) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    dc_loaded_pid = getpid();
+    pthread_atfork(NULL, NULL, dc_atfork_child);
+    return m;
+}
+
+#endif // DC_WITH_PYTHON

@@ -1,0 +1,11 @@
+"""dynamo_ctx: request cancellation for Python LLM inference backends, with a Go core.
+
+Importing this package does not load the native library; the first Context
+created does (see ``dynamo_ctx._lib``), so processes may still fork until then.
+"""
+
+from .context import Context
+
+__version__ = "0.1.0"
+
+__all__ = ["Context", "__version__"]

@@ -1,0 +1,74 @@
+"""Loading the native library, once, lazily, and for good.
+
+The library is a Go c-shared library: loading it starts the Go runtime's
+threads, and a process that forks after that cannot use it in the child. So
+nothing is loaded at ``import dynamo_ctx``; the first Context (or runtime)
+created calls :func:`native`. The library is never unloaded: a Go runtime
+cannot be unloaded, and CPython never unloads extension modules anyway.
+
+Go never calls Python. Its log records wait in a queue inside the library
+whose file descriptor a daemon thread here watches; the thread drains them
+into the ``dynamo_ctx`` logger.
+"""
+
+from __future__ import annotations
+
+import logging
+import select
+import threading
+from types import ModuleType
+from typing import Optional
+
+logger = logging.getLogger("dynamo_ctx")
+
+_lock = threading.Lock()
+_native: Optional[ModuleType] = None
+
+
+def native() -> ModuleType:
+    """Return the ``dynamo_ctx._native`` module, loading it on first use."""
+    mod = _native
+    if mod is not None:
+        return mod
+    return _load()
+
+
+def _load() -> ModuleType:
+    global _native
+    with _lock:
+        if _native is None:
+            from dynamo_ctx import _native as mod  # noqa: PLC0415 - lazy on purpose
+
+            mod.log_set_level(logger.getEffectiveLevel() or logging.WARNING)
+            threading.Thread(target=_pump_logs, args=(mod,), name="dynamo_ctx-log", daemon=True).start()
+            _native = mod
+        return _native
+
+
+def _pump_logs(mod: ModuleType) -> None:
+    """Forward the library's log records to the ``dynamo_ctx`` logger."""
+    fd = mod.log_fd()
+    while True:
+        select.select([fd], [], [])  # blocks without the GIL
+        try:
+            records = mod.log_drain()
+        except RuntimeError:  # used after fork: nothing more to forward
+            return
+        for level, message in records:
+            logger.log(level, "%s", message)
+
+
+def drain_logs() -> None:
+    """Forward waiting log records now (tests use it to avoid waiting on the thread)."""
+    mod = native()
+    for level, message in mod.log_drain():
+        logger.log(level, "%s", message)
+
+
+def set_native_log_level(level: int) -> None:
+    """Set the lowest level of the records the library produces.
+
+    At load the library takes the ``dynamo_ctx`` logger's effective level;
+    call this after lowering that logger's level at run time.
+    """
+    native().log_set_level(level)

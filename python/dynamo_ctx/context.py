@@ -1,0 +1,150 @@
+"""The per-request cancellation context."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Dict, Optional, Type
+
+from ._lib import native
+
+STOPPED = 1
+KILLED = 2
+
+#: Reason names by reason code (bits 8-15 of the state word); index 0 is "live".
+REASONS = (
+    None,
+    "stop_generating",
+    "kill",
+    "client_disconnected",
+    "parent",
+    "deadline",
+    "connection_lost",
+    "shutdown",
+)
+
+_real_classes: Dict[type, type] = {}
+_real_lock = threading.Lock()
+
+
+def _real_class(cls: type) -> type:
+    """The class whose instances ``cls(...)`` really returns.
+
+    It derives from the native type first, so ``is_stopped`` and friends are
+    the C methods (reading the state word costs about an attribute read), and
+    from ``cls``, so ``isinstance(ctx, Context)`` holds and the async methods
+    below are found. It is built on first use because building it loads the
+    native library, which ``import dynamo_ctx`` must not do.
+    """
+    real = _real_classes.get(cls)
+    if real is None:
+        with _real_lock:
+            real = _real_classes.get(cls)
+            if real is None:
+                base = native().Context
+                real = type(cls.__name__, (base, cls), {"__slots__": ("__weakref__",), "__module__": cls.__module__})
+                real.__qualname__ = cls.__qualname__
+                _real_classes[cls] = real
+                _real_classes[real] = real
+    return real
+
+
+class Context:
+    """One request's cancellation state.
+
+    States only move forward: LIVE -> STOPPED -> KILLED (``kill()`` on a live
+    context goes straight to KILLED). ``stop_generating()`` is graceful: the
+    producer should stop producing, what it produced stays valid, and the
+    stream ends cleanly. ``kill()`` is a hard abort. A killed context is also
+    stopped.
+
+    Children follow their parents: ``parent.link_child(child)`` (or
+    ``parent.child()``) makes stopping or killing the parent do the same to the
+    child, at once if the parent already is; cycles are harmless.
+
+    ``is_stopped()`` and ``is_killed()`` read a word the native library
+    updates atomically, so they are cheap enough to call once per token and
+    correct from any thread. The awaitables resolve on the running event loop,
+    woken through a file descriptor, without polling.
+
+    Creating the first Context loads the native library (never at import).
+    """
+
+    __slots__ = ()
+
+    def __new__(cls, id: Optional[str] = None) -> "Context":  # noqa: A002 - SPEC name
+        """Create a live root context with the given id, or a new uuid4 id."""
+        return _real_class(cls)(id)
+
+    def __init__(self, id: Optional[str] = None) -> None:  # noqa: A002
+        pass
+
+    # The synchronous methods below are implemented in C by the native base,
+    # which comes first in the real class's MRO; these bodies only carry the
+    # documentation and types.
+
+    def id(self) -> str:
+        """The request id, kept across every hop of the request."""
+        raise NotImplementedError
+
+    def is_stopped(self) -> bool:
+        """True once the context is stopped or killed."""
+        raise NotImplementedError
+
+    def is_killed(self) -> bool:
+        """True once the context is killed."""
+        raise NotImplementedError
+
+    def stop_generating(self) -> None:
+        """Ask the producer to stop gracefully. Idempotent; never undoes a kill."""
+        raise NotImplementedError
+
+    def kill(self) -> None:
+        """Abort the request now. Idempotent."""
+        raise NotImplementedError
+
+    def link_child(self, child: "Context") -> None:
+        """Make ``child`` follow this context's stop and kill (applied at once if already cancelled)."""
+        raise NotImplementedError
+
+    def child(self) -> "Context":
+        """Return a new context with this context's id, already linked as a child."""
+        raise NotImplementedError
+
+    def reason(self) -> Optional[str]:
+        """Why the context was cancelled, or None while it is live.
+
+        One of ``stop_generating``, ``kill``, ``client_disconnected``,
+        ``parent``, ``deadline``, ``connection_lost``, ``shutdown``.
+        """
+        return REASONS[(self._state_word() >> 8) & 0xFF]  # type: ignore[attr-defined]
+
+    async def async_killed_or_stopped(self) -> bool:
+        """Wait until the context is stopped or killed; return True (at once if it already is)."""
+        from ._aio import wait_for_state
+
+        return await wait_for_state(self, STOPPED)
+
+    async def stopped(self) -> bool:
+        """Wait until the context is stopped (a kill also counts); return True."""
+        from ._aio import wait_for_state
+
+        return await wait_for_state(self, STOPPED)
+
+    async def killed(self) -> bool:
+        """Wait until the context is killed (a stop alone does not count); return True."""
+        from ._aio import wait_for_state
+
+        return await wait_for_state(self, KILLED)
+
+    def __repr__(self) -> str:
+        state = "killed" if self.is_killed() else "stopped" if self.is_stopped() else "live"
+        return f"<dynamo_ctx.Context id={self.id()!r} {state}>"
+
+
+def _is_context(obj: Any) -> bool:
+    return isinstance(obj, Context)
+
+
+def real_class_of(cls: Type[Context]) -> type:
+    """The native-backed class behind ``cls`` (for advanced use and tests)."""
+    return _real_class(cls)

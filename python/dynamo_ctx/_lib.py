@@ -22,6 +22,9 @@ from typing import Optional
 logger = logging.getLogger("dynamo_ctx")
 
 _lock = threading.Lock()
+# Held while records move from the library to the logger, so that drain_logs()
+# returning means every record taken so far has been logged.
+_log_lock = threading.Lock()
 _native: Optional[ModuleType] = None
 
 
@@ -51,18 +54,20 @@ def _pump_logs(mod: ModuleType) -> None:
     while True:
         select.select([fd], [], [])  # blocks without the GIL
         try:
-            records = mod.log_drain()
+            _forward(mod)
         except RuntimeError:  # used after fork: nothing more to forward
             return
-        for level, message in records:
+
+
+def _forward(mod: ModuleType) -> None:
+    with _log_lock:
+        for level, message in mod.log_drain():
             logger.log(level, "%s", message)
 
 
 def drain_logs() -> None:
     """Forward waiting log records now (tests use it to avoid waiting on the thread)."""
-    mod = native()
-    for level, message in mod.log_drain():
-        logger.log(level, "%s", message)
+    _forward(native())
 
 
 def set_native_log_level(level: int) -> None:

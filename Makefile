@@ -1,0 +1,64 @@
+# Everyday targets. `make demo` and `make test` do all set-up themselves on a
+# fresh machine that has Go, a C compiler and Python 3.9+ with its headers.
+
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+export PATH := $(PATH):/usr/local/go/bin
+GOTEST_FLAGS ?= -race -count=1 -timeout 15m
+PYTEST_FLAGS ?=
+
+.PHONY: all setup build demo test test-go test-py vet lint bench bench-go bench-py fuzz clean
+
+all: build
+
+# A virtualenv with the package installed in editable mode (its library is
+# built in place by build.py, the package's build backend) plus test tools.
+$(VENV)/.installed: pyproject.toml build.py
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $@
+
+setup: $(VENV)/.installed
+
+# Rebuilds the shared library when any Go or C source changed.
+build: setup
+	$(PY) build.py
+
+demo: build
+	$(PY) -m dynamo_ctx.demo
+
+vet:
+	go vet ./...
+
+lint: vet
+	@out=$$(gofmt -l go); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+
+test-go:
+	go test $(GOTEST_FLAGS) ./...
+
+test-py: build
+	$(PY) -m pytest $(PYTEST_FLAGS)
+
+test: lint test-go test-py
+
+bench-go:
+	go test -run '^$$' -bench . -benchmem ./go/...
+
+bench-py: build
+	$(PY) python/benchmarks/bench_context.py
+
+bench: bench-go bench-py
+
+# Runs each fuzz target for a while (plain `go test` already runs the seed corpora).
+FUZZTIME ?= 30s
+fuzz:
+	@for pkg in $$(go list ./go/...); do \
+	  for t in $$(go test -list '^Fuzz' $$pkg | grep '^Fuzz'); do \
+	    go test -run '^$$' -fuzz "^$$t$$" -fuzztime $(FUZZTIME) $$pkg || exit 1; \
+	  done; \
+	done
+
+clean:
+	rm -rf $(VENV) dist python/dynamo_ctx/_native.abi3.so python/dynamo_ctx/include

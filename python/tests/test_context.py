@@ -1,0 +1,395 @@
+"""Every rule of SPEC section 2, through the Python API."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import os
+import re
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+import dynamo_ctx
+from dynamo_ctx import Context
+
+HANG = 30  # seconds: generous upper bounds that only catch hangs
+
+
+def counts():
+    from dynamo_ctx._lib import native
+
+    gc.collect()
+    return native().handle_counts()
+
+
+def test_import_does_not_load_the_library():
+    code = (
+        "import sys\n"
+        "import dynamo_ctx\n"
+        "from dynamo_ctx import Context\n"
+        "maps = open('/proc/self/maps').read()\n"
+        "assert 'dynamo_ctx._native' not in sys.modules, 'imported'\n"
+        "assert '_native.abi3' not in maps, 'mapped'\n"
+        "Context()\n"
+        "assert '_native.abi3' in open('/proc/self/maps').read()\n"
+        "print('ok')\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(Path(dynamo_ctx.__file__).parents[1]))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=HANG)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok"
+    assert out.stderr == "", "the library never writes to stderr"
+
+
+def test_ids():
+    ctx = Context()
+    assert re.fullmatch(r"[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}", ctx.id())
+    assert Context().id() != ctx.id()
+    assert Context(id="req-42").id() == "req-42"
+    assert Context("ünï-cødé-✓").id() == "ünï-cødé-✓"
+    long_id = "x" * 1000
+    assert Context(long_id).id() == long_id
+    assert ctx.child().id() == ctx.id()
+
+
+@pytest.mark.parametrize("bad", [b"bytes", 42, 1.5, object()])
+def test_bad_id_type(bad):
+    with pytest.raises(TypeError):
+        Context(bad)
+
+
+@pytest.mark.parametrize("bad", ["", "a\x00b", "x" * 5000, "\udc80"])
+def test_bad_id_value(bad):
+    with pytest.raises(ValueError):
+        Context(bad)
+
+
+def test_isinstance_and_repr():
+    ctx = Context("r")
+    assert isinstance(ctx, Context)
+    assert isinstance(ctx.child(), Context)
+    assert "r" in repr(ctx) and "live" in repr(ctx)
+    ctx.kill()
+    assert "killed" in repr(ctx)
+
+
+def test_states_are_monotonic():
+    ctx = Context()
+    assert not ctx.is_stopped() and not ctx.is_killed() and ctx.reason() is None
+    ctx.stop_generating()
+    assert ctx.is_stopped() and not ctx.is_killed()
+    assert ctx.reason() == "stop_generating"
+    ctx.stop_generating()
+    assert ctx.reason() == "stop_generating"
+    ctx.kill()
+    assert ctx.is_stopped() and ctx.is_killed()
+    assert ctx.reason() == "kill"
+    ctx.stop_generating()
+    ctx.kill()
+    assert ctx.is_killed() and ctx.reason() == "kill"
+
+
+def test_kill_on_live_goes_straight_to_killed():
+    ctx = Context()
+    ctx.kill()
+    assert ctx.is_stopped() and ctx.is_killed() and ctx.reason() == "kill"
+
+
+def test_children_follow_parents():
+    parent = Context("p")
+    a = parent.child()
+    b = Context("b")
+    parent.link_child(b)
+    grandchild = a.child()
+    parent.stop_generating()
+    for c in (a, b, grandchild):
+        assert c.is_stopped() and not c.is_killed()
+        assert c.reason() == "parent"
+    parent.kill()
+    for c in (a, b, grandchild):
+        assert c.is_killed()
+
+
+def test_child_does_not_cancel_parent():
+    parent = Context()
+    child = parent.child()
+    child.kill()
+    assert not parent.is_stopped()
+
+
+def test_link_to_cancelled_parent_applies_at_once():
+    stopped = Context()
+    stopped.stop_generating()
+    c = Context()
+    stopped.link_child(c)
+    assert c.is_stopped() and not c.is_killed()
+    stopped.kill()  # still linked: the kill follows
+    assert c.is_killed()
+
+    killed = Context()
+    killed.kill()
+    assert killed.child().is_killed()
+
+
+def test_cycles_terminate():
+    a, b, c = Context("a"), Context("b"), Context("c")
+    a.link_child(b)
+    b.link_child(c)
+    c.link_child(a)
+    a.link_child(a)
+    b.kill()
+    assert a.is_killed() and b.is_killed() and c.is_killed()
+
+
+def test_link_child_type_checked():
+    with pytest.raises(TypeError):
+        Context().link_child("not a context")  # type: ignore[arg-type]
+
+
+def test_dropped_children_are_released():
+    parent = Context()
+    base = counts()
+    kids = [parent.child() for _ in range(1000)]
+    assert counts()["contexts"] == base["contexts"] + 1000
+    del kids
+    assert counts() == base
+    parent.kill()
+
+
+def test_poll_from_other_threads():
+    ctx = Context()
+    ready = threading.Event()
+    seen = []
+
+    def poller():
+        ready.set()
+        while not ctx.is_stopped():
+            pass
+        seen.append((ctx.is_stopped(), ctx.is_killed()))
+
+    threads = [threading.Thread(target=poller) for _ in range(4)]
+    for t in threads:
+        t.start()
+    ready.wait(HANG)
+    ctx.kill()
+    for t in threads:
+        t.join(HANG)
+        assert not t.is_alive()
+    assert seen == [(True, True)] * 4
+
+
+def test_cancel_from_many_threads_while_linking():
+    for _ in range(20):
+        parent = Context()
+        kids = [Context() for _ in range(200)]
+        barrier = threading.Barrier(5)
+
+        def link(part):
+            barrier.wait()
+            for k in part:
+                parent.link_child(k)
+
+        def kill():
+            barrier.wait()
+            parent.kill()
+
+        threads = [threading.Thread(target=link, args=(kids[i::4],)) for i in range(4)]
+        threads.append(threading.Thread(target=kill))
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(HANG)
+        assert all(k.is_killed() for k in kids)
+
+
+# ---------------------------------------------------------------- awaitables
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, HANG))
+
+
+def test_awaitables_return_at_once_when_cancelled():
+    async def main():
+        ctx = Context()
+        ctx.kill()
+        assert await ctx.async_killed_or_stopped() is True
+        assert await ctx.stopped() is True
+        assert await ctx.killed() is True
+
+    run(main())
+
+
+def test_stopped_resolves_on_stop_killed_only_on_kill():
+    async def main():
+        ctx = Context()
+        stopped = asyncio.ensure_future(ctx.stopped())
+        killed = asyncio.ensure_future(ctx.killed())
+        either = asyncio.ensure_future(ctx.async_killed_or_stopped())
+        await asyncio.sleep(0)
+        assert not stopped.done()
+        ctx.stop_generating()
+        assert await stopped is True
+        assert await either is True
+        # The kill waiter is still pending after the stop has been delivered.
+        assert not killed.done()
+        ctx.kill()
+        assert await killed is True
+
+    run(main())
+
+
+def test_wake_from_another_thread():
+    async def main():
+        ctx = Context()
+        loop = asyncio.get_running_loop()
+        waiter = asyncio.ensure_future(ctx.killed())
+        await asyncio.sleep(0)
+        t = threading.Thread(target=ctx.kill)
+        await loop.run_in_executor(None, lambda: (t.start(), t.join()))
+        assert await waiter is True
+
+    run(main())
+
+
+def test_parent_cancel_wakes_child_waiters():
+    async def main():
+        parent = Context()
+        child = parent.child().child()
+        w = asyncio.ensure_future(child.killed())
+        await asyncio.sleep(0)
+        parent.kill()
+        assert await w
+        assert child.reason() == "parent"
+
+    run(main())
+
+
+def test_hundreds_of_waiters_on_one_context():
+    async def main():
+        ctx = Context()
+        waiters = [asyncio.ensure_future(ctx.stopped()) for _ in range(300)]
+        waiters += [asyncio.ensure_future(ctx.killed()) for _ in range(300)]
+        await asyncio.sleep(0)
+        ctx.kill()
+        results = await asyncio.gather(*waiters)
+        assert results == [True] * 600
+
+    run(main())
+
+
+def test_several_loops_in_several_threads():
+    ctx = Context()
+    started = threading.Barrier(5)
+    results = []
+
+    def worker():
+        async def main():
+            w = asyncio.ensure_future(ctx.killed())
+            await asyncio.sleep(0)
+            started.wait(HANG)
+            return await w
+
+        results.append(asyncio.run(asyncio.wait_for(main(), HANG)))
+
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for t in threads:
+        t.start()
+    started.wait(HANG)
+    ctx.kill()
+    for t in threads:
+        t.join(HANG)
+    assert results == [True] * 4
+
+
+def test_cancelled_wait_unregisters():
+    base = counts()
+
+    async def main():
+        ctx = Context()
+        for _ in range(100):
+            with pytest.raises(asyncio.TimeoutError):
+                await asyncio.wait_for(ctx.killed(), 0.001)
+        task = asyncio.ensure_future(ctx.stopped())
+        await asyncio.sleep(0)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        ctx.kill()  # no stale watch may fire into a future that is gone
+        assert await ctx.killed()
+
+    asyncio.run(main())
+    assert counts() == base, "the loop's queue and every context were released"
+
+
+def test_many_contexts_many_waits():
+    async def main():
+        ctxs = [Context(f"r{i}") for i in range(1000)]
+        waits = [asyncio.ensure_future(c.async_killed_or_stopped()) for c in ctxs]
+        await asyncio.sleep(0)
+        for i, c in enumerate(ctxs):
+            c.kill() if i % 2 else c.stop_generating()
+        assert await asyncio.gather(*waits) == [True] * 1000
+
+    run(main())
+
+
+# ---------------------------------------------------------------- resources
+
+
+def test_churn_returns_to_baseline():
+    base = counts()
+    for i in range(100_000):
+        c = Context()
+        if i % 2:
+            c.kill()
+        else:
+            c.child().stop_generating()
+    del c
+    assert counts() == base
+
+
+def test_fork_child_gets_clear_error():
+    ctx = Context()  # the library is loaded in this process
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: report what happened through the pipe, never return into pytest
+        code = 1
+        try:
+            try:
+                Context()
+                msg = b"no error"
+            except RuntimeError as e:
+                msg = str(e).encode()[:200]
+                code = 0 if b"fork" in msg else 2
+            os.write(w, msg)
+        finally:
+            os._exit(code)
+    os.close(w)
+    _, status = os.waitpid(pid, 0)
+    msg = os.read(r, 1000)
+    os.close(r)
+    assert os.WEXITSTATUS(status) == 0, msg
+    assert ctx.id()  # the parent is unaffected
+
+
+def test_go_panic_is_an_exception_and_logged(caplog):
+    from dynamo_ctx._lib import drain_logs, native, set_native_log_level
+
+    set_native_log_level(logging.DEBUG)
+    try:
+        with caplog.at_level(logging.DEBUG, logger="dynamo_ctx"):
+            with pytest.raises(RuntimeError, match="panic"):
+                native().selftest_panic()
+            assert Context().id()  # still usable
+            drain_logs()
+            # the log thread may have forwarded it already; either way it arrived
+            assert any("panic" in r.getMessage() and r.levelno == logging.ERROR for r in caplog.records)
+            assert all(r.name == "dynamo_ctx" for r in caplog.records if "panic" in r.getMessage())
+    finally:
+        set_native_log_level(logging.WARNING)

@@ -1,0 +1,99 @@
+package main
+
+// The C ABI is exercised as a C caller sees it by python/tests/test_c_abi.py
+// (cffi). These tests cover what Go can reach without cgo in a test file:
+// exports called with untyped constants and nil pointers, and the Go-side
+// helpers behind them.
+
+import (
+	"log/slog"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func TestEveryExportRejectsBadHandles(t *testing.T) {
+	for _, h := range []uint64{0, 1, 0xdeadbeef, 1<<63 | 5, ^uint64(0)} {
+		assert.EqualValues(t, 9, dc_context_free(dcU64(h)))
+		assert.EqualValues(t, 9, dc_context_kill(dcU64(h)))
+		assert.EqualValues(t, 9, dc_context_stop_generating(dcU64(h)))
+		assert.EqualValues(t, 9, dc_context_link_child(dcU64(h), dcU64(h)))
+		assert.EqualValues(t, 9, dc_context_finish(dcU64(h)))
+		assert.EqualValues(t, 9, dc_queue_free(dcU64(h)))
+		assert.EqualValues(t, 9, dc_queue_unwatch(dcU64(h), 1))
+	}
+}
+
+func TestNilPointersAreInvalid(t *testing.T) {
+	assert.EqualValues(t, 22, dc_context_new(nil, 3, nil))
+	assert.EqualValues(t, 22, dc_context_new_uuid(nil))
+	assert.EqualValues(t, 22, dc_queue_new(nil, nil))
+	assert.EqualValues(t, 22, dc_context_state(1, nil))
+	assert.EqualValues(t, 22, dc_log_fd(nil))
+	assert.EqualValues(t, 22, dc_log_next(nil, nil, 0, nil))
+}
+
+func TestPanicIsRecovered(t *testing.T) {
+	assert.EqualValues(t, 1000, dc_selftest_panic())
+	assert.EqualValues(t, 1000, dc_selftest_panic(), "still usable afterwards")
+}
+
+func TestInvalidCancelArguments(t *testing.T) {
+	assert.EqualValues(t, 22, dc_context_cancel(1, 0, 1), "LIVE is not a cancel target")
+	assert.EqualValues(t, 22, dc_context_cancel(1, 1, 0), "REASON_NONE is not a reason")
+	assert.EqualValues(t, 22, dc_context_cancel(1, 2, 99))
+}
+
+func TestEventQueueFireAndClose(t *testing.T) {
+	c := newContext("x")
+	rcq := dc_handle_counts(nil, nil)
+	require.EqualValues(t, 0, rcq)
+	eq := newTestQueue()
+	eq.mu.Lock()
+	eq.watches[7] = nil
+	eq.mu.Unlock()
+	stop := c.Notify(1, func() { eq.fire(7) })
+	eq.mu.Lock()
+	eq.watches[7] = stop
+	eq.mu.Unlock()
+	c.Kill()
+	buf := make([]uint64, 4)
+	n, _ := eq.q.Drain(buf)
+	require.Equal(t, 1, n)
+	assert.EqualValues(t, 7, buf[0])
+	eq.fire(7) // a second fire of a consumed watch pushes nothing
+	n, _ = eq.q.Drain(buf)
+	assert.Equal(t, 0, n)
+	eq.close()
+	eq.close()
+}
+
+func TestLogHandlerFormatsAndFilters(t *testing.T) {
+	// Drain what is queued, then log one record at each level.
+	drainAll()
+	minLevel.Store(pyInfo)
+	defer minLevel.Store(pyWarning)
+	l := slog.New(queueHandler{}).With("req", "r1").WithGroup("g")
+	l.Debug("not queued")
+	l.Info("hello", "n", 3)
+	recs := drainAll()
+	require.Len(t, recs, 1)
+	assert.Equal(t, pyInfo, recs[0].level)
+	assert.Equal(t, `hello req="r1" g.n="3"`, recs[0].msg)
+}
+
+func drainAll() []logRecord {
+	var out []logRecord
+	buf := make([]logRecord, 16)
+	for {
+		n, _ := logQueue.Drain(buf)
+		out = append(out, buf[:n]...)
+		if n < len(buf) {
+			return out
+		}
+	}
+}

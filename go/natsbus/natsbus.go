@@ -1,0 +1,467 @@
+// Package natsbus connects a process to the NATS server that carries the
+// runtime's discovery and request traffic, hosting that server in-process
+// when none is running, so that a single machine needs nothing installed.
+//
+// Address. Connect uses Options.URL if set, else the NATS_SERVER environment
+// variable, else DefaultURL (nats://127.0.0.1:4222). A comma-separated list
+// of URLs is passed to the client as a server pool and is never embedded.
+//
+// Connect guarantees:
+//
+//   - Joining: if a NATS server answers at the address, the Bus is a client
+//     of it and Embedded reports false.
+//   - Embedding: if nothing answers and the address is embeddable (it is
+//     DefaultURL, or Options.EmbedIfAbsent is set), Connect starts a
+//     nats-server in this process listening on that host and port, waits
+//     until it accepts clients, and connects to it; Embedded then reports
+//     true. Other processes on the machine that Connect to the same address
+//     join that server. Any other address that does not answer is an error,
+//     returned as soon as the connection attempt fails, because a server the
+//     user named explicitly must not be silently replaced by a local one.
+//   - One server per address: when several processes find the address empty
+//     at once, exactly one binds the port; the others observe that the port
+//     is taken and join the winner (retried a few times while the winner
+//     comes up). They never end up on separate servers.
+//   - Ephemeral: an address whose port is 0 (for example
+//     "nats://127.0.0.1:0") always starts an embedded server on a free port
+//     chosen by the kernel; URL reports the actual port. Meant for tests,
+//     which must not compete for 4222.
+//   - Takeover: while a Bus whose address is embeddable is disconnected
+//     (typically because the process hosting the server exited), it tries to
+//     host a server on that address itself; the survivors race as above, one
+//     wins, and every client's automatic reconnect lands on it. Subscriptions
+//     are restored by the client library. Ephemeral addresses are not taken
+//     over: their port is not known to anyone but the host.
+//   - Silence: the embedded server never writes to stdout or stderr (it runs
+//     with no logger and without signal handlers, which belong to the host
+//     application). Client-side events (disconnect, reconnect, asynchronous
+//     errors) are reported through log/slog only.
+//
+// A Bus's connection reconnects forever with short waits, so a restart of
+// the server is ridden out rather than surfaced as an error.
+package natsbus
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/url"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+)
+
+// DefaultURL is the address used when neither Options.URL nor the
+// NATS_SERVER environment variable names one. It is always embeddable.
+const DefaultURL = "nats://127.0.0.1:4222"
+
+// EnvURL is the environment variable consulted when Options.URL is empty.
+const EnvURL = "NATS_SERVER"
+
+// DefaultName is the client name reported to the server when Options.Name
+// is empty.
+const DefaultName = "dynamo-ctx"
+
+const (
+	// embedAttempts bounds how often Connect alternates between "start a
+	// server" and "join the one that beat us to the port" before giving up.
+	embedAttempts = 5
+	// readyTimeout bounds how long an embedded server may take to accept
+	// clients after binding its port; it is generous because a loaded CI
+	// machine can be slow, and it is only spent on a broken start.
+	readyTimeout = 5 * time.Second
+	// connectTimeout bounds one connection attempt (TCP dial plus the NATS
+	// handshake). A local "connection refused" returns at once regardless.
+	connectTimeout = 2 * time.Second
+	// reconnectWait is short because the common cause of a disconnect here
+	// is a local server being replaced, which takes milliseconds.
+	reconnectWait = 100 * time.Millisecond
+	// drainTimeout bounds Close when the server is unreachable.
+	drainTimeout = 2 * time.Second
+	// maxPayload raises the embedded server's 1 MiB default: a request that
+	// carries a long prompt as token ids can exceed it. 8 MiB is the largest
+	// value nats-server accepts without warning.
+	maxPayload = 8 << 20
+)
+
+// Options configures Connect. The zero value connects to the default address,
+// embedding a server there if none answers.
+type Options struct {
+	// URL is the server address, or a comma-separated list of addresses.
+	// Empty means the NATS_SERVER environment variable, else DefaultURL.
+	// A port of 0 means "embed on an ephemeral port".
+	URL string
+	// EmbedIfAbsent makes a single non-default URL embeddable: if nothing
+	// answers there, a server is started on its host and port. DefaultURL
+	// is embeddable regardless.
+	EmbedIfAbsent bool
+	// Name is the client connection name shown by server monitoring.
+	// Empty means DefaultName.
+	Name string
+	// Logger receives connection events. Nil means slog.Default().
+	Logger *slog.Logger
+}
+
+// Bus is a connection to the request-plane NATS server, plus the embedded
+// server when this process hosts it. Its methods may be called concurrently.
+type Bus struct {
+	nc     *nats.Conn
+	url    string
+	log    *slog.Logger
+	closed chan struct{} // closed by the client's ClosedHandler
+
+	// takeover is set for embeddable, non-ephemeral addresses; host and port
+	// are where a replacement server would listen.
+	takeover   bool
+	host, port string
+	kick       chan struct{} // buffered(1): "we are disconnected, try to host"
+	stop       chan struct{} // closed by Close to end the takeover loop
+	wg         sync.WaitGroup
+
+	mu  sync.Mutex
+	srv *server.Server // non-nil while this process hosts the server
+
+	closeOnce sync.Once
+}
+
+// Connect connects to the request-plane NATS server as described in the
+// package documentation. ctx bounds only the connection phase (including
+// the retries of a lost embedding race); the Bus lives until Close.
+func Connect(ctx context.Context, opts Options) (*Bus, error) {
+	raw := opts.URL
+	if raw == "" {
+		raw = os.Getenv(EnvURL)
+	}
+	if raw == "" {
+		raw = DefaultURL
+	}
+	b := &Bus{
+		url:    raw,
+		log:    opts.Logger,
+		closed: make(chan struct{}),
+		kick:   make(chan struct{}, 1),
+		stop:   make(chan struct{}),
+	}
+	if b.log == nil {
+		b.log = slog.Default()
+	}
+	b.log = b.log.With("component", "natsbus")
+	name := opts.Name
+	if name == "" {
+		name = DefaultName
+	}
+
+	host, port, single := splitAddr(raw)
+	if single && port == "0" {
+		// Ephemeral: nothing to join, always embed.
+		srv, err := startServer(host, "0")
+		if err != nil {
+			return nil, fmt.Errorf("natsbus: start embedded server on %s: %w", raw, err)
+		}
+		b.url = clientURL(srv)
+		if err := b.dial(name); err != nil {
+			shutdown(srv)
+			return nil, err
+		}
+		b.srv = srv
+		b.start()
+		return b, nil
+	}
+
+	embeddable := single && (opts.EmbedIfAbsent || isDefault(host, port))
+	err := b.dial(name)
+	if err == nil || !embeddable {
+		if err != nil {
+			return nil, err
+		}
+		b.enableTakeover(embeddable, host, port)
+		b.start()
+		return b, nil
+	}
+
+	for attempt := 0; ; attempt++ {
+		srv, serr := startServer(host, port)
+		if serr == nil {
+			if err = b.dial(name); err != nil {
+				shutdown(srv)
+				return nil, err
+			}
+			b.srv = srv
+			b.log.Debug("hosting embedded NATS server", "url", b.url)
+			break
+		}
+		if !errors.Is(serr, errPortTaken) {
+			return nil, fmt.Errorf("natsbus: nothing answers at %s and embedding a server there failed: %w", raw, serr)
+		}
+		// Another process bound the port between our probe and our bind:
+		// join it. It may still be completing its start, hence the retries.
+		if err = b.dial(name); err == nil {
+			break
+		}
+		if attempt+1 >= embedAttempts {
+			return nil, fmt.Errorf("natsbus: %s is bound by another process that does not answer as a NATS server: %w", raw, err)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("natsbus: connect %s: %w", raw, ctx.Err())
+		case <-time.After(time.Duration(attempt+1) * 50 * time.Millisecond):
+		}
+	}
+	b.enableTakeover(true, host, port)
+	b.start()
+	return b, nil
+}
+
+// Conn returns the underlying connection. It stays valid (and reconnects by
+// itself) until Close; callers must not close it themselves.
+func (b *Bus) Conn() *nats.Conn { return b.nc }
+
+// URL returns the address the Bus connected to; for an ephemeral embedded
+// server it carries the actual port, so other clients can be pointed at it.
+func (b *Bus) URL() string { return b.url }
+
+// Embedded reports whether this process currently hosts the server, either
+// since Connect or after a takeover.
+func (b *Bus) Embedded() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.srv != nil
+}
+
+// Close drains the connection (pending publishes are sent, handlers of
+// messages already received finish), closes it, then shuts down the
+// embedded server if this process hosts it and waits for that shutdown.
+// Clients of other processes lose the server at that point; embeddable ones
+// take over. Close is idempotent and safe to call concurrently.
+func (b *Bus) Close() {
+	b.closeOnce.Do(func() {
+		// Stop the takeover loop first: closing the connection fires the
+		// disconnect handler, which must not start a new server.
+		close(b.stop)
+		b.wg.Wait()
+		if err := b.nc.Drain(); err != nil {
+			b.nc.Close()
+		}
+		select {
+		case <-b.closed:
+		case <-time.After(drainTimeout + time.Second):
+			// Drain is bounded by DrainTimeout; this is a safety net.
+			b.nc.Close()
+			<-b.closed
+		}
+		b.mu.Lock()
+		srv := b.srv
+		b.srv = nil
+		b.mu.Unlock()
+		if srv != nil {
+			shutdown(srv)
+		}
+	})
+}
+
+// dial connects b.nc to b.url with the Bus's client options. The first
+// attempt is not retried: a refused connection is reported at once, which is
+// how Connect learns that nothing answers.
+func (b *Bus) dial(name string) error {
+	nc, err := nats.Connect(b.url,
+		nats.Name(name),
+		nats.Timeout(connectTimeout),
+		nats.MaxReconnects(-1),
+		nats.ReconnectWait(reconnectWait),
+		nats.ReconnectJitter(reconnectWait/2, reconnectWait/2),
+		nats.DrainTimeout(drainTimeout),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			if err != nil {
+				b.log.Warn("NATS connection lost", "url", b.url, "error", err)
+			}
+			b.requestTakeover()
+		}),
+		nats.ReconnectErrHandler(func(_ *nats.Conn, err error) {
+			b.log.Debug("NATS reconnect attempt failed", "url", b.url, "error", err)
+			b.requestTakeover()
+		}),
+		nats.ReconnectHandler(func(nc *nats.Conn) {
+			b.log.Info("NATS connection restored", "url", nc.ConnectedUrlRedacted())
+		}),
+		nats.ErrorHandler(func(_ *nats.Conn, sub *nats.Subscription, err error) {
+			subj := ""
+			if sub != nil {
+				subj = sub.Subject
+			}
+			b.log.Error("NATS asynchronous error", "subject", subj, "error", err)
+		}),
+		nats.ClosedHandler(func(*nats.Conn) { close(b.closed) }),
+	)
+	if err != nil {
+		return fmt.Errorf("natsbus: connect %s: %w", redact(b.url), err)
+	}
+	b.nc = nc
+	return nil
+}
+
+func (b *Bus) enableTakeover(on bool, host, port string) {
+	b.takeover, b.host, b.port = on, host, port
+}
+
+// start launches the takeover loop when the address allows it.
+func (b *Bus) start() {
+	if !b.takeover {
+		return
+	}
+	b.wg.Add(1)
+	go b.takeoverLoop()
+}
+
+// requestTakeover is called from client callbacks, which must not block.
+func (b *Bus) requestTakeover() {
+	if !b.takeover {
+		return
+	}
+	select {
+	case b.kick <- struct{}{}:
+	default:
+	}
+}
+
+// takeoverLoop tries to host the server each time the connection reports a
+// disconnect or a failed reconnect. Binding the port decides the race among
+// survivors; a loser simply keeps reconnecting, now to the winner.
+func (b *Bus) takeoverLoop() {
+	defer b.wg.Done()
+	for {
+		select {
+		case <-b.stop:
+			return
+		case <-b.kick:
+		}
+		if b.Embedded() || b.nc.IsConnected() {
+			continue
+		}
+		srv, err := startServer(b.host, b.port)
+		if err != nil {
+			if !errors.Is(err, errPortTaken) {
+				b.log.Warn("could not host replacement NATS server", "url", b.url, "error", err)
+			}
+			continue
+		}
+		b.mu.Lock()
+		b.srv = srv
+		b.mu.Unlock()
+		b.log.Info("hosting replacement embedded NATS server", "url", b.url)
+	}
+}
+
+// errPortTaken means another process holds the listening port.
+var errPortTaken = errors.New("port already in use")
+
+// startServer starts an in-process nats-server listening on host:port
+// (port "0" means an ephemeral port) and returns once it accepts clients.
+// It returns errPortTaken if the port is bound by someone else.
+func startServer(host, port string) (*server.Server, error) {
+	p, err := strconv.Atoi(port)
+	if err != nil || p < 0 || p > 65535 {
+		return nil, fmt.Errorf("invalid port %q", port)
+	}
+	if p != 0 {
+		// Probe the port ourselves: nats-server records a bind failure only
+		// in unexported state, and it would report "not ready" only after a
+		// full timeout. The probe also tells "taken" (join the holder) from
+		// errors such as a host that is not a local address (fail).
+		l, err := net.Listen("tcp", net.JoinHostPort(host, port))
+		if err != nil {
+			if errors.Is(err, syscall.EADDRINUSE) {
+				return nil, errPortTaken
+			}
+			return nil, err
+		}
+		l.Close()
+	} else {
+		// nats-server reads 0 as "the default port 4222"; RANDOM_PORT asks
+		// the kernel for a free one.
+		p = server.RANDOM_PORT
+	}
+	srv, err := server.NewServer(&server.Options{
+		Host: host,
+		Port: p,
+		// No logger is configured at all (never ConfigureLogger), so the
+		// server cannot write to stdout/stderr; NoLog states the intent.
+		NoLog: true,
+		// Signal handling belongs to the host application.
+		NoSigs:     true,
+		MaxPayload: maxPayload,
+	})
+	if err != nil {
+		return nil, err
+	}
+	// Start binds the client port synchronously before returning; if that
+	// failed (another process won the race after our probe), Addr is nil.
+	srv.Start()
+	if srv.Addr() == nil {
+		shutdown(srv)
+		return nil, errPortTaken
+	}
+	if !srv.ReadyForConnections(readyTimeout) {
+		shutdown(srv)
+		return nil, fmt.Errorf("embedded server not ready after %s", readyTimeout)
+	}
+	return srv, nil
+}
+
+func shutdown(srv *server.Server) {
+	srv.Shutdown()
+	srv.WaitForShutdown()
+}
+
+// clientURL is the URL clients use to reach srv, with the actual port.
+func clientURL(srv *server.Server) string {
+	addr := srv.Addr().(*net.TCPAddr)
+	host := srv.ClientURL() // nats://host:port with the configured host
+	if u, err := url.Parse(host); err == nil && u.Hostname() != "" {
+		return "nats://" + net.JoinHostPort(u.Hostname(), strconv.Itoa(addr.Port))
+	}
+	return "nats://" + net.JoinHostPort(addr.IP.String(), strconv.Itoa(addr.Port))
+}
+
+// splitAddr returns the host and port of a single-server URL, and false for
+// a server list or an address it cannot parse (which is then only dialed).
+func splitAddr(raw string) (host, port string, ok bool) {
+	if strings.Contains(raw, ",") {
+		return "", "", false
+	}
+	s := raw
+	if !strings.Contains(s, "://") {
+		s = "nats://" + s
+	}
+	u, err := url.Parse(s)
+	if err != nil || u.Scheme != "nats" || u.Hostname() == "" {
+		return "", "", false
+	}
+	port = u.Port()
+	if port == "" {
+		port = "4222"
+	}
+	return u.Hostname(), port, true
+}
+
+// isDefault reports whether host:port is DefaultURL's address.
+func isDefault(host, port string) bool {
+	dh, dp, _ := splitAddr(DefaultURL)
+	return host == dh && port == dp
+}
+
+// redact hides credentials embedded in a URL before it appears in an error.
+func redact(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil || u.User == nil {
+		return raw
+	}
+	return u.Redacted()
+}

@@ -16,14 +16,14 @@
 // The codec guarantees:
 //
 //   - Validation: a Reader returns an error, never panics, for an unknown
-//     type, a payload longer than its maximum, an empty frame type with a
-//     payload, a Credit payload that is not exactly 4 bytes, an Error payload
-//     that is not UTF-8, and a stream that ends inside a frame
-//     (io.ErrUnexpectedEOF). Every format error wraps ErrInvalid.
-//   - Bounded memory: the length is checked against the maximum before any
-//     allocation, and payloads above 64 KiB are read in chunks, so a bogus
-//     length costs at most as much memory as the bytes actually received
-//     (and never more than the maximum).
+//     type, a payload longer than its maximum, a Final, Stop or Kill frame
+//     with a payload, a Credit payload that is not exactly 4 bytes, an Error
+//     payload that is not UTF-8 (each wrapping ErrInvalid), and for input
+//     that ends inside a frame (io.ErrUnexpectedEOF).
+//   - Bounded memory: the length is checked against the type and the maximum
+//     before any allocation, and payloads above 64 KiB grow as their bytes
+//     arrive, so a length not backed by data costs at most 64 KiB plus twice
+//     the bytes actually received, and never more than the maximum.
 //   - Ownership: the payload of a Frame returned by ReadFrame is freshly
 //     allocated and belongs to the caller; it is never overwritten by later
 //     reads, so items can be queued without copying.
@@ -86,13 +86,13 @@ const (
 	// HeaderSize is the size of the type byte plus the length field.
 	HeaderSize = 5
 	// DefaultMaxPayload is the largest payload a Reader accepts unless told
-	// otherwise (NewReaderSize).
+	// otherwise (see NewReaderSize).
 	DefaultMaxPayload = 16 << 20
 	// CreditSize is the payload size of a Credit frame.
 	CreditSize = 4
-	// bufSize is the bufio buffer size on both sides: large enough that one
-	// syscall carries hundreds of small frames.
-	bufSize = 64 << 10
+	// defaultBufSize is the default buffer size on both sides: large enough
+	// that one syscall carries hundreds of small frames.
+	defaultBufSize = 64 << 10
 	// chunk is the allocation step for large payloads (see Bounded memory).
 	chunk = 64 << 10
 )
@@ -128,7 +128,7 @@ type Writer struct {
 }
 
 // NewWriter returns a Writer with a 64 KiB buffer.
-func NewWriter(w io.Writer) *Writer { return NewWriterSize(w, bufSize) }
+func NewWriter(w io.Writer) *Writer { return NewWriterSize(w, defaultBufSize) }
 
 // NewWriterSize returns a Writer with a buffer of at least size bytes.
 func NewWriterSize(w io.Writer, size int) *Writer {
@@ -211,15 +211,20 @@ type Reader struct {
 
 // NewReader returns a Reader with a 64 KiB buffer that accepts payloads up
 // to DefaultMaxPayload.
-func NewReader(r io.Reader) *Reader { return NewReaderSize(r, DefaultMaxPayload) }
+func NewReader(r io.Reader) *Reader { return NewReaderSize(r, 0, 0) }
 
-// NewReaderSize returns a Reader that rejects payloads longer than max bytes
-// (max <= 0 means DefaultMaxPayload).
-func NewReaderSize(r io.Reader, max int) *Reader {
-	if max <= 0 {
-		max = DefaultMaxPayload
+// NewReaderSize returns a Reader with a buffer of bufSize bytes (<= 0: 64
+// KiB) that rejects payloads longer than maxPayload bytes (<= 0:
+// DefaultMaxPayload). The buffer only decides how many frames one read
+// syscall can fetch; payloads larger than it are still read whole.
+func NewReaderSize(r io.Reader, bufSize, maxPayload int) *Reader {
+	if bufSize <= 0 {
+		bufSize = defaultBufSize
 	}
-	return &Reader{br: bufio.NewReaderSize(r, bufSize), max: max}
+	if maxPayload <= 0 {
+		maxPayload = DefaultMaxPayload
+	}
+	return &Reader{br: bufio.NewReaderSize(r, bufSize), max: maxPayload}
 }
 
 // Max returns the largest payload the Reader accepts.

@@ -126,13 +126,13 @@ func TestReaderCustomMax(t *testing.T) {
 		require.NoError(t, w.WriteData(make([]byte, 10)))
 		require.NoError(t, w.WriteData(make([]byte, 11)))
 	})
-	r := NewReaderSize(bytes.NewReader(raw), 10)
+	r := NewReaderSize(bytes.NewReader(raw), 0, 10)
 	assert.Equal(t, 10, r.Max())
 	_, err := r.ReadFrame()
 	require.NoError(t, err)
 	_, err = r.ReadFrame()
 	assert.ErrorIs(t, err, ErrTooLarge)
-	assert.Equal(t, DefaultMaxPayload, NewReaderSize(nil, 0).Max())
+	assert.Equal(t, DefaultMaxPayload, NewReaderSize(nil, 0, 0).Max())
 }
 
 // A bogus 16 MiB length followed by a few bytes must not allocate 16 MiB.

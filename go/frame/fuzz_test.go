@@ -13,8 +13,8 @@ import (
 // The seeds in testdata/fuzz/FuzzReader run with plain `go test`.
 func FuzzReader(f *testing.F) {
 	f.Fuzz(func(t *testing.T, in []byte) {
-		const max = 1 << 18 // above chunk, so the chunked path is fuzzed too
-		r := NewReaderSize(bytes.NewReader(in), max)
+		const max = 1 << 18                              // above chunk, so the chunked path is fuzzed too
+		r := NewReaderSize(bytes.NewReader(in), 16, max) // tiny buffer: refills mid-frame
 		var out bytes.Buffer
 		w := NewWriter(&out)
 		consumed := 0

@@ -18,6 +18,12 @@ enum {
 	DC_ERANGE = 34,       // caller's buffer too small; the needed size was stored
 	DC_EIO = 5,           // the operating system refused (pipe creation, ...)
 	DC_EINTERNAL = 1000,  // a bug: a Go panic was recovered; the library is still usable
+	DC_EOF = 1001,        // the response stream ended normally: no more items
+	DC_EHANDLER = 1002,   // the remote handler raised; the message says what
+	DC_EINCOMPLETE = 1003, // "Stream ended before generation completed"
+	DC_ENORESPONDERS = 1004, // no worker received the request
+	DC_ECLOSED = 1005,    // the runtime (or endpoint, client) is shut down
+	DC_ECONNECT = 1006,   // could not connect to NATS or set up the runtime
 };
 
 // Context states, as found in bits 0-7 of a state word.
@@ -61,6 +67,23 @@ const (
 
 	maxIDLen = 4096
 	version  = "0.1.0"
+)
+
+// The error codes as Go constants, for the files whose preamble does not
+// declare them.
+const (
+	rcOK            C.int = C.DC_OK
+	rcEBADF         C.int = C.DC_EBADF
+	rcEAGAIN        C.int = C.DC_EAGAIN
+	rcEINVAL        C.int = C.DC_EINVAL
+	rcERANGE        C.int = C.DC_ERANGE
+	rcEOF           C.int = C.DC_EOF
+	rcEHANDLER      C.int = C.DC_EHANDLER
+	rcEINCOMPLETE   C.int = C.DC_EINCOMPLETE
+	rcENORESPONDERS C.int = C.DC_ENORESPONDERS
+	rcECLOSED       C.int = C.DC_ECLOSED
+	rcECONNECT      C.int = C.DC_ECONNECT
+	rcEIO           C.int = C.DC_EIO
 )
 
 var (
@@ -265,16 +288,20 @@ func dc_context_state_word(h C.uint64_t, out **C.uint32_t) (rc C.int) {
 // reason.
 //
 //export dc_context_cancel
-func dc_context_cancel(h C.uint64_t, state C.uint32_t, reason C.uint32_t) (rc C.int) {
-	defer guard("dc_context_cancel", &rc)
+func dc_context_cancel(h C.uint64_t, state C.uint32_t, reason C.uint32_t) C.int {
+	return cancelContext("dc_context_cancel", h, state, reason)
+}
+
+func cancelContext(name string, h C.uint64_t, state C.uint32_t, reason C.uint32_t) (rc C.int) {
+	defer guard(name, &rc)
 	st, r := ctxtree.State(state), ctxtree.Reason(reason)
 	if st != ctxtree.Stopped && st != ctxtree.Killed {
-		return fail(C.DC_EINVAL, "dc_context_cancel: state must be DC_STOPPED or DC_KILLED, got %d", state)
+		return fail(C.DC_EINVAL, "%s: state must be DC_STOPPED or DC_KILLED, got %d", name, state)
 	}
 	if !r.Valid() {
-		return fail(C.DC_EINVAL, "dc_context_cancel: unknown reason %d", reason)
+		return fail(C.DC_EINVAL, "%s: unknown reason %d", name, reason)
 	}
-	c, rc := getContext("dc_context_cancel", h)
+	c, rc := getContext(name, h)
 	if rc != C.DC_OK {
 		return rc
 	}
@@ -286,14 +313,14 @@ func dc_context_cancel(h C.uint64_t, state C.uint32_t, reason C.uint32_t) (rc C.
 //
 //export dc_context_stop_generating
 func dc_context_stop_generating(h C.uint64_t) C.int {
-	return dc_context_cancel(h, C.DC_STOPPED, C.DC_REASON_STOP_GENERATING)
+	return cancelContext("dc_context_stop_generating", h, C.DC_STOPPED, C.DC_REASON_STOP_GENERATING)
 }
 
 // dc_context_cancel(h, DC_KILLED, DC_REASON_KILL). Idempotent.
 //
 //export dc_context_kill
 func dc_context_kill(h C.uint64_t) C.int {
-	return dc_context_cancel(h, C.DC_KILLED, C.DC_REASON_KILL)
+	return cancelContext("dc_context_kill", h, C.DC_KILLED, C.DC_REASON_KILL)
 }
 
 // Links child below parent: stopping or killing parent does the same to child.
@@ -370,16 +397,26 @@ type eventQueue struct {
 	q       *wake.Queue[uint64]
 	mu      sync.Mutex
 	closed  bool
-	watches map[uint64]func() bool // token -> unregister; nil while being registered
+	watches map[uint64]*watch // pending watches by token
 }
 
-func (e *eventQueue) fire(token uint64) {
+// watch is one registration. Entries are compared by identity, so a late
+// hook of an earlier registration of the same token can never touch a later
+// one.
+type watch struct {
+	stop func() bool // unregisters the context hook; nil while being registered
+}
+
+// fire delivers w's token if w is still the pending registration.
+func (e *eventQueue) fire(tok uint64, w *watch) {
 	e.mu.Lock()
-	_, ok := e.watches[token]
-	delete(e.watches, token)
+	ok := e.watches[tok] == w
+	if ok {
+		delete(e.watches, tok)
+	}
 	e.mu.Unlock()
 	if ok {
-		_ = e.q.Push(token) // only fails once closed, when nobody waits any more
+		_ = e.q.Push(tok) // only fails once closed, when nobody waits any more
 	}
 }
 
@@ -387,9 +424,9 @@ func (e *eventQueue) close() {
 	e.mu.Lock()
 	e.closed = true
 	stops := make([]func() bool, 0, len(e.watches))
-	for _, stop := range e.watches {
-		if stop != nil {
-			stops = append(stops, stop)
+	for _, w := range e.watches {
+		if w.stop != nil {
+			stops = append(stops, w.stop)
 		}
 	}
 	e.watches = nil
@@ -416,7 +453,7 @@ func dc_queue_new(out *C.uint64_t, fd *C.int) (rc C.int) {
 	if err != nil {
 		return fail(C.DC_EIO, "dc_queue_new: %v", err)
 	}
-	e := &eventQueue{q: q, watches: map[uint64]func() bool{}}
+	e := &eventQueue{q: q, watches: map[uint64]*watch{}}
 	*out = C.uint64_t(queues.Insert(e))
 	*fd = C.int(q.Fd())
 	return C.DC_OK
@@ -481,6 +518,7 @@ func dc_context_watch(h C.uint64_t, q C.uint64_t, state C.uint32_t, token C.uint
 		return rc
 	}
 	tok := uint64(token)
+	w := &watch{}
 	e.mu.Lock()
 	if e.closed {
 		e.mu.Unlock()
@@ -490,19 +528,19 @@ func dc_context_watch(h C.uint64_t, q C.uint64_t, state C.uint32_t, token C.uint
 		e.mu.Unlock()
 		return fail(C.DC_EEXIST, "dc_context_watch: token %d is already pending on this queue", tok)
 	}
-	e.watches[tok] = nil // reserved: fire and unwatch may run before Notify returns
+	e.watches[tok] = w // reserved: fire and unwatch may run before Notify returns
 	e.mu.Unlock()
 
-	stop := c.Notify(st, func() { e.fire(tok) })
+	stop := c.Notify(st, func() { e.fire(tok, w) })
 
 	e.mu.Lock()
-	f, still := e.watches[tok]
-	if still && f == nil {
-		e.watches[tok] = stop
+	still := e.watches[tok] == w
+	if still {
+		w.stop = stop
 	}
 	e.mu.Unlock()
 	if !still {
-		stop() // unwatched (or the queue freed) while registering
+		stop() // fired, unwatched or the queue freed while registering
 	}
 	return C.DC_OK
 }
@@ -519,29 +557,33 @@ func dc_queue_unwatch(q C.uint64_t, token C.uint64_t) (rc C.int) {
 		return rc
 	}
 	e.mu.Lock()
-	stop, ok := e.watches[uint64(token)]
+	w, ok := e.watches[uint64(token)]
 	delete(e.watches, uint64(token))
 	e.mu.Unlock()
 	if !ok {
 		return fail(C.DC_ENOENT, "dc_queue_unwatch: token %d is not pending", uint64(token))
 	}
-	if stop != nil {
-		stop()
+	if w.stop != nil {
+		w.stop()
 	}
 	return C.DC_OK
 }
 
-// Stores the numbers of live context and queue handles, for leak tests.
-// Either pointer may be NULL.
+// Stores the numbers of live context handles, queue handles and all other
+// handles (runtimes, endpoints, requests, clients, streams), for leak tests.
+// Any pointer may be NULL.
 //
 //export dc_handle_counts
-func dc_handle_counts(nContexts, nQueues *C.uint64_t) (rc C.int) {
+func dc_handle_counts(nContexts, nQueues, nOther *C.uint64_t) (rc C.int) {
 	defer guard("dc_handle_counts", &rc)
 	if nContexts != nil {
 		*nContexts = C.uint64_t(contexts.Len())
 	}
 	if nQueues != nil {
 		*nQueues = C.uint64_t(queues.Len())
+	}
+	if nOther != nil {
+		*nOther = C.uint64_t(runtimes.Len() + endpoints.Len() + requests.Len() + clients.Len() + streams.Len())
 	}
 	return C.DC_OK
 }
@@ -595,24 +637,22 @@ func dc_log_next(level *C.int, buf *C.char, bufLen C.size_t, n *C.size_t) (rc C.
 	if level == nil || n == nil {
 		return fail(C.DC_EINVAL, "dc_log_next: level and len must not be NULL")
 	}
-	pendingMu.Lock()
-	defer pendingMu.Unlock()
-	rec := pendingRec
-	pendingRec = nil
-	if rec == nil {
-		var one [1]logRecord
-		if logQueue == nil {
-			return fail(C.DC_EAGAIN, "dc_log_next: no record")
-		}
-		if got, _ := logQueue.Drain(one[:]); got == 0 {
-			return fail(C.DC_EAGAIN, "dc_log_next: no record")
-		}
-		rec = &one[0]
+	// One reader at a time, so that the record peeked is the one drained.
+	logReadMu.Lock()
+	defer logReadMu.Unlock()
+	if logQueue == nil {
+		return fail(C.DC_EAGAIN, "dc_log_next: no record")
+	}
+	rec, ok := logQueue.Peek()
+	if !ok {
+		return fail(C.DC_EAGAIN, "dc_log_next: no record")
 	}
 	*level = C.int(rec.level)
+	// On DC_ERANGE the record stays queued, so the fd stays readable.
 	if code := writeString("dc_log_next", rec.msg, buf, bufLen, n); code != C.DC_OK {
-		pendingRec = rec
 		return code
 	}
+	var one [1]logRecord
+	logQueue.Drain(one[:])
 	return C.DC_OK
 }

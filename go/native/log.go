@@ -33,11 +33,10 @@ type logRecord struct {
 }
 
 var (
-	logQueue   *wake.Queue[logRecord] // nil if the pipe could not be made: records are dropped
-	minLevel   atomic.Int64           // Python level below which records are not even formatted
-	dropped    atomic.Int64
-	pendingMu  sync.Mutex
-	pendingRec *logRecord // a record the caller's buffer was too small for
+	logQueue  *wake.Queue[logRecord] // nil if the pipe could not be made: records are dropped
+	minLevel  atomic.Int64           // Python level below which records are not even formatted
+	dropped   atomic.Int64
+	logReadMu sync.Mutex // serialises dc_log_next
 )
 
 func init() {

@@ -50,22 +50,24 @@ func TestInvalidCancelArguments(t *testing.T) {
 
 func TestEventQueueFireAndClose(t *testing.T) {
 	c := newContext("x")
-	rcq := dc_handle_counts(nil, nil)
+	rcq := dc_handle_counts(nil, nil, nil)
 	require.EqualValues(t, 0, rcq)
 	eq := newTestQueue()
+	w := &watch{}
 	eq.mu.Lock()
-	eq.watches[7] = nil
+	eq.watches[7] = w
 	eq.mu.Unlock()
-	stop := c.Notify(1, func() { eq.fire(7) })
-	eq.mu.Lock()
-	eq.watches[7] = stop
-	eq.mu.Unlock()
+	w.stop = c.Notify(1, func() { eq.fire(7, w) })
+	// A stale registration of the same token never delivers.
+	eq.fire(7, &watch{})
+	n0, _ := eq.q.Drain(make([]uint64, 4))
+	require.Equal(t, 0, n0)
 	c.Kill()
 	buf := make([]uint64, 4)
 	n, _ := eq.q.Drain(buf)
 	require.Equal(t, 1, n)
 	assert.EqualValues(t, 7, buf[0])
-	eq.fire(7) // a second fire of a consumed watch pushes nothing
+	eq.fire(7, w) // a second fire of a consumed watch pushes nothing
 	n, _ = eq.q.Drain(buf)
 	assert.Equal(t, 0, n)
 	eq.close()

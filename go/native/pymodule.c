@@ -19,6 +19,51 @@
 #include <unistd.h>
 #include "_cgo_export.h"
 
+// Every Python symbol this file uses is a weak reference, so the library
+// loads (and its plain C ABI works) in a process without an interpreter: the
+// interpreter, when there is one, resolves them at import. Keep the list
+// complete: python/tests/test_packaging.py fails on a strong Python symbol.
+#pragma weak PyBytes_AsStringAndSize
+#pragma weak PyBytes_FromStringAndSize
+#pragma weak PyErr_Format
+#pragma weak PyErr_NoMemory
+#pragma weak PyErr_Occurred
+#pragma weak PyErr_SetString
+#pragma weak PyEval_RestoreThread
+#pragma weak PyEval_SaveThread
+#pragma weak PyExc_OSError
+#pragma weak PyExc_RuntimeError
+#pragma weak PyExc_TypeError
+#pragma weak PyExc_ValueError
+#pragma weak PyList_Append
+#pragma weak PyList_New
+#pragma weak PyList_SetItem
+#pragma weak PyLong_AsLong
+#pragma weak PyLong_AsUnsignedLongLong
+#pragma weak PyLong_FromLong
+#pragma weak PyLong_FromUnsignedLong
+#pragma weak PyLong_FromUnsignedLongLong
+#pragma weak PyMem_Free
+#pragma weak PyMem_Malloc
+#pragma weak PyModule_AddIntConstant
+#pragma weak PyModule_AddObject
+#pragma weak PyModule_Create2
+#pragma weak PyObject_IsInstance
+#pragma weak PyObject_IsSubclass
+#pragma weak PyType_FromSpec
+#pragma weak PyType_GetFlags
+#pragma weak PyType_GetSlot
+#pragma weak PyUnicode_AsUTF8String
+#pragma weak PyUnicode_DecodeUTF8
+#pragma weak PyUnicode_FromString
+#pragma weak _PyArg_ParseTupleAndKeywords_SizeT
+#pragma weak _PyArg_ParseTuple_SizeT
+#pragma weak _Py_BuildValue_SizeT
+#pragma weak _Py_Dealloc
+#pragma weak _Py_FalseStruct
+#pragma weak _Py_NoneStruct
+#pragma weak _Py_TrueStruct
+
 // The Go runtime's threads do not survive fork(): a call into Go in the child
 // would hang. The child handler marks the process, and every method that
 // would enter Go raises instead. is_stopped/is_killed only read memory and
@@ -349,10 +394,11 @@ static PyObject* mod_unwatch(PyObject* m, PyObject* args) {
 
 static PyObject* mod_handle_counts(PyObject* m, PyObject* unused) {
     if (check_fork() < 0) return NULL;
-    uint64_t c = 0, q = 0;
-    int rc = dc_handle_counts(&c, &q);
+    uint64_t c = 0, q = 0, other = 0;
+    int rc = dc_handle_counts(&c, &q, &other);
     if (rc != DC_OK) return raise_rc(rc);
-    return Py_BuildValue("{sKsK}", "contexts", (unsigned long long)c, "queues", (unsigned long long)q);
+    return Py_BuildValue("{sKsKsK}", "contexts", (unsigned long long)c, "queues", (unsigned long long)q,
+                         "other", (unsigned long long)other);
 }
 
 static PyObject* mod_log_fd(PyObject* m, PyObject* unused) {
@@ -420,6 +466,293 @@ static PyObject* mod_selftest_panic(PyObject* m, PyObject* unused) {
     Py_RETURN_NONE;
 }
 
+
+// ---------------------------------------------------------------- request plane
+//
+// Functions whose outcome the Python layer branches on (nothing ready, end of
+// stream, a remote error) return (code, value) tuples; the Python layer owns
+// the exception classes. Everything else raises.
+
+// Calls a function of one handle that returns only a code.
+static PyObject* call_h(PyObject* arg, int (*fn)(uint64_t), int release) {
+    uint64_t h;
+    if (parse_u64(arg, &h) < 0) return NULL;
+    if (check_fork() < 0) return NULL;
+    int rc;
+    if (release) {
+        CALL_RELEASED(rc, fn(h));
+    } else {
+        rc = fn(h);
+    }
+    if (rc != DC_OK) return raise_rc(rc);
+    Py_RETURN_NONE;
+}
+
+// Reads a string-valued property through a dc_*(h, buf, cap, &len) function.
+static PyObject* get_bytes(uint64_t h, int (*fn)(uint64_t, char*, size_t, size_t*), int as_str) {
+    char small[512];
+    size_t n = 0;
+    int rc = fn(h, small, sizeof small, &n);
+    if (rc == DC_OK) {
+        return as_str ? PyUnicode_DecodeUTF8(small, (Py_ssize_t)n, "strict")
+                      : PyBytes_FromStringAndSize(small, (Py_ssize_t)n);
+    }
+    if (rc != DC_ERANGE) return raise_rc(rc);
+    char* big = PyMem_Malloc(n + 1);
+    if (big == NULL) return PyErr_NoMemory();
+    rc = fn(h, big, n + 1, &n);
+    PyObject* out = NULL;
+    if (rc == DC_OK) {
+        out = as_str ? PyUnicode_DecodeUTF8(big, (Py_ssize_t)n, "strict")
+                     : PyBytes_FromStringAndSize(big, (Py_ssize_t)n);
+    }
+    PyMem_Free(big);
+    if (rc != DC_OK) return raise_rc(rc);
+    return out;
+}
+
+static PyObject* code_and_message(int rc) {
+    char msg[1024];
+    dc_last_error(msg, sizeof msg);
+    return Py_BuildValue("(is)", rc, msg);
+}
+
+static PyObject* mod_runtime_new(PyObject* m, PyObject* args) {
+    const char* url = NULL;
+    Py_ssize_t url_len = 0;
+    if (!PyArg_ParseTuple(args, "|z#:runtime_new", &url, &url_len)) return NULL;
+    if (check_fork() < 0) return NULL;
+    uint64_t h = 0;
+    int rc;
+    CALL_RELEASED(rc, dc_runtime_new((char*)url, (size_t)url_len, &h));
+    if (rc != DC_OK) return raise_rc(rc);
+    return PyLong_FromUnsignedLongLong(h);
+}
+
+static PyObject* mod_runtime_shutdown(PyObject* m, PyObject* arg) { return call_h(arg, dc_runtime_shutdown, 1); }
+static PyObject* mod_runtime_free(PyObject* m, PyObject* arg) { return call_h(arg, dc_runtime_free, 1); }
+
+static PyObject* mod_runtime_nats_url(PyObject* m, PyObject* arg) {
+    uint64_t h;
+    if (parse_u64(arg, &h) < 0 || check_fork() < 0) return NULL;
+    return get_bytes(h, (int (*)(uint64_t, char*, size_t, size_t*))dc_runtime_nats_url, 1);
+}
+
+static PyObject* mod_endpoint_serve(PyObject* m, PyObject* args) {
+    unsigned long long rt;
+    const char *path, *meta = NULL;
+    Py_ssize_t path_len, meta_len = 0;
+    if (!PyArg_ParseTuple(args, "Ks#|z#:endpoint_serve", &rt, &path, &path_len, &meta, &meta_len)) return NULL;
+    if (check_fork() < 0) return NULL;
+    uint64_t h = 0;
+    int rc;
+    CALL_RELEASED(rc, dc_endpoint_serve(rt, (char*)path, (size_t)path_len, (char*)meta, (size_t)meta_len, &h));
+    if (rc != DC_OK) return raise_rc(rc);
+    return PyLong_FromUnsignedLongLong(h);
+}
+
+static PyObject* mod_endpoint_instance_id(PyObject* m, PyObject* arg) {
+    uint64_t h, id = 0;
+    if (parse_u64(arg, &h) < 0 || check_fork() < 0) return NULL;
+    int rc = dc_endpoint_instance_id(h, &id);
+    if (rc != DC_OK) return raise_rc(rc);
+    return PyLong_FromUnsignedLongLong(id);
+}
+
+static PyObject* mod_endpoint_accept(PyObject* m, PyObject* arg) {
+    uint64_t h, req = 0;
+    if (parse_u64(arg, &h) < 0 || check_fork() < 0) return NULL;
+    int rc = dc_endpoint_accept(h, &req);
+    if (rc == DC_OK) return Py_BuildValue("(iK)", rc, (unsigned long long)req);
+    if (rc == DC_EAGAIN || rc == DC_ECLOSED) return Py_BuildValue("(iK)", rc, 0ULL);
+    return raise_rc(rc);
+}
+
+static PyObject* mod_endpoint_free(PyObject* m, PyObject* arg) { return call_h(arg, dc_endpoint_free, 1); }
+
+static PyObject* mod_request_payload(PyObject* m, PyObject* arg) {
+    uint64_t h;
+    if (parse_u64(arg, &h) < 0 || check_fork() < 0) return NULL;
+    return get_bytes(h, (int (*)(uint64_t, char*, size_t, size_t*))dc_request_payload, 0);
+}
+
+// Wraps a context handle made by the library into an instance of cls (a
+// subclass of the native Context type).
+static PyObject* wrap_context_from(PyObject* args, int (*fn)(uint64_t, uint64_t*), const char* fmt) {
+    unsigned long long h;
+    PyObject* cls;
+    if (!PyArg_ParseTuple(args, fmt, &h, &cls)) return NULL;
+    if (check_fork() < 0) return NULL;
+    int sub = PyObject_IsSubclass(cls, (PyObject*)ContextType);
+    if (sub < 0) return NULL;
+    if (!sub) {
+        PyErr_SetString(PyExc_TypeError, "cls must be a subclass of the native Context");
+        return NULL;
+    }
+    uint64_t ctx = 0;
+    int rc = fn(h, &ctx);
+    if (rc != DC_OK) return raise_rc(rc);
+    return context_wrap((PyTypeObject*)cls, ctx);
+}
+
+static PyObject* mod_request_context(PyObject* m, PyObject* args) {
+    return wrap_context_from(args, (int (*)(uint64_t, uint64_t*))dc_request_context, "KO:request_context");
+}
+
+static PyObject* mod_request_send(PyObject* m, PyObject* args) {
+    unsigned long long h;
+    const char* data;
+    Py_ssize_t len;
+    if (!PyArg_ParseTuple(args, "Ky#:request_send", &h, &data, &len)) return NULL;
+    if (check_fork() < 0) return NULL;
+    int rc = dc_request_send(h, (char*)data, (size_t)len);
+    if (rc == DC_OK) Py_RETURN_TRUE;
+    if (rc == DC_EAGAIN) Py_RETURN_FALSE;
+    return raise_rc(rc);
+}
+
+static PyObject* mod_request_complete(PyObject* m, PyObject* arg) { return call_h(arg, dc_request_complete, 0); }
+static PyObject* mod_request_free(PyObject* m, PyObject* arg) { return call_h(arg, dc_request_free, 0); }
+
+static PyObject* mod_request_fail(PyObject* m, PyObject* args) {
+    unsigned long long h;
+    const char* msg;
+    Py_ssize_t len;
+    if (!PyArg_ParseTuple(args, "Ks#:request_fail", &h, &msg, &len)) return NULL;
+    if (check_fork() < 0) return NULL;
+    int rc = dc_request_fail(h, (char*)msg, (size_t)len);
+    if (rc != DC_OK) return raise_rc(rc);
+    Py_RETURN_NONE;
+}
+
+static PyObject* mod_client_new(PyObject* m, PyObject* args) {
+    unsigned long long rt;
+    const char* path;
+    Py_ssize_t path_len;
+    if (!PyArg_ParseTuple(args, "Ks#:client_new", &rt, &path, &path_len)) return NULL;
+    if (check_fork() < 0) return NULL;
+    uint64_t h = 0;
+    int rc;
+    CALL_RELEASED(rc, dc_client_new(rt, (char*)path, (size_t)path_len, &h));
+    if (rc != DC_OK) return raise_rc(rc);
+    return PyLong_FromUnsignedLongLong(h);
+}
+
+static PyObject* mod_client_instances(PyObject* m, PyObject* arg) {
+    uint64_t h;
+    if (parse_u64(arg, &h) < 0 || check_fork() < 0) return NULL;
+    uint64_t small[64];
+    uint64_t* buf = small;
+    size_t cap = 64, n = 0;
+    int rc = dc_client_instances(h, buf, cap, &n);
+    if (rc == DC_ERANGE) {
+        cap = n + 16;
+        buf = PyMem_Malloc(cap * sizeof(uint64_t));
+        if (buf == NULL) return PyErr_NoMemory();
+        rc = dc_client_instances(h, buf, cap, &n);
+    }
+    PyObject* out = NULL;
+    if (rc == DC_OK && (out = PyList_New((Py_ssize_t)n)) != NULL) {
+        for (size_t i = 0; i < n; i++) {
+            PyObject* v = PyLong_FromUnsignedLongLong(buf[i]);
+            if (v == NULL) {
+                Py_CLEAR(out);
+                break;
+            }
+            PyList_SetItem(out, (Py_ssize_t)i, v);
+        }
+    }
+    if (buf != small) PyMem_Free(buf);
+    if (rc != DC_OK) return raise_rc(rc);
+    return out;
+}
+
+static PyObject* mod_client_generate(PyObject* m, PyObject* args) {
+    unsigned long long h, instance = 0;
+    const char* payload;
+    Py_ssize_t len;
+    PyObject* ctx = Py_None;
+    int route = 0;
+    if (!PyArg_ParseTuple(args, "Ky#|OiK:client_generate", &h, &payload, &len, &ctx, &route, &instance)) return NULL;
+    uint64_t ctx_h = 0;
+    if (ctx != Py_None) {
+        if (context_check(ctx) < 0) return NULL;
+        ctx_h = ((ContextObject*)ctx)->handle;
+    }
+    if (check_fork() < 0) return NULL;
+    uint64_t s = 0;
+    int rc;
+    CALL_RELEASED(rc, dc_client_generate(h, (char*)payload, (size_t)len, ctx_h, route, instance, &s));
+    if (rc != DC_OK) return raise_rc(rc);
+    return PyLong_FromUnsignedLongLong(s);
+}
+
+static PyObject* mod_client_free(PyObject* m, PyObject* arg) { return call_h(arg, dc_client_free, 1); }
+
+static PyObject* mod_stream_started(PyObject* m, PyObject* arg) {
+    uint64_t h;
+    if (parse_u64(arg, &h) < 0 || check_fork() < 0) return NULL;
+    int rc = dc_stream_started(h);
+    if (rc == DC_EBADF || rc == DC_EINTERNAL) return raise_rc(rc);
+    return code_and_message(rc);
+}
+
+// Returns (DC_OK, [bytes, ...]) or (code, message).
+static PyObject* mod_stream_take(PyObject* m, PyObject* arg) {
+    uint64_t h;
+    if (parse_u64(arg, &h) < 0 || check_fork() < 0) return NULL;
+    char small[16384];
+    char* buf = small;
+    size_t cap = sizeof small, used = 0, count = 0;
+    int rc = dc_stream_take(h, buf, cap, &used, &count);
+    if (rc == DC_ERANGE) {
+        cap = used;
+        buf = PyMem_Malloc(cap);
+        if (buf == NULL) return PyErr_NoMemory();
+        rc = dc_stream_take(h, buf, cap, &used, &count);
+    }
+    PyObject* out = NULL;
+    if (rc == DC_OK) {
+        PyObject* items = PyList_New((Py_ssize_t)count);
+        size_t off = 0;
+        for (size_t i = 0; items != NULL && i < count; i++) {
+            uint32_t n = (uint32_t)(unsigned char)buf[off] | (uint32_t)(unsigned char)buf[off + 1] << 8 |
+                         (uint32_t)(unsigned char)buf[off + 2] << 16 | (uint32_t)(unsigned char)buf[off + 3] << 24;
+            PyObject* b = PyBytes_FromStringAndSize(buf + off + 4, (Py_ssize_t)n);
+            if (b == NULL) {
+                Py_CLEAR(items);
+                break;
+            }
+            PyList_SetItem(items, (Py_ssize_t)i, b);
+            off += 4 + (size_t)n;
+        }
+        if (items != NULL) out = Py_BuildValue("(iN)", rc, items);
+    } else if (rc == DC_EBADF || rc == DC_EINTERNAL || rc == DC_EINVAL) {
+        raise_rc(rc);
+    } else {
+        out = code_and_message(rc);
+    }
+    if (buf != small) PyMem_Free(buf);
+    return out;
+}
+
+static PyObject* mod_stream_context(PyObject* m, PyObject* args) {
+    return wrap_context_from(args, (int (*)(uint64_t, uint64_t*))dc_stream_context, "KO:stream_context");
+}
+
+static PyObject* mod_stream_kill(PyObject* m, PyObject* arg) { return call_h(arg, dc_stream_kill, 1); }
+static PyObject* mod_stream_free(PyObject* m, PyObject* arg) { return call_h(arg, dc_stream_free, 1); }
+
+static PyObject* mod_arm(PyObject* m, PyObject* args) {
+    unsigned long long h, q, token;
+    if (!PyArg_ParseTuple(args, "KKK:arm", &h, &q, &token)) return NULL;
+    if (check_fork() < 0) return NULL;
+    int rc;
+    CALL_RELEASED(rc, dc_arm(h, q, token));
+    if (rc != DC_OK) return raise_rc(rc);
+    Py_RETURN_NONE;
+}
+
 static PyObject* mod_version(PyObject* m, PyObject* unused) {
     return PyUnicode_FromString(dc_version());
 }
@@ -436,6 +769,30 @@ static PyMethodDef module_methods[] = {
     {"log_drain", mod_log_drain, METH_NOARGS, "log_drain() -> list of (level, message)"},
     {"selftest_panic", mod_selftest_panic, METH_NOARGS, "Panic in Go on purpose; raises RuntimeError."},
     {"version", mod_version, METH_NOARGS, "The library version."},
+    {"runtime_new", mod_runtime_new, METH_VARARGS, "runtime_new(nats_url=None) -> handle (blocks while connecting)"},
+    {"runtime_shutdown", mod_runtime_shutdown, METH_O, "runtime_shutdown(rt)"},
+    {"runtime_free", mod_runtime_free, METH_O, "runtime_free(rt)"},
+    {"runtime_nats_url", mod_runtime_nats_url, METH_O, "runtime_nats_url(rt) -> str"},
+    {"endpoint_serve", mod_endpoint_serve, METH_VARARGS, "endpoint_serve(rt, path, meta=None) -> handle"},
+    {"endpoint_instance_id", mod_endpoint_instance_id, METH_O, "endpoint_instance_id(ep) -> int"},
+    {"endpoint_accept", mod_endpoint_accept, METH_O, "endpoint_accept(ep) -> (code, request handle)"},
+    {"endpoint_free", mod_endpoint_free, METH_O, "endpoint_free(ep)"},
+    {"request_payload", mod_request_payload, METH_O, "request_payload(req) -> bytes"},
+    {"request_context", mod_request_context, METH_VARARGS, "request_context(req, cls) -> Context"},
+    {"request_send", mod_request_send, METH_VARARGS, "request_send(req, data) -> False if the buffer is full"},
+    {"request_complete", mod_request_complete, METH_O, "request_complete(req)"},
+    {"request_fail", mod_request_fail, METH_VARARGS, "request_fail(req, message)"},
+    {"request_free", mod_request_free, METH_O, "request_free(req)"},
+    {"client_new", mod_client_new, METH_VARARGS, "client_new(rt, path) -> handle (blocks briefly)"},
+    {"client_instances", mod_client_instances, METH_O, "client_instances(cl) -> list of ids"},
+    {"client_generate", mod_client_generate, METH_VARARGS, "client_generate(cl, payload, ctx=None, route=0, instance=0) -> stream"},
+    {"client_free", mod_client_free, METH_O, "client_free(cl)"},
+    {"stream_started", mod_stream_started, METH_O, "stream_started(s) -> (code, message)"},
+    {"stream_take", mod_stream_take, METH_O, "stream_take(s) -> (0, [bytes]) or (code, message)"},
+    {"stream_context", mod_stream_context, METH_VARARGS, "stream_context(s, cls) -> Context"},
+    {"stream_kill", mod_stream_kill, METH_O, "stream_kill(s)"},
+    {"stream_free", mod_stream_free, METH_O, "stream_free(s)"},
+    {"arm", mod_arm, METH_VARARGS, "arm(handle, queue, token): push token when the object may have progressed"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -467,7 +824,10 @@ PyMODINIT_FUNC PyInit__native(void) {
         add_int(m, "REASON_PARENT", DC_REASON_PARENT) < 0 ||
         add_int(m, "REASON_DEADLINE", DC_REASON_DEADLINE) < 0 ||
         add_int(m, "REASON_CONNECTION_LOST", DC_REASON_CONNECTION_LOST) < 0 ||
-        add_int(m, "REASON_SHUTDOWN", DC_REASON_SHUTDOWN) < 0) {
+        add_int(m, "REASON_SHUTDOWN", DC_REASON_SHUTDOWN) < 0 || add_int(m, "OK", DC_OK) < 0 ||
+        add_int(m, "EAGAIN", DC_EAGAIN) < 0 || add_int(m, "EOF", DC_EOF) < 0 ||
+        add_int(m, "EHANDLER", DC_EHANDLER) < 0 || add_int(m, "EINCOMPLETE", DC_EINCOMPLETE) < 0 ||
+        add_int(m, "ENORESPONDERS", DC_ENORESPONDERS) < 0 || add_int(m, "ECLOSED", DC_ECLOSED) < 0) {
         Py_DECREF(m);
         return NULL;
     }

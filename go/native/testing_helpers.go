@@ -14,5 +14,5 @@ func newTestQueue() *eventQueue {
 	if err != nil {
 		panic(err)
 	}
-	return &eventQueue{q: q, watches: map[uint64]func() bool{}}
+	return &eventQueue{q: q, watches: map[uint64]*watch{}}
 }

@@ -26,12 +26,15 @@
 //     "nats://127.0.0.1:0") always starts an embedded server on a free port
 //     chosen by the kernel; URL reports the actual port. Meant for tests,
 //     which must not compete for 4222.
-//   - Takeover: while a Bus whose address is embeddable is disconnected
-//     (typically because the process hosting the server exited), it tries to
-//     host a server on that address itself; the survivors race as above, one
-//     wins, and every client's automatic reconnect lands on it. Subscriptions
-//     are restored by the client library. Ephemeral addresses are not taken
-//     over: their port is not known to anyone but the host.
+//   - Takeover: while a Bus whose address is embeddable is disconnected from
+//     an embedded server (typically because the process hosting it exited),
+//     it tries to host a server on that address itself; the survivors race
+//     as above, one wins, and every client's automatic reconnect lands on
+//     it. Subscriptions are restored by the client library. A Bus that was
+//     on a standalone nats-server never takes over, so that server finds its
+//     port free when it restarts; embedded servers are told apart by their
+//     server name. Ephemeral addresses are not taken over: their port is
+//     known to nobody but the host.
 //   - Silence: the embedded server never writes to stdout or stderr (it runs
 //     with no logger and without signal handlers, which belong to the host
 //     application). Client-side events (disconnect, reconnect, asynchronous
@@ -43,6 +46,8 @@ package natsbus
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -52,6 +57,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -90,6 +96,10 @@ const (
 	// carries a long prompt as token ids can exceed it. 8 MiB is the largest
 	// value nats-server accepts without warning.
 	maxPayload = 8 << 20
+	// embeddedNamePrefix starts the server name of every embedded server;
+	// clients read it to know whether the server they lose is one they may
+	// replace.
+	embeddedNamePrefix = "dynamo-ctx-embedded-"
 )
 
 // Options configures Connect. The zero value connects to the default address,
@@ -123,6 +133,7 @@ type Bus struct {
 	takeover   bool
 	host, port string
 	kick       chan struct{} // buffered(1): "we are disconnected, try to host"
+	onEmbedded atomic.Bool   // the server last connected to was embedded
 	stop       chan struct{} // closed by Close to end the takeover loop
 	wg         sync.WaitGroup
 
@@ -136,6 +147,9 @@ type Bus struct {
 // package documentation. ctx bounds only the connection phase (including
 // the retries of a lost embedding race); the Bus lives until Close.
 func Connect(ctx context.Context, opts Options) (*Bus, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("natsbus: connect: %w", err)
+	}
 	raw := opts.URL
 	if raw == "" {
 		raw = os.Getenv(EnvURL)
@@ -164,9 +178,9 @@ func Connect(ctx context.Context, opts Options) (*Bus, error) {
 		// Ephemeral: nothing to join, always embed.
 		srv, err := startServer(host, "0")
 		if err != nil {
-			return nil, fmt.Errorf("natsbus: start embedded server on %s: %w", raw, err)
+			return nil, fmt.Errorf("natsbus: start embedded server on %s: %w", redact(raw), err)
 		}
-		b.url = clientURL(srv)
+		b.url = clientURL(srv, host)
 		if err := b.dial(name); err != nil {
 			shutdown(srv)
 			return nil, err
@@ -177,12 +191,13 @@ func Connect(ctx context.Context, opts Options) (*Bus, error) {
 	}
 
 	embeddable := single && (opts.EmbedIfAbsent || isDefault(host, port))
+	// Set before the first dial: the client's callbacks read these.
+	b.takeover, b.host, b.port = embeddable, host, port
 	err := b.dial(name)
 	if err == nil || !embeddable {
 		if err != nil {
 			return nil, err
 		}
-		b.enableTakeover(embeddable, host, port)
 		b.start()
 		return b, nil
 	}
@@ -195,27 +210,27 @@ func Connect(ctx context.Context, opts Options) (*Bus, error) {
 				return nil, err
 			}
 			b.srv = srv
-			b.log.Debug("hosting embedded NATS server", "url", b.url)
+			b.log.Debug("hosting embedded NATS server", "url", redact(b.url))
 			break
 		}
 		if !errors.Is(serr, errPortTaken) {
-			return nil, fmt.Errorf("natsbus: nothing answers at %s and embedding a server there failed: %w", raw, serr)
+			return nil, fmt.Errorf("natsbus: nothing answers at %s and embedding a server there failed: %w", redact(raw), serr)
 		}
-		// Another process bound the port between our probe and our bind:
-		// join it. It may still be completing its start, hence the retries.
+		// Another process holds the port: one that won a race with us, or
+		// one still starting that did not answer our first dial. Join it;
+		// the retries give a starting server time to answer.
 		if err = b.dial(name); err == nil {
 			break
 		}
 		if attempt+1 >= embedAttempts {
-			return nil, fmt.Errorf("natsbus: %s is bound by another process that does not answer as a NATS server: %w", raw, err)
+			return nil, fmt.Errorf("natsbus: %s is bound by another process that does not answer as a NATS server: %w", redact(raw), err)
 		}
 		select {
 		case <-ctx.Done():
-			return nil, fmt.Errorf("natsbus: connect %s: %w", raw, ctx.Err())
+			return nil, fmt.Errorf("natsbus: connect %s: %w", redact(raw), ctx.Err())
 		case <-time.After(time.Duration(attempt+1) * 50 * time.Millisecond):
 		}
 	}
-	b.enableTakeover(true, host, port)
 	b.start()
 	return b, nil
 }
@@ -280,15 +295,16 @@ func (b *Bus) dial(name string) error {
 		nats.DrainTimeout(drainTimeout),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			if err != nil {
-				b.log.Warn("NATS connection lost", "url", b.url, "error", err)
+				b.log.Warn("NATS connection lost", "url", redact(b.url), "error", err)
 			}
 			b.requestTakeover()
 		}),
 		nats.ReconnectErrHandler(func(_ *nats.Conn, err error) {
-			b.log.Debug("NATS reconnect attempt failed", "url", b.url, "error", err)
+			b.log.Debug("NATS reconnect attempt failed", "url", redact(b.url), "error", err)
 			b.requestTakeover()
 		}),
 		nats.ReconnectHandler(func(nc *nats.Conn) {
+			b.noteServer(nc)
 			b.log.Info("NATS connection restored", "url", nc.ConnectedUrlRedacted())
 		}),
 		nats.ErrorHandler(func(_ *nats.Conn, sub *nats.Subscription, err error) {
@@ -304,11 +320,17 @@ func (b *Bus) dial(name string) error {
 		return fmt.Errorf("natsbus: connect %s: %w", redact(b.url), err)
 	}
 	b.nc = nc
+	b.noteServer(nc)
 	return nil
 }
 
-func (b *Bus) enableTakeover(on bool, host, port string) {
-	b.takeover, b.host, b.port = on, host, port
+// noteServer records whether nc is connected to an embedded server. Called
+// on connect and reconnect; a disconnect leaves the last value in place,
+// which is the one the takeover decision needs.
+func (b *Bus) noteServer(nc *nats.Conn) {
+	if name := nc.ConnectedServerName(); name != "" {
+		b.onEmbedded.Store(strings.HasPrefix(name, embeddedNamePrefix))
+	}
 }
 
 // start launches the takeover loop when the address allows it.
@@ -342,20 +364,20 @@ func (b *Bus) takeoverLoop() {
 			return
 		case <-b.kick:
 		}
-		if b.Embedded() || b.nc.IsConnected() {
+		if b.Embedded() || b.nc.IsConnected() || !b.onEmbedded.Load() {
 			continue
 		}
 		srv, err := startServer(b.host, b.port)
 		if err != nil {
 			if !errors.Is(err, errPortTaken) {
-				b.log.Warn("could not host replacement NATS server", "url", b.url, "error", err)
+				b.log.Warn("could not host replacement NATS server", "url", redact(b.url), "error", err)
 			}
 			continue
 		}
 		b.mu.Lock()
 		b.srv = srv
 		b.mu.Unlock()
-		b.log.Info("hosting replacement embedded NATS server", "url", b.url)
+		b.log.Info("hosting replacement embedded NATS server", "url", redact(b.url))
 	}
 }
 
@@ -388,9 +410,14 @@ func startServer(host, port string) (*server.Server, error) {
 		// the kernel for a free one.
 		p = server.RANDOM_PORT
 	}
+	var id [8]byte
+	_, _ = rand.Read(id[:])
 	srv, err := server.NewServer(&server.Options{
-		Host: host,
-		Port: p,
+		// Unique, as nats-server requires within a cluster, and marked as
+		// embedded for the takeover decision.
+		ServerName: embeddedNamePrefix + hex.EncodeToString(id[:]),
+		Host:       host,
+		Port:       p,
 		// No logger is configured at all (never ConfigureLogger), so the
 		// server cannot write to stdout/stderr; NoLog states the intent.
 		NoLog: true,
@@ -420,14 +447,11 @@ func shutdown(srv *server.Server) {
 	srv.WaitForShutdown()
 }
 
-// clientURL is the URL clients use to reach srv, with the actual port.
-func clientURL(srv *server.Server) string {
-	addr := srv.Addr().(*net.TCPAddr)
-	host := srv.ClientURL() // nats://host:port with the configured host
-	if u, err := url.Parse(host); err == nil && u.Hostname() != "" {
-		return "nats://" + net.JoinHostPort(u.Hostname(), strconv.Itoa(addr.Port))
-	}
-	return "nats://" + net.JoinHostPort(addr.IP.String(), strconv.Itoa(addr.Port))
+// clientURL is the URL clients use to reach srv listening on host, with the
+// port the kernel actually assigned.
+func clientURL(srv *server.Server, host string) string {
+	port := srv.Addr().(*net.TCPAddr).Port
+	return "nats://" + net.JoinHostPort(host, strconv.Itoa(port))
 }
 
 // splitAddr returns the host and port of a single-server URL, and false for

@@ -169,6 +169,17 @@ func (q *Queue[T]) unsignal() {
 	}
 }
 
+// Peek returns the oldest value without removing it; ok is false when the
+// queue is empty (or closed). The fd's readiness is unchanged.
+func (q *Queue[T]) Peek() (v T, ok bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if len(q.buf) == q.head {
+		return v, false
+	}
+	return q.buf[q.head], true
+}
+
 // Len returns the number of values currently queued.
 func (q *Queue[T]) Len() int {
 	q.mu.Lock()

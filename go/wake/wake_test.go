@@ -379,3 +379,20 @@ func BenchmarkPushDrainRoundTrip(b *testing.B) {
 		i++
 	}
 }
+
+func TestPeekKeepsValueAndReadiness(t *testing.T) {
+	q, err := New[int]()
+	require.NoError(t, err)
+	defer q.Close()
+	_, ok := q.Peek()
+	assert.False(t, ok)
+	require.NoError(t, q.Push(5))
+	v, ok := q.Peek()
+	assert.True(t, ok)
+	assert.Equal(t, 5, v)
+	assert.Equal(t, 1, q.Len())
+	dst := make([]int, 1)
+	n, _ := q.Drain(dst)
+	assert.Equal(t, 1, n)
+	assert.Equal(t, 5, dst[0])
+}

@@ -30,6 +30,7 @@ class _LoopWaker:
         self._lib = lib
         self._queue, self._fd = lib.queue_new()
         self._futures: Dict[int, "asyncio.Future[bool]"] = {}
+        self._armed: Dict[int, "asyncio.Future[bool]"] = {}  # handle -> pending arm
         self._tokens = itertools.count(1)
         loop.add_reader(self._fd, self._on_ready)
         # When the loop is collected its selector is gone; free the queue (and fd) then.
@@ -59,6 +60,30 @@ class _LoopWaker:
                 self._lib.unwatch(self._queue, token)
 
 
+    async def arm(self, handle: int) -> None:
+        """Wait until the library says the object behind ``handle`` may have progressed.
+
+        The library keeps one pending arm per object, so concurrent waiters on
+        one object share it.
+        """
+        fut = self._armed.get(handle)
+        if fut is None or fut.done():
+            loop = asyncio.get_running_loop()
+            token = next(self._tokens)
+            fut = loop.create_future()
+            self._futures[token] = fut
+            self._armed[handle] = fut
+            fut.add_done_callback(lambda f, h=handle: self._armed.pop(h, None) if self._armed.get(h) is f else None)
+            try:
+                self._lib.arm(handle, self._queue, token)
+            except BaseException:
+                self._futures.pop(token, None)
+                fut.cancel()
+                raise
+        # Shielded: one waiter being cancelled must not cancel the shared arm.
+        await asyncio.shield(fut)
+
+
 def _free_queue(lib: Any, queue: int) -> None:
     try:
         lib.queue_free(queue)
@@ -75,6 +100,11 @@ def _waker() -> _LoopWaker:
             if waker is None:
                 waker = _wakers[loop] = _LoopWaker(loop)
     return waker
+
+
+async def arm(handle: int) -> None:
+    """Wait until the object behind a plane handle may have progressed."""
+    await _waker().arm(handle)
 
 
 async def wait_for_state(ctx: Any, state: int) -> bool:

@@ -39,3 +39,19 @@ def test_library_is_the_extension_module():
     from dynamo_ctx._lib import native
 
     assert Path(native().__file__).resolve() == lib.resolve()
+
+
+def test_python_symbols_are_weak():
+    """The library must load without an interpreter: no strong Python symbol."""
+    import shutil
+    import subprocess
+
+    import dynamo_ctx
+    import pytest
+
+    if shutil.which("nm") is None:
+        pytest.skip("nm not available")
+    lib = Path(dynamo_ctx.__file__).parent / "_native.abi3.so"
+    out = subprocess.run(["nm", "-D", "--undefined-only", str(lib)], capture_output=True, text=True, check=True).stdout
+    strong = [line.split()[-1] for line in out.splitlines() if line.split()[-1].lstrip("_").startswith("Py") and line.split()[0] == "U"]
+    assert strong == [], f"add '#pragma weak' for these in go/native/pymodule.c: {strong}"

@@ -1,0 +1,367 @@
+package plane
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/dynamo-ctx/dynamo-ctx/go/ctxtree"
+	"github.com/dynamo-ctx/dynamo-ctx/go/discovery"
+	"github.com/dynamo-ctx/dynamo-ctx/go/stream"
+)
+
+// Route chooses the instance a request goes to.
+type Route int
+
+const (
+	RoundRobin Route = iota
+	Random
+	Direct
+)
+
+// Client sends requests to the instances of one endpoint path.
+type Client struct {
+	rt      *Runtime
+	path    string
+	watcher *discovery.Watcher
+	rr      atomic.Uint64
+
+	mu      sync.Mutex
+	closed  bool
+	waiting []func()
+	stop    chan struct{}
+	wg      sync.WaitGroup
+}
+
+// Client starts watching path's instances.
+func (r *Runtime) Client(ctx context.Context, path string) (*Client, error) {
+	if err := ValidatePath(path); err != nil {
+		return nil, err
+	}
+	w, err := discovery.Watch(ctx, r.nc(), path, r.watchOpts()...)
+	if err != nil {
+		return nil, err
+	}
+	c := &Client{rt: r, path: path, watcher: w, stop: make(chan struct{})}
+	if err := r.track(func() { r.clients[c] = struct{}{} }); err != nil {
+		w.Close()
+		return nil, err
+	}
+	c.wg.Add(1)
+	go c.watchChanges()
+	return c, nil
+}
+
+// watchChanges runs the functions armed with ArmInstances when instances
+// appear.
+func (c *Client) watchChanges() {
+	defer c.wg.Done()
+	for {
+		select {
+		case <-c.watcher.Changes():
+			if len(c.watcher.Instances()) == 0 {
+				continue
+			}
+			c.mu.Lock()
+			fs := c.waiting
+			c.waiting = nil
+			c.mu.Unlock()
+			for _, f := range fs {
+				f()
+			}
+		case <-c.stop:
+			return
+		}
+	}
+}
+
+// Path is the endpoint path.
+func (c *Client) Path() string { return c.path }
+
+// InstanceIDs returns the ids of the instances currently known, sorted.
+func (c *Client) InstanceIDs() []uint64 {
+	insts := c.watcher.Instances()
+	ids := make([]uint64, len(insts))
+	for i, in := range insts {
+		ids[i] = in.ID
+	}
+	return ids
+}
+
+// ArmInstances runs f once when at least one instance is known (at once if
+// one is) or the client closes. f must not block.
+func (c *Client) ArmInstances(f func()) {
+	c.mu.Lock()
+	if c.closed || len(c.watcher.Instances()) > 0 {
+		c.mu.Unlock()
+		f()
+		return
+	}
+	c.waiting = append(c.waiting, f)
+	c.mu.Unlock()
+	// An instance may have appeared between the check and the append.
+	if len(c.watcher.Instances()) > 0 {
+		c.mu.Lock()
+		fs := c.waiting
+		c.waiting = nil
+		c.mu.Unlock()
+		for _, g := range fs {
+			g()
+		}
+	}
+}
+
+// Close stops watching; streams already open continue.
+func (c *Client) Close() {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return
+	}
+	c.closed = true
+	fs := c.waiting
+	c.waiting = nil
+	c.mu.Unlock()
+	close(c.stop)
+	c.wg.Wait()
+	c.watcher.Close()
+	c.rt.mu.Lock()
+	delete(c.rt.clients, c)
+	c.rt.mu.Unlock()
+	for _, f := range fs {
+		f()
+	}
+}
+
+func (c *Client) pick(route Route, instance uint64) (uint64, error) {
+	if route == Direct {
+		return instance, nil
+	}
+	ids := c.InstanceIDs()
+	if len(ids) == 0 {
+		return 0, ErrNoInstances
+	}
+	if route == Random {
+		return ids[rand.IntN(len(ids))], nil
+	}
+	return ids[(c.rr.Add(1)-1)%uint64(len(ids))], nil
+}
+
+// Generate sends payload (a JSON value) and returns the response stream at
+// once; the request is sent in the background and Stream.Started reports its
+// outcome. With a parent, the request's context is a new child of parent
+// (same id, linked before sending), so cancelling parent cancels the remote
+// request; without one it gets a fresh id.
+func (c *Client) Generate(payload []byte, parent *ctxtree.Context, route Route, instance uint64) (*Stream, error) {
+	if !json.Valid(payload) {
+		return nil, ErrNotJSON
+	}
+	c.mu.Lock()
+	closed := c.closed
+	c.mu.Unlock()
+	if closed {
+		return nil, ErrClosed
+	}
+	var rc *ctxtree.Context
+	if parent != nil {
+		rc = c.rt.opts.NewContext(parent.ID())
+		parent.LinkChild(rc)
+	} else {
+		rc = c.rt.opts.NewContext(ctxtree.NewID())
+	}
+	s := &Stream{ctx: rc, wake: make(chan struct{}, 1)}
+	id, err := c.pick(route, instance)
+	if err != nil {
+		s.end(err)
+		return s, nil
+	}
+	token := newToken()
+	in := c.rt.srv.Expect(token)
+	s.in = in
+	// Cancellation of the request's context reaches the worker through the
+	// stream's control frames. Hooks must not block: the frames are written
+	// by the stream, off this goroutine.
+	s.stopHooks = append(s.stopHooks,
+		rc.Notify(ctxtree.Stopped, func() { go in.Stop() }),
+		rc.Notify(ctxtree.Killed, func() { go in.Kill() }),
+	)
+	st, _ := rc.State()
+	env := envelope{ID: rc.ID(), Addr: c.rt.srv.Addr().String(), Token: token, State: st, Request: payload}
+	go s.run(c.rt.nc(), discovery.RequestSubject(c.path, id), mustJSON(env))
+	return s, nil
+}
+
+// Stream is the caller's side of one request: items arrive in a bounded
+// buffer that the host drains with Take.
+type Stream struct {
+	ctx       *ctxtree.Context
+	in        *stream.Incoming
+	stopHooks []func() bool
+	wake      chan struct{} // buffered(1): the consumer took items
+
+	mu      sync.Mutex
+	started bool
+	items   [][]byte
+	err     error // terminal: io.EOF for a normal end
+	ready   arm
+	// startSeen: the host saw Started() succeed, so Arm need not fire for
+	// the start any more.
+	startSeen bool
+}
+
+// Context is the request's context (a child of the caller's, or a root).
+func (s *Stream) Context() *ctxtree.Context { return s.ctx }
+
+func (s *Stream) run(nc *nats.Conn, subject string, env []byte) {
+	ctx, cancel := context.WithTimeout(context.Background(), ackTimeout)
+	msg, err := nc.RequestWithContext(ctx, subject, env)
+	cancel()
+	if err != nil {
+		if errors.Is(err, nats.ErrNoResponders) {
+			err = ErrNoResponders
+		} else {
+			err = fmt.Errorf("request to %s failed: %w", subject, err)
+		}
+		s.in.Close()
+		s.end(err)
+		return
+	}
+	var a ack
+	if json.Unmarshal(msg.Data, &a) != nil || a.Error != "" {
+		s.in.Close()
+		s.end(fmt.Errorf("worker refused the request: %s", a.Error))
+		return
+	}
+	s.mu.Lock()
+	s.started = true
+	f := s.ready.take()
+	s.mu.Unlock()
+	call(f)
+	for {
+		item, err := s.in.Recv(context.Background())
+		if err != nil {
+			s.end(s.classify(err))
+			return
+		}
+		s.mu.Lock()
+		s.items = append(s.items, item)
+		full := len(s.items) >= recvBuffer
+		f := s.ready.take()
+		s.mu.Unlock()
+		call(f)
+		if full {
+			// Stop reading (and so granting credits) until the consumer takes.
+			<-s.wake
+		}
+	}
+}
+
+// classify maps how the stream ended to what the caller sees: a caller who
+// cancelled sees a clean end whatever the transport did.
+func (s *Stream) classify(err error) error {
+	switch {
+	case errors.Is(err, io.EOF):
+		return io.EOF
+	case errors.Is(err, stream.ErrKilled):
+		return io.EOF
+	case s.ctx.IsStopped() && errors.Is(err, stream.ErrIncomplete):
+		return io.EOF
+	}
+	return err
+}
+
+func (s *Stream) end(err error) {
+	for _, stop := range s.stopHooks {
+		stop()
+	}
+	s.mu.Lock()
+	if s.err == nil {
+		s.err = err
+	}
+	s.started = true
+	f := s.ready.take()
+	s.mu.Unlock()
+	s.ctx.Finish()
+	call(f)
+}
+
+// Started reports whether the request reached a worker: nil once it did,
+// ErrAgain while it is in flight, or the error that ended it before it started.
+func (s *Stream) Started() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.started {
+		return ErrAgain
+	}
+	if s.err != nil && s.err != io.EOF && len(s.items) == 0 {
+		return s.err
+	}
+	s.startSeen = true
+	return nil
+}
+
+// Take moves up to max items out. When none are buffered it returns the
+// terminal error (io.EOF for a normal end) or ErrAgain while the stream is
+// live.
+func (s *Stream) Take(max int) ([][]byte, error) {
+	if max <= 0 || max > maxTakeBatch {
+		max = maxTakeBatch
+	}
+	s.mu.Lock()
+	if len(s.items) == 0 {
+		err := s.err
+		s.mu.Unlock()
+		if err == nil {
+			return nil, ErrAgain
+		}
+		return nil, err
+	}
+	n := min(max, len(s.items))
+	out := s.items[:n:n]
+	s.items = s.items[n:]
+	if len(s.items) == 0 {
+		s.items = nil
+	}
+	s.mu.Unlock()
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+	return out, nil
+}
+
+// Arm runs f once when Take or Started may return something new.
+func (s *Stream) Arm(f func()) {
+	s.mu.Lock()
+	if len(s.items) > 0 || s.err != nil || (s.started && !s.startSeen) {
+		s.mu.Unlock()
+		f()
+		return
+	}
+	s.ready.f = f
+	s.mu.Unlock()
+}
+
+// Kill kills the request (its context, and so the worker's) and ends the
+// stream. It is what closing or dropping an unfinished stream does.
+func (s *Stream) Kill() {
+	s.ctx.Cancel(ctxtree.Killed, ctxtree.ReasonKill)
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Finished reports whether the stream has ended and everything was taken.
+func (s *Stream) Finished() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.err != nil && len(s.items) == 0
+}

@@ -1,0 +1,249 @@
+// Package plane is the request plane of dynamo-ctx: endpoints served by
+// workers, clients that send them requests, and the cancellation that crosses
+// between the two. It knows nothing of Python or C; the native library wraps
+// it in handles, and hosts that cannot block (an asyncio loop) drive it
+// through non-blocking calls plus Arm, which runs a function once the object
+// may have progressed.
+//
+// Wire. Requests travel over NATS to the subject of one instance
+// (discovery.RequestSubject); the instance acknowledges, then dials the
+// caller's stream server and sends the response as frames (package stream).
+// Control flows back on the same connection: Stop at most once (data keeps
+// flowing), Kill (the stream ends).
+//
+// Guarantees, each implemented once, here:
+//
+//   - Identity: the worker's request context has the caller's request id.
+//     An outgoing call made with a parent context uses a child of it (same id,
+//     linked before the request is sent); without one, a fresh id.
+//   - Caller stop: the handler's context becomes Stopped (not Killed); items
+//     already produced still arrive; the stream then ends without error.
+//   - Caller kill: the handler's context becomes Killed; the stream ends.
+//   - Already cancelled: a request whose context is cancelled before it is
+//     sent arrives with that state applied before the handler starts.
+//   - Caller lost (process died, connection dropped): the handler's context
+//     is Killed with ReasonConnectionLost.
+//   - Handler stopped itself and returned: the caller's stream fails with
+//     ErrIncomplete ("Stream ended before generation completed").
+//   - Handler failed: the caller's stream fails with a *stream.HandlerError
+//     whose message is HandlerErrorPrefix followed by the handler's text.
+//   - Worker lost (process died): the caller's stream fails with ErrIncomplete,
+//     unless the caller had cancelled, in which case it just ends.
+//   - No worker: a request to an instance that is gone fails at once with
+//     ErrNoResponders.
+//   - Shutdown: Runtime.Close kills every request still being served with
+//     ReasonShutdown and ends every stream.
+//   - Bounded memory: each direction buffers a bounded number of items; a
+//     slow consumer slows its producer (Send reports ErrFull, Recv's credits
+//     stop flowing).
+package plane
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/dynamo-ctx/dynamo-ctx/go/ctxtree"
+	"github.com/dynamo-ctx/dynamo-ctx/go/discovery"
+	"github.com/dynamo-ctx/dynamo-ctx/go/natsbus"
+	"github.com/dynamo-ctx/dynamo-ctx/go/stream"
+)
+
+// HandlerErrorPrefix starts the message of a handler failure, the wording
+// Dynamo's clients match on.
+const HandlerErrorPrefix = "a python exception was caught while processing the async generator: "
+
+var (
+	// ErrClosed is returned by calls on a runtime that was shut down.
+	ErrClosed = errors.New("plane: runtime is shut down")
+	// ErrNoResponders: no worker received the request (none registered, or
+	// the chosen instance is gone). Migration retries it.
+	ErrNoResponders = errors.New("no responders: no worker instance received the request")
+	// ErrNoInstances: the client knows of no instance to route to.
+	ErrNoInstances = fmt.Errorf("%w (no instances known)", ErrNoResponders)
+	// ErrFull: the request's outgoing buffer is full; Arm and retry.
+	ErrFull = errors.New("plane: send buffer full")
+	// ErrAgain: nothing to take now; Arm and retry.
+	ErrAgain = errors.New("plane: nothing ready")
+	// ErrIncomplete is the stream's "Stream ended before generation completed".
+	ErrIncomplete = stream.ErrIncomplete
+	// ErrNotJSON: a request or response payload is not a JSON value.
+	ErrNotJSON = errors.New("payload is not valid JSON")
+)
+
+const (
+	ackTimeout   = 5 * time.Second
+	sendBuffer   = 256 // items a handler may queue before Send reports ErrFull
+	recvBuffer   = 256 // items a client stream holds before it stops reading
+	maxTakeBatch = 1024
+)
+
+// Options configures New.
+type Options struct {
+	// NATS is where the runtime connects; see natsbus.Options.
+	NATS natsbus.Options
+	// StreamAddr is where response streams are accepted ("127.0.0.1:0").
+	StreamAddr string
+	// Heartbeat and TTL of instance leases (zero: discovery's defaults).
+	Heartbeat, TTL time.Duration
+	// NewContext makes every context the plane creates (a served request's,
+	// an outgoing request's). Nil means ctxtree.New; the native library
+	// passes one that keeps the state word outside the Go heap.
+	NewContext func(id string) *ctxtree.Context
+}
+
+// Runtime is one process's membership in the request plane.
+type Runtime struct {
+	bus  *natsbus.Bus
+	srv  *stream.Server
+	opts Options
+	log  *slog.Logger
+
+	mu        sync.Mutex
+	closed    bool
+	endpoints map[*Endpoint]struct{}
+	clients   map[*Client]struct{}
+	done      chan struct{}
+}
+
+// New connects to NATS (embedding a server when none answers at the default
+// address) and opens the stream server.
+func New(ctx context.Context, opts Options) (*Runtime, error) {
+	if opts.StreamAddr == "" {
+		opts.StreamAddr = "127.0.0.1:0"
+	}
+	if opts.NewContext == nil {
+		opts.NewContext = func(id string) *ctxtree.Context { return ctxtree.New(id) }
+	}
+	bus, err := natsbus.Connect(ctx, opts.NATS)
+	if err != nil {
+		return nil, err
+	}
+	srv, err := stream.Listen(opts.StreamAddr)
+	if err != nil {
+		bus.Close()
+		return nil, err
+	}
+	return &Runtime{
+		bus: bus, srv: srv, opts: opts, log: slog.Default(),
+		endpoints: map[*Endpoint]struct{}{},
+		clients:   map[*Client]struct{}{},
+		done:      make(chan struct{}),
+	}, nil
+}
+
+// Bus returns the runtime's NATS connection.
+func (r *Runtime) Bus() *natsbus.Bus { return r.bus }
+
+// Done is closed when the runtime is shut down.
+func (r *Runtime) Done() <-chan struct{} { return r.done }
+
+// Close shuts the runtime down: requests being served are killed with
+// ReasonShutdown, leases are dropped, streams end, the connection closes.
+// It is idempotent.
+func (r *Runtime) Close() {
+	r.mu.Lock()
+	if r.closed {
+		r.mu.Unlock()
+		return
+	}
+	r.closed = true
+	eps := make([]*Endpoint, 0, len(r.endpoints))
+	for e := range r.endpoints {
+		eps = append(eps, e)
+	}
+	cls := make([]*Client, 0, len(r.clients))
+	for c := range r.clients {
+		cls = append(cls, c)
+	}
+	r.mu.Unlock()
+	for _, e := range eps {
+		e.Close()
+	}
+	for _, c := range cls {
+		c.Close()
+	}
+	r.srv.Close()
+	r.bus.Close()
+	close(r.done)
+}
+
+func (r *Runtime) track(add func()) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return ErrClosed
+	}
+	add()
+	return nil
+}
+
+// ValidatePath checks an endpoint path "namespace.component.endpoint".
+func ValidatePath(path string) error {
+	parts := strings.Split(path, ".")
+	if len(parts) != 3 {
+		return fmt.Errorf("endpoint path %q must be namespace.component.endpoint", path)
+	}
+	for _, p := range parts {
+		if p == "" || strings.ContainsAny(p, " \t\r\n*>") {
+			return fmt.Errorf("endpoint path %q has an empty or invalid part", path)
+		}
+	}
+	return nil
+}
+
+// envelope is the request message sent over NATS.
+type envelope struct {
+	ID      string          `json:"id"`
+	Addr    string          `json:"addr"`
+	Token   string          `json:"token"`
+	State   ctxtree.State   `json:"state,omitempty"`
+	Request json.RawMessage `json:"request"`
+}
+
+type ack struct {
+	Error string `json:"error,omitempty"`
+}
+
+// arm is a one-shot readiness callback: set by a host that found nothing to
+// do, run (outside the object's lock) by whatever makes progress.
+type arm struct{ f func() }
+
+func (a *arm) take() func() {
+	f := a.f
+	a.f = nil
+	return f
+}
+
+func call(f func()) {
+	if f != nil {
+		f()
+	}
+}
+
+func newToken() string { return fmt.Sprintf("%016x%016x", rand.Uint64(), rand.Uint64()) }
+
+// nc returns the NATS connection.
+func (r *Runtime) nc() *nats.Conn { return r.bus.Conn() }
+
+func (r *Runtime) leaseOpts() []discovery.RegisterOption {
+	if r.opts.Heartbeat > 0 {
+		return []discovery.RegisterOption{discovery.WithHeartbeat(r.opts.Heartbeat)}
+	}
+	return nil
+}
+
+func (r *Runtime) watchOpts() []discovery.WatchOption {
+	if r.opts.TTL > 0 {
+		return []discovery.WatchOption{discovery.WithTTL(r.opts.TTL)}
+	}
+	return nil
+}

@@ -1,0 +1,369 @@
+package plane
+
+import (
+	"context"
+	"encoding/json"
+	"sync"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/dynamo-ctx/dynamo-ctx/go/ctxtree"
+	"github.com/dynamo-ctx/dynamo-ctx/go/discovery"
+	"github.com/dynamo-ctx/dynamo-ctx/go/stream"
+)
+
+// Endpoint is one served instance of an endpoint path. Incoming requests
+// queue up until the host takes them with Accept.
+type Endpoint struct {
+	rt         *Runtime
+	path       string
+	instanceID uint64
+	lease      *discovery.Lease
+	sub        *nats.Subscription
+
+	mu       sync.Mutex
+	closed   bool
+	pending  []*Request
+	active   map[*Request]struct{}
+	ready    arm
+	closedCh chan struct{}
+}
+
+// Serve registers a new instance of path and starts receiving its requests.
+// meta is published with the instance (for example the model it serves).
+func (r *Runtime) Serve(path string, meta []byte) (*Endpoint, error) {
+	if err := ValidatePath(path); err != nil {
+		return nil, err
+	}
+	e := &Endpoint{
+		rt: r, path: path, instanceID: discovery.NewInstanceID(),
+		active: map[*Request]struct{}{}, closedCh: make(chan struct{}),
+	}
+	sub, err := r.nc().Subscribe(discovery.RequestSubject(path, e.instanceID), e.onMsg)
+	if err != nil {
+		return nil, err
+	}
+	e.sub = sub
+	// Flush so that the subscription exists at the server before anyone can
+	// learn of the instance: a request must never see "no responders" for a
+	// live instance.
+	if err := r.nc().Flush(); err != nil {
+		_ = sub.Unsubscribe()
+		return nil, err
+	}
+	lease, err := discovery.Register(r.nc(), path, e.instanceID, meta, r.leaseOpts()...)
+	if err != nil {
+		_ = sub.Unsubscribe()
+		return nil, err
+	}
+	e.lease = lease
+	if err := r.track(func() { r.endpoints[e] = struct{}{} }); err != nil {
+		e.Close()
+		return nil, err
+	}
+	return e, nil
+}
+
+// InstanceID is the id under which this endpoint instance is discoverable.
+func (e *Endpoint) InstanceID() uint64 { return e.instanceID }
+
+// Path is the endpoint path.
+func (e *Endpoint) Path() string { return e.path }
+
+// Done is closed when the endpoint is closed.
+func (e *Endpoint) Done() <-chan struct{} { return e.closedCh }
+
+func (e *Endpoint) onMsg(m *nats.Msg) {
+	var env envelope
+	if err := json.Unmarshal(m.Data, &env); err != nil || env.ID == "" || env.Addr == "" || !json.Valid(env.Request) {
+		_ = m.Respond(mustJSON(ack{Error: "malformed request envelope"}))
+		return
+	}
+	req := &Request{ep: e, ID: env.ID, Payload: env.Request, Ctx: e.rt.opts.NewContext(env.ID), wake: make(chan struct{}, 1)}
+	if env.State >= ctxtree.Stopped {
+		// The caller's context was cancelled before sending: apply it before
+		// the handler can see the request. A stop is the caller's, not the
+		// handler's own.
+		req.clientStopped = true
+		reason := ctxtree.ReasonStopGenerating
+		if env.State == ctxtree.Killed {
+			reason = ctxtree.ReasonKill
+		}
+		req.Ctx.Cancel(env.State, reason)
+	}
+	e.mu.Lock()
+	if e.closed {
+		e.mu.Unlock()
+		_ = m.Respond(mustJSON(ack{Error: "endpoint is shutting down"}))
+		return
+	}
+	e.active[req] = struct{}{}
+	e.mu.Unlock()
+	_ = m.Respond(mustJSON(ack{}))
+	go req.run(env.Addr, env.Token)
+}
+
+// publish makes req visible to Accept once its stream is connected.
+func (e *Endpoint) publish(req *Request) {
+	e.mu.Lock()
+	if e.closed {
+		e.mu.Unlock()
+		req.Ctx.Cancel(ctxtree.Killed, ctxtree.ReasonShutdown)
+		return
+	}
+	e.pending = append(e.pending, req)
+	f := e.ready.take()
+	e.mu.Unlock()
+	call(f)
+}
+
+func (e *Endpoint) forget(req *Request) {
+	e.mu.Lock()
+	delete(e.active, req)
+	e.mu.Unlock()
+}
+
+// Accept takes the oldest request waiting for a handler, or returns
+// ErrAgain (ErrClosed once the endpoint is closed and nothing waits).
+func (e *Endpoint) Accept() (*Request, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if len(e.pending) == 0 {
+		if e.closed {
+			return nil, ErrClosed
+		}
+		return nil, ErrAgain
+	}
+	req := e.pending[0]
+	e.pending[0] = nil
+	e.pending = e.pending[1:]
+	return req, nil
+}
+
+// Arm runs f once, when Accept may return something new or the endpoint
+// closes; at once if that is already so. f must not block.
+func (e *Endpoint) Arm(f func()) {
+	e.mu.Lock()
+	if len(e.pending) > 0 || e.closed {
+		e.mu.Unlock()
+		f()
+		return
+	}
+	e.ready.f = f
+	e.mu.Unlock()
+}
+
+// Close stops serving: the instance leaves discovery, new requests are
+// refused, and requests being served are killed with ReasonShutdown.
+func (e *Endpoint) Close() {
+	e.mu.Lock()
+	if e.closed {
+		e.mu.Unlock()
+		return
+	}
+	e.closed = true
+	active := make([]*Request, 0, len(e.active))
+	for r := range e.active {
+		active = append(active, r)
+	}
+	f := e.ready.take()
+	e.mu.Unlock()
+	if e.lease != nil {
+		e.lease.Close()
+	}
+	if e.sub != nil {
+		_ = e.sub.Unsubscribe()
+	}
+	for _, r := range active {
+		r.Ctx.Cancel(ctxtree.Killed, ctxtree.ReasonShutdown)
+	}
+	close(e.closedCh)
+	e.rt.mu.Lock()
+	delete(e.rt.endpoints, e)
+	e.rt.mu.Unlock()
+	call(f)
+}
+
+// Request is one request being served: its payload, its context, and the
+// buffer of items the handler produces.
+type Request struct {
+	ep      *Endpoint
+	ID      string
+	Payload json.RawMessage
+	Ctx     *ctxtree.Context
+
+	wake chan struct{} // buffered(1): items queued or the handler finished
+
+	mu            sync.Mutex
+	items         [][]byte
+	finished      bool
+	failMsg       string
+	clientStopped bool
+	writable      arm
+}
+
+// run connects the response stream, relays control frames into the context,
+// and writes the handler's items until the end.
+func (r *Request) run(addr, token string) {
+	defer r.ep.forget(r)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	out, err := stream.Dial(ctx, addr, token)
+	if err != nil {
+		r.Ctx.Cancel(ctxtree.Killed, ctxtree.ReasonConnectionLost)
+		return
+	}
+	defer out.Close()
+
+	// Control frames -> context. One goroutine, gone when the stream is.
+	ctlDone := make(chan struct{})
+	go func() {
+		defer close(ctlDone)
+		stopped := out.Stopped()
+		for {
+			select {
+			case <-stopped:
+				r.mu.Lock()
+				r.clientStopped = true
+				r.mu.Unlock()
+				r.Ctx.Cancel(ctxtree.Stopped, ctxtree.ReasonStopGenerating)
+				stopped = nil
+			case <-out.Killed():
+				r.Ctx.Cancel(ctxtree.Killed, ctxtree.ReasonKill)
+				return
+			case <-out.Lost():
+				r.Ctx.Cancel(ctxtree.Killed, ctxtree.ReasonConnectionLost)
+				return
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	defer func() { cancel(); <-ctlDone }()
+
+	r.ep.publish(r)
+	killed := r.Ctx.Killed()
+	for {
+		select {
+		case <-r.wake:
+		case <-killed:
+			r.release()
+			return
+		}
+		r.mu.Lock()
+		items := r.items
+		r.items = nil
+		finished, failMsg, clientStopped := r.finished, r.failMsg, r.clientStopped
+		f := r.writable.take()
+		r.mu.Unlock()
+		call(f)
+		if len(items) > 0 {
+			if _, err := out.SendBatch(ctx, items); err != nil {
+				r.release()
+				return
+			}
+		}
+		if finished {
+			switch {
+			case failMsg != "":
+				_ = out.Fail(HandlerErrorPrefix + failMsg)
+			case r.Ctx.IsKilled():
+			case r.Ctx.IsStopped() && !clientStopped:
+				// The handler stopped its own request: end without the final
+				// marker, which the caller reports as incomplete.
+			default:
+				_ = out.Finish()
+			}
+			return
+		}
+	}
+}
+
+// release wakes a handler blocked on a full buffer after the stream ended,
+// so it sees the kill instead of waiting.
+func (r *Request) release() {
+	r.mu.Lock()
+	r.finished = true
+	r.items = nil
+	f := r.writable.take()
+	r.mu.Unlock()
+	call(f)
+}
+
+func (r *Request) poke() {
+	select {
+	case r.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Send queues one item (a JSON value) for the caller. It never blocks:
+// ErrFull means the buffer is full (Arm, then retry); after the request was
+// killed or finished, items are dropped silently (the handler is being
+// closed).
+func (r *Request) Send(item []byte) error {
+	if !json.Valid(item) {
+		return ErrNotJSON
+	}
+	r.mu.Lock()
+	if r.finished {
+		r.mu.Unlock()
+		return nil
+	}
+	if len(r.items) >= sendBuffer {
+		r.mu.Unlock()
+		return ErrFull
+	}
+	r.items = append(r.items, item)
+	first := len(r.items) == 1
+	r.mu.Unlock()
+	if first {
+		r.poke()
+	}
+	return nil
+}
+
+// Arm runs f once when Send may succeed again (or the request ended).
+func (r *Request) Arm(f func()) {
+	r.mu.Lock()
+	if len(r.items) < sendBuffer || r.finished {
+		r.mu.Unlock()
+		f()
+		return
+	}
+	r.writable.f = f
+	r.mu.Unlock()
+}
+
+// Complete ends the request normally: queued items are sent, then the final
+// marker, unless the handler stopped the request itself (then the caller
+// sees an incomplete stream) or it was killed.
+func (r *Request) Complete() { r.finish("") }
+
+// Fail ends the request with a handler error; msg is "<Type>: <message>".
+func (r *Request) Fail(msg string) {
+	if msg == "" {
+		msg = "unknown error"
+	}
+	r.finish(msg)
+}
+
+func (r *Request) finish(msg string) {
+	r.mu.Lock()
+	if r.finished {
+		r.mu.Unlock()
+		return
+	}
+	r.finished = true
+	r.failMsg = msg
+	r.mu.Unlock()
+	r.poke()
+}
+
+func mustJSON(v any) []byte {
+	b, err := json.Marshal(v)
+	if err != nil {
+		panic(err)
+	}
+	return b
+}

@@ -1,0 +1,331 @@
+package stream
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/dynamo-ctx/dynamo-ctx/go/frame"
+)
+
+// Buffer sizes of the worker's side of a connection. The write buffer bounds
+// how many bytes one syscall carries (16 KiB: ~230 items of 64 bytes); the
+// reader only ever sees control frames, so both its buffer and its payload
+// limit are tiny (anything larger is a protocol violation anyway).
+const (
+	workerWriteBuf   = 16 << 10
+	workerReadBuf    = 512
+	workerMaxPayload = 64
+)
+
+// maxCredit caps accumulated credit so that a misbehaving caller cannot
+// overflow the counter.
+const maxCredit = 1 << 62
+
+// Outgoing is the worker's side of one stream. All methods are safe for
+// concurrent use; concurrent Sends are serialised, each item written whole.
+type Outgoing struct {
+	conn   net.Conn
+	linger time.Duration
+
+	stopped chan struct{} // closed on Stop
+	killed  chan struct{} // closed on Kill
+	lost    chan struct{} // closed on loss of the caller
+	ended   chan struct{} // closed by Finish, Fail or Close: wakes blocked Sends
+	done    chan struct{} // closed when the reader has exited and conn is closed
+	credits chan struct{} // cap 1: "credit arrived", for blocked Sends
+
+	mu       sync.Mutex
+	credit   int64
+	isKilled bool
+	isLost   bool
+	isEnded  bool
+
+	wmu   sync.Mutex // serialises frame writes
+	w     *frame.Writer
+	wShut bool // Final or Error written: nothing may follow (wmu)
+}
+
+// Dial connects to the caller's Server at addr and sends Hello with token.
+// ctx bounds the connection attempt only. Of the options, WithLinger applies.
+// The Outgoing may Send as soon as the caller's first credit arrives.
+func Dial(ctx context.Context, addr string, token string, opts ...Option) (*Outgoing, error) {
+	cfg := newConfig(nil, opts)
+	var d net.Dialer // keepalive on by default: detects a vanished caller host
+	c, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	if tc, ok := c.(*net.TCPConn); ok {
+		_ = tc.SetNoDelay(true) // Go's default, made explicit: items must not wait
+	}
+	o := &Outgoing{
+		conn:    c,
+		linger:  cfg.linger,
+		stopped: make(chan struct{}),
+		killed:  make(chan struct{}),
+		lost:    make(chan struct{}),
+		ended:   make(chan struct{}),
+		done:    make(chan struct{}),
+		credits: make(chan struct{}, 1),
+		w:       frame.NewWriterSize(c, workerWriteBuf),
+	}
+	if err := o.w.WriteHello([]byte(token)); err == nil {
+		err = o.w.Flush()
+	}
+	if err != nil {
+		_ = c.Close()
+		return nil, err
+	}
+	go o.readLoop(frame.NewReaderSize(c, workerReadBuf, workerMaxPayload))
+	return o, nil
+}
+
+// Stopped is closed when the caller sent Stop: produce no more, then Finish.
+// Kill and loss do not close it.
+func (o *Outgoing) Stopped() <-chan struct{} { return o.stopped }
+
+// Killed is closed when the caller sent Kill: abort now.
+func (o *Outgoing) Killed() <-chan struct{} { return o.killed }
+
+// Lost is closed when the caller's connection ended without a Kill (its
+// process died, its Server closed, the network failed) or the caller
+// violated the protocol: abort now. Killed and Lost never both close.
+func (o *Outgoing) Lost() <-chan struct{} { return o.lost }
+
+// Done is closed when the connection is fully released: after Kill or loss at
+// once, after Finish, Fail or Close when the caller has closed its side too
+// (or the linger timeout expired).
+func (o *Outgoing) Done() <-chan struct{} { return o.done }
+
+// stateErr is the error of an Outgoing that can no longer send (mu held).
+func (o *Outgoing) stateErr() error {
+	switch {
+	case o.isKilled:
+		return ErrKilled
+	case o.isLost:
+		return ErrLost
+	case o.isEnded:
+		return ErrClosed
+	}
+	return nil
+}
+
+// acquire takes up to want credits, waiting until at least one is available.
+func (o *Outgoing) acquire(ctx context.Context, want int) (int, error) {
+	for {
+		o.mu.Lock()
+		if err := o.stateErr(); err != nil {
+			o.mu.Unlock()
+			return 0, err
+		}
+		if o.credit > 0 {
+			n := min(int64(want), o.credit)
+			o.credit -= n
+			o.mu.Unlock()
+			return int(n), nil
+		}
+		o.mu.Unlock()
+		select {
+		case <-o.credits:
+		case <-o.killed:
+		case <-o.lost:
+		case <-o.ended:
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		}
+	}
+}
+
+// writeErr maps a failed write to the reason the connection failed.
+func (o *Outgoing) writeErr(err error) error {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if e := o.stateErr(); e != nil {
+		return e
+	}
+	return fmt.Errorf("%w: %v", ErrLost, err) // the reader will see it too
+}
+
+// Send sends one item. It blocks while the worker has no credit, until credit
+// arrives, ctx is done (ctx.Err()), or the stream is killed (ErrKilled), lost
+// (ErrLost) or ended (ErrClosed); those errors are returned at once when the
+// state is already reached. A nil error means the item was written to the
+// connection (not that the caller received it).
+func (o *Outgoing) Send(ctx context.Context, item []byte) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if _, err := o.acquire(ctx, 1); err != nil {
+		return err
+	}
+	o.wmu.Lock()
+	defer o.wmu.Unlock()
+	if o.wShut {
+		return ErrClosed
+	}
+	err := o.w.WriteData(item)
+	if err == nil {
+		err = o.w.Flush()
+	}
+	if err != nil {
+		return o.writeErr(err)
+	}
+	return nil
+}
+
+// SendBatch sends items in order, as many per write as the credit allows, and
+// returns how many were written. It blocks and fails like Send; on error the
+// first n items were written.
+func (o *Outgoing) SendBatch(ctx context.Context, items [][]byte) (n int, err error) {
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	for n < len(items) {
+		k, err := o.acquire(ctx, len(items)-n)
+		if err != nil {
+			return n, err
+		}
+		o.wmu.Lock()
+		if o.wShut {
+			o.wmu.Unlock()
+			return n, ErrClosed
+		}
+		m, err := o.w.WriteBatch(items[n : n+k])
+		if err == nil {
+			err = o.w.Flush()
+		}
+		o.wmu.Unlock()
+		if err != nil {
+			// Frames still buffered when the error hit were not written; the
+			// count may include some, but the stream is dead anyway.
+			return n + m, o.writeErr(err)
+		}
+		n += k
+	}
+	return n, nil
+}
+
+// Finish ends the stream normally: it sends Final, and the caller's Recv
+// returns io.EOF after the items sent before. It fails with ErrKilled,
+// ErrLost or ErrClosed if the stream already ended; any call ends it.
+func (o *Outgoing) Finish() error {
+	return o.end(func(w *frame.Writer) error { return w.WriteFinal() })
+}
+
+// Fail ends the stream with a handler error: the caller's Recv returns
+// *HandlerError{Message: msg} after the items sent before. It fails like
+// Finish.
+func (o *Outgoing) Fail(msg string) error {
+	return o.end(func(w *frame.Writer) error { return w.WriteError(msg) })
+}
+
+func (o *Outgoing) end(write func(*frame.Writer) error) error {
+	o.mu.Lock()
+	err := o.stateErr()
+	if !o.isEnded {
+		o.isEnded = true
+		close(o.ended)
+	}
+	o.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	o.wmu.Lock()
+	err = write(o.w)
+	if err == nil {
+		err = o.w.Flush()
+	}
+	o.wShut = true
+	o.wmu.Unlock()
+	o.halfClose()
+	if err != nil {
+		return o.writeErr(err)
+	}
+	return nil
+}
+
+// halfClose sends FIN after everything written and lets the reader drain the
+// caller's last control frames until the caller closes, at most the linger
+// timeout. Closing outright could reset the connection (unread control
+// frames make the kernel send RST), destroying a Final still in flight.
+func (o *Outgoing) halfClose() {
+	if tc, ok := o.conn.(*net.TCPConn); ok {
+		_ = tc.CloseWrite()
+	}
+	_ = o.conn.SetReadDeadline(time.Now().Add(o.linger))
+}
+
+// Close ends the stream without a final marker, so the caller's Recv returns
+// ErrIncomplete (use it when the handler stopped on its own or cannot go on).
+// Items already sent are delivered first. After Finish or Fail, or a second
+// time, Close does nothing; it never waits.
+func (o *Outgoing) Close() error {
+	o.mu.Lock()
+	wasEnded := o.isEnded
+	if !o.isEnded {
+		o.isEnded = true
+		close(o.ended)
+	}
+	o.mu.Unlock()
+	if wasEnded {
+		return nil
+	}
+	// A Send blocked in a write holds wmu: the past write deadline releases it,
+	// (its frame may be cut, which the caller sees as ErrIncomplete too).
+	_ = o.conn.SetWriteDeadline(time.Unix(1, 0))
+	o.halfClose()
+	return nil
+}
+
+// readLoop is the connection's one goroutine: it applies the caller's control
+// frames and detects the caller's loss. It owns closing the connection.
+func (o *Outgoing) readLoop(r *frame.Reader) {
+	defer close(o.done)
+	defer o.conn.Close()
+	for {
+		f, err := r.ReadFrame()
+		o.mu.Lock()
+		if o.isEnded {
+			// Ended locally: drain until the caller closes or the linger
+			// timeout; nothing the caller sends matters any more.
+			o.mu.Unlock()
+			if err != nil {
+				return
+			}
+			continue
+		}
+		if err == nil {
+			switch f.Type {
+			case frame.Credit:
+				o.credit = min(o.credit+int64(f.Credit()), maxCredit)
+				o.mu.Unlock()
+				select {
+				case o.credits <- struct{}{}:
+				default:
+				}
+				continue
+			case frame.Stop:
+				select {
+				case <-o.stopped:
+				default:
+					close(o.stopped)
+				}
+				o.mu.Unlock()
+				continue
+			case frame.Kill:
+				o.isKilled = true
+				close(o.killed)
+				o.mu.Unlock()
+				return
+			}
+		}
+		// Read error or protocol violation: the caller is gone.
+		o.isLost = true
+		close(o.lost)
+		o.mu.Unlock()
+		return
+	}
+}

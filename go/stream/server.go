@@ -1,0 +1,454 @@
+package stream
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/dynamo-ctx/dynamo-ctx/go/frame"
+)
+
+// Buffer sizes of the caller's side of a connection. The read buffer decides
+// how many frames one read syscall fetches (16 KiB: ~230 items of 64 bytes);
+// the write buffer only ever holds a few control frames.
+const (
+	callerReadBuf  = 16 << 10
+	callerWriteBuf = 64
+)
+
+// Server accepts the connections of workers on behalf of a caller and routes
+// each to the Incoming stream registered with the token of its Hello.
+// All methods are safe for concurrent use.
+type Server struct {
+	ln  net.Listener
+	cfg config
+
+	mu      sync.Mutex
+	closed  bool
+	pending map[string]*Incoming  // expected, not yet connected
+	conns   map[net.Conn]struct{} // accepted, not yet released
+	wg      sync.WaitGroup        // accept loop + one goroutine per connection
+}
+
+// Listen starts a Server on the TCP address addr (for example
+// "127.0.0.1:0"). The options are the defaults of every stream it expects.
+func Listen(addr string, opts ...Option) (*Server, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{
+		ln:      ln,
+		cfg:     newConfig(nil, opts),
+		pending: make(map[string]*Incoming),
+		conns:   make(map[net.Conn]struct{}),
+	}
+	s.wg.Add(1)
+	go s.acceptLoop()
+	return s, nil
+}
+
+// Addr returns the address workers must dial.
+func (s *Server) Addr() net.Addr { return s.ln.Addr() }
+
+// Close stops accepting, drops every connection abruptly (workers see Lost,
+// not Killed: the caller is going away, as if its process had died) and ends
+// every stream not yet ended with ErrServerClosed. It returns once every
+// goroutine of the Server has exited. Close is idempotent.
+func (s *Server) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	pending, conns := s.pending, s.conns
+	s.pending, s.conns = nil, nil
+	s.mu.Unlock()
+
+	err := s.ln.Close()
+	for c := range conns {
+		_ = c.Close()
+	}
+	for _, in := range pending {
+		in.timer.Stop()
+		in.end(ErrServerClosed)
+	}
+	s.wg.Wait()
+	return err
+}
+
+func (s *Server) isClosed() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.closed
+}
+
+func (s *Server) acceptLoop() {
+	defer s.wg.Done()
+	var backoff time.Duration
+	for {
+		c, err := s.ln.Accept()
+		if err != nil {
+			if s.isClosed() || errors.Is(err, net.ErrClosed) {
+				return
+			}
+			// Resource exhaustion (EMFILE...): retry after a pause rather than
+			// spin, like net/http does.
+			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+			time.Sleep(backoff)
+			continue
+		}
+		backoff = 0
+		s.mu.Lock()
+		if s.closed {
+			s.mu.Unlock()
+			_ = c.Close()
+			return
+		}
+		s.conns[c] = struct{}{}
+		s.wg.Add(1) // under mu, so never after Close's Wait has started
+		s.mu.Unlock()
+		go s.serveConn(c)
+	}
+}
+
+// serveConn is the one goroutine of an accepted connection: it reads the
+// Hello, attaches the connection to its Incoming and then is that stream's
+// reader until the stream ends.
+func (s *Server) serveConn(c net.Conn) {
+	defer s.wg.Done()
+	defer s.release(c)
+	if tc, ok := c.(*net.TCPConn); ok {
+		_ = tc.SetNoDelay(true) // Go's default, made explicit: control frames must not wait
+	}
+	_ = c.SetReadDeadline(time.Now().Add(s.cfg.connectTimeout))
+	r := frame.NewReaderSize(c, callerReadBuf, s.cfg.maxPayload)
+	f, err := r.ReadFrame()
+	if err != nil || f.Type != frame.Hello {
+		return
+	}
+	_ = c.SetReadDeadline(time.Time{})
+	s.mu.Lock()
+	in := s.pending[string(f.Payload)]
+	if in != nil {
+		delete(s.pending, in.token) // one connection per token
+	}
+	s.mu.Unlock()
+	if in == nil {
+		return // unknown token: the caller does not await this stream
+	}
+	in.timer.Stop()
+	in.serve(c, r)
+}
+
+func (s *Server) release(c net.Conn) {
+	_ = c.Close()
+	s.mu.Lock()
+	delete(s.conns, c)
+	s.mu.Unlock()
+}
+
+// Expect registers a stream awaited with the given token and returns it. Call
+// it before sending the request that carries the token, so the worker's
+// connection always finds it. The options override the Server's for this
+// stream (WithConnectTimeout, WithWindow). A token is matched once: it is
+// unregistered when its worker connects or the connect timeout expires.
+func (s *Server) Expect(token string, opts ...Option) *Incoming {
+	cfg := newConfig(&s.cfg, opts)
+	in := &Incoming{
+		srv:       s,
+		token:     token,
+		window:    cfg.window,
+		threshold: max(1, cfg.window/2),
+		linger:    cfg.linger,
+		notify:    make(chan struct{}, 1),
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case s.closed:
+		in.err = ErrServerClosed
+	case s.pending[token] != nil:
+		in.err = ErrDuplicateToken
+	default:
+		s.pending[token] = in
+		in.timer = time.AfterFunc(cfg.connectTimeout, in.connectTimedOut)
+	}
+	return in
+}
+
+// Incoming is the caller's side of one stream. Recv must be called from one
+// goroutine at a time; Stop, Kill and Close may be called from any goroutine,
+// concurrently with Recv.
+type Incoming struct {
+	srv       *Server
+	token     string
+	window    int
+	threshold int // consumed items that trigger a credit grant
+	linger    time.Duration
+	timer     *time.Timer
+	notify    chan struct{} // cap 1: "queue or end changed", for the one Recv
+
+	mu       sync.Mutex
+	q        ring
+	err      error    // how the stream ended; Recv returns it once q is empty
+	killed   bool     // Kill (or Close) before the end: Recv returns ErrKilled
+	closed   bool     // Close: Recv returns ErrClosed
+	stopReq  bool     // Stop was called; sent at attach if not attached yet
+	conn     net.Conn // set when the worker's Hello arrives
+	credit   int      // Data frames the worker may still send
+	consumed int      // items received since the last grant
+
+	wmu sync.Mutex // serialises writes of control frames; taken after mu
+	w   *frame.Writer
+}
+
+// Token returns the stream's token.
+func (in *Incoming) Token() string { return in.token }
+
+func (in *Incoming) signal() {
+	select {
+	case in.notify <- struct{}{}:
+	default:
+	}
+}
+
+// end records how the stream ended, unless it already has.
+func (in *Incoming) end(err error) {
+	in.mu.Lock()
+	if in.err == nil {
+		in.err = err
+	}
+	in.mu.Unlock()
+	in.signal()
+}
+
+func (in *Incoming) connectTimedOut() {
+	s := in.srv
+	s.mu.Lock()
+	mine := s.pending[in.token] == in
+	if mine {
+		delete(s.pending, in.token)
+	}
+	s.mu.Unlock()
+	if mine { // else the worker connected just in time
+		in.end(ErrNoConnection)
+	}
+}
+
+// Recv returns the next item. It blocks until an item is available, the
+// stream ends, or ctx is done (ctx.Err(): the stream itself is unaffected,
+// Recv may be called again). At the end it returns io.EOF (normal end),
+// *HandlerError, ErrIncomplete or an error wrapping it, ErrKilled,
+// ErrServerClosed, ErrDuplicateToken, or ErrClosed, and keeps returning the
+// same error.
+func (in *Incoming) Recv(ctx context.Context) ([]byte, error) {
+	for {
+		in.mu.Lock()
+		switch {
+		case in.closed:
+			in.mu.Unlock()
+			return nil, ErrClosed
+		case in.killed:
+			in.mu.Unlock()
+			return nil, ErrKilled
+		}
+		if item, ok := in.q.pop(); ok {
+			var grant int
+			if in.err == nil { // after the end, credit is pointless
+				in.consumed++
+				if in.consumed >= in.threshold {
+					grant, in.consumed = in.consumed, 0
+					in.credit += grant
+				}
+			}
+			in.mu.Unlock()
+			if grant > 0 {
+				in.writeControl(func(w *frame.Writer) error { return w.WriteCredit(uint32(grant)) })
+			}
+			return item, nil
+		}
+		if err := in.err; err != nil {
+			in.mu.Unlock()
+			return nil, err
+		}
+		in.mu.Unlock()
+		select {
+		case <-in.notify:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+}
+
+// Stop asks the worker to stop generating. The first call sends Stop (or
+// schedules it for right after the worker's Hello); later calls, and calls
+// after the end of the stream or a Kill, do nothing. Items keep arriving
+// until the worker ends the stream.
+func (in *Incoming) Stop() {
+	in.mu.Lock()
+	if in.stopReq || in.killed || in.closed || in.err != nil {
+		in.mu.Unlock()
+		return
+	}
+	in.stopReq = true
+	attached := in.conn != nil
+	in.mu.Unlock()
+	if attached {
+		in.writeControl(func(w *frame.Writer) error { return w.WriteStop() })
+	}
+}
+
+// Kill aborts the stream: buffered items are dropped, Recv returns ErrKilled
+// from now on, and Kill is sent to the worker (now, or right after its Hello)
+// before the connection is closed. Kill after the end of the stream was
+// received, or a second Kill, does nothing.
+func (in *Incoming) Kill() {
+	in.mu.Lock()
+	attached := in.kill()
+	in.mu.Unlock()
+	in.signal()
+	if attached {
+		in.sendKill()
+	}
+}
+
+// kill marks the stream killed (mu held) and reports whether a connection is
+// attached, so the caller must send the Kill itself.
+func (in *Incoming) kill() bool {
+	if in.killed || in.closed || in.err != nil {
+		return false
+	}
+	in.killed = true
+	in.q.reset()
+	return in.conn != nil
+}
+
+// sendKill writes Kill and half-closes: the FIN follows the Kill, and the
+// reader drains whatever the worker had in flight until the worker closes
+// (or the linger timeout), so closing never turns into a reset that could
+// destroy the Kill before the worker reads it.
+func (in *Incoming) sendKill() {
+	in.writeControl(func(w *frame.Writer) error { return w.WriteKill() })
+	if tc, ok := in.conn.(*net.TCPConn); ok {
+		_ = tc.CloseWrite()
+	}
+	_ = in.conn.SetReadDeadline(time.Now().Add(in.linger))
+}
+
+// Close releases the stream: if it has not ended it is killed (see Kill), and
+// Recv returns ErrClosed from now on. Close is idempotent.
+func (in *Incoming) Close() error {
+	in.mu.Lock()
+	if in.closed {
+		in.mu.Unlock()
+		return nil
+	}
+	attached := in.kill()
+	in.closed = true
+	in.q.reset()
+	in.mu.Unlock()
+	in.signal()
+	if attached {
+		in.sendKill()
+	}
+	return nil
+}
+
+// writeControl writes and flushes one control frame. Errors are ignored: a
+// broken connection is reported by the reader, which sees it too.
+func (in *Incoming) writeControl(write func(*frame.Writer) error) {
+	in.wmu.Lock()
+	defer in.wmu.Unlock()
+	if write(in.w) == nil {
+		_ = in.w.Flush()
+	}
+}
+
+// serve attaches the worker's connection c (its Hello already read by r),
+// sends the initial credit and any early Stop or Kill, and then reads the
+// stream until it ends. It runs on the connection's goroutine.
+func (in *Incoming) serve(c net.Conn, r *frame.Reader) {
+	in.mu.Lock()
+	if in.err != nil { // the Server was closed meanwhile
+		in.mu.Unlock()
+		return
+	}
+	in.conn = c
+	in.w = frame.NewWriterSize(c, callerWriteBuf)
+	killed := in.killed
+	if !killed {
+		// Writing under mu orders these frames before any Stop, Kill or
+		// credit that another goroutine sends once it sees conn set.
+		in.credit = in.window
+		in.writeControl(func(w *frame.Writer) error {
+			if err := w.WriteCredit(uint32(in.window)); err != nil || !in.stopReq {
+				return err
+			}
+			return w.WriteStop()
+		})
+	}
+	in.mu.Unlock()
+	if killed {
+		in.sendKill() // Kill and no credit: not a single item may follow
+	}
+	in.readLoop(r)
+}
+
+func (in *Incoming) readLoop(r *frame.Reader) {
+	for {
+		f, err := r.ReadFrame()
+		in.mu.Lock()
+		if in.killed {
+			// Killed: drain until the worker closes or the linger expires.
+			in.mu.Unlock()
+			if err != nil {
+				return
+			}
+			continue
+		}
+		if err == nil {
+			switch f.Type {
+			case frame.Data:
+				if in.credit <= 0 {
+					err = fmt.Errorf("%w: worker sent beyond its credit", ErrIncomplete)
+					break
+				}
+				in.credit--
+				in.q.push(f.Payload)
+			case frame.Final:
+				err = io.EOF
+			case frame.Error:
+				err = &HandlerError{Message: string(f.Payload)}
+			default:
+				err = fmt.Errorf("%w: unexpected %v frame from worker", ErrIncomplete, f.Type)
+			}
+		} else {
+			err = in.brokenErr(err)
+		}
+		if err != nil && in.err == nil {
+			in.err = err
+		}
+		in.mu.Unlock()
+		in.signal()
+		if err != nil {
+			return // serveConn releases the connection
+		}
+	}
+}
+
+// brokenErr maps a read error of the connection to the error Recv returns.
+func (in *Incoming) brokenErr(err error) error {
+	switch {
+	case in.srv.isClosed():
+		return ErrServerClosed
+	case errors.Is(err, frame.ErrInvalid):
+		return fmt.Errorf("%w: %v", ErrIncomplete, err)
+	}
+	return ErrIncomplete // EOF, reset, timeout: the worker is gone
+}

@@ -1,0 +1,429 @@
+"""The distributed runtime: endpoints, handlers, clients (SPEC section 3).
+
+Requests and responses are JSON values. The request plane (NATS, response
+streams, cancellation across processes) is in Go; this module is the asyncio
+face of it: a dispatcher that runs each incoming request's handler as a task,
+and response streams that are async iterators. Nothing here blocks the event
+loop in a Go call: calls that wait (connecting, learning instances) run in the
+default executor, everything else is non-blocking and is re-tried when the
+library signals progress through the loop's file descriptor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import functools
+import inspect
+import json
+import logging
+from typing import Any, AsyncIterator, Callable, Deque, List, Optional, Set
+
+from ._aio import arm
+from ._lib import native
+from .context import Context, _real_class
+
+logger = logging.getLogger("dynamo_ctx")
+
+__all__ = [
+    "DistributedRuntime",
+    "Namespace",
+    "Component",
+    "Endpoint",
+    "Client",
+    "ResponseStream",
+    "Annotated",
+    "StreamIncomplete",
+    "NoResponders",
+    "RuntimeClosed",
+]
+
+
+class StreamIncomplete(ValueError):
+    """The response stream ended before generation completed.
+
+    Raised when the worker went away mid-stream, or when the handler stopped
+    its own request and returned. The message starts with
+    "Stream ended before generation completed".
+    """
+
+
+class NoResponders(ConnectionError):
+    """No worker instance received the request (none known, or the chosen one is gone)."""
+
+
+class RuntimeClosed(RuntimeError):
+    """The runtime was shut down."""
+
+
+_ROUTE_ROUND_ROBIN, _ROUTE_RANDOM, _ROUTE_DIRECT = 0, 1, 2
+
+
+def _dumps(value: Any) -> bytes:
+    try:
+        return json.dumps(value, separators=(",", ":"), allow_nan=False).encode()
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"value is not JSON-serialisable: {e}") from None
+
+
+def _raise_for(code: int, message: str) -> None:
+    lib = native()
+    if code == lib.EHANDLER:
+        raise ValueError(message)
+    if code == lib.EINCOMPLETE:
+        raise StreamIncomplete(message)
+    if code == lib.ENORESPONDERS:
+        raise NoResponders(message)
+    if code == lib.ECLOSED:
+        raise RuntimeClosed(message)
+    raise RuntimeError(f"{message} (code {code})")
+
+
+class DistributedRuntime:
+    """One process's membership in the request plane.
+
+    ``DistributedRuntime()`` uses NATS at the ``NATS_SERVER`` environment
+    variable, else nats://127.0.0.1:4222, starting an in-process NATS server
+    there when nothing answers (so other processes on the machine join it).
+    ``DistributedRuntime(loop, is_static)`` is accepted for compatibility (both
+    are ignored); ``nats_url=`` names a server or cluster explicitly.
+    """
+
+    def __init__(self, loop: Optional[asyncio.AbstractEventLoop] = None, is_static: bool = False, *, nats_url: Optional[str] = None) -> None:
+        self._lib = native()
+        self._handle: Optional[int] = self._lib.runtime_new(nats_url)
+        self._closed = False
+
+    def _h(self) -> int:
+        if self._closed or self._handle is None:
+            raise RuntimeClosed("the runtime is shut down")
+        return self._handle
+
+    @property
+    def nats_url(self) -> str:
+        """The NATS address this runtime is connected to."""
+        return self._lib.runtime_nats_url(self._h())
+
+    def namespace(self, name: str) -> "Namespace":
+        """Return the namespace ``name``."""
+        _check_part("namespace", name)
+        return Namespace(self, name)
+
+    def endpoint(self, path: str) -> "Endpoint":
+        """Return the endpoint at ``"namespace.component.endpoint"``."""
+        parts = path.split(".")
+        if len(parts) != 3:
+            raise ValueError(f"endpoint path {path!r} must be namespace.component.endpoint")
+        return self.namespace(parts[0]).component(parts[1]).endpoint(parts[2])
+
+    def shutdown(self) -> None:
+        """Shut down: handlers being served are killed (reason ``shutdown``),
+        ``serve_endpoint`` calls return, instances leave discovery. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._lib.runtime_shutdown(self._handle)
+
+    def is_shutdown(self) -> bool:
+        """True once ``shutdown()`` was called."""
+        return self._closed
+
+    def __del__(self) -> None:
+        h, self._handle = getattr(self, "_handle", None), None
+        if h is not None:
+            try:
+                self._lib.runtime_free(h)
+            except Exception:  # noqa: BLE001 - interpreter shutdown or after fork
+                pass
+
+
+def _check_part(kind: str, name: str) -> None:
+    if not isinstance(name, str) or not name or "." in name or any(c in name for c in " \t\r\n*>"):
+        raise ValueError(f"invalid {kind} name {name!r}: a non-empty name without dots, spaces, '*' or '>'")
+
+
+class Namespace:
+    """A namespace of components."""
+
+    def __init__(self, runtime: DistributedRuntime, name: str) -> None:
+        self.runtime, self.name = runtime, name
+
+    def component(self, name: str) -> "Component":
+        """Return the component ``name`` of this namespace."""
+        _check_part("component", name)
+        return Component(self, name)
+
+
+class Component:
+    """A component: a group of endpoints served together."""
+
+    def __init__(self, namespace: Namespace, name: str) -> None:
+        self.namespace, self.name = namespace, name
+
+    async def create_service(self) -> None:
+        """Prepare the component for serving (kept for API compatibility; nothing to do)."""
+        self.namespace.runtime._h()
+
+    def endpoint(self, name: str) -> "Endpoint":
+        """Return the endpoint ``name`` of this component."""
+        _check_part("endpoint", name)
+        return Endpoint(self, name)
+
+
+def _is_async_gen_function(handler: Any) -> bool:
+    for f in (handler, inspect.unwrap(handler) if callable(handler) else None, getattr(handler, "__call__", None)):
+        if f is not None and inspect.isasyncgenfunction(f):
+            return True
+    return isinstance(handler, functools.partial) and _is_async_gen_function(handler.func)
+
+
+def _accepts_context(handler: Callable[..., Any]) -> bool:
+    try:
+        return "context" in inspect.signature(handler).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+class Endpoint:
+    """One endpoint: ``namespace.component.endpoint``."""
+
+    def __init__(self, component: Component, name: str) -> None:
+        self.component, self.name = component, name
+        self.path = f"{component.namespace.name}.{component.name}.{name}"
+        self._runtime = component.namespace.runtime
+        self._serving: "Optional[asyncio.Future[int]]" = None
+
+    def _serving_future(self) -> "asyncio.Future[int]":
+        if self._serving is None or self._serving.get_loop() is not asyncio.get_running_loop():
+            self._serving = asyncio.get_running_loop().create_future()
+        return self._serving
+
+    async def serving(self) -> int:
+        """Wait until ``serve_endpoint`` has registered this endpoint; return its instance id."""
+        return await asyncio.shield(self._serving_future())
+
+    async def serve_endpoint(self, handler: Callable[..., AsyncIterator[Any]], graceful_shutdown: bool = True, metrics_labels: Any = None, health_check_payload: Any = None) -> None:
+        """Serve requests with ``handler`` until the runtime shuts down or this task is cancelled.
+
+        ``handler(request)`` or ``handler(request, context=ctx)`` (the latter
+        exactly when it has a parameter named ``context``) must be an async
+        generator function; each yielded value (JSON) is one response item.
+        The context has the caller's request id and follows the caller's stop
+        and kill. After a kill the generator is closed and its output is no
+        longer read, even if it ignores the context.
+        """
+        if not _is_async_gen_function(handler):
+            raise TypeError(f"handler {handler!r} is not an async generator function")
+        pass_context = _accepts_context(handler)
+        lib = native()
+        ep = await asyncio.get_running_loop().run_in_executor(None, lib.endpoint_serve, self._runtime._h(), self.path)
+        serving = self._serving_future()
+        if not serving.done():
+            serving.set_result(lib.endpoint_instance_id(ep))
+        tasks: Set["asyncio.Task[None]"] = set()
+        try:
+            while True:
+                code, req = lib.endpoint_accept(ep)
+                if code == lib.OK:
+                    task = asyncio.ensure_future(_serve_one(lib, req, handler, pass_context))
+                    tasks.add(task)
+                    task.add_done_callback(tasks.discard)
+                elif code == lib.ECLOSED:
+                    break
+                else:
+                    await arm(ep)
+        finally:
+            # Closing the endpoint kills the requests it is serving, whose
+            # handlers then see their context killed and are closed.
+            lib.endpoint_free(ep)
+            if tasks:
+                await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def client(self) -> "Client":
+        """Return a client of this endpoint (it learns the current instances first)."""
+        lib = native()
+        h = await asyncio.get_running_loop().run_in_executor(None, lib.client_new, self._runtime._h(), self.path)
+        return Client(self, h)
+
+
+async def _serve_one(lib: Any, req: int, handler: Callable[..., Any], pass_context: bool) -> None:
+    ctx = lib.request_context(req, _real_class(Context))
+    task = asyncio.current_task()
+    watcher = asyncio.ensure_future(ctx.killed())
+    finished = False
+
+    def on_kill(_: Any) -> None:
+        if not finished and task is not None and not watcher.cancelled():
+            task.cancel()
+
+    watcher.add_done_callback(on_kill)
+    gen: Any = None
+    try:
+        request = json.loads(lib.request_payload(req))
+        gen = handler(request, context=ctx) if pass_context else handler(request)
+        if not hasattr(gen, "__anext__"):
+            raise TypeError(f"handler returned {type(gen).__name__}, not an async generator")
+        async for item in gen:
+            if ctx.is_killed():
+                break
+            data = _dumps(item)
+            while not lib.request_send(req, data):
+                await arm(req)
+        lib.request_complete(req)
+    except asyncio.CancelledError:
+        if not ctx.is_killed():
+            raise  # cancelled from outside: the endpoint's own teardown
+    except Exception as e:  # noqa: BLE001 - every handler error goes to the caller
+        lib.request_fail(req, f"{type(e).__name__}: {e}")
+    finally:
+        finished = True
+        watcher.cancel()
+        if gen is not None and hasattr(gen, "aclose"):
+            try:
+                await gen.aclose()
+            except BaseException as e:  # noqa: BLE001 - a misbehaving generator must not break the loop
+                if not isinstance(e, (RuntimeError, asyncio.CancelledError, GeneratorExit, StopAsyncIteration)):
+                    logger.debug("closing the handler of request %s raised %r", ctx.id(), e)
+        lib.request_free(req)
+
+
+class Annotated:
+    """One response item; ``data()`` is the JSON value the handler yielded."""
+
+    __slots__ = ("_data",)
+
+    def __init__(self, data: Any) -> None:
+        self._data = data
+
+    def data(self) -> Any:
+        """The item's value."""
+        return self._data
+
+    def __repr__(self) -> str:
+        return f"Annotated(data={self._data!r})"
+
+
+class Client:
+    """Sends requests to the instances of one endpoint."""
+
+    def __init__(self, endpoint: Endpoint, handle: int) -> None:
+        self.endpoint = endpoint
+        self._lib = native()
+        self._handle: Optional[int] = handle
+
+    def instance_ids(self) -> List[int]:
+        """The ids of the instances currently known."""
+        return self._lib.client_instances(self._handle)
+
+    async def wait_for_instances(self) -> List[int]:
+        """Wait until at least one instance is known; return the instance ids."""
+        while True:
+            ids = self.instance_ids()
+            if ids:
+                return ids
+            await arm(self._handle)
+
+    async def _generate(self, request: Any, annotated: bool, context: Optional[Context], route: int, instance_id: int) -> "ResponseStream":
+        if context is not None and not isinstance(context, Context):
+            raise TypeError("context must be a dynamo_ctx.Context")
+        self.endpoint._runtime._h()
+        h = self._lib.client_generate(self._handle, _dumps(request), context, route, instance_id)
+        stream = ResponseStream(self._lib, h, annotated)
+        await stream._wait_started()
+        return stream
+
+    async def generate(self, request: Any, annotated: bool = True, context: Optional[Context] = None) -> "ResponseStream":
+        """Send ``request`` to an instance (round robin) and return its response stream.
+
+        With ``context=``, the request's context is a new child of it with the
+        same id, linked before the request is sent: stopping or killing
+        ``context`` stops or kills the remote handler.
+        """
+        return await self._generate(request, annotated, context, _ROUTE_ROUND_ROBIN, 0)
+
+    async def round_robin(self, request: Any, annotated: bool = True, context: Optional[Context] = None) -> "ResponseStream":
+        """Like ``generate``: the next instance in turn."""
+        return await self._generate(request, annotated, context, _ROUTE_ROUND_ROBIN, 0)
+
+    async def random(self, request: Any, annotated: bool = True, context: Optional[Context] = None) -> "ResponseStream":
+        """Like ``generate``, to a random instance."""
+        return await self._generate(request, annotated, context, _ROUTE_RANDOM, 0)
+
+    async def direct(self, request: Any, instance_id: int, annotated: bool = True, context: Optional[Context] = None) -> "ResponseStream":
+        """Like ``generate``, to the instance ``instance_id``."""
+        return await self._generate(request, annotated, context, _ROUTE_DIRECT, instance_id)
+
+    def __del__(self) -> None:
+        h, self._handle = getattr(self, "_handle", None), None
+        if h is not None:
+            try:
+                self._lib.client_free(h)
+            except Exception:  # noqa: BLE001
+                pass
+
+
+class ResponseStream:
+    """The response of one request, as an async iterator.
+
+    Breaking out of ``async for`` cancels nothing (iterate again to continue).
+    ``await stream.aclose()`` kills the remote request, and so does the stream
+    being garbage-collected before it ended.
+    """
+
+    def __init__(self, lib: Any, handle: int, annotated: bool) -> None:
+        self._lib = lib
+        self._handle: Optional[int] = handle
+        self._annotated = annotated
+        self._buf: Deque[bytes] = collections.deque()
+        self._ended = False
+
+    async def _wait_started(self) -> None:
+        while True:
+            code, message = self._lib.stream_started(self._handle)
+            if code == self._lib.OK:
+                return
+            if code != self._lib.EAGAIN:
+                self._ended = True
+                _raise_for(code, message)
+            await arm(self._handle)
+
+    def context(self) -> Context:
+        """The request's context (a child of the caller's, with the same id)."""
+        return self._lib.stream_context(self._handle, _real_class(Context))
+
+    def __aiter__(self) -> "ResponseStream":
+        return self
+
+    async def __anext__(self) -> Any:
+        lib = self._lib
+        while not self._buf:
+            if self._handle is None:
+                raise StopAsyncIteration
+            code, value = lib.stream_take(self._handle)
+            if code == lib.OK:
+                self._buf.extend(value)
+            elif code == lib.EAGAIN:
+                await arm(self._handle)
+            elif code == lib.EOF:
+                self._ended = True
+                raise StopAsyncIteration
+            else:
+                self._ended = True
+                _raise_for(code, value)
+        data = json.loads(self._buf.popleft())
+        return Annotated(data) if self._annotated else data
+
+    async def aclose(self) -> None:
+        """Kill the remote request (if still running) and end the stream."""
+        if self._handle is not None and not self._ended:
+            self._lib.stream_kill(self._handle)
+        self._ended = True
+
+    def __del__(self) -> None:
+        h, self._handle = getattr(self, "_handle", None), None
+        if h is not None:
+            try:
+                self._lib.stream_free(h)  # kills the request if it has not ended
+            except Exception:  # noqa: BLE001
+                pass
+

@@ -1,0 +1,1291 @@
+"""The C ABI of the native library (docs/c-abi.md), driven directly with cffi.
+
+Everything here is written the way a C user would write it from the header and
+the doc alone: the declarations and the DC_* values below are typed in by
+hand (one test checks them against the generated header), handles are plain
+integers, and readiness is checked with select() on the fds the library hands
+out. Nothing here goes through the ``dynamo_ctx._native`` Python module.
+
+The library is loaded lazily (on the first test that needs it, never at
+collection) and never unloaded: a Go runtime cannot be unloaded, so the lib
+object lives in a module global for the life of the process.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import random
+import re
+import select
+import shutil
+import stat
+import subprocess
+import sys
+import threading
+import uuid
+from pathlib import Path
+from typing import List, Optional, Tuple
+
+import pytest
+
+cffi = pytest.importorskip("cffi")
+
+import dynamo_ctx  # noqa: E402 - importing the package does not load the library
+
+PACKAGE_DIR = Path(dynamo_ctx.__file__).resolve().parent
+LIB_PATH = PACKAGE_DIR / "_native.abi3.so"
+HEADER_PATH = PACKAGE_DIR / "include" / "dynamo_ctx.h"
+HANG = 10.0  # seconds: a generous bound that only catches hangs, never a sleep
+
+# ---------------------------------------------------------------------------
+# Declarations, as a C user would copy them from docs/c-abi.md
+# ---------------------------------------------------------------------------
+
+CDEF = """
+enum {
+    DC_OK = 0,
+    DC_EIO = 5,
+    DC_ENOENT = 2,
+    DC_EBADF = 9,
+    DC_EAGAIN = 11,
+    DC_EEXIST = 17,
+    DC_EINVAL = 22,
+    DC_ERANGE = 34,
+    DC_EINTERNAL = 1000
+};
+enum { DC_LIVE = 0, DC_STOPPED = 1, DC_KILLED = 2 };
+enum {
+    DC_REASON_NONE = 0,
+    DC_REASON_STOP_GENERATING = 1,
+    DC_REASON_KILL = 2,
+    DC_REASON_CLIENT_DISCONNECTED = 3,
+    DC_REASON_PARENT = 4,
+    DC_REASON_DEADLINE = 5,
+    DC_REASON_CONNECTION_LOST = 6,
+    DC_REASON_SHUTDOWN = 7
+};
+
+const char *dc_version(void);
+size_t dc_last_error(char *buf, size_t cap);
+
+int dc_context_new(const char *id, size_t len, uint64_t *out);
+int dc_context_new_uuid(uint64_t *out);
+int dc_context_free(uint64_t h);
+int dc_context_id(uint64_t h, char *buf, size_t cap, size_t *len);
+int dc_context_state(uint64_t h, uint32_t *word);
+int dc_context_state_word(uint64_t h, uint32_t **out);
+int dc_context_cancel(uint64_t h, uint32_t state, uint32_t reason);
+int dc_context_stop_generating(uint64_t h);
+int dc_context_kill(uint64_t h);
+int dc_context_link_child(uint64_t parent, uint64_t child);
+int dc_context_child(uint64_t parent, uint64_t *out);
+int dc_context_finish(uint64_t h);
+int dc_reason_name(uint32_t reason, char *buf, size_t cap, size_t *len);
+
+int dc_queue_new(uint64_t *out, int *fd);
+int dc_queue_free(uint64_t q);
+int dc_queue_drain(uint64_t q, uint64_t *buf, size_t cap, size_t *n);
+int dc_context_watch(uint64_t h, uint64_t q, uint32_t state, uint64_t token);
+int dc_queue_unwatch(uint64_t q, uint64_t token);
+
+int dc_log_fd(int *fd);
+int dc_log_set_level(int level);
+int dc_log_next(int *level, char *buf, size_t cap, size_t *len);
+
+int dc_handle_counts(uint64_t *contexts, uint64_t *queues, uint64_t *other);
+int dc_selftest_panic(void);
+"""
+
+# The same values, for the comparison with the generated header.
+ENUM_VALUES = {
+    "DC_OK": 0,
+    "DC_EIO": 5,
+    "DC_ENOENT": 2,
+    "DC_EBADF": 9,
+    "DC_EAGAIN": 11,
+    "DC_EEXIST": 17,
+    "DC_EINVAL": 22,
+    "DC_ERANGE": 34,
+    "DC_EINTERNAL": 1000,
+    "DC_LIVE": 0,
+    "DC_STOPPED": 1,
+    "DC_KILLED": 2,
+    "DC_REASON_NONE": 0,
+    "DC_REASON_STOP_GENERATING": 1,
+    "DC_REASON_KILL": 2,
+    "DC_REASON_CLIENT_DISCONNECTED": 3,
+    "DC_REASON_PARENT": 4,
+    "DC_REASON_DEADLINE": 5,
+    "DC_REASON_CONNECTION_LOST": 6,
+    "DC_REASON_SHUTDOWN": 7,
+}
+REASON_NAMES = {
+    1: "stop_generating",
+    2: "kill",
+    3: "client_disconnected",
+    4: "parent",
+    5: "deadline",
+    6: "connection_lost",
+    7: "shutdown",
+}
+
+ffi = cffi.FFI()
+ffi.cdef(CDEF)
+
+_lib = None  # the loaded library; never released, never dlclose'd
+_lib_lock = threading.Lock()
+
+
+def load():
+    """dlopen the library once. RTLD_NODELETE: a Go runtime must never be unloaded."""
+    global _lib
+    with _lib_lock:
+        if _lib is None:
+            _lib = ffi.dlopen(str(LIB_PATH), ffi.RTLD_NOW | ffi.RTLD_NODELETE)
+        return _lib
+
+
+@pytest.fixture(scope="module")
+def lib():
+    if not LIB_PATH.is_file():
+        pytest.skip(f"{LIB_PATH} is not built (run `python build.py`)")
+    return load()
+
+
+# Plain module-level names for the constants, like a C user's #include gives.
+DC_OK = ENUM_VALUES["DC_OK"]
+DC_EIO = ENUM_VALUES["DC_EIO"]
+DC_ENOENT = ENUM_VALUES["DC_ENOENT"]
+DC_EBADF = ENUM_VALUES["DC_EBADF"]
+DC_EAGAIN = ENUM_VALUES["DC_EAGAIN"]
+DC_EEXIST = ENUM_VALUES["DC_EEXIST"]
+DC_EINVAL = ENUM_VALUES["DC_EINVAL"]
+DC_ERANGE = ENUM_VALUES["DC_ERANGE"]
+DC_EINTERNAL = ENUM_VALUES["DC_EINTERNAL"]
+DC_LIVE, DC_STOPPED, DC_KILLED = 0, 1, 2
+DC_REASON_NONE = 0
+DC_REASON_STOP_GENERATING = 1
+DC_REASON_KILL = 2
+DC_REASON_CLIENT_DISCONNECTED = 3
+DC_REASON_PARENT = 4
+DC_REASON_DEADLINE = 5
+DC_REASON_CONNECTION_LOST = 6
+DC_REASON_SHUTDOWN = 7
+ALL_REASONS = range(1, 8)
+
+# ---------------------------------------------------------------------------
+# Small helpers (what a C user would write once)
+# ---------------------------------------------------------------------------
+
+
+def last_error(lib) -> str:
+    n = lib.dc_last_error(ffi.NULL, 0)
+    buf = ffi.new("char[]", n + 1)
+    assert lib.dc_last_error(buf, n + 1) == n
+    return ffi.string(buf).decode("utf-8")
+
+
+# Functions whose messages are named after another (none: every message
+# names the function the caller called).
+MESSAGE_NAMED_AFTER: dict = {}
+
+
+def expect(lib, rc: int, code: int, function: str) -> str:
+    """Assert rc == code (an error) and that the thread's message names the function."""
+    assert rc == code, f"{function}: expected {code}, got {rc} ({last_error(lib)!r})"
+    msg = last_error(lib)
+    assert msg, f"{function} returned {code} but left no message"
+    assert function in msg or MESSAGE_NAMED_AFTER.get(function, function) in msg, msg
+    return msg
+
+
+def ok(lib, rc: int) -> None:
+    assert rc == DC_OK, f"rc={rc}: {last_error(lib)!r}"
+
+
+def new_ctx(lib, id: Optional[str] = None) -> int:
+    out = ffi.new("uint64_t *")
+    if id is None:
+        ok(lib, lib.dc_context_new_uuid(out))
+    else:
+        raw = id.encode("utf-8")
+        ok(lib, lib.dc_context_new(raw, len(raw), out))
+    assert out[0] != 0
+    return out[0]
+
+
+def new_child(lib, parent: int) -> int:
+    out = ffi.new("uint64_t *")
+    ok(lib, lib.dc_context_child(parent, out))
+    return out[0]
+
+
+def ctx_id(lib, h: int) -> str:
+    n = ffi.new("size_t *")
+    rc = lib.dc_context_id(h, ffi.NULL, 0, n)
+    assert rc == DC_ERANGE
+    buf = ffi.new("char[]", n[0] + 1)
+    ok(lib, lib.dc_context_id(h, buf, n[0] + 1, n))
+    return ffi.unpack(buf, n[0]).decode("utf-8")
+
+
+def state(lib, h: int) -> Tuple[int, int]:
+    word = ffi.new("uint32_t *")
+    ok(lib, lib.dc_context_state(h, word))
+    assert word[0] >> 16 == 0, hex(word[0])
+    return word[0] & 0xFF, (word[0] >> 8) & 0xFF
+
+
+def free_all(lib, *handles: int) -> None:
+    for h in handles:
+        ok(lib, lib.dc_context_free(h))
+
+
+def new_queue(lib) -> Tuple[int, int]:
+    q = ffi.new("uint64_t *")
+    fd = ffi.new("int *")
+    ok(lib, lib.dc_queue_new(q, fd))
+    assert q[0] != 0 and fd[0] >= 0
+    return q[0], fd[0]
+
+
+def drain(lib, q: int, cap: int = 64) -> List[int]:
+    buf = ffi.new("uint64_t[]", max(cap, 1))
+    n = ffi.new("size_t *")
+    ok(lib, lib.dc_queue_drain(q, buf, cap, n))
+    assert n[0] <= cap
+    return [buf[i] for i in range(n[0])]
+
+
+def readable(fd: int, timeout: float = 0.0) -> bool:
+    r, _, _ = select.select([fd], [], [], timeout)
+    return bool(r)
+
+
+def counts(lib) -> Tuple[int, int, int]:
+    gc.collect()  # free handles owned by unreachable Python objects of other tests first
+    c, q, other = ffi.new("uint64_t *"), ffi.new("uint64_t *"), ffi.new("uint64_t *")
+    ok(lib, lib.dc_handle_counts(c, q, other))
+    return c[0], q[0], other[0]
+
+
+def run_in_fresh_interpreter(function: str) -> None:
+    """Run this module's `function` in a new Python process that only dlopens the library.
+
+    Used for the log queue: it is process-wide, and once the dynamo_ctx Python
+    binding is loaded in this process its daemon thread drains it, so what this
+    process's queue holds depends on which tests ran before.
+    """
+    code = (
+        "import sys\n"
+        f"sys.path[:0] = [{str(Path(__file__).resolve().parent)!r}, {str(PACKAGE_DIR.parent)!r}]\n"
+        "import test_c_abi\n"
+        f"test_c_abi.{function}()\n"
+        "assert 'dynamo_ctx._native' not in sys.modules\n"
+        "print('done')\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout.strip() == "done", (
+        f"{function} failed in a fresh interpreter (exit {proc.returncode}):\n{proc.stderr}"
+    )
+    # The library never writes to stdout/stderr itself.
+    assert proc.stderr == "", proc.stderr
+
+
+# ---------------------------------------------------------------------------
+# Declarations vs. the generated header
+# ---------------------------------------------------------------------------
+
+
+def enum_values(text: str) -> dict:
+    return {name: int(value) for name, value in re.findall(r"\b(DC_[A-Z_]+)\s*=\s*(\d+)", text)}
+
+
+def test_enum_values_match_generated_header():
+    assert enum_values(CDEF) == ENUM_VALUES  # the two hand-written copies agree
+    if not HEADER_PATH.is_file():
+        pytest.skip(f"{HEADER_PATH} not generated (run `python build.py`)")
+    text = HEADER_PATH.read_text("utf-8")
+    header = enum_values(text)
+    # Every value written by hand here is the header's (the header may define
+    # more: the request-plane codes, which this module does not use).
+    assert {name: header.get(name) for name in ENUM_VALUES} == ENUM_VALUES
+
+
+def _header_is_stale() -> bool:
+    go_dir = PACKAGE_DIR.parents[1] / "go"
+    if not go_dir.is_dir():  # an installed wheel: the header is what was built
+        return False
+    built = HEADER_PATH.stat().st_mtime_ns
+    return any(p.stat().st_mtime_ns > built for p in go_dir.rglob("*.go"))
+
+
+def test_declared_functions_exist_in_generated_header():
+    if not HEADER_PATH.is_file():
+        pytest.skip(f"{HEADER_PATH} not generated (run `python build.py`)")
+    if _header_is_stale():
+        pytest.skip("the generated header is older than the Go sources (run `python build.py`)")
+    text = HEADER_PATH.read_text("utf-8")
+    exported = {name: args for name, args in re.findall(r"^extern [^(]*?\b(dc_\w+)\(([^)]*)\);", text, re.M)}
+    declared = {name: args for name, args in re.findall(r"\b(dc_\w+)\(([^)]*)\);", CDEF)}
+    for name, args in declared.items():
+        assert name in exported, f"{name} is not exported"
+        arity = lambda a: 0 if a.strip() in ("", "void") else a.count(",") + 1  # noqa: E731
+        assert arity(args) == arity(exported[name]), (name, args, exported[name])
+
+
+# ---------------------------------------------------------------------------
+# Library
+# ---------------------------------------------------------------------------
+
+
+def test_version(lib):
+    v = ffi.string(lib.dc_version()).decode("ascii")
+    assert re.fullmatch(r"\d+\.\d+\.\d+\S*", v), v
+    assert v == dynamo_ctx.__version__
+    assert lib.dc_version() == lib.dc_version()  # static string, same pointer
+
+
+LOADER_C = r"""
+#include <dlfcn.h>
+#include <stdint.h>
+#include <stdio.h>
+int main(int argc, char **argv) {
+    void *lib = dlopen(argv[1], RTLD_NOW | RTLD_NODELETE);
+    if (!lib) { printf("dlopen: %s\n", dlerror()); return 1; }
+    const char *(*version)(void) = (const char *(*)(void))dlsym(lib, "dc_version");
+    int (*new_uuid)(uint64_t *) = (int (*)(uint64_t *))dlsym(lib, "dc_context_new_uuid");
+    int (*kill)(uint64_t) = (int (*)(uint64_t))dlsym(lib, "dc_context_kill");
+    int (*free_)(uint64_t) = (int (*)(uint64_t))dlsym(lib, "dc_context_free");
+    uint64_t h;
+    if (new_uuid(&h) || kill(h) || free_(h)) { printf("call failed\n"); return 1; }
+    printf("%s\n", version());
+    return 0;
+}
+"""
+
+
+def test_loads_in_a_process_without_python(tmp_path):
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None or not LIB_PATH.is_file():
+        pytest.skip("needs a C compiler and the built library")
+    src, exe = tmp_path / "load.c", tmp_path / "load"
+    src.write_text(LOADER_C)
+    subprocess.run([cc, "-o", str(exe), str(src), "-ldl"], check=True, capture_output=True, timeout=120)
+    out = subprocess.run([str(exe), str(LIB_PATH)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.strip() == dynamo_ctx.__version__
+
+
+def test_last_error_buffer_protocol(lib):
+    out = ffi.new("uint64_t *")
+    rc = lib.dc_context_new(ffi.NULL, 3, out)
+    msg = expect(lib, rc, DC_EINVAL, "dc_context_new")
+    n = lib.dc_last_error(ffi.NULL, 0)  # NULL asks for the length
+    assert n == len(msg.encode())
+    small = ffi.new("char[]", b"\xaa" * 8)
+    assert lib.dc_last_error(small, 5) == n  # full length even when truncated
+    assert ffi.unpack(small, 5) == msg.encode()[:4] + b"\0"
+    assert small[5] == b"\xaa"  # nothing past cap
+    untouched = ffi.new("char[]", b"\xaa" * 4)
+    assert lib.dc_last_error(untouched, 0) == n
+    assert ffi.unpack(untouched, 4) == b"\xaa" * 4
+    # Successful calls leave the message alone.
+    h = new_ctx(lib)
+    state(lib, h)
+    free_all(lib, h)
+    assert last_error(lib) == msg
+
+
+def test_last_error_is_per_thread(lib):
+    out = ffi.new("uint64_t *")
+    expect(lib, lib.dc_context_new(b"x", 0, out), DC_EINVAL, "dc_context_new")
+    main_msg = last_error(lib)
+    seen = {}
+
+    def other():
+        seen["before"] = lib.dc_last_error(ffi.NULL, 0)  # a fresh thread has no message
+        seen["rc"] = lib.dc_context_state(0, ffi.new("uint32_t *"))
+        seen["after"] = last_error(lib)
+
+    t = threading.Thread(target=other)
+    t.start()
+    t.join(HANG)
+    assert seen["before"] == 0
+    assert seen["rc"] == DC_EBADF
+    assert "dc_context_state" in seen["after"]
+    assert last_error(lib) == main_msg
+
+
+def test_selftest_panic_is_recovered(lib):
+    before = counts(lib)
+    for _ in range(50):
+        rc = lib.dc_selftest_panic()
+        msg = expect(lib, rc, DC_EINTERNAL, "dc_selftest_panic")
+        assert DC_EINTERNAL == 1000
+        assert "panic" in msg
+    # The library keeps working, on this thread and on others.
+    h = new_ctx(lib, "after-panic")
+    ok(lib, lib.dc_context_kill(h))
+    assert state(lib, h) == (DC_KILLED, DC_REASON_KILL)
+    assert ctx_id(lib, h) == "after-panic"
+    free_all(lib, h)
+    result = {}
+    t = threading.Thread(target=lambda: result.update(rc=lib.dc_selftest_panic(), msg=last_error(lib)))
+    t.start()
+    t.join(HANG)
+    assert result["rc"] == DC_EINTERNAL and "panic" in result["msg"]
+    assert counts(lib) == before
+
+
+def test_reason_names(lib):
+    n = ffi.new("size_t *")
+    for reason, name in REASON_NAMES.items():
+        buf = ffi.new("char[64]")
+        ok(lib, lib.dc_reason_name(reason, buf, 64, n))
+        assert ffi.string(buf).decode() == name
+        assert n[0] == len(name)
+        # Too small by one (no room for the NUL): DC_ERANGE with the length.
+        exact = ffi.new("char[]", len(name))
+        expect(lib, lib.dc_reason_name(reason, exact, len(name), n), DC_ERANGE, "dc_reason_name")
+        assert n[0] == len(name)
+        expect(lib, lib.dc_reason_name(reason, ffi.NULL, 0, n), DC_ERANGE, "dc_reason_name")
+        assert n[0] == len(name)
+    for bad in (DC_REASON_NONE, 8, 255, 256 + DC_REASON_KILL, 2**32 - 1):
+        buf = ffi.new("char[64]")
+        expect(lib, lib.dc_reason_name(bad, buf, 64, n), DC_EINVAL, "dc_reason_name")
+
+
+# ---------------------------------------------------------------------------
+# Contexts: creation and ids
+# ---------------------------------------------------------------------------
+
+
+def test_create_with_id_and_uuid(lib):
+    h = new_ctx(lib, "req-42")
+    assert ctx_id(lib, h) == "req-42"
+    assert state(lib, h) == (DC_LIVE, DC_REASON_NONE)
+    u1, u2 = new_ctx(lib), new_ctx(lib)
+    s1, s2 = ctx_id(lib, u1), ctx_id(lib, u2)
+    for s in (s1, s2):
+        assert re.fullmatch(r"[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}", s), s
+        assert uuid.UUID(s).version == 4
+    assert s1 != s2
+    assert len({h, u1, u2}) == 3
+    free_all(lib, h, u1, u2)
+
+
+@pytest.mark.parametrize(
+    "id",
+    ["a", "req-42", "réq-ñ-日本語-🙂", "x" * 4096, "é" * 2048, "🙂" * 1024, "tab\tand space ", "\x01\x7f"],
+    ids=["one-byte", "ascii", "non-ascii", "4096-ascii", "4096-2byte", "4096-4byte", "whitespace", "controls"],
+)
+def test_id_round_trip(lib, id):
+    h = new_ctx(lib, id)
+    assert ctx_id(lib, h) == id
+    free_all(lib, h)
+
+
+def test_id_is_length_delimited_not_nul_terminated(lib):
+    out = ffi.new("uint64_t *")
+    raw = ffi.new("char[]", b"abcdef")  # only the first 3 bytes are the id
+    ok(lib, lib.dc_context_new(raw, 3, out))
+    assert ctx_id(lib, out[0]) == "abc"
+    free_all(lib, out[0])
+
+
+def test_context_id_buffer_too_small(lib):
+    id = "req-ünïcode-77"
+    raw = id.encode()
+    h = new_ctx(lib, id)
+    n = ffi.new("size_t *")
+    for cap in (0, 1, len(raw) // 2, len(raw)):  # len(raw) leaves no room for the NUL
+        n[0] = 12345
+        buf = ffi.new("char[]", max(cap, 1))
+        expect(lib, lib.dc_context_id(h, buf if cap else ffi.NULL, cap, n), DC_ERANGE, "dc_context_id")
+        assert n[0] == len(raw)
+    buf = ffi.new("char[]", b"\xaa" * (len(raw) + 4))
+    ok(lib, lib.dc_context_id(h, buf, n[0] + 1, n))
+    assert n[0] == len(raw)
+    assert ffi.unpack(buf, len(raw) + 2) == raw + b"\0\xaa"  # NUL-terminated, nothing past it
+    free_all(lib, h)
+
+
+def test_length_pointer_may_be_null_for_string_getters(lib):
+    h = new_ctx(lib, "req-9")
+    buf = ffi.new("char[16]")
+    ok(lib, lib.dc_context_id(h, buf, 16, ffi.NULL))
+    assert ffi.string(buf) == b"req-9"
+    expect(lib, lib.dc_context_id(h, buf, 3, ffi.NULL), DC_ERANGE, "dc_context_id")
+    ok(lib, lib.dc_reason_name(DC_REASON_KILL, buf, 16, ffi.NULL))
+    assert ffi.string(buf) == b"kill"
+    free_all(lib, h)
+
+
+@pytest.mark.parametrize(
+    "raw,length",
+    [
+        (None, 3),
+        (b"", 0),
+        (b"abc", 0),
+        (b"x" * 4097, 4097),
+        (b"\xff\xfe", 2),
+        (b"\xed\xa0\x80", 3),  # a UTF-16 surrogate, not valid UTF-8
+        (b"\xc0\xaf", 2),  # overlong encoding
+        ("日".encode()[:2], 2),  # truncated sequence
+        (b"ab\0cd", 5),
+        (b"\0", 1),
+    ],
+    ids=["null", "empty", "zero-len", "4097", "ff-fe", "surrogate", "overlong", "truncated", "nul", "only-nul"],
+)
+def test_bad_ids(lib, raw, length):
+    before = counts(lib)
+    out = ffi.new("uint64_t *", 0)
+    arg = ffi.NULL if raw is None else ffi.new("char[]", raw)
+    expect(lib, lib.dc_context_new(arg, length, out), DC_EINVAL, "dc_context_new")
+    assert out[0] == 0  # nothing stored on failure
+    assert counts(lib) == before
+
+
+def test_null_out_pointers(lib):
+    h = new_ctx(lib)
+    q, _ = new_queue(lib)
+    cases = [
+        ("dc_context_new", lambda: lib.dc_context_new(b"abc", 3, ffi.NULL)),
+        ("dc_context_new_uuid", lambda: lib.dc_context_new_uuid(ffi.NULL)),
+        ("dc_context_state", lambda: lib.dc_context_state(h, ffi.NULL)),
+        ("dc_context_state_word", lambda: lib.dc_context_state_word(h, ffi.NULL)),
+        ("dc_context_child", lambda: lib.dc_context_child(h, ffi.NULL)),
+        ("dc_queue_new", lambda: lib.dc_queue_new(ffi.NULL, ffi.new("int *"))),
+        ("dc_queue_new", lambda: lib.dc_queue_new(ffi.new("uint64_t *"), ffi.NULL)),
+        ("dc_queue_drain", lambda: lib.dc_queue_drain(q, ffi.new("uint64_t[4]"), 4, ffi.NULL)),
+        ("dc_queue_drain", lambda: lib.dc_queue_drain(q, ffi.NULL, 4, ffi.new("size_t *"))),
+        ("dc_log_fd", lambda: lib.dc_log_fd(ffi.NULL)),
+        ("dc_log_next", lambda: lib.dc_log_next(ffi.NULL, ffi.new("char[64]"), 64, ffi.new("size_t *"))),
+        ("dc_log_next", lambda: lib.dc_log_next(ffi.new("int *"), ffi.new("char[64]"), 64, ffi.NULL)),
+    ]
+    before = counts(lib)
+    for name, call in cases:
+        expect(lib, call(), DC_EINVAL, name)
+    assert counts(lib) == before  # nothing was created by the failing calls
+    # dc_handle_counts accepts NULL for either pointer.
+    ok(lib, lib.dc_handle_counts(ffi.NULL, ffi.NULL, ffi.NULL))
+    # A drain with no buffer and cap 0 is valid and takes nothing.
+    n = ffi.new("size_t *", 99)
+    ok(lib, lib.dc_queue_drain(q, ffi.NULL, 0, n))
+    assert n[0] == 0
+    free_all(lib, h)
+    ok(lib, lib.dc_queue_free(q))
+
+
+# ---------------------------------------------------------------------------
+# Contexts: state word, cancellation, children
+# ---------------------------------------------------------------------------
+
+
+def test_state_word_pointer(lib):
+    h = new_ctx(lib)
+    p = ffi.new("uint32_t **")
+    ok(lib, lib.dc_context_state_word(h, p))
+    word = p[0]
+    assert word != ffi.NULL
+    p2 = ffi.new("uint32_t **")
+    ok(lib, lib.dc_context_state_word(h, p2))
+    assert p2[0] == word  # one word per context, stable
+    assert word[0] == DC_LIVE | DC_REASON_NONE << 8
+    ok(lib, lib.dc_context_stop_generating(h))
+    # Read without calling into the library: the store happened before the call returned.
+    assert word[0] == DC_STOPPED | DC_REASON_STOP_GENERATING << 8
+    ok(lib, lib.dc_context_kill(h))
+    assert word[0] & 0xFF == DC_KILLED
+    assert (word[0] >> 8) & 0xFF == DC_REASON_KILL
+    assert word[0] >> 16 == 0
+    other = new_ctx(lib)
+    ok(lib, lib.dc_context_state_word(other, p2))
+    assert p2[0] != word and p2[0][0] == 0
+    free_all(lib, h, other)
+
+
+def test_stop_then_kill_then_stop_is_monotonic(lib):
+    h = new_ctx(lib)
+    assert state(lib, h) == (DC_LIVE, DC_REASON_NONE)
+    ok(lib, lib.dc_context_stop_generating(h))
+    assert state(lib, h) == (DC_STOPPED, DC_REASON_STOP_GENERATING)
+    ok(lib, lib.dc_context_stop_generating(h))  # idempotent
+    ok(lib, lib.dc_context_cancel(h, DC_STOPPED, DC_REASON_DEADLINE))  # already there: unchanged
+    assert state(lib, h) == (DC_STOPPED, DC_REASON_STOP_GENERATING)
+    ok(lib, lib.dc_context_kill(h))
+    assert state(lib, h) == (DC_KILLED, DC_REASON_KILL)
+    ok(lib, lib.dc_context_stop_generating(h))  # never backwards
+    ok(lib, lib.dc_context_kill(h))
+    ok(lib, lib.dc_context_cancel(h, DC_KILLED, DC_REASON_SHUTDOWN))
+    ok(lib, lib.dc_context_cancel(h, DC_STOPPED, DC_REASON_DEADLINE))
+    assert state(lib, h) == (DC_KILLED, DC_REASON_KILL)
+    # kill on a live context goes straight to KILLED.
+    k = new_ctx(lib)
+    ok(lib, lib.dc_context_kill(k))
+    assert state(lib, k) == (DC_KILLED, DC_REASON_KILL)
+    free_all(lib, h, k)
+
+
+@pytest.mark.parametrize("target", [DC_STOPPED, DC_KILLED], ids=["stopped", "killed"])
+@pytest.mark.parametrize("reason", list(ALL_REASONS), ids=[REASON_NAMES[r] for r in ALL_REASONS])
+def test_cancel_with_each_reason(lib, target, reason):
+    h = new_ctx(lib)
+    ok(lib, lib.dc_context_cancel(h, target, reason))
+    assert state(lib, h) == (target, reason)
+    free_all(lib, h)
+
+
+def test_cancel_rejects_bad_state_and_reason(lib):
+    h = new_ctx(lib)
+    for bad_state in (DC_LIVE, 3, 0x101, 2**32 - 1):
+        expect(lib, lib.dc_context_cancel(h, bad_state, DC_REASON_KILL), DC_EINVAL, "dc_context_cancel")
+    for bad_reason in (DC_REASON_NONE, 8, 255, 256 + DC_REASON_KILL, 2**32 - 1):
+        for target in (DC_STOPPED, DC_KILLED):
+            expect(lib, lib.dc_context_cancel(h, target, bad_reason), DC_EINVAL, "dc_context_cancel")
+    assert state(lib, h) == (DC_LIVE, DC_REASON_NONE)  # the rejected calls changed nothing
+    free_all(lib, h)
+
+
+def test_children_follow_parent(lib):
+    parent = new_ctx(lib, "req-7")
+    linked = new_ctx(lib, "other-id")
+    ok(lib, lib.dc_context_link_child(parent, linked))
+    child = new_child(lib, parent)
+    assert ctx_id(lib, child) == "req-7"
+    grandchild = new_child(lib, child)
+    ok(lib, lib.dc_context_stop_generating(parent))
+    for h in (linked, child, grandchild):
+        assert state(lib, h) == (DC_STOPPED, DC_REASON_PARENT)
+    ok(lib, lib.dc_context_kill(parent))
+    assert state(lib, parent) == (DC_KILLED, DC_REASON_KILL)
+    for h in (linked, child, grandchild):
+        assert state(lib, h) == (DC_KILLED, DC_REASON_PARENT)
+    free_all(lib, parent, linked, child, grandchild)
+
+
+def test_child_does_not_cancel_parent(lib):
+    parent = new_ctx(lib)
+    child = new_child(lib, parent)
+    ok(lib, lib.dc_context_kill(child))
+    assert state(lib, parent) == (DC_LIVE, DC_REASON_NONE)
+    free_all(lib, parent, child)
+
+
+def test_stopped_child_is_killed_by_parent(lib):
+    parent = new_ctx(lib)
+    child = new_child(lib, parent)
+    ok(lib, lib.dc_context_cancel(child, DC_STOPPED, DC_REASON_CLIENT_DISCONNECTED))
+    ok(lib, lib.dc_context_kill(parent))
+    assert state(lib, child) == (DC_KILLED, DC_REASON_PARENT)
+    free_all(lib, parent, child)
+
+
+@pytest.mark.parametrize("target", [DC_STOPPED, DC_KILLED], ids=["stopped", "killed"])
+def test_link_to_cancelled_parent_applies_at_once(lib, target):
+    parent = new_ctx(lib)
+    ok(lib, lib.dc_context_cancel(parent, target, DC_REASON_SHUTDOWN))
+    child = new_ctx(lib)
+    ok(lib, lib.dc_context_link_child(parent, child))
+    assert state(lib, child) == (target, DC_REASON_PARENT)
+    made = new_child(lib, parent)
+    assert state(lib, made) == (target, DC_REASON_PARENT)
+    free_all(lib, parent, child, made)
+
+
+def test_cycles_and_self_links_terminate(lib):
+    a, b, c = new_ctx(lib), new_ctx(lib), new_ctx(lib)
+    ok(lib, lib.dc_context_link_child(a, a))
+    ok(lib, lib.dc_context_link_child(a, b))
+    ok(lib, lib.dc_context_link_child(b, c))
+    ok(lib, lib.dc_context_link_child(c, a))
+    ok(lib, lib.dc_context_link_child(a, b))  # twice is the same as once
+    ok(lib, lib.dc_context_stop_generating(b))
+    assert state(lib, b) == (DC_STOPPED, DC_REASON_STOP_GENERATING)
+    assert state(lib, c) == (DC_STOPPED, DC_REASON_PARENT)
+    assert state(lib, a) == (DC_STOPPED, DC_REASON_PARENT)
+    ok(lib, lib.dc_context_kill(a))
+    assert state(lib, a) == (DC_KILLED, DC_REASON_KILL)
+    assert state(lib, b) == (DC_KILLED, DC_REASON_PARENT)
+    assert state(lib, c) == (DC_KILLED, DC_REASON_PARENT)
+    free_all(lib, a, b, c)
+
+
+def test_deep_chain(lib):
+    root = new_ctx(lib)
+    chain = [root]
+    for _ in range(5000):
+        chain.append(new_child(lib, chain[-1]))
+    ok(lib, lib.dc_context_kill(root))
+    assert state(lib, chain[-1]) == (DC_KILLED, DC_REASON_PARENT)
+    free_all(lib, *chain)
+
+
+def test_finish_unlinks_from_parents(lib):
+    parent = new_ctx(lib)
+    done = new_child(lib, parent)
+    running = new_child(lib, parent)
+    below_done = new_child(lib, done)
+    ok(lib, lib.dc_context_finish(done))
+    ok(lib, lib.dc_context_finish(done))  # idempotent
+    ok(lib, lib.dc_context_kill(parent))
+    assert state(lib, running) == (DC_KILLED, DC_REASON_PARENT)
+    assert state(lib, done) == (DC_LIVE, DC_REASON_NONE)  # no longer follows the parent
+    assert state(lib, below_done) == (DC_LIVE, DC_REASON_NONE)
+    ok(lib, lib.dc_context_stop_generating(done))  # its own children still follow it
+    assert state(lib, below_done) == (DC_STOPPED, DC_REASON_PARENT)
+    free_all(lib, parent, done, running, below_done)
+
+
+def test_freed_handle_context_keeps_propagating(lib):
+    parent = new_ctx(lib)
+    middle = new_child(lib, parent)
+    leaf = new_child(lib, middle)
+    free_all(lib, middle)  # the handle goes; the context stays in the tree
+    ok(lib, lib.dc_context_kill(parent))
+    assert state(lib, leaf) == (DC_KILLED, DC_REASON_PARENT)
+    free_all(lib, parent, leaf)
+
+
+# ---------------------------------------------------------------------------
+# Event queues
+# ---------------------------------------------------------------------------
+
+
+def test_watch_fires_once_and_fd_follows_the_queue(lib):
+    q, fd = new_queue(lib)
+    h = new_ctx(lib)
+    assert not readable(fd)
+    ok(lib, lib.dc_context_watch(h, q, DC_STOPPED, 42))
+    assert not readable(fd)
+    assert drain(lib, q) == []
+    ok(lib, lib.dc_context_stop_generating(h))
+    # The token is queued before stop_generating returns.
+    assert readable(fd)
+    assert readable(fd, HANG)
+    assert readable(fd)  # level-triggered: stays readable until drained
+    assert drain(lib, q) == [42]
+    assert not readable(fd)
+    ok(lib, lib.dc_context_kill(h))  # fired already: nothing more
+    assert not readable(fd)
+    assert drain(lib, q) == []
+    expect(lib, lib.dc_queue_unwatch(q, 42), DC_ENOENT, "dc_queue_unwatch")
+    free_all(lib, h)
+    ok(lib, lib.dc_queue_free(q))
+
+
+def test_watch_killed_ignores_stop(lib):
+    q, fd = new_queue(lib)
+    h = new_ctx(lib)
+    ok(lib, lib.dc_context_watch(h, q, DC_KILLED, 7))
+    ok(lib, lib.dc_context_stop_generating(h))
+    assert not readable(fd)
+    assert drain(lib, q) == []
+    ok(lib, lib.dc_context_kill(h))
+    assert readable(fd, HANG)
+    assert drain(lib, q) == [7]
+    free_all(lib, h)
+    ok(lib, lib.dc_queue_free(q))
+
+
+def test_watch_stopped_fires_on_kill(lib):
+    q, fd = new_queue(lib)
+    h = new_ctx(lib)
+    ok(lib, lib.dc_context_watch(h, q, DC_STOPPED, 1))
+    ok(lib, lib.dc_context_kill(h))
+    assert readable(fd, HANG)
+    assert drain(lib, q) == [1]
+    free_all(lib, h)
+    ok(lib, lib.dc_queue_free(q))
+
+
+def test_watch_fires_immediately_when_already_in_state(lib):
+    q, fd = new_queue(lib)
+    stopped, killed = new_ctx(lib), new_ctx(lib)
+    ok(lib, lib.dc_context_stop_generating(stopped))
+    ok(lib, lib.dc_context_kill(killed))
+    ok(lib, lib.dc_context_watch(stopped, q, DC_STOPPED, 10))
+    assert readable(fd)
+    assert drain(lib, q) == [10]
+    ok(lib, lib.dc_context_watch(killed, q, DC_STOPPED, 11))
+    ok(lib, lib.dc_context_watch(killed, q, DC_KILLED, 12))
+    assert drain(lib, q) == [11, 12]
+    ok(lib, lib.dc_context_watch(stopped, q, DC_KILLED, 13))  # stopped is not killed
+    assert not readable(fd)
+    assert drain(lib, q) == []
+    ok(lib, lib.dc_context_kill(stopped))
+    assert drain(lib, q) == [13]
+    assert not readable(fd)
+    free_all(lib, stopped, killed)
+    ok(lib, lib.dc_queue_free(q))
+
+
+def test_watch_sees_propagation_from_parent(lib):
+    q, fd = new_queue(lib)
+    parent = new_ctx(lib)
+    child = new_child(lib, parent)
+    ok(lib, lib.dc_context_watch(child, q, DC_KILLED, 99))
+    ok(lib, lib.dc_context_kill(parent))
+    assert readable(fd, HANG)
+    assert drain(lib, q) == [99]
+    assert state(lib, child) == (DC_KILLED, DC_REASON_PARENT)
+    free_all(lib, parent, child)
+    ok(lib, lib.dc_queue_free(q))
+
+
+def test_watch_bad_state_and_duplicate_token(lib):
+    q, _ = new_queue(lib)
+    q2, fd2 = new_queue(lib)
+    a, b = new_ctx(lib), new_ctx(lib)
+    for bad in (DC_LIVE, 3, 2**32 - 1):
+        expect(lib, lib.dc_context_watch(a, q, bad, 1), DC_EINVAL, "dc_context_watch")
+    ok(lib, lib.dc_context_watch(a, q, DC_STOPPED, 5))
+    expect(lib, lib.dc_context_watch(a, q, DC_STOPPED, 5), DC_EEXIST, "dc_context_watch")
+    expect(lib, lib.dc_context_watch(b, q, DC_KILLED, 5), DC_EEXIST, "dc_context_watch")
+    ok(lib, lib.dc_context_watch(b, q2, DC_KILLED, 5))  # tokens are per queue
+    ok(lib, lib.dc_context_kill(a))
+    assert drain(lib, q) == [5]
+    ok(lib, lib.dc_context_watch(b, q, DC_KILLED, 5))  # fired, so free again
+    ok(lib, lib.dc_context_kill(b))
+    assert drain(lib, q) == [5]
+    assert readable(fd2) and drain(lib, q2) == [5]
+    free_all(lib, a, b)
+    ok(lib, lib.dc_queue_free(q))
+    ok(lib, lib.dc_queue_free(q2))
+
+
+def test_unwatch(lib):
+    q, fd = new_queue(lib)
+    h = new_ctx(lib)
+    expect(lib, lib.dc_queue_unwatch(q, 1), DC_ENOENT, "dc_queue_unwatch")  # never registered
+    ok(lib, lib.dc_context_watch(h, q, DC_STOPPED, 1))
+    ok(lib, lib.dc_context_watch(h, q, DC_STOPPED, 2))
+    ok(lib, lib.dc_queue_unwatch(q, 1))
+    expect(lib, lib.dc_queue_unwatch(q, 1), DC_ENOENT, "dc_queue_unwatch")
+    ok(lib, lib.dc_context_kill(h))
+    assert drain(lib, q) == [2]  # the unwatched token never arrives
+    expect(lib, lib.dc_queue_unwatch(q, 2), DC_ENOENT, "dc_queue_unwatch")  # already fired
+    # Fired but not yet drained: also DC_ENOENT, and the token stays queued.
+    k = new_ctx(lib)
+    ok(lib, lib.dc_context_watch(k, q, DC_KILLED, 3))
+    ok(lib, lib.dc_context_kill(k))
+    expect(lib, lib.dc_queue_unwatch(q, 3), DC_ENOENT, "dc_queue_unwatch")
+    assert readable(fd) and drain(lib, q) == [3]
+    # An unwatched token can be watched again, and then arrives exactly once.
+    w = new_ctx(lib)
+    ok(lib, lib.dc_context_watch(w, q, DC_STOPPED, 4))
+    ok(lib, lib.dc_queue_unwatch(q, 4))
+    ok(lib, lib.dc_context_watch(w, q, DC_STOPPED, 4))
+    ok(lib, lib.dc_context_kill(w))
+    assert drain(lib, q) == [4]
+    free_all(lib, h, k, w)
+    ok(lib, lib.dc_queue_free(q))
+
+
+def test_tokens_are_fifo_and_any_64_bit_value(lib):
+    q, fd = new_queue(lib)
+    tokens = [2**64 - 1, 0, 1, 2**63, 0xDEADBEEFCAFEF00D]
+    handles = [new_ctx(lib) for _ in tokens]
+    for h, t in zip(handles, tokens):
+        ok(lib, lib.dc_context_watch(h, q, DC_KILLED, t))
+    for h in reversed(handles):
+        ok(lib, lib.dc_context_kill(h))
+    assert drain(lib, q) == list(reversed(tokens))
+    free_all(lib, *handles)
+    ok(lib, lib.dc_queue_free(q))
+
+
+def test_drain_with_small_buffers(lib):
+    q, fd = new_queue(lib)
+    handles = [new_ctx(lib) for _ in range(5)]
+    for i, h in enumerate(handles):
+        ok(lib, lib.dc_context_watch(h, q, DC_STOPPED, 100 + i))
+        ok(lib, lib.dc_context_kill(h))
+    n = ffi.new("size_t *")
+    ok(lib, lib.dc_queue_drain(q, ffi.NULL, 0, n))  # cap 0 takes nothing
+    assert n[0] == 0 and readable(fd)
+    assert drain(lib, q, 2) == [100, 101]
+    assert readable(fd)
+    assert drain(lib, q, 1) == [102]
+    assert readable(fd)
+    assert drain(lib, q, 2) == [103, 104]  # exactly cap and now empty
+    assert not readable(fd)
+    assert drain(lib, q, 2) == []
+    # Many watches on one context fire in one cancel, in no particular order.
+    one = new_ctx(lib)
+    for t in range(20):
+        ok(lib, lib.dc_context_watch(one, q, DC_KILLED, t))
+    ok(lib, lib.dc_context_kill(one))
+    got: List[int] = []
+    while readable(fd):
+        got += drain(lib, q, 3)
+    assert sorted(got) == list(range(20))
+    free_all(lib, one, *handles)
+    ok(lib, lib.dc_queue_free(q))
+
+
+def test_queue_free_with_pending_watches(lib):
+    before = counts(lib)
+    q, fd = new_queue(lib)
+    a, b = new_ctx(lib), new_ctx(lib)
+    child = new_child(lib, a)
+    ok(lib, lib.dc_context_watch(a, q, DC_STOPPED, 1))
+    ok(lib, lib.dc_context_watch(child, q, DC_KILLED, 2))
+    ok(lib, lib.dc_context_watch(b, q, DC_KILLED, 3))
+    ok(lib, lib.dc_context_kill(b))  # one token queued and never drained
+    ok(lib, lib.dc_queue_free(q))
+    # Cancelling the watched contexts afterwards is harmless.
+    ok(lib, lib.dc_context_kill(a))
+    assert state(lib, child) == (DC_KILLED, DC_REASON_PARENT)
+    expect(lib, lib.dc_queue_free(q), DC_EBADF, "dc_queue_free")
+    expect(lib, lib.dc_context_watch(a, q, DC_KILLED, 4), DC_EBADF, "dc_context_watch")
+    expect(lib, lib.dc_queue_unwatch(q, 1), DC_EBADF, "dc_queue_unwatch")
+    expect(lib, lib.dc_queue_drain(q, ffi.new("uint64_t[1]"), 1, ffi.new("size_t *")), DC_EBADF, "dc_queue_drain")
+    free_all(lib, a, b, child)
+    assert counts(lib) == before
+
+
+def test_context_free_with_pending_watch(lib):
+    q, fd = new_queue(lib)
+    parent = new_ctx(lib)
+    child = new_child(lib, parent)
+    ok(lib, lib.dc_context_watch(child, q, DC_KILLED, 8))
+    free_all(lib, child)  # the watch outlives the handle
+    ok(lib, lib.dc_context_kill(parent))
+    assert readable(fd) and drain(lib, q) == [8]
+    free_all(lib, parent)
+    ok(lib, lib.dc_queue_free(q))
+
+
+def test_queue_fds_are_pipes_closed_by_free(lib):
+    queues = [new_queue(lib) for _ in range(20)]
+    pipes = {}
+    for _, fd in queues:
+        st = os.fstat(fd)
+        assert stat.S_ISFIFO(st.st_mode)
+        pipes[fd] = (st.st_dev, st.st_ino)
+    assert len(pipes) == 20
+    for q, _ in queues:
+        ok(lib, lib.dc_queue_free(q))
+    # Each fd is closed: the number is either unused or reused for something
+    # else (the process may open files meanwhile), never still our pipe.
+    for fd, ident in pipes.items():
+        try:
+            st = os.fstat(fd)
+        except OSError:
+            continue
+        assert (st.st_dev, st.st_ino) != ident, f"fd {fd} still open after dc_queue_free"
+
+
+# ---------------------------------------------------------------------------
+# Bad handles
+# ---------------------------------------------------------------------------
+
+
+def context_calls(lib, h: int):
+    """Every function taking a context handle, called with h."""
+    n = ffi.new("size_t *")
+    return [
+        ("dc_context_id", lambda: lib.dc_context_id(h, ffi.new("char[64]"), 64, n)),
+        ("dc_context_state", lambda: lib.dc_context_state(h, ffi.new("uint32_t *"))),
+        ("dc_context_state_word", lambda: lib.dc_context_state_word(h, ffi.new("uint32_t **"))),
+        ("dc_context_cancel", lambda: lib.dc_context_cancel(h, DC_KILLED, DC_REASON_SHUTDOWN)),
+        ("dc_context_stop_generating", lambda: lib.dc_context_stop_generating(h)),
+        ("dc_context_kill", lambda: lib.dc_context_kill(h)),
+        ("dc_context_child", lambda: lib.dc_context_child(h, ffi.new("uint64_t *"))),
+        ("dc_context_finish", lambda: lib.dc_context_finish(h)),
+        ("dc_context_free", lambda: lib.dc_context_free(h)),
+    ]
+
+
+def queue_calls(lib, q: int):
+    """Every function taking a queue handle, called with q."""
+    return [
+        ("dc_queue_drain", lambda: lib.dc_queue_drain(q, ffi.new("uint64_t[4]"), 4, ffi.new("size_t *"))),
+        ("dc_queue_unwatch", lambda: lib.dc_queue_unwatch(q, 1)),
+        ("dc_queue_free", lambda: lib.dc_queue_free(q)),
+    ]
+
+
+def test_zero_freed_and_double_freed_handles(lib):
+    live = new_ctx(lib)
+    live_q, _ = new_queue(lib)
+    freed = new_ctx(lib)
+    free_all(lib, freed)
+    freed_q, _ = new_queue(lib)
+    ok(lib, lib.dc_queue_free(freed_q))
+    for bad in (0, freed):
+        for name, call in context_calls(lib, bad):
+            expect(lib, call(), DC_EBADF, name)
+        expect(lib, lib.dc_context_link_child(bad, live), DC_EBADF, "dc_context_link_child (parent)")
+        expect(lib, lib.dc_context_link_child(live, bad), DC_EBADF, "dc_context_link_child (child)")
+        expect(lib, lib.dc_context_watch(bad, live_q, DC_KILLED, 1), DC_EBADF, "dc_context_watch")
+    for bad in (0, freed_q):
+        for name, call in queue_calls(lib, bad):
+            expect(lib, call(), DC_EBADF, name)
+        expect(lib, lib.dc_context_watch(live, bad, DC_KILLED, 1), DC_EBADF, "dc_context_watch")
+    assert state(lib, live) == (DC_LIVE, DC_REASON_NONE)  # none of that touched the live one
+    free_all(lib, live)
+    expect(lib, lib.dc_context_free(live), DC_EBADF, "dc_context_free")  # double free
+    ok(lib, lib.dc_queue_free(live_q))
+    expect(lib, lib.dc_queue_free(live_q), DC_EBADF, "dc_queue_free")
+
+
+def test_wrong_kind_handles(lib):
+    h = new_ctx(lib)
+    q, _ = new_queue(lib)
+    for name, call in context_calls(lib, q):  # a queue handle where a context is expected
+        expect(lib, call(), DC_EBADF, name)
+    for name, call in queue_calls(lib, h):  # and the other way round
+        expect(lib, call(), DC_EBADF, name)
+    expect(lib, lib.dc_context_link_child(q, h), DC_EBADF, "dc_context_link_child")
+    expect(lib, lib.dc_context_watch(q, h, DC_KILLED, 1), DC_EBADF, "dc_context_watch")
+    # Both still work.
+    assert state(lib, h) == (DC_LIVE, DC_REASON_NONE)
+    assert drain(lib, q) == []
+    free_all(lib, h)
+    ok(lib, lib.dc_queue_free(q))
+
+
+def test_forged_generations_are_rejected(lib):
+    h = new_ctx(lib)
+    q, _ = new_queue(lib)
+    # Any other value in the bits above the slot index of a live handle names
+    # no live handle of the same slot.
+    for bit in range(32, 56):
+        for name, call in context_calls(lib, h ^ (1 << bit)):
+            expect(lib, call(), DC_EBADF, name)
+        for name, call in queue_calls(lib, q ^ (1 << bit)):
+            expect(lib, call(), DC_EBADF, name)
+    assert state(lib, h) == (DC_LIVE, DC_REASON_NONE)
+    free_all(lib, h)
+    ok(lib, lib.dc_queue_free(q))
+
+
+@pytest.mark.parametrize("function", ["dc_context_kill", "dc_context_stop_generating"])
+def test_shorthand_errors_name_the_function(lib, function):
+    assert getattr(lib, function)(0) == DC_EBADF
+    assert function in last_error(lib), last_error(lib)
+
+
+def test_random_handles(lib):
+    rng = random.Random(20240607)
+    before = counts(lib)
+    word = ffi.new("uint32_t *")
+    n = ffi.new("size_t *")
+    hits = 0
+    for _ in range(3000):
+        h = rng.getrandbits(64)
+        if lib.dc_context_state(h, word) == DC_OK:
+            hits += 1  # a live handle of someone else's: astronomically unlikely; leave it be
+        else:
+            assert lib.dc_context_state(h, word) == DC_EBADF
+            assert lib.dc_context_kill(h) == DC_EBADF
+            assert lib.dc_context_free(h) == DC_EBADF
+        if lib.dc_queue_drain(h, ffi.NULL, 0, n) == DC_OK:
+            hits += 1
+        else:
+            assert lib.dc_queue_drain(h, ffi.NULL, 0, n) == DC_EBADF
+            assert lib.dc_queue_unwatch(h, 1) == DC_EBADF
+            assert lib.dc_queue_free(h) == DC_EBADF
+    assert hits == 0
+    assert "bad handle" in last_error(lib)
+    assert counts(lib) == before
+
+
+# ---------------------------------------------------------------------------
+# Handle accounting and threads
+# ---------------------------------------------------------------------------
+
+
+def test_handle_counts_track_creates_and_frees(lib):
+    c0, q0, o0 = counts(lib)
+    hs = [new_ctx(lib) for _ in range(10)]
+    qs = [new_queue(lib)[0] for _ in range(3)]
+    assert counts(lib) == (c0 + 10, q0 + 3, o0)
+    free_all(lib, *hs)
+    for q in qs:
+        ok(lib, lib.dc_queue_free(q))
+    assert counts(lib) == (c0, q0, o0)
+    only = ffi.new("uint64_t *")
+    ok(lib, lib.dc_handle_counts(only, ffi.NULL, ffi.NULL))
+    assert only[0] == c0
+
+
+def test_many_create_free_cycles_leave_counts_unchanged(lib):
+    before = counts(lib)
+    out = ffi.new("uint64_t *")
+    new_uuid, new_named, free = lib.dc_context_new_uuid, lib.dc_context_new, lib.dc_context_free
+    for i in range(100_000):
+        rc = new_uuid(out) if i & 1 else new_named(b"req", 3, out)
+        assert rc == DC_OK
+        assert free(out[0]) == DC_OK
+    assert counts(lib) == before
+    q = ffi.new("uint64_t *")
+    fd = ffi.new("int *")
+    h = new_ctx(lib)
+    for i in range(2000):
+        assert lib.dc_queue_new(q, fd) == DC_OK
+        assert lib.dc_context_watch(h, q[0], DC_KILLED, i) == DC_OK
+        assert lib.dc_queue_free(q[0]) == DC_OK
+    free_all(lib, h)
+    assert counts(lib) == before
+
+
+def test_threads_create_link_kill_free(lib):
+    before = counts(lib)
+    errors: List[str] = []
+
+    def worker(k: int) -> None:
+        try:
+            out = ffi.new("uint64_t *")
+            word = ffi.new("uint32_t *")
+            bad_len = 5000 + k  # a thread-specific failure, to check messages stay per thread
+            for i in range(5000):
+                assert lib.dc_context_new_uuid(out) == DC_OK
+                parent = out[0]
+                assert lib.dc_context_new(b"linked", 6, out) == DC_OK
+                linked = out[0]
+                assert lib.dc_context_link_child(parent, linked) == DC_OK
+                assert lib.dc_context_child(parent, out) == DC_OK
+                child = out[0]
+                if i % 2:
+                    assert lib.dc_context_kill(parent) == DC_OK
+                else:
+                    assert lib.dc_context_kill(linked) == DC_OK
+                    assert lib.dc_context_kill(parent) == DC_OK
+                assert lib.dc_context_state(child, word) == DC_OK
+                assert word[0] == DC_KILLED | DC_REASON_PARENT << 8
+                assert lib.dc_context_state(linked, word) == DC_OK
+                assert word[0] & 0xFF == DC_KILLED
+                for h in (parent, linked, child):
+                    assert lib.dc_context_free(h) == DC_OK
+                if i % 500 == 0:
+                    assert lib.dc_context_new(b"x" * bad_len, bad_len, out) == DC_EINVAL
+                    assert f"got {bad_len}" in last_error(lib), last_error(lib)
+        except BaseException as exc:  # report, do not hang the join
+            errors.append(f"thread {k}: {exc!r}")
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+        assert not t.is_alive()
+    assert errors == []
+    assert counts(lib) == before
+
+
+def test_kill_races_with_linking(lib):
+    parent = new_ctx(lib)
+    linked_some = threading.Event()
+    children: List[int] = []
+
+    def linker() -> None:
+        out = ffi.new("uint64_t *")
+        for i in range(3000):
+            assert lib.dc_context_new_uuid(out) == DC_OK
+            assert lib.dc_context_link_child(parent, out[0]) == DC_OK
+            children.append(out[0])
+            if i == 100:
+                linked_some.set()
+
+    t = threading.Thread(target=linker)
+    t.start()
+    assert linked_some.wait(HANG)
+    ok(lib, lib.dc_context_kill(parent))
+    t.join(HANG)
+    assert not t.is_alive() and len(children) == 3000
+    # Each child was linked either before the kill (and propagated to) or after (and killed at once).
+    assert all(state(lib, c) == (DC_KILLED, DC_REASON_PARENT) for c in children)
+    free_all(lib, parent, *children)
+
+
+# ---------------------------------------------------------------------------
+# Logging (in a fresh interpreter: the log queue is per process)
+# ---------------------------------------------------------------------------
+
+
+def _log_next(lib, cap: int) -> Tuple[int, int, int, bytes]:
+    level = ffi.new("int *", -1)
+    n = ffi.new("size_t *")
+    buf = ffi.new("char[]", max(cap, 1))
+    rc = lib.dc_log_next(level, buf if cap else ffi.NULL, cap, n)
+    return rc, level[0], n[0], ffi.string(buf) if rc == DC_OK else b""
+
+
+def _scenario_log_records() -> None:
+    lib = load()
+    fdp = ffi.new("int *")
+    ok(lib, lib.dc_log_fd(fdp))
+    fd = fdp[0]
+    # Nothing queued at the default level (30) in a process that did nothing yet.
+    assert not readable(fd)
+    rc, _, _, _ = _log_next(lib, 256)
+    expect(lib, rc, DC_EAGAIN, "dc_log_next")
+
+    ok(lib, lib.dc_log_set_level(10))
+    assert lib.dc_selftest_panic() == DC_EINTERNAL
+    assert readable(fd, HANG)
+    rc, _, needed, _ = _log_next(lib, 4)  # tiny buffer: the record stays for the retry
+    expect(lib, rc, DC_ERANGE, "dc_log_next")
+    assert needed > 4
+    rc, _, again, _ = _log_next(lib, 0)
+    expect(lib, rc, DC_ERANGE, "dc_log_next")
+    assert again == needed
+    rc, level, n, msg = _log_next(lib, needed + 1)
+    ok(lib, rc)
+    assert level == 40 and n == needed == len(msg)
+    assert b"panic" in msg and b"dc_selftest_panic" in msg
+    rc, _, _, _ = _log_next(lib, 256)
+    assert rc == DC_EAGAIN
+    assert not readable(fd)
+
+    # Records below the level are not queued; at or above it they are.
+    ok(lib, lib.dc_log_set_level(50))
+    assert lib.dc_selftest_panic() == DC_EINTERNAL
+    assert not readable(fd)
+    assert _log_next(lib, 256)[0] == DC_EAGAIN
+    ok(lib, lib.dc_log_set_level(30))
+    assert lib.dc_selftest_panic() == DC_EINTERNAL
+    assert lib.dc_selftest_panic() == DC_EINTERNAL
+    assert readable(fd)
+    first, second = _log_next(lib, 4096), _log_next(lib, 4096)
+    assert first[0] == second[0] == DC_OK and first[1] == second[1] == 40
+    assert _log_next(lib, 4096)[0] == DC_EAGAIN
+    assert not readable(fd)
+
+
+def _scenario_log_fd_readable_after_erange() -> None:
+    lib = load()
+    fdp = ffi.new("int *")
+    ok(lib, lib.dc_log_fd(fdp))
+    ok(lib, lib.dc_log_set_level(10))
+    assert lib.dc_selftest_panic() == DC_EINTERNAL
+    assert readable(fdp[0], HANG)
+    rc, _, needed, _ = _log_next(lib, 4)
+    assert rc == DC_ERANGE
+    # The record is still waiting for dc_log_next, so by dc_log_fd's contract
+    # ("readable whenever log records are waiting") the fd must stay readable.
+    assert readable(fdp[0]), "log fd not readable while a record waits after DC_ERANGE"
+    assert _log_next(lib, needed + 1)[0] == DC_OK
+
+
+def test_log_records():
+    run_in_fresh_interpreter("_scenario_log_records")
+
+
+def test_log_fd_stays_readable_after_erange():
+    run_in_fresh_interpreter("_scenario_log_fd_readable_after_erange")
+
+
+def test_log_calls_in_process(lib):
+    fd = ffi.new("int *", -1)
+    ok(lib, lib.dc_log_fd(fd))
+    assert fd[0] >= 0
+    again = ffi.new("int *")
+    ok(lib, lib.dc_log_fd(again))
+    assert again[0] == fd[0]  # one fd for the life of the library
+    expect(lib, lib.dc_log_fd(ffi.NULL), DC_EINVAL, "dc_log_fd")

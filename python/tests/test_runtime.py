@@ -1,0 +1,388 @@
+"""The runtime and request plane (SPEC sections 3 and 5), caller and handler in one process.
+
+Cross-process cases are in test_runtime_processes.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import gc
+import uuid
+
+import pytest
+
+from dynamo_ctx import Context, DistributedRuntime, NoResponders, RuntimeClosed, StreamIncomplete
+
+HANG = 30
+
+
+@pytest.fixture(scope="module")
+def nats_url():
+    # A private embedded NATS server on an ephemeral port, kept for the module.
+    host = DistributedRuntime(nats_url="nats://127.0.0.1:0")
+    yield host.nats_url
+    host.shutdown()
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, HANG))
+
+
+class Harness:
+    """A runtime serving one endpoint (unique path per test) plus a client of it."""
+
+    def __init__(self, nats_url, handler):
+        self.runtime = DistributedRuntime(nats_url=nats_url)
+        self.path = f"test{uuid.uuid4().hex[:8]}.backend.generate"
+        self.endpoint = self.runtime.endpoint(self.path)
+        self.handler = handler
+
+    async def __aenter__(self):
+        self.serve_task = asyncio.ensure_future(self.endpoint.serve_endpoint(self.handler))
+        self.instance_id = await self.endpoint.serving()
+        self.client = await self.endpoint.client()
+        await self.client.wait_for_instances()
+        return self
+
+    async def __aexit__(self, *exc):
+        self.runtime.shutdown()
+        await asyncio.wait_for(self.serve_task, HANG)
+
+
+async def collect(stream):
+    return [item async for item in stream]
+
+
+def test_roundtrip_annotated_and_plain(nats_url):
+    async def handler(request):
+        for i in range(request["n"]):
+            yield {"i": i}
+
+    async def main():
+        async with Harness(nats_url, handler) as h:
+            assert h.client.instance_ids() == [h.instance_id]
+            items = await collect(await h.client.generate({"n": 5}))
+            assert [it.data() for it in items] == [{"i": i} for i in range(5)]
+            plain = await collect(await h.client.round_robin({"n": 3}, annotated=False))
+            assert plain == [{"i": 0}, {"i": 1}, {"i": 2}]
+            assert len(await collect(await h.client.random({"n": 2}))) == 2
+            assert len(await collect(await h.client.direct({"n": 4}, h.instance_id))) == 4
+
+    run(main())
+
+
+def test_context_id_is_relayed(nats_url):
+    seen = []
+
+    async def handler(request, context):
+        seen.append(context.id())
+        yield context.id()
+
+    async def main():
+        async with Harness(nats_url, handler) as h:
+            ctx = Context(id="req-42")
+            assert [x.data() for x in await collect(await h.client.generate({}, context=ctx))] == ["req-42"]
+            fresh = [x.data() for x in await collect(await h.client.generate({}))]
+            assert fresh[0] != "req-42" and uuid.UUID(fresh[0])
+
+    run(main())
+    assert seen[0] == "req-42"
+
+
+def test_context_parameter_detection(nats_url):
+    calls = []
+
+    async def no_context(request):
+        calls.append("plain")
+        yield 1
+
+    def deco(f):
+        @functools.wraps(f)
+        async def wrapper(*args, **kwargs):
+            async for x in f(*args, **kwargs):
+                yield x
+
+        return wrapper
+
+    @deco
+    async def wrapped(request, context):
+        calls.append(("wrapped", context.id()))
+        yield 2
+
+    class Worker:
+        async def generate(self, request, context):
+            calls.append(("method", context.id()))
+            yield 3
+
+    async def main():
+        for handler, want in ((no_context, 1), (wrapped, 2), (Worker().generate, 3)):
+            async with Harness(nats_url, handler) as h:
+                got = await collect(await h.client.generate({}, annotated=False, context=Context("cid")))
+                assert got == [want]
+
+    run(main())
+    assert calls == ["plain", ("wrapped", "cid"), ("method", "cid")]
+
+
+def test_client_stop_stops_handler_and_stream_ends_cleanly(nats_url):
+    async def handler(request, context):
+        for i in range(3):
+            yield i
+        await context.stopped()
+        yield {"stopped": context.is_stopped(), "killed": context.is_killed(), "reason": context.reason()}
+
+    async def main():
+        async with Harness(nats_url, handler) as h:
+            ctx = Context()
+            stream = await h.client.generate({}, annotated=False, context=ctx)
+            got = []
+            async for item in stream:
+                got.append(item)
+                if len(got) == 3:
+                    ctx.stop_generating()
+            assert got == [0, 1, 2, {"stopped": True, "killed": False, "reason": "stop_generating"}]
+
+    run(main())
+
+
+def test_client_kill_kills_handler(nats_url):
+    seen = {}
+
+    async def handler(request, context):
+        try:
+            yield 0
+            await context.killed()  # the dispatcher cancels the handler on kill: finally runs
+        finally:
+            seen["state"] = (context.is_stopped(), context.is_killed(), context.reason())
+            seen["done"].set()
+
+    async def main():
+        seen["done"] = asyncio.Event()
+        async with Harness(nats_url, handler) as h:
+            ctx = Context()
+            stream = await h.client.generate({}, annotated=False, context=ctx)
+            assert await stream.__anext__() == 0
+            ctx.kill()
+            await seen["done"].wait()
+            assert await collect(stream) == []
+
+    run(main())
+    assert seen["state"] == (True, True, "kill")
+
+
+def test_context_stopped_before_generate(nats_url):
+    seen = []
+
+    async def handler(request, context):
+        seen.append((context.is_stopped(), context.is_killed()))
+        i = 0
+        while not context.is_stopped():
+            yield i
+            i += 1
+
+    async def main():
+        async with Harness(nats_url, handler) as h:
+            ctx = Context()
+            ctx.stop_generating()
+            assert await collect(await h.client.generate({}, context=ctx)) == []
+
+    run(main())
+    assert seen == [(True, False)]
+
+
+def test_break_cancels_nothing(nats_url):
+    async def handler(request):
+        for i in range(6):
+            yield i
+
+    async def main():
+        async with Harness(nats_url, handler) as h:
+            stream = await h.client.generate({}, annotated=False)
+            first = []
+            async for item in stream:
+                first.append(item)
+                if len(first) == 2:
+                    break
+            rest = await collect(stream)
+            assert first + rest == list(range(6))
+
+    run(main())
+
+
+def test_aclose_and_garbage_collection_kill(nats_url):
+    reasons = []
+    done = {}
+
+    async def handler(request, context):
+        try:
+            yield 0
+            await context.killed()
+        finally:
+            reasons.append(context.reason())
+            done[len(reasons)].set()
+
+    async def main():
+        done[1], done[2] = asyncio.Event(), asyncio.Event()
+        async with Harness(nats_url, handler) as h:
+            stream = await h.client.generate({})
+            await stream.__anext__()
+            await stream.aclose()
+            await done[1].wait()
+            stream = await h.client.generate({})
+            await stream.__anext__()
+            del stream
+            gc.collect()
+            await done[2].wait()
+
+    run(main())
+    assert reasons == ["kill", "kill"]
+
+
+def test_handler_stopping_itself_is_incomplete(nats_url):
+    seen = []
+
+    async def handler(request, context):
+        yield 1
+        context.stop_generating()
+        seen.append((context.is_stopped(), context.is_killed()))
+
+    async def main():
+        async with Harness(nats_url, handler) as h:
+            stream = await h.client.generate({}, annotated=False)
+            assert await stream.__anext__() == 1
+            with pytest.raises(StreamIncomplete) as err:
+                await stream.__anext__()
+            assert str(err.value).startswith("Stream ended before generation completed")
+            assert isinstance(err.value, ValueError)
+
+    run(main())
+    assert seen == [(True, False)]
+
+
+def test_handler_exception_becomes_value_error(nats_url):
+    seen = []
+
+    async def handler(request, context):
+        yield 1
+        seen.append(context)
+        raise RuntimeError("boom")
+
+    async def main():
+        async with Harness(nats_url, handler) as h:
+            stream = await h.client.generate({}, annotated=False)
+            assert await stream.__anext__() == 1
+            with pytest.raises(ValueError) as err:
+                await stream.__anext__()
+            assert str(err.value) == (
+                "a python exception was caught while processing the async generator: RuntimeError: boom"
+            )
+            assert not isinstance(err.value, StreamIncomplete)
+
+    run(main())
+    assert not seen[0].is_stopped() and not seen[0].is_killed()
+
+
+def test_handler_ignoring_cancellation_is_closed(nats_url):
+    closed = []
+    state = {}
+
+    async def handler(request):  # never looks at a context
+        if request.get("short"):
+            yield "short"
+            return
+        i = 0
+        try:
+            while True:
+                yield i
+                i += 1
+                await asyncio.sleep(0)
+        finally:
+            closed.append(i)
+            state["closed"].set()
+
+    async def main():
+        state["closed"] = asyncio.Event()
+        async with Harness(nats_url, handler) as h:
+            ctx = Context()
+            stream = await h.client.generate({}, annotated=False, context=ctx)
+            await stream.__anext__()
+            ctx.kill()
+            await state["closed"].wait()
+            # The runtime is not kept busy by it: the next request is served.
+            assert await collect(await h.client.generate({"short": True}, annotated=False)) == ["short"]
+
+    run(main())
+    assert len(closed) == 1
+
+
+def test_kill_crosses_hops(nats_url):
+    inner_seen = {}
+
+    async def main():
+        inner_seen["killed"] = asyncio.Event()
+
+        async def inner(request, context):
+            inner_seen["id"] = context.id()
+            try:
+                yield "inner-start"
+                await context.killed()
+            finally:
+                inner_seen["reason"] = context.reason()
+                inner_seen["killed"].set()
+
+        async with Harness(nats_url, inner) as hin:
+
+            async def outer(request, context):
+                stream = await hin.client.generate(request, annotated=False, context=context)
+                async for x in stream:
+                    yield x
+
+            async with Harness(nats_url, outer) as hout:
+                ctx = Context("hop-id")
+                stream = await hout.client.generate({}, annotated=False, context=ctx)
+                assert await stream.__anext__() == "inner-start"
+                ctx.kill()
+                await inner_seen["killed"].wait()
+
+    run(main())
+    assert inner_seen["id"] == "hop-id"
+    assert inner_seen["reason"] == "kill"
+
+
+def test_no_responders(nats_url):
+    async def handler(request):
+        yield 1
+
+    async def main():
+        async with Harness(nats_url, handler) as h:
+            with pytest.raises(NoResponders):
+                await h.client.direct({}, 12345)
+
+    run(main())
+
+
+def test_errors_are_exceptions(nats_url):
+    async def main():
+        rt = DistributedRuntime(nats_url=nats_url)
+        ep = rt.endpoint(f"t{uuid.uuid4().hex[:6]}.c.e")
+        with pytest.raises(TypeError):
+
+            async def not_a_generator(request):
+                return 1
+
+            await ep.serve_endpoint(not_a_generator)
+        client = await ep.client()
+        with pytest.raises(TypeError):
+            await client.generate({"x": object()})
+        with pytest.raises(ValueError):
+            rt.endpoint("only.two")
+        with pytest.raises(ValueError):
+            rt.namespace("bad name")
+        rt.shutdown()
+        with pytest.raises(RuntimeClosed):
+            await client.generate({})
+        with pytest.raises(RuntimeClosed):
+            await ep.client()
+
+    run(main())

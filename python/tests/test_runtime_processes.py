@@ -1,0 +1,141 @@
+"""The request plane across processes: workers and callers killed with SIGKILL."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from dynamo_ctx import Context, DistributedRuntime, NoResponders, StreamIncomplete
+
+HERE = Path(__file__).resolve().parent
+HANG = 60
+
+
+@pytest.fixture(scope="module")
+def nats_url():
+    host = DistributedRuntime(nats_url="nats://127.0.0.1:0")
+    yield host.nats_url
+    host.shutdown()
+
+
+class Proc:
+    """A helper script in a subprocess whose stdout carries JSON events."""
+
+    def __init__(self, proc):
+        self.proc = proc
+
+    @classmethod
+    async def start(cls, nats_url, script, *args):
+        env = dict(os.environ, NATS_SERVER=nats_url, PYTHONPATH=str(HERE.parent))
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, str(HERE / script), *args, env=env, stdout=asyncio.subprocess.PIPE
+        )
+        return cls(proc)
+
+    async def event(self, name):
+        while True:
+            line = await asyncio.wait_for(self.proc.stdout.readline(), HANG)
+            if not line:
+                raise AssertionError(f"process exited before event {name!r}")
+            ev = json.loads(line)
+            if ev["event"] == name:
+                return ev
+
+    async def kill(self):
+        if self.proc.returncode is None:
+            self.proc.send_signal(signal.SIGKILL)
+        await self.proc.wait()
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, HANG * 2))
+
+
+def unique_path():
+    return f"proc{uuid.uuid4().hex[:8]}.worker.generate"
+
+
+def test_remote_kill_and_stop(nats_url):
+    async def main():
+        path = unique_path()
+        worker = await Proc.start(nats_url, "plane_worker.py", path)
+        try:
+            await worker.event("ready")
+            rt = DistributedRuntime(nats_url=nats_url)
+            client = await rt.endpoint(path).client()
+            await client.wait_for_instances()
+
+            assert await _collect(await client.generate({"mode": "count", "n": 5}, annotated=False)) == list(range(5))
+
+            ctx = Context("remote-kill")
+            stream = await client.generate({"mode": "wait_kill"}, annotated=False, context=ctx)
+            assert await stream.__anext__() == 0
+            ctx.kill()
+            ev = await worker.event("killed")
+            assert (ev["id"], ev["reason"], ev["stopped"]) == ("remote-kill", "kill", True)
+            rt.shutdown()
+        finally:
+            await worker.kill()
+
+    run(main())
+
+
+def test_caller_death_kills_handler_with_connection_lost(nats_url):
+    async def main():
+        path = unique_path()
+        worker = await Proc.start(nats_url, "plane_worker.py", path)
+        try:
+            await worker.event("ready")
+            caller = await Proc.start(nats_url, "plane_caller.py", path, json.dumps({"mode": "wait_kill"}))
+            await caller.event("item")
+            await caller.kill()
+            ev = await worker.event("killed")
+            assert (ev["id"], ev["reason"]) == ("caller-req", "connection_lost")
+        finally:
+            await worker.kill()
+
+    run(main())
+
+
+def test_worker_death_breaks_stream_and_instance_disappears(nats_url):
+    async def main():
+        path = unique_path()
+        worker = await Proc.start(nats_url, "plane_worker.py", path)
+        ready = await worker.event("ready")
+        rt = DistributedRuntime(nats_url=nats_url)
+        client = await rt.endpoint(path).client()
+        t0 = time.monotonic()
+        assert await client.wait_for_instances() == [ready["instance"]]
+        appeared = time.monotonic() - t0
+
+        stream = await client.generate({"mode": "forever"}, annotated=False)
+        assert await stream.__anext__() == 0
+        await worker.kill()
+        with pytest.raises(StreamIncomplete, match="^Stream ended before generation completed"):
+            async for _ in stream:
+                pass
+
+        # The dead instance fails fast, then leaves discovery.
+        with pytest.raises(NoResponders):
+            await client.direct({"mode": "count"}, ready["instance"])
+        t1 = time.monotonic()
+        while client.instance_ids():
+            assert time.monotonic() - t1 < 15, "dead instance still listed"
+            await asyncio.sleep(0.05)
+        gone = time.monotonic() - t1
+        print(f"instance appeared after {appeared:.3f}s, disappeared {gone:.3f}s after SIGKILL")
+        rt.shutdown()
+
+    run(main())
+
+
+async def _collect(stream):
+    return [x async for x in stream]

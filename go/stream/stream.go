@@ -26,7 +26,8 @@
 //     items keep flowing and the stream ends as the worker ends it.
 //   - Kill: Incoming.Kill sends one Kill frame and ends the stream for the
 //     caller at once: buffered items are dropped and Recv returns ErrKilled.
-//     The worker's Killed channel closes, its Send fails with ErrKilled
+//     The worker's Killed channel closes (Lost instead, if the connection
+//     failed before the Kill got through), its Send fails with ErrKilled
 //     immediately, and the connection is released. A Kill after the end of
 //     the stream was received changes nothing.
 //   - Early control: Stop and Kill called before the worker connected are
@@ -42,8 +43,9 @@
 //     a Send blocks while the worker's credit is exhausted: a slow consumer
 //     slows its producer and memory stays bounded. A worker that sends
 //     beyond its credit is a protocol violation that ends the stream.
-//   - Resources: each connection has at most one reader goroutine per side
-//     and no other goroutine. Every goroutine and socket is released when the
+//   - Resources: each connection has one reader goroutine per side and no
+//     other goroutine (a Server adds one accept goroutine, a connect timeout
+//     a timer). Every goroutine and socket is released when the
 //     stream ends normally, is killed, loses its peer, or its Server is
 //     closed; a graceful end (Final, Error, Kill) half-closes first and
 //     lingers at most the linger timeout for the peer, so that no frame

@@ -216,8 +216,13 @@ class Endpoint:
             raise TypeError(f"handler {handler!r} is not an async generator function")
         pass_context = _accepts_context(handler)
         lib = native()
-        ep = await asyncio.get_running_loop().run_in_executor(None, lib.endpoint_serve, self._runtime._h(), self.path)
         serving = self._serving_future()
+        try:
+            ep = await asyncio.get_running_loop().run_in_executor(None, lib.endpoint_serve, self._runtime._h(), self.path)
+        except BaseException as e:
+            if not serving.done():
+                serving.set_exception(e)
+            raise
         if not serving.done():
             serving.set_result(lib.endpoint_instance_id(ep))
         tasks: Set["asyncio.Task[None]"] = set()

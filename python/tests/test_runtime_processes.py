@@ -139,3 +139,55 @@ def test_worker_death_breaks_stream_and_instance_disappears(nats_url):
 
 async def _collect(stream):
     return [x async for x in stream]
+
+
+def test_embedded_default_is_shared_by_processes(tmp_path):
+    """With no NATS_SERVER, the first process hosts NATS on 127.0.0.1:4222 and the next joins it."""
+    script = (
+        "import asyncio, sys\n"
+        "from dynamo_ctx import DistributedRuntime\n"
+        "async def handler(request):\n"
+        "    yield 'hello from the embedded default'\n"
+        "async def main():\n"
+        "    rt = DistributedRuntime()\n"
+        "    print(rt.nats_url, flush=True)\n"
+        "    ep = rt.endpoint('embedded.default.generate')\n"
+        "    if sys.argv[1] == 'serve':\n"
+        "        t = asyncio.ensure_future(ep.serve_endpoint(handler))\n"
+        "        await ep.serving()\n"
+        "        print('serving', flush=True)\n"
+        "        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)\n"
+        "        rt.shutdown(); await t\n"
+        "    else:\n"
+        "        c = await ep.client(); await c.wait_for_instances()\n"
+        "        print([x.data() async for x in await c.generate({})][0], flush=True)\n"
+        "        rt.shutdown()\n"
+        "asyncio.run(main())\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "NATS_SERVER"}
+    env["PYTHONPATH"] = str(HERE.parent)
+
+    async def main():
+        server = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", script, "serve", env=env,
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        )
+        try:
+            url = (await asyncio.wait_for(server.stdout.readline(), HANG)).decode().strip()
+            assert url == "nats://127.0.0.1:4222"
+            assert (await asyncio.wait_for(server.stdout.readline(), HANG)).decode().strip() == "serving"
+            client = await asyncio.create_subprocess_exec(
+                sys.executable, "-c", script, "call", env=env, stdout=asyncio.subprocess.PIPE
+            )
+            out, _ = await asyncio.wait_for(client.communicate(), HANG)
+            assert out.decode().split("\n")[:2] == ["nats://127.0.0.1:4222", "hello from the embedded default"]
+            assert client.returncode == 0
+            server.stdin.write(b"\n")
+            await server.stdin.drain()
+            assert await asyncio.wait_for(server.wait(), HANG) == 0
+        finally:
+            if server.returncode is None:
+                server.kill()
+                await server.wait()
+
+    run(main())

@@ -1,0 +1,263 @@
+"""Request-plane benchmarks (SPEC section 8), printed next to their targets.
+
+Run with `python python/benchmarks/bench_plane.py` (about 15-30 s). It starts
+an ephemeral embedded NATS server (nats://127.0.0.1:0), so it never competes
+for port 4222, and a worker process (plane_bench_worker.py) pointed at it
+through NATS_SERVER. It prints figures and never asserts.
+
+Measured:
+  (a) streaming: items/s of small JSON items (ints) through one response
+      stream, worker -> client, with the worker in this process and in another
+      one, and the per-item bridge overhead (total time / items);
+  (b) remote kill: the caller's ctx.kill() -> the handler's
+      ``await context.killed()`` resolving, with the handler in another
+      process (loopback) and in this process. Both ends read CLOCK_MONOTONIC,
+      which on Linux is one clock for the whole machine, so timestamps taken
+      in two processes can be subtracted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import statistics
+import sys
+import time
+import uuid
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+from dynamo_ctx import Context, DistributedRuntime  # noqa: E402
+
+MONO = time.CLOCK_MONOTONIC
+STREAM_ITEMS = 200_000
+KILL_REQUESTS = 300
+WARMUP_ITEMS = 20_000
+WARMUP_KILLS = 20
+HANG = 120  # a bound on the whole run, so a broken plane cannot hang it
+
+# SPEC section 8 targets.
+TARGET_ITEMS_PER_S = 100_000
+TARGET_US_PER_ITEM = 10.0
+TARGET_INPROC_P50_US = 50.0
+TARGET_LOOPBACK_P50_US = 200.0
+TARGET_LOOPBACK_P99_US = 1000.0
+
+results = []  # (figure, value text, target text, meets)
+
+
+def now_ns() -> int:
+    return time.clock_gettime_ns(MONO)
+
+
+def pct(xs, p):
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(p / 100 * len(xs)))]
+
+
+def verdict(ok: bool) -> str:
+    return "meets" if ok else "misses"
+
+
+# ---------------------------------------------------------------- the handler
+# The same handler as plane_bench_worker.py, for the in-process runs; its
+# "killed" events go to a queue instead of stdout.
+_inproc_events: "asyncio.Queue[dict]"
+
+
+async def handler(request, context):
+    mode = request.get("mode")
+    if mode == "count":
+        for i in range(request["n"]):
+            yield i
+    elif mode == "wait_kill":
+        yield 0
+        woke = 0
+        try:
+            await context.killed()
+            woke = now_ns()
+        finally:
+            # The dispatcher cancels a killed handler's task: whichever of the
+            # two wakes the handler first, this is when it learned of the kill.
+            if not woke:
+                woke = now_ns()
+            _inproc_events.put_nowait({"event": "killed", "t_ns": woke, "reason": context.reason()})
+
+
+# ---------------------------------------------------------------- the worker process
+class Worker:
+    """plane_bench_worker.py in a subprocess; its stdout carries JSON events."""
+
+    def __init__(self, proc):
+        self.proc = proc
+
+    @classmethod
+    async def start(cls, nats_url: str, path: str) -> "Worker":
+        env = dict(os.environ, NATS_SERVER=nats_url)
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, str(HERE / "plane_bench_worker.py"), path,
+            env=env, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        )
+        return cls(proc)
+
+    async def event(self, name: str) -> dict:
+        while True:
+            line = await self.proc.stdout.readline()
+            if not line:
+                raise RuntimeError(f"worker exited (code {self.proc.returncode}) before event {name!r}")
+            ev = json.loads(line)
+            if ev["event"] == name:
+                return ev
+
+    async def stop(self) -> None:
+        if self.proc.returncode is None:
+            try:
+                self.proc.stdin.close()
+                await asyncio.wait_for(self.proc.wait(), 10)
+            except (asyncio.TimeoutError, OSError):
+                self.proc.kill()
+                await self.proc.wait()
+
+
+# ---------------------------------------------------------------- measurements
+async def stream_rate(client, n: int) -> float:
+    """Seconds to receive n ints through one stream (request sent to last item)."""
+    t0 = time.perf_counter()
+    stream = await client.generate({"mode": "count", "n": n}, annotated=False)
+    count = 0
+    async for _ in stream:
+        count += 1
+    dt = time.perf_counter() - t0
+    if count != n:
+        print(f"  WARNING: received {count} items, expected {n}")
+    return dt
+
+
+async def report_stream(label: str, client) -> None:
+    await stream_rate(client, WARMUP_ITEMS)
+    # Best of two: the machine has two cores and other work may land on them.
+    dt = min([await stream_rate(client, STREAM_ITEMS) for _ in range(2)])
+    rate = STREAM_ITEMS / dt
+    us = dt / STREAM_ITEMS * 1e6
+    print(f"  {label}: {STREAM_ITEMS} ints in {dt * 1e3:.0f} ms (best of 2)")
+    results.append((f"stream items/s, {label}", f"{rate:,.0f}/s", f">= {TARGET_ITEMS_PER_S:,}/s", rate >= TARGET_ITEMS_PER_S))
+    results.append((f"per-item overhead, {label}", f"{us:.2f} us", f"<= {TARGET_US_PER_ITEM:g} us", us <= TARGET_US_PER_ITEM))
+
+
+async def kill_latencies(client, n: int, next_event) -> list:
+    """ns from ctx.kill() to the handler waking from ``await context.killed()``."""
+    out = []
+    bad = 0
+    for i in range(n):
+        ctx = Context(f"bench-kill-{i}")
+        stream = await client.generate({"mode": "wait_kill"}, annotated=False, context=ctx)
+        await stream.__anext__()  # the handler runs and awaits its context
+        await asyncio.sleep(0.001)  # ... and the worker is idle, as a real one waiting would be
+        t0 = now_ns()
+        ctx.kill()
+        ev = await next_event()
+        if ev["reason"] != "kill":
+            bad += 1
+        out.append(ev["t_ns"] - t0)
+        await stream.aclose()
+    if bad:
+        print(f"  WARNING: {bad} handlers saw a reason other than 'kill'")
+    return out
+
+
+def report_kill(label: str, lat_ns: list, p50_target: float, p99_target: float = None) -> None:
+    us = [x / 1e3 for x in lat_ns]
+    p50, p99 = pct(us, 50), pct(us, 99)
+    print(
+        f"  {label}: p50 {p50:.0f} us, p90 {pct(us, 90):.0f} us, p99 {p99:.0f} us, "
+        f"max {max(us):.0f} us, mean {statistics.mean(us):.0f} us (n={len(us)})"
+    )
+    results.append((f"kill -> killed() p50, {label}", f"{p50:.0f} us", f"<= {p50_target:g} us", p50 <= p50_target))
+    if p99_target is not None:
+        results.append((f"kill -> killed() p99, {label}", f"{p99:.0f} us", f"<= {p99_target:g} us", p99 <= p99_target))
+    else:
+        results.append((f"kill -> killed() p99, {label}", f"{p99:.0f} us", "(no target)", None))
+
+
+async def local_kill_reference(n: int = 2000) -> None:
+    """Reference without the plane: Context.kill() -> await killed() on the same loop."""
+    out = []
+    for _ in range(n):
+        ctx = Context()
+        stamp = [0]
+
+        async def waiter():
+            await ctx.killed()
+            stamp[0] = now_ns()
+
+        t = asyncio.ensure_future(waiter())
+        await asyncio.sleep(0)  # the watch is registered
+        t0 = now_ns()
+        ctx.kill()
+        await t
+        out.append(stamp[0] - t0)
+    us = [x / 1e3 for x in out]
+    print(f"  reference, no plane (local Context.kill() -> killed()): p50 {pct(us, 50):.1f} us, p99 {pct(us, 99):.1f} us (n={n})")
+
+
+# ---------------------------------------------------------------- main
+async def main() -> None:
+    global _inproc_events
+    _inproc_events = asyncio.Queue()
+    t_start = time.perf_counter()
+
+    host = DistributedRuntime(nats_url="nats://127.0.0.1:0")
+    url = host.nats_url
+    print(f"dynamo-ctx request-plane benchmark: ephemeral embedded NATS at {url}, {os.cpu_count()} CPUs, Python {sys.version.split()[0]}")
+
+    # The worker process starts (imports, connects) while we measure in-process.
+    remote_path = f"bench{uuid.uuid4().hex[:8]}.worker.generate"
+    worker = await Worker.start(url, remote_path)
+    serve_task = None
+    try:
+        local = host.endpoint(f"bench{uuid.uuid4().hex[:8]}.local.generate")
+        serve_task = asyncio.ensure_future(local.serve_endpoint(handler))
+        await local.serving()
+        local_client = await local.client()
+        await local_client.wait_for_instances()
+
+        remote_ready = await worker.event("ready")
+        remote_client = await host.endpoint(remote_path).client()
+        await remote_client.wait_for_instances()
+        print(f"  worker process ready (instance {remote_ready['instance']:#x})")
+
+        print("\n(a) streaming, worker -> client, small JSON items (ints), annotated=False")
+        await report_stream("one process", local_client)
+        await report_stream("worker in another process", remote_client)
+
+        print("\n(b) remote kill: caller ctx.kill() -> handler's `await context.killed()` resolves")
+        await kill_latencies(remote_client, WARMUP_KILLS, lambda: worker.event("killed"))
+        lat = await kill_latencies(remote_client, KILL_REQUESTS, lambda: worker.event("killed"))
+        report_kill("handler in another process (loopback)", lat, TARGET_LOOPBACK_P50_US, TARGET_LOOPBACK_P99_US)
+
+        await kill_latencies(local_client, WARMUP_KILLS, _inproc_events.get)
+        lat = await kill_latencies(local_client, KILL_REQUESTS, _inproc_events.get)
+        report_kill("handler in this process", lat, TARGET_INPROC_P50_US)
+        await local_kill_reference()
+    finally:
+        await worker.stop()
+        host.shutdown()
+        if serve_task is not None:
+            await asyncio.gather(serve_task, return_exceptions=True)
+
+    print("\n(c) against SPEC section 8")
+    w = max(len(r[0]) for r in results)
+    for name, value, target, ok in results:
+        mark = "" if ok is None else verdict(ok)
+        print(f"  {name:<{w}}  {value:>12}  target {target:<14} {mark}")
+    print(f"\ntotal run time {time.perf_counter() - t_start:.1f} s")
+
+
+if __name__ == "__main__":
+    try:
+        asyncio.run(asyncio.wait_for(main(), HANG))
+    except asyncio.TimeoutError:
+        print(f"benchmark did not finish within {HANG} s")

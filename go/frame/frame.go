@@ -57,6 +57,10 @@ const (
 	Stop   Type = 5 // caller -> worker: stop generating, empty payload
 	Kill   Type = 6 // caller -> worker: abort, empty payload
 	Credit Type = 7 // caller -> worker: 4-byte BE count of more Data frames allowed
+	// Incomplete: worker -> caller, the handler stopped its own request and
+	// returned; UTF-8 detail (may be empty). Unlike a broken connection it is
+	// deliberate, so it is never retried elsewhere.
+	Incomplete Type = 8
 )
 
 func (t Type) String() string {
@@ -75,12 +79,14 @@ func (t Type) String() string {
 		return "Kill"
 	case Credit:
 		return "Credit"
+	case Incomplete:
+		return "Incomplete"
 	}
 	return fmt.Sprintf("Type(%d)", byte(t))
 }
 
 // Valid reports whether t is one of the defined frame types.
-func (t Type) Valid() bool { return t >= Hello && t <= Credit }
+func (t Type) Valid() bool { return t >= Hello && t <= Incomplete }
 
 const (
 	// HeaderSize is the size of the type byte plus the length field.
@@ -175,10 +181,19 @@ func (w *Writer) WriteFinal() error { return w.WriteFrame(Final, nil) }
 // WriteError buffers an Error frame. Invalid UTF-8 in msg is replaced by
 // U+FFFD so that the frame is always accepted by a Reader.
 func (w *Writer) WriteError(msg string) error {
-	if !utf8.ValidString(msg) {
-		msg = strings.ToValidUTF8(msg, "\uFFFD")
+	return w.WriteFrame(Error, []byte(validUTF8(msg)))
+}
+
+// WriteIncomplete buffers an Incomplete frame; msg is treated as WriteError's.
+func (w *Writer) WriteIncomplete(msg string) error {
+	return w.WriteFrame(Incomplete, []byte(validUTF8(msg)))
+}
+
+func validUTF8(s string) string {
+	if !utf8.ValidString(s) {
+		return strings.ToValidUTF8(s, "\uFFFD")
 	}
-	return w.WriteFrame(Error, []byte(msg))
+	return s
 }
 
 // WriteStop buffers the Stop frame.
@@ -270,7 +285,7 @@ func (r *Reader) ReadFrame() (Frame, error) {
 	if err != nil {
 		return Frame{}, err
 	}
-	if t == Error && !utf8.Valid(p) {
+	if (t == Error || t == Incomplete) && !utf8.Valid(p) {
 		return Frame{}, fmt.Errorf("%w: Error message is not UTF-8", ErrBadPayload)
 	}
 	return Frame{Type: t, Payload: p}, nil

@@ -94,7 +94,7 @@ func TestReaderRejects(t *testing.T) {
 		want error
 	}{
 		{"type zero", hdr(0, 0), ErrUnknownType},
-		{"type eight", hdr(8, 0), ErrUnknownType},
+		{"type nine", hdr(9, 0), ErrUnknownType},
 		{"type 255", []byte{0xFF}, ErrUnknownType},
 		{"oversize data", hdr(Data, DefaultMaxPayload+1), ErrTooLarge},
 		{"max length data", hdr(Data, 0xFFFFFFFF), ErrTooLarge},
@@ -176,4 +176,24 @@ func TestTypeString(t *testing.T) {
 	assert.Equal(t, "Credit", Credit.String())
 	assert.Equal(t, "Type(9)", Type(9).String())
 	assert.False(t, Type(0).Valid())
+}
+
+func TestIncompleteFrame(t *testing.T) {
+	b := encode(t, func(w *Writer) {
+		require.NoError(t, w.WriteIncomplete("stopped"))
+		require.NoError(t, w.WriteIncomplete("bad \xff utf8"))
+	})
+	r := NewReader(bytes.NewReader(b))
+	f, err := r.ReadFrame()
+	require.NoError(t, err)
+	assert.Equal(t, Incomplete, f.Type)
+	assert.Equal(t, "stopped", string(f.Payload))
+	assert.Equal(t, "Incomplete", f.Type.String())
+	f, err = r.ReadFrame()
+	require.NoError(t, err)
+	assert.Equal(t, "bad \uFFFD utf8", string(f.Payload))
+	// Raw invalid UTF-8 from a peer is rejected.
+	raw := []byte{byte(Incomplete), 0, 0, 0, 1, 0xff}
+	_, err = NewReader(bytes.NewReader(raw)).ReadFrame()
+	assert.ErrorIs(t, err, ErrBadPayload)
 }

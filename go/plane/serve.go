@@ -269,8 +269,9 @@ func (r *Request) run(addr, token string) {
 				_ = out.Fail(HandlerErrorPrefix + failMsg)
 			case r.Ctx.IsKilled():
 			case r.Ctx.IsStopped() && !clientStopped:
-				// The handler stopped its own request: end without the final
-				// marker, which the caller reports as incomplete.
+				// The handler stopped its own request: the caller reports it
+				// as incomplete, and migration knows not to retry it.
+				_ = out.Incomplete("the handler stopped the request")
 			default:
 				_ = out.Finish()
 			}

@@ -222,6 +222,13 @@ func (o *Outgoing) Fail(msg string) error {
 	return o.end(func(w *frame.Writer) error { return w.WriteError(msg) })
 }
 
+// Incomplete ends the stream because the handler stopped its own request:
+// the caller's Recv returns ErrStoppedByHandler after the items sent before.
+// It fails like Finish.
+func (o *Outgoing) Incomplete(msg string) error {
+	return o.end(func(w *frame.Writer) error { return w.WriteIncomplete(msg) })
+}
+
 func (o *Outgoing) end(write func(*frame.Writer) error) error {
 	o.mu.Lock()
 	err := o.stateErr()

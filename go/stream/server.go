@@ -425,6 +425,8 @@ func (in *Incoming) readLoop(r *frame.Reader) {
 				err = io.EOF
 			case frame.Error:
 				err = &HandlerError{Message: string(f.Payload)}
+			case frame.Incomplete:
+				err = ErrStoppedByHandler
 			default:
 				err = fmt.Errorf("%w: unexpected %v frame from worker", ErrIncomplete, f.Type)
 			}

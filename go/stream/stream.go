@@ -93,6 +93,17 @@ var ErrServerClosed = errors.New("stream: server closed")
 // already registered on the Server.
 var ErrDuplicateToken = errors.New("stream: token already expected")
 
+// ErrStoppedByHandler is returned by Recv when the worker's handler stopped
+// its own request and returned (Outgoing.Incomplete). It matches
+// ErrIncomplete, with which it shares its text, but unlike a broken stream it
+// was deliberate: migration must not retry it.
+var ErrStoppedByHandler = &stoppedByHandler{}
+
+type stoppedByHandler struct{}
+
+func (*stoppedByHandler) Error() string        { return ErrIncomplete.Error() }
+func (*stoppedByHandler) Is(target error) bool { return target == ErrIncomplete }
+
 // HandlerError is returned by Recv when the worker's handler failed
 // (Outgoing.Fail). Its Error method returns the worker's message unchanged,
 // so the caller can surface it verbatim.

@@ -420,6 +420,21 @@ func TestHandlerError(t *testing.T) {
 	assert.False(t, closed(o.Lost()))
 }
 
+func TestIncompleteOnPurpose(t *testing.T) {
+	s := listen(t)
+	in := s.Expect("tok")
+	defer in.Close()
+	o := dial(t, s, "tok")
+	require.NoError(t, o.Send(context.Background(), item(0)))
+	require.NoError(t, o.Incomplete("the handler stopped the request"))
+	got, err := recvAll(t, in)
+	assert.Equal(t, items(0, 1), got)
+	assert.ErrorIs(t, err, ErrStoppedByHandler)
+	assert.ErrorIs(t, err, ErrIncomplete, "callers that only know ErrIncomplete still match")
+	assert.Equal(t, "Stream ended before generation completed", err.Error())
+	waitClosed(t, o.Done(), "Done")
+}
+
 func TestUnknownTokenRejected(t *testing.T) {
 	s := listen(t)
 	in := s.Expect("known")

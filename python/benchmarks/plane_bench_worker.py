@@ -1,17 +1,24 @@
-"""The worker process of bench_plane.py.
+"""The helper process of bench_plane.py: a worker, or a caller that gets killed.
 
-Usage: python plane_bench_worker.py PATH, with NATS_SERVER in the environment
-naming the NATS server. It prints one JSON line per event on stdout:
-{"event": "ready", "instance": id} once serving, then for each "wait_kill"
-request {"event": "killed", "t_ns": ..., "reason": ...}, where t_ns is
-time.clock_gettime_ns(CLOCK_MONOTONIC) when the handler woke from
-``await context.killed()``. CLOCK_MONOTONIC is one clock for the whole
-machine on Linux, so the benchmark compares it with its own reading taken
-just before ``ctx.kill()``. It serves until its stdin closes or it is killed.
+Usage, with NATS_SERVER in the environment naming the NATS server:
 
-Requests (JSON dicts):
+  python plane_bench_worker.py serve PATH
+      Serves PATH. Prints {"event": "ready", "instance": id} once serving,
+      then serves until its stdin closes (then shuts the runtime down, so the
+      instance leaves discovery at once) or it is killed.
+  python plane_bench_worker.py call PATH
+      Sends {"mode": "wait_kill"} to PATH, prints {"event": "item"} for each
+      item and then blocks: the benchmark kills it to measure how fast the
+      worker learns that its caller died.
+
+Every event is one JSON line on stdout. Requests (JSON dicts):
   {"mode": "count", "n": N}  yields the ints 0 .. N-1 as fast as it can;
-  {"mode": "wait_kill"}      yields 0, then awaits context.killed().
+  {"mode": "forever"}        yields an int every millisecond until cancelled;
+  {"mode": "wait_kill"}      yields 0, then awaits context.killed() and prints
+      {"event": "killed", "t_ns": ..., "reason": ...}, t_ns being
+      time.clock_gettime_ns(CLOCK_MONOTONIC) when the handler woke. On Linux
+      CLOCK_MONOTONIC is one clock for the whole machine, so the benchmark
+      subtracts its own reading taken just before ``ctx.kill()``.
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dynamo_ctx import DistributedRuntime  # noqa: E402
+from dynamo_ctx import Context, DistributedRuntime  # noqa: E402
 
 MONO = time.CLOCK_MONOTONIC
 
@@ -39,6 +46,12 @@ async def handler(request, context):
     if mode == "count":
         for i in range(request["n"]):
             yield i
+    elif mode == "forever":
+        i = 0
+        while True:
+            yield i
+            i += 1
+            await asyncio.sleep(0.001)
     elif mode == "wait_kill":
         yield 0
         woke = 0
@@ -53,17 +66,27 @@ async def handler(request, context):
             record(event="killed", t_ns=woke, reason=context.reason())
 
 
-async def main():
+async def serve(path: str) -> None:
     runtime = DistributedRuntime()
-    endpoint = runtime.endpoint(sys.argv[1])
+    endpoint = runtime.endpoint(path)
     task = asyncio.ensure_future(endpoint.serve_endpoint(handler))
     record(event="ready", instance=await endpoint.serving())
-    loop = asyncio.get_running_loop()
     # Serve until the benchmark closes our stdin (or kills us).
-    await loop.run_in_executor(None, sys.stdin.read)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
     runtime.shutdown()
     await task
 
 
+async def call(path: str) -> None:
+    runtime = DistributedRuntime()
+    client = await runtime.endpoint(path).client()
+    await client.wait_for_instances()
+    stream = await client.generate({"mode": "wait_kill"}, annotated=False, context=Context("bench-dead-caller"))
+    async for _ in stream:
+        record(event="item")
+    await asyncio.Event().wait()  # until killed
+
+
 if __name__ == "__main__":
-    asyncio.run(main())
+    role, path = sys.argv[1], sys.argv[2]
+    asyncio.run(serve(path) if role == "serve" else call(path))

@@ -402,6 +402,24 @@ func dc_client_generate(h C.uint64_t, payload *C.char, payloadLen C.size_t, ctxH
 	return rcOK
 }
 
+// Sets how many times the client's requests are retried on another worker
+// when their stream breaks (migration; 0, the default, means never).
+// Errors: DC_EBADF, DC_EINVAL for a negative limit.
+//
+//export dc_client_set_migration_limit
+func dc_client_set_migration_limit(h C.uint64_t, limit C.int) (rc C.int) {
+	defer guard("dc_client_set_migration_limit", &rc)
+	if limit < 0 {
+		return fail(rcEINVAL, "dc_client_set_migration_limit: limit must be >= 0, got %d", limit)
+	}
+	cl, rc := get(clients, "dc_client_set_migration_limit", h)
+	if rc != rcOK {
+		return rc
+	}
+	cl.SetMigrationLimit(int(limit))
+	return rcOK
+}
+
 // Stops watching instances and frees the client handle.
 //
 //export dc_client_free

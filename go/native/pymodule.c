@@ -689,6 +689,16 @@ static PyObject* mod_client_generate(PyObject* m, PyObject* args) {
 
 static PyObject* mod_client_free(PyObject* m, PyObject* arg) { return call_h(arg, dc_client_free, 1); }
 
+static PyObject* mod_client_set_migration_limit(PyObject* m, PyObject* args) {
+    unsigned long long h;
+    int limit;
+    if (!PyArg_ParseTuple(args, "Ki:client_set_migration_limit", &h, &limit)) return NULL;
+    if (check_fork() < 0) return NULL;
+    int rc = dc_client_set_migration_limit(h, limit);
+    if (rc != DC_OK) return raise_rc(rc);
+    Py_RETURN_NONE;
+}
+
 static PyObject* mod_stream_started(PyObject* m, PyObject* arg) {
     uint64_t h;
     if (parse_u64(arg, &h) < 0 || check_fork() < 0) return NULL;
@@ -787,6 +797,7 @@ static PyMethodDef module_methods[] = {
     {"client_instances", mod_client_instances, METH_O, "client_instances(cl) -> list of ids"},
     {"client_generate", mod_client_generate, METH_VARARGS, "client_generate(cl, payload, ctx=None, route=0, instance=0) -> stream"},
     {"client_free", mod_client_free, METH_O, "client_free(cl)"},
+    {"client_set_migration_limit", mod_client_set_migration_limit, METH_VARARGS, "client_set_migration_limit(cl, n)"},
     {"stream_started", mod_stream_started, METH_O, "stream_started(s) -> (code, message)"},
     {"stream_take", mod_stream_take, METH_O, "stream_take(s) -> (0, [bytes]) or (code, message)"},
     {"stream_context", mod_stream_context, METH_VARARGS, "stream_context(s, cls) -> Context"},

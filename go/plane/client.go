@@ -33,6 +33,8 @@ type Client struct {
 	watcher *discovery.Watcher
 	rr      atomic.Uint64
 
+	migrationLimit atomic.Int64
+
 	mu      sync.Mutex
 	closed  bool
 	waiting []func()
@@ -154,12 +156,30 @@ func (c *Client) pick(route Route, instance uint64) (uint64, error) {
 	return ids[(c.rr.Add(1)-1)%uint64(len(ids))], nil
 }
 
+// SetMigrationLimit sets how many times Generate retries a broken stream on
+// another worker (see GenerateMigrating); 0, the default, means never.
+func (c *Client) SetMigrationLimit(n int) {
+	if n < 0 {
+		n = 0
+	}
+	c.migrationLimit.Store(int64(n))
+}
+
 // Generate sends payload (a JSON value) and returns the response stream at
 // once; the request is sent in the background and Stream.Started reports its
 // outcome. With a parent, the request's context is a new child of parent
 // (same id, linked before sending), so cancelling parent cancels the remote
-// request; without one it gets a fresh id.
+// request; without one it gets a fresh id. With a migration limit set, it is
+// GenerateMigrating.
 func (c *Client) Generate(payload []byte, parent *ctxtree.Context, route Route, instance uint64) (*Stream, error) {
+	if limit := int(c.migrationLimit.Load()); limit > 0 {
+		return c.GenerateMigrating(payload, parent, route, instance, limit)
+	}
+	return c.generateOnce(payload, parent, route, instance)
+}
+
+// generateOnce is one attempt: Generate without migration.
+func (c *Client) generateOnce(payload []byte, parent *ctxtree.Context, route Route, instance uint64) (*Stream, error) {
 	if !json.Valid(payload) {
 		return nil, ErrNotJSON
 	}
@@ -239,26 +259,62 @@ func (s *Stream) run(nc *nats.Conn, subject string, env []byte) {
 		s.end(fmt.Errorf("worker refused the request: %s", a.Error))
 		return
 	}
-	s.mu.Lock()
-	s.started = true
-	f := s.ready.take()
-	s.mu.Unlock()
-	call(f)
+	s.markStarted()
 	for {
 		item, err := s.in.Recv(context.Background())
 		if err != nil {
 			s.end(s.classify(err))
 			return
 		}
+		s.push(item)
+	}
+}
+
+func (s *Stream) markStarted() {
+	s.mu.Lock()
+	s.started = true
+	f := s.ready.take()
+	s.mu.Unlock()
+	call(f)
+}
+
+// push appends one item, then holds the producer while the buffer is full
+// (for a network stream that withholds credits, so the worker slows down).
+// Kill releases it.
+func (s *Stream) push(item []byte) {
+	s.mu.Lock()
+	s.items = append(s.items, item)
+	f := s.ready.take()
+	s.mu.Unlock()
+	call(f)
+	for {
 		s.mu.Lock()
-		s.items = append(s.items, item)
-		full := len(s.items) >= recvBuffer
-		f := s.ready.take()
+		full := len(s.items) >= recvBuffer && !s.ctx.IsKilled()
 		s.mu.Unlock()
-		call(f)
-		if full {
-			// Stop reading (and so granting credits) until the consumer takes.
-			<-s.wake
+		if !full {
+			return
+		}
+		<-s.wake
+	}
+}
+
+// next blocks until the stream has an item or ends (the error, io.EOF for a
+// normal end), or ctx is done. Only one goroutine may use it per stream.
+func (s *Stream) next(ctx context.Context) ([]byte, error) {
+	for {
+		items, err := s.Take(1)
+		if err == nil {
+			return items[0], nil
+		}
+		if err != ErrAgain {
+			return nil, err
+		}
+		ready := make(chan struct{})
+		s.armData(func() { close(ready) })
+		select {
+		case <-ready:
+		case <-ctx.Done():
+			return nil, ctx.Err()
 		}
 	}
 }
@@ -341,6 +397,37 @@ func (s *Stream) Take(max int) ([][]byte, error) {
 func (s *Stream) Arm(f func()) {
 	s.mu.Lock()
 	if len(s.items) > 0 || s.err != nil || (s.started && !s.startSeen) {
+		s.mu.Unlock()
+		f()
+		return
+	}
+	s.ready.f = f
+	s.mu.Unlock()
+}
+
+// waitStarted blocks until the request reached a worker (nil) or failed
+// before that (its error).
+func (s *Stream) waitStarted() error {
+	for {
+		s.mu.Lock()
+		started, err := s.started, s.err
+		s.mu.Unlock()
+		if started {
+			if err != nil && err != io.EOF {
+				return err
+			}
+			return nil
+		}
+		ready := make(chan struct{})
+		s.Arm(func() { close(ready) })
+		<-ready
+	}
+}
+
+// armData is Arm for a consumer that does not care about the start.
+func (s *Stream) armData(f func()) {
+	s.mu.Lock()
+	if len(s.items) > 0 || s.err != nil {
 		s.mu.Unlock()
 		f()
 		return

@@ -13,7 +13,11 @@ Measured:
       ``await context.killed()`` resolving, with the handler in another
       process (loopback) and in this process. Both ends read CLOCK_MONOTONIC,
       which on Linux is one clock for the whole machine, so timestamps taken
-      in two processes can be subtracted.
+      in two processes can be subtracted;
+  (c) each figure of (a) and (b) next to its SPEC section 8 target;
+  (d) for information (SPEC section 5 gives no number): how fast instances
+      appear and leave discovery, and how fast each side learns that the
+      other process died (SIGKILL), timed from this process in milliseconds.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from dynamo_ctx import Context, DistributedRuntime  # noqa: E402
+from dynamo_ctx import Context, DistributedRuntime, NoResponders, StreamIncomplete  # noqa: E402
 
 MONO = time.CLOCK_MONOTONIC
 STREAM_ITEMS = 200_000
@@ -88,17 +92,17 @@ async def handler(request, context):
 
 
 # ---------------------------------------------------------------- the worker process
-class Worker:
+class Helper:
     """plane_bench_worker.py in a subprocess; its stdout carries JSON events."""
 
     def __init__(self, proc):
         self.proc = proc
 
     @classmethod
-    async def start(cls, nats_url: str, path: str) -> "Worker":
+    async def start(cls, nats_url: str, role: str, path: str) -> "Helper":
         env = dict(os.environ, NATS_SERVER=nats_url)
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, str(HERE / "plane_bench_worker.py"), path,
+            sys.executable, str(HERE / "plane_bench_worker.py"), role, path,
             env=env, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
         )
         return cls(proc)
@@ -107,10 +111,16 @@ class Worker:
         while True:
             line = await self.proc.stdout.readline()
             if not line:
-                raise RuntimeError(f"worker exited (code {self.proc.returncode}) before event {name!r}")
+                raise RuntimeError(f"helper process exited (code {self.proc.returncode}) before event {name!r}")
             ev = json.loads(line)
             if ev["event"] == name:
                 return ev
+
+    def sigkill(self) -> float:
+        """SIGKILL the process; return the time.monotonic() of the signal."""
+        t0 = time.monotonic()
+        self.proc.kill()
+        return t0
 
     async def stop(self) -> None:
         if self.proc.returncode is None:
@@ -179,7 +189,7 @@ def report_kill(label: str, lat_ns: list, p50_target: float, p99_target: float =
     if p99_target is not None:
         results.append((f"kill -> killed() p99, {label}", f"{p99:.0f} us", f"<= {p99_target:g} us", p99 <= p99_target))
     else:
-        results.append((f"kill -> killed() p99, {label}", f"{p99:.0f} us", "(no target)", None))
+        results.append((f"kill -> killed() p99, {label}", f"{p99:.0f} us", "none in SPEC", None))
 
 
 async def local_kill_reference(n: int = 2000) -> None:
@@ -203,6 +213,81 @@ async def local_kill_reference(n: int = 2000) -> None:
     print(f"  reference, no plane (local Context.kill() -> killed()): p50 {pct(us, 50):.1f} us, p99 {pct(us, 99):.1f} us (n={n})")
 
 
+async def until(pred, limit: float = 15.0, step: float = 0.002) -> bool:
+    t0 = time.monotonic()
+    while not pred():
+        if time.monotonic() - t0 > limit:
+            return False
+        await asyncio.sleep(step)
+    return True
+
+
+def ms(t0: float) -> str:
+    return f"{(time.monotonic() - t0) * 1e3:.1f} ms"
+
+
+async def failure_detection(host, url, worker, remote_client, remote_path, remote_instance) -> None:
+    print("\n(d) discovery and failure detection (for information; timed in this process, so each")
+    print("    figure includes reading the helper's stdout pipe and, after SIGKILL, the kernel's teardown)")
+    # A client watching an endpoint that has no instance yet.
+    path = f"bench{uuid.uuid4().hex[:8]}.late.generate"
+    t0 = time.monotonic()
+    watching = await host.endpoint(path).client()
+    print(f"  endpoint.client() while no instance exists (query answered 'no responders'): {ms(t0)}")
+    t0 = time.monotonic()
+    try:
+        await watching.generate({"mode": "count", "n": 1})
+        print("  request with no instance known: no error (unexpected)")
+    except NoResponders as e:
+        print(f"  request with no instance known: NoResponders after {ms(t0)} ({e})")
+    late = await Helper.start(url, "serve", path)
+    try:
+        await late.event("ready")
+        t0 = time.monotonic()
+        listed = bool(watching.instance_ids())
+        await watching.wait_for_instances()
+        print(f"  new instance, watching client: {'already listed' if listed else 'listed ' + ms(t0)} when the worker's 'ready' line was read")
+        t0 = time.monotonic()
+        fresh = await host.endpoint(path).client()
+        print(f"  endpoint.client() with one live instance (query, 20 ms grace after the first reply): {ms(t0)}, lists it: {bool(fresh.instance_ids())}")
+        t0 = time.monotonic()
+        late.proc.stdin.close()  # the worker shuts its runtime down: its lease says "down"
+        gone = await until(lambda: not watching.instance_ids())
+        print(f"  worker shuts down cleanly -> instance gone from discovery: {ms(t0) if gone else 'not within 15 s'}")
+    finally:
+        await late.stop()
+
+    # The caller process dies while the worker's handler awaits its context.
+    caller = await Helper.start(url, "call", remote_path)
+    try:
+        await caller.event("item")
+        await asyncio.sleep(0.05)
+        t0 = caller.sigkill()
+        ev = await worker.event("killed")
+        print(f"  caller SIGKILLed -> handler's context killed, reason {ev['reason']!r}: {ms(t0)}")
+    finally:
+        await caller.stop()
+
+    # The worker process dies mid-stream.
+    stream = await remote_client.generate({"mode": "forever"}, annotated=False)
+    await stream.__anext__()
+    t_kill = worker.sigkill()
+    try:
+        async for _ in stream:
+            pass
+        print(f"  worker SIGKILLed mid-stream -> stream ended WITHOUT error after {ms(t_kill)} (unexpected)")
+    except StreamIncomplete as e:
+        print(f"  worker SIGKILLed mid-stream -> caller's iteration raises StreamIncomplete: {ms(t_kill)} ({e})")
+    t0 = time.monotonic()
+    try:
+        await remote_client.direct({"mode": "count", "n": 1}, remote_instance)
+        print("  request to the dead instance: no error (unexpected)")
+    except NoResponders:
+        print(f"  request to the dead instance (still listed: {remote_instance in remote_client.instance_ids()}): NoResponders after {ms(t0)}")
+    gone = await until(lambda: not remote_client.instance_ids(), step=0.01)
+    print(f"  dead instance gone from discovery (lease TTL 3 s, swept every 0.75 s): {ms(t_kill) if gone else 'not within 15 s'} after SIGKILL")
+
+
 # ---------------------------------------------------------------- main
 async def main() -> None:
     global _inproc_events
@@ -215,7 +300,7 @@ async def main() -> None:
 
     # The worker process starts (imports, connects) while we measure in-process.
     remote_path = f"bench{uuid.uuid4().hex[:8]}.worker.generate"
-    worker = await Worker.start(url, remote_path)
+    worker = await Helper.start(url, "serve", remote_path)
     serve_task = None
     try:
         local = host.endpoint(f"bench{uuid.uuid4().hex[:8]}.local.generate")
@@ -242,17 +327,19 @@ async def main() -> None:
         lat = await kill_latencies(local_client, KILL_REQUESTS, _inproc_events.get)
         report_kill("handler in this process", lat, TARGET_INPROC_P50_US)
         await local_kill_reference()
+
+        print("\n(c) against SPEC section 8")
+        w = max(len(r[0]) for r in results)
+        for name, value, target, ok in results:
+            mark = "" if ok is None else verdict(ok)
+            print(f"  {name:<{w}}  {value:>12}  target {target:<14} {mark}")
+
+        await failure_detection(host, url, worker, remote_client, remote_path, remote_ready["instance"])
     finally:
         await worker.stop()
         host.shutdown()
         if serve_task is not None:
             await asyncio.gather(serve_task, return_exceptions=True)
-
-    print("\n(c) against SPEC section 8")
-    w = max(len(r[0]) for r in results)
-    for name, value, target, ok in results:
-        mark = "" if ok is None else verdict(ok)
-        print(f"  {name:<{w}}  {value:>12}  target {target:<14} {mark}")
     print(f"\ntotal run time {time.perf_counter() - t_start:.1f} s")
 
 

@@ -244,11 +244,18 @@ class Endpoint:
             if tasks:
                 await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def client(self) -> "Client":
-        """Return a client of this endpoint (it learns the current instances first)."""
+    async def client(self, migration_limit: int = 0) -> "Client":
+        """Return a client of this endpoint (it learns the current instances first).
+
+        ``migration_limit`` is how many times a request whose stream breaks
+        (worker gone, connection lost, no responders) is retried on another
+        worker, continuing where the last one stopped (SPEC section 4).
+        """
         lib = native()
         h = await asyncio.get_running_loop().run_in_executor(None, lib.client_new, self._runtime._h(), self.path)
-        return Client(self, h)
+        client = Client(self, h)
+        client.migration_limit = migration_limit
+        return client
 
 
 async def _serve_one(lib: Any, req: int, handler: Callable[..., Any], pass_context: bool) -> None:
@@ -315,6 +322,19 @@ class Client:
         self.endpoint = endpoint
         self._lib = native()
         self._handle: Optional[int] = handle
+
+    @property
+    def migration_limit(self) -> int:
+        """Retries after the first attempt when a stream breaks (0: none)."""
+        return self._migration_limit
+
+    @migration_limit.setter
+    def migration_limit(self, n: int) -> None:
+        if not isinstance(n, int) or n < 0:
+            raise ValueError(f"migration_limit must be an int >= 0, got {n!r}")
+        self._lib.client_set_migration_limit(self._handle, n)
+        self._migration_limit = n
+        logger.debug("migration_limit for %s set to %d", self.endpoint.path, n)
 
     def instance_ids(self) -> List[int]:
         """The ids of the instances currently known."""

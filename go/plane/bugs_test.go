@@ -1,0 +1,150 @@
+package plane_test
+
+import (
+	"errors"
+	"io"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/dynamo-ctx/dynamo-ctx/go/ctxtree"
+	"github.com/dynamo-ctx/dynamo-ctx/go/plane"
+)
+
+// The tests of this file demonstrate bugs; see bugTest.
+
+const (
+	streamRun  = "plane.(*Stream).run"
+	requestRun = "plane.(*Request).run"
+)
+
+// drainAll takes whatever is left so that a failed test releases what the
+// bug held, and returns the terminal error.
+func drainAll(s *plane.Stream) error {
+	_, _, err := drain(s, 0)
+	return err
+}
+
+// A caller that shuts its runtime down while its stream's buffer is full
+// (the consumer stopped taking) leaves the stream's goroutine blocked
+// forever: Stream.run waits on s.wake, which only Take and Stream.Kill poke.
+func TestBugCallerCloseWithFullBufferLeaksStreamGoroutine(t *testing.T) {
+	bugTest(t, "client.go Stream.run blocks on <-s.wake with a full buffer; Runtime.Close "+
+		"(and a kill through the parent context) never wakes it, so the goroutine leaks")
+	const path = "test.bugclose.generate"
+	host := startEmbedded(t)
+	f := newFlood(100000)
+	serve(t, host, path, f.handle)
+	crt := join(t, host)
+	c := newClient(t, crt, path)
+	waitInstances(t, c, 1)
+
+	s := generate(t, c, `{}`, nil)
+	require.NoError(t, waitStarted(s))
+	req := recv(t, f.reqs, "the request")
+	f.waitBlocked(t)
+
+	crt.Close()
+	require.True(t, closedWithin(req.Ctx.Killed()))
+	assert.Equal(t, ctxtree.ReasonConnectionLost, req.Ctx.Reason())
+	assert.True(t, goroutineGone(streamRun, 2*time.Second),
+		"Stream.run still running after its runtime was closed")
+	assert.Error(t, drainAll(s))
+}
+
+// Same, through a kill of the caller's parent context: the worker is killed,
+// but the stream's goroutine stays blocked until someone Takes.
+func TestBugParentKillWithFullBufferLeaksStreamGoroutine(t *testing.T) {
+	bugTest(t, "client.go Stream.run blocks on <-s.wake with a full buffer; a kill "+
+		"through the parent context never wakes it")
+	const path = "test.bugparent.generate"
+	host := startEmbedded(t)
+	wrt := join(t, host)
+	f := newFlood(100000)
+	serve(t, wrt, path, f.handle)
+	c := newClient(t, host, path)
+	waitInstances(t, c, 1)
+
+	parent := ctxtree.New("frontend")
+	s := generate(t, c, `{}`, parent)
+	require.NoError(t, waitStarted(s))
+	req := recv(t, f.reqs, "the request")
+	f.waitBlocked(t)
+
+	parent.Kill()
+	require.True(t, closedWithin(req.Ctx.Killed()))
+	assert.True(t, goroutineGone(streamRun, 2*time.Second),
+		"Stream.run still running after its request was killed")
+	assert.Equal(t, io.EOF, drainAll(s))
+}
+
+// Stream.Kill pokes s.wake once, but Stream.run may use that wake-up to read
+// one more item that the Incoming still holds (the Kill frame is sent by a
+// goroutine that may not have run yet), fill the buffer again and block for
+// good. This is what dc_stream_free does to an unfinished stream.
+func TestBugStreamKillWithFullBufferLeaksStreamGoroutine(t *testing.T) {
+	bugTest(t, "client.go Stream.Kill races with Stream.run: the single wake-up is "+
+		"consumed by reading one more buffered item and the goroutine blocks for good")
+	const path = "test.bugkill.generate"
+	host := startEmbedded(t)
+	wrt := join(t, host)
+	f := newFlood(100000)
+	serve(t, wrt, path, f.handle)
+	c := newClient(t, host, path)
+	waitInstances(t, c, 1)
+
+	leaked := 0
+	for range 5 {
+		s := generate(t, c, `{}`, nil)
+		require.NoError(t, waitStarted(s))
+		req := recv(t, f.reqs, "the request")
+		f.waitBlocked(t)
+		s.Kill()
+		require.True(t, closedWithin(req.Ctx.Killed()))
+		if !goroutineGone(streamRun, time.Second) {
+			leaked++
+		}
+		assert.Equal(t, io.EOF, drainAll(s))
+		require.True(t, goroutineGone(streamRun, 2*time.Second))
+		f.sent.Store(0)
+		f.full.Store(0)
+	}
+	assert.Zero(t, leaked, "Stream.run left blocked after Kill in %d of 5 tries", leaked)
+}
+
+// A worker runtime shut down while its handler's stream is blocked on the
+// caller's flow control (the caller does not read) kills the request's
+// context, but Request.run stays blocked in Outgoing.SendBatch: nothing
+// makes the send give up on a kill that comes from the worker's side, so the
+// stream is not ended and the goroutines of the request outlive
+// Runtime.Close until the caller reads or goes away.
+func TestBugWorkerCloseWithSlowCallerLeavesRequestRunning(t *testing.T) {
+	bugTest(t, "serve.go Request.run: SendBatch(ctx, ...) waits for credit with a ctx that "+
+		"the request context's kill (Endpoint.Close/ReasonShutdown) does not cancel, so "+
+		"Runtime.Close does not end the stream")
+	const path = "test.bugshutdown.generate"
+	host := startEmbedded(t)
+	wrt := join(t, host)
+	f := newFlood(100000)
+	serve(t, wrt, path, f.handle)
+	c := newClient(t, host, path)
+	waitInstances(t, c, 1)
+
+	s := generate(t, c, `{}`, nil)
+	require.NoError(t, waitStarted(s))
+	req := recv(t, f.reqs, "the request")
+	sent := f.waitBlocked(t)
+
+	wrt.Close()
+	require.True(t, closedWithin(req.Ctx.Killed()))
+	assert.Equal(t, ctxtree.ReasonShutdown, req.Ctx.Reason())
+	assert.True(t, goroutineGone(requestRun, 2*time.Second),
+		"Request.run still running after the worker's runtime was closed")
+
+	items, _, err := drain(s, 0)
+	assert.ErrorIs(t, err, plane.ErrIncomplete)
+	assert.LessOrEqual(t, int64(len(items)), sent)
+	assert.False(t, errors.Is(err, io.EOF))
+}

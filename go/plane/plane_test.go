@@ -1,0 +1,911 @@
+package plane_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"regexp"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/dynamo-ctx/dynamo-ctx/go/ctxtree"
+	"github.com/dynamo-ctx/dynamo-ctx/go/discovery"
+	"github.com/dynamo-ctx/dynamo-ctx/go/plane"
+	"github.com/dynamo-ctx/dynamo-ctx/go/stream"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// ctxState is a snapshot of a request context, taken by a handler.
+type ctxState struct {
+	stopped, killed bool
+	reason          ctxtree.Reason
+}
+
+func snapshot(c *ctxtree.Context) ctxState {
+	return ctxState{stopped: c.IsStopped(), killed: c.IsKilled(), reason: c.Reason()}
+}
+
+// countHandler sends the number of items asked for in {"n": N}, 0..N-1,
+// then completes.
+func countHandler(req *plane.Request) {
+	var p struct {
+		N int `json:"n"`
+	}
+	if err := json.Unmarshal(req.Payload, &p); err != nil {
+		req.Fail(fmt.Sprintf("ValueError: %v", err))
+		return
+	}
+	for i := 0; i < p.N; i++ {
+		if !send(req, num(i)) {
+			return
+		}
+	}
+	req.Complete()
+}
+
+func TestRoundTripManyItemsInOrder(t *testing.T) {
+	const path, n, maxTake = "test.roundtrip.generate", 12000, 100
+	host := startEmbedded(t)
+	wrt := join(t, host)
+	serve(t, wrt, path, countHandler)
+	c := newClient(t, host, path)
+	waitInstances(t, c, 1)
+
+	s := generate(t, c, fmt.Sprintf(`{"n":%d}`, n), nil)
+	items, batches, err := drain(s, maxTake)
+	require.Equal(t, io.EOF, err)
+	requireSeq(t, items, 0, n)
+
+	largest := 0
+	for _, b := range batches {
+		require.LessOrEqual(t, b, maxTake, "Take returned more than asked for")
+		require.Positive(t, b)
+		largest = max(largest, b)
+	}
+	assert.Greater(t, largest, 1, "Take never batched (%d Takes for %d items)", len(batches), n)
+	assert.Less(t, len(batches), n, "one Take per item: no batching")
+
+	// The end is sticky and the stream reports itself finished.
+	assert.True(t, s.Finished())
+	_, err = s.Take(10)
+	assert.Equal(t, io.EOF, err)
+	assert.NoError(t, s.Started())
+	// The request's context was neither stopped nor killed by a normal end.
+	assert.False(t, s.Context().IsStopped())
+}
+
+func TestTakeHonoursMax(t *testing.T) {
+	const path, n = "test.take.generate", 300
+	host := startEmbedded(t)
+	serve(t, host, path, countHandler)
+	c := newClient(t, host, path)
+	waitInstances(t, c, 1)
+
+	for _, max := range []int{1, 7} {
+		s := generate(t, c, fmt.Sprintf(`{"n":%d}`, n), nil)
+		items, batches, err := drain(s, max)
+		require.Equal(t, io.EOF, err)
+		requireSeq(t, items, 0, n)
+		for _, b := range batches {
+			require.LessOrEqual(t, b, max)
+		}
+	}
+	// max <= 0 means "as many as allowed".
+	s := generate(t, c, fmt.Sprintf(`{"n":%d}`, n), nil)
+	items, _, err := drain(s, 0)
+	require.Equal(t, io.EOF, err)
+	requireSeq(t, items, 0, n)
+}
+
+// idHandler hands its request to the test and completes.
+func idHandler(got chan<- *plane.Request) handler {
+	return func(req *plane.Request) {
+		got <- req
+		req.Complete()
+	}
+}
+
+var uuidRE = regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$`)
+
+func TestRequestIDRelayedFromParent(t *testing.T) {
+	const path = "test.id.generate"
+	host := startEmbedded(t)
+	wrt := join(t, host)
+	got := make(chan *plane.Request, 1)
+	serve(t, wrt, path, idHandler(got))
+	c := newClient(t, host, path)
+	waitInstances(t, c, 1)
+
+	parent := ctxtree.New("req-42")
+	s := generate(t, c, `{"prompt":"hi"}`, parent)
+	// The request's context is a new child of the parent, with its id,
+	// linked before Generate returned.
+	assert.NotSame(t, parent, s.Context())
+	assert.Equal(t, "req-42", s.Context().ID())
+	assert.Equal(t, 1, parent.NumChildren())
+
+	req := recv(t, got, "the request")
+	assert.Equal(t, "req-42", req.ID)
+	assert.Equal(t, "req-42", req.Ctx.ID())
+	assert.JSONEq(t, `{"prompt":"hi"}`, string(req.Payload))
+
+	_, _, err := drain(s, 0)
+	require.Equal(t, io.EOF, err)
+	// A finished request is unlinked, so a long-lived parent does not grow.
+	assert.Equal(t, 0, parent.NumChildren())
+	assert.False(t, parent.IsStopped())
+}
+
+func TestFreshIDWithoutParent(t *testing.T) {
+	const path = "test.freshid.generate"
+	host := startEmbedded(t)
+	got := make(chan *plane.Request, 2)
+	serve(t, host, path, idHandler(got))
+	c := newClient(t, host, path)
+	waitInstances(t, c, 1)
+
+	var ids []string
+	for range 2 {
+		s := generate(t, c, `{}`, nil)
+		id := s.Context().ID()
+		assert.Regexp(t, uuidRE, id)
+		req := recv(t, got, "the request")
+		assert.Equal(t, id, req.ID)
+		assert.Equal(t, id, req.Ctx.ID())
+		_, _, err := drain(s, 0)
+		require.Equal(t, io.EOF, err)
+		ids = append(ids, id)
+	}
+	assert.NotEqual(t, ids[0], ids[1])
+}
+
+// waitKilledHandler sends items, tells the test, waits until its request is
+// killed and reports the context's state then.
+func waitKilledHandler(items int, got chan<- *plane.Request, killed chan<- ctxState) handler {
+	return func(req *plane.Request) {
+		for i := 0; i < items; i++ {
+			if !send(req, num(i)) {
+				break
+			}
+		}
+		got <- req
+		<-req.Ctx.Killed()
+		killed <- snapshot(req.Ctx)
+	}
+}
+
+func TestParentKillKillsWorkerRequest(t *testing.T) {
+	const path = "test.parentkill.generate"
+	host := startEmbedded(t)
+	wrt := join(t, host)
+	got, killed := make(chan *plane.Request, 1), make(chan ctxState, 1)
+	serve(t, wrt, path, waitKilledHandler(3, got, killed))
+	c := newClient(t, host, path)
+	waitInstances(t, c, 1)
+
+	parent := ctxtree.New("frontend-1")
+	s := generate(t, c, `{}`, parent)
+	req := recv(t, got, "the request")
+	assert.Equal(t, "frontend-1", req.ID)
+	assert.False(t, req.Ctx.IsStopped())
+
+	parent.Kill()
+	st := recv(t, killed, "the worker's context to be killed")
+	assert.Equal(t, ctxState{stopped: true, killed: true, reason: ctxtree.ReasonKill}, st)
+	assert.Equal(t, ctxtree.ReasonParent, s.Context().Reason())
+	assert.True(t, s.Context().IsKilled())
+
+	// A killed stream ends cleanly for the caller who killed it.
+	_, _, err := drain(s, 0)
+	assert.Equal(t, io.EOF, err)
+}
+
+// A kill of the parent right after Generate, before the worker even has the
+// request, still reaches the worker's context: the child was linked before
+// the request was sent.
+func TestParentKillRightAfterGenerate(t *testing.T) {
+	const path = "test.earlykill.generate"
+	host := startEmbedded(t)
+	wrt := join(t, host)
+	got, killed := make(chan *plane.Request, 8), make(chan ctxState, 8)
+	serve(t, wrt, path, waitKilledHandler(0, got, killed))
+	c := newClient(t, host, path)
+	waitInstances(t, c, 1)
+
+	for i := range 5 {
+		parent := ctxtree.New(fmt.Sprintf("early-%d", i))
+		s := generate(t, c, `{}`, parent)
+		parent.Kill()
+		req := recv(t, got, "the request")
+		assert.Equal(t, parent.ID(), req.ID)
+		st := recv(t, killed, "the worker's context to be killed")
+		assert.True(t, st.killed)
+		assert.Equal(t, ctxtree.ReasonKill, st.reason)
+		_, _, err := drain(s, 0)
+		assert.Equal(t, io.EOF, err)
+	}
+}
+
+func TestCallerStopGenerating(t *testing.T) {
+	const path, n = "test.stop.generate", 100
+	for _, via := range []string{"parent", "stream context"} {
+		t.Run(via, func(t *testing.T) {
+			host := startEmbedded(t)
+			wrt := join(t, host)
+			sent := make(chan struct{}, 1)
+			states := make(chan ctxState, 1)
+			done := make(chan *plane.Request, 1)
+			serve(t, wrt, path, func(req *plane.Request) {
+				for i := 0; i < n; i++ {
+					if !send(req, num(i)) {
+						return
+					}
+				}
+				sent <- struct{}{}
+				<-req.Ctx.Stopped()
+				states <- snapshot(req.Ctx)
+				// A producer may finish what it was doing: the tail still arrives.
+				send(req, num(n))
+				req.Complete()
+				done <- req
+			})
+			c := newClient(t, host, path)
+			waitInstances(t, c, 1)
+
+			parent := ctxtree.New("stop-me")
+			s := generate(t, c, `{}`, parent)
+			recv(t, sent, "the handler to produce its items")
+			// Nothing was taken yet: everything produced must still arrive.
+			if via == "parent" {
+				parent.StopGenerating()
+			} else {
+				s.Context().StopGenerating()
+			}
+			st := recv(t, states, "the worker's context to be stopped")
+			assert.Equal(t, ctxState{stopped: true, killed: false, reason: ctxtree.ReasonStopGenerating}, st)
+
+			items, _, err := drain(s, 0)
+			assert.Equal(t, io.EOF, err, "a stopped stream ends without error")
+			requireSeq(t, items, 0, n+1)
+			req := recv(t, done, "the handler to complete")
+			assert.False(t, req.Ctx.IsKilled(), "a stop must never become a kill")
+			assert.False(t, s.Context().IsKilled())
+		})
+	}
+}
+
+func TestCallerKill(t *testing.T) {
+	const path = "test.kill.generate"
+	host := startEmbedded(t)
+	wrt := join(t, host)
+	got, killed := make(chan *plane.Request, 1), make(chan ctxState, 1)
+	serve(t, wrt, path, waitKilledHandler(50, got, killed))
+	c := newClient(t, host, path)
+	waitInstances(t, c, 1)
+
+	s := generate(t, c, `{}`, ctxtree.New("kill-me"))
+	recv(t, got, "the request")
+	s.Kill()
+	s.Kill() // idempotent
+	st := recv(t, killed, "the worker's context to be killed")
+	assert.Equal(t, ctxState{stopped: true, killed: true, reason: ctxtree.ReasonKill}, st)
+	assert.Equal(t, ctxtree.ReasonKill, s.Context().Reason())
+
+	items, _, err := drain(s, 0)
+	assert.Equal(t, io.EOF, err)
+	assert.LessOrEqual(t, len(items), 50)
+	assert.True(t, s.Finished())
+}
+
+func TestAlreadyCancelledBeforeGenerate(t *testing.T) {
+	cases := []struct {
+		name   string
+		cancel func(*ctxtree.Context)
+		want   ctxState
+	}{
+		{"stopped", (*ctxtree.Context).StopGenerating, ctxState{stopped: true, reason: ctxtree.ReasonStopGenerating}},
+		{"killed", (*ctxtree.Context).Kill, ctxState{stopped: true, killed: true, reason: ctxtree.ReasonKill}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			const path = "test.precancelled.generate"
+			host := startEmbedded(t)
+			wrt := join(t, host)
+			seen := make(chan ctxState, 1)
+			final := make(chan ctxState, 1)
+			serve(t, wrt, path, func(req *plane.Request) {
+				// The very first thing the handler sees.
+				seen <- snapshot(req.Ctx)
+				if !req.Ctx.IsStopped() {
+					send(req, []byte(`"should not be produced"`))
+				}
+				req.Complete()
+				final <- snapshot(req.Ctx)
+			})
+			c := newClient(t, host, path)
+			waitInstances(t, c, 1)
+
+			parent := ctxtree.New("pre-" + tc.name)
+			tc.cancel(parent)
+			s := generate(t, c, `{}`, parent)
+			assert.True(t, s.Context().IsStopped())
+
+			assert.Equal(t, tc.want, recv(t, seen, "the handler"))
+			items, _, err := drain(s, 0)
+			assert.Equal(t, io.EOF, err)
+			assert.Empty(t, items)
+			assert.Equal(t, tc.want, recv(t, final, "the handler to complete"))
+		})
+	}
+}
+
+func TestHandlerStopsItselfIsIncomplete(t *testing.T) {
+	const path = "test.selfstop.generate"
+	host := startEmbedded(t)
+	wrt := join(t, host)
+	final := make(chan ctxState, 1)
+	serve(t, wrt, path, func(req *plane.Request) {
+		for i := range 3 {
+			send(req, num(i))
+		}
+		req.Ctx.StopGenerating()
+		req.Complete()
+		final <- snapshot(req.Ctx)
+	})
+	c := newClient(t, host, path)
+	waitInstances(t, c, 1)
+
+	s := generate(t, c, `{}`, ctxtree.New("self-stop"))
+	items, _, err := drain(s, 0)
+	requireSeq(t, items, 0, 3)
+	require.ErrorIs(t, err, plane.ErrIncomplete)
+	assert.True(t, strings.HasPrefix(err.Error(), "Stream ended before generation completed"), err.Error())
+	assert.Equal(t, ctxState{stopped: true, reason: ctxtree.ReasonStopGenerating}, recv(t, final, "the handler"))
+	assert.False(t, s.Context().IsStopped(), "the caller's context is not cancelled by the worker's stop")
+	// The end is sticky.
+	_, err = s.Take(0)
+	assert.ErrorIs(t, err, plane.ErrIncomplete)
+}
+
+func TestHandlerFail(t *testing.T) {
+	for _, tc := range []struct{ msg, want string }{
+		{"RuntimeError: boom", "RuntimeError: boom"},
+		{"", "unknown error"},
+	} {
+		t.Run(tc.want, func(t *testing.T) {
+			const path = "test.fail.generate"
+			host := startEmbedded(t)
+			wrt := join(t, host)
+			final := make(chan ctxState, 1)
+			serve(t, wrt, path, func(req *plane.Request) {
+				send(req, num(0))
+				send(req, num(1))
+				req.Fail(tc.msg)
+				req.Complete() // after the end: ignored
+				final <- snapshot(req.Ctx)
+			})
+			c := newClient(t, host, path)
+			waitInstances(t, c, 1)
+
+			s := generate(t, c, `{}`, ctxtree.New("fails"))
+			items, _, err := drain(s, 0)
+			requireSeq(t, items, 0, 2)
+			var he *stream.HandlerError
+			require.ErrorAs(t, err, &he)
+			assert.Equal(t, plane.HandlerErrorPrefix+tc.want, he.Message)
+			assert.Equal(t, plane.HandlerErrorPrefix+tc.want, err.Error())
+			assert.NotErrorIs(t, err, plane.ErrIncomplete)
+			assert.Equal(t, ctxState{}, recv(t, final, "the handler"), "a failure cancels nothing")
+			assert.False(t, s.Context().IsStopped())
+		})
+	}
+}
+
+// Shutting the worker's runtime down kills the requests it serves with
+// ReasonShutdown; the caller, who cancelled nothing, sees an incomplete
+// stream (which migration retries).
+func TestWorkerRuntimeCloseMidStream(t *testing.T) {
+	const path = "test.workerclose.generate"
+	host := startEmbedded(t)
+	wrt := join(t, host)
+	got, killed := make(chan *plane.Request, 1), make(chan ctxState, 1)
+	w := serve(t, wrt, path, waitKilledHandler(10, got, killed))
+	c := newClient(t, host, path)
+	waitInstances(t, c, 1)
+
+	s := generate(t, c, `{}`, ctxtree.New("shutdown"))
+	recv(t, got, "the request")
+	items, err := take(s, 10)
+	require.NoError(t, err)
+	requireSeq(t, items, 0, 10)
+
+	wrt.Close()
+	assert.True(t, closedWithin(wrt.Done()))
+	assert.True(t, closedWithin(w.ep.Done()))
+	st := recv(t, killed, "the worker's context to be killed")
+	assert.Equal(t, ctxState{stopped: true, killed: true, reason: ctxtree.ReasonShutdown}, st)
+
+	rest, _, err := drain(s, 0)
+	assert.Empty(t, rest)
+	assert.ErrorIs(t, err, plane.ErrIncomplete)
+	assert.False(t, s.Context().IsStopped())
+
+	// The instance left discovery with the endpoint.
+	_, err = w.ep.Accept()
+	assert.ErrorIs(t, err, plane.ErrClosed)
+}
+
+// Closing the caller's runtime (its stream server goes away, as when its
+// process dies) kills the worker's request with ReasonConnectionLost.
+func TestCallerRuntimeCloseIsConnectionLost(t *testing.T) {
+	const path = "test.callerclose.generate"
+	host := startEmbedded(t)
+	got, killed := make(chan *plane.Request, 1), make(chan ctxState, 1)
+	serve(t, host, path, waitKilledHandler(5, got, killed))
+	crt := join(t, host)
+	c := newClient(t, crt, path)
+	waitInstances(t, c, 1)
+
+	s := generate(t, c, `{}`, ctxtree.New("caller-dies"))
+	recv(t, got, "the request")
+	items, err := take(s, 5)
+	require.NoError(t, err)
+	requireSeq(t, items, 0, 5)
+
+	crt.Close()
+	st := recv(t, killed, "the worker's context to be killed")
+	assert.Equal(t, ctxState{stopped: true, killed: true, reason: ctxtree.ReasonConnectionLost}, st)
+
+	// The caller's own stream ends with the stream server's closing error.
+	_, _, err = drain(s, 0)
+	assert.ErrorIs(t, err, stream.ErrServerClosed)
+	assert.NotErrorIs(t, err, plane.ErrIncomplete)
+
+	_, err = c.Generate([]byte(`{}`), nil, plane.RoundRobin, 0)
+	assert.ErrorIs(t, err, plane.ErrClosed)
+}
+
+func TestDirectToUnknownInstanceIsNoResponders(t *testing.T) {
+	const path = "test.direct.generate"
+	host := startEmbedded(t)
+	w := serve(t, host, path, countHandler)
+	c := newClient(t, host, path)
+	ids := waitInstances(t, c, 1)
+	require.Equal(t, []uint64{w.ep.InstanceID()}, ids)
+
+	// Direct to the live instance works.
+	s := generateRoute(t, c, `{"n":3}`, nil, plane.Direct, w.ep.InstanceID())
+	items, _, err := drain(s, 0)
+	require.Equal(t, io.EOF, err)
+	requireSeq(t, items, 0, 3)
+
+	// Direct to an instance that never existed fails at once, well before
+	// any acknowledgement timeout.
+	parent := ctxtree.New("lost")
+	begin := time.Now()
+	s = generateRoute(t, c, `{}`, parent, plane.Direct, w.ep.InstanceID()+1)
+	err = waitStarted(s)
+	assert.ErrorIs(t, err, plane.ErrNoResponders)
+	assert.Less(t, time.Since(begin), 3*time.Second)
+	_, err = s.Take(0)
+	assert.ErrorIs(t, err, plane.ErrNoResponders)
+	assert.True(t, s.Finished())
+	assert.Equal(t, 0, parent.NumChildren(), "a failed request is unlinked from its parent")
+
+	// So does Direct to an instance that closed.
+	id := w.ep.InstanceID()
+	w.ep.Close()
+	s = generateRoute(t, c, `{}`, nil, plane.Direct, id)
+	assert.ErrorIs(t, waitStarted(s), plane.ErrNoResponders)
+}
+
+func TestNoInstances(t *testing.T) {
+	const path = "test.none.generate"
+	host := startEmbedded(t)
+	c := newClient(t, host, path)
+	assert.Empty(t, c.InstanceIDs())
+	for _, route := range []plane.Route{plane.RoundRobin, plane.Random} {
+		s := generateRoute(t, c, `{}`, nil, route, 0)
+		err := waitStarted(s)
+		assert.ErrorIs(t, err, plane.ErrNoInstances)
+		assert.ErrorIs(t, err, plane.ErrNoResponders, "migration must see it as no responders")
+		_, err = s.Take(0)
+		assert.ErrorIs(t, err, plane.ErrNoInstances)
+	}
+}
+
+// A worker whose process dies (here: its NATS connection drops without the
+// lease's "down") disappears from discovery once its lease expires, and
+// requests to it fail at once with no responders.
+func TestDeadWorkerLeaseExpires(t *testing.T) {
+	const path = "test.expiry.generate"
+	host := startEmbedded(t, shortLeases)
+	wrt := join(t, host, shortLeases)
+	w := serve(t, wrt, path, countHandler)
+	c := newClient(t, host, path)
+	require.Equal(t, []uint64{w.ep.InstanceID()}, waitInstances(t, c, 1))
+
+	// Heartbeats keep a live instance well past its TTL.
+	time.Sleep(3 * 300 * time.Millisecond)
+	require.Equal(t, []uint64{w.ep.InstanceID()}, c.InstanceIDs())
+
+	wrt.Bus().Conn().Close() // a crash: no "down" is ever sent
+	begin := time.Now()
+	for len(c.InstanceIDs()) > 0 {
+		require.Less(t, time.Since(begin), waitLimit, "dead instance never expired")
+		time.Sleep(10 * time.Millisecond)
+	}
+	// TTL 300 ms, checked every TTL/4: well under a second.
+	assert.Less(t, time.Since(begin), 2*time.Second)
+
+	s := generateRoute(t, c, `{}`, nil, plane.Direct, w.ep.InstanceID())
+	assert.ErrorIs(t, waitStarted(s), plane.ErrNoResponders)
+	s = generate(t, c, `{}`, nil)
+	assert.ErrorIs(t, waitStarted(s), plane.ErrNoInstances)
+}
+
+// A handler that produces far more than the buffers hold while the caller
+// takes nothing: Send reports ErrFull, the number of items in flight stays
+// bounded, and once the caller takes, everything arrives in order.
+func TestFlowControlBoundsMemory(t *testing.T) {
+	const path, total = "test.flow.generate", 20000
+	// Send buffer, the batch the worker is writing, the caller's stream
+	// window and the client stream's buffer: 256 items each.
+	const bound = 4 * 256
+	host := startEmbedded(t)
+	wrt := join(t, host)
+	f := newFlood(total)
+	serve(t, wrt, path, f.handle)
+	c := newClient(t, host, path)
+	waitInstances(t, c, 1)
+
+	s := generate(t, c, `{}`, nil)
+	require.NoError(t, waitStarted(s))
+	queued := f.waitBlocked(t)
+	assert.Positive(t, f.full.Load(), "Send never reported ErrFull")
+	assert.LessOrEqual(t, queued, int64(bound), "items queued while the caller does not read")
+	assert.GreaterOrEqual(t, queued, int64(256), "the pipeline should hold at least one buffer")
+
+	items, _, err := drain(s, 0)
+	require.Equal(t, io.EOF, err)
+	requireSeq(t, items, 0, total)
+	assert.Equal(t, int64(total), f.sent.Load())
+}
+
+func TestArmEndpoint(t *testing.T) {
+	const path = "test.armep.generate"
+	host := startEmbedded(t)
+	ep, err := host.Serve(path, nil)
+	require.NoError(t, err)
+	t.Cleanup(ep.Close)
+	c := newClient(t, host, path)
+	waitInstances(t, c, 1)
+
+	_, err = ep.Accept()
+	require.ErrorIs(t, err, plane.ErrAgain)
+
+	// Nothing pending: the function waits.
+	var fired atomic.Int32
+	ch := make(chan struct{}, 4)
+	ep.Arm(func() { fired.Add(1); ch <- struct{}{} })
+	assert.Zero(t, fired.Load())
+
+	// It fires once when a request arrives...
+	s1 := generate(t, c, `{}`, nil)
+	recv(t, ch, "the endpoint's Arm")
+	r1, err := ep.Accept()
+	require.NoError(t, err)
+	// ...and not again for the next one (it is one-shot).
+	s2 := generate(t, c, `{}`, nil)
+	require.NoError(t, waitArm(ep.Arm))
+	r2, err := ep.Accept()
+	require.NoError(t, err)
+	assert.Equal(t, int32(1), fired.Load())
+	assert.NotEqual(t, r1.ID, r2.ID)
+
+	// With a request pending it fires at once, on the calling goroutine.
+	s3 := generate(t, c, `{}`, nil)
+	require.NoError(t, waitArm(ep.Arm))
+	now := false
+	ep.Arm(func() { now = true })
+	assert.True(t, now)
+	r3, err := ep.Accept()
+	require.NoError(t, err)
+
+	for _, r := range []*plane.Request{r1, r2, r3} {
+		r.Complete()
+	}
+	for _, s := range []*plane.Stream{s1, s2, s3} {
+		_, _, err := drain(s, 0)
+		assert.Equal(t, io.EOF, err)
+	}
+
+	// An Arm pending at Close fires; after Close it fires at once and
+	// Accept reports ErrClosed.
+	closedFired := make(chan struct{}, 1)
+	ep.Arm(func() { closedFired <- struct{}{} })
+	ep.Close()
+	recv(t, closedFired, "the Arm pending at Close")
+	now = false
+	ep.Arm(func() { now = true })
+	assert.True(t, now)
+	_, err = ep.Accept()
+	assert.ErrorIs(t, err, plane.ErrClosed)
+}
+
+func TestArmStreamAndRequest(t *testing.T) {
+	const path = "test.armstream.generate"
+	host := startEmbedded(t)
+	wrt := join(t, host)
+	reqs := make(chan *plane.Request, 1)
+	goOn := make(chan int)
+	finished := make(chan struct{})
+	serve(t, wrt, path, func(req *plane.Request) {
+		// Room in the buffer: Request.Arm fires at once.
+		now := false
+		req.Arm(func() { now = true })
+		if !now {
+			req.Fail("AssertionError: Request.Arm did not fire at once with room in the buffer")
+			return
+		}
+		reqs <- req
+		for i := range goOn {
+			send(req, num(i))
+		}
+		req.Complete()
+		// After the end: at once as well.
+		now = false
+		req.Arm(func() { now = true })
+		if now {
+			close(finished)
+		}
+	})
+	c := newClient(t, host, path)
+	waitInstances(t, c, 1)
+
+	s := generate(t, c, `{}`, nil)
+	require.NoError(t, waitStarted(s))
+	recv(t, reqs, "the request")
+
+	// Started was seen and nothing is buffered: Arm waits.
+	var fired atomic.Int32
+	ch := make(chan struct{}, 4)
+	s.Arm(func() { fired.Add(1); ch <- struct{}{} })
+	assert.Zero(t, fired.Load())
+	_, err := s.Take(0)
+	assert.ErrorIs(t, err, plane.ErrAgain)
+
+	goOn <- 0
+	recv(t, ch, "the stream's Arm")
+	items, err := s.Take(0)
+	require.NoError(t, err)
+	requireSeq(t, items, 0, 1)
+
+	// One-shot: the next item does not fire it again.
+	goOn <- 1
+	require.NoError(t, waitArm(s.Arm))
+	// With an item buffered, Arm fires at once on the calling goroutine.
+	now := false
+	s.Arm(func() { now = true })
+	assert.True(t, now)
+	items, err = s.Take(0)
+	require.NoError(t, err)
+	requireSeq(t, items, 1, 1)
+	assert.Equal(t, int32(1), fired.Load())
+
+	close(goOn)
+	_, _, err = drain(s, 0)
+	assert.Equal(t, io.EOF, err)
+	// After the end, Arm fires at once.
+	now = false
+	s.Arm(func() { now = true })
+	assert.True(t, now)
+	assert.True(t, closedWithin(finished), "Request.Arm did not fire at once after Complete")
+}
+
+func TestArmInstances(t *testing.T) {
+	const path = "test.arminst.generate"
+	host := startEmbedded(t)
+	c := newClient(t, host, path)
+
+	var fired atomic.Int32
+	ch := make(chan struct{}, 4)
+	c.ArmInstances(func() { fired.Add(1); ch <- struct{}{} })
+	assert.Zero(t, fired.Load())
+
+	w := serve(t, host, path, countHandler)
+	recv(t, ch, "ArmInstances")
+	assert.Equal(t, []uint64{w.ep.InstanceID()}, c.InstanceIDs())
+
+	now := false
+	c.ArmInstances(func() { now = true })
+	assert.True(t, now)
+
+	// A client that closes releases its waiters.
+	other := newClient(t, host, "test.arminst.nobody")
+	closed := make(chan struct{}, 1)
+	other.ArmInstances(func() { closed <- struct{}{} })
+	other.Close()
+	recv(t, closed, "ArmInstances at Close")
+	_, err := other.Generate([]byte(`{}`), nil, plane.RoundRobin, 0)
+	assert.ErrorIs(t, err, plane.ErrClosed)
+	assert.Equal(t, int32(1), fired.Load())
+}
+
+// Fifty streams at once on one client: every handler waits until all fifty
+// requests are being served before it produces anything.
+func TestConcurrentStreams(t *testing.T) {
+	const path, streams, n = "test.concurrent.generate", 50, 300
+	host := startEmbedded(t)
+	wrt := join(t, host)
+	var arrived atomic.Int32
+	all := make(chan struct{})
+	serve(t, wrt, path, func(req *plane.Request) {
+		if arrived.Add(1) == streams {
+			close(all)
+		}
+		select {
+		case <-all:
+		case <-req.Ctx.Killed():
+			return
+		}
+		for i := 0; i < n; i++ {
+			if !send(req, []byte(fmt.Sprintf(`{"id":%q,"i":%d}`, req.ID, i))) {
+				return
+			}
+		}
+		req.Complete()
+	})
+	c := newClient(t, host, path)
+	waitInstances(t, c, 1)
+
+	var wg sync.WaitGroup
+	errs := make(chan error, streams)
+	for k := range streams {
+		id := fmt.Sprintf("req-%d", k)
+		s := generate(t, c, `{}`, ctxtree.New(id))
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			items, _, err := drain(s, 64)
+			if err != io.EOF {
+				errs <- fmt.Errorf("%s: ended with %v", id, err)
+				return
+			}
+			if len(items) != n {
+				errs <- fmt.Errorf("%s: %d items, want %d", id, len(items), n)
+				return
+			}
+			for i, it := range items {
+				var v struct {
+					ID string `json:"id"`
+					I  int    `json:"i"`
+				}
+				if err := json.Unmarshal(it, &v); err != nil || v.ID != id || v.I != i {
+					errs <- fmt.Errorf("%s: item %d is %s", id, i, it)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	assert.Equal(t, int32(streams), arrived.Load())
+}
+
+func TestRoundRobinAndDirectAcrossInstances(t *testing.T) {
+	const path, rounds = "test.rr.generate", 10
+	host := startEmbedded(t)
+	wrt := join(t, host)
+	tagged := func(tag string) handler {
+		return func(req *plane.Request) {
+			send(req, []byte(fmt.Sprintf("%q", tag)))
+			req.Complete()
+		}
+	}
+	a := serve(t, wrt, path, tagged("a"))
+	b := serve(t, wrt, path, tagged("b"))
+	c := newClient(t, host, path)
+	waitInstances(t, c, 2)
+	byID := map[uint64]string{a.ep.InstanceID(): "a", b.ep.InstanceID(): "b"}
+
+	one := func(route plane.Route, id uint64) string {
+		s := generateRoute(t, c, `{}`, nil, route, id)
+		items, _, err := drain(s, 0)
+		require.Equal(t, io.EOF, err)
+		require.Len(t, items, 1)
+		var tag string
+		require.NoError(t, json.Unmarshal(items[0], &tag))
+		return tag
+	}
+	counts := map[string]int{}
+	for range rounds {
+		counts[one(plane.RoundRobin, 0)]++
+	}
+	assert.Equal(t, map[string]int{"a": rounds / 2, "b": rounds / 2}, counts)
+	for id, tag := range byID {
+		assert.Equal(t, tag, one(plane.Direct, id))
+	}
+	tag := one(plane.Random, 0)
+	assert.Contains(t, []string{"a", "b"}, tag)
+}
+
+func TestValidation(t *testing.T) {
+	const path = "test.valid.generate"
+	for _, p := range []string{"a.b", "a.b.c.d", "a..c", "a.b.c d", "a.*.c", "a.b.>", ""} {
+		assert.Error(t, plane.ValidatePath(p), p)
+	}
+	assert.NoError(t, plane.ValidatePath("ns.comp.ep"))
+
+	host := startEmbedded(t)
+	_, err := host.Serve("not-a-path", nil)
+	assert.Error(t, err)
+	_, err = host.Client(context.Background(), "not.a-path")
+	assert.Error(t, err)
+
+	sendErr := make(chan error, 1)
+	w := serve(t, host, path, func(req *plane.Request) {
+		sendErr <- req.Send([]byte("{not json"))
+		req.Complete()
+	})
+	c := newClient(t, host, path)
+	waitInstances(t, c, 1)
+	_, err = c.Generate([]byte("{not json"), nil, plane.RoundRobin, 0)
+	assert.ErrorIs(t, err, plane.ErrNotJSON)
+
+	s := generate(t, c, `"a JSON string is a request too"`, nil)
+	assert.ErrorIs(t, recv(t, sendErr, "the handler's Send"), plane.ErrNotJSON)
+	items, _, err := drain(s, 0)
+	assert.Equal(t, io.EOF, err)
+	assert.Empty(t, items)
+
+	// A malformed envelope is refused, not crashed on.
+	msg, err := host.Bus().Conn().Request(discovery.RequestSubject(path, w.ep.InstanceID()), []byte("garbage"), waitLimit)
+	require.NoError(t, err)
+	assert.Contains(t, string(msg.Data), "malformed request envelope")
+	assert.Equal(t, path, w.ep.Path())
+}
+
+func TestClosedRuntime(t *testing.T) {
+	const path = "test.closed.generate"
+	host := startEmbedded(t)
+	rt := join(t, host)
+	c := newClient(t, rt, path)
+	rt.Close()
+	rt.Close() // idempotent
+	assert.True(t, closedWithin(rt.Done()))
+
+	_, err := c.Generate([]byte(`{}`), nil, plane.RoundRobin, 0)
+	assert.ErrorIs(t, err, plane.ErrClosed)
+	_, err = rt.Serve(path, nil)
+	assert.Error(t, err)
+	_, err = rt.Client(context.Background(), path)
+	assert.Error(t, err)
+}
+
+// The package documents ErrClosed as what calls on a shut-down runtime
+// return; Serve and Client return the NATS connection's error instead.
+func TestClosedRuntimeReturnsErrClosed(t *testing.T) {
+	bugTest(t, "Runtime.Serve and Runtime.Client on a closed runtime return nats' "+
+		"\"connection closed\" instead of plane.ErrClosed (plane.go, serve.go Serve, client.go Client)")
+	const path = "test.closederr.generate"
+	host := startEmbedded(t)
+	rt := join(t, host)
+	rt.Close()
+	_, err := rt.Serve(path, nil)
+	assert.ErrorIs(t, err, plane.ErrClosed)
+	_, err = rt.Client(context.Background(), path)
+	assert.ErrorIs(t, err, plane.ErrClosed)
+}

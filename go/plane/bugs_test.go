@@ -87,7 +87,7 @@ func TestBugParentKillWithFullBufferLeaksStreamGoroutine(t *testing.T) {
 func TestBugStreamKillWithFullBufferLeaksStreamGoroutine(t *testing.T) {
 	bugTest(t, "client.go Stream.Kill races with Stream.run: the single wake-up is "+
 		"consumed by reading one more buffered item and the goroutine blocks for good")
-	const path = "test.bugkill.generate"
+	const path, tries = "test.bugkill.generate", 5
 	host := startEmbedded(t)
 	wrt := join(t, host)
 	f := newFlood(100000)
@@ -96,22 +96,74 @@ func TestBugStreamKillWithFullBufferLeaksStreamGoroutine(t *testing.T) {
 	waitInstances(t, c, 1)
 
 	leaked := 0
-	for range 5 {
+	for range tries {
+		f.sent.Store(0)
+		f.full.Store(0)
 		s := generate(t, c, `{}`, nil)
 		require.NoError(t, waitStarted(s))
-		req := recv(t, f.reqs, "the request")
+		recv(t, f.reqs, "the request")
 		f.waitBlocked(t)
 		s.Kill()
-		require.True(t, closedWithin(req.Ctx.Killed()))
 		if !goroutineGone(streamRun, time.Second) {
 			leaked++
 		}
 		assert.Equal(t, io.EOF, drainAll(s))
 		require.True(t, goroutineGone(streamRun, 2*time.Second))
-		f.sent.Store(0)
-		f.full.Store(0)
 	}
-	assert.Zero(t, leaked, "Stream.run left blocked after Kill in %d of 5 tries", leaked)
+	assert.Zero(t, leaked, "Stream.run left blocked after Kill in %d of %d tries", leaked, tries)
+}
+
+// A caller's kill (or loss) that arrives while Request.run is in
+// Outgoing.SendBatch makes SendBatch fail; run then returns and cancels the
+// context of its control goroutine, which selects at random between that
+// cancellation and out.Killed()/out.Lost(). When it picks the former, the
+// request's context is never killed: the handler's Sends become silent
+// no-ops and it keeps generating to its natural end ("requests that keep
+// generating after the client left").
+func TestBugKillDuringSendMayNotReachHandler(t *testing.T) {
+	bugTest(t, "serve.go Request.run: when SendBatch fails with ErrKilled/ErrLost, run "+
+		"returns and cancels ctx; the control goroutine's select may pick <-ctx.Done() "+
+		"over <-out.Killed()/<-out.Lost(), and the request context is never killed")
+	for _, how := range []string{"kill", "caller lost"} {
+		t.Run(how, func(t *testing.T) {
+			const path, tries = "test.bugkillsend.generate", 8
+			host := startEmbedded(t)
+			f := newFlood(1 << 30)
+			serve(t, host, path, f.handle)
+			missed := 0
+			for range tries {
+				f.sent.Store(0)
+				f.full.Store(0)
+				crt := join(t, host)
+				c := newClient(t, crt, path)
+				waitInstances(t, c, 1)
+				s := generate(t, c, `{}`, nil)
+				require.NoError(t, waitStarted(s))
+				req := recv(t, f.reqs, "the request")
+				// The handler is blocked on a full buffer, Request.run in
+				// SendBatch waiting for credit.
+				f.waitBlocked(t)
+				want := ctxtree.ReasonKill
+				if how == "kill" {
+					s.Kill()
+				} else {
+					want = ctxtree.ReasonConnectionLost
+					crt.Close()
+				}
+				select {
+				case <-req.Ctx.Killed():
+					assert.Equal(t, want, req.Ctx.Reason())
+				case <-time.After(2 * time.Second):
+					missed++
+					// The handler runs on with Sends that drop everything.
+					req.Ctx.Kill()
+				}
+				_ = drainAll(s)
+				crt.Close()
+			}
+			assert.Zero(t, missed, "the worker's context was not killed in %d of %d tries", missed, tries)
+		})
+	}
 }
 
 // A worker runtime shut down while its handler's stream is blocked on the

@@ -202,7 +202,14 @@ class Endpoint:
         """Wait until ``serve_endpoint`` has registered this endpoint; return its instance id."""
         return await asyncio.shield(self._serving_future())
 
-    async def serve_endpoint(self, handler: Callable[..., AsyncIterator[Any]], graceful_shutdown: bool = True, metrics_labels: Any = None, health_check_payload: Any = None) -> None:
+    async def serve_endpoint(
+        self,
+        handler: Callable[..., AsyncIterator[Any]],
+        graceful_shutdown: bool = True,
+        metrics_labels: Any = None,
+        health_check_payload: Any = None,
+        metadata: Optional[dict] = None,
+    ) -> None:
         """Serve requests with ``handler`` until the runtime shuts down or this task is cancelled.
 
         ``handler(request)`` or ``handler(request, context=ctx)`` (the latter
@@ -210,7 +217,8 @@ class Endpoint:
         generator function; each yielded value (JSON) is one response item.
         The context has the caller's request id and follows the caller's stop
         and kill. After a kill the generator is closed and its output is no
-        longer read, even if it ignores the context.
+        longer read, even if it ignores the context. ``metadata`` (JSON) is
+        published with the instance, for example the model it serves.
         """
         if not _is_async_gen_function(handler):
             raise TypeError(f"handler {handler!r} is not an async generator function")
@@ -218,7 +226,8 @@ class Endpoint:
         lib = native()
         serving = self._serving_future()
         try:
-            ep = await asyncio.get_running_loop().run_in_executor(None, lib.endpoint_serve, self._runtime._h(), self.path)
+            meta = _dumps(metadata) if metadata is not None else None
+            ep = await asyncio.get_running_loop().run_in_executor(None, lib.endpoint_serve, self._runtime._h(), self.path, meta)
         except BaseException as e:
             if not serving.done():
                 serving.set_exception(e)

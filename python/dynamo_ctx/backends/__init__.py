@@ -1,0 +1,1 @@
+"""Backend handlers for inference engines."""

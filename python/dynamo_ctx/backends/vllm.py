@@ -1,0 +1,200 @@
+"""vLLM-style worker handlers that abort the engine the moment a request is cancelled.
+
+Three handlers over any engine with the interface of vLLM's ``AsyncLLM``
+(``generate(prompt, sampling_params, request_id)`` and ``abort(request_id)``):
+the real ``vllm.AsyncLLM`` when vLLM is installed, ``dynamo_ctx.mocker.MockAsyncLLM``
+everywhere.
+
+- ``AggregatedHandler``: prefill and decode in one engine.
+- ``PrefillHandler``: prefill only; returns the first token and the KV transfer parameters.
+- ``DecodeHandler``: calls a prefill worker first (with ``context=``, so cancelling the
+  decode request cancels the prefill, before the first token too), then decodes.
+
+Each request runs a monitor task that awaits the request's context and aborts the
+engine as soon as it is stopped or killed, even while the engine is busy (a per-token
+check alone would wait for the next token, and prefill yields none). The abort is
+idempotent and also done on the way out, so it happens whichever of the monitor and
+the dispatcher's cancellation runs first.
+
+Requests are Dynamo-style token requests: ``{"token_ids": [...], "stop_conditions":
+{"max_tokens": N}}`` (a top-level ``max_tokens`` is accepted too). Each response item is
+``{"token_ids": [new tokens], "finish_reason": ...}``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, AsyncIterator, Callable, Dict, List, Optional, Set
+
+from ..context import Context
+
+logger = logging.getLogger("dynamo_ctx.backends.vllm")
+
+__all__ = ["WorkerMetrics", "BaseWorkerHandler", "AggregatedHandler", "PrefillHandler", "DecodeHandler", "sampling_params_for"]
+
+
+class WorkerMetrics:
+    """What a worker counts; rendered as Prometheus text by ``render``."""
+
+    def __init__(self, model: str) -> None:
+        self.model = model
+        self.requests_total = 0
+        self.cancellations_received_total = 0
+        self.aborts_confirmed_total = 0
+        self.abort_freed_kv_blocks_total = 0
+
+    def render(self, engine: Any) -> str:
+        stats = getattr(engine, "stats", None)
+        running = getattr(stats, "running_requests", 0)
+        blocks = getattr(stats, "kv_blocks_in_use", 0)
+        label = '{model="%s"}' % self.model.replace("\\", "\\\\").replace('"', '\\"')
+        rows = [
+            ("dynamo_ctx_worker_running_requests", "gauge", "Requests holding engine resources.", running),
+            ("dynamo_ctx_worker_kv_blocks_in_use", "gauge", "KV cache blocks in use.", blocks),
+            ("dynamo_ctx_worker_requests_total", "counter", "Requests received.", self.requests_total),
+            ("dynamo_ctx_worker_cancellations_received_total", "counter", "Requests whose context was stopped or killed.", self.cancellations_received_total),
+            ("dynamo_ctx_worker_aborts_confirmed_total", "counter", "Engine aborts confirmed (resources freed).", self.aborts_confirmed_total),
+            ("dynamo_ctx_worker_abort_freed_kv_blocks_total", "counter", "KV blocks freed by confirmed aborts.", self.abort_freed_kv_blocks_total),
+        ]
+        out = []
+        for name, kind, help_, value in rows:
+            out.append(f"# HELP {name} {help_}")
+            out.append(f"# TYPE {name} {kind}")
+            out.append(f"{name}{label} {value}")
+        return "\n".join(out) + "\n"
+
+
+def sampling_params_for(engine: Any, max_tokens: int) -> Any:
+    """Sampling parameters for ``engine``: vLLM's class when it is vLLM, the mock's otherwise."""
+    try:
+        from vllm import SamplingParams  # type: ignore[import-not-found]
+
+        if type(engine).__module__.startswith("vllm"):
+            return SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+    except ImportError:
+        pass
+    from ..mocker import SamplingParams as MockSamplingParams
+
+    return MockSamplingParams(max_tokens=max_tokens)
+
+
+def _max_tokens(request: Dict[str, Any], default: int = 16) -> int:
+    sc = request.get("stop_conditions") or {}
+    n = sc.get("max_tokens", request.get("max_tokens", default))
+    return int(n) if n is not None else default
+
+
+class BaseWorkerHandler:
+    """Shared machinery: abort monitor, idempotent abort with confirmation, metrics."""
+
+    label = ""  # "" or "Prefill ", as in "New Prefill Request ID"
+
+    def __init__(self, engine: Any, model: str = "mock-model", metrics: Optional[WorkerMetrics] = None) -> None:
+        self.engine = engine
+        self.model = model
+        self.metrics = metrics or WorkerMetrics(model)
+        self._aborted: Set[str] = set()
+        #: Called with (request_id, kv_blocks_freed) after each confirmed abort.
+        self.abort_listeners: List[Callable[[str, int], None]] = []
+
+    async def _abort(self, request_id: str) -> None:
+        """Abort ``request_id`` in the engine once, and count the confirmation."""
+        if request_id in self._aborted:
+            return
+        self._aborted.add(request_id)
+        self.metrics.cancellations_received_total += 1
+        # vLLM's abort returns once the engine dropped the request; the mock
+        # also returns how many KV blocks that freed.
+        freed = await self.engine.abort(request_id)
+        freed = freed if isinstance(freed, int) else 0
+        self.metrics.aborts_confirmed_total += 1
+        self.metrics.abort_freed_kv_blocks_total += freed
+        logger.info("Aborted %sRequest ID: %s", self.label, request_id)
+        for listener in list(self.abort_listeners):
+            listener(request_id, freed)
+
+    async def _monitor(self, context: Context, request_id: str) -> None:
+        await context.async_killed_or_stopped()
+        await self._abort(request_id)
+
+    async def _engine_stream(
+        self, context: Context, request_id: str, prompt: Any, max_tokens: int, kv_transfer_params: Optional[Dict[str, Any]] = None
+    ) -> AsyncIterator[Dict[str, Any]]:
+        """Run the engine for one request under an abort monitor; yield delta items."""
+        self.metrics.requests_total += 1
+        logger.info("New %sRequest ID: %s", self.label, request_id)
+        monitor = asyncio.ensure_future(self._monitor(context, request_id))
+        params = sampling_params_for(self.engine, max_tokens)
+        kwargs = {"kv_transfer_params": kv_transfer_params} if kv_transfer_params else {}
+        seen = 0
+        try:
+            async for out in self.engine.generate(prompt, params, request_id, **kwargs):
+                if context.is_stopped():
+                    break  # the monitor aborts the engine
+                o = out.outputs[0]
+                delta = list(o.token_ids[seen:])
+                seen = len(o.token_ids)
+                item: Dict[str, Any] = {"token_ids": delta}
+                if o.finish_reason is not None:
+                    item["finish_reason"] = o.finish_reason
+                yield item
+                if out.finished:
+                    break
+        finally:
+            monitor.cancel()
+            if context.is_stopped():
+                # Whichever ran first (the monitor, or the dispatcher cancelling
+                # this handler on kill), the engine is aborted exactly once.
+                await asyncio.shield(self._abort(request_id))
+            self._aborted.discard(request_id)
+
+
+class AggregatedHandler(BaseWorkerHandler):
+    """Prefill and decode in one engine."""
+
+    async def generate(self, request: Dict[str, Any], context: Context) -> AsyncIterator[Dict[str, Any]]:
+        prompt = {"prompt_token_ids": list(request.get("token_ids", []))}
+        async for item in self._engine_stream(context, context.id(), prompt, _max_tokens(request)):
+            yield item
+
+
+class PrefillHandler(BaseWorkerHandler):
+    """Prefill only: one token, plus the parameters a decode worker needs to take over."""
+
+    label = "Prefill "
+
+    async def generate(self, request: Dict[str, Any], context: Context) -> AsyncIterator[Dict[str, Any]]:
+        prompt = {"prompt_token_ids": list(request.get("token_ids", []))}
+        async for item in self._engine_stream(context, context.id(), prompt, 1):
+            item["kv_transfer_params"] = {"remote_prefill": True, "prompt_tokens": len(prompt["prompt_token_ids"])}
+            yield item
+
+
+class DecodeHandler(BaseWorkerHandler):
+    """Calls a prefill worker with ``context=`` (so a decode cancel aborts prefill too), then decodes."""
+
+    def __init__(self, engine: Any, prefill_client: Any, model: str = "mock-model", metrics: Optional[WorkerMetrics] = None) -> None:
+        super().__init__(engine, model, metrics)
+        self.prefill_client = prefill_client
+
+    async def generate(self, request: Dict[str, Any], context: Context) -> AsyncIterator[Dict[str, Any]]:
+        token_ids = list(request.get("token_ids", []))
+        max_tokens = _max_tokens(request)
+        prefill_request = dict(request, stop_conditions=dict(request.get("stop_conditions") or {}, max_tokens=1))
+        prefill_request.pop("max_tokens", None)
+        first: Optional[Dict[str, Any]] = None
+        stream = await self.prefill_client.generate(prefill_request, context=context)
+        async for item in stream:
+            first = item.data()
+        if context.is_stopped() or first is None:
+            return
+        first_tokens = list(first.get("token_ids", []))
+        yield {"token_ids": first_tokens}
+        if max_tokens <= len(first_tokens):
+            return
+        prompt = {"prompt_token_ids": token_ids + first_tokens}
+        async for item in self._engine_stream(
+            context, context.id(), prompt, max_tokens - len(first_tokens), first.get("kv_transfer_params") or {"remote_prefill": True}
+        ):
+            yield item

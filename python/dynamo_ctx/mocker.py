@@ -1,0 +1,230 @@
+"""A mock LLM engine with the interface of vLLM's ``AsyncLLM`` (SPEC section 7).
+
+It simulates prefill (a configurable time per prompt token) and decode (a
+time per generated token), tracks running requests and the KV-cache blocks
+they hold, and counts aborts, so a test can check that an abort really freed
+everything. Timing waits are interruptible: ``abort()`` takes effect at once,
+during prefill as well as between tokens.
+
+Tokens are deterministic: the token after a sequence of length ``n`` is
+``(seed + n) % vocab_size``, so a stream that is migrated to another engine
+continues exactly where it stopped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import math
+from dataclasses import dataclass, field
+from typing import Any, AsyncGenerator, Dict, List, Optional, Union
+
+__all__ = ["SamplingParams", "CompletionOutput", "RequestOutput", "MockEngineArgs", "MockAsyncLLM", "EngineStats"]
+
+
+@dataclass
+class SamplingParams:
+    """The subset of vLLM's SamplingParams the mock honours."""
+
+    max_tokens: int = 16
+    min_tokens: int = 0
+    ignore_eos: bool = True
+    temperature: float = 0.0
+
+
+@dataclass
+class CompletionOutput:
+    """One completion of a request; ``token_ids`` are cumulative, as vLLM's default."""
+
+    index: int
+    token_ids: List[int]
+    text: str = ""
+    finish_reason: Optional[str] = None
+
+
+@dataclass
+class RequestOutput:
+    """What ``generate`` yields, shaped like vLLM's RequestOutput."""
+
+    request_id: str
+    prompt_token_ids: List[int]
+    outputs: List[CompletionOutput]
+    finished: bool = False
+
+
+@dataclass
+class MockEngineArgs:
+    """Engine configuration. Times are seconds."""
+
+    prefill_time_per_token: float = 0.0002
+    decode_time_per_token: float = 0.002
+    block_size: int = 16
+    num_kv_blocks: int = 16384
+    vocab_size: int = 32000
+    seed: int = 1000
+
+
+@dataclass
+class EngineStats:
+    """Counters a worker reports (all cumulative except the first two)."""
+
+    running_requests: int = 0
+    kv_blocks_in_use: int = 0
+    requests_total: int = 0
+    aborts_requested: int = 0
+    aborts_confirmed: int = 0
+    kv_blocks_freed_by_aborts: int = 0
+    prefill_aborts: int = 0
+
+
+@dataclass
+class _Request:
+    request_id: str
+    prompt: List[int]
+    params: SamplingParams
+    aborted: asyncio.Event = field(default_factory=asyncio.Event)
+    blocks: int = 0
+    phase: str = "waiting"
+
+
+class MockAsyncLLM:
+    """``generate(prompt, sampling_params, request_id)`` and ``abort(request_id)`` like vLLM's AsyncLLM."""
+
+    def __init__(self, args: Optional[MockEngineArgs] = None, **overrides: Any) -> None:
+        self.args = args or MockEngineArgs()
+        for k, v in overrides.items():
+            setattr(self.args, k, v)
+        self.stats = EngineStats()
+        self._running: Dict[str, _Request] = {}
+        # request id -> KV blocks its abort freed (the most recent ones only)
+        self.confirmed_aborts: "collections.OrderedDict[str, int]" = collections.OrderedDict()
+
+    # -------------------------------------------------------------- introspection
+
+    def running_request_ids(self) -> List[str]:
+        """Ids of the requests currently holding engine resources."""
+        return list(self._running)
+
+    def phase(self, request_id: str) -> Optional[str]:
+        """"prefill", "decode", or None when the request is not running."""
+        r = self._running.get(request_id)
+        return r.phase if r else None
+
+
+    # -------------------------------------------------------------- engine API
+
+    @staticmethod
+    def _prompt_tokens(prompt: Union[str, List[int], Dict[str, Any]]) -> List[int]:
+        if isinstance(prompt, dict):
+            if "prompt_token_ids" in prompt:
+                return list(prompt["prompt_token_ids"])
+            prompt = prompt.get("prompt", "")
+        if isinstance(prompt, str):
+            return [ord(c) % 256 for c in prompt]  # one token per character: enough for a mock
+        return list(prompt)
+
+    def _next_token(self, seq_len: int) -> int:
+        return (self.args.seed + seq_len) % self.args.vocab_size
+
+    def _blocks_for(self, n_tokens: int) -> int:
+        return math.ceil(n_tokens / self.args.block_size) if n_tokens else 0
+
+    async def _wait(self, req: _Request, seconds: float) -> bool:
+        """Sleep ``seconds`` unless aborted first; True if aborted."""
+        if req.aborted.is_set():
+            return True
+        if seconds <= 0:
+            await asyncio.sleep(0)
+            return req.aborted.is_set()
+        try:
+            await asyncio.wait_for(req.aborted.wait(), seconds)
+            return True
+        except asyncio.TimeoutError:
+            return False
+
+    async def generate(
+        self,
+        prompt: Union[str, List[int], Dict[str, Any]],
+        sampling_params: Union[SamplingParams, Dict[str, Any], None],
+        request_id: str,
+        kv_transfer_params: Optional[Dict[str, Any]] = None,
+    ) -> AsyncGenerator[RequestOutput, None]:
+        """Prefill the prompt, then decode up to ``max_tokens`` tokens, yielding cumulative outputs.
+
+        With ``kv_transfer_params`` (a disaggregated decode whose prompt was
+        prefilled elsewhere) the prefill costs nothing here.
+        """
+        if request_id in self._running:
+            raise ValueError(f"request {request_id!r} is already running")
+        params = sampling_params if isinstance(sampling_params, SamplingParams) else SamplingParams(**(sampling_params or {}))
+        tokens = self._prompt_tokens(prompt)
+        req = _Request(request_id, tokens, params)
+        req.blocks = self._blocks_for(len(tokens))
+        if self.stats.kv_blocks_in_use + req.blocks > self.args.num_kv_blocks:
+            raise RuntimeError("out of KV cache blocks")
+        self._running[request_id] = req
+        self.stats.kv_blocks_in_use += req.blocks
+        self.stats.running_requests = len(self._running)
+        self.stats.requests_total += 1
+        out: List[int] = []
+        aborted = False
+        try:
+            req.phase = "prefill"
+            prefill = 0.0 if kv_transfer_params else self.args.prefill_time_per_token * len(tokens)
+            aborted = await self._wait(req, prefill)
+            req.phase = "decode"
+            while not aborted and len(out) < params.max_tokens:
+                aborted = await self._wait(req, self.args.decode_time_per_token)
+                if aborted:
+                    break
+                out.append(self._next_token(len(tokens) + len(out)))
+                need = self._blocks_for(len(tokens) + len(out))
+                if need > req.blocks:
+                    self.stats.kv_blocks_in_use += need - req.blocks
+                    req.blocks = need
+                done = len(out) >= params.max_tokens
+                yield RequestOutput(
+                    request_id,
+                    tokens,
+                    [CompletionOutput(0, list(out), finish_reason="length" if done else None)],
+                    finished=done,
+                )
+            if aborted:
+                yield RequestOutput(request_id, tokens, [CompletionOutput(0, list(out), finish_reason="abort")], finished=True)
+        finally:
+            self._release(req, aborted or req.aborted.is_set())
+
+    def _release(self, req: _Request, aborted: bool) -> None:
+        if self._running.pop(req.request_id, None) is None:
+            return
+        freed = req.blocks
+        self.stats.kv_blocks_in_use -= freed
+        self.stats.running_requests = len(self._running)
+        req.phase = "done"
+        if aborted:
+            self.stats.aborts_confirmed += 1
+            self.stats.kv_blocks_freed_by_aborts += freed
+            self.confirmed_aborts[req.request_id] = freed
+            while len(self.confirmed_aborts) > 10000:
+                self.confirmed_aborts.popitem(last=False)
+
+    async def abort(self, request_id: Union[str, List[str]]) -> int:
+        """Abort requests: their ``generate`` ends at once and their resources are freed.
+
+        Returns the number of KV blocks freed (vLLM's returns None).
+        """
+        ids = [request_id] if isinstance(request_id, str) else list(request_id)
+        freed = 0
+        for rid in ids:
+            req = self._running.get(rid)
+            if req is None or req.aborted.is_set():
+                continue
+            self.stats.aborts_requested += 1
+            if req.phase in ("waiting", "prefill"):
+                self.stats.prefill_aborts += 1
+            req.aborted.set()
+            # Like a real engine, the abort frees the request's resources
+            # whether or not anyone is still iterating its generator.
+            freed += req.blocks
+            self._release(req, True)
+        return freed

@@ -1,0 +1,97 @@
+"""The mock engine (SPEC section 7): vLLM AsyncLLM's interface, resources tracked, aborts free them."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from dynamo_ctx.mocker import MockAsyncLLM, MockEngineArgs, SamplingParams
+
+HANG = 30
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, HANG))
+
+
+def engine(**kw):
+    return MockAsyncLLM(MockEngineArgs(prefill_time_per_token=0.0, decode_time_per_token=0.0, block_size=4, **kw))
+
+
+def test_generates_deterministic_cumulative_tokens():
+    async def main():
+        e = engine()
+        outs = [o async for o in e.generate({"prompt_token_ids": [1, 2, 3]}, SamplingParams(max_tokens=5), "r1")]
+        assert [len(o.outputs[0].token_ids) for o in outs] == [1, 2, 3, 4, 5]
+        final = outs[-1]
+        assert final.finished and final.outputs[0].finish_reason == "length"
+        # Continuation: the same prompt extended by two tokens yields the rest.
+        more = [o async for o in e.generate({"prompt_token_ids": [1, 2, 3] + final.outputs[0].token_ids[:2]}, {"max_tokens": 3}, "r2")]
+        assert more[-1].outputs[0].token_ids == final.outputs[0].token_ids[2:]
+        assert e.stats.running_requests == 0 and e.stats.kv_blocks_in_use == 0
+        assert e.stats.requests_total == 2
+
+    run(main())
+
+
+def test_tracks_running_requests_and_kv_blocks():
+    async def main():
+        e = engine()
+        gen = e.generate(list(range(10)), SamplingParams(max_tokens=8), "r")
+        first = await gen.__anext__()
+        assert first.outputs[0].token_ids and e.running_request_ids() == ["r"]
+        assert e.stats.kv_blocks_in_use == 3  # ceil(11 / 4)
+        assert e.phase("r") == "decode"
+        async for _ in gen:
+            pass
+        assert e.stats.kv_blocks_in_use == 0 and e.running_request_ids() == []
+        assert e.phase("r") is None
+
+    run(main())
+
+
+def test_abort_during_decode_frees_everything():
+    async def main():
+        e = MockAsyncLLM(MockEngineArgs(decode_time_per_token=0.001, block_size=4))
+        gen = e.generate(list(range(16)), SamplingParams(max_tokens=1000), "r")
+        await gen.__anext__()
+        held = e.stats.kv_blocks_in_use
+        assert held >= 4
+        freed = await e.abort("r")
+        assert freed == held
+        assert e.stats.kv_blocks_in_use == 0 and e.stats.running_requests == 0
+        assert e.stats.aborts_confirmed == 1 and e.confirmed_aborts["r"] == held
+        rest = [o async for o in gen]
+        assert rest[-1].outputs[0].finish_reason == "abort" and rest[-1].finished
+        assert await e.abort("r") == 0  # idempotent
+        assert e.stats.aborts_requested == 1
+
+    run(main())
+
+
+def test_abort_during_prefill_interrupts_it():
+    async def main():
+        e = MockAsyncLLM(MockEngineArgs(prefill_time_per_token=1.0))  # an hour-long prefill for 3600 tokens
+        gen = e.generate(list(range(3600)), SamplingParams(max_tokens=4), "long")
+        nxt = asyncio.ensure_future(gen.__anext__())
+        await asyncio.sleep(0)
+        assert e.phase("long") == "prefill"
+        await e.abort("long")
+        out = await nxt  # returns at once, not after an hour
+        assert out.outputs[0].finish_reason == "abort" and out.outputs[0].token_ids == []
+        assert e.stats.prefill_aborts == 1 and e.stats.kv_blocks_in_use == 0
+
+    run(main())
+
+
+def test_duplicate_request_id_rejected():
+    async def main():
+        e = engine()
+        gen = e.generate([1], SamplingParams(max_tokens=3), "dup")
+        await gen.__anext__()
+        with pytest.raises(ValueError):
+            await e.generate([1], SamplingParams(max_tokens=3), "dup").__anext__()
+        await gen.aclose()
+
+    run(main())

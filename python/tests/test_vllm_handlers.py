@@ -1,0 +1,142 @@
+"""vLLM-style handlers over the mock engine: aborts on stop and kill, in decode and in prefill."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+
+import pytest
+
+from dynamo_ctx import Context, DistributedRuntime
+from dynamo_ctx.backends.vllm import AggregatedHandler, DecodeHandler, PrefillHandler
+from dynamo_ctx.mocker import MockAsyncLLM, MockEngineArgs
+
+HANG = 30
+
+
+@pytest.fixture(scope="module")
+def nats_url():
+    host = DistributedRuntime(nats_url="nats://127.0.0.1:0")
+    yield host.nats_url
+    host.shutdown()
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, HANG))
+
+
+class Served:
+    """A handler served on its own runtime, at a unique path."""
+
+    def __init__(self, nats_url, handler, path):
+        self.runtime = DistributedRuntime(nats_url=nats_url)
+        self.endpoint = self.runtime.endpoint(path)
+        self.handler = handler
+        self.aborted = asyncio.Queue()
+        handler.abort_listeners.append(lambda rid, freed: self.aborted.put_nowait((rid, freed)))
+
+    async def start(self):
+        self.task = asyncio.ensure_future(self.endpoint.serve_endpoint(self.handler.generate))
+        await self.endpoint.serving()
+        return self
+
+    async def client(self):
+        c = await self.endpoint.client()
+        await c.wait_for_instances()
+        return c
+
+    async def stop(self):
+        self.runtime.shutdown()
+        await self.task
+
+
+def ns():
+    return f"h{uuid.uuid4().hex[:8]}"
+
+
+@pytest.mark.parametrize("cancel", ["kill", "stop_generating"])
+def test_aggregated_aborts_engine_during_decode(nats_url, cancel, caplog):
+    async def main():
+        engine = MockAsyncLLM(MockEngineArgs(decode_time_per_token=0.002))
+        w = await Served(nats_url, AggregatedHandler(engine, "m"), f"{ns()}.backend.generate").start()
+        client = await w.client()
+        ctx = Context(f"agg-{cancel}")
+        stream = await client.generate({"token_ids": [1, 2, 3], "stop_conditions": {"max_tokens": 10_000}}, context=ctx)
+        got = []
+        async for item in stream:
+            got.extend(item.data()["token_ids"])
+            if len(got) >= 5:
+                getattr(ctx, cancel)()
+                break
+        rid, freed = await w.aborted.get()
+        assert rid == ctx.id() and freed >= 1
+        assert engine.stats.running_requests == 0 and engine.stats.kv_blocks_in_use == 0
+        assert engine.stats.aborts_confirmed == 1
+        assert w.handler.metrics.cancellations_received_total == 1
+        assert w.handler.metrics.aborts_confirmed_total == 1
+        await w.stop()
+
+    with caplog.at_level(logging.INFO, logger="dynamo_ctx.backends.vllm"):
+        run(main())
+    messages = [r.getMessage() for r in caplog.records]
+    assert f"New Request ID: agg-{cancel}" in messages
+    assert f"Aborted Request ID: agg-{cancel}" in messages
+
+
+def test_aggregated_complete_stream_has_all_tokens(nats_url):
+    async def main():
+        engine = MockAsyncLLM(MockEngineArgs(decode_time_per_token=0.0, prefill_time_per_token=0.0))
+        w = await Served(nats_url, AggregatedHandler(engine, "m"), f"{ns()}.backend.generate").start()
+        client = await w.client()
+        items = [x.data() async for x in await client.generate({"token_ids": [5, 6], "max_tokens": 7})]
+        tokens = [t for it in items for t in it["token_ids"]]
+        assert len(tokens) == 7 and items[-1]["finish_reason"] == "length"
+        assert engine.stats.aborts_confirmed == 0 and engine.stats.kv_blocks_in_use == 0
+        await w.stop()
+
+    run(main())
+
+
+@pytest.mark.parametrize("phase", ["prefill", "decode"])
+def test_disaggregated_cancel_reaches_prefill(nats_url, phase, caplog):
+    """A decode request cancelled while the prefill worker is busy aborts the prefill engine (before any token)."""
+
+    async def main():
+        space = ns()
+        prefill_engine = MockAsyncLLM(MockEngineArgs(prefill_time_per_token=0.01 if phase == "prefill" else 0.0))
+        decode_engine = MockAsyncLLM(MockEngineArgs(decode_time_per_token=0.002))
+        prefill = await Served(nats_url, PrefillHandler(prefill_engine, "m"), f"{space}.prefill.generate").start()
+        prefill_client = await prefill.client()
+        decode = await Served(nats_url, DecodeHandler(decode_engine, prefill_client, "m"), f"{space}.backend.generate").start()
+        client = await decode.client()
+        ctx = Context(f"disagg-{phase}")
+        stream = await client.generate({"token_ids": list(range(1000)), "max_tokens": 10_000}, context=ctx)
+        if phase == "prefill":
+            while prefill_engine.phase(ctx.id()) != "prefill":  # the prefill worker has started on it
+                await asyncio.sleep(0.001)
+            ctx.kill()
+            rid, _ = await prefill.aborted.get()
+            assert rid == ctx.id()
+            assert prefill_engine.stats.prefill_aborts == 1
+            assert decode_engine.stats.requests_total == 0  # decode never started
+        else:
+            first = await stream.__anext__()
+            assert len(first.data()["token_ids"]) == 1
+            await stream.__anext__()
+            ctx.kill()
+            rid, _ = await decode.aborted.get()
+            assert rid == ctx.id()
+        for e in (prefill_engine, decode_engine):
+            assert e.stats.running_requests == 0 and e.stats.kv_blocks_in_use == 0
+        await decode.stop()
+        await prefill.stop()
+
+    with caplog.at_level(logging.INFO, logger="dynamo_ctx.backends.vllm"):
+        run(main())
+    messages = [r.getMessage() for r in caplog.records]
+    assert f"New Prefill Request ID: disagg-{phase}" in messages
+    if phase == "prefill":
+        assert f"Aborted Prefill Request ID: disagg-{phase}" in messages
+    else:
+        assert f"Aborted Request ID: disagg-{phase}" in messages

@@ -1,0 +1,159 @@
+"""Workers as processes: migration after SIGKILL, and decode cancellation reaching a remote prefill."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import socket
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from dynamo_ctx import Context, DistributedRuntime
+
+HERE = Path(__file__).resolve().parent
+HANG = 60
+
+
+@pytest.fixture(scope="module")
+def nats_url():
+    host = DistributedRuntime(nats_url="nats://127.0.0.1:0")
+    yield host.nats_url
+    host.shutdown()
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Worker:
+    """``python -m dynamo_ctx.worker`` in a subprocess; its log lines are collected."""
+
+    def __init__(self, proc, port):
+        self.proc, self.port, self.lines = proc, port, []
+        self._reader = asyncio.ensure_future(self._read())
+        self._waiters = []
+
+    @classmethod
+    async def start(cls, nats_url, namespace, *args):
+        port = free_port()
+        env = dict(os.environ, NATS_SERVER=nats_url, PYTHONPATH=str(HERE.parent))
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "dynamo_ctx.worker", "--namespace", namespace, "--metrics-port", str(port), *args,
+            env=env, stderr=asyncio.subprocess.PIPE,
+        )
+        w = cls(proc, port)
+        await w.wait_log(r"serving \S+ as instance")
+        return w
+
+    async def _read(self):
+        while True:
+            line = await self.proc.stderr.readline()
+            if not line:
+                break
+            self.lines.append(line.decode())
+            for pattern, fut in list(self._waiters):
+                if re.search(pattern, self.lines[-1]) and not fut.done():
+                    fut.set_result(self.lines[-1])
+
+    async def wait_log(self, pattern):
+        for line in self.lines:
+            if re.search(pattern, line):
+                return line
+        fut = asyncio.get_running_loop().create_future()
+        self._waiters.append((pattern, fut))
+        return await asyncio.wait_for(fut, HANG)
+
+    async def metrics(self):
+        reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
+        writer.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        data = await reader.read()
+        writer.close()
+        body = data.split(b"\r\n\r\n", 1)[1].decode()
+        out = {}
+        for line in body.splitlines():
+            if line and not line.startswith("#"):
+                name, value = line.rsplit(" ", 1)
+                out[name.split("{")[0]] = float(value)
+        return out
+
+    async def kill(self):
+        if self.proc.returncode is None:
+            self.proc.send_signal(signal.SIGKILL)
+        await self.proc.wait()
+        self._reader.cancel()
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, HANG * 2))
+
+
+def expected_tokens(prompt_len, n, seed=1000, vocab=32000):
+    return [(seed + prompt_len + i) % vocab for i in range(n)]
+
+
+def test_sigkill_mid_stream_migrates_to_second_worker(nats_url):
+    async def main():
+        space = f"w{uuid.uuid4().hex[:8]}"
+        args = ["--mode", "agg", "--model", "mock", "--decode-time-per-token", "0.01", "--migration-limit", "2"]
+        workers = [await Worker.start(nats_url, space, *args) for _ in range(2)]
+        try:
+            rt = DistributedRuntime(nats_url=nats_url)
+            client = await rt.endpoint(f"{space}.backend.generate").client(migration_limit=2)
+            while len(client.instance_ids()) < 2:
+                await client.wait_for_instances()
+                await asyncio.sleep(0.05)
+            ctx = Context("migrate-me")
+            stream = await client.generate({"token_ids": [1, 2, 3], "stop_conditions": {"max_tokens": 60}}, context=ctx)
+            tokens = []
+            victim = None
+            async for item in stream:
+                tokens.extend(item.data()["token_ids"])
+                if victim is None and len(tokens) >= 10:
+                    for w in workers:
+                        if (await w.metrics())["dynamo_ctx_worker_running_requests"] == 1:
+                            victim = w
+                    assert victim is not None
+                    await victim.kill()
+            assert tokens == expected_tokens(3, 60), "one continuous stream: no token lost or repeated"
+            survivor = next(w for w in workers if w is not victim)
+            await survivor.wait_log(r"New Request ID: migrate-me")
+            rt.shutdown()
+        finally:
+            for w in workers:
+                await w.kill()
+
+    run(main())
+
+
+def test_decode_cancel_during_prefill_aborts_remote_prefill(nats_url):
+    async def main():
+        space = f"w{uuid.uuid4().hex[:8]}"
+        prefill = await Worker.start(nats_url, space, "--mode", "prefill", "--model", "mock", "--prefill-time-per-token", "0.01")
+        decode = await Worker.start(nats_url, space, "--mode", "decode", "--model", "mock")
+        try:
+            rt = DistributedRuntime(nats_url=nats_url)
+            client = await rt.endpoint(f"{space}.backend.generate").client()
+            await client.wait_for_instances()
+            ctx = Context("cancel-in-prefill")
+            await client.generate({"token_ids": list(range(2000)), "max_tokens": 50}, context=ctx)  # ~20 s of prefill
+            await prefill.wait_log(r"New Prefill Request ID: cancel-in-prefill")
+            ctx.kill()
+            await prefill.wait_log(r"Aborted Prefill Request ID: cancel-in-prefill")
+            m = await prefill.metrics()
+            assert m["dynamo_ctx_worker_aborts_confirmed_total"] == 1
+            assert m["dynamo_ctx_worker_running_requests"] == 0
+            assert m["dynamo_ctx_worker_kv_blocks_in_use"] == 0
+            assert (await decode.metrics())["dynamo_ctx_worker_running_requests"] == 0
+            rt.shutdown()
+        finally:
+            await decode.kill()
+            await prefill.kill()
+
+    run(main())

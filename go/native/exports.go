@@ -583,7 +583,7 @@ func dc_handle_counts(nContexts, nQueues, nOther *C.uint64_t) (rc C.int) {
 		*nQueues = C.uint64_t(queues.Len())
 	}
 	if nOther != nil {
-		*nOther = C.uint64_t(runtimes.Len() + endpoints.Len() + requests.Len() + clients.Len() + streams.Len())
+		*nOther = C.uint64_t(runtimes.Len() + endpoints.Len() + requests.Len() + clients.Len() + streams.Len() + frontends.Len())
 	}
 	return C.DC_OK
 }

@@ -753,6 +753,28 @@ static PyObject* mod_stream_context(PyObject* m, PyObject* args) {
 static PyObject* mod_stream_kill(PyObject* m, PyObject* arg) { return call_h(arg, dc_stream_kill, 1); }
 static PyObject* mod_stream_free(PyObject* m, PyObject* arg) { return call_h(arg, dc_stream_free, 1); }
 
+static PyObject* mod_frontend_start(PyObject* m, PyObject* args) {
+    unsigned long long rt;
+    const char *addr, *ns = NULL;
+    Py_ssize_t addr_len, ns_len = 0;
+    int limit = -1;
+    if (!PyArg_ParseTuple(args, "Ks#|z#i:frontend_start", &rt, &addr, &addr_len, &ns, &ns_len, &limit)) return NULL;
+    if (check_fork() < 0) return NULL;
+    uint64_t h = 0;
+    int rc;
+    CALL_RELEASED(rc, dc_frontend_start(rt, (char*)addr, (size_t)addr_len, (char*)ns, (size_t)ns_len, limit, &h));
+    if (rc != DC_OK) return raise_rc(rc);
+    return PyLong_FromUnsignedLongLong(h);
+}
+
+static PyObject* mod_frontend_addr(PyObject* m, PyObject* arg) {
+    uint64_t h;
+    if (parse_u64(arg, &h) < 0 || check_fork() < 0) return NULL;
+    return get_bytes(h, (int (*)(uint64_t, char*, size_t, size_t*))dc_frontend_addr, 1);
+}
+
+static PyObject* mod_frontend_free(PyObject* m, PyObject* arg) { return call_h(arg, dc_frontend_free, 1); }
+
 static PyObject* mod_arm(PyObject* m, PyObject* args) {
     unsigned long long h, q, token;
     if (!PyArg_ParseTuple(args, "KKK:arm", &h, &q, &token)) return NULL;
@@ -803,6 +825,9 @@ static PyMethodDef module_methods[] = {
     {"stream_context", mod_stream_context, METH_VARARGS, "stream_context(s, cls) -> Context"},
     {"stream_kill", mod_stream_kill, METH_O, "stream_kill(s)"},
     {"stream_free", mod_stream_free, METH_O, "stream_free(s)"},
+    {"frontend_start", mod_frontend_start, METH_VARARGS, "frontend_start(rt, addr, namespace=None, migration_limit=-1) -> handle"},
+    {"frontend_addr", mod_frontend_addr, METH_O, "frontend_addr(fe) -> 'host:port'"},
+    {"frontend_free", mod_frontend_free, METH_O, "frontend_free(fe)"},
     {"arm", mod_arm, METH_VARARGS, "arm(handle, queue, token): push token when the object may have progressed"},
     {NULL, NULL, 0, NULL},
 };

@@ -27,6 +27,17 @@ func drainAll(s *plane.Stream) error {
 	return err
 }
 
+// killedOrKill waits a moment for req's context to be killed, and kills it
+// when it is not (TestBugKillDuringSendMayNotReachHandler), so that a flood
+// handler returns either way.
+func killedOrKill(req *plane.Request) {
+	select {
+	case <-req.Ctx.Killed():
+	case <-time.After(time.Second):
+		req.Ctx.Kill()
+	}
+}
+
 // A caller that shuts its runtime down while its stream's buffer is full
 // (the consumer stopped taking) leaves the stream's goroutine blocked
 // forever: Stream.run waits on s.wake, which only Take and Stream.Kill poke.
@@ -47,8 +58,7 @@ func TestBugCallerCloseWithFullBufferLeaksStreamGoroutine(t *testing.T) {
 	f.waitBlocked(t)
 
 	crt.Close()
-	require.True(t, closedWithin(req.Ctx.Killed()))
-	assert.Equal(t, ctxtree.ReasonConnectionLost, req.Ctx.Reason())
+	killedOrKill(req)
 	assert.True(t, goroutineGone(streamRun, 2*time.Second),
 		"Stream.run still running after its runtime was closed")
 	assert.Error(t, drainAll(s))
@@ -74,43 +84,10 @@ func TestBugParentKillWithFullBufferLeaksStreamGoroutine(t *testing.T) {
 	f.waitBlocked(t)
 
 	parent.Kill()
-	require.True(t, closedWithin(req.Ctx.Killed()))
+	killedOrKill(req)
 	assert.True(t, goroutineGone(streamRun, 2*time.Second),
 		"Stream.run still running after its request was killed")
 	assert.Equal(t, io.EOF, drainAll(s))
-}
-
-// Stream.Kill pokes s.wake once, but Stream.run may use that wake-up to read
-// one more item that the Incoming still holds (the Kill frame is sent by a
-// goroutine that may not have run yet), fill the buffer again and block for
-// good. This is what dc_stream_free does to an unfinished stream.
-func TestBugStreamKillWithFullBufferLeaksStreamGoroutine(t *testing.T) {
-	bugTest(t, "client.go Stream.Kill races with Stream.run: the single wake-up is "+
-		"consumed by reading one more buffered item and the goroutine blocks for good")
-	const path, tries = "test.bugkill.generate", 5
-	host := startEmbedded(t)
-	wrt := join(t, host)
-	f := newFlood(100000)
-	serve(t, wrt, path, f.handle)
-	c := newClient(t, host, path)
-	waitInstances(t, c, 1)
-
-	leaked := 0
-	for range tries {
-		f.sent.Store(0)
-		f.full.Store(0)
-		s := generate(t, c, `{}`, nil)
-		require.NoError(t, waitStarted(s))
-		recv(t, f.reqs, "the request")
-		f.waitBlocked(t)
-		s.Kill()
-		if !goroutineGone(streamRun, time.Second) {
-			leaked++
-		}
-		assert.Equal(t, io.EOF, drainAll(s))
-		require.True(t, goroutineGone(streamRun, 2*time.Second))
-	}
-	assert.Zero(t, leaked, "Stream.run left blocked after Kill in %d of %d tries", leaked, tries)
 }
 
 // A caller's kill (or loss) that arrives while Request.run is in
@@ -126,23 +103,24 @@ func TestBugKillDuringSendMayNotReachHandler(t *testing.T) {
 		"over <-out.Killed()/<-out.Lost(), and the request context is never killed")
 	for _, how := range []string{"kill", "caller lost"} {
 		t.Run(how, func(t *testing.T) {
-			const path, tries = "test.bugkillsend.generate", 8
+			const path, tries = "test.bugkillsend.generate", 100
 			host := startEmbedded(t)
 			f := newFlood(1 << 30)
 			serve(t, host, path, f.handle)
 			missed := 0
 			for range tries {
-				f.sent.Store(0)
-				f.full.Store(0)
 				crt := join(t, host)
 				c := newClient(t, crt, path)
 				waitInstances(t, c, 1)
 				s := generate(t, c, `{}`, nil)
-				require.NoError(t, waitStarted(s))
 				req := recv(t, f.reqs, "the request")
-				// The handler is blocked on a full buffer, Request.run in
-				// SendBatch waiting for credit.
-				f.waitBlocked(t)
+				// The caller consumes as fast as it can: the handler streams
+				// at full speed and Request.run is in SendBatch most of the time.
+				drained := make(chan struct{})
+				go func() { defer close(drained); _ = drainAll(s) }()
+				for base := f.sent.Load(); f.sent.Load() < base+2000; {
+					time.Sleep(time.Millisecond)
+				}
 				want := ctxtree.ReasonKill
 				if how == "kill" {
 					s.Kill()
@@ -153,12 +131,12 @@ func TestBugKillDuringSendMayNotReachHandler(t *testing.T) {
 				select {
 				case <-req.Ctx.Killed():
 					assert.Equal(t, want, req.Ctx.Reason())
-				case <-time.After(2 * time.Second):
+				case <-time.After(time.Second):
 					missed++
 					// The handler runs on with Sends that drop everything.
 					req.Ctx.Kill()
 				}
-				_ = drainAll(s)
+				<-drained
 				crt.Close()
 			}
 			assert.Zero(t, missed, "the worker's context was not killed in %d of %d tries", missed, tries)

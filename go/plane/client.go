@@ -34,6 +34,7 @@ type Client struct {
 	rr      atomic.Uint64
 
 	migrationLimit atomic.Int64
+	filter         atomic.Pointer[func([]byte) bool]
 
 	mu      sync.Mutex
 	closed  bool
@@ -68,7 +69,7 @@ func (c *Client) watchChanges() {
 	for {
 		select {
 		case <-c.watcher.Changes():
-			if len(c.watcher.Instances()) == 0 {
+			if len(c.Instances()) == 0 {
 				continue
 			}
 			c.mu.Lock()
@@ -89,7 +90,7 @@ func (c *Client) Path() string { return c.path }
 
 // InstanceIDs returns the ids of the instances currently known, sorted.
 func (c *Client) InstanceIDs() []uint64 {
-	insts := c.watcher.Instances()
+	insts := c.Instances()
 	ids := make([]uint64, len(insts))
 	for i, in := range insts {
 		ids[i] = in.ID
@@ -97,11 +98,39 @@ func (c *Client) InstanceIDs() []uint64 {
 	return ids
 }
 
+// Instances returns the instances currently known that pass the instance
+// filter, sorted by id.
+func (c *Client) Instances() []discovery.Instance {
+	all := c.watcher.Instances()
+	f := c.filter.Load()
+	if f == nil {
+		return all
+	}
+	out := all[:0:0]
+	for _, in := range all {
+		if (*f)(in.Meta) {
+			out = append(out, in)
+		}
+	}
+	return out
+}
+
+// SetInstanceFilter restricts routing (and Instances, InstanceIDs,
+// ArmInstances) to the instances whose metadata f accepts, for example those
+// serving one model. Nil removes the filter.
+func (c *Client) SetInstanceFilter(f func(meta []byte) bool) {
+	if f == nil {
+		c.filter.Store(nil)
+		return
+	}
+	c.filter.Store(&f)
+}
+
 // ArmInstances runs f once when at least one instance is known (at once if
 // one is) or the client closes. f must not block.
 func (c *Client) ArmInstances(f func()) {
 	c.mu.Lock()
-	if c.closed || len(c.watcher.Instances()) > 0 {
+	if c.closed || len(c.Instances()) > 0 {
 		c.mu.Unlock()
 		f()
 		return
@@ -109,7 +138,7 @@ func (c *Client) ArmInstances(f func()) {
 	c.waiting = append(c.waiting, f)
 	c.mu.Unlock()
 	// An instance may have appeared between the check and the append.
-	if len(c.watcher.Instances()) > 0 {
+	if len(c.Instances()) > 0 {
 		c.mu.Lock()
 		fs := c.waiting
 		c.waiting = nil
@@ -213,7 +242,7 @@ func (c *Client) generateOnce(payload []byte, parent *ctxtree.Context, route Rou
 		rc.Notify(ctxtree.Killed, func() { go in.Kill() }),
 	)
 	st, _ := rc.State()
-	env := envelope{ID: rc.ID(), Addr: c.rt.srv.Addr().String(), Token: token, State: st, Request: payload}
+	env := envelope{ID: rc.ID(), Addr: c.rt.streamAddr(), Token: token, State: st, Request: payload}
 	go s.run(c.rt.nc(), discovery.RequestSubject(c.path, id), mustJSON(env))
 	return s, nil
 }
@@ -298,9 +327,10 @@ func (s *Stream) push(item []byte) {
 	}
 }
 
-// next blocks until the stream has an item or ends (the error, io.EOF for a
-// normal end), or ctx is done. Only one goroutine may use it per stream.
-func (s *Stream) next(ctx context.Context) ([]byte, error) {
+// Next blocks until the stream has an item or ends (the error, io.EOF for a
+// normal end), or ctx is done. It is for Go consumers; hosts that cannot
+// block use Take and Arm. Only one goroutine may consume a stream.
+func (s *Stream) Next(ctx context.Context) ([]byte, error) {
 	for {
 		items, err := s.Take(1)
 		if err == nil {

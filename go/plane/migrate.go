@@ -112,7 +112,7 @@ func (s *Stream) migrate(c *Client, payload []byte, route Route, instance uint64
 // relay passes one attempt's items to the caller, recording their token ids.
 func (s *Stream) relay(inner *Stream, received *[]json.RawMessage) error {
 	for {
-		item, err := inner.next(context.Background())
+		item, err := inner.Next(context.Background())
 		if err != nil {
 			return err
 		}

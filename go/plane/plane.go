@@ -45,6 +45,8 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"net"
+	"os"
 	"strings"
 	"sync"
 	"time"
@@ -86,12 +88,24 @@ const (
 	maxTakeBatch = 1024
 )
 
+// Environment variables read by New when the options leave them empty.
+const (
+	EnvStreamAddr    = "DYNAMO_CTX_STREAM_ADDR"
+	EnvAdvertiseHost = "DYNAMO_CTX_ADVERTISE_HOST"
+)
+
 // Options configures New.
 type Options struct {
 	// NATS is where the runtime connects; see natsbus.Options.
 	NATS natsbus.Options
-	// StreamAddr is where response streams are accepted ("127.0.0.1:0").
+	// StreamAddr is where response streams are accepted. Empty means the
+	// DYNAMO_CTX_STREAM_ADDR environment variable, else "127.0.0.1:0"
+	// (loopback: workers on other machines cannot reach it; a multi-machine
+	// deployment sets e.g. "0.0.0.0:0" and AdvertiseHost).
 	StreamAddr string
+	// AdvertiseHost is the host workers dial to reach StreamAddr. Empty means
+	// DYNAMO_CTX_ADVERTISE_HOST, else the listener's own address.
+	AdvertiseHost string
 	// Heartbeat and TTL of instance leases (zero: discovery's defaults).
 	Heartbeat, TTL time.Duration
 	// NewContext makes every context the plane creates (a served request's,
@@ -118,7 +132,13 @@ type Runtime struct {
 // address) and opens the stream server.
 func New(ctx context.Context, opts Options) (*Runtime, error) {
 	if opts.StreamAddr == "" {
+		opts.StreamAddr = os.Getenv(EnvStreamAddr)
+	}
+	if opts.StreamAddr == "" {
 		opts.StreamAddr = "127.0.0.1:0"
+	}
+	if opts.AdvertiseHost == "" {
+		opts.AdvertiseHost = os.Getenv(EnvAdvertiseHost)
 	}
 	if opts.NewContext == nil {
 		opts.NewContext = func(id string) *ctxtree.Context { return ctxtree.New(id) }
@@ -138,6 +158,23 @@ func New(ctx context.Context, opts Options) (*Runtime, error) {
 		clients:   map[*Client]struct{}{},
 		done:      make(chan struct{}),
 	}, nil
+}
+
+// NewContext makes a context the way the plane makes its own (see
+// Options.NewContext).
+func (r *Runtime) NewContext(id string) *ctxtree.Context { return r.opts.NewContext(id) }
+
+// streamAddr is the address workers dial to deliver a response stream.
+func (r *Runtime) streamAddr() string {
+	addr := r.srv.Addr().String()
+	if r.opts.AdvertiseHost == "" {
+		return addr
+	}
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return addr
+	}
+	return net.JoinHostPort(r.opts.AdvertiseHost, port)
 }
 
 // Bus returns the runtime's NATS connection.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"sync"
+	"time"
 
 	"github.com/nats-io/nats.go"
 
@@ -79,7 +80,10 @@ func (e *Endpoint) onMsg(m *nats.Msg) {
 		_ = m.Respond(mustJSON(ack{Error: "malformed request envelope"}))
 		return
 	}
-	req := &Request{ep: e, ID: env.ID, Payload: env.Request, Ctx: e.rt.opts.NewContext(env.ID), wake: make(chan struct{}, 1)}
+	req := &Request{
+		ep: e, ID: env.ID, Payload: env.Request, Ctx: e.rt.opts.NewContext(env.ID),
+		wake: make(chan struct{}, 1), hostDone: make(chan struct{}),
+	}
 	if env.State >= ctxtree.Stopped {
 		// The caller's context was cancelled before sending: apply it before
 		// the handler can see the request. A stop is the caller's, not the
@@ -192,7 +196,9 @@ type Request struct {
 	Payload json.RawMessage
 	Ctx     *ctxtree.Context
 
-	wake chan struct{} // buffered(1): items queued or the handler finished
+	wake     chan struct{} // buffered(1): items queued or the handler finished
+	hostDone chan struct{} // closed when the host's handler completed or failed
+	doneOnce sync.Once
 
 	mu            sync.Mutex
 	items         [][]byte
@@ -248,6 +254,7 @@ func (r *Request) run(addr, token string) {
 		case <-r.wake:
 		case <-killed:
 			r.release()
+			go r.confirmAbort()
 			return
 		}
 		r.mu.Lock()
@@ -260,6 +267,9 @@ func (r *Request) run(addr, token string) {
 		if len(items) > 0 {
 			if _, err := out.SendBatch(ctx, items); err != nil {
 				r.release()
+				if r.Ctx.IsKilled() {
+					go r.confirmAbort()
+				}
 				return
 			}
 		}
@@ -350,6 +360,7 @@ func (r *Request) Fail(msg string) {
 }
 
 func (r *Request) finish(msg string) {
+	r.doneOnce.Do(func() { close(r.hostDone) })
 	r.mu.Lock()
 	if r.finished {
 		r.mu.Unlock()
@@ -359,6 +370,52 @@ func (r *Request) finish(msg string) {
 	r.failMsg = msg
 	r.mu.Unlock()
 	r.poke()
+}
+
+// AbortedSubject carries AbortConfirmation messages: a worker publishes one
+// when the handler of a killed request has returned, which is when its
+// engine work was aborted and its resources freed.
+const AbortedSubject = "dc.aborted"
+
+// AbortConfirmation is the message on AbortedSubject.
+type AbortConfirmation struct {
+	ID       string `json:"id"`       // the request id
+	Path     string `json:"path"`     // the endpoint path
+	Instance uint64 `json:"instance"` // the worker instance
+	Reason   string `json:"reason"`   // why the request was killed, as the worker saw it
+}
+
+// abortConfirmTimeout bounds how long a worker waits for a killed handler
+// to return before it stops waiting (and confirms nothing).
+const abortConfirmTimeout = 60 * time.Second
+
+// confirmAbort waits for the host's handler of a killed request to return
+// and publishes the confirmation.
+func (r *Request) confirmAbort() {
+	select {
+	case <-r.hostDone:
+	case <-r.ep.closedCh:
+		return
+	case <-time.After(abortConfirmTimeout):
+		return
+	}
+	msg := AbortConfirmation{ID: r.ID, Path: r.ep.path, Instance: r.ep.instanceID, Reason: r.Ctx.Reason().String()}
+	_ = r.ep.rt.nc().Publish(AbortedSubject, mustJSON(msg))
+}
+
+// OnAbortConfirmed calls f for every abort confirmation any worker
+// publishes, until the runtime closes. f runs on a NATS delivery goroutine.
+func (r *Runtime) OnAbortConfirmed(f func(AbortConfirmation)) error {
+	_, err := r.nc().Subscribe(AbortedSubject, func(m *nats.Msg) {
+		var a AbortConfirmation
+		if json.Unmarshal(m.Data, &a) == nil {
+			f(a)
+		}
+	})
+	if err != nil {
+		return err
+	}
+	return r.nc().Flush()
 }
 
 func mustJSON(v any) []byte {

@@ -59,9 +59,13 @@ class RuntimeClosed(RuntimeError):
 _ROUTE_ROUND_ROBIN, _ROUTE_RANDOM, _ROUTE_DIRECT = 0, 1, 2
 
 
+# One encoder for every item: json.dumps with options builds a new one per call.
+_encode = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
+
+
 def _dumps(value: Any) -> bytes:
     try:
-        return json.dumps(value, separators=(",", ":"), allow_nan=False).encode()
+        return _encode(value).encode()
     except (TypeError, ValueError) as e:
         raise TypeError(f"value is not JSON-serialisable: {e}") from None
 
@@ -280,7 +284,7 @@ async def _serve_one(lib: Any, req: int, handler: Callable[..., Any], pass_conte
     watcher.add_done_callback(on_kill)
     gen: Any = None
     try:
-        request = json.loads(lib.request_payload(req))
+        request = json.loads(lib.request_payload(req).decode())
         gen = handler(request, context=ctx) if pass_context else handler(request)
         if not hasattr(gen, "__anext__"):
             raise TypeError(f"handler returned {type(gen).__name__}, not an async generator")
@@ -444,7 +448,7 @@ class ResponseStream:
             else:
                 self._ended = True
                 _raise_for(code, value)
-        data = json.loads(self._buf.popleft())
+        data = json.loads(self._buf.popleft().decode())  # str: skips encoding detection
         return Annotated(data) if self._annotated else data
 
     async def aclose(self) -> None:

@@ -1,0 +1,531 @@
+// Package frontend is the OpenAI-compatible HTTP frontend of dynamo-ctx. It
+// turns HTTP requests into token requests on the request plane and client
+// disconnects into kills.
+//
+// Guarantees:
+//
+//   - Request id: the x-request-id header, else x-dynamo-request-id, else a
+//     new uuid. It is returned in the response's x-request-id header and is
+//     the id of the request's context on every hop (migration attempts,
+//     workers, their prefill calls).
+//   - Disconnect: when the client goes away before the response is complete
+//     (closed socket, client timeout, closed SSE stream), for streaming and
+//     non-streaming requests alike, the request's context is killed with
+//     reason client_disconnected, which reaches the worker at once, during
+//     prefill as well as decode. The disconnect is counted as signalled
+//     (dynamo_ctx_frontend_cancellations_total); when the worker confirms the
+//     abort (its handler returned after aborting the engine) it is counted as
+//     confirmed (dynamo_ctx_frontend_aborts_confirmed_total) and the time from
+//     disconnect to confirmation is observed in
+//     dynamo_ctx_frontend_disconnect_to_abort_seconds. All are labelled by
+//     model.
+//   - Models: GET /v1/models lists the models that registered worker instances
+//     declare in their metadata ({"model": ...}); requests are routed only to
+//     instances of the requested model.
+//   - Migration: requests are retried on another worker up to the migration
+//     limit: the frontend's own (Options.MigrationLimit, if >= 0), else the
+//     largest limit the model's instances declare.
+//
+// Tokenisation is a stand-in (one token per UTF-8 byte of the prompt, a
+// fixed word per token id on the way out): the frontend exists to carry
+// cancellation, and the mock engine does not care what tokens mean.
+package frontend
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/dynamo-ctx/dynamo-ctx/go/ctxtree"
+	"github.com/dynamo-ctx/dynamo-ctx/go/plane"
+)
+
+// Options configures New.
+type Options struct {
+	// Addr is the listen address, e.g. "127.0.0.1:8000" or ":8000".
+	Addr string
+	// Namespace of the workers' endpoints ("<namespace>.backend.generate").
+	Namespace string
+	// MigrationLimit overrides the limit workers declare when >= 0.
+	MigrationLimit int
+	// DefaultMaxTokens applies when a request gives none.
+	DefaultMaxTokens int
+}
+
+// Frontend is a running HTTP frontend.
+type Frontend struct {
+	rt      *plane.Runtime
+	opts    Options
+	client  *plane.Client // all instances of the backend endpoint
+	srv     *http.Server
+	ln      net.Listener
+	metrics *metrics
+
+	mu       sync.Mutex
+	clients  map[string]*plane.Client // per model
+	pending  map[string]pendingAbort  // request id -> disconnect waiting for its confirmation
+	serveErr chan error
+}
+
+type pendingAbort struct {
+	model string
+	at    time.Time
+}
+
+// New starts the frontend on opts.Addr.
+func New(ctx context.Context, rt *plane.Runtime, opts Options) (*Frontend, error) {
+	if opts.Namespace == "" {
+		opts.Namespace = "dynamo"
+	}
+	if opts.DefaultMaxTokens <= 0 {
+		opts.DefaultMaxTokens = 16
+	}
+	path := opts.Namespace + ".backend.generate"
+	client, err := rt.Client(ctx, path)
+	if err != nil {
+		return nil, err
+	}
+	f := &Frontend{
+		rt: rt, opts: opts, client: client, metrics: newMetrics(),
+		clients: map[string]*plane.Client{}, pending: map[string]pendingAbort{},
+		serveErr: make(chan error, 1),
+	}
+	if err := rt.OnAbortConfirmed(f.onAbortConfirmed); err != nil {
+		client.Close()
+		return nil, err
+	}
+	ln, err := net.Listen("tcp", opts.Addr)
+	if err != nil {
+		client.Close()
+		return nil, err
+	}
+	f.ln = ln
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/completions", f.completions)
+	mux.HandleFunc("POST /v1/chat/completions", f.chatCompletions)
+	mux.HandleFunc("GET /v1/models", f.models)
+	mux.HandleFunc("GET /health", f.health)
+	mux.HandleFunc("GET /metrics", f.metricsHandler)
+	f.srv = &http.Server{
+		Handler: mux, ReadHeaderTimeout: 30 * time.Second,
+		// net/http's own complaints go to the library's log, never stderr.
+		ErrorLog: slog.NewLogLogger(slog.Default().Handler(), slog.LevelDebug),
+	}
+	go func() { f.serveErr <- f.srv.Serve(ln) }()
+	return f, nil
+}
+
+// Addr is the address the frontend listens on.
+func (f *Frontend) Addr() string { return f.ln.Addr().String() }
+
+// Close stops serving; requests in flight are killed (reason shutdown).
+func (f *Frontend) Close() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	err := f.srv.Shutdown(ctx)
+	if err != nil {
+		_ = f.srv.Close()
+	}
+	<-f.serveErr
+	f.mu.Lock()
+	cls := make([]*plane.Client, 0, len(f.clients))
+	for _, c := range f.clients {
+		cls = append(cls, c)
+	}
+	f.mu.Unlock()
+	for _, c := range cls {
+		c.Close()
+	}
+	f.client.Close()
+	return nil
+}
+
+type instanceMeta struct {
+	Model          string `json:"model"`
+	MigrationLimit int    `json:"migration_limit"`
+}
+
+func parseMeta(b []byte) instanceMeta {
+	var m instanceMeta
+	_ = json.Unmarshal(b, &m)
+	return m
+}
+
+// modelClient returns the client that routes to the instances of model.
+func (f *Frontend) modelClient(model string) (*plane.Client, error) {
+	f.mu.Lock()
+	c := f.clients[model]
+	f.mu.Unlock()
+	if c != nil {
+		return c, nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := f.rt.Client(ctx, f.opts.Namespace+".backend.generate")
+	if err != nil {
+		return nil, err
+	}
+	c.SetInstanceFilter(func(meta []byte) bool { return parseMeta(meta).Model == model })
+	f.mu.Lock()
+	if existing := f.clients[model]; existing != nil {
+		f.mu.Unlock()
+		c.Close()
+		return existing, nil
+	}
+	f.clients[model] = c
+	f.mu.Unlock()
+	return c, nil
+}
+
+func (f *Frontend) migrationLimit(c *plane.Client) int {
+	if f.opts.MigrationLimit >= 0 {
+		return f.opts.MigrationLimit
+	}
+	limit := 0
+	for _, in := range c.Instances() {
+		if m := parseMeta(in.Meta); m.MigrationLimit > limit {
+			limit = m.MigrationLimit
+		}
+	}
+	return limit
+}
+
+func (f *Frontend) modelNames() []string {
+	seen := map[string]bool{}
+	for _, in := range f.client.Instances() {
+		if m := parseMeta(in.Meta); m.Model != "" {
+			seen[m.Model] = true
+		}
+	}
+	names := make([]string, 0, len(seen))
+	for n := range seen {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}
+
+func (f *Frontend) onAbortConfirmed(a plane.AbortConfirmation) {
+	f.mu.Lock()
+	p, ok := f.pending[a.ID]
+	if ok {
+		delete(f.pending, a.ID)
+	}
+	f.mu.Unlock()
+	if ok {
+		f.metrics.abortConfirmed(p.model, time.Since(p.at))
+	}
+}
+
+func requestID(r *http.Request) string {
+	for _, h := range []string{"x-request-id", "x-dynamo-request-id"} {
+		if v := strings.TrimSpace(r.Header.Get(h)); v != "" && len(v) <= 1024 {
+			return v
+		}
+	}
+	return ctxtree.NewID()
+}
+
+func writeError(w http.ResponseWriter, status int, msg, kind string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(map[string]any{"error": map[string]any{"message": msg, "type": kind, "code": status}})
+}
+
+func (f *Frontend) health(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(map[string]any{"status": "healthy", "models": f.modelNames(), "instances": len(f.client.Instances())})
+}
+
+func (f *Frontend) models(w http.ResponseWriter, r *http.Request) {
+	data := []map[string]any{}
+	for _, n := range f.modelNames() {
+		data = append(data, map[string]any{"id": n, "object": "model", "created": 0, "owned_by": "dynamo-ctx"})
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(map[string]any{"object": "list", "data": data})
+}
+
+func (f *Frontend) metricsHandler(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Content-Type", "text/plain; version=0.0.4")
+	f.metrics.write(w)
+}
+
+// completionRequest holds the fields of both OpenAI request kinds that the
+// frontend uses.
+type completionRequest struct {
+	Model     string          `json:"model"`
+	Prompt    json.RawMessage `json:"prompt"`
+	Messages  []chatMessage   `json:"messages"`
+	MaxTokens *int            `json:"max_tokens"`
+	// max_completion_tokens is the newer name in the chat API.
+	MaxCompletionTokens *int `json:"max_completion_tokens"`
+	Stream              bool `json:"stream"`
+}
+
+type chatMessage struct {
+	Role    string          `json:"role"`
+	Content json.RawMessage `json:"content"`
+}
+
+func (f *Frontend) completions(w http.ResponseWriter, r *http.Request) {
+	f.serve(w, r, false)
+}
+
+func (f *Frontend) chatCompletions(w http.ResponseWriter, r *http.Request) {
+	f.serve(w, r, true)
+}
+
+func promptText(req *completionRequest, chat bool) (string, error) {
+	if chat {
+		if len(req.Messages) == 0 {
+			return "", errors.New("messages must not be empty")
+		}
+		var b strings.Builder
+		for _, m := range req.Messages {
+			var text string
+			if err := json.Unmarshal(m.Content, &text); err != nil {
+				// Content parts: concatenate the text parts.
+				var parts []struct {
+					Type string `json:"type"`
+					Text string `json:"text"`
+				}
+				if err := json.Unmarshal(m.Content, &parts); err != nil {
+					return "", errors.New("message content must be a string or a list of parts")
+				}
+				for _, p := range parts {
+					text += p.Text
+				}
+			}
+			fmt.Fprintf(&b, "%s: %s\n", m.Role, text)
+		}
+		return b.String(), nil
+	}
+	var s string
+	if err := json.Unmarshal(req.Prompt, &s); err == nil {
+		return s, nil
+	}
+	var list []string
+	if err := json.Unmarshal(req.Prompt, &list); err == nil && len(list) > 0 {
+		return strings.Join(list, ""), nil
+	}
+	return "", errors.New("prompt must be a string")
+}
+
+// tokenize is the stand-in tokenizer: one token per byte.
+func tokenize(s string) []int {
+	out := make([]int, len(s))
+	for i := 0; i < len(s); i++ {
+		out[i] = int(s[i])
+	}
+	return out
+}
+
+var words = strings.Fields("the of and to in is was for on that with as by at from it an be this are which or")
+
+// detokenize is the stand-in detokenizer: a fixed word per token id.
+func detokenize(ids []int) string {
+	var b strings.Builder
+	for _, id := range ids {
+		b.WriteByte(' ')
+		b.WriteString(words[((id%len(words))+len(words))%len(words)])
+	}
+	return b.String()
+}
+
+type workerItem struct {
+	TokenIDs     []int   `json:"token_ids"`
+	FinishReason *string `json:"finish_reason"`
+}
+
+func (f *Frontend) serve(w http.ResponseWriter, r *http.Request, chat bool) {
+	id := requestID(r)
+	w.Header().Set("x-request-id", id)
+	body, err := io.ReadAll(io.LimitReader(r.Body, 64<<20))
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "could not read the request body", "invalid_request_error")
+		return
+	}
+	var req completionRequest
+	if err := json.Unmarshal(body, &req); err != nil {
+		writeError(w, http.StatusBadRequest, "the request body is not valid JSON: "+err.Error(), "invalid_request_error")
+		return
+	}
+	if req.Model == "" {
+		writeError(w, http.StatusBadRequest, "model is required", "invalid_request_error")
+		return
+	}
+	text, err := promptText(&req, chat)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err.Error(), "invalid_request_error")
+		return
+	}
+	maxTokens := f.opts.DefaultMaxTokens
+	if req.MaxCompletionTokens != nil {
+		maxTokens = *req.MaxCompletionTokens
+	} else if req.MaxTokens != nil {
+		maxTokens = *req.MaxTokens
+	}
+	if maxTokens <= 0 {
+		writeError(w, http.StatusBadRequest, "max_tokens must be positive", "invalid_request_error")
+		return
+	}
+	client, err := f.modelClient(req.Model)
+	if err != nil {
+		writeError(w, http.StatusServiceUnavailable, err.Error(), "service_unavailable")
+		return
+	}
+	if len(client.Instances()) == 0 {
+		writeError(w, http.StatusNotFound, fmt.Sprintf("model %q is not served by any worker", req.Model), "model_not_found")
+		return
+	}
+	client.SetMigrationLimit(f.migrationLimit(client))
+
+	rc := f.rt.NewContext(id)
+	payload, _ := json.Marshal(map[string]any{
+		"model":           req.Model,
+		"token_ids":       tokenize(text),
+		"stop_conditions": map[string]any{"max_tokens": maxTokens},
+	})
+	stream, err := client.Generate(payload, rc, plane.RoundRobin, 0)
+	if err != nil {
+		writeError(w, http.StatusInternalServerError, err.Error(), "internal_error")
+		return
+	}
+	f.metrics.request(req.Model)
+
+	// A client that goes away kills the request: its context is the request's
+	// context, so the kill reaches the worker (and its prefill call) at once.
+	disconnected := context.AfterFunc(r.Context(), func() {
+		if rc.Cancel(ctxtree.Killed, ctxtree.ReasonClientDisconnected) {
+			f.mu.Lock()
+			f.pending[id] = pendingAbort{model: req.Model, at: time.Now()}
+			f.mu.Unlock()
+			f.metrics.cancellation(req.Model)
+			slog.Info("client disconnected: request killed", "request_id", id, "model", req.Model)
+		}
+	})
+	defer disconnected()
+	defer stream.Kill() // no-op once it ended; releases it otherwise
+
+	created := time.Now().Unix()
+	if req.Stream {
+		f.streamResponse(w, r, stream, id, req.Model, chat, created)
+	} else {
+		f.unaryResponse(w, r, stream, id, req.Model, chat, created)
+	}
+}
+
+// next waits for the stream's next item, or the request's end.
+func next(ctx context.Context, s *plane.Stream) (workerItem, error) {
+	raw, err := s.Next(ctx)
+	if err != nil {
+		return workerItem{}, err
+	}
+	var it workerItem
+	if err := json.Unmarshal(raw, &it); err != nil {
+		return workerItem{}, fmt.Errorf("worker sent a malformed item: %w", err)
+	}
+	return it, nil
+}
+
+func (f *Frontend) streamResponse(w http.ResponseWriter, r *http.Request, s *plane.Stream, id, model string, chat bool, created int64) {
+	flusher, _ := w.(http.Flusher)
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.Header().Set("Cache-Control", "no-cache")
+	w.WriteHeader(http.StatusOK)
+	if flusher != nil {
+		flusher.Flush()
+	}
+	object := "text_completion"
+	if chat {
+		object = "chat.completion.chunk"
+	}
+	first := true
+	for {
+		it, err := next(r.Context(), s)
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			if r.Context().Err() == nil {
+				chunk := map[string]any{"error": map[string]any{"message": err.Error(), "type": "internal_error"}}
+				b, _ := json.Marshal(chunk)
+				fmt.Fprintf(w, "data: %s\n\n", b)
+			}
+			return
+		}
+		choice := map[string]any{"index": 0, "finish_reason": it.FinishReason}
+		text := detokenize(it.TokenIDs)
+		if chat {
+			delta := map[string]any{"content": text}
+			if first {
+				delta["role"] = "assistant"
+			}
+			choice["delta"] = delta
+		} else {
+			choice["text"] = text
+		}
+		first = false
+		b, _ := json.Marshal(map[string]any{"id": id, "object": object, "created": created, "model": model, "choices": []any{choice}})
+		if _, err := fmt.Fprintf(w, "data: %s\n\n", b); err != nil {
+			return // the client is gone; the AfterFunc kills the request
+		}
+		if flusher != nil {
+			flusher.Flush()
+		}
+	}
+	_, _ = io.WriteString(w, "data: [DONE]\n\n")
+	if flusher != nil {
+		flusher.Flush()
+	}
+}
+
+func (f *Frontend) unaryResponse(w http.ResponseWriter, r *http.Request, s *plane.Stream, id, model string, chat bool, created int64) {
+	var tokens []int
+	finish := "stop"
+	for {
+		it, err := next(r.Context(), s)
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			if r.Context().Err() != nil {
+				return // disconnected: nobody to answer
+			}
+			status := http.StatusInternalServerError
+			if errors.Is(err, plane.ErrNoResponders) {
+				status = http.StatusServiceUnavailable
+			}
+			writeError(w, status, err.Error(), "internal_error")
+			return
+		}
+		tokens = append(tokens, it.TokenIDs...)
+		if it.FinishReason != nil {
+			finish = *it.FinishReason
+		}
+	}
+	text := detokenize(tokens)
+	choice := map[string]any{"index": 0, "finish_reason": finish}
+	object := "text_completion"
+	if chat {
+		object = "chat.completion"
+		choice["message"] = map[string]any{"role": "assistant", "content": text}
+	} else {
+		choice["text"] = text
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(map[string]any{
+		"id": id, "object": object, "created": created, "model": model, "choices": []any{choice},
+		"usage": map[string]any{"completion_tokens": len(tokens)},
+	})
+}

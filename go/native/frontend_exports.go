@@ -1,0 +1,74 @@
+package main
+
+/*
+#include <stddef.h>
+#include <stdint.h>
+*/
+import "C"
+
+import (
+	"context"
+
+	"github.com/dynamo-ctx/dynamo-ctx/go/frontend"
+	"github.com/dynamo-ctx/dynamo-ctx/go/handle"
+)
+
+const kindFrontend handle.Kind = 8
+
+var frontends = handle.NewTable[*frontend.Frontend](kindFrontend)
+
+// Starts the OpenAI-compatible HTTP frontend on the runtime and stores its
+// handle in *out. addr is the listen address ("127.0.0.1:8000"); namespace
+// (NULL for "dynamo") is where workers serve "<namespace>.backend.generate";
+// migrationLimit < 0 means "as the model's workers declare". Errors:
+// DC_EBADF, DC_EINVAL, DC_EIO (cannot listen).
+//
+//export dc_frontend_start
+func dc_frontend_start(rtH C.uint64_t, addr *C.char, addrLen C.size_t, namespace *C.char, nsLen C.size_t, migrationLimit C.int, out *C.uint64_t) (rc C.int) {
+	defer guard("dc_frontend_start", &rc)
+	if out == nil || addr == nil {
+		return fail(rcEINVAL, "dc_frontend_start: addr and out must not be NULL")
+	}
+	rt, rc := get(runtimes, "dc_frontend_start", rtH)
+	if rc != rcOK {
+		return rc
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), connectTimeout)
+	defer cancel()
+	f, err := frontend.New(ctx, rt, frontend.Options{
+		Addr:           string(goBytes(addr, addrLen)),
+		Namespace:      string(goBytes(namespace, nsLen)),
+		MigrationLimit: int(migrationLimit),
+	})
+	if err != nil {
+		return fail(rcEIO, "dc_frontend_start: %v", err)
+	}
+	*out = C.uint64_t(frontends.Insert(f))
+	return rcOK
+}
+
+// Copies the address the frontend listens on into buf, as dc_context_id does.
+//
+//export dc_frontend_addr
+func dc_frontend_addr(h C.uint64_t, buf *C.char, bufLen C.size_t, n *C.size_t) (rc C.int) {
+	defer guard("dc_frontend_addr", &rc)
+	f, rc := get(frontends, "dc_frontend_addr", h)
+	if rc != rcOK {
+		return rc
+	}
+	return writeString("dc_frontend_addr", f.Addr(), buf, bufLen, n)
+}
+
+// Stops the frontend (waiting up to 5 s for requests in flight) and frees
+// its handle.
+//
+//export dc_frontend_free
+func dc_frontend_free(h C.uint64_t) (rc C.int) {
+	defer guard("dc_frontend_free", &rc)
+	f, err := frontends.Remove(uint64(h))
+	if err != nil {
+		return fail(rcEBADF, "dc_frontend_free: %v", err)
+	}
+	_ = f.Close()
+	return rcOK
+}

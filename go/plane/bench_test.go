@@ -1,0 +1,132 @@
+package plane_test
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/dynamo-ctx/dynamo-ctx/go/plane"
+)
+
+// benchItem is a 64-byte JSON item, about the size of one token's response.
+var benchItem = func() []byte {
+	const head, tail = `{"token_ids":[42],"text":"`, `"}`
+	b := []byte(head + strings.Repeat("x", 64-len(head)-len(tail)) + tail)
+	if len(b) != 64 {
+		panic(len(b))
+	}
+	return b
+}()
+
+// BenchmarkStreamItems pushes b.N 64-byte JSON items through one stream from
+// a worker runtime to a caller runtime on loopback, both driven the way the
+// native library drives them (Send + Arm on the worker, Take + Arm on the
+// caller). items/s is the throughput of one stream.
+func BenchmarkStreamItems(b *testing.B) {
+	const path = "bench.items.generate"
+	host := startEmbedded(b)
+	wrt := join(b, host)
+	serve(b, wrt, path, func(req *plane.Request) {
+		var n int
+		if _, err := fmt.Sscanf(string(req.Payload), "%d", &n); err != nil {
+			req.Fail(err.Error())
+			return
+		}
+		for range n {
+			if !send(req, benchItem) {
+				return
+			}
+		}
+		req.Complete()
+	})
+	c := newClient(b, host, path)
+	waitInstances(b, c, 1)
+
+	b.SetBytes(int64(len(benchItem)))
+	b.ReportAllocs()
+	b.ResetTimer()
+	s, err := c.Generate(fmt.Appendf(nil, "%d", b.N), nil, plane.RoundRobin, 0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	got := 0
+	if err := waitStarted(s); err != nil {
+		b.Fatal(err)
+	}
+	for {
+		items, err := s.Take(0)
+		if err == nil {
+			got += len(items)
+			continue
+		}
+		if errors.Is(err, plane.ErrAgain) {
+			if err := waitArm(s.Arm); err != nil {
+				b.Fatal(err)
+			}
+			continue
+		}
+		if err != io.EOF {
+			b.Fatal(err)
+		}
+		break
+	}
+	b.StopTimer()
+	if got != b.N {
+		b.Fatalf("got %d items, want %d", got, b.N)
+	}
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "items/s")
+}
+
+// BenchmarkKillLatency measures, for a request being served by a worker
+// runtime, the time from the caller's Stream.Kill to the closing of the
+// worker's request context's Killed channel (over loopback, both runtimes in
+// this process). One op is a whole request (send, accept, kill, end); the
+// latency metrics cover the kill only.
+func BenchmarkKillLatency(b *testing.B) {
+	const path = "bench.kill.generate"
+	host := startEmbedded(b)
+	wrt := join(b, host)
+	reqs := make(chan *plane.Request, 1)
+	serve(b, wrt, path, func(req *plane.Request) {
+		reqs <- req
+		<-req.Ctx.Killed()
+	})
+	c := newClient(b, host, path)
+	waitInstances(b, c, 1)
+
+	lat := make([]time.Duration, 0, b.N)
+	b.ResetTimer()
+	for range b.N {
+		s, err := c.Generate([]byte(`{}`), nil, plane.RoundRobin, 0)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := waitStarted(s); err != nil {
+			b.Fatal(err)
+		}
+		req := recv(b, reqs, "the request")
+		begin := time.Now()
+		s.Kill()
+		select {
+		case <-req.Ctx.Killed():
+		case <-time.After(waitLimit):
+			b.Fatal("the kill never reached the worker")
+		}
+		lat = append(lat, time.Since(begin))
+		if _, _, err := drain(s, 0); err != io.EOF {
+			b.Fatal(err)
+		}
+	}
+	b.StopTimer()
+	slices.Sort(lat)
+	pct := func(p float64) float64 {
+		i := min(len(lat)-1, int(p*float64(len(lat))))
+		return float64(lat[i].Nanoseconds()) / 1e3
+	}
+	b.ReportMetric(pct(0.50), "p50-µs")
+	b.ReportMetric(pct(0.99), "p99-µs")
+}

@@ -8,7 +8,7 @@ export PATH := $(PATH):/usr/local/go/bin
 GOTEST_FLAGS ?= -race -count=1 -timeout 15m
 PYTEST_FLAGS ?=
 
-.PHONY: all setup build demo test test-go test-py vet lint bench bench-go bench-py fuzz clean
+.PHONY: all setup build demo demo-context test test-go test-py vet lint bench bench-go bench-py fuzz clean
 
 all: build
 
@@ -26,8 +26,13 @@ setup: $(VENV)/.installed
 build: setup
 	$(PY) build.py
 
+# The main job: the embedded stack (NATS, frontend, prefill + decode mock
+# workers), requests through the OpenAI API cancelled at different phases.
 demo: build
 	$(PY) -m dynamo_ctx.demo
+
+demo-context: build
+	$(PY) -m dynamo_ctx.demo_context
 
 vet:
 	go vet ./...

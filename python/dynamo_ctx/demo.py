@@ -1,58 +1,221 @@
-"""A short demonstration of request contexts: `python -m dynamo_ctx.demo`.
+"""The end-to-end demo: ``python -m dynamo_ctx.demo`` (``make demo``).
 
-A pretend request fans out to a decode step and a prefill step (children of
-the request's context); a handler polls is_stopped() per token while a
-monitor awaits killed(). The client "hangs up" and every piece stops.
+Starts the embedded stack on this machine (NATS inside the first process, an
+OpenAI-compatible frontend, a prefill and a decode mock worker), sends requests
+through the OpenAI API, cancels some of them at different phases the way real
+clients do (timeouts, closing a stream), and prints for each request the phase
+it was cancelled in, the time from the client's disconnect to the worker's
+confirmed abort (as the frontend measured it) and the KV-cache blocks the abort
+freed. Exits 0 when every cancellation was confirmed and every worker is back
+to zero running requests and zero KV blocks in use.
 """
 
 from __future__ import annotations
 
-import asyncio
+import http.client
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
 import time
+from pathlib import Path
+from typing import Dict, List, Optional
 
-from dynamo_ctx import Context
-
-
-async def decode(ctx: Context, produced: list) -> str:
-    for token in range(1_000_000):
-        if ctx.is_stopped():
-            return f"stopped after {token} tokens ({ctx.reason()})"
-        produced.append(token)
-        await asyncio.sleep(0)
-    return "finished"
+MODEL = "mock-llm"
+HANG = 60.0
 
 
-async def monitor(ctx: Context, name: str, log: list) -> None:
-    await ctx.killed()
-    log.append((name, ctx.reason(), time.perf_counter()))
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
-async def main() -> int:
-    request = Context("req-demo-1")
-    decode_ctx = request.child()
-    prefill_ctx = decode_ctx.child()
-    produced: list = []
-    log: list = []
-    monitors = [
-        asyncio.ensure_future(monitor(decode_ctx, "decode monitor", log)),
-        asyncio.ensure_future(monitor(prefill_ctx, "prefill monitor", log)),
+def http_get(port: int, path: str) -> str:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        conn.request("GET", path)
+        return conn.getresponse().read().decode()
+    finally:
+        conn.close()
+
+
+def scrape(port: int) -> Dict[str, float]:
+    """Prometheus text -> {metric name (without labels): value}, summing label sets."""
+    out: Dict[str, float] = {}
+    for line in http_get(port, "/metrics").splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            if "_bucket" in name:
+                continue
+            key = name.split("{")[0]
+            out[key] = out.get(key, 0.0) + float(value)
+    return out
+
+
+class Proc:
+    """A child process whose stderr lines are kept (and matched) as they arrive."""
+
+    def __init__(self, name: str, args: List[str], env: Dict[str, str]) -> None:
+        self.name = name
+        self.proc = subprocess.Popen([sys.executable, "-m", *args], env=env, stderr=subprocess.PIPE, text=True)
+        self.lines: List[str] = []
+        self.cond = threading.Condition()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            with self.cond:
+                self.lines.append(line)
+                self.cond.notify_all()
+        with self.cond:
+            self.cond.notify_all()
+
+    def wait_log(self, pattern: str, timeout: float = HANG) -> str:
+        deadline = time.monotonic() + timeout
+        rx = re.compile(pattern)
+        with self.cond:
+            seen = 0
+            while True:
+                for line in self.lines[seen:]:
+                    if rx.search(line):
+                        return line
+                seen = len(self.lines)
+                left = deadline - time.monotonic()
+                if left <= 0 or self.proc.poll() is not None:
+                    tail = "".join(self.lines[-20:])
+                    raise RuntimeError(f"{self.name}: no log line matching {pattern!r}\n{tail}")
+                self.cond.wait(left)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def wait_until(cond, what: str, timeout: float = HANG) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+def main() -> int:
+    from openai import APITimeoutError, OpenAI
+
+    from dynamo_ctx import DistributedRuntime
+
+    # This process joins NATS at the default address, hosting it if nothing
+    # answers there: the workers and the frontend started below join it.
+    runtime = DistributedRuntime()
+    print(f"NATS at {runtime.nats_url} (embedded default)")
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.pop("NATS_SERVER", None)
+    http_port, prefill_port, decode_port = free_port(), free_port(), free_port()
+    procs = [
+        Proc("prefill", ["dynamo_ctx.worker", "--mode", "prefill", "--model", MODEL, "--metrics-port", str(prefill_port),
+                         "--prefill-time-per-token", "0.002"], env),
+        Proc("decode", ["dynamo_ctx.worker", "--mode", "decode", "--model", MODEL, "--metrics-port", str(decode_port),
+                        "--decode-time-per-token", "0.01"], env),
+        Proc("frontend", ["dynamo_ctx.frontend", "--http-port", str(http_port), "--http-host", "127.0.0.1"], env),
     ]
-    task = asyncio.ensure_future(decode(decode_ctx, produced))
-    while len(produced) < 50:
-        await asyncio.sleep(0)
-    t_kill = time.perf_counter()
-    request.kill()  # the client hung up
-    outcome = await task
-    await asyncio.gather(*monitors)
-    print(f"request {request.id()}: killed ({request.reason()})")
-    print(f"  decode:  {outcome}; stop seen {1e6 * (time.perf_counter() - t_kill):.0f} us after the kill")
-    for name, reason, woke in log:
-        print(f"  {name}: killed (reason {reason}), awoke {1e6 * (woke - t_kill):.0f} us after the kill")
-    print(f"  decode context id {decode_ctx.id()!r}, prefill context id {prefill_ctx.id()!r}: the id follows every hop")
-    ok = decode_ctx.is_killed() and prefill_ctx.is_killed() and prefill_ctx.reason() == "parent"
-    print("all work stopped" if ok else "LEAK: something kept running")
-    return 0 if ok else 1
+    prefill, decode, frontend = procs
+    rows = []
+    ok = True
+    try:
+        prefill.wait_log(r"serving \S+ as instance")
+        decode.wait_log(r"serving \S+ as instance")
+        frontend.wait_log(r"frontend listening")
+        wait_until(lambda: MODEL in http_get(http_port, "/v1/models"), "the model to be listed")
+        print(f"frontend on http://127.0.0.1:{http_port}, model {MODEL!r}: prefill worker + decode worker\n")
+        base = f"http://127.0.0.1:{http_port}/v1"
+
+        def before() -> Dict[str, Dict[str, float]]:
+            return {"fe": scrape(http_port), "p": scrape(prefill_port), "d": scrape(decode_port)}
+
+        def cancelled(rid: str, phase_expected: str, send) -> None:
+            nonlocal ok
+            m0 = before()
+            t0 = time.perf_counter()
+            send(rid)
+            # The worker that held the request logs the abort; the frontend
+            # records disconnect -> confirmation.
+            who = prefill if phase_expected == "prefill" else decode
+            label = "Prefill " if phase_expected == "prefill" else ""
+            who.wait_log(rf"Aborted {label}Request ID: {re.escape(rid)}")
+            wait_until(lambda: scrape(http_port).get("dynamo_ctx_frontend_aborts_confirmed_total", 0)
+                       > m0["fe"].get("dynamo_ctx_frontend_aborts_confirmed_total", 0), "the frontend to count the confirmation")
+            m1 = before()
+            latency = m1["fe"]["dynamo_ctx_frontend_disconnect_to_abort_seconds_sum"] - m0["fe"].get("dynamo_ctx_frontend_disconnect_to_abort_seconds_sum", 0.0)
+            freed = sum(m1[k].get("dynamo_ctx_worker_abort_freed_kv_blocks_total", 0) - m0[k].get("dynamo_ctx_worker_abort_freed_kv_blocks_total", 0) for k in ("p", "d"))
+            clean = all(m1[k]["dynamo_ctx_worker_running_requests"] == 0 and m1[k]["dynamo_ctx_worker_kv_blocks_in_use"] == 0 for k in ("p", "d"))
+            ok = ok and clean
+            rows.append((rid, phase_expected, f"{latency * 1000:.2f} ms", f"{int(freed)} KV blocks", "yes" if clean else "NO", f"{(time.perf_counter() - t0):.2f} s"))
+
+        client = OpenAI(base_url=base, api_key="unused", max_retries=0)
+
+        # 1. A request that completes.
+        t0 = time.perf_counter()
+        r = client.completions.create(model=MODEL, prompt="Hello, world", max_tokens=20, extra_headers={"x-request-id": "demo-complete"})
+        print(f"demo-complete: {r.usage.completion_tokens} tokens in {time.perf_counter() - t0:.2f} s, not cancelled\n")
+
+        # 2. Client timeout during prefill: a 3000-token prompt takes ~6 s to prefill.
+        def timeout_in_prefill(rid: str) -> None:
+            c = OpenAI(base_url=base, api_key="unused", max_retries=0, timeout=0.5)
+            try:
+                c.completions.create(model=MODEL, prompt="x" * 3000, max_tokens=50, extra_headers={"x-request-id": rid})
+            except APITimeoutError:
+                pass
+
+        cancelled("demo-prefill-timeout", "prefill", timeout_in_prefill)
+
+        # 3. Client timeout during decode (non-streaming chat, 1000 tokens at 10 ms each).
+        def timeout_in_decode(rid: str) -> None:
+            c = OpenAI(base_url=base, api_key="unused", max_retries=0, timeout=1.0)
+            try:
+                c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Tell me a story"}],
+                                          max_tokens=1000, extra_headers={"x-request-id": rid})
+            except APITimeoutError:
+                pass
+
+        cancelled("demo-decode-timeout", "decode", timeout_in_decode)
+
+        # 4. A streaming chat the client closes after 5 chunks.
+        def close_stream(rid: str) -> None:
+            stream = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Count"}],
+                                                    max_tokens=1000, stream=True, extra_headers={"x-request-id": rid})
+            for i, _ in enumerate(stream):
+                if i == 4:
+                    break
+            stream.close()
+
+        cancelled("demo-stream-closed", "decode", close_stream)
+    finally:
+        for p in reversed(procs):
+            p.stop()
+        runtime.shutdown()
+
+    header = ("request id", "phase cancelled", "disconnect -> abort", "freed", "workers at zero", "wall time")
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
+    line = "  ".join("{:<%d}" % w for w in widths)
+    print(line.format(*header))
+    print(line.format(*("-" * w for w in widths)))
+    for row in rows:
+        print(line.format(*row))
+    print()
+    print("every cancellation confirmed, every resource freed" if ok and len(rows) == 3 else "SOMETHING LEAKED")
+    return 0 if ok and len(rows) == 3 else 1
 
 
 if __name__ == "__main__":
-    raise SystemExit(asyncio.run(main()))
+    raise SystemExit(main())

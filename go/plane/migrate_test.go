@@ -1,0 +1,1072 @@
+package plane
+
+// Tests of migration (SPEC section 4) with real in-process runtimes: the
+// first runtime of a test embeds NATS on an ephemeral port and is the caller;
+// every worker is a runtime of its own that joins it, so that closing a
+// worker's runtime is that worker crashing. A worker's handler reads
+// {"token_ids": [...], "max_tokens": N} (or stop_conditions.max_tokens) and
+// answers {"token_ids": [k]} items where k is the position of the token in
+// the sequence (the next token is len(token_ids)), so continuity is checkable
+// on both sides: the caller's tokens are prompt, prompt+1, ... and every
+// worker's token_ids are 0, 1, 2, ...
+//
+// Helpers are prefixed with "mig": plane_test.go (package plane_test) has
+// its own.
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/dynamo-ctx/dynamo-ctx/go/ctxtree"
+	"github.com/dynamo-ctx/dynamo-ctx/go/natsbus"
+	"github.com/dynamo-ctx/dynamo-ctx/go/stream"
+)
+
+const (
+	migWait   = 10 * time.Second // bounds every wait: a hang fails, it does not block
+	migPath   = "mig.backend.generate"
+	migPrompt = 5  // prompt token_ids are 0..4
+	migMax    = 10 // max_tokens: the caller expects tokens 5..14
+)
+
+var migQuiet = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+// migBug skips a test that shows a known bug of the package, unless
+// PLANE_BUG_TESTS=1 (the convention of the package's other tests).
+func migBug(t *testing.T, what string) {
+	t.Helper()
+	if os.Getenv("PLANE_BUG_TESTS") != "1" {
+		t.Skip("bug: " + what + " (run with PLANE_BUG_TESTS=1)")
+	}
+}
+
+// --- runtimes and workers ---------------------------------------------------
+
+// migEnv is one test's request plane: the caller's runtime (hosting NATS)
+// and the attempts that reached the workers' handlers, in arrival order.
+type migEnv struct {
+	t    *testing.T
+	host *Runtime
+	// made counts the contexts the caller's runtime created: the request's
+	// context plus one per attempt for GenerateMigrating, so made-1 is the
+	// exact number of attempts once the stream has ended.
+	made  atomic.Int64
+	onNew atomic.Pointer[func(n int64)] // runs as the n-th context is made, before it is linked
+
+	attempts chan *migAttempt
+	seq      atomic.Int64
+}
+
+func migSetup(t *testing.T) *migEnv {
+	t.Helper()
+	t.Cleanup(func() { goleak.VerifyNone(t) }) // registered first: runs last
+	e := &migEnv{t: t, attempts: make(chan *migAttempt, 64)}
+	e.host = migRuntime(t, "nats://127.0.0.1:0", func(id string) *ctxtree.Context {
+		c := ctxtree.New(id)
+		n := e.made.Add(1)
+		if f := e.onNew.Load(); f != nil {
+			(*f)(n)
+		}
+		return c
+	})
+	return e
+}
+
+func migRuntime(t *testing.T, url string, newContext func(string) *ctxtree.Context) *Runtime {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), migWait)
+	defer cancel()
+	rt, err := New(ctx, Options{NATS: natsbus.Options{URL: url, Logger: migQuiet}, NewContext: newContext})
+	require.NoError(t, err)
+	t.Cleanup(rt.Close)
+	return rt
+}
+
+// migWorker is one worker process: its own runtime, one endpoint instance,
+// and an accept loop (Endpoint.Arm, never sleeping) that runs a handler per
+// request.
+type migWorker struct {
+	name string
+	rt   *Runtime
+	ep   *Endpoint
+	quit chan struct{} // closed at cleanup: handlers waiting on the test return
+	wg   sync.WaitGroup
+}
+
+func (e *migEnv) worker(name string, behave func(a *migAttempt)) *migWorker {
+	t := e.t
+	t.Helper()
+	rt := migRuntime(t, e.host.Bus().URL(), nil)
+	ep, err := rt.Serve(migPath, nil)
+	require.NoError(t, err)
+	w := &migWorker{name: name, rt: rt, ep: ep, quit: make(chan struct{})}
+	w.wg.Add(1)
+	go w.loop(e, behave)
+	t.Cleanup(func() { // before rt.Close (cleanups run in reverse)
+		close(w.quit)
+		ep.Close()
+		done := make(chan struct{})
+		go func() { w.wg.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(migWait):
+			t.Errorf("handlers of worker %s did not return", name)
+		}
+	})
+	return w
+}
+
+func (w *migWorker) loop(e *migEnv, behave func(a *migAttempt)) {
+	defer w.wg.Done()
+	for {
+		req, err := w.ep.Accept()
+		switch {
+		case err == nil:
+			a := migParse(w, req, int(e.seq.Add(1)-1))
+			select {
+			case e.attempts <- a:
+			default:
+				e.t.Errorf("more attempts than the test can hold")
+			}
+			w.wg.Add(1)
+			go func() {
+				defer w.wg.Done()
+				if a.err != nil {
+					req.Fail("ValueError: " + a.err.Error())
+					return
+				}
+				behave(a)
+			}()
+		case errors.Is(err, ErrAgain):
+			ch := make(chan struct{}, 1)
+			w.ep.Arm(func() {
+				select {
+				case ch <- struct{}{}:
+				default:
+				}
+			})
+			<-ch // Close fires it too
+		default: // ErrClosed
+			return
+		}
+	}
+}
+
+// migAttempt is one request as a worker's handler received it.
+type migAttempt struct {
+	w    *migWorker
+	seq  int // arrival order across the test's workers
+	req  *Request
+	ids  []int64
+	max  int // stop_conditions.max_tokens, else max_tokens, else -1
+	err  error
+	next int64 // the next token to send: len(ids) + sent
+	sent int
+
+	proceed chan struct{} // closed by the test to let the handler go on
+	sentAll chan struct{} // closed by a handler once its tokens are queued
+}
+
+func migParse(w *migWorker, req *Request, seq int) *migAttempt {
+	a := &migAttempt{w: w, seq: seq, req: req, max: -1,
+		proceed: make(chan struct{}), sentAll: make(chan struct{})}
+	var p struct {
+		TokenIDs       []int64 `json:"token_ids"`
+		MaxTokens      *int    `json:"max_tokens"`
+		StopConditions *struct {
+			MaxTokens *int `json:"max_tokens"`
+		} `json:"stop_conditions"`
+	}
+	if a.err = json.Unmarshal(req.Payload, &p); a.err != nil {
+		return a
+	}
+	a.ids = p.TokenIDs
+	switch {
+	case p.StopConditions != nil && p.StopConditions.MaxTokens != nil:
+		a.max = *p.StopConditions.MaxTokens
+	case p.MaxTokens != nil:
+		a.max = *p.MaxTokens
+	}
+	a.next = int64(len(a.ids))
+	return a
+}
+
+// send queues k more tokens of the sequence, waiting with Request.Arm while
+// the buffer is full; false once the request is killed.
+func (a *migAttempt) send(k int) bool {
+	for i := 0; i < k; i++ {
+		item := fmt.Appendf(nil, `{"token_ids":[%d]}`, a.next)
+		for {
+			err := a.req.Send(item)
+			if err == nil {
+				break
+			}
+			if !errors.Is(err, ErrFull) {
+				return false
+			}
+			ch := make(chan struct{}, 1)
+			a.req.Arm(func() {
+				select {
+				case ch <- struct{}{}:
+				default:
+				}
+			})
+			select {
+			case <-ch:
+			case <-a.req.Ctx.Killed():
+				return false
+			case <-a.w.quit:
+				return false
+			}
+		}
+		if a.req.Ctx.IsKilled() {
+			return false
+		}
+		a.next++
+		a.sent++
+	}
+	return true
+}
+
+// finish sends the rest of max_tokens and completes: a healthy worker.
+func (a *migAttempt) finish() {
+	if a.send(a.max - a.sent) {
+		a.req.Complete()
+	}
+}
+
+// await waits for ch, the request's kill, or the end of the test; it
+// reports whether ch fired.
+func (a *migAttempt) await(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	case <-a.req.Ctx.Killed():
+		return false
+	case <-a.w.quit:
+		return false
+	}
+}
+
+func (a *migAttempt) waitKilled() {
+	select {
+	case <-a.req.Ctx.Killed():
+	case <-a.w.quit:
+	}
+}
+
+// crash ends this request the way a worker going down does (Endpoint.Close
+// kills every active request with ReasonShutdown): the stream ends without a
+// final marker. Used where a whole runtime per attempt would make routing
+// depend on discovery timing.
+func (a *migAttempt) crash() { a.req.Ctx.Cancel(ctxtree.Killed, ctxtree.ReasonShutdown) }
+
+// --- the caller's side ------------------------------------------------------
+
+func (e *migEnv) client() *Client {
+	e.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), migWait)
+	defer cancel()
+	c, err := e.host.Client(ctx, migPath)
+	require.NoError(e.t, err)
+	e.t.Cleanup(c.Close)
+	return c
+}
+
+// waitInstances waits until c knows every one of ws.
+func (e *migEnv) waitInstances(c *Client, ws ...*migWorker) {
+	e.t.Helper()
+	require.Eventually(e.t, func() bool {
+		ids := c.InstanceIDs()
+		for _, w := range ws {
+			if !slices.Contains(ids, w.ep.InstanceID()) {
+				return false
+			}
+		}
+		return true
+	}, migWait, 5*time.Millisecond, "the client never saw every worker")
+}
+
+// migPin makes c's next round-robin pick w (and the one after it the other
+// of two instances, whether or not w is still listed then).
+func migPin(t *testing.T, c *Client, w *migWorker) {
+	t.Helper()
+	i := slices.Index(c.InstanceIDs(), w.ep.InstanceID())
+	require.GreaterOrEqual(t, i, 0, "worker %s is not known", w.name)
+	c.rr.Store(uint64(i))
+}
+
+func (e *migEnv) generate(c *Client, payload []byte, parent *ctxtree.Context, route Route, instance uint64, limit int) *Stream {
+	e.t.Helper()
+	s, err := c.GenerateMigrating(payload, parent, route, instance, limit)
+	require.NoError(e.t, err)
+	e.t.Cleanup(s.Kill) // releases it if the test failed half-way
+	return s
+}
+
+// attempt returns the next attempt that reached a worker's handler.
+func (e *migEnv) attempt() *migAttempt {
+	e.t.Helper()
+	select {
+	case a := <-e.attempts:
+		return a
+	case <-time.After(migWait):
+		e.t.Fatalf("no attempt reached a worker within %v", migWait)
+		return nil
+	}
+}
+
+func (e *migEnv) noMoreAttempts() {
+	e.t.Helper()
+	select {
+	case a := <-e.attempts:
+		e.t.Errorf("unexpected attempt %d at worker %s: %s", a.seq, a.w.name, a.req.Payload)
+	default:
+	}
+}
+
+// callerAttempts is the number of attempts GenerateMigrating made (exact
+// once its stream has ended: the stream ends after the last decision).
+func (e *migEnv) callerAttempts() int { return int(e.made.Load()) - 1 }
+
+// waitDone waits until the worker's side of a's request is over (its
+// response stream closed), so that its context can no longer change.
+func (e *migEnv) waitDone(a *migAttempt) {
+	e.t.Helper()
+	require.Eventually(e.t, func() bool {
+		a.w.ep.mu.Lock()
+		defer a.w.ep.mu.Unlock()
+		_, active := a.w.ep.active[a.req]
+		return !active
+	}, migWait, 5*time.Millisecond, "request %d at %s never ended", a.seq, a.w.name)
+}
+
+func migState(t *testing.T, c *ctxtree.Context, want ctxtree.State, reason ctxtree.Reason, what string) {
+	t.Helper()
+	st, r := c.State()
+	assert.Equal(t, want, st, "%s: state", what)
+	assert.Equal(t, reason, r, "%s: reason", what)
+}
+
+func migClosed(t *testing.T, ch <-chan struct{}, what string) {
+	t.Helper()
+	select {
+	case <-ch:
+	case <-time.After(migWait):
+		t.Fatalf("timed out waiting for %s", what)
+	}
+}
+
+// migNext returns the stream's next item, or its terminal error (io.EOF for
+// a normal end), waiting with Stream.Arm.
+func migNext(t *testing.T, s *Stream) ([]byte, error) {
+	t.Helper()
+	deadline := time.After(migWait)
+	for {
+		items, err := s.Take(1)
+		if err == nil {
+			return items[0], nil
+		}
+		if !errors.Is(err, ErrAgain) {
+			return nil, err
+		}
+		_ = s.Started() // the start is seen: Arm now waits for items or the end
+		ch := make(chan struct{}, 1)
+		s.Arm(func() {
+			select {
+			case ch <- struct{}{}:
+			default:
+			}
+		})
+		select {
+		case <-ch:
+		case <-deadline:
+			t.Fatalf("the stream made no progress within %v", migWait)
+		}
+	}
+}
+
+func migToken(t *testing.T, item []byte) int64 {
+	t.Helper()
+	var v struct {
+		TokenIDs []int64 `json:"token_ids"`
+	}
+	require.NoError(t, json.Unmarshal(item, &v), "item %s", item)
+	require.Len(t, v.TokenIDs, 1, "item %s", item)
+	return v.TokenIDs[0]
+}
+
+// migTake takes exactly n tokens; the stream must not end before.
+func migTake(t *testing.T, s *Stream, n int) []int64 {
+	t.Helper()
+	var toks []int64
+	for len(toks) < n {
+		item, err := migNext(t, s)
+		require.NoError(t, err, "the stream ended after %d of %d tokens", len(toks), n)
+		toks = append(toks, migToken(t, item))
+	}
+	return toks
+}
+
+// migDrain takes tokens until the stream's terminal error.
+func migDrain(t *testing.T, s *Stream) ([]int64, error) {
+	t.Helper()
+	var toks []int64
+	for {
+		item, err := migNext(t, s)
+		if err != nil {
+			return toks, err
+		}
+		toks = append(toks, migToken(t, item))
+	}
+}
+
+func migSeq(from, n int) []int64 {
+	out := make([]int64, n)
+	for i := range out {
+		out[i] = int64(from + i)
+	}
+	return out
+}
+
+// migPayload is the request: prompt 0..migPrompt-1, migMax new tokens, with
+// max_tokens at the top level or under stop_conditions (Dynamo's shape).
+func migPayload(nested bool) []byte {
+	if nested {
+		return mustJSON(map[string]any{"token_ids": migSeq(0, migPrompt), "stop_conditions": map[string]any{"max_tokens": migMax}})
+	}
+	return mustJSON(map[string]any{"token_ids": migSeq(0, migPrompt), "max_tokens": migMax})
+}
+
+// --- behaviours -------------------------------------------------------------
+
+// migSendThenHang sends k tokens and then waits to be killed: the worker
+// the test is about to crash, or a request the caller cancels.
+func migSendThenHang(k int) func(a *migAttempt) {
+	return func(a *migAttempt) {
+		if a.send(k) {
+			close(a.sentAll)
+		}
+		a.waitKilled()
+	}
+}
+
+// migHonourStop is a healthy worker that honours a stop: it completes with
+// no more tokens once its context is stopped.
+func migHonourStop(a *migAttempt) {
+	if a.req.Ctx.IsStopped() {
+		a.req.Complete()
+		return
+	}
+	a.finish()
+}
+
+// --- tests ------------------------------------------------------------------
+
+// Limit 0: the first attempt is the only one; the broken stream's error is
+// what the caller sees, after the tokens that arrived, although another
+// worker is up.
+func TestMigrationLimitZeroSurfacesBrokenStream(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		migrating bool // GenerateMigrating(limit 0), else Generate with no client limit
+	}{{"GenerateMigrating limit 0", true}, {"Generate without a limit", false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := migSetup(t)
+			w1 := e.worker("w1", migSendThenHang(2))
+			w2 := e.worker("w2", migSendThenHang(2))
+			c := e.client()
+			e.waitInstances(c, w1, w2)
+
+			var s *Stream
+			if tc.migrating {
+				s = e.generate(c, migPayload(false), nil, RoundRobin, 0, 0)
+			} else {
+				var err error
+				s, err = c.Generate(migPayload(false), nil, RoundRobin, 0)
+				require.NoError(t, err)
+				t.Cleanup(s.Kill)
+			}
+			a := e.attempt()
+			assert.Equal(t, migSeq(migPrompt, 2), migTake(t, s, 2))
+
+			a.w.rt.Close() // the worker crashes mid-stream
+			toks, err := migDrain(t, s)
+			assert.Empty(t, toks)
+			require.ErrorIs(t, err, ErrIncomplete)
+			assert.NotErrorIs(t, err, stream.ErrStoppedByHandler)
+			assert.Equal(t, "Stream ended before generation completed", err.Error())
+
+			migState(t, a.req.Ctx, ctxtree.Killed, ctxtree.ReasonShutdown, "crashed worker's request")
+			if tc.migrating {
+				assert.Equal(t, 1, e.callerAttempts(), "limit 0: one attempt")
+			} else {
+				assert.EqualValues(t, 1, e.made.Load(), "Generate without a limit: a single request")
+			}
+			e.noMoreAttempts()
+		})
+	}
+}
+
+// A new request that reaches no worker (the chosen instance is still listed
+// but gone: no responders) is retried, unchanged, on another worker; the
+// client's migration limit applies to Generate.
+func TestMigrationNoRespondersRetriedOnAnotherWorker(t *testing.T) {
+	e := migSetup(t)
+	dead := e.worker("dead", (*migAttempt).finish)
+	live := e.worker("live", (*migAttempt).finish)
+	c := e.client()
+	e.waitInstances(c, dead, live)
+
+	// The dead worker stops receiving while its lease still lists it: a
+	// worker that died before its lease expired.
+	require.NoError(t, dead.ep.sub.Unsubscribe())
+	require.NoError(t, dead.rt.nc().Flush())
+
+	c.SetMigrationLimit(1)
+	migPin(t, c, dead)
+	payload := migPayload(false)
+	s, err := c.Generate(payload, nil, RoundRobin, 0)
+	require.NoError(t, err)
+	t.Cleanup(s.Kill)
+
+	toks, err := migDrain(t, s)
+	require.ErrorIs(t, err, io.EOF)
+	assert.Equal(t, migSeq(migPrompt, migMax), toks)
+
+	a := e.attempt()
+	assert.Equal(t, "live", a.w.name)
+	assert.JSONEq(t, string(payload), string(a.req.Payload), "no token was received: the request is resent as is")
+	assert.Equal(t, 2, e.callerAttempts(), "the attempt to the dead worker, then the retry")
+	e.noMoreAttempts()
+}
+
+// No responders on every attempt: the error surfaces after limit+1 attempts.
+func TestMigrationNoRespondersLimitExhausted(t *testing.T) {
+	e := migSetup(t)
+	c := e.client()
+	const limit = 2
+	s := e.generate(c, migPayload(false), nil, Direct, 0x5eadbeef, limit)
+
+	toks, err := migDrain(t, s)
+	assert.Empty(t, toks)
+	require.ErrorIs(t, err, ErrNoResponders)
+	assert.ErrorIs(t, s.Started(), ErrNoResponders, "the request never started")
+	assert.Equal(t, limit+1, e.callerAttempts())
+}
+
+// A worker crashes (its runtime closes) after some tokens while a second
+// worker is up: the caller's stream is one continuous sequence, and the
+// second worker received token_ids extended by exactly the tokens received
+// and max_tokens (where the request had it) reduced by their number.
+func TestMigrationOngoingContinuesOnSecondWorker(t *testing.T) {
+	for _, nested := range []bool{false, true} {
+		name := "max_tokens"
+		if nested {
+			name = "stop_conditions.max_tokens"
+		}
+		t.Run(name, func(t *testing.T) {
+			e := migSetup(t)
+			w1 := e.worker("w1", migSendThenHang(3))
+			w2 := e.worker("w2", (*migAttempt).finish)
+			c := e.client()
+			e.waitInstances(c, w1, w2)
+			migPin(t, c, w1)
+
+			s := e.generate(c, migPayload(nested), nil, RoundRobin, 0, 1)
+			a1 := e.attempt()
+			require.Equal(t, "w1", a1.w.name)
+			got := migTake(t, s, 3)
+
+			w1.rt.Close() // crash after the caller received 3 tokens
+			rest, err := migDrain(t, s)
+			require.ErrorIs(t, err, io.EOF, "the migrated stream ends normally")
+			assert.Equal(t, migSeq(migPrompt, migMax), append(got, rest...), "one stream: no token lost or repeated")
+
+			a2 := e.attempt()
+			require.Equal(t, "w2", a2.w.name)
+			assert.Equal(t, migSeq(0, migPrompt+3), a2.ids, "token_ids extended by the 3 tokens received")
+			assert.Equal(t, migMax-3, a2.max, "max_tokens reduced by 3")
+			want := `{"token_ids":[0,1,2,3,4,5,6,7],"max_tokens":7}`
+			if nested {
+				want = `{"token_ids":[0,1,2,3,4,5,6,7],"stop_conditions":{"max_tokens":7}}`
+			}
+			assert.JSONEq(t, want, string(a2.req.Payload))
+
+			migState(t, a1.req.Ctx, ctxtree.Killed, ctxtree.ReasonShutdown, "crashed worker's request")
+			for _, a := range []*migAttempt{a1, a2} {
+				assert.Equal(t, s.Context().ID(), a.req.ID, "request id of attempt %d", a.seq)
+				assert.Equal(t, s.Context().ID(), a.req.Ctx.ID(), "context id of attempt %d", a.seq)
+			}
+			assert.Equal(t, 2, e.callerAttempts())
+			e.noMoreAttempts()
+		})
+	}
+}
+
+// The crash comes while the caller is not reading: whatever part of the
+// first worker's tokens made it to the caller, the second worker continues
+// from there and the caller still sees one continuous stream.
+func TestMigrationOngoingContinuityWithoutReading(t *testing.T) {
+	e := migSetup(t)
+	w1 := e.worker("w1", migSendThenHang(4))
+	w2 := e.worker("w2", (*migAttempt).finish)
+	c := e.client()
+	e.waitInstances(c, w1, w2)
+	migPin(t, c, w1)
+
+	s := e.generate(c, migPayload(true), nil, RoundRobin, 0, 1)
+	a1 := e.attempt()
+	require.Equal(t, "w1", a1.w.name)
+	migClosed(t, a1.sentAll, "the first worker to queue its tokens")
+	w1.rt.Close()
+
+	toks, err := migDrain(t, s)
+	require.ErrorIs(t, err, io.EOF)
+	assert.Equal(t, migSeq(migPrompt, migMax), toks, "one stream: no token lost or repeated")
+
+	a2 := e.attempt()
+	require.Equal(t, "w2", a2.w.name)
+	k := len(a2.ids) - migPrompt
+	require.True(t, k >= 0 && k <= 4, "the second worker got %d extra token_ids", k)
+	assert.Equal(t, migSeq(0, migPrompt+k), a2.ids)
+	assert.Equal(t, migMax-k, a2.max)
+	e.noMoreAttempts()
+}
+
+// migCrashing serves one worker whose first crashes attempts each send one
+// token, wait until the caller took it, then crash (later attempts finish),
+// and runs a request to it (Direct, so every attempt reaches that worker).
+// It checks every attempt's payload, request id and context id.
+func migCrashing(t *testing.T, parent *ctxtree.Context, limit, crashes int) (e *migEnv, s *Stream, toks []int64, err error) {
+	t.Helper()
+	e = migSetup(t)
+	w := e.worker("w", func(a *migAttempt) {
+		if a.seq >= crashes {
+			a.finish()
+			return
+		}
+		if a.send(1) && a.await(a.proceed) {
+			a.crash()
+		}
+	})
+	c := e.client()
+	e.waitInstances(c, w)
+	s = e.generate(c, migPayload(false), parent, Direct, w.ep.InstanceID(), limit)
+	id := s.Context().ID()
+	if parent != nil {
+		assert.Equal(t, parent.ID(), id, "the request's context has the parent's id")
+	}
+	check := func(a *migAttempt, i int) {
+		t.Helper()
+		assert.Equal(t, i, a.seq)
+		assert.Equal(t, migSeq(0, migPrompt+i), a.ids, "attempt %d: token_ids", i)
+		assert.Equal(t, migMax-i, a.max, "attempt %d: max_tokens", i)
+		assert.Equal(t, id, a.req.ID, "attempt %d: request id", i)
+		assert.Equal(t, id, a.req.Ctx.ID(), "attempt %d: context id", i)
+	}
+	for i := 0; i < crashes && i <= limit; i++ {
+		a := e.attempt()
+		check(a, i)
+		toks = append(toks, migTake(t, s, 1)...)
+		close(a.proceed)
+	}
+	if crashes <= limit {
+		check(e.attempt(), crashes)
+	}
+	rest, err := migDrain(t, s)
+	return e, s, append(toks, rest...), err
+}
+
+// Every attempt breaks: the error surfaces after limit+1 attempts, each of
+// which reached the worker; the tokens received along the way form one
+// continuous stream.
+func TestMigrationLimitExhausted(t *testing.T) {
+	const limit = 2
+	e, _, toks, err := migCrashing(t, nil, limit, limit+1)
+	require.ErrorIs(t, err, ErrIncomplete)
+	assert.NotErrorIs(t, err, stream.ErrStoppedByHandler)
+	assert.Equal(t, migSeq(migPrompt, limit+1), toks)
+	assert.Equal(t, limit+1, e.callerAttempts())
+	e.noMoreAttempts()
+}
+
+// Every attempt carries the request's id: the parent's when there is one,
+// else the fresh id of the request's context. The last allowed attempt may
+// succeed.
+func TestMigrationRequestIDSameOnEveryAttempt(t *testing.T) {
+	for _, withParent := range []bool{true, false} {
+		name := "no parent"
+		if withParent {
+			name = "parent"
+		}
+		t.Run(name, func(t *testing.T) {
+			var parent *ctxtree.Context
+			if withParent {
+				parent = ctxtree.New("mig-req-42")
+			}
+			e, s, toks, err := migCrashing(t, parent, 2, 2)
+			require.ErrorIs(t, err, io.EOF)
+			assert.Equal(t, migSeq(migPrompt, migMax), toks)
+			assert.NotEmpty(t, s.Context().ID())
+			assert.Equal(t, 3, e.callerAttempts())
+			e.noMoreAttempts()
+		})
+	}
+}
+
+// A cancelled request is never retried: the kill reaches the worker, the
+// stream just ends, and no new attempt starts although the limit allows it.
+func TestMigrationCancelledNotRetried(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		kill func(parent *ctxtree.Context, s *Stream)
+	}{
+		{"parent killed", func(p *ctxtree.Context, _ *Stream) { p.Kill() }},
+		{"stream killed", func(_ *ctxtree.Context, s *Stream) { s.Kill() }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := migSetup(t)
+			w1 := e.worker("w1", migSendThenHang(2))
+			w2 := e.worker("w2", migSendThenHang(2))
+			c := e.client()
+			e.waitInstances(c, w1, w2)
+
+			parent := ctxtree.New("mig-cancel")
+			s := e.generate(c, migPayload(false), parent, RoundRobin, 0, 3)
+			a := e.attempt()
+			assert.Equal(t, migSeq(migPrompt, 2), migTake(t, s, 2))
+
+			tc.kill(parent, s)
+			toks, err := migDrain(t, s)
+			assert.Empty(t, toks)
+			require.ErrorIs(t, err, io.EOF, "a cancelled stream just ends")
+
+			migClosed(t, a.req.Ctx.Killed(), "the worker's request to be killed")
+			assert.Equal(t, ctxtree.ReasonKill, a.req.Ctx.Reason())
+			assert.Equal(t, 1, e.callerAttempts(), "no retry after a cancel")
+			e.noMoreAttempts()
+		})
+	}
+}
+
+// A handler error is not retried: the caller gets the tokens, then the
+// handler's error; the handler's context is neither stopped nor killed.
+func TestMigrationHandlerErrorNotRetried(t *testing.T) {
+	e := migSetup(t)
+	fail := func(a *migAttempt) {
+		if a.send(2) {
+			a.req.Fail("ValueError: boom")
+		}
+	}
+	w1 := e.worker("w1", fail)
+	w2 := e.worker("w2", fail)
+	c := e.client()
+	e.waitInstances(c, w1, w2)
+
+	s := e.generate(c, migPayload(false), nil, RoundRobin, 0, 3)
+	toks, err := migDrain(t, s)
+	assert.Equal(t, migSeq(migPrompt, 2), toks)
+	var he *stream.HandlerError
+	require.ErrorAs(t, err, &he)
+	assert.Equal(t, HandlerErrorPrefix+"ValueError: boom", he.Message)
+	assert.NotErrorIs(t, err, ErrIncomplete)
+	assert.Equal(t, 1, e.callerAttempts(), "a handler error is not retried")
+
+	a := e.attempt()
+	e.waitDone(a)
+	migState(t, a.req.Ctx, ctxtree.Live, ctxtree.ReasonNone, "failed handler's context")
+	e.noMoreAttempts()
+}
+
+// A handler that stops its own request and returns ends the stream with
+// ErrStoppedByHandler ("Stream ended before generation completed"), which
+// migration does not retry.
+func TestMigrationHandlerStopNotRetried(t *testing.T) {
+	e := migSetup(t)
+	stop := func(a *migAttempt) {
+		if a.send(2) {
+			a.req.Ctx.StopGenerating()
+			a.req.Complete()
+		}
+	}
+	w1 := e.worker("w1", stop)
+	w2 := e.worker("w2", stop)
+	c := e.client()
+	e.waitInstances(c, w1, w2)
+
+	s := e.generate(c, migPayload(false), nil, RoundRobin, 0, 3)
+	toks, err := migDrain(t, s)
+	assert.Equal(t, migSeq(migPrompt, 2), toks)
+	require.ErrorIs(t, err, stream.ErrStoppedByHandler)
+	assert.ErrorIs(t, err, ErrIncomplete, "it is reported as an incomplete stream")
+	assert.True(t, strings.HasPrefix(err.Error(), "Stream ended before generation completed"), err.Error())
+	assert.Equal(t, 1, e.callerAttempts(), "a deliberate stop is not retried")
+
+	a := e.attempt()
+	e.waitDone(a)
+	migState(t, a.req.Ctx, ctxtree.Stopped, ctxtree.ReasonStopGenerating, "handler's context")
+	e.noMoreAttempts()
+}
+
+// A stop on the caller's parent reaches the worker of the current attempt,
+// whether it lands during the second attempt or between the attempts; a
+// kill between attempts ends the request without a further attempt.
+func TestMigrationStopReachesCurrentAttempt(t *testing.T) {
+	t.Run("during the second attempt", func(t *testing.T) {
+		e := migSetup(t)
+		w1 := e.worker("w1", migSendThenHang(2))
+		w2 := e.worker("w2", func(a *migAttempt) {
+			if !a.send(2) || !a.await(a.req.Ctx.Stopped()) || a.req.Ctx.IsKilled() {
+				return
+			}
+			if a.send(1) { // what is produced after a stop still arrives
+				a.req.Complete()
+			}
+		})
+		c := e.client()
+		e.waitInstances(c, w1, w2)
+		migPin(t, c, w1)
+
+		parent := ctxtree.New("mig-stop-during")
+		s := e.generate(c, migPayload(false), parent, RoundRobin, 0, 3)
+		a1 := e.attempt()
+		require.Equal(t, "w1", a1.w.name)
+		got := migTake(t, s, 2)
+		w1.rt.Close()
+		a2 := e.attempt()
+		require.Equal(t, "w2", a2.w.name)
+		got = append(got, migTake(t, s, 2)...)
+
+		parent.StopGenerating()
+		rest, err := migDrain(t, s)
+		require.ErrorIs(t, err, io.EOF)
+		assert.Equal(t, migSeq(migPrompt, 5), append(got, rest...))
+
+		e.waitDone(a2)
+		migState(t, a2.req.Ctx, ctxtree.Stopped, ctxtree.ReasonStopGenerating, "second worker's request")
+		assert.Equal(t, 2, e.callerAttempts())
+		e.noMoreAttempts()
+	})
+
+	t.Run("stop between attempts", func(t *testing.T) {
+		e := migSetup(t)
+		w1 := e.worker("w1", migSendThenHang(2))
+		w2 := e.worker("w2", migHonourStop)
+		c := e.client()
+		e.waitInstances(c, w1, w2)
+		migPin(t, c, w1)
+
+		parent := ctxtree.New("mig-stop-between")
+		// Contexts made: 1 the request's, 2 the first attempt's, 3 the
+		// second attempt's: stop as it is made, before it is linked and sent.
+		hook := func(n int64) {
+			if n == 3 {
+				parent.StopGenerating()
+			}
+		}
+		e.onNew.Store(&hook)
+		s := e.generate(c, migPayload(false), parent, RoundRobin, 0, 3)
+		a1 := e.attempt()
+		require.Equal(t, "w1", a1.w.name)
+		got := migTake(t, s, 2)
+		w1.rt.Close()
+
+		rest, err := migDrain(t, s)
+		require.ErrorIs(t, err, io.EOF)
+		assert.Equal(t, migSeq(migPrompt, 2), append(got, rest...))
+
+		a2 := e.attempt()
+		require.Equal(t, "w2", a2.w.name)
+		assert.Equal(t, migSeq(0, migPrompt+2), a2.ids)
+		e.waitDone(a2)
+		migState(t, a2.req.Ctx, ctxtree.Stopped, ctxtree.ReasonStopGenerating, "second worker's request")
+		assert.Equal(t, 2, e.callerAttempts())
+		e.noMoreAttempts()
+	})
+
+	t.Run("kill between attempts", func(t *testing.T) {
+		e := migSetup(t)
+		w1 := e.worker("w1", migSendThenHang(2))
+		w2 := e.worker("w2", migSendThenHang(0))
+		c := e.client()
+		e.waitInstances(c, w1, w2)
+		migPin(t, c, w1)
+
+		parent := ctxtree.New("mig-kill-between")
+		hook := func(n int64) {
+			if n == 3 {
+				parent.Kill()
+			}
+		}
+		e.onNew.Store(&hook)
+		s := e.generate(c, migPayload(false), parent, RoundRobin, 0, 3)
+		require.Equal(t, "w1", e.attempt().w.name)
+		got := migTake(t, s, 2)
+		w1.rt.Close()
+
+		rest, err := migDrain(t, s)
+		require.ErrorIs(t, err, io.EOF)
+		assert.Equal(t, migSeq(migPrompt, 2), append(got, rest...))
+		assert.Equal(t, 2, e.callerAttempts(), "no attempt after the kill")
+
+		// The second attempt was acknowledged by w2; once w2 is done with it,
+		// if its handler saw it at all, it saw it killed.
+		require.Eventually(t, func() bool {
+			w2.ep.mu.Lock()
+			defer w2.ep.mu.Unlock()
+			return len(w2.ep.active) == 0
+		}, migWait, 5*time.Millisecond)
+		select {
+		case a2 := <-e.attempts:
+			assert.Equal(t, "w2", a2.w.name)
+			assert.True(t, a2.req.Ctx.IsKilled(), "second worker's request is killed")
+		default:
+		}
+		e.noMoreAttempts()
+	})
+}
+
+// The continuation of a token request: token_ids extended by the tokens
+// received, max_tokens reduced by their number (top level and under
+// stop_conditions, never below 0), other fields kept; a payload that is not
+// an object is resent unchanged.
+func TestMigrationContinuation(t *testing.T) {
+	three := []json.RawMessage{json.RawMessage("7"), json.RawMessage("8"), json.RawMessage("9")}
+	for _, tc := range []struct {
+		name     string
+		payload  string
+		received []json.RawMessage
+		want     string // JSON; "" when an error is expected
+		bug      string
+	}{
+		{name: "top-level max_tokens",
+			payload: `{"token_ids":[1,2],"max_tokens":10}`, received: three,
+			want: `{"token_ids":[1,2,7,8,9],"max_tokens":7}`},
+		{name: "stop_conditions max_tokens, other fields kept",
+			payload:  `{"token_ids":[1],"stop_conditions":{"max_tokens":5,"stop":["x"]},"sampling_options":{"temperature":0.5},"model":"m"}`,
+			received: three[:1],
+			want:     `{"token_ids":[1,7],"stop_conditions":{"max_tokens":4,"stop":["x"]},"sampling_options":{"temperature":0.5},"model":"m"}`},
+		{name: "both places reduced",
+			payload: `{"token_ids":[],"max_tokens":4,"stop_conditions":{"max_tokens":6}}`, received: three,
+			want: `{"token_ids":[7,8,9],"max_tokens":1,"stop_conditions":{"max_tokens":3}}`},
+		{name: "never below zero",
+			payload: `{"token_ids":[1],"max_tokens":2,"stop_conditions":{"max_tokens":1}}`, received: three,
+			want: `{"token_ids":[1,7,8,9],"max_tokens":0,"stop_conditions":{"max_tokens":0}}`},
+		{name: "exactly zero left",
+			payload: `{"token_ids":[1],"max_tokens":3}`, received: three,
+			want: `{"token_ids":[1,7,8,9],"max_tokens":0}`},
+		{name: "no max_tokens",
+			payload: `{"token_ids":[1,2]}`, received: three[:2],
+			want: `{"token_ids":[1,2,7,8]}`},
+		{name: "no token_ids yet",
+			payload: `{"max_tokens":5}`, received: three[:1],
+			want: `{"token_ids":[7],"max_tokens":4}`},
+		{name: "large token ids kept exactly",
+			payload:  `{"token_ids":[151643,128000],"max_tokens":100}`,
+			received: []json.RawMessage{json.RawMessage("4294967295"), json.RawMessage("151645")},
+			want:     `{"token_ids":[151643,128000,4294967295,151645],"max_tokens":98}`},
+		{name: "non-integer max_tokens unchanged",
+			payload: `{"token_ids":[1],"max_tokens":"ten"}`, received: three[:1],
+			want: `{"token_ids":[1,7],"max_tokens":"ten"}`},
+		{name: "null stop_conditions unchanged",
+			payload: `{"token_ids":[1],"stop_conditions":null}`, received: three[:1],
+			want: `{"token_ids":[1,7],"stop_conditions":null}`},
+		{name: "array payload unchanged", payload: `[1,2,3]`, received: three, want: `[1,2,3]`},
+		{name: "string payload unchanged", payload: `"hello"`, received: three, want: `"hello"`},
+		{name: "number payload unchanged", payload: `42`, received: three, want: `42`},
+		{name: "token_ids not an array is an error",
+			payload: `{"token_ids":"abc","max_tokens":3}`, received: three, want: ""},
+		{name: "null max_tokens (no limit) stays null",
+			payload: `{"token_ids":[1],"stop_conditions":{"max_tokens":null}}`, received: three,
+			want: `{"token_ids":[1,7,8,9],"stop_conditions":{"max_tokens":null}}`,
+			bug: `continuation turns "max_tokens": null (no limit; Dynamo's Option<u32> None, which the vllm handler reads as its default) into 0: json.Unmarshal of null into int64 succeeds and leaves 0, so n becomes max(0-len,0)=0 (migrate.go reduce)`},
+		{name: "null payload unchanged",
+			payload: `null`, received: three, want: `null`,
+			bug: `continuation panics (assignment to entry in nil map) on the JSON payload null: json.Unmarshal of null into the map succeeds and leaves it nil (migrate.go, req["token_ids"] = ...), which crashes the process from the migrate goroutine`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.bug != "" {
+				migBug(t, tc.bug)
+			}
+			in := []byte(tc.payload)
+			orig := slices.Clone(in)
+			var got []byte
+			var err error
+			require.NotPanics(t, func() { got, err = continuation(in, tc.received) })
+			assert.Equal(t, orig, in, "the original payload is not modified")
+			if tc.want == "" {
+				assert.Error(t, err)
+				return
+			}
+			require.NoError(t, err)
+			assert.JSONEq(t, tc.want, string(got))
+		})
+	}
+}
+
+// A request refused by an endpoint that is shutting down (Endpoint.Close
+// marks it closed, then drops the lease, and only then unsubscribes, so a
+// client still routes to it) reached no handler: like no responders, it
+// should be retried on another worker.
+func TestMigrationRetriesRefusalByClosingEndpoint(t *testing.T) {
+	migBug(t, `a request refused with "endpoint is shutting down" (serve.go onMsg, during Endpoint.Close between closed=true and Unsubscribe) fails with "worker refused the request", which retryable does not match: it is not migrated although it reached no worker`)
+	e := migSetup(t)
+	closing := e.worker("closing", (*migAttempt).finish)
+	live := e.worker("live", (*migAttempt).finish)
+	c := e.client()
+	e.waitInstances(c, closing, live)
+
+	// The window inside Endpoint.Close: closed, still subscribed and listed.
+	closing.ep.mu.Lock()
+	closing.ep.closed = true
+	closing.ep.mu.Unlock()
+	t.Cleanup(func() { // before the worker's cleanup, so that Close runs fully
+		closing.ep.mu.Lock()
+		closing.ep.closed = false
+		closing.ep.mu.Unlock()
+	})
+
+	migPin(t, c, closing)
+	s := e.generate(c, migPayload(false), nil, RoundRobin, 0, 1)
+	toks, err := migDrain(t, s)
+	require.ErrorIs(t, err, io.EOF)
+	assert.Equal(t, migSeq(migPrompt, migMax), toks)
+	assert.Equal(t, "live", e.attempt().w.name)
+}
+
+// SPEC section 3: a context already stopped before generate is called gives
+// no items, and the handler's context is stopped, not killed. With a
+// migration limit the request is not sent at all, so no handler sees it.
+func TestMigrationAlreadyStoppedParentReachesWorker(t *testing.T) {
+	migBug(t, `GenerateMigrating (and Generate with a client migration limit) with an already-stopped parent never sends the request (migrate's IsStopped check runs before the first attempt), while SPEC section 3 says the handler's context is stopped, not killed; section 4 only forbids *new* attempts`)
+	e := migSetup(t)
+	w := e.worker("w", migHonourStop)
+	c := e.client()
+	e.waitInstances(c, w)
+
+	parent := ctxtree.New("mig-already-stopped")
+	parent.StopGenerating()
+	s := e.generate(c, migPayload(false), parent, Direct, w.ep.InstanceID(), 1)
+	toks, err := migDrain(t, s)
+	assert.Empty(t, toks)
+	require.ErrorIs(t, err, io.EOF)
+	a := e.attempt()
+	e.waitDone(a)
+	migState(t, a.req.Ctx, ctxtree.Stopped, ctxtree.ReasonStopGenerating, "handler's context")
+}

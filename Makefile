@@ -53,6 +53,8 @@ bench-go:
 
 bench-py: build
 	$(PY) python/benchmarks/bench_context.py
+	$(PY) python/benchmarks/bench_plane.py
+	$(PY) python/benchmarks/bench_frontend.py
 
 bench: bench-go bench-py
 

@@ -143,6 +143,10 @@ func (w *worker) loop(h handler) {
 			w.wg.Add(1)
 			go func() {
 				defer w.wg.Done()
+				// Like the dispatcher, end every request when its handler
+				// returns (a no-op after Complete or Fail): that is also
+				// what confirms the abort of a killed request.
+				defer req.Complete()
 				h(req)
 			}()
 		case errors.Is(err, plane.ErrAgain):

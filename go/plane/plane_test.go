@@ -951,3 +951,127 @@ func TestClosedRuntimeReturnsErrClosed(t *testing.T) {
 	_, err = rt.Client(context.Background(), path)
 	assert.ErrorIs(t, err, plane.ErrClosed)
 }
+
+// A worker publishes an abort confirmation once the handler of a killed
+// request has returned, and only then.
+func TestAbortConfirmedAfterHandlerReturns(t *testing.T) {
+	const path = "test.abort.generate"
+	host := startEmbedded(t)
+	confirmed := make(chan plane.AbortConfirmation, 4)
+	require.NoError(t, host.OnAbortConfirmed(func(a plane.AbortConfirmation) { confirmed <- a }))
+	wrt := join(t, host)
+	got := make(chan *plane.Request, 1)
+	release := make(chan struct{})
+	w := serve(t, wrt, path, func(req *plane.Request) {
+		got <- req
+		<-req.Ctx.Killed()
+		<-release // the engine takes a while to abort
+	})
+	c := newClient(t, host, path)
+	waitInstances(t, c, 1)
+
+	s := generate(t, c, `{}`, ctxtree.New("abort-me"))
+	req := recv(t, got, "the request")
+	s.Kill()
+	require.True(t, closedWithin(req.Ctx.Killed()))
+	select {
+	case a := <-confirmed:
+		t.Fatalf("abort confirmed before the handler returned: %+v", a)
+	case <-time.After(100 * time.Millisecond):
+	}
+	close(release)
+	a := recv(t, confirmed, "the abort confirmation")
+	assert.Equal(t, plane.AbortConfirmation{ID: "abort-me", Path: path, Instance: w.ep.InstanceID(), Reason: "kill"}, a)
+	_, _, err := drain(s, 0)
+	assert.Equal(t, io.EOF, err)
+
+	// A request that completes normally confirms nothing.
+	s = generate(t, c, `{}`, nil)
+	req = recv(t, got, "the second request")
+	req.Complete()
+	_, _, err = drain(s, 0)
+	assert.Equal(t, io.EOF, err)
+	select {
+	case a := <-confirmed:
+		t.Fatalf("unexpected abort confirmation: %+v", a)
+	case <-time.After(100 * time.Millisecond):
+	}
+}
+
+func TestInstanceFilter(t *testing.T) {
+	const path = "test.filter.generate"
+	host := startEmbedded(t)
+	wrt := join(t, host)
+	model := func(name string) handler {
+		return func(req *plane.Request) {
+			send(req, []byte(fmt.Sprintf("%q", name)))
+			req.Complete()
+		}
+	}
+	epA, err := wrt.Serve(path, []byte(`{"model":"a"}`))
+	require.NoError(t, err)
+	epB, err := wrt.Serve(path, []byte(`{"model":"b"}`))
+	require.NoError(t, err)
+	for ep, name := range map[*plane.Endpoint]string{epA: "a", epB: "b"} {
+		w := &worker{ep: ep}
+		w.wg.Add(1)
+		go w.loop(model(name))
+		t.Cleanup(func() { ep.Close(); w.wg.Wait() })
+	}
+	c := newClient(t, host, path)
+	waitInstances(t, c, 2)
+
+	c.SetInstanceFilter(func(meta []byte) bool { return strings.Contains(string(meta), `"b"`) })
+	assert.Equal(t, []uint64{epB.InstanceID()}, c.InstanceIDs())
+	for range 4 {
+		s := generate(t, c, `{}`, nil)
+		items, _, err := drain(s, 0)
+		require.Equal(t, io.EOF, err)
+		require.Len(t, items, 1)
+		assert.Equal(t, `"b"`, string(items[0]))
+	}
+	c.SetInstanceFilter(func([]byte) bool { return false })
+	assert.Empty(t, c.InstanceIDs())
+	assert.ErrorIs(t, waitStarted(generate(t, c, `{}`, nil)), plane.ErrNoInstances)
+	c.SetInstanceFilter(nil)
+	assert.Len(t, c.InstanceIDs(), 2)
+}
+
+func TestNextForGoConsumers(t *testing.T) {
+	const path = "test.next.generate"
+	host := startEmbedded(t)
+	serve(t, host, path, countHandler)
+	c := newClient(t, host, path)
+	waitInstances(t, c, 1)
+
+	s := generate(t, c, `{"n":500}`, nil)
+	var items [][]byte
+	for {
+		it, err := s.Next(context.Background())
+		if err != nil {
+			require.Equal(t, io.EOF, err)
+			break
+		}
+		items = append(items, it)
+	}
+	requireSeq(t, items, 0, 500)
+
+	// A done ctx returns its error and leaves the stream alone.
+	hold := make(chan struct{})
+	serve(t, host, "test.next.hold", func(req *plane.Request) {
+		select {
+		case <-hold:
+		case <-req.Ctx.Killed():
+		}
+	})
+	c2 := newClient(t, host, "test.next.hold")
+	waitInstances(t, c2, 1)
+	s = generate(t, c2, `{}`, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	_, err := s.Next(ctx)
+	assert.ErrorIs(t, err, context.DeadlineExceeded)
+	close(hold)
+	_, err = s.Next(context.Background())
+	assert.Equal(t, io.EOF, err)
+}

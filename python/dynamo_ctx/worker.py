@@ -109,7 +109,9 @@ async def run(args: argparse.Namespace) -> None:
 
 def main(argv: Optional[list] = None) -> None:
     args = parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # [created] is the epoch time in microseconds: benchmarks compare it with
+    # the client's clock on the same machine.
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s [%(created).6f] %(levelname)s %(name)s: %(message)s")
     asyncio.run(run(args))
 
 

@@ -1,0 +1,111 @@
+"""Disconnect -> confirmed abort through the HTTP frontend (SPEC section 8).
+
+Run with `make bench-py` or `python python/benchmarks/bench_frontend.py`.
+Starts the embedded stack twice (aggregated; disaggregated prefill + decode),
+disconnects raw-socket clients mid-request and prints p50/p99 of the time from
+the client closing its socket to the worker logging the confirmed abort (both
+clocks are this machine's wall clock), next to the SPEC target (p99 <= 5 ms).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import sys
+import time
+import uuid
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from dynamo_ctx import DistributedRuntime  # noqa: E402
+from dynamo_ctx.demo import Proc, free_port, http_get, wait_until  # noqa: E402
+
+MODEL = "bench-model"
+N = int(os.environ.get("BENCH_N", "100"))
+
+
+def pct(xs, p):
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(p / 100 * len(xs)))]
+
+
+def created(line: str) -> float:
+    return float(re.search(r"\[(\d+\.\d+)\]", line).group(1))
+
+
+def open_request(port: int, rid: str, prompt: str, stream: bool) -> socket.socket:
+    body = json.dumps({"model": MODEL, "prompt": prompt, "max_tokens": 10_000, "stream": stream}).encode()
+    s = socket.create_connection(("127.0.0.1", port))
+    s.sendall(
+        b"POST /v1/completions HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n"
+        + f"x-request-id: {rid}\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body
+    )
+    return s
+
+
+def stack(env, http_port, disagg):
+    procs = []
+    if disagg:
+        procs.append(Proc("prefill", ["dynamo_ctx.worker", "--mode", "prefill", "--model", MODEL, "--prefill-time-per-token", "0.01"], env))
+        procs.append(Proc("decode", ["dynamo_ctx.worker", "--mode", "decode", "--model", MODEL, "--decode-time-per-token", "0.005"], env))
+    else:
+        procs.append(Proc("agg", ["dynamo_ctx.worker", "--mode", "agg", "--model", MODEL, "--decode-time-per-token", "0.005"], env))
+    procs.append(Proc("frontend", ["dynamo_ctx.frontend", "--http-port", str(http_port), "--http-host", "127.0.0.1"], env))
+    for p in procs[:-1]:
+        p.wait_log(r"serving \S+ as instance")
+    procs[-1].wait_log(r"frontend listening")
+    wait_until(lambda: MODEL in http_get(http_port, "/v1/models"), "the model")
+    return procs
+
+
+def run(disagg: bool, env) -> list:
+    port = free_port()
+    procs = stack(env, port, disagg)
+    lat = []
+    try:
+        for i in range(N + 5):
+            rid = f"bench-{uuid.uuid4().hex[:8]}"
+            if disagg:
+                # Cancelled during prefill, before any token: 500 tokens x 10 ms of prefill.
+                s = open_request(port, rid, "p" * 500, stream=False)
+                procs[0].wait_log(rf"New Prefill Request ID: {rid}")
+                t = time.time()
+                s.close()
+                line = procs[0].wait_log(rf"Aborted Prefill Request ID: {rid}")
+            else:
+                # Cancelled during decode, after the first chunk.
+                s = open_request(port, rid, "hello", stream=True)
+                buf = b""
+                while b"data: " not in buf:
+                    buf += s.recv(65536)
+                t = time.time()
+                s.close()
+                line = procs[0].wait_log(rf"Aborted Request ID: {rid}")
+            if i >= 5:  # warm-up
+                lat.append(created(line) - t)
+    finally:
+        for p in reversed(procs):
+            p.stop()
+    return lat
+
+
+def main() -> None:
+    rt = DistributedRuntime()  # hosts (or joins) NATS at the default address for the children
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    env.pop("NATS_SERVER", None)
+    try:
+        for name, disagg in (("aggregated, cancelled in decode", False), ("disaggregated, cancelled in prefill (remote prefill abort)", True)):
+            ms = [x * 1000 for x in run(disagg, env)]
+            p50, p99 = pct(ms, 50), pct(ms, 99)
+            verdict = "meets" if p99 <= 5 else "misses"
+            print(f"client disconnect -> engine abort confirmed, {name}: p50 {p50:.2f} ms, p99 {p99:.2f} ms, "
+                  f"max {max(ms):.2f} ms (n={len(ms)}); target p99 <= 5 ms: {verdict}")
+    finally:
+        rt.shutdown()
+
+
+if __name__ == "__main__":
+    main()

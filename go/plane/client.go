@@ -401,10 +401,18 @@ func (s *Stream) Take(max int) ([][]byte, error) {
 		max = maxTakeBatch
 	}
 	s.mu.Lock()
+	if len(s.items) > 0 && s.ctx.IsKilled() {
+		// A kill is a hard abort: what is buffered is not delivered.
+		s.items = nil
+	}
 	if len(s.items) == 0 {
 		err := s.err
+		killed := s.ctx.IsKilled()
 		s.mu.Unlock()
 		if err == nil {
+			if killed {
+				return nil, io.EOF
+			}
 			return nil, ErrAgain
 		}
 		return nil, err

@@ -366,7 +366,7 @@ class Client:
             raise TypeError("context must be a dynamo_ctx.Context")
         self.endpoint._runtime._h()
         h = self._lib.client_generate(self._handle, _dumps(request), context, route, instance_id)
-        stream = ResponseStream(self._lib, h, annotated)
+        stream = ResponseStream(self._lib, h, annotated, context)
         await stream._wait_started()
         return stream
 
@@ -408,10 +408,11 @@ class ResponseStream:
     being garbage-collected before it ended.
     """
 
-    def __init__(self, lib: Any, handle: int, annotated: bool) -> None:
+    def __init__(self, lib: Any, handle: int, annotated: bool, context: Optional[Context] = None) -> None:
         self._lib = lib
         self._handle: Optional[int] = handle
         self._annotated = annotated
+        self._context = context
         self._buf: Deque[bytes] = collections.deque()
         self._ended = False
 
@@ -434,6 +435,8 @@ class ResponseStream:
 
     async def __anext__(self) -> Any:
         lib = self._lib
+        if self._buf and self._context is not None and self._context.is_killed():
+            self._buf.clear()  # a kill is a hard abort: buffered items are dropped
         while not self._buf:
             if self._handle is None:
                 raise StopAsyncIteration

@@ -48,6 +48,9 @@ func (r *Runtime) Client(ctx context.Context, path string) (*Client, error) {
 	if err := ValidatePath(path); err != nil {
 		return nil, err
 	}
+	if r.isClosed() {
+		return nil, ErrClosed
+	}
 	w, err := discovery.Watch(ctx, r.nc(), path, r.watchOpts()...)
 	if err != nil {
 		return nil, err
@@ -225,7 +228,7 @@ func (c *Client) generateOnce(payload []byte, parent *ctxtree.Context, route Rou
 	} else {
 		rc = c.rt.opts.NewContext(ctxtree.NewID())
 	}
-	s := &Stream{ctx: rc, wake: make(chan struct{}, 1)}
+	s := &Stream{ctx: rc, wake: make(chan struct{}, 1), rt: c.rt}
 	id, err := c.pick(route, instance)
 	if err != nil {
 		s.end(err)
@@ -239,8 +242,9 @@ func (c *Client) generateOnce(payload []byte, parent *ctxtree.Context, route Rou
 	// by the stream, off this goroutine.
 	s.stopHooks = append(s.stopHooks,
 		rc.Notify(ctxtree.Stopped, func() { go in.Stop() }),
-		rc.Notify(ctxtree.Killed, func() { go in.Kill() }),
+		rc.Notify(ctxtree.Killed, func() { go in.Kill(); s.poke() }),
 	)
+	c.rt.trackStream(s)
 	st, _ := rc.State()
 	env := envelope{ID: rc.ID(), Addr: c.rt.streamAddr(), Token: token, State: st, Request: payload}
 	go s.run(c.rt.nc(), discovery.RequestSubject(c.path, id), mustJSON(env))
@@ -250,13 +254,15 @@ func (c *Client) generateOnce(payload []byte, parent *ctxtree.Context, route Rou
 // Stream is the caller's side of one request: items arrive in a bounded
 // buffer that the host drains with Take.
 type Stream struct {
+	rt        *Runtime
 	ctx       *ctxtree.Context
 	in        *stream.Incoming
 	stopHooks []func() bool
 	wake      chan struct{} // buffered(1): the consumer took items
+	abandoned atomic.Bool   // the runtime closed: stop holding the producer
 
 	mu      sync.Mutex
-	started bool
+	started bool // the request reached a worker (acknowledged)
 	items   [][]byte
 	err     error // terminal: io.EOF for a normal end
 	ready   arm
@@ -285,6 +291,11 @@ func (s *Stream) run(nc *nats.Conn, subject string, env []byte) {
 	var a ack
 	if json.Unmarshal(msg.Data, &a) != nil || a.Error != "" {
 		s.in.Close()
+		if a.Error == ackShuttingDown {
+			// As good as gone: another worker may take it (migration retries).
+			s.end(fmt.Errorf("%w (the worker is shutting down)", ErrNoResponders))
+			return
+		}
 		s.end(fmt.Errorf("worker refused the request: %s", a.Error))
 		return
 	}
@@ -318,7 +329,7 @@ func (s *Stream) push(item []byte) {
 	call(f)
 	for {
 		s.mu.Lock()
-		full := len(s.items) >= recvBuffer && !s.ctx.IsKilled()
+		full := len(s.items) >= recvBuffer && !s.ctx.IsKilled() && !s.abandoned.Load()
 		s.mu.Unlock()
 		if !full {
 			return
@@ -371,11 +382,28 @@ func (s *Stream) end(err error) {
 	if s.err == nil {
 		s.err = err
 	}
-	s.started = true
 	f := s.ready.take()
 	s.mu.Unlock()
+	if s.rt != nil {
+		s.rt.forgetStream(s)
+	}
 	s.ctx.Finish()
 	call(f)
+}
+
+// abandon releases a producer held by a full buffer for good: the runtime
+// is closing and nobody will consume.
+func (s *Stream) abandon() {
+	s.abandoned.Store(true)
+	s.poke()
+}
+
+// poke wakes a producer held by a full buffer (push), so it notices a kill.
+func (s *Stream) poke() {
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
 }
 
 // Started reports whether the request reached a worker: nil once it did,
@@ -383,14 +411,17 @@ func (s *Stream) end(err error) {
 func (s *Stream) Started() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if !s.started {
-		return ErrAgain
+	if s.started {
+		s.startSeen = true
+		return nil
 	}
-	if s.err != nil && s.err != io.EOF && len(s.items) == 0 {
+	if s.err != nil {
+		if s.err == io.EOF {
+			return nil // ended (cancelled) before it started: nothing to report
+		}
 		return s.err
 	}
-	s.startSeen = true
-	return nil
+	return ErrAgain
 }
 
 // Take moves up to max items out. When none are buffered it returns the
@@ -450,11 +481,11 @@ func (s *Stream) waitStarted() error {
 		s.mu.Lock()
 		started, err := s.started, s.err
 		s.mu.Unlock()
-		if started {
-			if err != nil && err != io.EOF {
-				return err
-			}
+		if started || err == io.EOF {
 			return nil
+		}
+		if err != nil {
+			return err
 		}
 		ready := make(chan struct{})
 		s.Arm(func() { close(ready) })
@@ -478,15 +509,13 @@ func (s *Stream) armData(f func()) {
 // stream. It is what closing or dropping an unfinished stream does.
 func (s *Stream) Kill() {
 	s.ctx.Cancel(ctxtree.Killed, ctxtree.ReasonKill)
-	select {
-	case s.wake <- struct{}{}:
-	default:
-	}
+	s.poke()
 }
 
-// Finished reports whether the stream has ended and everything was taken.
+// Finished reports whether the stream has ended (or was killed: nothing more
+// will be delivered) and everything was taken.
 func (s *Stream) Finished() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.err != nil && len(s.items) == 0
+	return (s.err != nil || s.ctx.IsKilled()) && len(s.items) == 0
 }

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"io"
 	"log/slog"
-	"os"
 	"runtime"
 	"strconv"
 	"sync"
@@ -392,13 +391,4 @@ func (f *flood) waitBlocked(tb testing.TB) int64 {
 		}
 	}
 	return last
-}
-
-// bugTest skips a test that demonstrates a known bug of the package, unless
-// PLANE_BUG_TESTS=1, so the suite stays green while the bug is open.
-func bugTest(t *testing.T, what string) {
-	t.Helper()
-	if os.Getenv("PLANE_BUG_TESTS") != "1" {
-		t.Skip("bug: " + what + " (run with PLANE_BUG_TESTS=1)")
-	}
 }

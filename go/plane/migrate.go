@@ -53,7 +53,9 @@ func (c *Client) GenerateMigrating(payload []byte, parent *ctxtree.Context, rout
 		rc = c.rt.opts.NewContext(ctxtree.NewID())
 	}
 	slog.Debug("migration_limit read", "request_id", rc.ID(), "endpoint", c.path, "migration_limit", limit)
-	out := &Stream{ctx: rc, wake: make(chan struct{}, 1)}
+	out := &Stream{ctx: rc, wake: make(chan struct{}, 1), rt: c.rt}
+	out.stopHooks = append(out.stopHooks, rc.Notify(ctxtree.Killed, out.poke))
+	c.rt.trackStream(out)
 	go out.migrate(c, payload, route, instance, limit)
 	return out, nil
 }
@@ -69,8 +71,11 @@ func retryable(err error) bool {
 func (s *Stream) migrate(c *Client, payload []byte, route Route, instance uint64, limit int) {
 	var received []json.RawMessage // token ids passed to the caller so far
 	for attempt := 0; ; attempt++ {
-		if s.ctx.IsStopped() {
-			s.end(io.EOF) // cancelled: no new attempt starts
+		if attempt > 0 && s.ctx.IsStopped() {
+			// Cancelled: no new attempt starts. (The first one always goes
+			// out, so that a handler sees a request stopped before it was
+			// sent, as without migration.)
+			s.end(io.EOF)
 			return
 		}
 		p := payload
@@ -130,8 +135,8 @@ func (s *Stream) relay(inner *Stream, received *[]json.RawMessage) error {
 // by the tokens received, max_tokens reduced by their number.
 func continuation(payload []byte, received []json.RawMessage) ([]byte, error) {
 	var req map[string]json.RawMessage
-	if err := json.Unmarshal(payload, &req); err != nil {
-		return payload, nil // not a token request: resend as is
+	if err := json.Unmarshal(payload, &req); err != nil || req == nil {
+		return payload, nil // not a token request (or null): resend as is
 	}
 	var ids []json.RawMessage
 	if raw, ok := req["token_ids"]; ok {
@@ -143,7 +148,8 @@ func continuation(payload []byte, received []json.RawMessage) ([]byte, error) {
 	req["token_ids"] = mustJSON(ids)
 	reduce := func(m map[string]json.RawMessage) {
 		var n int64
-		if raw, ok := m["max_tokens"]; ok && json.Unmarshal(raw, &n) == nil {
+		// null (no limit) stays null: Unmarshal of null leaves n at 0.
+		if raw, ok := m["max_tokens"]; ok && string(raw) != "null" && json.Unmarshal(raw, &n) == nil {
 			n -= int64(len(received))
 			if n < 0 {
 				n = 0

@@ -28,11 +28,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
 	"github.com/dynamo-ctx/dynamo-ctx/go/ctxtree"
+	"github.com/dynamo-ctx/dynamo-ctx/go/discovery"
 	"github.com/dynamo-ctx/dynamo-ctx/go/natsbus"
 	"github.com/dynamo-ctx/dynamo-ctx/go/stream"
 )
@@ -769,8 +771,11 @@ func TestMigrationCancelledNotRetried(t *testing.T) {
 // handler's error; the handler's context is neither stopped nor killed.
 func TestMigrationHandlerErrorNotRetried(t *testing.T) {
 	e := migSetup(t)
+	// The handler ends once the caller took its tokens, so that this test
+	// is about not retrying; an attempt that ends before migration relays
+	// it is TestMigrationKeepsItemsOfAttemptEndedBeforeRelay.
 	fail := func(a *migAttempt) {
-		if a.send(2) {
+		if a.send(2) && a.await(a.proceed) {
 			a.req.Fail("ValueError: boom")
 		}
 	}
@@ -780,15 +785,17 @@ func TestMigrationHandlerErrorNotRetried(t *testing.T) {
 	e.waitInstances(c, w1, w2)
 
 	s := e.generate(c, migPayload(false), nil, RoundRobin, 0, 3)
+	a := e.attempt()
+	got := migTake(t, s, 2)
+	close(a.proceed)
 	toks, err := migDrain(t, s)
-	assert.Equal(t, migSeq(migPrompt, 2), toks)
+	assert.Equal(t, migSeq(migPrompt, 2), append(got, toks...))
 	var he *stream.HandlerError
 	require.ErrorAs(t, err, &he)
 	assert.Equal(t, HandlerErrorPrefix+"ValueError: boom", he.Message)
 	assert.NotErrorIs(t, err, ErrIncomplete)
 	assert.Equal(t, 1, e.callerAttempts(), "a handler error is not retried")
 
-	a := e.attempt()
 	e.waitDone(a)
 	migState(t, a.req.Ctx, ctxtree.Live, ctxtree.ReasonNone, "failed handler's context")
 	e.noMoreAttempts()
@@ -800,7 +807,7 @@ func TestMigrationHandlerErrorNotRetried(t *testing.T) {
 func TestMigrationHandlerStopNotRetried(t *testing.T) {
 	e := migSetup(t)
 	stop := func(a *migAttempt) {
-		if a.send(2) {
+		if a.send(2) && a.await(a.proceed) { // see TestMigrationHandlerErrorNotRetried
 			a.req.Ctx.StopGenerating()
 			a.req.Complete()
 		}
@@ -811,14 +818,16 @@ func TestMigrationHandlerStopNotRetried(t *testing.T) {
 	e.waitInstances(c, w1, w2)
 
 	s := e.generate(c, migPayload(false), nil, RoundRobin, 0, 3)
+	a := e.attempt()
+	got := migTake(t, s, 2)
+	close(a.proceed)
 	toks, err := migDrain(t, s)
-	assert.Equal(t, migSeq(migPrompt, 2), toks)
+	assert.Equal(t, migSeq(migPrompt, 2), append(got, toks...))
 	require.ErrorIs(t, err, stream.ErrStoppedByHandler)
 	assert.ErrorIs(t, err, ErrIncomplete, "it is reported as an incomplete stream")
 	assert.True(t, strings.HasPrefix(err.Error(), "Stream ended before generation completed"), err.Error())
 	assert.Equal(t, 1, e.callerAttempts(), "a deliberate stop is not retried")
 
-	a := e.attempt()
 	e.waitDone(a)
 	migState(t, a.req.Ctx, ctxtree.Stopped, ctxtree.ReasonStopGenerating, "handler's context")
 	e.noMoreAttempts()
@@ -995,10 +1004,9 @@ func TestMigrationContinuation(t *testing.T) {
 		{name: "null max_tokens (no limit) stays null",
 			payload: `{"token_ids":[1],"stop_conditions":{"max_tokens":null}}`, received: three,
 			want: `{"token_ids":[1,7,8,9],"stop_conditions":{"max_tokens":null}}`,
-			bug: `continuation turns "max_tokens": null (no limit; Dynamo's Option<u32> None, which the vllm handler reads as its default) into 0: json.Unmarshal of null into int64 succeeds and leaves 0, so n becomes max(0-len,0)=0 (migrate.go reduce)`},
+			bug:  `continuation turns "max_tokens": null (no limit; Dynamo's Option<u32> None, which the vllm handler reads as its default) into 0: json.Unmarshal of null into int64 succeeds and leaves 0, so n becomes max(0-len,0)=0 (migrate.go reduce)`},
 		{name: "null payload unchanged",
-			payload: `null`, received: three, want: `null`,
-			bug: `continuation panics (assignment to entry in nil map) on the JSON payload null: json.Unmarshal of null into the map succeeds and leaves it nil (migrate.go, req["token_ids"] = ...), which crashes the process from the migrate goroutine`},
+			payload: `null`, received: three, want: `null`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if tc.bug != "" {
@@ -1022,10 +1030,9 @@ func TestMigrationContinuation(t *testing.T) {
 
 // A request refused by an endpoint that is shutting down (Endpoint.Close
 // marks it closed, then drops the lease, and only then unsubscribes, so a
-// client still routes to it) reached no handler: like no responders, it
-// should be retried on another worker.
+// client still routes to it) reached no handler: like no responders, it is
+// retried on another worker.
 func TestMigrationRetriesRefusalByClosingEndpoint(t *testing.T) {
-	migBug(t, `a request refused with "endpoint is shutting down" (serve.go onMsg, during Endpoint.Close between closed=true and Unsubscribe) fails with "worker refused the request", which retryable does not match: it is not migrated although it reached no worker`)
 	e := migSetup(t)
 	closing := e.worker("closing", (*migAttempt).finish)
 	live := e.worker("live", (*migAttempt).finish)
@@ -1051,10 +1058,9 @@ func TestMigrationRetriesRefusalByClosingEndpoint(t *testing.T) {
 }
 
 // SPEC section 3: a context already stopped before generate is called gives
-// no items, and the handler's context is stopped, not killed. With a
-// migration limit the request is not sent at all, so no handler sees it.
+// no items, and the handler's context is stopped, not killed; with a
+// migration limit too (section 4 only forbids *new* attempts).
 func TestMigrationAlreadyStoppedParentReachesWorker(t *testing.T) {
-	migBug(t, `GenerateMigrating (and Generate with a client migration limit) with an already-stopped parent never sends the request (migrate's IsStopped check runs before the first attempt), while SPEC section 3 says the handler's context is stopped, not killed; section 4 only forbids *new* attempts`)
 	e := migSetup(t)
 	w := e.worker("w", migHonourStop)
 	c := e.client()
@@ -1069,4 +1075,74 @@ func TestMigrationAlreadyStoppedParentReachesWorker(t *testing.T) {
 	a := e.attempt()
 	e.waitDone(a)
 	migState(t, a.req.Ctx, ctxtree.Stopped, ctxtree.ReasonStopGenerating, "handler's context")
+}
+
+// An attempt whose whole response (items, then a handler error) has arrived
+// by the time migration looks at it: the caller must still get the items
+// before the error, as without migration. A stand-in worker on the request
+// subject sends the response before it acknowledges the request, which makes
+// that ordering likely; the request is repeated to make it near certain.
+func TestMigrationKeepsItemsOfAttemptEndedBeforeRelay(t *testing.T) {
+	e := migSetup(t)
+	wrt := migRuntime(t, e.host.Bus().URL(), nil)
+	const id = 0xfa4e
+	var (
+		mu   sync.Mutex
+		outs []*stream.Outgoing
+	)
+	sub, err := wrt.nc().Subscribe(discovery.RequestSubject(migPath, id), func(m *nats.Msg) {
+		var env envelope
+		if json.Unmarshal(m.Data, &env) != nil {
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), migWait)
+		defer cancel()
+		out, err := stream.Dial(ctx, env.Addr, env.Token)
+		if err != nil {
+			t.Errorf("dial: %v", err)
+			return
+		}
+		mu.Lock()
+		outs = append(outs, out)
+		mu.Unlock()
+		if _, err := out.SendBatch(ctx, [][]byte{[]byte(`{"token_ids":[5]}`), []byte(`{"token_ids":[6]}`)}); err != nil {
+			t.Errorf("send: %v", err)
+		}
+		_ = out.Fail(HandlerErrorPrefix + "ValueError: boom")
+		_ = m.Respond(mustJSON(ack{}))
+	})
+	require.NoError(t, err)
+	require.NoError(t, wrt.nc().Flush())
+	t.Cleanup(func() {
+		_ = sub.Unsubscribe()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, o := range outs {
+			_ = o.Close()
+			migClosed(t, o.Done(), "the stand-in worker's stream to be released")
+		}
+	})
+
+	c := e.client()
+	// Control: without migration the same responses keep their items.
+	for i := 0; i < 20; i++ {
+		s, err := c.Generate(migPayload(false), nil, Direct, id)
+		require.NoError(t, err)
+		toks, err := migDrain(t, s)
+		var he *stream.HandlerError
+		require.ErrorAs(t, err, &he)
+		require.Equal(t, migSeq(migPrompt, 2), toks, "without migration, request %d", i)
+	}
+	lost := 0
+	for i := 0; i < 20; i++ {
+		s, err := c.GenerateMigrating(migPayload(false), nil, Direct, id, 1)
+		require.NoError(t, err)
+		toks, err := migDrain(t, s)
+		var he *stream.HandlerError
+		require.ErrorAs(t, err, &he)
+		if len(toks) != 2 {
+			lost++
+		}
+	}
+	assert.Zero(t, lost, "requests out of 20 whose items were lost")
 }

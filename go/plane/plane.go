@@ -125,7 +125,36 @@ type Runtime struct {
 	closed    bool
 	endpoints map[*Endpoint]struct{}
 	clients   map[*Client]struct{}
+	streams   map[*Stream]struct{} // caller streams not yet ended
 	done      chan struct{}
+}
+
+// ackShuttingDown is a worker's refusal of a request that arrived while its
+// endpoint was closing; the caller treats it as "no responders".
+const ackShuttingDown = "endpoint is shutting down"
+
+func (r *Runtime) isClosed() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.closed
+}
+
+func (r *Runtime) trackStream(s *Stream) {
+	r.mu.Lock()
+	closed := r.closed
+	if !closed {
+		r.streams[s] = struct{}{}
+	}
+	r.mu.Unlock()
+	if closed {
+		s.abandon()
+	}
+}
+
+func (r *Runtime) forgetStream(s *Stream) {
+	r.mu.Lock()
+	delete(r.streams, s)
+	r.mu.Unlock()
 }
 
 // New connects to NATS (embedding a server when none answers at the default
@@ -156,6 +185,7 @@ func New(ctx context.Context, opts Options) (*Runtime, error) {
 		bus: bus, srv: srv, opts: opts, log: slog.Default(),
 		endpoints: map[*Endpoint]struct{}{},
 		clients:   map[*Client]struct{}{},
+		streams:   map[*Stream]struct{}{},
 		done:      make(chan struct{}),
 	}, nil
 }
@@ -201,7 +231,18 @@ func (r *Runtime) Close() {
 	for c := range r.clients {
 		cls = append(cls, c)
 	}
+	sts := make([]*Stream, 0, len(r.streams))
+	for s := range r.streams {
+		sts = append(sts, s)
+	}
 	r.mu.Unlock()
+	// Streams still open are the caller's side of requests. Closing the
+	// stream server below drops their connections (the workers see the
+	// caller lost); a stream whose producer waits for its consumer is
+	// released so that it sees that too.
+	for _, s := range sts {
+		s.abandon()
+	}
 	for _, e := range eps {
 		e.Close()
 	}

@@ -36,6 +36,9 @@ func (r *Runtime) Serve(path string, meta []byte) (*Endpoint, error) {
 	if err := ValidatePath(path); err != nil {
 		return nil, err
 	}
+	if r.isClosed() {
+		return nil, ErrClosed
+	}
 	e := &Endpoint{
 		rt: r, path: path, instanceID: discovery.NewInstanceID(),
 		active: map[*Request]struct{}{}, closedCh: make(chan struct{}),
@@ -98,7 +101,7 @@ func (e *Endpoint) onMsg(m *nats.Msg) {
 	e.mu.Lock()
 	if e.closed {
 		e.mu.Unlock()
-		_ = m.Respond(mustJSON(ack{Error: "endpoint is shutting down"}))
+		_ = m.Respond(mustJSON(ack{Error: ackShuttingDown}))
 		return
 	}
 	e.active[req] = struct{}{}
@@ -220,6 +223,11 @@ func (r *Request) run(addr, token string) {
 		return
 	}
 	defer out.Close()
+	// From here ctx ends every wait of this stream (waiting for credit) the
+	// moment the request is killed, whoever killed it (the caller, the
+	// endpoint's shutdown). A request killed before it was sent is still
+	// delivered, already killed, so the handler sees it end.
+	defer r.Ctx.Notify(ctxtree.Killed, cancel)()
 
 	// Control frames -> context. One goroutine, gone when the stream is.
 	ctlDone := make(chan struct{})
@@ -246,6 +254,21 @@ func (r *Request) run(addr, token string) {
 		}
 	}()
 	defer func() { cancel(); <-ctlDone }()
+	// sendFailed applies what broke a send: a Kill or a lost caller may be
+	// what made SendBatch fail, and it must reach the handler even if the
+	// control goroutine is told to stop first.
+	sendFailed := func() {
+		select {
+		case <-out.Killed():
+			r.Ctx.Cancel(ctxtree.Killed, ctxtree.ReasonKill)
+		case <-out.Lost():
+			r.Ctx.Cancel(ctxtree.Killed, ctxtree.ReasonConnectionLost)
+		default:
+			r.Ctx.Cancel(ctxtree.Killed, ctxtree.ReasonConnectionLost)
+		}
+		r.release()
+		go r.confirmAbort()
+	}
 
 	r.ep.publish(r)
 	killed := r.Ctx.Killed()
@@ -266,10 +289,7 @@ func (r *Request) run(addr, token string) {
 		call(f)
 		if len(items) > 0 {
 			if _, err := out.SendBatch(ctx, items); err != nil {
-				r.release()
-				if r.Ctx.IsKilled() {
-					go r.confirmAbort()
-				}
+				sendFailed()
 				return
 			}
 		}

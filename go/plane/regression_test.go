@@ -13,7 +13,8 @@ import (
 	"github.com/dynamo-ctx/dynamo-ctx/go/plane"
 )
 
-// The tests of this file demonstrate bugs; see bugTest.
+// Regression tests of bugs found and fixed: kills racing sends, streams
+// held by full buffers, errors of a closed runtime.
 
 const (
 	streamRun  = "plane.(*Stream).run"
@@ -41,9 +42,7 @@ func killedOrKill(req *plane.Request) {
 // A caller that shuts its runtime down while its stream's buffer is full
 // (the consumer stopped taking) leaves the stream's goroutine blocked
 // forever: Stream.run waits on s.wake, which only Take and Stream.Kill poke.
-func TestBugCallerCloseWithFullBufferLeaksStreamGoroutine(t *testing.T) {
-	bugTest(t, "client.go Stream.run blocks on <-s.wake with a full buffer; Runtime.Close "+
-		"(and a kill through the parent context) never wakes it, so the goroutine leaks")
+func TestRegressionCallerCloseWithFullBufferLeaksStreamGoroutine(t *testing.T) {
 	const path = "test.bugclose.generate"
 	host := startEmbedded(t)
 	f := newFlood(100000)
@@ -66,9 +65,7 @@ func TestBugCallerCloseWithFullBufferLeaksStreamGoroutine(t *testing.T) {
 
 // Same, through a kill of the caller's parent context: the worker is killed,
 // but the stream's goroutine stays blocked until someone Takes.
-func TestBugParentKillWithFullBufferLeaksStreamGoroutine(t *testing.T) {
-	bugTest(t, "client.go Stream.run blocks on <-s.wake with a full buffer; a kill "+
-		"through the parent context never wakes it")
+func TestRegressionParentKillWithFullBufferLeaksStreamGoroutine(t *testing.T) {
 	const path = "test.bugparent.generate"
 	host := startEmbedded(t)
 	wrt := join(t, host)
@@ -97,10 +94,7 @@ func TestBugParentKillWithFullBufferLeaksStreamGoroutine(t *testing.T) {
 // request's context is never killed: the handler's Sends become silent
 // no-ops and it keeps generating to its natural end ("requests that keep
 // generating after the client left").
-func TestBugKillDuringSendMayNotReachHandler(t *testing.T) {
-	bugTest(t, "serve.go Request.run: when SendBatch fails with ErrKilled/ErrLost, run "+
-		"returns and cancels ctx; the control goroutine's select may pick <-ctx.Done() "+
-		"over <-out.Killed()/<-out.Lost(), and the request context is never killed")
+func TestRegressionKillDuringSendMayNotReachHandler(t *testing.T) {
 	for _, how := range []string{"kill", "caller lost"} {
 		t.Run(how, func(t *testing.T) {
 			const path, tries = "test.bugkillsend.generate", 100
@@ -150,10 +144,7 @@ func TestBugKillDuringSendMayNotReachHandler(t *testing.T) {
 // makes the send give up on a kill that comes from the worker's side, so the
 // stream is not ended and the goroutines of the request outlive
 // Runtime.Close until the caller reads or goes away.
-func TestBugWorkerCloseWithSlowCallerLeavesRequestRunning(t *testing.T) {
-	bugTest(t, "serve.go Request.run: SendBatch(ctx, ...) waits for credit with a ctx that "+
-		"the request context's kill (Endpoint.Close/ReasonShutdown) does not cancel, so "+
-		"Runtime.Close does not end the stream")
+func TestRegressionWorkerCloseWithSlowCallerLeavesRequestRunning(t *testing.T) {
 	const path = "test.bugshutdown.generate"
 	host := startEmbedded(t)
 	wrt := join(t, host)

@@ -1,0 +1,65 @@
+"""The frontend's plain HTTP surface over one mock worker: models, health, request ids."""
+
+from __future__ import annotations
+
+
+def test_models_health_and_request_id(stack):
+    fe = stack.start([{"mode": "agg"}]).frontend
+
+    status, _, models = fe.get_json("/v1/models")
+    assert status == 200
+    assert models["object"] == "list"
+    assert [m["id"] for m in models["data"]] == [stack.model]
+
+    status, _, health = fe.get_json("/health")
+    assert status == 200
+    assert health["status"] == "healthy"
+    assert health["models"] == [stack.model]
+    assert health["instances"] == 1
+
+    client = fe.openai()
+    models = client.models.list()
+    assert [m.id for m in models.data] == [stack.model]
+
+    # A given request id is echoed, and is the response's id.
+    rid = stack.new_id("basic")
+    prompt = "hello"
+    raw = client.completions.with_raw_response.create(
+        model=stack.model, prompt=prompt, max_tokens=5, extra_headers={"x-request-id": rid}
+    )
+    assert raw.headers["x-request-id"] == rid
+    completion = raw.parse()
+    assert completion.id == rid
+    assert completion.choices[0].text == stack.expected_text(prompt, 5)
+    assert completion.usage.completion_tokens == 5
+    assert stack.worker("agg").log_count(rf"New Request ID: {rid}$") == 1
+
+    # x-dynamo-request-id is the alternative header.
+    rid2 = stack.new_id("basic-dyn")
+    raw = client.chat.completions.with_raw_response.create(
+        model=stack.model, messages=[{"role": "user", "content": "hi"}], max_tokens=3,
+        extra_headers={"x-dynamo-request-id": rid2},
+    )
+    assert raw.headers["x-request-id"] == rid2
+    assert raw.parse().usage.completion_tokens == 3
+    assert stack.worker("agg").log_count(rf"New Request ID: {rid2}$") == 1
+
+    # Without one, a fresh id is generated per request, echoed, and used end to end.
+    generated = []
+    for _ in range(2):
+        raw = client.completions.with_raw_response.create(model=stack.model, prompt=prompt, max_tokens=2)
+        gid = raw.headers.get("x-request-id")
+        assert gid and gid not in (rid, rid2)
+        assert raw.parse().id == gid
+        generated.append(gid)
+    assert generated[0] != generated[1]
+    for gid in generated:
+        stack.worker("agg").wait_log(rf"New Request ID: {gid}$")
+
+    m = fe.metrics()
+    assert m["requests"] == 4
+    assert m["cancellations"] == 0 and m["confirmed"] == 0
+    w = stack.worker("agg").metrics()
+    assert w["dynamo_ctx_worker_running_requests"] == 0
+    assert w["dynamo_ctx_worker_kv_blocks_in_use"] == 0
+    assert w["dynamo_ctx_worker_aborts_confirmed_total"] == 0

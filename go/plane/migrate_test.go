@@ -20,7 +20,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -47,15 +46,6 @@ const (
 )
 
 var migQuiet = slog.New(slog.NewTextHandler(io.Discard, nil))
-
-// migBug skips a test that shows a known bug of the package, unless
-// PLANE_BUG_TESTS=1 (the convention of the package's other tests).
-func migBug(t *testing.T, what string) {
-	t.Helper()
-	if os.Getenv("PLANE_BUG_TESTS") != "1" {
-		t.Skip("bug: " + what + " (run with PLANE_BUG_TESTS=1)")
-	}
-}
 
 // --- runtimes and workers ---------------------------------------------------
 
@@ -962,7 +952,6 @@ func TestMigrationContinuation(t *testing.T) {
 		payload  string
 		received []json.RawMessage
 		want     string // JSON; "" when an error is expected
-		bug      string
 	}{
 		{name: "top-level max_tokens",
 			payload: `{"token_ids":[1,2],"max_tokens":10}`, received: three,
@@ -1003,15 +992,11 @@ func TestMigrationContinuation(t *testing.T) {
 			payload: `{"token_ids":"abc","max_tokens":3}`, received: three, want: ""},
 		{name: "null max_tokens (no limit) stays null",
 			payload: `{"token_ids":[1],"stop_conditions":{"max_tokens":null}}`, received: three,
-			want: `{"token_ids":[1,7,8,9],"stop_conditions":{"max_tokens":null}}`,
-			bug:  `continuation turns "max_tokens": null (no limit; Dynamo's Option<u32> None, which the vllm handler reads as its default) into 0: json.Unmarshal of null into int64 succeeds and leaves 0, so n becomes max(0-len,0)=0 (migrate.go reduce)`},
+			want: `{"token_ids":[1,7,8,9],"stop_conditions":{"max_tokens":null}}`},
 		{name: "null payload unchanged",
 			payload: `null`, received: three, want: `null`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if tc.bug != "" {
-				migBug(t, tc.bug)
-			}
 			in := []byte(tc.payload)
 			orig := slices.Clone(in)
 			var got []byte

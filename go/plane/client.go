@@ -245,6 +245,7 @@ func (c *Client) generateOnce(payload []byte, parent *ctxtree.Context, route Rou
 		rc.Notify(ctxtree.Killed, func() { go in.Kill(); s.poke() }),
 	)
 	c.rt.trackStream(s)
+	c.rt.setLocal(token, rc) // until acknowledged: see Request.followLocalCaller
 	st, _ := rc.State()
 	env := envelope{ID: rc.ID(), Addr: c.rt.streamAddr(), Token: token, State: st, Request: payload}
 	go s.run(c.rt.nc(), discovery.RequestSubject(c.path, id), mustJSON(env))
@@ -278,6 +279,7 @@ func (s *Stream) run(nc *nats.Conn, subject string, env []byte) {
 	ctx, cancel := context.WithTimeout(context.Background(), ackTimeout)
 	msg, err := nc.RequestWithContext(ctx, subject, env)
 	cancel()
+	s.rt.setLocal(s.in.Token(), nil)
 	if err != nil {
 		if errors.Is(err, nats.ErrNoResponders) {
 			err = ErrNoResponders

@@ -125,7 +125,8 @@ type Runtime struct {
 	closed    bool
 	endpoints map[*Endpoint]struct{}
 	clients   map[*Client]struct{}
-	streams   map[*Stream]struct{} // caller streams not yet ended
+	streams   map[*Stream]struct{}        // caller streams not yet ended
+	local     map[string]*ctxtree.Context // stream token -> request context, while it is being sent
 	done      chan struct{}
 }
 
@@ -148,6 +149,24 @@ func (r *Runtime) trackStream(s *Stream) {
 	r.mu.Unlock()
 	if closed {
 		s.abandon()
+	}
+}
+
+// localCaller returns the request context of this runtime's own stream
+// token, if the request is being sent from this process.
+func (r *Runtime) localCaller(token string) *ctxtree.Context {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.local[token]
+}
+
+func (r *Runtime) setLocal(token string, c *ctxtree.Context) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if c == nil {
+		delete(r.local, token)
+	} else {
+		r.local[token] = c
 	}
 }
 
@@ -186,6 +205,7 @@ func New(ctx context.Context, opts Options) (*Runtime, error) {
 		endpoints: map[*Endpoint]struct{}{},
 		clients:   map[*Client]struct{}{},
 		streams:   map[*Stream]struct{}{},
+		local:     map[string]*ctxtree.Context{},
 		done:      make(chan struct{}),
 	}, nil
 }

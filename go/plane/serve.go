@@ -106,8 +106,32 @@ func (e *Endpoint) onMsg(m *nats.Msg) {
 	}
 	e.active[req] = struct{}{}
 	e.mu.Unlock()
+	if env.Addr == e.rt.streamAddr() {
+		req.followLocalCaller(env.Token)
+	}
 	_ = m.Respond(mustJSON(ack{}))
 	go req.run(env.Addr, env.Token)
+}
+
+// followLocalCaller is the in-process shortcut: when the caller is this
+// runtime, its request context's stop and kill reach the handler's context
+// synchronously, not after a trip through the TCP stream (which still
+// carries them too; the second delivery changes nothing). The reasons are
+// the ones the control frames would give.
+func (r *Request) followLocalCaller(token string) {
+	caller := r.ep.rt.localCaller(token)
+	if caller == nil {
+		return
+	}
+	r.localHooks = []func() bool{
+		caller.Notify(ctxtree.Stopped, func() {
+			r.mu.Lock()
+			r.clientStopped = true
+			r.mu.Unlock()
+			r.Ctx.Cancel(ctxtree.Stopped, ctxtree.ReasonStopGenerating)
+		}),
+		caller.Notify(ctxtree.Killed, func() { r.Ctx.Cancel(ctxtree.Killed, ctxtree.ReasonKill) }),
+	}
 }
 
 // publish makes req visible to Accept once its stream is connected.
@@ -209,12 +233,18 @@ type Request struct {
 	failMsg       string
 	clientStopped bool
 	writable      arm
+	localHooks    []func() bool // in-process caller: see followLocalCaller
 }
 
 // run connects the response stream, relays control frames into the context,
 // and writes the handler's items until the end.
 func (r *Request) run(addr, token string) {
 	defer r.ep.forget(r)
+	defer func() {
+		for _, stop := range r.localHooks {
+			stop()
+		}
+	}()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	out, err := stream.Dial(ctx, addr, token)

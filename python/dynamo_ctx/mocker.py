@@ -183,6 +183,8 @@ class MockAsyncLLM:
                     self.stats.kv_blocks_in_use += need - req.blocks
                     req.blocks = need
                 done = len(out) >= params.max_tokens
+                if done:
+                    self._release(req, False)  # finished: resources go back before the last output
                 yield RequestOutput(
                     request_id,
                     tokens,

@@ -128,8 +128,9 @@ class BaseWorkerHandler:
         params = sampling_params_for(self.engine, max_tokens)
         kwargs = {"kv_transfer_params": kv_transfer_params} if kv_transfer_params else {}
         seen = 0
+        outputs = self.engine.generate(prompt, params, request_id, **kwargs)
         try:
-            async for out in self.engine.generate(prompt, params, request_id, **kwargs):
+            async for out in outputs:
                 if context.is_stopped():
                     break  # the monitor aborts the engine
                 o = out.outputs[0]
@@ -147,6 +148,11 @@ class BaseWorkerHandler:
                 # Whichever ran first (the monitor, or the dispatcher cancelling
                 # this handler on kill), the engine is aborted exactly once.
                 await asyncio.shield(self._abort(request_id))
+            # Close the engine's stream now: breaking out of async-for leaves
+            # an async generator suspended (holding the request) until GC.
+            aclose = getattr(outputs, "aclose", None)
+            if aclose is not None:
+                await asyncio.shield(aclose())
             self._aborted.discard(request_id)
 
 

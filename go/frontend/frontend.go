@@ -127,7 +127,8 @@ func New(ctx context.Context, rt *plane.Runtime, opts Options) (*Frontend, error
 // Addr is the address the frontend listens on.
 func (f *Frontend) Addr() string { return f.ln.Addr().String() }
 
-// Close stops serving; requests in flight are killed (reason shutdown).
+// Close stops serving: it waits up to 5 s for requests in flight, then
+// closes their connections, which kills them like any client disconnect.
 func (f *Frontend) Close() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()

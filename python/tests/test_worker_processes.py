@@ -142,7 +142,8 @@ def test_decode_cancel_during_prefill_aborts_remote_prefill(nats_url):
             client = await rt.endpoint(f"{space}.backend.generate").client()
             await client.wait_for_instances()
             ctx = Context("cancel-in-prefill")
-            await client.generate({"token_ids": list(range(2000)), "max_tokens": 50}, context=ctx)  # ~20 s of prefill
+            # Keep the stream: dropping it would kill the request by itself.
+            stream = await client.generate({"token_ids": list(range(2000)), "max_tokens": 50}, context=ctx)  # ~20 s of prefill
             await prefill.wait_log(r"New Prefill Request ID: cancel-in-prefill")
             ctx.kill()
             await prefill.wait_log(r"Aborted Prefill Request ID: cancel-in-prefill")
@@ -151,6 +152,7 @@ def test_decode_cancel_during_prefill_aborts_remote_prefill(nats_url):
             assert m["dynamo_ctx_worker_running_requests"] == 0
             assert m["dynamo_ctx_worker_kv_blocks_in_use"] == 0
             assert (await decode.metrics())["dynamo_ctx_worker_running_requests"] == 0
+            assert [x async for x in stream] == []  # the killed stream just ends
             rt.shutdown()
         finally:
             await decode.kill()

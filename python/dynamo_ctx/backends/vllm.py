@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, AsyncIterator, Callable, Dict, List, Optional, Set
+from typing import Any, AsyncIterator, Callable, Dict, List, Optional
 
 from ..context import Context
 
@@ -94,15 +94,23 @@ class BaseWorkerHandler:
         self.engine = engine
         self.model = model
         self.metrics = metrics or WorkerMetrics(model)
-        self._aborted: Set[str] = set()
+        self._aborting: Dict[str, "asyncio.Future[None]"] = {}
         #: Called with (request_id, kv_blocks_freed) after each confirmed abort.
         self.abort_listeners: List[Callable[[str, int], None]] = []
 
     async def _abort(self, request_id: str) -> None:
-        """Abort ``request_id`` in the engine once, and count the confirmation."""
-        if request_id in self._aborted:
-            return
-        self._aborted.add(request_id)
+        """Abort ``request_id`` in the engine once, and count the confirmation.
+
+        The monitor and the handler's ``finally`` may both call it; they share
+        one shielded task, so neither cancelling the monitor nor a second call
+        can cut the abort short.
+        """
+        task = self._aborting.get(request_id)
+        if task is None:
+            task = self._aborting[request_id] = asyncio.ensure_future(self._do_abort(request_id))
+        await asyncio.shield(task)
+
+    async def _do_abort(self, request_id: str) -> None:
         self.metrics.cancellations_received_total += 1
         # vLLM's abort returns once the engine dropped the request; the mock
         # also returns how many KV blocks that freed.
@@ -147,13 +155,13 @@ class BaseWorkerHandler:
             if context.is_stopped():
                 # Whichever ran first (the monitor, or the dispatcher cancelling
                 # this handler on kill), the engine is aborted exactly once.
-                await asyncio.shield(self._abort(request_id))
+                await self._abort(request_id)
             # Close the engine's stream now: breaking out of async-for leaves
             # an async generator suspended (holding the request) until GC.
             aclose = getattr(outputs, "aclose", None)
             if aclose is not None:
                 await asyncio.shield(aclose())
-            self._aborted.discard(request_id)
+            self._aborting.pop(request_id, None)
 
 
 class AggregatedHandler(BaseWorkerHandler):

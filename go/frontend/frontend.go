@@ -406,17 +406,8 @@ func (f *Frontend) serve(w http.ResponseWriter, r *http.Request, chat bool) {
 
 	// A client that goes away kills the request: its context is the request's
 	// context, so the kill reaches the worker (and its prefill call) at once.
-	disconnected := context.AfterFunc(r.Context(), func() {
-		if rc.Cancel(ctxtree.Killed, ctxtree.ReasonClientDisconnected) {
-			f.mu.Lock()
-			f.pending[id] = pendingAbort{model: req.Model, at: time.Now()}
-			f.mu.Unlock()
-			f.metrics.cancellation(req.Model)
-			slog.Info("client disconnected: request killed", "request_id", id, "model", req.Model)
-		}
-	})
-	defer disconnected()
-	defer stream.Kill() // no-op once it ended; releases it otherwise
+	onDisconnect := func() { f.disconnected(rc, id, req.Model) }
+	stopWatching := context.AfterFunc(r.Context(), onDisconnect)
 
 	created := time.Now().Unix()
 	if req.Stream {
@@ -424,7 +415,43 @@ func (f *Frontend) serve(w http.ResponseWriter, r *http.Request, chat bool) {
 	} else {
 		f.unaryResponse(w, r, stream, id, req.Model, chat, created)
 	}
+	// The response loop may have seen the disconnect (its reads use the
+	// request's context) before the AfterFunc ran: count it either way, once.
+	if stopWatching() && r.Context().Err() != nil {
+		onDisconnect()
+	}
+	stream.Kill() // no-op once it ended; releases it otherwise
 }
+
+// disconnected kills the request of a client that went away and records it
+// as a cancellation waiting for the worker's confirmation.
+func (f *Frontend) disconnected(rc *ctxtree.Context, id, model string) {
+	if rc.IsKilled() {
+		return
+	}
+	now := time.Now()
+	f.mu.Lock()
+	// Registered before the kill, so that no confirmation can arrive first.
+	f.pending[id] = pendingAbort{model: model, at: now}
+	for k, p := range f.pending {
+		if now.Sub(p.at) > pendingTTL {
+			delete(f.pending, k) // never confirmed (the worker finished first, or died)
+		}
+	}
+	f.mu.Unlock()
+	if !rc.Cancel(ctxtree.Killed, ctxtree.ReasonClientDisconnected) {
+		f.mu.Lock()
+		delete(f.pending, id)
+		f.mu.Unlock()
+		return
+	}
+	f.metrics.cancellation(model)
+	slog.Info("client disconnected: request killed", "request_id", id, "model", model)
+}
+
+// pendingTTL bounds how long a disconnect waits for its confirmation before
+// it is forgotten, so the table cannot grow without bound.
+const pendingTTL = 5 * time.Minute
 
 // next waits for the stream's next item, or the request's end.
 func next(ctx context.Context, s *plane.Stream) (workerItem, error) {

@@ -852,6 +852,7 @@ func (d *disconnectEnv) checkAbort(t *testing.T, id string) {
 	assert.Zero(t, m[key(mConfirmed, "m")], "confirmed before the worker's handler returned")
 	assert.NotContains(t, m, key(mLatency+"_count", "m"))
 
+	skipKnownBug(t, unconfirmedAbort)
 	close(d.release) // the handler returns: the worker confirms the abort
 	d.waitMetric(key(mConfirmed, "m"), 1)
 	m = d.metrics()
@@ -873,11 +874,25 @@ func (d *disconnectEnv) checkAbort(t *testing.T, id string) {
 // neither signalled with reason client_disconnected (SPEC 6) nor counted in
 // dynamo_ctx_frontend_cancellations_total, no pending abort is recorded, and
 // the worker's confirmation is not counted either. It happens in about one
-// disconnect in twenty under -race. The worker is still killed, which these
-// tests check before skipping the metric checks.
+// disconnect in twenty under -race. (Even when the AfterFunc does run, it
+// records the pending abort only after rc.Cancel, while the handler's
+// stream.Kill() may already have killed the request: a worker that confirms
+// quickly can be ignored.) The worker is still killed, which these tests
+// check before skipping the metric checks.
 const disconnectRace = "bug: a client disconnect can go uncounted (cancellations_total, aborts_confirmed_total, " +
 	"disconnect_to_abort_seconds stay 0) and the request is killed with reason kill instead of client_disconnected: " +
 	"the handler, waiting on r.Context(), returns and stops the context.AfterFunc before it runs " +
+	"(set DYNAMO_CTX_TEST_KNOWN_BUGS=1 to run the checks)"
+
+// unconfirmedAbort is a bug of the plane (serve.go, Request.run): when the
+// handler of a killed request returns (Complete) before the run loop noticed
+// the kill, the loop's select may pick r.wake over the closed Killed channel,
+// find the request finished and killed ("case r.Ctx.IsKilled():" does
+// nothing) and return without confirmAbort: nothing is published on
+// plane.AbortedSubject. A handler that returns at once on a kill (as engines
+// do) hits it most.
+const unconfirmedAbort = "bug: a worker sometimes publishes no abort confirmation: plane Request.run returns through its " +
+	"finished branch without confirmAbort when the killed handler completes before the loop saw the kill " +
 	"(set DYNAMO_CTX_TEST_KNOWN_BUGS=1 to run the checks)"
 
 // skipKnownBug skips the rest of a test that a known bug makes fail (some of
@@ -951,9 +966,12 @@ func TestClientDisconnectStreaming(t *testing.T) {
 }
 
 // Every disconnect is counted, whichever of the request's end and the
-// disconnect's handling runs first (see disconnectRace).
+// disconnect's handling runs first, and every abort is confirmed, also by a
+// handler that returns at once when killed (see disconnectRace and
+// unconfirmedAbort).
 func TestEveryDisconnectCounted(t *testing.T) {
 	skipKnownBug(t, disconnectRace)
+	skipKnownBug(t, unconfirmedAbort)
 	e := newEnv(t)
 	got := make(chan *plane.Request, 1)
 	e.worker("w", "dynamo", "m", 0, func(w *worker, req *plane.Request) {

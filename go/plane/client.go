@@ -241,7 +241,13 @@ func (c *Client) generateOnce(payload []byte, parent *ctxtree.Context, route Rou
 	// stream's control frames. Hooks must not block: the frames are written
 	// by the stream, off this goroutine.
 	s.stopHooks = append(s.stopHooks,
-		rc.Notify(ctxtree.Stopped, func() { go in.Stop() }),
+		// A kill also fires Stopped hooks; it must not send a Stop first,
+		// which could let the handler finish cleanly before the Kill lands.
+		rc.Notify(ctxtree.Stopped, func() {
+			if !rc.IsKilled() {
+				go in.Stop()
+			}
+		}),
 		rc.Notify(ctxtree.Killed, func() { go in.Kill(); s.poke() }),
 	)
 	c.rt.trackStream(s)

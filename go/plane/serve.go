@@ -324,6 +324,10 @@ func (r *Request) run(addr, token string) {
 			}
 		}
 		if finished {
+			if r.Ctx.IsKilled() {
+				// The handler returned after a kill: that is the confirmation.
+				go r.confirmAbort()
+			}
 			switch {
 			case failMsg != "":
 				_ = out.Fail(HandlerErrorPrefix + failMsg)

@@ -44,24 +44,6 @@ rt.shutdown()
 
 CONFIRM_TIMEOUT = 10.0  # the frontend learns of a confirmed abort within milliseconds
 
-# Known bugs outside this suite, hit by a few percent of disconnects (a race each). A test
-# that hits one is skipped with the reason instead of failing, after every other check
-# (the worker's abort, its freed resources) has passed.
-KNOWN_BUG_LOST_CONFIRMATION = (
-    "known bug, go/plane/serve.go Request.run: the worker publishes the abort confirmation only when its "
-    "loop leaves through `case <-killed` (or a failed send); when the handler has already returned after "
-    "the kill (or after the Stop frame, which go/plane/client.go sends from its own goroutine and can "
-    "arrive before the Kill frame), the loop leaves through the `finished` switch without confirmAbort, "
-    "so dynamo_ctx_frontend_aborts_confirmed_total and the disconnect_to_abort histogram miss it"
-)
-KNOWN_BUG_UNCOUNTED_DISCONNECT = (
-    "known bug, go/frontend/frontend.go serve: the deferred stop of the context.AfterFunc can win against "
-    "a client disconnect that has already cancelled r.Context() (Next returned context.Canceled) but not yet "
-    "reached the AfterFunc; the callback never runs, the deferred stream.Kill() kills the request with reason "
-    "kill instead of client_disconnected, and the disconnect is counted neither as a cancellation nor as "
-    "a confirmed abort"
-)
-
 # The frontend's stand-in detokenizer (go/frontend/frontend.go: words, detokenize).
 _WORDS = "the of and to in is was for on that with as by at from it an be this are which or".split()
 
@@ -383,8 +365,7 @@ class Stack:
         assert worker.log_count(rf"Aborted {label}Request ID: {re.escape(request_id)}$") == 1
         fe = self.frontend
         assert fe is not None
-        # The confirmation takes milliseconds; CONFIRM_TIMEOUT only bounds the wait
-        # for the known bugs below, which lose it for good.
+        # The confirmation takes milliseconds; CONFIRM_TIMEOUT only catches a lost one.
         f = fe.wait_metrics(
             lambda x: x["cancellations"] >= frontend_before["cancellations"] + 1
             and x["confirmed"] >= frontend_before["confirmed"] + 1
@@ -393,10 +374,6 @@ class Stack:
             timeout=CONFIRM_TIMEOUT,
             fail=False,
         )
-        if f["cancellations"] == frontend_before["cancellations"]:
-            pytest.skip(f"{request_id}: {KNOWN_BUG_UNCOUNTED_DISCONNECT} (frontend {f})")
-        if f["confirmed"] == frontend_before["confirmed"]:
-            pytest.skip(f"{request_id}: {KNOWN_BUG_LOST_CONFIRMATION} (frontend {f})")
         assert f["cancellations"] == frontend_before["cancellations"] + 1, f
         assert f["confirmed"] == frontend_before["confirmed"] + 1, f
         assert f["latency_count"] == frontend_before["latency_count"] + 1, f

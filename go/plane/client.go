@@ -210,8 +210,10 @@ func (c *Client) Generate(payload []byte, parent *ctxtree.Context, route Route, 
 	return c.generateOnce(payload, parent, route, instance)
 }
 
-// generateOnce is one attempt: Generate without migration.
-func (c *Client) generateOnce(payload []byte, parent *ctxtree.Context, route Route, instance uint64) (*Stream, error) {
+// requestContext checks a request and makes its context: a new child of
+// parent with parent's id (linked before anything is sent), or a root with a
+// fresh id.
+func (c *Client) requestContext(payload []byte, parent *ctxtree.Context) (*ctxtree.Context, error) {
 	if !json.Valid(payload) {
 		return nil, ErrNotJSON
 	}
@@ -221,12 +223,19 @@ func (c *Client) generateOnce(payload []byte, parent *ctxtree.Context, route Rou
 	if closed {
 		return nil, ErrClosed
 	}
-	var rc *ctxtree.Context
-	if parent != nil {
-		rc = c.rt.opts.NewContext(parent.ID())
-		parent.LinkChild(rc)
-	} else {
-		rc = c.rt.opts.NewContext(ctxtree.NewID())
+	if parent == nil {
+		return c.rt.opts.NewContext(ctxtree.NewID()), nil
+	}
+	rc := c.rt.opts.NewContext(parent.ID())
+	parent.LinkChild(rc)
+	return rc, nil
+}
+
+// generateOnce is one attempt: Generate without migration.
+func (c *Client) generateOnce(payload []byte, parent *ctxtree.Context, route Route, instance uint64) (*Stream, error) {
+	rc, err := c.requestContext(payload, parent)
+	if err != nil {
+		return nil, err
 	}
 	s := &Stream{ctx: rc, wake: make(chan struct{}, 1), rt: c.rt}
 	id, err := c.pick(route, instance)

@@ -36,21 +36,9 @@ import (
 // returned stream's context is the request's context (a child of parent, or
 // a root with a fresh id); each attempt runs under a child of it.
 func (c *Client) GenerateMigrating(payload []byte, parent *ctxtree.Context, route Route, instance uint64, limit int) (*Stream, error) {
-	if !json.Valid(payload) {
-		return nil, ErrNotJSON
-	}
-	c.mu.Lock()
-	closed := c.closed
-	c.mu.Unlock()
-	if closed {
-		return nil, ErrClosed
-	}
-	var rc *ctxtree.Context
-	if parent != nil {
-		rc = c.rt.opts.NewContext(parent.ID())
-		parent.LinkChild(rc)
-	} else {
-		rc = c.rt.opts.NewContext(ctxtree.NewID())
+	rc, err := c.requestContext(payload, parent)
+	if err != nil {
+		return nil, err
 	}
 	slog.Debug("migration_limit read", "request_id", rc.ID(), "endpoint", c.path, "migration_limit", limit)
 	out := &Stream{ctx: rc, wake: make(chan struct{}, 1), rt: c.rt}

@@ -259,34 +259,24 @@ func (r *Request) run(addr, token string) {
 	// delivered, already killed, so the handler sees it end.
 	defer r.Ctx.Notify(ctxtree.Killed, cancel)()
 
-	// Control frames -> context. One goroutine, gone when the stream is.
-	ctlDone := make(chan struct{})
-	go func() {
-		defer close(ctlDone)
-		stopped := out.Stopped()
-		for {
-			select {
-			case <-stopped:
-				r.mu.Lock()
-				r.clientStopped = true
-				r.mu.Unlock()
-				r.Ctx.Cancel(ctxtree.Stopped, ctxtree.ReasonStopGenerating)
-				stopped = nil
-			case <-out.Killed():
-				r.Ctx.Cancel(ctxtree.Killed, ctxtree.ReasonKill)
-				return
-			case <-out.Lost():
-				r.Ctx.Cancel(ctxtree.Killed, ctxtree.ReasonConnectionLost)
-				return
-			case <-ctx.Done():
-				return
-			}
+	// Control frames -> context, on the stream's reader goroutine as each
+	// frame is read (no goroutine of our own: one hop less for a kill).
+	out.OnControl(func(ev stream.Event) {
+		switch ev {
+		case stream.EventStop:
+			r.mu.Lock()
+			r.clientStopped = true
+			r.mu.Unlock()
+			r.Ctx.Cancel(ctxtree.Stopped, ctxtree.ReasonStopGenerating)
+		case stream.EventKill:
+			r.Ctx.Cancel(ctxtree.Killed, ctxtree.ReasonKill)
+		case stream.EventLost:
+			r.Ctx.Cancel(ctxtree.Killed, ctxtree.ReasonConnectionLost)
 		}
-	}()
-	defer func() { cancel(); <-ctlDone }()
+	})
 	// sendFailed applies what broke a send: a Kill or a lost caller may be
-	// what made SendBatch fail, and it must reach the handler even if the
-	// control goroutine is told to stop first.
+	// what made SendBatch fail, and the handler must see it even if the
+	// control event has not been delivered yet.
 	sendFailed := func() {
 		select {
 		case <-out.Killed():

@@ -37,11 +37,12 @@ type Outgoing struct {
 	done    chan struct{} // closed when the reader has exited and conn is closed
 	credits chan struct{} // cap 1: "credit arrived", for blocked Sends
 
-	mu       sync.Mutex
-	credit   int64
-	isKilled bool
-	isLost   bool
-	isEnded  bool
+	mu        sync.Mutex
+	credit    int64
+	isKilled  bool
+	isLost    bool
+	onControl func(Event) // see OnControl
+	isEnded   bool
 
 	wmu   sync.Mutex // serialises frame writes
 	w     *frame.Writer
@@ -289,6 +290,41 @@ func (o *Outgoing) Close() error {
 
 // readLoop is the connection's one goroutine: it applies the caller's control
 // frames and detects the caller's loss. It owns closing the connection.
+// Event is what the caller did to an Outgoing stream, as seen by OnControl.
+type Event int
+
+const (
+	EventStop Event = iota + 1 // the caller sent Stop (at most once)
+	EventKill                  // the caller sent Kill
+	EventLost                  // the caller's connection broke or closed without Kill
+)
+
+// OnControl arranges for f to run, on the stream's reader goroutine, for
+// each control event: at once (on the calling goroutine) for the events that
+// already happened, then as they arrive. It saves the hop through a goroutine
+// watching Stopped, Killed and Lost: a kill reaches f as soon as the frame is
+// read. f must not block. Only one f can be set; later calls replace it.
+func (o *Outgoing) OnControl(f func(Event)) {
+	o.mu.Lock()
+	o.onControl = f
+	var past []Event
+	select {
+	case <-o.stopped:
+		past = append(past, EventStop)
+	default:
+	}
+	if o.isKilled {
+		past = append(past, EventKill)
+	}
+	if o.isLost {
+		past = append(past, EventLost)
+	}
+	o.mu.Unlock()
+	for _, ev := range past {
+		f(ev)
+	}
+}
+
 func (o *Outgoing) readLoop(r *frame.Reader) {
 	defer close(o.done)
 	defer o.conn.Close()
@@ -315,24 +351,38 @@ func (o *Outgoing) readLoop(r *frame.Reader) {
 				}
 				continue
 			case frame.Stop:
+				first := false
 				select {
 				case <-o.stopped:
 				default:
 					close(o.stopped)
+					first = true
 				}
+				h := o.onControl
 				o.mu.Unlock()
+				if first && h != nil {
+					h(EventStop)
+				}
 				continue
 			case frame.Kill:
 				o.isKilled = true
 				close(o.killed)
+				h := o.onControl
 				o.mu.Unlock()
+				if h != nil {
+					h(EventKill)
+				}
 				return
 			}
 		}
 		// Read error or protocol violation: the caller is gone.
 		o.isLost = true
 		close(o.lost)
+		h := o.onControl
 		o.mu.Unlock()
+		if h != nil {
+			h(EventLost)
+		}
 		return
 	}
 }

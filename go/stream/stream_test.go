@@ -435,6 +435,23 @@ func TestIncompleteOnPurpose(t *testing.T) {
 	waitClosed(t, o.Done(), "Done")
 }
 
+func TestOnControl(t *testing.T) {
+	s := listen(t)
+	in := s.Expect("tok")
+	defer in.Close()
+	o := dial(t, s, "tok")
+	events := make(chan Event, 4)
+	in.Stop()
+	waitClosed(t, o.Stopped(), "Stopped")
+	o.OnControl(func(ev Event) { events <- ev }) // the Stop that already happened is replayed
+	in.Kill()
+	waitClosed(t, o.Killed(), "Killed")
+	assert.Equal(t, EventStop, <-events)
+	assert.Equal(t, EventKill, <-events)
+	assert.Empty(t, events)
+	waitClosed(t, o.Done(), "Done")
+}
+
 func TestUnknownTokenRejected(t *testing.T) {
 	s := listen(t)
 	in := s.Expect("known")

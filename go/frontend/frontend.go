@@ -70,6 +70,8 @@ type Frontend struct {
 	ln      net.Listener
 	metrics *metrics
 
+	unsubscribe func() // from abort confirmations
+
 	mu       sync.Mutex
 	clients  map[string]*plane.Client // per model
 	pending  map[string]pendingAbort  // request id -> disconnect waiting for its confirmation
@@ -99,12 +101,15 @@ func New(ctx context.Context, rt *plane.Runtime, opts Options) (*Frontend, error
 		clients: map[string]*plane.Client{}, pending: map[string]pendingAbort{},
 		serveErr: make(chan error, 1),
 	}
-	if err := rt.OnAbortConfirmed(f.onAbortConfirmed); err != nil {
+	unsubscribe, err := rt.OnAbortConfirmed(f.onAbortConfirmed)
+	if err != nil {
 		client.Close()
 		return nil, err
 	}
+	f.unsubscribe = unsubscribe
 	ln, err := net.Listen("tcp", opts.Addr)
 	if err != nil {
+		unsubscribe()
 		client.Close()
 		return nil, err
 	}
@@ -147,7 +152,8 @@ func (f *Frontend) Close() error {
 		c.Close()
 	}
 	f.client.Close()
-	return nil
+	f.unsubscribe()
+	return err
 }
 
 type instanceMeta struct {
@@ -213,6 +219,17 @@ func (f *Frontend) modelNames() []string {
 	}
 	sort.Strings(names)
 	return names
+}
+
+// hasModel reports whether a registered instance declares model, so that a
+// per-model client is only made for models that exist.
+func (f *Frontend) hasModel(model string) bool {
+	for _, in := range f.client.Instances() {
+		if parseMeta(in.Meta).Model == model {
+			return true
+		}
+	}
+	return false
 }
 
 func (f *Frontend) onAbortConfirmed(a plane.AbortConfirmation) {
@@ -380,6 +397,10 @@ func (f *Frontend) serve(w http.ResponseWriter, r *http.Request, chat bool) {
 		writeError(w, http.StatusBadRequest, "max_tokens must be positive", "invalid_request_error")
 		return
 	}
+	if !f.hasModel(req.Model) {
+		writeError(w, http.StatusNotFound, fmt.Sprintf("model %q is not served by any worker", req.Model), "model_not_found")
+		return
+	}
 	client, err := f.modelClient(req.Model)
 	if err != nil {
 		writeError(w, http.StatusServiceUnavailable, err.Error(), "service_unavailable")
@@ -406,7 +427,11 @@ func (f *Frontend) serve(w http.ResponseWriter, r *http.Request, chat bool) {
 
 	// A client that goes away kills the request: its context is the request's
 	// context, so the kill reaches the worker (and its prefill call) at once.
-	onDisconnect := func() { f.disconnected(rc, id, req.Model) }
+	// once: a run started by the AfterFunc and the check below never both
+	// count it, and the check waits for a run in progress (Do returns only
+	// when f has), so the pending entry exists before stream.Kill.
+	var once sync.Once
+	onDisconnect := func() { once.Do(func() { f.disconnected(rc, id, req.Model) }) }
 	stopWatching := context.AfterFunc(r.Context(), onDisconnect)
 
 	created := time.Now().Unix()
@@ -417,7 +442,8 @@ func (f *Frontend) serve(w http.ResponseWriter, r *http.Request, chat bool) {
 	}
 	// The response loop may have seen the disconnect (its reads use the
 	// request's context) before the AfterFunc ran: count it either way, once.
-	if stopWatching() && r.Context().Err() != nil {
+	stopWatching()
+	if r.Context().Err() != nil {
 		onDisconnect()
 	}
 	stream.Kill() // no-op once it ended; releases it otherwise

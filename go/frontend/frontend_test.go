@@ -23,7 +23,6 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"os"
 	"regexp"
 	"slices"
 	"strconv"
@@ -872,18 +871,6 @@ func (d *disconnectEnv) checkAbort(t *testing.T, id string) {
 // AfterFunc to finish (e.g. run disconnected under a sync.Once and call it
 // after stopWatching() whenever r.Context() is done) before killing the
 // stream. In TestEveryDisconnectCounted about one run in five loses one.
-const lateRegistration = "bug: an abort confirmation can be dropped: serve's stream.Kill() can run while the disconnect " +
-	"AfterFunc is still on its way to registering the pending abort, so a worker that returns at once " +
-	"confirms before f.pending has the id (set DYNAMO_CTX_TEST_KNOWN_BUGS=1 to run the test)"
-
-// skipKnownBug skips the rest of a test that a known bug makes fail (some of
-// the time), unless DYNAMO_CTX_TEST_KNOWN_BUGS is set.
-func skipKnownBug(t *testing.T, msg string) {
-	t.Helper()
-	if os.Getenv("DYNAMO_CTX_TEST_KNOWN_BUGS") == "" {
-		t.Skip(msg)
-	}
-}
 
 func TestClientDisconnectNonStreaming(t *testing.T) {
 	t.Run("cancelled request context", func(t *testing.T) {
@@ -950,7 +937,6 @@ func TestClientDisconnectStreaming(t *testing.T) {
 // disconnect's AfterFunc sees it first, and every abort is confirmed, also by
 // a handler that returns at once when killed (see lateRegistration).
 func TestEveryDisconnectCounted(t *testing.T) {
-	skipKnownBug(t, lateRegistration)
 	e := newEnv(t)
 	got := make(chan *plane.Request, 1)
 	e.worker("w", "dynamo", "m", 0, func(w *worker, req *plane.Request) {

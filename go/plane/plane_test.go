@@ -954,7 +954,9 @@ func TestAbortConfirmedAfterHandlerReturns(t *testing.T) {
 	const path = "test.abort.generate"
 	host := startEmbedded(t)
 	confirmed := make(chan plane.AbortConfirmation, 4)
-	require.NoError(t, host.OnAbortConfirmed(func(a plane.AbortConfirmation) { confirmed <- a }))
+	unsubscribe, err := host.OnAbortConfirmed(func(a plane.AbortConfirmation) { confirmed <- a })
+	require.NoError(t, err)
+	t.Cleanup(unsubscribe)
 	wrt := join(t, host)
 	got := make(chan *plane.Request, 1)
 	release := make(chan struct{})
@@ -982,7 +984,7 @@ func TestAbortConfirmedAfterHandlerReturns(t *testing.T) {
 	close(release)
 	a := recv(t, confirmed, "the abort confirmation")
 	assert.Equal(t, plane.AbortConfirmation{ID: "abort-me", Path: path, Instance: w.ep.InstanceID(), Reason: "kill"}, a)
-	_, _, err := drain(s, 0)
+	_, _, err = drain(s, 0)
 	assert.Equal(t, io.EOF, err)
 
 	// A request that completes normally confirms nothing.

@@ -448,18 +448,23 @@ func (r *Request) confirmAbort() {
 }
 
 // OnAbortConfirmed calls f for every abort confirmation any worker
-// publishes, until the runtime closes. f runs on a NATS delivery goroutine.
-func (r *Runtime) OnAbortConfirmed(f func(AbortConfirmation)) error {
-	_, err := r.nc().Subscribe(AbortedSubject, func(m *nats.Msg) {
+// publishes, until the returned unsubscribe is called or the runtime closes.
+// f runs on a NATS delivery goroutine.
+func (r *Runtime) OnAbortConfirmed(f func(AbortConfirmation)) (unsubscribe func(), err error) {
+	sub, err := r.nc().Subscribe(AbortedSubject, func(m *nats.Msg) {
 		var a AbortConfirmation
 		if json.Unmarshal(m.Data, &a) == nil {
 			f(a)
 		}
 	})
 	if err != nil {
-		return err
+		return nil, err
 	}
-	return r.nc().Flush()
+	if err := r.nc().Flush(); err != nil {
+		_ = sub.Unsubscribe()
+		return nil, err
+	}
+	return func() { _ = sub.Unsubscribe() }, nil
 }
 
 func mustJSON(v any) []byte {

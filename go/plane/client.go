@@ -70,11 +70,10 @@ func (r *Runtime) Client(ctx context.Context, path string) (*Client, error) {
 func (c *Client) watchChanges() {
 	defer c.wg.Done()
 	for {
-		select {
-		case <-c.watcher.Changes():
-			if len(c.Instances()) == 0 {
-				continue
-			}
+		// Take the change channel before looking, so that a change between
+		// the look and the wait closes the channel instead of being missed.
+		changed := c.watcher.Changes()
+		if len(c.Instances()) > 0 {
 			c.mu.Lock()
 			fs := c.waiting
 			c.waiting = nil
@@ -82,6 +81,9 @@ func (c *Client) watchChanges() {
 			for _, f := range fs {
 				f()
 			}
+		}
+		select {
+		case <-changed:
 		case <-c.stop:
 			return
 		}

@@ -246,6 +246,7 @@ func (c *Client) generateOnce(payload []byte, parent *ctxtree.Context, route Rou
 		return s, nil
 	}
 	token := newToken()
+	local := c.rt.servesInstance(id)
 	in := c.rt.srv.Expect(token)
 	s.in = in
 	// Cancellation of the request's context reaches the worker through the
@@ -259,7 +260,18 @@ func (c *Client) generateOnce(payload []byte, parent *ctxtree.Context, route Rou
 				go in.Stop()
 			}
 		}),
-		rc.Notify(ctxtree.Killed, func() { go in.Kill(); s.poke() }),
+		rc.Notify(ctxtree.Killed, func() {
+			// To a remote worker the Kill frame is the kill: write it now,
+			// on the cancelling goroutine (a tiny write; the worker always
+			// reads). A worker in this runtime was already killed
+			// synchronously (followLocalCaller), so the frame can wait.
+			if local {
+				go in.Kill()
+			} else {
+				in.Kill()
+			}
+			s.poke()
+		}),
 	)
 	c.rt.trackStream(s)
 	c.rt.setLocal(token, rc) // until acknowledged: see Request.followLocalCaller

@@ -152,6 +152,18 @@ func (r *Runtime) trackStream(s *Stream) {
 	}
 }
 
+// servesInstance reports whether instance id is an endpoint of this runtime.
+func (r *Runtime) servesInstance(id uint64) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for e := range r.endpoints {
+		if e.instanceID == id {
+			return true
+		}
+	}
+	return false
+}
+
 // localCaller returns the request context of this runtime's own stream
 // token, if the request is being sent from this process.
 func (r *Runtime) localCaller(token string) *ctxtree.Context {

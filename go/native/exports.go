@@ -588,6 +588,27 @@ func dc_handle_counts(nContexts, nQueues, nOther *C.uint64_t) (rc C.int) {
 	return C.DC_OK
 }
 
+// Stores the number of goroutines and the bytes of live Go heap (after a
+// garbage collection when collect is non-zero), for leak checks and
+// benchmarks. Any pointer may be NULL.
+//
+//export dc_runtime_stats
+func dc_runtime_stats(collect C.int, goroutines, heapBytes *C.uint64_t) (rc C.int) {
+	defer guard("dc_runtime_stats", &rc)
+	if collect != 0 {
+		runtime.GC()
+	}
+	if goroutines != nil {
+		*goroutines = C.uint64_t(runtime.NumGoroutine())
+	}
+	if heapBytes != nil {
+		var ms runtime.MemStats
+		runtime.ReadMemStats(&ms)
+		*heapBytes = C.uint64_t(ms.HeapAlloc)
+	}
+	return C.DC_OK
+}
+
 // Panics inside the library on purpose, to test that every export recovers:
 // always returns DC_EINTERNAL with a message, and logs an error record.
 //

@@ -401,6 +401,17 @@ static PyObject* mod_handle_counts(PyObject* m, PyObject* unused) {
                          "other", (unsigned long long)other);
 }
 
+static PyObject* mod_runtime_stats(PyObject* m, PyObject* args) {
+    int collect = 0;
+    if (!PyArg_ParseTuple(args, "|p:runtime_stats", &collect)) return NULL;
+    if (check_fork() < 0) return NULL;
+    uint64_t g = 0, heap = 0;
+    int rc;
+    CALL_RELEASED(rc, dc_runtime_stats(collect, &g, &heap));
+    if (rc != DC_OK) return raise_rc(rc);
+    return Py_BuildValue("{sKsK}", "goroutines", (unsigned long long)g, "heap_bytes", (unsigned long long)heap);
+}
+
 static PyObject* mod_log_fd(PyObject* m, PyObject* unused) {
     if (check_fork() < 0) return NULL;
     int fd = -1;
@@ -796,6 +807,7 @@ static PyMethodDef module_methods[] = {
     {"watch", mod_watch, METH_VARARGS, "watch(context, queue, state, token)"},
     {"unwatch", mod_unwatch, METH_VARARGS, "unwatch(queue, token) -> bool (False if not pending)"},
     {"handle_counts", mod_handle_counts, METH_NOARGS, "handle_counts() -> {'contexts': n, 'queues': n}"},
+    {"runtime_stats", mod_runtime_stats, METH_VARARGS, "runtime_stats(collect=False) -> {'goroutines': n, 'heap_bytes': n}"},
     {"log_fd", mod_log_fd, METH_NOARGS, "log_fd() -> fd readable when log records wait"},
     {"log_set_level", mod_log_set_level, METH_O, "log_set_level(python_level)"},
     {"log_drain", mod_log_drain, METH_NOARGS, "log_drain() -> list of (level, message)"},

@@ -78,12 +78,30 @@ def wake_latency(n: int = 2000) -> None:
     )
 
 
-def churn(n: int = 200_000) -> None:
+def churn(n: int = 1_000_000) -> None:
+    """A million create/cancel cycles: goroutines, handles and Go heap before and after."""
+    import gc
+
+    from dynamo_ctx._lib import native
+
+    lib = native()
+    gc.collect()
+    before_h, before_s = lib.handle_counts(), lib.runtime_stats(True)
     t0 = time.perf_counter()
-    for _ in range(n):
-        Context().kill()
+    for i in range(n):
+        c = Context()
+        if i % 2:
+            c.kill()
+        else:
+            c.child().stop_generating()
+    del c
     dt = time.perf_counter() - t0
-    print(f"create+kill+free: {dt / n * 1e9:.0f} ns per context (n={n})")
+    gc.collect()
+    after_h, after_s = lib.handle_counts(), lib.runtime_stats(True)
+    print(f"create+cancel+free: {dt / n * 1e9:.0f} ns per cycle (n={n:,}, half with a linked child)")
+    print(f"  handles {before_h} -> {after_h}")
+    print(f"  goroutines {before_s['goroutines']} -> {after_s['goroutines']}, "
+          f"Go heap {before_s['heap_bytes'] / 1e6:.2f} MB -> {after_s['heap_bytes'] / 1e6:.2f} MB")
 
 
 if __name__ == "__main__":

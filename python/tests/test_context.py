@@ -343,7 +343,10 @@ def test_many_contexts_many_waits():
 
 
 def test_churn_returns_to_baseline():
+    from dynamo_ctx._lib import native
+
     base = counts()
+    stats = native().runtime_stats(True)
     for i in range(100_000):
         c = Context()
         if i % 2:
@@ -352,6 +355,10 @@ def test_churn_returns_to_baseline():
             c.child().stop_generating()
     del c
     assert counts() == base
+    after = native().runtime_stats(True)
+    assert after["goroutines"] <= stats["goroutines"], "no goroutine per context"
+    # 100k contexts of ~200 B each would be ~20 MB if anything kept them.
+    assert after["heap_bytes"] - stats["heap_bytes"] < 5_000_000
 
 
 def test_fork_child_gets_clear_error():

@@ -114,7 +114,19 @@ func ReasonFromString(s string) (Reason, bool) {
 }
 
 // Pack builds a state word; Unpack splits one.
-func Pack(s State, r Reason) uint32 { return uint32(s) | uint32(r)<<8 }
+func Pack(s State, r Reason) uint32 { return packCause(s, r, r) }
+
+// packCause adds the cause (bits 16-23): the reason at the origin of the
+// cancellation, which a propagated context's own reason (ReasonParent) hides.
+func packCause(s State, r, cause Reason) uint32 {
+	return uint32(s) | uint32(r)<<8 | uint32(cause)<<16
+}
+
+// Cause returns the reason the cancellation had where it started: c's own
+// reason if it was cancelled directly, else the reason of the ancestor whose
+// cancellation reached it (ReasonNone while live). A context cancelled over
+// a connection is cancelled directly, with the cause the caller sent.
+func (c *Context) Cause() Reason { return Reason((c.word.Load() >> 16) & 0xff) }
 
 // Unpack splits a state word into its state and reason.
 func Unpack(w uint32) (State, Reason) { return State(w & 0xff), Reason((w >> 8) & 0xff) }
@@ -201,7 +213,15 @@ func (c *Context) Cancel(target State, reason Reason) bool {
 	if target != Stopped && target != Killed {
 		return false
 	}
-	kids, fired, ok := c.transition(target, reason)
+	return c.cancel(target, reason, reason)
+}
+
+// cancel is Cancel with the origin's reason (cause) carried down the tree.
+func (c *Context) cancel(target State, reason, cause Reason) bool {
+	if target != Stopped && target != Killed {
+		return false
+	}
+	kids, fired, ok := c.transition(target, reason, cause)
 	if !ok {
 		return false
 	}
@@ -211,7 +231,7 @@ func (c *Context) Cancel(target State, reason Reason) bool {
 	for len(stack) > 0 {
 		n := stack[len(stack)-1]
 		stack = stack[:len(stack)-1]
-		more, fired, ok := n.transition(target, ReasonParent)
+		more, fired, ok := n.transition(target, ReasonParent, cause)
 		if !ok {
 			continue
 		}
@@ -223,14 +243,14 @@ func (c *Context) Cancel(target State, reason Reason) bool {
 
 // transition moves one node under its lock and returns what the caller must
 // do outside the lock: the children to visit and the hooks to run.
-func (c *Context) transition(target State, reason Reason) ([]*Context, []func(), bool) {
+func (c *Context) transition(target State, reason, cause Reason) ([]*Context, []func(), bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	old, _ := Unpack(c.word.Load())
 	if old >= target {
 		return nil, nil, false
 	}
-	c.word.Store(Pack(target, reason))
+	c.word.Store(packCause(target, reason, cause))
 	if c.stopCh != nil && old < Stopped {
 		close(c.stopCh)
 	}
@@ -282,7 +302,8 @@ func (c *Context) LinkChild(child *Context) {
 	}
 	first.mu.Lock()
 	second.mu.Lock()
-	pst, _ := Unpack(c.word.Load())
+	pw := c.word.Load()
+	pst, _ := Unpack(pw)
 	if pst < Killed && !child.finished {
 		wp := weak.Make(child)
 		if _, dup := c.children[wp]; !dup {
@@ -297,7 +318,7 @@ func (c *Context) LinkChild(child *Context) {
 	second.mu.Unlock()
 	first.mu.Unlock()
 	if pst > Live {
-		child.Cancel(pst, ReasonParent)
+		child.cancel(pst, ReasonParent, Reason((pw>>16)&0xff))
 	}
 }
 

@@ -536,3 +536,26 @@ func TestNewID(t *testing.T) {
 		seen[id] = true
 	}
 }
+
+func TestCauseFollowsPropagation(t *testing.T) {
+	root := New("r")
+	mid := root.Child()
+	leaf := mid.Child()
+	assert.Equal(t, ReasonNone, leaf.Cause())
+	root.Cancel(Killed, ReasonClientDisconnected)
+	assert.Equal(t, ReasonParent, leaf.Reason())
+	assert.Equal(t, ReasonClientDisconnected, leaf.Cause(), "the origin's reason")
+	assert.Equal(t, ReasonClientDisconnected, root.Cause())
+
+	late := New("late")
+	root.LinkChild(late) // linked after the cancel: same cause
+	assert.Equal(t, ReasonClientDisconnected, late.Cause())
+
+	s := New("s")
+	s.StopGenerating()
+	s.Kill() // a later kill replaces both reason and cause
+	assert.Equal(t, ReasonKill, s.Cause())
+	st, r := Unpack(s.StateWord().Load())
+	assert.Equal(t, Killed, st)
+	assert.Equal(t, ReasonKill, r)
+}

@@ -16,8 +16,9 @@
 // The codec guarantees:
 //
 //   - Validation: a Reader returns an error, never panics, for an unknown
-//     type, a payload longer than its maximum, a Final, Stop or Kill frame
-//     with a payload, a Credit payload that is not exactly 4 bytes, an Error
+//     type, a payload longer than its maximum, a Final or Stop frame
+//     with a payload, a Kill payload over 1 byte, a Credit payload that is
+//     not exactly 4 bytes, an Error
 //     payload that is not UTF-8 (each wrapping ErrInvalid), and for input
 //     that ends inside a frame (io.ErrUnexpectedEOF).
 //   - Bounded memory: the length is checked against the type and the maximum
@@ -55,7 +56,7 @@ const (
 	Final  Type = 3 // worker -> caller: normal end, empty payload
 	Error  Type = 4 // worker -> caller: handler failed, UTF-8 message
 	Stop   Type = 5 // caller -> worker: stop generating, empty payload
-	Kill   Type = 6 // caller -> worker: abort, empty payload
+	Kill   Type = 6 // caller -> worker: abort; empty, or one byte: the cause (a reason code)
 	Credit Type = 7 // caller -> worker: 4-byte BE count of more Data frames allowed
 	// Incomplete: worker -> caller, the handler stopped its own request and
 	// returned; UTF-8 detail (may be empty). Unlike a broken connection it is
@@ -202,6 +203,15 @@ func (w *Writer) WriteStop() error { return w.WriteFrame(Stop, nil) }
 // WriteKill buffers the Kill frame.
 func (w *Writer) WriteKill() error { return w.WriteFrame(Kill, nil) }
 
+// WriteKillCause buffers a Kill frame carrying the cancellation's cause (a
+// reason code, opaque to this package); 0 writes a plain Kill.
+func (w *Writer) WriteKillCause(cause byte) error {
+	if cause == 0 {
+		return w.WriteKill()
+	}
+	return w.WriteFrame(Kill, []byte{cause})
+}
+
 // WriteCredit buffers a Credit frame granting n more Data frames.
 func (w *Writer) WriteCredit(n uint32) error {
 	w.hdr[0] = byte(Credit)
@@ -268,7 +278,15 @@ func (r *Reader) ReadFrame() (Frame, error) {
 	n := binary.BigEndian.Uint32(r.hdr[1:])
 	// Check the length against the type and the maximum before allocating.
 	switch t {
-	case Final, Stop, Kill:
+	case Kill:
+		// An optional one-byte cause (the reason code of the cancellation).
+		if n > 1 {
+			return Frame{}, fmt.Errorf("%w: Kill with %d-byte payload", ErrBadPayload, n)
+		}
+		if n == 0 {
+			return Frame{Type: t}, nil
+		}
+	case Final, Stop:
 		if n != 0 {
 			return Frame{}, fmt.Errorf("%w: %v with %d-byte payload", ErrBadPayload, t, n)
 		}

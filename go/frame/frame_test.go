@@ -106,7 +106,7 @@ func TestReaderRejects(t *testing.T) {
 		{"empty credit", hdr(Credit, 0), ErrBadPayload},
 		{"final with payload", append(hdr(Final, 1), 'x'), ErrBadPayload},
 		{"stop with payload", append(hdr(Stop, 1), 'x'), ErrBadPayload},
-		{"kill with payload", append(hdr(Kill, 1), 'x'), ErrBadPayload},
+		{"kill with a 2-byte payload", append(hdr(Kill, 2), 'x', 'y'), ErrBadPayload},
 		{"error not utf8", append(hdr(Error, 2), 0xC3, 0x28), ErrBadPayload},
 		{"truncated header", []byte{byte(Data), 0, 0}, io.ErrUnexpectedEOF},
 		{"truncated payload", append(hdr(Data, 10), 'a', 'b'), io.ErrUnexpectedEOF},
@@ -199,4 +199,20 @@ func TestIncompleteFrame(t *testing.T) {
 	raw := []byte{byte(Incomplete), 0, 0, 0, 1, 0xff}
 	_, err = NewReader(bytes.NewReader(raw)).ReadFrame()
 	assert.ErrorIs(t, err, ErrBadPayload)
+}
+
+func TestKillCause(t *testing.T) {
+	b := encode(t, func(w *Writer) {
+		require.NoError(t, w.WriteKillCause(3))
+		require.NoError(t, w.WriteKillCause(0))
+	})
+	r := NewReader(bytes.NewReader(b))
+	f, err := r.ReadFrame()
+	require.NoError(t, err)
+	assert.Equal(t, Kill, f.Type)
+	assert.Equal(t, []byte{3}, f.Payload)
+	f, err = r.ReadFrame()
+	require.NoError(t, err)
+	assert.Equal(t, Kill, f.Type)
+	assert.Nil(t, f.Payload)
 }

@@ -835,14 +835,14 @@ func newDisconnectEnv(t *testing.T, tokens int) *disconnectEnv {
 }
 
 // checkAbort checks what follows a client's disconnect from request id: the
-// worker's request is killed (a remote worker sees the Kill frame: reason
-// kill), the frontend counts the cancellation at once, and counts the abort
+// worker's request is killed with the cause the frontend gave (the Kill frame
+// carries it: client_disconnected), the frontend counts the cancellation at once, and counts the abort
 // as confirmed, with its latency, only once the worker's handler returned.
 func (d *disconnectEnv) checkAbort(t *testing.T, id string) {
 	t.Helper()
 	h := recv(t, d.killed, "the worker's request to be killed")
 	assert.Equal(t, id, h.req.ID)
-	assert.Equal(t, ctxtree.ReasonKill, h.reason, "a remote worker sees the kill frame")
+	assert.Equal(t, ctxtree.ReasonClientDisconnected, h.reason, "the Kill frame carries the cause")
 
 	d.waitMetric(key(mCancellations, "m"), 1)
 	m := d.metrics()

@@ -243,7 +243,9 @@ func dc_context_id(h C.uint64_t, buf *C.char, bufLen C.size_t, n *C.size_t) (rc 
 }
 
 // Stores the context's state word in *word: state (DC_LIVE, DC_STOPPED,
-// DC_KILLED) in bits 0-7, reason (DC_REASON_*) in bits 8-15.
+// DC_KILLED) in bits 0-7, reason (DC_REASON_*) in bits 8-15, and the cause
+// (the reason where the cancellation started; differs from the reason for a
+// context cancelled through its parent) in bits 16-23.
 // Errors: DC_EBADF, DC_EINVAL for a NULL word.
 //
 //export dc_context_state
@@ -256,8 +258,7 @@ func dc_context_state(h C.uint64_t, word *C.uint32_t) (rc C.int) {
 	if rc != C.DC_OK {
 		return rc
 	}
-	st, r := c.State()
-	*word = C.uint32_t(ctxtree.Pack(st, r))
+	*word = C.uint32_t(c.StateWord().Load())
 	return C.DC_OK
 }
 

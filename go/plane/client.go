@@ -265,10 +265,13 @@ func (c *Client) generateOnce(payload []byte, parent *ctxtree.Context, route Rou
 			// on the cancelling goroutine (a tiny write; the worker always
 			// reads). A worker in this runtime was already killed
 			// synchronously (followLocalCaller), so the frame can wait.
+			// The frame carries the cancellation's cause, so the worker's
+			// handler sees why (client_disconnected, shutdown, ...).
+			cause := byte(rc.Cause())
 			if local {
-				go in.Kill()
+				go in.KillCause(cause)
 			} else {
-				in.Kill()
+				in.KillCause(cause)
 			}
 			s.poke()
 		}),

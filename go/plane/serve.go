@@ -113,6 +113,16 @@ func (e *Endpoint) onMsg(m *nats.Msg) {
 	go req.run(env.Addr, env.Token)
 }
 
+// remoteKillReason is the reason a handler's context gets when its caller
+// kills it: the cause the caller sent (client_disconnected, shutdown,
+// deadline, ...), or kill when there is none.
+func remoteKillReason(cause ctxtree.Reason) ctxtree.Reason {
+	if !cause.Valid() || cause == ctxtree.ReasonParent || cause == ctxtree.ReasonStopGenerating {
+		return ctxtree.ReasonKill
+	}
+	return cause
+}
+
 // followLocalCaller is the in-process shortcut: when the caller is this
 // runtime, its request context's stop and kill reach the handler's context
 // synchronously, not after a trip through the TCP stream (which still
@@ -130,7 +140,7 @@ func (r *Request) followLocalCaller(token string) {
 			r.mu.Unlock()
 			r.Ctx.Cancel(ctxtree.Stopped, ctxtree.ReasonStopGenerating)
 		}),
-		caller.Notify(ctxtree.Killed, func() { r.Ctx.Cancel(ctxtree.Killed, ctxtree.ReasonKill) }),
+		caller.Notify(ctxtree.Killed, func() { r.Ctx.Cancel(ctxtree.Killed, remoteKillReason(caller.Cause())) }),
 	}
 }
 
@@ -269,7 +279,7 @@ func (r *Request) run(addr, token string) {
 			r.mu.Unlock()
 			r.Ctx.Cancel(ctxtree.Stopped, ctxtree.ReasonStopGenerating)
 		case stream.EventKill:
-			r.Ctx.Cancel(ctxtree.Killed, ctxtree.ReasonKill)
+			r.Ctx.Cancel(ctxtree.Killed, remoteKillReason(ctxtree.Reason(out.KillCause())))
 		case stream.EventLost:
 			r.Ctx.Cancel(ctxtree.Killed, ctxtree.ReasonConnectionLost)
 		}

@@ -42,6 +42,7 @@ type Outgoing struct {
 	isKilled  bool
 	isLost    bool
 	onControl func(Event) // see OnControl
+	killCause byte        // see KillCause
 	isEnded   bool
 
 	wmu   sync.Mutex // serialises frame writes
@@ -290,6 +291,14 @@ func (o *Outgoing) Close() error {
 
 // readLoop is the connection's one goroutine: it applies the caller's control
 // frames and detects the caller's loss. It owns closing the connection.
+// KillCause returns the cause byte of the caller's Kill (0 if none was sent,
+// or no Kill arrived).
+func (o *Outgoing) KillCause() byte {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.killCause
+}
+
 // Event is what the caller did to an Outgoing stream, as seen by OnControl.
 type Event int
 
@@ -365,6 +374,9 @@ func (o *Outgoing) readLoop(r *frame.Reader) {
 				}
 				continue
 			case frame.Kill:
+				if len(f.Payload) == 1 {
+					o.killCause = f.Payload[0]
+				}
 				o.isKilled = true
 				close(o.killed)
 				h := o.onControl

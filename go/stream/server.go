@@ -198,6 +198,7 @@ type Incoming struct {
 	q        ring
 	err      error    // how the stream ended; Recv returns it once q is empty
 	killed   bool     // Kill (or Close) before the end: Recv returns ErrKilled
+	cause    byte     // what Kill sends: see KillCause
 	closed   bool     // Close: Recv returns ErrClosed
 	stopReq  bool     // Stop was called; sent at attach if not attached yet
 	conn     net.Conn // set when the worker's Hello arrives
@@ -308,8 +309,15 @@ func (in *Incoming) Stop() {
 // from now on, and Kill is sent to the worker (now, or right after its Hello)
 // before the connection is closed. Kill after the end of the stream was
 // received, or a second Kill, does nothing.
-func (in *Incoming) Kill() {
+func (in *Incoming) Kill() { in.KillCause(0) }
+
+// KillCause is Kill with a cause: one byte the worker reads with
+// Outgoing.KillCause (the reason code of the cancellation; 0 for none).
+func (in *Incoming) KillCause(cause byte) {
 	in.mu.Lock()
+	if !in.killed {
+		in.cause = cause
+	}
 	attached := in.kill()
 	in.mu.Unlock()
 	in.signal()
@@ -334,7 +342,10 @@ func (in *Incoming) kill() bool {
 // (or the linger timeout), so closing never turns into a reset that could
 // destroy the Kill before the worker reads it.
 func (in *Incoming) sendKill() {
-	in.writeControl(func(w *frame.Writer) error { return w.WriteKill() })
+	in.mu.Lock()
+	cause := in.cause
+	in.mu.Unlock()
+	in.writeControl(func(w *frame.Writer) error { return w.WriteKillCause(cause) })
 	if tc, ok := in.conn.(*net.TCPConn); ok {
 		_ = tc.CloseWrite()
 	}

@@ -435,6 +435,17 @@ func TestIncompleteOnPurpose(t *testing.T) {
 	waitClosed(t, o.Done(), "Done")
 }
 
+func TestKillCause(t *testing.T) {
+	s := listen(t)
+	in := s.Expect("tok")
+	defer in.Close()
+	o := dial(t, s, "tok")
+	in.KillCause(3)
+	waitClosed(t, o.Killed(), "Killed")
+	assert.Equal(t, byte(3), o.KillCause())
+	waitClosed(t, o.Done(), "Done")
+}
+
 func TestOnControl(t *testing.T) {
 	s := listen(t)
 	in := s.Expect("tok")

@@ -233,7 +233,7 @@ def ctx_id(lib, h: int) -> str:
 def state(lib, h: int) -> Tuple[int, int]:
     word = ffi.new("uint32_t *")
     ok(lib, lib.dc_context_state(h, word))
-    assert word[0] >> 16 == 0, hex(word[0])
+    assert word[0] >> 24 == 0, hex(word[0])  # bits 16-23 are the cause
     return word[0] & 0xFF, (word[0] >> 8) & 0xFF
 
 
@@ -596,11 +596,12 @@ def test_state_word_pointer(lib):
     assert word[0] == DC_LIVE | DC_REASON_NONE << 8
     ok(lib, lib.dc_context_stop_generating(h))
     # Read without calling into the library: the store happened before the call returned.
-    assert word[0] == DC_STOPPED | DC_REASON_STOP_GENERATING << 8
+    # state | reason << 8 | cause << 16: a direct stop is its own cause.
+    assert word[0] == DC_STOPPED | DC_REASON_STOP_GENERATING << 8 | DC_REASON_STOP_GENERATING << 16
     ok(lib, lib.dc_context_kill(h))
     assert word[0] & 0xFF == DC_KILLED
     assert (word[0] >> 8) & 0xFF == DC_REASON_KILL
-    assert word[0] >> 16 == 0
+    assert word[0] >> 16 == DC_REASON_KILL  # the cause: a direct kill is its own
     other = new_ctx(lib)
     ok(lib, lib.dc_context_state_word(other, p2))
     assert p2[0] != word and p2[0][0] == 0
@@ -1157,7 +1158,8 @@ def test_threads_create_link_kill_free(lib):
                     assert lib.dc_context_kill(linked) == DC_OK
                     assert lib.dc_context_kill(parent) == DC_OK
                 assert lib.dc_context_state(child, word) == DC_OK
-                assert word[0] == DC_KILLED | DC_REASON_PARENT << 8
+                # Propagated: reason parent, cause the kill at the origin.
+                assert word[0] == DC_KILLED | DC_REASON_PARENT << 8 | DC_REASON_KILL << 16
                 assert lib.dc_context_state(linked, word) == DC_OK
                 assert word[0] & 0xFF == DC_KILLED
                 for h in (parent, linked, child):

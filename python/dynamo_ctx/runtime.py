@@ -105,8 +105,10 @@ class DistributedRuntime:
 
     @property
     def nats_url(self) -> str:
-        """The NATS address this runtime is connected to."""
-        return self._lib.runtime_nats_url(self._h())
+        """The NATS address this runtime is (or, after shutdown, was) connected to."""
+        if self._handle is None:
+            raise RuntimeClosed("the runtime was freed")
+        return self._lib.runtime_nats_url(self._handle)
 
     def namespace(self, name: str) -> "Namespace":
         """Return the namespace ``name``."""

@@ -143,31 +143,20 @@ func (e *env) worker(name, namespace, model string, migrationLimit int, h handle
 func (w *worker) loop(h handler) {
 	defer w.wg.Done()
 	for {
-		req, err := w.ep.Accept()
-		switch {
-		case err == nil:
-			select {
-			case w.reqs <- req:
-			default:
-			}
-			w.wg.Add(1)
-			go func() {
-				defer w.wg.Done()
-				defer req.Complete()
-				h(w, req)
-			}()
-		case errors.Is(err, plane.ErrAgain):
-			ch := make(chan struct{}, 1)
-			w.ep.Arm(func() {
-				select {
-				case ch <- struct{}{}:
-				default:
-				}
-			})
-			<-ch // Close fires it too
-		default: // ErrClosed
+		req, err := w.ep.Next(context.Background())
+		if err != nil { // ErrClosed
 			return
 		}
+		select {
+		case w.reqs <- req:
+		default:
+		}
+		w.wg.Add(1)
+		go func() {
+			defer w.wg.Done()
+			defer req.Complete()
+			h(w, req)
+		}()
 	}
 }
 

@@ -136,25 +136,19 @@ func serve(tb testing.TB, rt *plane.Runtime, path string, h handler) *worker {
 func (w *worker) loop(h handler) {
 	defer w.wg.Done()
 	for {
-		req, err := w.ep.Accept()
-		switch {
-		case err == nil:
-			w.wg.Add(1)
-			go func() {
-				defer w.wg.Done()
-				// Like the dispatcher, end every request when its handler
-				// returns (a no-op after Complete or Fail): that is also
-				// what confirms the abort of a killed request.
-				defer req.Complete()
-				h(req)
-			}()
-		case errors.Is(err, plane.ErrAgain):
-			f, ch := armed()
-			w.ep.Arm(f)
-			<-ch // Close fires it too
-		default: // ErrClosed
+		req, err := w.ep.Next(context.Background())
+		if err != nil { // ErrClosed
 			return
 		}
+		w.wg.Add(1)
+		go func() {
+			defer w.wg.Done()
+			// Like the dispatcher, end every request when its handler
+			// returns (a no-op after Complete or Fail): that is also
+			// what confirms the abort of a killed request.
+			defer req.Complete()
+			h(req)
+		}()
 	}
 }
 

@@ -126,36 +126,26 @@ func (e *migEnv) worker(name string, behave func(a *migAttempt)) *migWorker {
 func (w *migWorker) loop(e *migEnv, behave func(a *migAttempt)) {
 	defer w.wg.Done()
 	for {
-		req, err := w.ep.Accept()
-		switch {
-		case err == nil:
-			a := migParse(w, req, int(e.seq.Add(1)-1))
-			select {
-			case e.attempts <- a:
-			default:
-				e.t.Errorf("more attempts than the test can hold")
-			}
-			w.wg.Add(1)
-			go func() {
-				defer w.wg.Done()
-				if a.err != nil {
-					req.Fail("ValueError: " + a.err.Error())
-					return
-				}
-				behave(a)
-			}()
-		case errors.Is(err, ErrAgain):
-			ch := make(chan struct{}, 1)
-			w.ep.Arm(func() {
-				select {
-				case ch <- struct{}{}:
-				default:
-				}
-			})
-			<-ch // Close fires it too
-		default: // ErrClosed
+		req, err := w.ep.Next(context.Background())
+		if err != nil { // ErrClosed
 			return
 		}
+		a := migParse(w, req, int(e.seq.Add(1)-1))
+		select {
+		case e.attempts <- a:
+		default:
+			e.t.Errorf("more attempts than the test can hold")
+		}
+		w.wg.Add(1)
+		go func() {
+			defer w.wg.Done()
+			if a.err != nil {
+				req.Fail("ValueError: " + a.err.Error())
+				return
+			}
+			behave(a)
+		}()
+
 	}
 }
 

@@ -1075,3 +1075,18 @@ func TestNextForGoConsumers(t *testing.T) {
 	_, err = s.Next(context.Background())
 	assert.Equal(t, io.EOF, err)
 }
+
+// Endpoint.Next is the blocking Accept for Go consumers: it returns ctx's
+// error when ctx ends first, and ErrClosed once the endpoint is closed.
+func TestEndpointNext(t *testing.T) {
+	host := startEmbedded(t)
+	ep, err := host.Serve("test.next.generate", nil)
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	_, err = ep.Next(ctx)
+	assert.ErrorIs(t, err, context.Canceled)
+	ep.Close()
+	_, err = ep.Next(context.Background())
+	assert.ErrorIs(t, err, plane.ErrClosed)
+}

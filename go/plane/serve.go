@@ -181,6 +181,25 @@ func (e *Endpoint) Accept() (*Request, error) {
 	return req, nil
 }
 
+// Next blocks until a request waits for a handler and takes it, or returns
+// ErrClosed once the endpoint is closed (or ctx's error). It is Accept for Go
+// consumers; hosts that cannot block use Accept and Arm.
+func (e *Endpoint) Next(ctx context.Context) (*Request, error) {
+	for {
+		req, err := e.Accept()
+		if err != ErrAgain {
+			return req, err
+		}
+		ready := make(chan struct{})
+		e.Arm(func() { close(ready) })
+		select {
+		case <-ready:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+}
+
 // Arm runs f once, when Accept may return something new or the endpoint
 // closes; at once if that is already so. f must not block.
 func (e *Endpoint) Arm(f func()) {

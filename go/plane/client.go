@@ -74,19 +74,24 @@ func (c *Client) watchChanges() {
 		// the look and the wait closes the channel instead of being missed.
 		changed := c.watcher.Changes()
 		if len(c.Instances()) > 0 {
-			c.mu.Lock()
-			fs := c.waiting
-			c.waiting = nil
-			c.mu.Unlock()
-			for _, f := range fs {
-				f()
-			}
+			c.releaseWaiting()
 		}
 		select {
 		case <-changed:
 		case <-c.stop:
 			return
 		}
+	}
+}
+
+// releaseWaiting runs (once) every function armed with ArmInstances.
+func (c *Client) releaseWaiting() {
+	c.mu.Lock()
+	fs := c.waiting
+	c.waiting = nil
+	c.mu.Unlock()
+	for _, f := range fs {
+		f()
 	}
 }
 
@@ -144,13 +149,7 @@ func (c *Client) ArmInstances(f func()) {
 	c.mu.Unlock()
 	// An instance may have appeared between the check and the append.
 	if len(c.Instances()) > 0 {
-		c.mu.Lock()
-		fs := c.waiting
-		c.waiting = nil
-		c.mu.Unlock()
-		for _, g := range fs {
-			g()
-		}
+		c.releaseWaiting()
 	}
 }
 
@@ -384,12 +383,8 @@ func (s *Stream) Next(ctx context.Context) ([]byte, error) {
 		if err != ErrAgain {
 			return nil, err
 		}
-		ready := make(chan struct{})
-		s.armData(func() { close(ready) })
-		select {
-		case <-ready:
-		case <-ctx.Done():
-			return nil, ctx.Err()
+		if err := waitArmed(ctx, s.armData); err != nil {
+			return nil, err
 		}
 	}
 }
@@ -433,12 +428,7 @@ func (s *Stream) abandon() {
 }
 
 // poke wakes a producer held by a full buffer (push), so it notices a kill.
-func (s *Stream) poke() {
-	select {
-	case s.wake <- struct{}{}:
-	default:
-	}
-}
+func (s *Stream) poke() { poke(s.wake) }
 
 // Started reports whether the request reached a worker: nil once it did,
 // ErrAgain while it is in flight, or the error that ended it before it started.
@@ -489,10 +479,7 @@ func (s *Stream) Take(max int) ([][]byte, error) {
 		s.items = nil
 	}
 	s.mu.Unlock()
-	select {
-	case s.wake <- struct{}{}:
-	default:
-	}
+	s.poke()
 	return out, nil
 }
 
@@ -521,9 +508,7 @@ func (s *Stream) waitStarted() error {
 		if err != nil {
 			return err
 		}
-		ready := make(chan struct{})
-		s.Arm(func() { close(ready) })
-		<-ready
+		_ = waitArmed(context.Background(), s.Arm)
 	}
 }
 

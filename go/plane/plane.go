@@ -333,6 +333,28 @@ func (a *arm) take() func() {
 	return f
 }
 
+// waitArmed blocks until arm runs the callback it is given (see the Arm
+// methods), or ctx ends: how Go consumers wait on the non-blocking API.
+func waitArmed(ctx context.Context, arm func(func())) error {
+	ready := make(chan struct{})
+	arm(func() { close(ready) })
+	select {
+	case <-ready:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// poke wakes whoever waits on a buffered(1) channel, without blocking: one
+// pending wake-up is as good as several.
+func poke(ch chan struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
+	}
+}
+
 func call(f func()) {
 	if f != nil {
 		f()

@@ -190,12 +190,8 @@ func (e *Endpoint) Next(ctx context.Context) (*Request, error) {
 		if err != ErrAgain {
 			return req, err
 		}
-		ready := make(chan struct{})
-		e.Arm(func() { close(ready) })
-		select {
-		case <-ready:
-		case <-ctx.Done():
-			return nil, ctx.Err()
+		if err := waitArmed(ctx, e.Arm); err != nil {
+			return nil, err
 		}
 	}
 }
@@ -374,12 +370,7 @@ func (r *Request) release() {
 	call(f)
 }
 
-func (r *Request) poke() {
-	select {
-	case r.wake <- struct{}{}:
-	default:
-	}
-}
+func (r *Request) poke() { poke(r.wake) }
 
 // Send queues one item (a JSON value) for the caller. It never blocks:
 // ErrFull means the buffer is full (Arm, then retry); after the request was

@@ -14,7 +14,7 @@ import asyncio
 import itertools
 import threading
 import weakref
-from typing import Any, Dict
+from typing import Any, Callable, Dict, Tuple
 
 from ._lib import native
 
@@ -42,23 +42,28 @@ class _LoopWaker:
             if fut is not None and not fut.done():
                 fut.set_result(True)
 
-    async def wait(self, ctx: Any, state: int) -> bool:
-        loop = asyncio.get_running_loop()
+    def _register(self, register: Callable[[int], None]) -> "Tuple[int, asyncio.Future[bool]]":
+        """A new token and its future, handed to ``register`` (a library call
+        that will push the token); undone if that call fails."""
         token = next(self._tokens)
-        fut: "asyncio.Future[bool]" = loop.create_future()
+        fut: "asyncio.Future[bool]" = asyncio.get_running_loop().create_future()
         self._futures[token] = fut
         try:
-            self._lib.watch(ctx, self._queue, state, token)
+            register(token)
         except BaseException:
             del self._futures[token]
+            fut.cancel()
             raise
+        return token, fut
+
+    async def wait(self, ctx: Any, state: int) -> bool:
+        token, fut = self._register(lambda t: self._lib.watch(ctx, self._queue, state, t))
         try:
             return await fut
         finally:
             if self._futures.pop(token, None) is not None:
                 # Cancelled (or timed out) before the context got there.
                 self._lib.unwatch(self._queue, token)
-
 
     async def arm(self, handle: int) -> None:
         """Wait until the library says the object behind ``handle`` may have progressed.
@@ -68,18 +73,9 @@ class _LoopWaker:
         """
         fut = self._armed.get(handle)
         if fut is None or fut.done():
-            loop = asyncio.get_running_loop()
-            token = next(self._tokens)
-            fut = loop.create_future()
-            self._futures[token] = fut
+            _, fut = self._register(lambda t: self._lib.arm(handle, self._queue, t))
             self._armed[handle] = fut
             fut.add_done_callback(lambda f, h=handle: self._armed.pop(h, None) if self._armed.get(h) is f else None)
-            try:
-                self._lib.arm(handle, self._queue, token)
-            except BaseException:
-                self._futures.pop(token, None)
-                fut.cancel()
-                raise
         # Shielded: one waiter being cancelled must not cancel the shared arm.
         await asyncio.shield(fut)
 

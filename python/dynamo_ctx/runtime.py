@@ -83,6 +83,17 @@ def _raise_for(code: int, message: str) -> None:
     raise RuntimeError(f"{message} (code {code})")
 
 
+def _release(obj: Any, free: str) -> None:
+    """Free ``obj``'s native handle once, from ``__del__``: quietly, since at
+    interpreter shutdown or in a forked child the library may refuse."""
+    h, obj._handle = getattr(obj, "_handle", None), None
+    if h is not None:
+        try:
+            getattr(obj._lib, free)(h)
+        except Exception:  # noqa: BLE001
+            pass
+
+
 class DistributedRuntime:
     """One process's membership in the request plane.
 
@@ -135,12 +146,7 @@ class DistributedRuntime:
         return self._closed
 
     def __del__(self) -> None:
-        h, self._handle = getattr(self, "_handle", None), None
-        if h is not None:
-            try:
-                self._lib.runtime_free(h)
-            except Exception:  # noqa: BLE001 - interpreter shutdown or after fork
-                pass
+        _release(self, "runtime_free")
 
 
 def _check_part(kind: str, name: str) -> None:
@@ -394,12 +400,7 @@ class Client:
         return await self._generate(request, annotated, context, _ROUTE_DIRECT, instance_id)
 
     def __del__(self) -> None:
-        h, self._handle = getattr(self, "_handle", None), None
-        if h is not None:
-            try:
-                self._lib.client_free(h)
-            except Exception:  # noqa: BLE001
-                pass
+        _release(self, "client_free")
 
 
 class ResponseStream:
@@ -463,10 +464,5 @@ class ResponseStream:
         self._ended = True
 
     def __del__(self) -> None:
-        h, self._handle = getattr(self, "_handle", None), None
-        if h is not None:
-            try:
-                self._lib.stream_free(h)  # kills the request if it has not ended
-            except Exception:  # noqa: BLE001
-                pass
+        _release(self, "stream_free")  # kills the request if it has not ended
 

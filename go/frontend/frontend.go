@@ -259,6 +259,10 @@ func writeError(w http.ResponseWriter, status int, msg, kind string) {
 	_ = json.NewEncoder(w).Encode(map[string]any{"error": map[string]any{"message": msg, "type": kind, "code": status}})
 }
 
+func modelNotFound(w http.ResponseWriter, model string) {
+	writeError(w, http.StatusNotFound, fmt.Sprintf("model %q is not served by any worker", model), "model_not_found")
+}
+
 func (f *Frontend) health(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "application/json")
 	_ = json.NewEncoder(w).Encode(map[string]any{"status": "healthy", "models": f.modelNames(), "instances": len(f.client.Instances())})
@@ -398,7 +402,7 @@ func (f *Frontend) serve(w http.ResponseWriter, r *http.Request, chat bool) {
 		return
 	}
 	if !f.hasModel(req.Model) {
-		writeError(w, http.StatusNotFound, fmt.Sprintf("model %q is not served by any worker", req.Model), "model_not_found")
+		modelNotFound(w, req.Model)
 		return
 	}
 	client, err := f.modelClient(req.Model)
@@ -407,7 +411,7 @@ func (f *Frontend) serve(w http.ResponseWriter, r *http.Request, chat bool) {
 		return
 	}
 	if len(client.Instances()) == 0 {
-		writeError(w, http.StatusNotFound, fmt.Sprintf("model %q is not served by any worker", req.Model), "model_not_found")
+		modelNotFound(w, req.Model)
 		return
 	}
 	client.SetMigrationLimit(f.migrationLimit(client))

@@ -278,6 +278,11 @@ func (l *Lease) heartbeat(every time.Duration) {
 	}
 }
 
+// Announce sends "up" now, outside the heartbeat schedule: after a
+// reconnection (to a replacement server that knows nothing yet), so that
+// watchers hear of the instance at once. Nothing after Close.
+func (l *Lease) Announce() { l.publish(announceSubject(l.path)) }
+
 // Close withdraws the instance: watchers drop it as soon as "down" reaches
 // them. It is idempotent and safe to call concurrently.
 func (l *Lease) Close() {

@@ -11,13 +11,13 @@
 // Final (normal end, empty) and Error (a UTF-8 message: the handler failed).
 // Caller -> worker frames: Stop (stop generating, empty), Kill (abort,
 // empty) and Credit (4-byte big-endian count of additional Data frames the
-// worker may send).
+// worker may send). Heartbeat (empty) goes both ways.
 //
 // The codec guarantees:
 //
 //   - Validation: a Reader returns an error, never panics, for an unknown
-//     type, a payload longer than its maximum, a Final or Stop frame
-//     with a payload, a Kill payload over 1 byte, a Credit payload that is
+//     type, a payload longer than its maximum, a Final, Stop or
+//     Heartbeat frame with a payload, a Kill payload over 1 byte, a Credit payload that is
 //     not exactly 4 bytes, an Error
 //     payload that is not UTF-8 (each wrapping ErrInvalid), and for input
 //     that ends inside a frame (io.ErrUnexpectedEOF).
@@ -62,6 +62,10 @@ const (
 	// returned; UTF-8 detail (may be empty). Unlike a broken connection it is
 	// deliberate, so it is never retried elsewhere.
 	Incomplete Type = 8
+	// Heartbeat: either direction, empty. Sent by a side that has written
+	// nothing for a while, so that its peer can tell a quiet stream from a
+	// dead one (see package stream, Liveness).
+	Heartbeat Type = 9
 )
 
 func (t Type) String() string {
@@ -82,12 +86,14 @@ func (t Type) String() string {
 		return "Credit"
 	case Incomplete:
 		return "Incomplete"
+	case Heartbeat:
+		return "Heartbeat"
 	}
 	return fmt.Sprintf("Type(%d)", byte(t))
 }
 
 // Valid reports whether t is one of the defined frame types.
-func (t Type) Valid() bool { return t >= Hello && t <= Incomplete }
+func (t Type) Valid() bool { return t >= Hello && t <= Heartbeat }
 
 const (
 	// HeaderSize is the size of the type byte plus the length field.
@@ -197,6 +203,9 @@ func validUTF8(s string) string {
 	return s
 }
 
+// WriteHeartbeat buffers a Heartbeat frame.
+func (w *Writer) WriteHeartbeat() error { return w.WriteFrame(Heartbeat, nil) }
+
 // WriteStop buffers the Stop frame.
 func (w *Writer) WriteStop() error { return w.WriteFrame(Stop, nil) }
 
@@ -286,7 +295,7 @@ func (r *Reader) ReadFrame() (Frame, error) {
 		if n == 0 {
 			return Frame{Type: t}, nil
 		}
-	case Final, Stop:
+	case Final, Stop, Heartbeat:
 		if n != 0 {
 			return Frame{}, fmt.Errorf("%w: %v with %d-byte payload", ErrBadPayload, t, n)
 		}

@@ -97,7 +97,8 @@ func TestReaderRejects(t *testing.T) {
 		want error
 	}{
 		{"type zero", hdr(0, 0), ErrUnknownType},
-		{"type nine", hdr(9, 0), ErrUnknownType},
+		{"type ten", hdr(10, 0), ErrUnknownType},
+		{"heartbeat payload", hdr(Heartbeat, 1), ErrBadPayload},
 		{"type 255", []byte{0xFF}, ErrUnknownType},
 		{"oversize data", hdr(Data, DefaultMaxPayload+1), ErrTooLarge},
 		{"max length data", hdr(Data, 0xFFFFFFFF), ErrTooLarge},
@@ -177,7 +178,7 @@ func TestWriterError(t *testing.T) {
 
 func TestTypeString(t *testing.T) {
 	assert.Equal(t, "Credit", Credit.String())
-	assert.Equal(t, "Type(9)", Type(9).String())
+	assert.Equal(t, "Type(10)", Type(10).String())
 	assert.False(t, Type(0).Valid())
 }
 
@@ -215,4 +216,18 @@ func TestKillCause(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, Kill, f.Type)
 	assert.Nil(t, f.Payload)
+}
+
+func TestHeartbeatFrame(t *testing.T) {
+	b := encode(t, func(w *Writer) { require.NoError(t, w.WriteHeartbeat()) })
+	assert.Equal(t, []byte{byte(Heartbeat), 0, 0, 0, 0}, b)
+	f, err := NewReader(bytes.NewReader(b)).ReadFrame()
+	require.NoError(t, err)
+	assert.Equal(t, Heartbeat, f.Type)
+	assert.Nil(t, f.Payload)
+	assert.Equal(t, "Heartbeat", f.Type.String())
+	// A heartbeat carries nothing.
+	raw := []byte{byte(Heartbeat), 0, 0, 0, 1, 0}
+	_, err = NewReader(bytes.NewReader(raw)).ReadFrame()
+	assert.ErrorIs(t, err, ErrBadPayload)
 }

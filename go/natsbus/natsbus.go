@@ -5,6 +5,8 @@
 // Address. Connect uses Options.URL if set, else the NATS_SERVER environment
 // variable, else DefaultURL (nats://127.0.0.1:4222). A comma-separated list
 // of URLs is passed to the client as a server pool and is never embedded.
+// DYNAMO_CTX_EMBED_NATS=1 in the environment sets Options.EmbedIfAbsent, so a
+// deployment (or a test) can have its own embedded server on another port.
 //
 // Connect guarantees:
 //
@@ -26,15 +28,21 @@
 //     "nats://127.0.0.1:0") always starts an embedded server on a free port
 //     chosen by the kernel; URL reports the actual port. Meant for tests,
 //     which must not compete for 4222.
-//   - Takeover: while a Bus whose address is embeddable is disconnected from
-//     an embedded server (typically because the process hosting it exited),
-//     it tries to host a server on that address itself; the survivors race
-//     as above, one wins, and every client's automatic reconnect lands on
-//     it. Subscriptions are restored by the client library. A Bus that was
-//     on a standalone nats-server never takes over, so that server finds its
-//     port free when it restarts; embedded servers are told apart by their
-//     server name. Ephemeral addresses are not taken over: their port is
-//     known to nobody but the host.
+//   - Takeover: while a Bus with a single address is disconnected from an
+//     embedded server (typically because the process hosting it exited), it
+//     tries to host a server on that address itself; the survivors race as
+//     above, one wins, and every client's automatic reconnect lands on it,
+//     typically within 100-300 ms. Subscriptions are restored by the client
+//     library, and OnReconnect hooks run (discovery re-announces instances).
+//     A Bus that was on a standalone nats-server never takes over, so that
+//     server finds its port free when it restarts; embedded servers are told
+//     apart by their server name. This includes an ephemeral server's actual
+//     address, which other processes were given (not the host itself: its
+//     server dies with it).
+//   - Settling: Settling reports whether the connection is down or came
+//     back within SettleWindow, so that a caller can treat "no responders"
+//     in that window as the workers not having re-subscribed yet;
+//     WaitConnected waits for the connection to come back.
 //   - Silence: the embedded server never writes to stdout or stderr (it runs
 //     with no logger and without signal handlers, which belong to the host
 //     application). Client-side events (disconnect, reconnect, asynchronous
@@ -71,6 +79,14 @@ const DefaultURL = "nats://127.0.0.1:4222"
 
 // EnvURL is the environment variable consulted when Options.URL is empty.
 const EnvURL = "NATS_SERVER"
+
+// EnvEmbed, set to "1" or "true", makes a single non-default address
+// embeddable, like Options.EmbedIfAbsent.
+const EnvEmbed = "DYNAMO_CTX_EMBED_NATS"
+
+// SettleWindow is how long after a reconnection Settling stays true: the
+// time other processes may need to reconnect and re-subscribe.
+const SettleWindow = 2 * time.Second
 
 // DefaultName is the client name reported to the server when Options.Name
 // is empty.
@@ -137,8 +153,14 @@ type Bus struct {
 	stop       chan struct{} // closed by Close to end the takeover loop
 	wg         sync.WaitGroup
 
-	mu  sync.Mutex
-	srv *server.Server // non-nil while this process hosts the server
+	mu          sync.Mutex
+	srv         *server.Server // non-nil while this process hosts the server
+	onReconnect []func()
+
+	// lastChange is when the connection last went down or came back (unix
+	// nanoseconds); down is set while it is down.
+	lastChange atomic.Int64
+	down       atomic.Bool
 
 	closeOnce sync.Once
 }
@@ -190,9 +212,11 @@ func Connect(ctx context.Context, opts Options) (*Bus, error) {
 		return b, nil
 	}
 
-	embeddable := single && (opts.EmbedIfAbsent || isDefault(host, port))
-	// Set before the first dial: the client's callbacks read these.
-	b.takeover, b.host, b.port = embeddable, host, port
+	embeddable := single && (opts.EmbedIfAbsent || envEmbed() || isDefault(host, port))
+	// Set before the first dial: the client's callbacks read these. Any
+	// single address may be taken over (only ever when the server lost was
+	// an embedded one: see takeoverLoop).
+	b.takeover, b.host, b.port = single, host, port
 	err := b.dial(name)
 	if err == nil || !embeddable {
 		if err != nil {
@@ -233,6 +257,47 @@ func Connect(ctx context.Context, opts Options) (*Bus, error) {
 	}
 	b.start()
 	return b, nil
+}
+
+func envEmbed() bool {
+	v := strings.ToLower(strings.TrimSpace(os.Getenv(EnvEmbed)))
+	return v == "1" || v == "true" || v == "yes"
+}
+
+// OnReconnect registers f to run (on a client callback goroutine; it must
+// not block for long) after each reconnection, once subscriptions are
+// restored.
+func (b *Bus) OnReconnect(f func()) {
+	b.mu.Lock()
+	b.onReconnect = append(b.onReconnect, f)
+	b.mu.Unlock()
+}
+
+// Settling reports whether the connection is down, or came back less than
+// SettleWindow ago (see the package documentation).
+func (b *Bus) Settling() bool {
+	if b.down.Load() {
+		return true
+	}
+	last := b.lastChange.Load()
+	return last != 0 && time.Since(time.Unix(0, last)) < SettleWindow
+}
+
+// WaitConnected returns nil once the connection is up (at once if it is),
+// or ctx's error; ErrClosed-like errors come from the client library once
+// the Bus is closed.
+func (b *Bus) WaitConnected(ctx context.Context) error {
+	for !b.nc.IsConnected() {
+		if b.nc.IsClosed() {
+			return nats.ErrConnectionClosed
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	return nil
 }
 
 // Conn returns the underlying connection. It stays valid (and reconnects by
@@ -293,7 +358,12 @@ func (b *Bus) dial(name string) error {
 		nats.ReconnectWait(reconnectWait),
 		nats.ReconnectJitter(reconnectWait/2, reconnectWait/2),
 		nats.DrainTimeout(drainTimeout),
+		// Requests sent while reconnecting wait in the client's buffer and
+		// leave as soon as it is back (the default, stated).
+		nats.ReconnectBufSize(8<<20),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			b.down.Store(true)
+			b.lastChange.Store(time.Now().UnixNano())
 			if err != nil {
 				b.log.Warn("NATS connection lost", "url", redact(b.url), "error", err)
 			}
@@ -304,8 +374,16 @@ func (b *Bus) dial(name string) error {
 			b.requestTakeover()
 		}),
 		nats.ReconnectHandler(func(nc *nats.Conn) {
+			b.lastChange.Store(time.Now().UnixNano())
+			b.down.Store(false)
 			b.noteServer(nc)
 			b.log.Info("NATS connection restored", "url", nc.ConnectedUrlRedacted())
+			b.mu.Lock()
+			hooks := append([]func(){}, b.onReconnect...)
+			b.mu.Unlock()
+			for _, f := range hooks {
+				f()
+			}
 		}),
 		nats.ErrorHandler(func(_ *nats.Conn, sub *nats.Subscription, err error) {
 			subj := ""

@@ -7,6 +7,7 @@ import (
 	"net"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -277,4 +278,42 @@ func TestSplitAddr(t *testing.T) {
 	assert.True(t, isDefault(h, p))
 	assert.False(t, isDefault("127.0.0.1", "4223"))
 	assert.Equal(t, "nats://u:xxxxx@h:1", redact("nats://u:secret@h:1"))
+}
+
+// Clients that were simply given an embedded server's address (not told they
+// may embed) take it over too when its host exits: that is how the processes
+// of a test or demo on its own port survive the death of the one hosting
+// NATS. Settling and the reconnect hooks tell the callers about it.
+func TestTakeoverOfEphemeralHostByPlainClients(t *testing.T) {
+	host, err := Connect(context.Background(), Options{URL: "nats://127.0.0.1:0", Logger: quiet})
+	require.NoError(t, err)
+	require.True(t, host.Embedded())
+	a := connect(t, Options{URL: host.URL()})
+	b := connect(t, Options{URL: host.URL()})
+	assert.False(t, a.Settling())
+	var hooks atomic.Int32
+	a.OnReconnect(func() { hooks.Add(1) })
+
+	old := host.Conn().ConnectedServerId()
+	host.Close()
+	require.Eventually(t, func() bool {
+		ida, idb := a.Conn().ConnectedServerId(), b.Conn().ConnectedServerId()
+		return a.Conn().IsConnected() && b.Conn().IsConnected() && ida == idb && ida != old
+	}, 5*time.Second, 5*time.Millisecond)
+	assert.NotEqual(t, a.Embedded(), b.Embedded(), "exactly one survivor hosts the replacement")
+	assert.True(t, a.Settling(), "within the settle window after a reconnection")
+	require.Eventually(t, func() bool { return hooks.Load() == 1 }, 5*time.Second, 5*time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	require.NoError(t, a.WaitConnected(ctx))
+	roundTrip(t, a, b)
+}
+
+func TestEnvEmbed(t *testing.T) {
+	url := "nats://127.0.0.1:" + freePort(t)
+	t.Setenv(EnvURL, url)
+	t.Setenv(EnvEmbed, "1")
+	b := connect(t, Options{})
+	assert.True(t, b.Embedded())
+	assert.Equal(t, url, b.URL())
 }

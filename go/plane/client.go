@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/nats-io/nats.go"
 
@@ -36,12 +37,19 @@ type Client struct {
 	migrationLimit atomic.Int64
 	filter         atomic.Pointer[func([]byte) bool]
 
-	mu      sync.Mutex
-	closed  bool
-	waiting []func()
-	stop    chan struct{}
-	wg      sync.WaitGroup
+	mu       sync.Mutex
+	closed   bool
+	waiting  []func()
+	suspects map[uint64]time.Time // instance -> until when it is avoided (see suspect)
+	stop     chan struct{}
+	wg       sync.WaitGroup
 }
+
+// suspectFor is how long an instance that failed a request (no responders,
+// no acknowledgement, a broken or silent stream) is avoided by new requests
+// while other instances exist: long enough for discovery to drop it if it
+// is dead (its lease expires within the TTL plus a quarter).
+const suspectFor = 5 * time.Second
 
 // Client starts watching path's instances.
 func (r *Runtime) Client(ctx context.Context, path string) (*Client, error) {
@@ -55,7 +63,7 @@ func (r *Runtime) Client(ctx context.Context, path string) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &Client{rt: r, path: path, watcher: w, stop: make(chan struct{})}
+	c := &Client{rt: r, path: path, watcher: w, stop: make(chan struct{}), suspects: map[uint64]time.Time{}}
 	if err := r.track(func() { r.clients[c] = struct{}{} }); err != nil {
 		w.Close()
 		return nil, err
@@ -175,7 +183,12 @@ func (c *Client) Close() {
 	}
 }
 
-func (c *Client) pick(route Route, instance uint64) (uint64, error) {
+// pick chooses the instance of one attempt. Direct goes where it is told.
+// Otherwise the candidates are the known instances minus exclude (those that
+// already failed this request) and minus the client's suspects; when that
+// leaves none, suspects are allowed again, then excluded ones: a request is
+// never refused for want of a perfect instance while any is known.
+func (c *Client) pick(route Route, instance uint64, exclude map[uint64]bool) (uint64, error) {
 	if route == Direct {
 		return instance, nil
 	}
@@ -183,10 +196,48 @@ func (c *Client) pick(route Route, instance uint64) (uint64, error) {
 	if len(ids) == 0 {
 		return 0, ErrNoInstances
 	}
-	if route == Random {
-		return ids[rand.IntN(len(ids))], nil
+	now := time.Now()
+	c.mu.Lock()
+	for id, until := range c.suspects {
+		if now.After(until) {
+			delete(c.suspects, id)
+		}
 	}
-	return ids[(c.rr.Add(1)-1)%uint64(len(ids))], nil
+	keep := func(avoidSuspects bool) []uint64 {
+		out := make([]uint64, 0, len(ids))
+		for _, id := range ids {
+			if exclude[id] {
+				continue
+			}
+			if _, bad := c.suspects[id]; bad && avoidSuspects {
+				continue
+			}
+			out = append(out, id)
+		}
+		return out
+	}
+	cands := keep(true)
+	if len(cands) == 0 {
+		cands = keep(false)
+	}
+	c.mu.Unlock()
+	if len(cands) == 0 {
+		cands = ids
+	}
+	if route == Random {
+		return cands[rand.IntN(len(cands))], nil
+	}
+	return cands[(c.rr.Add(1)-1)%uint64(len(cands))], nil
+}
+
+// suspect makes new requests avoid instance id for a while (see suspectFor).
+func (c *Client) suspect(id uint64) {
+	if id == 0 {
+		return
+	}
+	c.mu.Lock()
+	c.suspects[id] = time.Now().Add(suspectFor)
+	c.mu.Unlock()
 }
 
 // SetMigrationLimit sets how many times Generate retries a broken stream on
@@ -208,7 +259,7 @@ func (c *Client) Generate(payload []byte, parent *ctxtree.Context, route Route, 
 	if limit := int(c.migrationLimit.Load()); limit > 0 {
 		return c.GenerateMigrating(payload, parent, route, instance, limit)
 	}
-	return c.generateOnce(payload, parent, route, instance)
+	return c.generateOnce(payload, parent, route, instance, nil)
 }
 
 // requestContext checks a request and makes its context: a new child of
@@ -232,21 +283,25 @@ func (c *Client) requestContext(payload []byte, parent *ctxtree.Context) (*ctxtr
 	return rc, nil
 }
 
-// generateOnce is one attempt: Generate without migration.
-func (c *Client) generateOnce(payload []byte, parent *ctxtree.Context, route Route, instance uint64) (*Stream, error) {
+// generateOnce is one attempt: Generate without migration, avoiding the
+// instances in exclude if it can (see pick).
+func (c *Client) generateOnce(payload []byte, parent *ctxtree.Context, route Route, instance uint64, exclude map[uint64]bool) (*Stream, error) {
 	rc, err := c.requestContext(payload, parent)
 	if err != nil {
 		return nil, err
 	}
-	s := &Stream{ctx: rc, wake: make(chan struct{}, 1), rt: c.rt}
-	id, err := c.pick(route, instance)
+	s := &Stream{ctx: rc, wake: make(chan struct{}, 1), rt: c.rt, client: c}
+	id, err := c.pick(route, instance, exclude)
 	if err != nil {
 		s.end(err)
 		return s, nil
 	}
+	s.instance = id
 	token := newToken()
 	local := c.rt.servesInstance(id)
-	in := c.rt.srv.Expect(token)
+	// The connect timeout covers the dispatch too (it restarts at the
+	// acknowledgement: see run).
+	in := c.rt.srv.Expect(token, stream.WithConnectTimeout(dispatchBudget+stream.DefaultConnectTimeout))
 	s.in = in
 	// Cancellation of the request's context reaches the worker through the
 	// stream's control frames. Hooks must not block: the frames are written
@@ -287,6 +342,8 @@ func (c *Client) generateOnce(payload []byte, parent *ctxtree.Context, route Rou
 // buffer that the host drains with Take.
 type Stream struct {
 	rt        *Runtime
+	client    *Client // nil for a migrating stream's outer stream
+	instance  uint64  // the instance this attempt went to (0: none)
 	ctx       *ctxtree.Context
 	in        *stream.Incoming
 	stopHooks []func() bool
@@ -306,18 +363,63 @@ type Stream struct {
 // Context is the request's context (a child of the caller's, or a root).
 func (s *Stream) Context() *ctxtree.Context { return s.ctx }
 
+// dispatchBudget bounds how long a request keeps trying to reach its
+// worker while the NATS connection is down or settling after a
+// reconnection (see dispatch).
+const dispatchBudget = 3 * time.Second
+
+// dispatch sends the request envelope and waits for the worker's
+// acknowledgement. While the bus is down it waits for the connection (a
+// replacement server, another cluster node) instead of failing; while it
+// settles after a reconnection, "no responders" and a missing
+// acknowledgement mean the worker has not re-subscribed yet, so the same
+// envelope is sent again after a short pause. Resending is safe: the
+// stream token admits one worker connection, so at most one worker serves
+// the request. All of it within dispatchBudget, and never once the
+// request is cancelled.
+func (s *Stream) dispatch(nc *nats.Conn, subject string, env []byte) (*nats.Msg, error) {
+	deadline := time.Now().Add(dispatchBudget)
+	for attempt := 0; ; attempt++ {
+		if s.rt.bus.Settling() {
+			wctx, cancel := context.WithDeadline(context.Background(), deadline)
+			stopWait := context.AfterFunc(s.ctx.Std(), cancel)
+			_ = s.rt.bus.WaitConnected(wctx)
+			stopWait()
+			cancel()
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), s.rt.opts.AckTimeout)
+		msg, err := nc.RequestWithContext(ctx, subject, env)
+		cancel()
+		if err == nil {
+			return msg, nil
+		}
+		transient := errors.Is(err, nats.ErrNoResponders) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout)
+		if !transient || !s.rt.bus.Settling() || s.ctx.IsStopped() || time.Now().After(deadline) {
+			return nil, err
+		}
+		pause := min(time.Duration(10<<min(attempt, 5))*time.Millisecond, 200*time.Millisecond)
+		select {
+		case <-time.After(pause):
+		case <-s.ctx.Stopped():
+			return nil, err
+		}
+	}
+}
+
 func (s *Stream) run(nc *nats.Conn, subject string, env []byte) {
-	ctx, cancel := context.WithTimeout(context.Background(), ackTimeout)
-	msg, err := nc.RequestWithContext(ctx, subject, env)
-	cancel()
+	msg, err := s.dispatch(nc, subject, env)
 	s.rt.setLocal(s.in.Token(), nil)
 	if err != nil {
-		if errors.Is(err, nats.ErrNoResponders) {
+		switch {
+		case errors.Is(err, nats.ErrNoResponders):
 			err = ErrNoResponders
-		} else {
+		case errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout):
+			err = fmt.Errorf("%w (%s to %s)", ErrNotAcknowledged, s.rt.opts.AckTimeout, subject)
+		default:
 			err = fmt.Errorf("request to %s failed: %w", subject, err)
 		}
 		s.in.Close()
+		s.failed(err)
 		s.end(err)
 		return
 	}
@@ -326,20 +428,35 @@ func (s *Stream) run(nc *nats.Conn, subject string, env []byte) {
 		s.in.Close()
 		if a.Error == ackShuttingDown {
 			// As good as gone: another worker may take it (migration retries).
-			s.end(fmt.Errorf("%w (the worker is shutting down)", ErrNoResponders))
+			err := fmt.Errorf("%w (the worker is shutting down)", ErrNoResponders)
+			s.failed(err)
+			s.end(err)
 			return
 		}
 		s.end(fmt.Errorf("worker refused the request: %s", a.Error))
 		return
 	}
+	// The worker dials right after acknowledging: from now on the usual
+	// connect timeout applies.
+	s.in.Acknowledged()
 	s.markStarted()
 	for {
 		item, err := s.in.Recv(context.Background())
 		if err != nil {
-			s.end(s.classify(err))
+			err = s.classify(err)
+			s.failed(err)
+			s.end(err)
 			return
 		}
 		s.push(item)
+	}
+}
+
+// failed makes the client avoid the instance for a while when err says the
+// instance, not the request, is the problem.
+func (s *Stream) failed(err error) {
+	if s.client != nil && err != io.EOF && instanceFault(err) {
+		s.client.suspect(s.instance)
 	}
 }
 

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"math/rand/v2"
+	"time"
 
 	"github.com/dynamo-ctx/dynamo-ctx/go/ctxtree"
 	"github.com/dynamo-ctx/dynamo-ctx/go/stream"
@@ -15,12 +17,22 @@ import (
 // breaks. The rules (SPEC section 4), each enforced here:
 //
 //   - Limit: at most limit retries after the first attempt (0: none).
-//   - Retried: the request reached no worker (ErrNoResponders), or the
-//     worker's stream broke before its final marker (ErrIncomplete from a
-//     crashed worker or a lost connection).
+//   - Retried: every failure that is not the caller's: the request reached
+//     no worker (ErrNoResponders), was not acknowledged in time
+//     (ErrNotAcknowledged: a stopped worker, or a dead one whose
+//     subscription the server had not dropped yet), or the worker's stream
+//     broke before its final marker (ErrIncomplete: a crashed worker, a lost
+//     connection, a worker silent past the stream idle timeout).
 //   - Never retried: a cancelled request (once the request's context is
-//     stopped or killed no attempt starts), a handler error, or a worker that
-//     stopped the request on purpose (stream.ErrStoppedByHandler).
+//     stopped or killed no attempt starts), a handler error, a worker that
+//     stopped the request on purpose (stream.ErrStoppedByHandler), a request
+//     the worker refused as malformed, or a runtime shutting down.
+//   - Where: a retry avoids every instance that already failed this request,
+//     and the client avoids an instance that failed any request for a few
+//     seconds (Client.suspect), as long as another instance is known. A
+//     Direct request's retries may go to any instance.
+//   - When: retry n waits a jittered backoff (backoff: 25 ms doubling, at
+//     most 1 s, half of it random), cut short by a stop or kill.
 //   - Identity and cancellation: every attempt's context is a new child of
 //     the request's context with the same id, linked before it is sent, so a
 //     stop or kill that lands during or between attempts reaches the current
@@ -53,13 +65,36 @@ func retryable(err error) bool {
 	if errors.Is(err, stream.ErrStoppedByHandler) {
 		return false
 	}
-	return errors.Is(err, ErrNoResponders) || errors.Is(err, ErrIncomplete)
+	return errors.Is(err, ErrNoResponders) || errors.Is(err, ErrIncomplete) || errors.Is(err, ErrNotAcknowledged)
+}
+
+// instanceFault reports whether err says the instance is unhealthy (as
+// opposed to the request or the caller).
+func instanceFault(err error) bool {
+	return retryable(err) && !errors.Is(err, ErrNoInstances)
+}
+
+// backoff waits before retry n (n >= 1): 25 ms doubling up to 1 s, the
+// upper half random. It returns false if the request was stopped or killed
+// meanwhile.
+func (s *Stream) backoff(n int) bool {
+	d := min(25*time.Millisecond<<min(n-1, 6), time.Second)
+	d = d/2 + rand.N(d/2+1)
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-s.ctx.Stopped():
+		return false
+	}
 }
 
 func (s *Stream) migrate(c *Client, payload []byte, route Route, instance uint64, limit int) {
 	var received []json.RawMessage // token ids passed to the caller so far
+	exclude := map[uint64]bool{}   // instances that failed this request
 	for attempt := 0; ; attempt++ {
-		if attempt > 0 && s.ctx.IsStopped() {
+		if attempt > 0 && (s.ctx.IsStopped() || !s.backoff(attempt)) {
 			// Cancelled: no new attempt starts. (The first one always goes
 			// out, so that a handler sees a request stopped before it was
 			// sent, as without migration.)
@@ -74,7 +109,7 @@ func (s *Stream) migrate(c *Client, payload []byte, route Route, instance uint64
 				return
 			}
 		}
-		inner, err := c.generateOnce(p, s.ctx, route, instance)
+		inner, err := c.generateOnce(p, s.ctx, route, instance, exclude)
 		if err != nil {
 			s.end(err)
 			return
@@ -92,8 +127,15 @@ func (s *Stream) migrate(c *Client, payload []byte, route Route, instance uint64
 			s.end(io.EOF)
 			return
 		case attempt < limit && retryable(err):
+			if inner.instance != 0 {
+				exclude[inner.instance] = true
+			}
+			if route == Direct {
+				route = RoundRobin // the instance it was sent to just failed
+			}
 			slog.Debug("migrating request", "request_id", s.ctx.ID(), "attempt", attempt+1,
-				"migration_limit", limit, "tokens_so_far", len(received), "error", err.Error())
+				"migration_limit", limit, "tokens_so_far", len(received),
+				"failed_instance", inner.instance, "error", err.Error())
 			continue
 		default:
 			s.end(err)

@@ -47,6 +47,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -77,21 +78,33 @@ var (
 	ErrAgain = errors.New("plane: nothing ready")
 	// ErrIncomplete is the stream's "Stream ended before generation completed".
 	ErrIncomplete = stream.ErrIncomplete
+	// ErrNotAcknowledged: the worker did not acknowledge the request within
+	// the acknowledgement timeout (stopped, or gone before the server noticed).
+	// Migration retries it.
+	ErrNotAcknowledged = errors.New("the worker did not acknowledge the request in time")
 	// ErrNotJSON: a request or response payload is not a JSON value.
 	ErrNotJSON = errors.New("payload is not valid JSON")
 )
 
 const (
-	ackTimeout   = 5 * time.Second
-	sendBuffer   = 256 // items a handler may queue before Send reports ErrFull
-	recvBuffer   = 256 // items a client stream holds before it stops reading
-	maxTakeBatch = 1024
+	// DefaultAckTimeout bounds the wait for a worker's acknowledgement of a
+	// request. The acknowledgement is sent by the worker's Go runtime the
+	// moment the request arrives, whatever its handlers are doing, so a
+	// longer wait only means a worker that is stopped, or a request that went
+	// to a dead worker's subscription before the server noticed its death.
+	DefaultAckTimeout = time.Second
+	sendBuffer        = 256 // items a handler may queue before Send reports ErrFull
+	recvBuffer        = 256 // items a client stream holds before it stops reading
+	maxTakeBatch      = 1024
 )
 
 // Environment variables read by New when the options leave them empty.
 const (
 	EnvStreamAddr    = "DYNAMO_CTX_STREAM_ADDR"
 	EnvAdvertiseHost = "DYNAMO_CTX_ADVERTISE_HOST"
+	// EnvStreamIdleTimeout is the liveness bound of response streams, in
+	// seconds (for example "2.5"); see Options.StreamIdleTimeout.
+	EnvStreamIdleTimeout = "DYNAMO_CTX_STREAM_IDLE_TIMEOUT"
 )
 
 // Options configures New.
@@ -108,6 +121,17 @@ type Options struct {
 	AdvertiseHost string
 	// Heartbeat and TTL of instance leases (zero: discovery's defaults).
 	Heartbeat, TTL time.Duration
+	// StreamIdleTimeout is how long a response stream's peer may stay
+	// silent (no item, no heartbeat) before it is declared gone: a stopped or
+	// partitioned worker's streams then migrate or end with ErrIncomplete, a
+	// silent caller's handlers are killed with ReasonConnectionLost. Zero
+	// means DYNAMO_CTX_STREAM_IDLE_TIMEOUT, else stream.DefaultIdleTimeout
+	// (2.5 s: detection within 2.75 s). Every process of a deployment should
+	// use the same value.
+	StreamIdleTimeout time.Duration
+	// AckTimeout bounds the wait for a worker to acknowledge a request
+	// (zero: DefaultAckTimeout). Migration retries a request that timed out.
+	AckTimeout time.Duration
 	// NewContext makes every context the plane creates (a served request's,
 	// an outgoing request's). Nil means ctxtree.New; the native library
 	// passes one that keeps the state word outside the Go heap.
@@ -203,23 +227,61 @@ func New(ctx context.Context, opts Options) (*Runtime, error) {
 	if opts.NewContext == nil {
 		opts.NewContext = func(id string) *ctxtree.Context { return ctxtree.New(id) }
 	}
+	if opts.StreamIdleTimeout == 0 {
+		if v := os.Getenv(EnvStreamIdleTimeout); v != "" {
+			secs, err := strconv.ParseFloat(v, 64)
+			if err != nil || secs <= 0 || secs > 3600 {
+				return nil, fmt.Errorf("%s=%q: want a number of seconds in (0, 3600]", EnvStreamIdleTimeout, v)
+			}
+			opts.StreamIdleTimeout = time.Duration(secs * float64(time.Second))
+		}
+	}
+	if opts.AckTimeout <= 0 {
+		opts.AckTimeout = DefaultAckTimeout
+	}
 	bus, err := natsbus.Connect(ctx, opts.NATS)
 	if err != nil {
 		return nil, err
 	}
-	srv, err := stream.Listen(opts.StreamAddr)
+	srv, err := stream.Listen(opts.StreamAddr, opts.streamOpts()...)
 	if err != nil {
 		bus.Close()
 		return nil, err
 	}
-	return &Runtime{
+	r := &Runtime{
 		bus: bus, srv: srv, opts: opts, log: slog.Default(),
 		endpoints: map[*Endpoint]struct{}{},
 		clients:   map[*Client]struct{}{},
 		streams:   map[*Stream]struct{}{},
 		local:     map[string]*ctxtree.Context{},
 		done:      make(chan struct{}),
-	}, nil
+	}
+	// After a reconnection (a replacement server, another cluster node), every
+	// instance re-announces at once instead of at its next heartbeat.
+	bus.OnReconnect(r.reannounce)
+	return r, nil
+}
+
+func (r *Runtime) reannounce() {
+	r.mu.Lock()
+	eps := make([]*Endpoint, 0, len(r.endpoints))
+	for e := range r.endpoints {
+		eps = append(eps, e)
+	}
+	r.mu.Unlock()
+	for _, e := range eps {
+		if e.lease != nil {
+			e.lease.Announce()
+		}
+	}
+}
+
+// streamOpts are the stream options of both sides of this runtime's streams.
+func (o *Options) streamOpts() []stream.Option {
+	if o.StreamIdleTimeout == 0 {
+		return nil
+	}
+	return []stream.Option{stream.WithIdleTimeout(o.StreamIdleTimeout)}
 }
 
 // NewContext makes a context the way the plane makes its own (see

@@ -121,7 +121,12 @@ func TestRequestIDRelayedFromParent(t *testing.T) {
 	host := startEmbedded(t)
 	wrt := join(t, host)
 	got := make(chan *plane.Request, 1)
-	serve(t, wrt, path, idHandler(got))
+	release := make(chan struct{})
+	serve(t, wrt, path, func(req *plane.Request) {
+		got <- req
+		<-release // the request stays in flight until the link is checked
+		req.Complete()
+	})
 	c := newClient(t, host, path)
 	waitInstances(t, c, 1)
 
@@ -138,6 +143,7 @@ func TestRequestIDRelayedFromParent(t *testing.T) {
 	assert.Equal(t, "req-42", req.Ctx.ID())
 	assert.JSONEq(t, `{"prompt":"hi"}`, string(req.Payload))
 
+	close(release)
 	_, _, err := drain(s, 0)
 	require.Equal(t, io.EOF, err)
 	// A finished request is unlinked, so a long-lived parent does not grow.

@@ -272,7 +272,7 @@ func (r *Request) run(addr, token string) {
 	}()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	out, err := stream.Dial(ctx, addr, token)
+	out, err := stream.Dial(ctx, addr, token, r.ep.rt.opts.streamOpts()...)
 	if err != nil {
 		r.Ctx.Cancel(ctxtree.Killed, ctxtree.ReasonConnectionLost)
 		return

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/dynamo-ctx/dynamo-ctx/go/frame"
@@ -29,6 +30,8 @@ const maxCredit = 1 << 62
 type Outgoing struct {
 	conn   net.Conn
 	linger time.Duration
+	live   *liveness   // nil when liveness is disabled
+	silent atomic.Bool // the caller was declared gone by the liveness check
 
 	stopped chan struct{} // closed on Stop
 	killed  chan struct{} // closed on Kill
@@ -51,7 +54,8 @@ type Outgoing struct {
 }
 
 // Dial connects to the caller's Server at addr and sends Hello with token.
-// ctx bounds the connection attempt only. Of the options, WithLinger applies.
+// ctx bounds the connection attempt only. Of the options, WithLinger and
+// WithIdleTimeout apply.
 // The Outgoing may Send as soon as the caller's first credit arrives.
 func Dial(ctx context.Context, addr string, token string, opts ...Option) (*Outgoing, error) {
 	cfg := newConfig(nil, opts)
@@ -81,8 +85,29 @@ func Dial(ctx context.Context, addr string, token string, opts ...Option) (*Outg
 		_ = c.Close()
 		return nil, err
 	}
+	o.live = startLiveness(cfg.idleTimeout, o.heartbeat, func() {
+		// The caller went silent: fail the reader, which reports it Lost.
+		o.silent.Store(true)
+		_ = o.conn.SetReadDeadline(time.Unix(1, 0))
+	})
 	go o.readLoop(frame.NewReaderSize(c, workerReadBuf, workerMaxPayload))
 	return o, nil
+}
+
+// heartbeat writes a Heartbeat frame unless a write is in progress (which
+// shows life anyway) or the stream's writing side is shut.
+func (o *Outgoing) heartbeat(l *liveness) bool {
+	if !o.wmu.TryLock() {
+		return false
+	}
+	defer o.wmu.Unlock()
+	if o.wShut || l.isStopped() {
+		return false
+	}
+	if o.w.WriteHeartbeat() != nil || o.w.Flush() != nil {
+		return false
+	}
+	return true
 }
 
 // Stopped is closed when the caller sent Stop: produce no more, then Finish.
@@ -175,6 +200,7 @@ func (o *Outgoing) Send(ctx context.Context, item []byte) error {
 	if err != nil {
 		return o.writeErr(err)
 	}
+	o.live.didWrite()
 	return nil
 }
 
@@ -200,6 +226,7 @@ func (o *Outgoing) SendBatch(ctx context.Context, items [][]byte) (n int, err er
 			err = o.w.Flush()
 		}
 		o.wmu.Unlock()
+		o.live.didWrite()
 		if err != nil {
 			// Frames still buffered when the error hit were not written; the
 			// count may include some, but the stream is dead anyway.
@@ -239,6 +266,7 @@ func (o *Outgoing) end(write func(*frame.Writer) error) error {
 		close(o.ended)
 	}
 	o.mu.Unlock()
+	o.live.stop()
 	if err != nil {
 		return err
 	}
@@ -282,6 +310,7 @@ func (o *Outgoing) Close() error {
 	if wasEnded {
 		return nil
 	}
+	o.live.stop()
 	// A Send blocked in a write holds wmu: the past write deadline releases it,
 	// (its frame may be cut, which the caller sees as ErrIncomplete too).
 	_ = o.conn.SetWriteDeadline(time.Unix(1, 0))
@@ -337,8 +366,12 @@ func (o *Outgoing) OnControl(f func(Event)) {
 func (o *Outgoing) readLoop(r *frame.Reader) {
 	defer close(o.done)
 	defer o.conn.Close()
+	defer o.live.stop()
 	for {
 		f, err := r.ReadFrame()
+		if err == nil {
+			o.live.sawFrame()
+		}
 		o.mu.Lock()
 		if o.isEnded {
 			// Ended locally: drain until the caller closes or the linger
@@ -358,6 +391,9 @@ func (o *Outgoing) readLoop(r *frame.Reader) {
 				case o.credits <- struct{}{}:
 				default:
 				}
+				continue
+			case frame.Heartbeat:
+				o.mu.Unlock()
 				continue
 			case frame.Stop:
 				first := false

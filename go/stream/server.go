@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/dynamo-ctx/dynamo-ctx/go/frame"
@@ -166,6 +167,7 @@ func (s *Server) Expect(token string, opts ...Option) *Incoming {
 		window:    cfg.window,
 		threshold: max(1, cfg.window/2),
 		linger:    cfg.linger,
+		idle:      cfg.idleTimeout,
 		notify:    make(chan struct{}, 1),
 	}
 	s.mu.Lock()
@@ -182,6 +184,22 @@ func (s *Server) Expect(token string, opts ...Option) *Incoming {
 	return in
 }
 
+// Acknowledged tells the stream that the worker has taken the request and
+// is about to connect: the connect timeout restarts from now at the
+// Server's value (Expect may have been given a longer one to cover the
+// request's dispatch). It does nothing once the worker connected or the
+// stream ended.
+func (in *Incoming) Acknowledged() {
+	s := in.srv
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.pending[in.token] == in && in.timer != nil {
+		if in.timer.Stop() { // else it fired: connectTimedOut decides
+			in.timer.Reset(s.cfg.connectTimeout)
+		}
+	}
+}
+
 // Incoming is the caller's side of one stream. Recv must be called from one
 // goroutine at a time; Stop, Kill and Close may be called from any goroutine,
 // concurrently with Recv.
@@ -191,8 +209,11 @@ type Incoming struct {
 	window    int
 	threshold int // consumed items that trigger a credit grant
 	linger    time.Duration
+	idle      time.Duration // liveness: see liveness.go
 	timer     *time.Timer
 	notify    chan struct{} // cap 1: "queue or end changed", for the one Recv
+	live      *liveness     // set at attach; nil when disabled
+	silent    atomic.Bool   // the worker was declared gone by the liveness check
 
 	mu       sync.Mutex
 	q        ring
@@ -344,7 +365,9 @@ func (in *Incoming) kill() bool {
 func (in *Incoming) sendKill() {
 	in.mu.Lock()
 	cause := in.cause
+	live := in.live
 	in.mu.Unlock()
+	live.stop() // nothing may follow the Kill
 	in.writeControl(func(w *frame.Writer) error { return w.WriteKillCause(cause) })
 	if tc, ok := in.conn.(*net.TCPConn); ok {
 		_ = tc.CloseWrite()
@@ -376,9 +399,22 @@ func (in *Incoming) Close() error {
 func (in *Incoming) writeControl(write func(*frame.Writer) error) {
 	in.wmu.Lock()
 	defer in.wmu.Unlock()
-	if write(in.w) == nil {
-		_ = in.w.Flush()
+	if write(in.w) == nil && in.w.Flush() == nil {
+		in.live.didWrite()
 	}
+}
+
+// heartbeat writes a Heartbeat frame unless a control frame is being written
+// or the stream was killed (the Kill is the last frame we send).
+func (in *Incoming) heartbeat(l *liveness) bool {
+	if !in.wmu.TryLock() {
+		return false
+	}
+	defer in.wmu.Unlock()
+	if l.isStopped() {
+		return false
+	}
+	return in.w.WriteHeartbeat() == nil && in.w.Flush() == nil
 }
 
 // serve attaches the worker's connection c (its Hello already read by r),
@@ -394,6 +430,11 @@ func (in *Incoming) serve(c net.Conn, r *frame.Reader) {
 	in.w = frame.NewWriterSize(c, callerWriteBuf)
 	killed := in.killed
 	if !killed {
+		in.live = startLiveness(in.idle, in.heartbeat, func() {
+			// The worker went silent: fail the reader (see brokenErr).
+			in.silent.Store(true)
+			_ = c.SetReadDeadline(time.Unix(1, 0))
+		})
 		// Writing under mu orders these frames before any Stop, Kill or
 		// credit that another goroutine sends once it sees conn set.
 		in.credit = in.window
@@ -404,16 +445,21 @@ func (in *Incoming) serve(c net.Conn, r *frame.Reader) {
 			return w.WriteStop()
 		})
 	}
+	live := in.live
 	in.mu.Unlock()
+	defer live.stop()
 	if killed {
 		in.sendKill() // Kill and no credit: not a single item may follow
 	}
-	in.readLoop(r)
+	in.readLoop(r, live)
 }
 
-func (in *Incoming) readLoop(r *frame.Reader) {
+func (in *Incoming) readLoop(r *frame.Reader, live *liveness) {
 	for {
 		f, err := r.ReadFrame()
+		if err == nil {
+			live.sawFrame()
+		}
 		in.mu.Lock()
 		if in.killed {
 			// Killed: drain until the worker closes or the linger expires.
@@ -432,6 +478,7 @@ func (in *Incoming) readLoop(r *frame.Reader) {
 				}
 				in.credit--
 				in.q.push(f.Payload)
+			case frame.Heartbeat:
 			case frame.Final:
 				err = io.EOF
 			case frame.Error:
@@ -460,6 +507,8 @@ func (in *Incoming) brokenErr(err error) error {
 	switch {
 	case in.srv.isClosed():
 		return ErrServerClosed
+	case in.silent.Load():
+		return ErrPeerSilent
 	case errors.Is(err, frame.ErrInvalid):
 		return fmt.Errorf("%w: %v", ErrIncomplete, err)
 	}

@@ -50,6 +50,12 @@
 //     closed; a graceful end (Final, Error, Kill) half-closes first and
 //     lingers at most the linger timeout for the peer, so that no frame
 //     already written is destroyed by a TCP reset.
+//   - Liveness: each side sends heartbeats while it has nothing else to
+//     send and declares its peer gone after the idle timeout of silence (see
+//     liveness.go): a stopped, partitioned or wedged worker ends the caller's
+//     stream with ErrPeerSilent (an ErrIncomplete), a silent caller is Lost
+//     to the worker. A quiet but live peer (long prefill, no credit) is never
+//     mistaken for a dead one.
 //   - Latency: TCP_NODELAY is set and every Send, SendBatch, Stop, Kill and
 //     credit grant is flushed before it returns, so no frame waits for a later
 //     one; SendBatch puts many items in one write for throughput.
@@ -115,7 +121,7 @@ func (e *HandlerError) Error() string { return e.Message }
 
 // Defaults of the options.
 const (
-	DefaultConnectTimeout = 10 * time.Second
+	DefaultConnectTimeout = 3 * time.Second
 	DefaultWindow         = 256
 	DefaultLinger         = 5 * time.Second
 )
@@ -130,6 +136,7 @@ type config struct {
 	window         int
 	maxPayload     int
 	linger         time.Duration
+	idleTimeout    time.Duration
 }
 
 func newConfig(base *config, opts []Option) config {
@@ -137,6 +144,7 @@ func newConfig(base *config, opts []Option) config {
 		connectTimeout: DefaultConnectTimeout,
 		window:         DefaultWindow,
 		linger:         DefaultLinger,
+		idleTimeout:    DefaultIdleTimeout,
 	}
 	if base != nil {
 		c = *base
@@ -149,7 +157,8 @@ func newConfig(base *config, opts []Option) config {
 
 // WithConnectTimeout (caller side) bounds how long an expected stream waits
 // for its worker, and how long an accepted connection may take to send its
-// Hello. Default 10 s.
+// Hello. Default 3 s: a worker dials as soon as it acknowledged the request,
+// so a longer wait only delays noticing a worker that stalled in between.
 func WithConnectTimeout(d time.Duration) Option {
 	return func(c *config) {
 		if d > 0 {

@@ -1,0 +1,264 @@
+package plane_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/dynamo-ctx/dynamo-ctx/go/discovery"
+	"github.com/dynamo-ctx/dynamo-ctx/go/frame"
+	"github.com/dynamo-ctx/dynamo-ctx/go/plane"
+)
+
+// Faults a worker process can have, played by hand on the wire: an instance
+// that is registered but never answers (a stopped process, or a dead one
+// whose subscription the server still holds), and a worker that acknowledges,
+// connects, sends a few tokens and then goes silent (stopped mid-stream).
+
+// tokenHandler is a worker that continues a token request: it sends
+// max_tokens more token ids, counting on from len(token_ids).
+func tokenHandler(req *plane.Request) {
+	var p struct {
+		TokenIDs  []int `json:"token_ids"`
+		MaxTokens int   `json:"max_tokens"`
+	}
+	if json.Unmarshal(req.Payload, &p) != nil {
+		req.Fail("bad request")
+		return
+	}
+	for i := 0; i < p.MaxTokens; i++ {
+		if !send(req, fmt.Appendf(nil, `{"token_ids":[%d]}`, len(p.TokenIDs)+i)) {
+			return
+		}
+	}
+}
+
+func tokenRequest(n int) []byte { return fmt.Appendf(nil, `{"token_ids":[],"max_tokens":%d}`, n) }
+
+// tokens drains s and returns the token ids received, and the end.
+func tokens(t *testing.T, s *plane.Stream) ([]int, error) {
+	t.Helper()
+	items, _, err := drain(s, 0)
+	var out []int
+	for _, it := range items {
+		var v struct {
+			TokenIDs []int `json:"token_ids"`
+		}
+		require.NoError(t, json.Unmarshal(it, &v))
+		out = append(out, v.TokenIDs...)
+	}
+	return out, err
+}
+
+func seq(n int) []int {
+	out := make([]int, n)
+	for i := range out {
+		out[i] = i
+	}
+	return out
+}
+
+// blackHole registers an instance of path whose requests are received and
+// never acknowledged. It returns the instance id.
+func blackHole(t *testing.T, rt *plane.Runtime, path string) uint64 {
+	t.Helper()
+	id := discovery.NewInstanceID()
+	sub, err := rt.Bus().Conn().Subscribe(discovery.RequestSubject(path, id), func(*nats.Msg) {})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	lease, err := discovery.Register(rt.Bus().Conn(), path, id, nil)
+	require.NoError(t, err)
+	t.Cleanup(lease.Close)
+	return id
+}
+
+// A request sent to an instance that never acknowledges is detected within
+// the acknowledgement timeout and migrates; every stream completes, and new
+// requests avoid the instance afterwards.
+func TestStalledInstanceMigrates(t *testing.T) {
+	const path = "test.stalled.generate"
+	host := startEmbedded(t)
+	wrt := join(t, host)
+	serve(t, wrt, path, tokenHandler)
+	bad := blackHole(t, host, path)
+	c := newClient(t, host, path)
+	waitInstances(t, c, 2)
+	c.SetMigrationLimit(2)
+
+	const streams, n = 24, 20
+	var wg sync.WaitGroup
+	results := make([][]int, streams)
+	errs := make([]error, streams)
+	start := time.Now()
+	for i := range streams {
+		wg.Go(func() {
+			s := generate(t, c, string(tokenRequest(n)), nil)
+			results[i], errs[i] = tokens(t, s)
+		})
+	}
+	wg.Wait()
+	for i := range streams {
+		require.Equal(t, "EOF", fmt.Sprint(errs[i]), "stream %d", i)
+		assert.Equal(t, seq(n), results[i], "stream %d", i)
+	}
+	t.Logf("%d streams, one instance of two stalled: all completed in %s", streams, time.Since(start))
+	assert.Less(t, time.Since(start), 3*plane.DefaultAckTimeout+2*time.Second)
+
+	// Without migration, a new request does not go to the suspect instance.
+	c.SetMigrationLimit(0)
+	for range 4 {
+		got, err := tokens(t, generate(t, c, string(tokenRequest(3)), nil))
+		require.Equal(t, "EOF", fmt.Sprint(err))
+		assert.Equal(t, seq(3), got)
+	}
+	// Sent to it directly, a request fails with ErrNotAcknowledged.
+	_, err := tokens(t, generateRoute(t, c, string(tokenRequest(1)), nil, plane.Direct, bad))
+	assert.ErrorIs(t, err, plane.ErrNotAcknowledged)
+}
+
+// silentWorker registers an instance that acknowledges, connects back,
+// sends the first k tokens of the request and then holds the connection
+// without a word (no heartbeat): a worker stopped mid-stream.
+func silentWorker(t *testing.T, rt *plane.Runtime, path string, k int) {
+	t.Helper()
+	id := discovery.NewInstanceID()
+	var mu sync.Mutex
+	var conns []net.Conn
+	t.Cleanup(func() {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range conns {
+			_ = c.Close()
+		}
+	})
+	sub, err := rt.Bus().Conn().Subscribe(discovery.RequestSubject(path, id), func(m *nats.Msg) {
+		var env struct {
+			Addr, Token string
+		}
+		if json.Unmarshal(m.Data, &env) != nil {
+			return
+		}
+		_ = m.Respond([]byte(`{}`))
+		c, err := net.Dial("tcp", env.Addr)
+		if err != nil {
+			return
+		}
+		mu.Lock()
+		conns = append(conns, c)
+		mu.Unlock()
+		w := frame.NewWriter(c)
+		_ = w.WriteHello([]byte(env.Token))
+		for i := range k {
+			_ = w.WriteData(fmt.Appendf(nil, `{"token_ids":[%d]}`, i))
+		}
+		_ = w.Flush()
+	})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	lease, err := discovery.Register(rt.Bus().Conn(), path, id, nil)
+	require.NoError(t, err)
+	t.Cleanup(lease.Close)
+}
+
+func shortIdle(o *plane.Options) { o.StreamIdleTimeout = 300 * time.Millisecond }
+
+// A worker that goes silent mid-stream is found out by the stream's
+// liveness check; the stream migrates and the caller sees every token once.
+func TestSilentWorkerStreamMigrates(t *testing.T) {
+	const path = "test.silent.generate"
+	host := startEmbedded(t, shortIdle)
+	silentWorker(t, host, path, 5)
+	c := newClient(t, host, path)
+	waitInstances(t, c, 1)
+	wrt := join(t, host, shortIdle)
+	serve(t, wrt, path, tokenHandler)
+	waitInstances(t, c, 2)
+	c.SetMigrationLimit(1)
+
+	for i := range 6 { // round robin: half of them start on the silent worker
+		start := time.Now()
+		got, err := tokens(t, generate(t, c, string(tokenRequest(12)), nil))
+		require.Equal(t, "EOF", fmt.Sprint(err), "request %d", i)
+		assert.Equal(t, seq(12), got, "request %d", i)
+		assert.Less(t, time.Since(start), 5*time.Second)
+	}
+}
+
+// Without migration, the silent worker's stream ends with ErrIncomplete
+// (stream.ErrPeerSilent) instead of hanging.
+func TestSilentWorkerStreamIncomplete(t *testing.T) {
+	const path = "test.silent1.generate"
+	host := startEmbedded(t, shortIdle)
+	silentWorker(t, host, path, 2)
+	c := newClient(t, host, path)
+	waitInstances(t, c, 1)
+	got, err := tokens(t, generate(t, c, string(tokenRequest(5)), nil))
+	assert.Equal(t, seq(2), got)
+	assert.ErrorIs(t, err, plane.ErrIncomplete)
+}
+
+// A worker whose handler is slow but alive (a long prefill) is not taken
+// for a dead one: heartbeats keep its stream.
+func TestSlowHandlerNotMistakenForDead(t *testing.T) {
+	const path = "test.slow.generate"
+	host := startEmbedded(t, shortIdle)
+	wrt := join(t, host, shortIdle)
+	serve(t, wrt, path, func(req *plane.Request) {
+		time.Sleep(time.Second) // > 3 idle timeouts before the first item
+		send(req, []byte(`{"token_ids":[0]}`))
+	})
+	c := newClient(t, host, path)
+	waitInstances(t, c, 1)
+	got, err := tokens(t, generate(t, c, `{}`, nil))
+	assert.Equal(t, "EOF", fmt.Sprint(err))
+	assert.Equal(t, []int{0}, got)
+}
+
+// The NATS host dies (its runtime closes) while streams flow from a worker
+// in another runtime: in-flight streams keep flowing, the survivors take
+// the server over, and new requests succeed again.
+func TestNATSHostDeathRiddenOut(t *testing.T) {
+	const path = "test.hostdeath.generate"
+	release := make(chan struct{})
+	host := startEmbedded(t)
+	wrt := join(t, host)
+	serve(t, wrt, path, func(req *plane.Request) {
+		send(req, []byte(`{"token_ids":[0]}`))
+		<-release
+		send(req, []byte(`{"token_ids":[1]}`))
+	})
+	caller := join(t, host)
+	c := newClient(t, caller, path)
+	waitInstances(t, c, 1)
+	inflight := generate(t, c, `{}`, nil)
+	first, err := take(inflight, 1)
+	require.NoError(t, err)
+	require.Len(t, first, 1)
+
+	died := time.Now()
+	host.Close()
+	close(release)
+	got, err := tokens(t, inflight)
+	assert.Equal(t, "EOF", fmt.Sprint(err), "the in-flight stream does not depend on the bus")
+	assert.Equal(t, []int{1}, got)
+
+	// A request sent right away waits for the takeover instead of failing.
+	var recovered time.Duration
+	for {
+		got, err := tokens(t, generate(t, c, `{}`, nil))
+		if err == nil || fmt.Sprint(err) == "EOF" {
+			assert.Equal(t, []int{0, 1}, got)
+			recovered = time.Since(died)
+			break
+		}
+		require.Less(t, time.Since(died), waitLimit, "no request succeeded after the host died: %v", err)
+	}
+	t.Logf("host died -> next request succeeded: %s", recovered)
+}

@@ -361,6 +361,11 @@ func (b *Bus) dial(name string) error {
 		// Requests sent while reconnecting wait in the client's buffer and
 		// leave as soon as it is back (the default, stated).
 		nats.ReconnectBufSize(8<<20),
+		// A server that vanished without a reset (partition, stopped host) is
+		// noticed within ~15 s instead of nats.go's default 4 minutes, and
+		// the client moves to another member of the pool.
+		nats.PingInterval(5*time.Second),
+		nats.MaxPingsOutstanding(2),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			b.down.Store(true)
 			b.lastChange.Store(time.Now().UnixNano())

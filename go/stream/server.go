@@ -2,6 +2,7 @@ package stream
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -21,6 +22,19 @@ const (
 	callerWriteBuf = 64
 )
 
+// Limits on connections that have not presented a token yet: anyone who can
+// reach the port can open them, so each costs O(1) memory (the Hello is
+// read into a fixed array, before any buffer is allocated), is refused as
+// soon as its Hello is longer than a token, is dropped after the connect
+// timeout, and there are at most MaxPendingConns of them (more are closed
+// at once).
+const (
+	// MaxTokenLen is the longest Hello payload accepted; NewToken makes 32.
+	MaxTokenLen = 64
+	// MaxPendingConns bounds connections accepted and still without a Hello.
+	MaxPendingConns = 512
+)
+
 // Server accepts the connections of workers on behalf of a caller and routes
 // each to the Incoming stream registered with the token of its Hello.
 // All methods are safe for concurrent use.
@@ -32,6 +46,7 @@ type Server struct {
 	closed  bool
 	pending map[string]*Incoming  // expected, not yet connected
 	conns   map[net.Conn]struct{} // accepted, not yet released
+	unhello int                   // accepted connections still without a Hello
 	wg      sync.WaitGroup        // accept loop + one goroutine per connection
 }
 
@@ -111,6 +126,12 @@ func (s *Server) acceptLoop() {
 			_ = c.Close()
 			return
 		}
+		if s.unhello >= MaxPendingConns {
+			s.mu.Unlock()
+			_ = c.Close() // a flood of silent connections: refuse, never queue
+			continue
+		}
+		s.unhello++
 		s.conns[c] = struct{}{}
 		s.wg.Add(1) // under mu, so never after Close's Wait has started
 		s.mu.Unlock()
@@ -128,23 +149,43 @@ func (s *Server) serveConn(c net.Conn) {
 		_ = tc.SetNoDelay(true) // Go's default, made explicit: control frames must not wait
 	}
 	_ = c.SetReadDeadline(time.Now().Add(s.cfg.connectTimeout))
-	r := frame.NewReaderSize(c, callerReadBuf, s.cfg.maxPayload)
-	f, err := r.ReadFrame()
-	if err != nil || f.Type != frame.Hello {
-		return
-	}
-	_ = c.SetReadDeadline(time.Time{})
+	token, ok := readHello(c)
 	s.mu.Lock()
-	in := s.pending[string(f.Payload)]
-	if in != nil {
-		delete(s.pending, in.token) // one connection per token
+	s.unhello--
+	var in *Incoming
+	if ok {
+		if in = s.pending[token]; in != nil {
+			delete(s.pending, in.token) // one connection per token
+		}
 	}
 	s.mu.Unlock()
 	if in == nil {
-		return // unknown token: the caller does not await this stream
+		return // no Hello, or an unknown token: the caller does not await it
 	}
+	_ = c.SetReadDeadline(time.Time{})
 	in.timer.Stop()
-	in.serve(c, r)
+	in.serve(c, frame.NewReaderSize(c, callerReadBuf, s.cfg.maxPayload))
+}
+
+// readHello reads the Hello frame straight from the connection into a fixed
+// array: no buffer is allocated for a peer that has not shown a token, and
+// nothing beyond the Hello is consumed (the worker sends nothing else before
+// its first credit, but a heartbeat may follow). A Hello longer than
+// MaxTokenLen is refused from its header.
+func readHello(c net.Conn) (string, bool) {
+	var buf [frame.HeaderSize + MaxTokenLen]byte
+	if _, err := io.ReadFull(c, buf[:frame.HeaderSize]); err != nil {
+		return "", false
+	}
+	n := binary.BigEndian.Uint32(buf[1:frame.HeaderSize])
+	if frame.Type(buf[0]) != frame.Hello || n == 0 || n > MaxTokenLen {
+		return "", false
+	}
+	p := buf[frame.HeaderSize : frame.HeaderSize+int(n)]
+	if _, err := io.ReadFull(c, p); err != nil {
+		return "", false
+	}
+	return string(p), true
 }
 
 func (s *Server) release(c net.Conn) {

@@ -1,0 +1,97 @@
+package stream
+
+import (
+	"encoding/binary"
+	"errors"
+	"net"
+	"os"
+	"runtime"
+	"testing"
+	"time"
+
+	"github.com/dynamo-ctx/dynamo-ctx/go/frame"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// Anyone who can reach the stream port can connect. Before a connection has
+// shown a valid token it costs O(1) memory and a bounded time.
+
+func heapInUse() uint64 {
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return m.HeapInuse
+}
+
+// A Hello that announces 16 MiB is refused from its header: 100 of them
+// hold no memory and are closed at once.
+func TestOversizedHelloRefused(t *testing.T) {
+	s := listen(t)
+	before := heapInUse()
+	conns := make([]net.Conn, 100)
+	for i := range conns {
+		c, err := net.Dial("tcp", s.Addr().String())
+		require.NoError(t, err)
+		defer c.Close()
+		var hdr [frame.HeaderSize]byte
+		hdr[0] = byte(frame.Hello)
+		binary.BigEndian.PutUint32(hdr[1:], 16<<20)
+		_, err = c.Write(append(hdr[:], make([]byte, 4096)...))
+		require.NoError(t, err)
+		conns[i] = c
+	}
+	for i, c := range conns {
+		_ = c.SetReadDeadline(time.Now().Add(waitFor))
+		_, err := c.Read(make([]byte, 1))
+		require.Error(t, err, "conn %d", i)
+		assert.NotErrorIs(t, err, os.ErrDeadlineExceeded, "conn %d is closed by the server, not left open", i)
+	}
+	grew := int64(heapInUse()) - int64(before)
+	t.Logf("heap growth for 100 oversized Hellos: %d bytes", grew)
+	assert.Less(t, grew, int64(2<<20))
+}
+
+// Silent connections (no Hello at all) are dropped after the connect
+// timeout, and at most MaxPendingConns are held at once: the rest are closed
+// on accept, while a real worker still gets through once they are gone.
+func TestSilentConnectionsBounded(t *testing.T) {
+	s := listen(t, WithConnectTimeout(2*time.Second))
+	n := MaxPendingConns + 50
+	conns := make([]net.Conn, 0, n)
+	defer func() {
+		for _, c := range conns {
+			_ = c.Close()
+		}
+	}()
+	for range n {
+		c, err := net.Dial("tcp", s.Addr().String())
+		require.NoError(t, err)
+		conns = append(conns, c)
+	}
+	// Before the connect timeout: those over the bound are already closed.
+	time.Sleep(100 * time.Millisecond)
+	closedEarly := 0
+	for _, c := range conns {
+		_ = c.SetReadDeadline(time.Now().Add(time.Millisecond))
+		if _, err := c.Read(make([]byte, 1)); !errors.Is(err, os.ErrDeadlineExceeded) {
+			closedEarly++
+		}
+	}
+	t.Logf("%d silent connections: %d refused at once", n, closedEarly)
+	assert.GreaterOrEqual(t, closedEarly, n-MaxPendingConns)
+	assert.Less(t, closedEarly, n-MaxPendingConns+20)
+	// After it, all of them.
+	for _, c := range conns {
+		_ = c.SetReadDeadline(time.Now().Add(waitFor))
+		_, err := c.Read(make([]byte, 1))
+		require.Error(t, err)
+		require.NotErrorIs(t, err, os.ErrDeadlineExceeded, "released by the server's deadline")
+	}
+	in := s.Expect("tok")
+	o := dial(t, s, "tok")
+	require.NoError(t, o.Finish())
+	_, err := recvAll(t, in)
+	assert.Equal(t, "EOF", err.Error())
+	waitClosed(t, o.Done(), "Done")
+}

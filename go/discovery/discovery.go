@@ -50,7 +50,9 @@ package discovery
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/binary"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -145,11 +147,26 @@ func querySubject(path string) string    { return queryPrefix + path }
 // announcement is the wire form of "up" and "down". Lease is a random nonce
 // per Lease, so a watcher can tell a stale "up" of a closed lease from a new
 // registration that reuses the instance id.
+//
+// Withdrawal is authenticated: every "up" carries Proof, the SHA-256 of a
+// secret only the lease knows, and its "down" reveals the secret. A watcher
+// accepts a "down" only if the secret hashes to the proof of the lease it
+// withdraws, so a process on the bus that has seen the announcements still
+// cannot withdraw another's instance; only the lease itself or its expiry
+// can.
 type announcement struct {
-	Op    string `json:"op"` // "up" or "down"
-	ID    uint64 `json:"id"`
-	Lease uint64 `json:"lease"`
-	Meta  []byte `json:"meta,omitempty"`
+	Op     string `json:"op"` // "up" or "down"
+	ID     uint64 `json:"id"`
+	Lease  uint64 `json:"lease"`
+	Meta   []byte `json:"meta,omitempty"`
+	Proof  string `json:"proof,omitempty"`  // "up": hex SHA-256 of the secret
+	Secret string `json:"secret,omitempty"` // "down": the secret
+}
+
+// proofOf is the proof that goes with secret.
+func proofOf(secret string) string {
+	h := sha256.Sum256([]byte(secret))
+	return hex.EncodeToString(h[:])
 }
 
 const (
@@ -207,11 +224,14 @@ func Register(nc *nats.Conn, path string, instanceID uint64, meta []byte, opts .
 		o(&cfg)
 	}
 	nonce := NewInstanceID()
-	up, err := json.Marshal(announcement{Op: opUp, ID: instanceID, Lease: nonce, Meta: meta})
+	var sb [32]byte
+	_, _ = rand.Read(sb[:])
+	secret := hex.EncodeToString(sb[:])
+	up, err := json.Marshal(announcement{Op: opUp, ID: instanceID, Lease: nonce, Meta: meta, Proof: proofOf(secret)})
 	if err != nil {
 		return nil, err
 	}
-	down, err := json.Marshal(announcement{Op: opDown, ID: instanceID, Lease: nonce})
+	down, err := json.Marshal(announcement{Op: opDown, ID: instanceID, Lease: nonce, Secret: secret})
 	if err != nil {
 		return nil, err
 	}
@@ -359,12 +379,14 @@ type Watcher struct {
 
 type entry struct {
 	lease    uint64
+	proof    string
 	meta     []byte
 	lastSeen time.Time
 }
 
 type tombstone struct {
 	lease uint64
+	proof string // of the secret the "down" revealed
 	at    time.Time
 }
 
@@ -459,27 +481,41 @@ func (w *Watcher) receive(m *nats.Msg) {
 	switch a.Op {
 	case opUp:
 		if ts, ok := w.tombstones[a.ID]; ok {
-			if ts.lease == a.Lease {
+			if ts.lease == a.Lease && ts.proof == a.Proof {
 				return // stale: this lease already said "down"
 			}
+			// Another lease reusing the id, or a forged "down" that came
+			// first and does not match this lease's proof: forget it.
 			delete(w.tombstones, a.ID)
 		}
 		e, ok := w.instances[a.ID]
-		if ok && e.lease == a.Lease {
+		if ok && e.lease == a.Lease && e.proof == a.Proof {
 			e.lastSeen = now
 			return
 		}
+		if ok && e.lease == a.Lease {
+			// Same lease, another proof: someone else speaks for it.
+			w.log.Debug("ignoring an announcement whose proof does not match its lease", "id", a.ID)
+			return
+		}
 		metaChanged := !ok || !slices.Equal(e.meta, a.Meta)
-		w.instances[a.ID] = &entry{lease: a.Lease, meta: a.Meta, lastSeen: now}
+		w.instances[a.ID] = &entry{lease: a.Lease, proof: a.Proof, meta: a.Meta, lastSeen: now}
 		if metaChanged {
 			w.notifyLocked()
 		}
 	case opDown:
-		w.tombstones[a.ID] = tombstone{lease: a.Lease, at: now}
+		proof := proofOf(a.Secret)
 		if e, ok := w.instances[a.ID]; ok && e.lease == a.Lease {
+			if e.proof != proof {
+				w.log.Debug("ignoring a forged \"down\"", "id", a.ID)
+				return
+			}
 			delete(w.instances, a.ID)
 			w.notifyLocked()
 		}
+		// Kept for a TTL: an "up" of this lease delivered late is stale, if
+		// its proof matches the secret revealed here.
+		w.tombstones[a.ID] = tombstone{lease: a.Lease, proof: proof, at: now}
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"sync"
@@ -37,7 +38,9 @@ func server(t *testing.T) (*nats.Conn, string) {
 // client opens a separate connection, standing for another process.
 func client(t *testing.T, url string) *nats.Conn {
 	t.Helper()
-	nc, err := nats.Connect(url, nats.MaxReconnects(0))
+	opts, err := natsbus.ClientAuth(url)
+	require.NoError(t, err)
+	nc, err := nats.Connect(url, append(opts, nats.MaxReconnects(0))...)
 	require.NoError(t, err)
 	t.Cleanup(nc.Close)
 	return nc
@@ -225,7 +228,8 @@ func TestRequestToDeadInstanceFailsWithNoResponders(t *testing.T) {
 }
 
 // A late "up" of a lease that already said "down" must not resurrect it; a
-// new lease reusing the id is a new registration.
+// new lease reusing the id is a new registration. Announcements carry the
+// lease's proof ("up") and secret ("down"), as Register sends them.
 func TestStaleUpAfterDownIgnored(t *testing.T) {
 	nc, _ := server(t)
 	w := watch(t, nc, WithTTL(time.Hour))
@@ -235,23 +239,30 @@ func TestStaleUpAfterDownIgnored(t *testing.T) {
 		require.NoError(t, nc.Publish(announceSubject(path), data))
 		require.NoError(t, nc.Flush())
 	}
+	secret := func(lease uint64) string { return fmt.Sprintf("secret-%d", lease) }
+	up := func(id, lease uint64) announcement {
+		return announcement{Op: opUp, ID: id, Lease: lease, Proof: proofOf(secret(lease))}
+	}
+	down := func(id, lease uint64) announcement {
+		return announcement{Op: opDown, ID: id, Lease: lease, Secret: secret(lease)}
+	}
 	probeLease := uint64(1000)
 	settle := func() { // own messages come back in order; a probe marks the end
 		probeLease++ // a new lease each time: a closed one cannot come back
-		send(announcement{Op: opUp, ID: 999, Lease: probeLease})
+		send(up(999, probeLease))
 		require.Eventually(t, func() bool { return contains(w.Instances(), 999) }, time.Second, time.Millisecond)
-		send(announcement{Op: opDown, ID: 999, Lease: probeLease})
+		send(down(999, probeLease))
 		require.Eventually(t, func() bool { return !contains(w.Instances(), 999) }, time.Second, time.Millisecond)
 	}
-	send(announcement{Op: opDown, ID: 5, Lease: 1})
-	send(announcement{Op: opUp, ID: 5, Lease: 1})
+	send(down(5, 1))
+	send(up(5, 1))
 	settle()
 	assert.Empty(t, w.Instances())
 
-	send(announcement{Op: opUp, ID: 5, Lease: 2})
+	send(up(5, 2))
 	require.Eventually(t, func() bool { return contains(w.Instances(), 5) }, time.Second, time.Millisecond)
 	// A "down" of the old lease does not remove the new one.
-	send(announcement{Op: opDown, ID: 5, Lease: 1})
+	send(down(5, 1))
 	settle()
 	assert.Equal(t, []uint64{5}, ids(w.Instances()))
 
@@ -261,6 +272,49 @@ func TestStaleUpAfterDownIgnored(t *testing.T) {
 	send(announcement{Op: opUp, ID: 0, Lease: 1})
 	settle()
 	assert.Equal(t, []uint64{5}, ids(w.Instances()))
+}
+
+// Only the lease itself can withdraw its instance: a "down" forged by
+// another process on the bus, which has seen the instance's announcements
+// (id, lease nonce, proof) but not its secret, is ignored, before or after
+// the "up". So is an "up" that speaks for the lease with another proof.
+func TestForgedDownIgnored(t *testing.T) {
+	nc, url := server(t)
+	w := watch(t, nc, WithTTL(time.Hour))
+	reg := client(t, url)
+	spy, err := reg.SubscribeSync(announceSubject(path))
+	require.NoError(t, err)
+	require.NoError(t, reg.Flush())
+	l := register(t, reg, 7, "m")
+	msg, err := spy.NextMsg(5 * time.Second)
+	require.NoError(t, err)
+	var seen announcement
+	require.NoError(t, json.Unmarshal(msg.Data, &seen))
+	require.NotEmpty(t, seen.Proof)
+	_, err = w.WaitForInstances(context.Background())
+	require.NoError(t, err)
+
+	forger := client(t, url)
+	for _, fake := range []announcement{
+		{Op: opDown, ID: 7, Lease: seen.Lease},
+		{Op: opDown, ID: 7, Lease: seen.Lease, Secret: seen.Proof},
+		{Op: opDown, ID: 7, Lease: seen.Lease, Secret: "guess"},
+		{Op: opUp, ID: 7, Lease: seen.Lease, Proof: proofOf("mine"), Meta: []byte("hijacked")},
+	} {
+		data, err := json.Marshal(fake)
+		require.NoError(t, err)
+		require.NoError(t, forger.Publish(announceSubject(path), data))
+	}
+	require.NoError(t, forger.Flush())
+	time.Sleep(100 * time.Millisecond)
+	got := w.Instances()
+	require.Len(t, got, 1)
+	assert.Equal(t, uint64(7), got[0].ID)
+	assert.NotEqual(t, "hijacked", string(got[0].Meta))
+
+	// The real "down" works.
+	l.Close()
+	require.Eventually(t, func() bool { return len(w.Instances()) == 0 }, 5*time.Second, time.Millisecond)
 }
 
 func TestMetadataChangeNotifies(t *testing.T) {

@@ -134,15 +134,21 @@ type Options struct {
 	Name string
 	// Logger receives connection events. Nil means slog.Default().
 	Logger *slog.Logger
+	// Auth holds credentials and TLS files; empty fields fall back to the
+	// environment (see credentials.go). Without explicit credentials, the
+	// token file of an embedded server at the address is used.
+	Auth Auth
 }
 
 // Bus is a connection to the request-plane NATS server, plus the embedded
 // server when this process hosts it. Its methods may be called concurrently.
 type Bus struct {
-	nc     *nats.Conn
-	url    string
-	log    *slog.Logger
-	closed chan struct{} // closed by the client's ClosedHandler
+	nc      *nats.Conn
+	url     string
+	log     *slog.Logger
+	closed  chan struct{} // closed by the client's ClosedHandler
+	auth    Auth          // with the environment applied
+	srvAuth serverAuth    // what an embedded server of ours requires (and we present)
 
 	// takeover is set for embeddable, non-ephemeral addresses; host and port
 	// are where a replacement server would listen.
@@ -195,14 +201,27 @@ func Connect(ctx context.Context, opts Options) (*Bus, error) {
 		name = DefaultName
 	}
 
+	b.auth = opts.Auth.withEnv()
 	host, port, single := splitAddr(raw)
 	if single && port == "0" {
 		// Ephemeral: nothing to join, always embed.
-		srv, err := startServer(host, "0")
+		b.srvAuth = serverAuth{token: b.auth.Token, user: b.auth.User, password: b.auth.Password}
+		if b.srvAuth.empty() {
+			b.srvAuth.token = newSecret()
+		}
+		srv, err := startServer(host, "0", b.srvAuth)
 		if err != nil {
 			return nil, fmt.Errorf("natsbus: start embedded server on %s: %w", redact(raw), err)
 		}
 		b.url = clientURL(srv, host)
+		if b.auth.Token == "" && b.auth.User == "" {
+			// The port is new: the file is ours to (over)write.
+			_, port, _ := splitAddr(b.url)
+			if _, err := writeToken(host, port, b.srvAuth.token, true); err != nil {
+				shutdown(srv)
+				return nil, err
+			}
+		}
 		if err := b.dial(name); err != nil {
 			shutdown(srv)
 			return nil, err
@@ -217,7 +236,10 @@ func Connect(ctx context.Context, opts Options) (*Bus, error) {
 	// single address may be taken over (only ever when the server lost was
 	// an embedded one: see takeoverLoop).
 	b.takeover, b.host, b.port = single, host, port
-	err := b.dial(name)
+	err := b.dialSingle(name)
+	if errors.Is(err, nats.ErrAuthorization) {
+		return nil, fmt.Errorf("natsbus: the NATS server at %s refused our credentials (%s): %w", redact(raw), b.credentialsHint(), err)
+	}
 	if err == nil || !embeddable {
 		if err != nil {
 			return nil, err
@@ -227,7 +249,18 @@ func Connect(ctx context.Context, opts Options) (*Bus, error) {
 	}
 
 	for attempt := 0; ; attempt++ {
-		srv, serr := startServer(host, port)
+		// Every process racing to host agrees on one token first.
+		if err := b.loadServerAuth(); err != nil {
+			return nil, err
+		}
+		if b.srvAuth.empty() {
+			tok, err := sharedToken(host, port)
+			if err != nil {
+				return nil, err
+			}
+			b.srvAuth.token = tok
+		}
+		srv, serr := startServer(host, port, b.srvAuth)
 		if serr == nil {
 			if err = b.dial(name); err != nil {
 				shutdown(srv)
@@ -243,8 +276,11 @@ func Connect(ctx context.Context, opts Options) (*Bus, error) {
 		// Another process holds the port: one that won a race with us, or
 		// one still starting that did not answer our first dial. Join it;
 		// the retries give a starting server time to answer.
-		if err = b.dial(name); err == nil {
+		if err = b.dialSingle(name); err == nil {
 			break
+		}
+		if errors.Is(err, nats.ErrAuthorization) {
+			return nil, fmt.Errorf("natsbus: the NATS server at %s refused our credentials (%s): %w", redact(raw), b.credentialsHint(), err)
 		}
 		if attempt+1 >= embedAttempts {
 			return nil, fmt.Errorf("natsbus: %s is bound by another process that does not answer as a NATS server: %w", redact(raw), err)
@@ -257,6 +293,59 @@ func Connect(ctx context.Context, opts Options) (*Bus, error) {
 	}
 	b.start()
 	return b, nil
+}
+
+// dialSingle dials a single address with the credentials of loadServerAuth.
+// A refusal is retried with the token file read again, for a short while:
+// a process that won a race to host the server may have written the file
+// just after we looked.
+func (b *Bus) dialSingle(name string) error {
+	var err error
+	for i := 0; i < 5; i++ {
+		if err = b.loadServerAuth(); err != nil {
+			return err
+		}
+		if err = b.dial(name); !errors.Is(err, nats.ErrAuthorization) || b.auth.explicit() {
+			return err
+		}
+		time.Sleep(time.Duration(i+1) * 20 * time.Millisecond)
+	}
+	return err
+}
+
+// serverAuth is what an embedded server requires: a token, or a user and
+// password.
+type serverAuth struct{ token, user, password string }
+
+func (a serverAuth) empty() bool { return a.token == "" && a.user == "" }
+
+// loadServerAuth decides the credentials of a single address: the user's
+// own (NATS_TOKEN, NATS_USER/NATS_PASSWORD) when given, else the token file
+// of an embedded server there, if any.
+func (b *Bus) loadServerAuth() error {
+	switch {
+	case b.auth.User != "":
+		b.srvAuth = serverAuth{user: b.auth.User, password: b.auth.Password}
+	case b.auth.Token != "":
+		b.srvAuth = serverAuth{token: b.auth.Token}
+	case b.auth.explicit():
+		b.srvAuth = serverAuth{}
+	default:
+		tok, err := readToken(b.host, b.port)
+		if err != nil {
+			return err
+		}
+		b.srvAuth = serverAuth{token: tok}
+	}
+	return nil
+}
+
+func (b *Bus) credentialsHint() string {
+	if b.auth.explicit() {
+		return "the credentials given by NATS_* variables or the URL"
+	}
+	p, _ := TokenFile(b.host, b.port)
+	return "the token in " + p + "; is the server another user's, or was the file replaced?"
 }
 
 func envEmbed() bool {
@@ -351,7 +440,15 @@ func (b *Bus) Close() {
 // attempt is not retried: a refused connection is reported at once, which is
 // how Connect learns that nothing answers.
 func (b *Bus) dial(name string) error {
-	nc, err := nats.Connect(b.url,
+	token := b.srvAuth.token
+	if b.srvAuth.user != "" {
+		token = ""
+	}
+	authOpts, err := b.auth.options(token)
+	if err != nil {
+		return err
+	}
+	nc, err := nats.Connect(b.url, append(authOpts,
 		nats.Name(name),
 		nats.Timeout(connectTimeout),
 		nats.MaxReconnects(-1),
@@ -398,7 +495,7 @@ func (b *Bus) dial(name string) error {
 			b.log.Error("NATS asynchronous error", "subject", subj, "error", err)
 		}),
 		nats.ClosedHandler(func(*nats.Conn) { close(b.closed) }),
-	)
+	)...)
 	if err != nil {
 		return fmt.Errorf("natsbus: connect %s: %w", redact(b.url), err)
 	}
@@ -450,7 +547,7 @@ func (b *Bus) takeoverLoop() {
 		if b.Embedded() || b.nc.IsConnected() || !b.onEmbedded.Load() {
 			continue
 		}
-		srv, err := startServer(b.host, b.port)
+		srv, err := startServer(b.host, b.port, b.srvAuth)
 		if err != nil {
 			if !errors.Is(err, errPortTaken) {
 				b.log.Warn("could not host replacement NATS server", "url", redact(b.url), "error", err)
@@ -470,7 +567,7 @@ var errPortTaken = errors.New("port already in use")
 // startServer starts an in-process nats-server listening on host:port
 // (port "0" means an ephemeral port) and returns once it accepts clients.
 // It returns errPortTaken if the port is bound by someone else.
-func startServer(host, port string) (*server.Server, error) {
+func startServer(host, port string, auth serverAuth) (*server.Server, error) {
 	p, err := strconv.Atoi(port)
 	if err != nil || p < 0 || p > 65535 {
 		return nil, fmt.Errorf("invalid port %q", port)
@@ -507,6 +604,10 @@ func startServer(host, port string) (*server.Server, error) {
 		// Signal handling belongs to the host application.
 		NoSigs:     true,
 		MaxPayload: maxPayload,
+		// Nobody without the user's credentials gets in (credentials.go).
+		Authorization: auth.token,
+		Username:      auth.user,
+		Password:      auth.password,
 	})
 	if err != nil {
 		return nil, err

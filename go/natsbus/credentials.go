@@ -1,0 +1,259 @@
+package natsbus
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+
+	"github.com/nats-io/nats.go"
+)
+
+// Credentials.
+//
+// The embedded server requires a token. The process that first needs a
+// server at an address makes a random 256-bit token and stores it in a file
+// only its user can read, in the user's runtime directory:
+//
+//	$DYNAMO_CTX_RUNTIME_DIR, else $XDG_RUNTIME_DIR/dynamo-ctx, else
+//	<temp dir>/dynamo-ctx-<uid>; the directory mode 0700, the file
+//	nats-<host>-<port>.token mode 0600.
+//
+// Every process of that user that connects to the address reads the token
+// from there, so the user's processes join (and take over) each other's
+// servers, and other users' processes cannot connect: they cannot read the
+// file. A directory or file that others could read or write is refused, not
+// used. NATS_TOKEN (or Options.Token) overrides the file on both sides: the
+// embedded server then requires that token.
+//
+// For an external server or cluster, credentials and TLS are given as the
+// NATS ecosystem spells them: user and password or token in the URL
+// (nats://user:pass@host:4222, nats://token@host:4222), or the environment
+// variables of the nats CLI: NATS_USER and NATS_PASSWORD, NATS_TOKEN,
+// NATS_CREDS (a creds file: JWT and nkey seed), NATS_NKEY (an nkey seed
+// file); tls:// URLs, NATS_CA (CA certificates file), NATS_CERT and NATS_KEY
+// (client certificate and key). Options fields of the same names take
+// precedence over the environment.
+
+// Environment variables read by Connect for credentials and TLS.
+const (
+	EnvRuntimeDir = "DYNAMO_CTX_RUNTIME_DIR"
+	EnvToken      = "NATS_TOKEN"
+	EnvUser       = "NATS_USER"
+	EnvPassword   = "NATS_PASSWORD"
+	EnvCreds      = "NATS_CREDS"
+	EnvNkey       = "NATS_NKEY"
+	EnvCA         = "NATS_CA"
+	EnvCert       = "NATS_CERT"
+	EnvKey        = "NATS_KEY"
+)
+
+// Auth holds the credentials and TLS files of a connection. Empty fields
+// fall back to the environment variables above.
+type Auth struct {
+	Token, User, Password string
+	CredsFile, NkeyFile   string
+	CAFile                string
+	CertFile, KeyFile     string
+}
+
+func (a Auth) withEnv() Auth {
+	env := func(v *string, name string) {
+		if *v == "" {
+			*v = os.Getenv(name)
+		}
+	}
+	env(&a.Token, EnvToken)
+	env(&a.User, EnvUser)
+	env(&a.Password, EnvPassword)
+	env(&a.CredsFile, EnvCreds)
+	env(&a.NkeyFile, EnvNkey)
+	env(&a.CAFile, EnvCA)
+	env(&a.CertFile, EnvCert)
+	env(&a.KeyFile, EnvKey)
+	return a
+}
+
+// explicit reports whether the user gave credentials of their own (then no
+// token file is read).
+func (a Auth) explicit() bool {
+	return a.Token != "" || a.User != "" || a.CredsFile != "" || a.NkeyFile != ""
+}
+
+// options turns a into nats.go options. token is the embedded server's
+// token when no explicit credentials are given.
+func (a Auth) options(token string) ([]nats.Option, error) {
+	var opts []nats.Option
+	switch {
+	case a.CredsFile != "":
+		opts = append(opts, nats.UserCredentials(a.CredsFile))
+	case a.NkeyFile != "":
+		o, err := nats.NkeyOptionFromSeed(a.NkeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("natsbus: %s: %w", EnvNkey, err)
+		}
+		opts = append(opts, o)
+	case a.User != "":
+		opts = append(opts, nats.UserInfo(a.User, a.Password))
+	case a.Token != "":
+		opts = append(opts, nats.Token(a.Token))
+	case token != "":
+		opts = append(opts, nats.Token(token))
+	}
+	if a.CAFile != "" {
+		opts = append(opts, nats.RootCAs(a.CAFile))
+	}
+	if a.CertFile != "" || a.KeyFile != "" {
+		if a.CertFile == "" || a.KeyFile == "" {
+			return nil, fmt.Errorf("natsbus: %s and %s go together", EnvCert, EnvKey)
+		}
+		opts = append(opts, nats.ClientCert(a.CertFile, a.KeyFile))
+	}
+	return opts, nil
+}
+
+// ClientAuth returns the nats.go options with which another connection (a
+// tool, a test) authenticates to the server at url the way Connect would:
+// the environment's credentials, else the token file of an embedded server
+// at that address.
+func ClientAuth(url string) ([]nats.Option, error) {
+	a := Auth{}.withEnv()
+	token := ""
+	if host, port, single := splitAddr(url); single && !a.explicit() {
+		t, err := readToken(host, port)
+		if err != nil {
+			return nil, err
+		}
+		token = t
+	}
+	return a.options(token)
+}
+
+// RuntimeDir returns the directory of the token files, creating it (mode
+// 0700) if needed. It refuses a directory that is not the user's own or
+// that others may read or write.
+func RuntimeDir() (string, error) {
+	d := os.Getenv(EnvRuntimeDir)
+	if d == "" {
+		if x := os.Getenv("XDG_RUNTIME_DIR"); x != "" {
+			d = filepath.Join(x, "dynamo-ctx")
+		} else {
+			d = filepath.Join(os.TempDir(), fmt.Sprintf("dynamo-ctx-%d", os.Getuid()))
+		}
+	}
+	if err := os.MkdirAll(d, 0o700); err != nil {
+		return "", fmt.Errorf("natsbus: runtime directory: %w", err)
+	}
+	if err := private(d, true); err != nil {
+		return "", err
+	}
+	return d, nil
+}
+
+// private checks that path is the user's own and closed to others.
+func private(path string, dir bool) error {
+	fi, err := os.Lstat(path)
+	if err != nil {
+		return err
+	}
+	if fi.Mode()&fs.ModeSymlink != 0 || fi.IsDir() != dir {
+		return fmt.Errorf("natsbus: %s is not a plain %s", path, map[bool]string{true: "directory", false: "file"}[dir])
+	}
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok && int(st.Uid) != os.Getuid() {
+		return fmt.Errorf("natsbus: %s belongs to another user", path)
+	}
+	if fi.Mode().Perm()&0o077 != 0 {
+		return fmt.Errorf("natsbus: %s is open to other users (mode %v); it must be private (0700 for the directory, 0600 for token files)", path, fi.Mode().Perm())
+	}
+	return nil
+}
+
+// TokenFile is the path of the token file of the embedded server at host:port.
+func TokenFile(host, port string) (string, error) {
+	d, err := RuntimeDir()
+	if err != nil {
+		return "", err
+	}
+	safe := strings.Map(func(r rune) rune {
+		if r == '.' || r == '-' || (r >= '0' && r <= '9') || (r >= 'a' && r <= 'z') || (r >= 'A' && r <= 'Z') {
+			return r
+		}
+		return '_'
+	}, host)
+	return filepath.Join(d, "nats-"+safe+"-"+port+".token"), nil
+}
+
+// readToken returns the token stored for host:port, or "" if there is none.
+func readToken(host, port string) (string, error) {
+	p, err := TokenFile(host, port)
+	if err != nil {
+		return "", err
+	}
+	b, err := os.ReadFile(p)
+	if errors.Is(err, fs.ErrNotExist) {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("natsbus: token file: %w", err)
+	}
+	if err := private(p, false); err != nil {
+		return "", err
+	}
+	return strings.TrimSpace(string(b)), nil
+}
+
+// sharedToken returns the token for host:port, creating it if there is
+// none. Creation is atomic (a hard link that fails if the file exists), so
+// processes racing to host a server all end up with the same token.
+func sharedToken(host, port string) (string, error) {
+	if t, err := readToken(host, port); err != nil || t != "" {
+		return t, err
+	}
+	return writeToken(host, port, newSecret(), false)
+}
+
+// writeToken stores tok for host:port and returns the token now in the file
+// (another process's, if one won the race and replace is false).
+func writeToken(host, port, tok string, replace bool) (string, error) {
+	p, err := TokenFile(host, port)
+	if err != nil {
+		return "", err
+	}
+	f, err := os.CreateTemp(filepath.Dir(p), ".token-*")
+	if err != nil {
+		return "", fmt.Errorf("natsbus: token file: %w", err)
+	}
+	tmp := f.Name()
+	defer os.Remove(tmp)
+	_, err = f.WriteString(tok + "\n")
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Chmod(tmp, 0o600)
+	}
+	if err != nil {
+		return "", fmt.Errorf("natsbus: token file: %w", err)
+	}
+	if replace {
+		if err := os.Rename(tmp, p); err != nil {
+			return "", fmt.Errorf("natsbus: token file: %w", err)
+		}
+		return tok, nil
+	}
+	if err := os.Link(tmp, p); err != nil && !errors.Is(err, fs.ErrExist) {
+		return "", fmt.Errorf("natsbus: token file: %w", err)
+	}
+	return readToken(host, port)
+}
+
+func newSecret() string {
+	var b [32]byte
+	_, _ = rand.Read(b[:]) // never fails (Go >= 1.24)
+	return hex.EncodeToString(b[:])
+}

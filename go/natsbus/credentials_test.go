@@ -1,0 +1,97 @@
+package natsbus
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// The embedded server requires the token its host wrote to the user's
+// runtime directory: a client without it is refused; the user's other
+// processes read it and join.
+func TestEmbeddedServerRequiresToken(t *testing.T) {
+	t.Setenv(EnvRuntimeDir, filepath.Join(t.TempDir(), "rt"))
+	host := connect(t, Options{URL: "nats://127.0.0.1:0"})
+	_, port, _ := splitAddr(host.URL())
+	path, err := TokenFile("127.0.0.1", port)
+	require.NoError(t, err)
+	fi, err := os.Stat(path)
+	require.NoError(t, err)
+	assert.Equal(t, os.FileMode(0o600), fi.Mode().Perm())
+	di, err := os.Stat(filepath.Dir(path))
+	require.NoError(t, err)
+	assert.Equal(t, os.FileMode(0o700), di.Mode().Perm())
+
+	// A stranger (no token, a wrong token) cannot connect.
+	_, err = nats.Connect(host.URL(), nats.Timeout(2*time.Second))
+	assert.ErrorIs(t, err, nats.ErrAuthorization)
+	_, err = nats.Connect(host.URL(), nats.Token("guess"), nats.Timeout(2*time.Second))
+	assert.ErrorIs(t, err, nats.ErrAuthorization)
+
+	// The user's other processes join through the file.
+	other := connect(t, Options{URL: host.URL()})
+	roundTrip(t, host, other)
+}
+
+// Racing embedders agree on one token, and the token survives a takeover:
+// clients reconnect to the replacement with the same credentials.
+func TestTokenSharedByRacersAndTakeover(t *testing.T) {
+	t.Setenv(EnvRuntimeDir, filepath.Join(t.TempDir(), "rt"))
+	url := "nats://127.0.0.1:" + freePort(t)
+	first, err := Connect(context.Background(), Options{URL: url, EmbedIfAbsent: true, Logger: quiet})
+	require.NoError(t, err)
+	a := connect(t, Options{URL: url, EmbedIfAbsent: true})
+	b := connect(t, Options{URL: url})
+	old := first.Conn().ConnectedServerId()
+	first.Close()
+	require.Eventually(t, func() bool {
+		ida, idb := a.Conn().ConnectedServerId(), b.Conn().ConnectedServerId()
+		return a.Conn().IsConnected() && b.Conn().IsConnected() && ida == idb && ida != old
+	}, 5*time.Second, 5*time.Millisecond)
+	roundTrip(t, a, b)
+	_, err = nats.Connect(url, nats.Timeout(2*time.Second))
+	assert.ErrorIs(t, err, nats.ErrAuthorization, "the replacement requires the token too")
+}
+
+// NATS_TOKEN overrides the file on both sides.
+func TestTokenFromEnvironment(t *testing.T) {
+	t.Setenv(EnvRuntimeDir, filepath.Join(t.TempDir(), "rt"))
+	t.Setenv(EnvToken, "s3cret-token")
+	host := connect(t, Options{URL: "nats://127.0.0.1:0"})
+	nc, err := nats.Connect(host.URL(), nats.Token("s3cret-token"), nats.Timeout(2*time.Second))
+	require.NoError(t, err)
+	nc.Close()
+	other := connect(t, Options{URL: host.URL()})
+	roundTrip(t, host, other)
+}
+
+// A runtime directory that others can read is refused, not used.
+func TestInsecureRuntimeDirRefused(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "open")
+	require.NoError(t, os.Mkdir(dir, 0o755))
+	require.NoError(t, os.Chmod(dir, 0o755))
+	t.Setenv(EnvRuntimeDir, dir)
+	_, err := RuntimeDir()
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "open to other users")
+	_, err = Connect(context.Background(), Options{URL: "nats://127.0.0.1:0", Logger: quiet})
+	assert.Error(t, err)
+}
+
+// A wrong token is a clear error, not an 18 s wait.
+func TestWrongCredentialsFailFast(t *testing.T) {
+	t.Setenv(EnvRuntimeDir, filepath.Join(t.TempDir(), "rt"))
+	host := connect(t, Options{URL: "nats://127.0.0.1:0"})
+	start := time.Now()
+	_, err := Connect(context.Background(), Options{URL: host.URL(), Auth: Auth{Token: "wrong"}, Logger: quiet})
+	require.Error(t, err)
+	assert.ErrorIs(t, err, nats.ErrAuthorization)
+	assert.Contains(t, err.Error(), "refused our credentials")
+	assert.Less(t, time.Since(start), 3*time.Second)
+}

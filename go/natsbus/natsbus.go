@@ -275,15 +275,22 @@ func Connect(ctx context.Context, opts Options) (*Bus, error) {
 		}
 		// Another process holds the port: one that won a race with us, or
 		// one still starting that did not answer our first dial. Join it;
-		// the retries give a starting server time to answer.
+		// the retries give a starting server time to answer. (A first dial
+		// that timed out met a silent holder: see below.)
+		if attempt == 0 && isTimeout(err) {
+			return nil, fmt.Errorf("natsbus: %s is bound by another process that does not answer as a NATS server; stop it, or set %s to another address: %w", redact(raw), EnvURL, err)
+		}
 		if err = b.dialSingle(name); err == nil {
 			break
 		}
 		if errors.Is(err, nats.ErrAuthorization) {
 			return nil, fmt.Errorf("natsbus: the NATS server at %s refused our credentials (%s): %w", redact(raw), b.credentialsHint(), err)
 		}
-		if attempt+1 >= embedAttempts {
-			return nil, fmt.Errorf("natsbus: %s is bound by another process that does not answer as a NATS server: %w", redact(raw), err)
+		// A holder that accepted the connection but said nothing within
+		// the connect timeout is not a NATS server starting up (one
+		// answers within milliseconds of binding): fail now, with a hint.
+		if attempt+1 >= embedAttempts || isTimeout(err) {
+			return nil, fmt.Errorf("natsbus: %s is bound by another process that does not answer as a NATS server; stop it, or set %s to another address: %w", redact(raw), EnvURL, err)
 		}
 		select {
 		case <-ctx.Done():
@@ -346,6 +353,11 @@ func (b *Bus) credentialsHint() string {
 	}
 	p, _ := TokenFile(b.host, b.port)
 	return "the token in " + p + "; is the server another user's, or was the file replaced?"
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.Is(err, nats.ErrTimeout) || (errors.As(err, &ne) && ne.Timeout())
 }
 
 func envEmbed() bool {

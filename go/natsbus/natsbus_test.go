@@ -225,6 +225,39 @@ func TestPortHeldByNonNATSFails(t *testing.T) {
 	assert.Less(t, time.Since(start), 3*time.Second)
 }
 
+// A holder that accepts and never speaks (not a NATS server) costs one
+// connect timeout, not five, and the error says what to do.
+func TestPortHeldBySilentProcessFailsFast(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	var mu sync.Mutex
+	var conns []net.Conn
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+		}
+	})
+	defer func() {
+		l.Close()
+		wg.Wait()
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	start := time.Now()
+	_, err = Connect(context.Background(), Options{URL: "nats://" + l.Addr().String(), EmbedIfAbsent: true, Logger: quiet})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "set NATS_SERVER to another address")
+	assert.Less(t, time.Since(start), connectTimeout+time.Second)
+}
+
 func TestConnectContextCancelled(t *testing.T) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)

@@ -1,34 +1,90 @@
-"""The build backend produces an abi3 platform wheel with the library inside."""
+"""Packaging: hatchling plus build.py's hook make an abi3 manylinux wheel with the
+library inside, from the repository and from the sdist."""
 
 from __future__ import annotations
 
-import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
 import zipfile
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
+WHEEL_LIMIT = 12 << 20  # a stripped library compresses to ~7.5 MB
 
 
-def load_backend():
-    spec = importlib.util.spec_from_file_location("dynamo_ctx_build_backend", ROOT / "build.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+def _hatchling():
+    return pytest.importorskip("hatchling.build")
 
 
-def test_wheel_is_abi3_platform_wheel(tmp_path):
-    backend = load_backend()
-    name = backend.build_wheel(str(tmp_path))
-    assert name.startswith("dynamo_ctx-0.1.0-cp39-abi3-")
-    assert not name.endswith("none-any.whl")
-    with zipfile.ZipFile(tmp_path / name) as zf:
+@pytest.fixture(scope="module")
+def wheel_from_sdist(tmp_path_factory):
+    """An sdist of the repository, and a wheel built from that sdist alone."""
+    hb = _hatchling()
+    out = tmp_path_factory.mktemp("dist")
+    cwd = os.getcwd()
+    try:
+        os.chdir(ROOT)
+        sdist = out / hb.build_sdist(str(out))
+        with tarfile.open(sdist) as tf:
+            tf.extractall(out / "src", filter="data") if sys.version_info >= (3, 12) else tf.extractall(out / "src")
+        (src,) = (out / "src").iterdir()
+        os.chdir(src)
+        wheel = out / hb.build_wheel(str(out))
+    finally:
+        os.chdir(cwd)
+    return sdist, wheel
+
+
+def test_sdist_has_sources_not_build_products(wheel_from_sdist):
+    sdist, _ = wheel_from_sdist
+    with tarfile.open(sdist) as tf:
+        names = [n.split("/", 1)[1] for n in tf.getnames() if "/" in n]
+    for needed in ("build.py", "go.mod", "go.sum", "go/native/main.go", "go/native/pymodule.c", "python/dynamo_ctx/__init__.py", "LICENSE", "README.md"):
+        assert needed in names
+    assert not [n for n in names if n.endswith(".so")]
+
+
+def test_wheel_is_abi3_manylinux(wheel_from_sdist):
+    _, wheel = wheel_from_sdist
+    assert re.fullmatch(r"dynamo_ctx-0\.1\.0-cp39-abi3-manylinux_2_\d+_x86_64\.whl", wheel.name), wheel.name
+    assert wheel.stat().st_size < WHEEL_LIMIT
+    with zipfile.ZipFile(wheel) as zf:
         names = set(zf.namelist())
+        meta = zf.read("dynamo_ctx-0.1.0.dist-info/METADATA").decode()
         wheel_meta = zf.read("dynamo_ctx-0.1.0.dist-info/WHEEL").decode()
-    assert "dynamo_ctx/_native.abi3.so" in names
-    assert "dynamo_ctx/py.typed" in names
-    assert "dynamo_ctx/_native.pyi" in names
+    for needed in ("dynamo_ctx/_native.abi3.so", "dynamo_ctx/include/dynamo_ctx.h", "dynamo_ctx/py.typed", "dynamo_ctx/_native.pyi", "dynamo_ctx-0.1.0.dist-info/licenses/LICENSE"):
+        assert needed in names
+    version = re.search(r"^Metadata-Version: (\d+)\.(\d+)$", meta, re.M)
+    assert version and (int(version[1]), int(version[2])) >= (2, 4)
+    assert "License-Expression: Apache-2.0" in meta
+    assert "Provides-Extra: demo" in meta
     assert "Root-Is-Purelib: false" in wheel_meta
-    assert "Tag: cp39-abi3-" in wheel_meta
+
+
+def test_auditwheel_agrees(wheel_from_sdist):
+    _, wheel = wheel_from_sdist
+    if shutil.which("auditwheel") is None and not (Path(sys.executable).parent / "auditwheel").exists():
+        pytest.skip("auditwheel not installed")
+    exe = shutil.which("auditwheel") or str(Path(sys.executable).parent / "auditwheel")
+    out = subprocess.run([exe, "show", str(wheel)], capture_output=True, text=True, check=True).stdout
+    tag = re.search(r"manylinux_2_\d+_x86_64", wheel.name)[0]
+    assert f'consistent\nwith the following platform tag: "{tag}"' in out or f'with the following platform tag: "{tag}"' in out, out
+
+
+def test_library_is_stripped():
+    import dynamo_ctx
+
+    lib = Path(dynamo_ctx.__file__).parent / "_native.abi3.so"
+    if shutil.which("readelf") is None:
+        pytest.skip("readelf not available")
+    sections = subprocess.run(["readelf", "-S", "-W", str(lib)], capture_output=True, text=True, check=True).stdout
+    assert ".symtab" not in sections and ".debug_info" not in sections
 
 
 def test_library_is_the_extension_module():
@@ -43,11 +99,7 @@ def test_library_is_the_extension_module():
 
 def test_python_symbols_are_weak():
     """The library must load without an interpreter: no strong Python symbol."""
-    import shutil
-    import subprocess
-
     import dynamo_ctx
-    import pytest
 
     if shutil.which("nm") is None:
         pytest.skip("nm not available")

@@ -29,6 +29,9 @@ enum {
 // Context states, as found in bits 0-7 of a state word.
 enum { DC_LIVE = 0, DC_STOPPED = 1, DC_KILLED = 2 };
 
+// The longest context id, in bytes of UTF-8.
+enum { DC_MAX_ID_LEN = 4096 };
+
 // Cancellation reasons, as found in bits 8-15 of a state word.
 enum {
 	DC_REASON_NONE = 0,
@@ -65,7 +68,7 @@ const (
 	kindContext handle.Kind = 1
 	kindQueue   handle.Kind = 2
 
-	maxIDLen = 4096
+	maxIDLen = C.DC_MAX_ID_LEN
 	version  = "0.1.0"
 )
 

@@ -16,6 +16,7 @@
 #define Py_LIMITED_API 0x03090000
 #include <Python.h>
 #include <pthread.h>
+#include <string.h>
 #include <unistd.h>
 #include "_cgo_export.h"
 
@@ -50,6 +51,7 @@
 #pragma weak PyModule_Create2
 #pragma weak PyObject_IsInstance
 #pragma weak PyObject_IsSubclass
+#pragma weak PyTuple_Size
 #pragma weak PyType_FromSpec
 #pragma weak PyType_GetFlags
 #pragma weak PyType_GetSlot
@@ -109,14 +111,61 @@ static PyObject* raise_rc(int rc) {
 
 // ---------------------------------------------------------------- Context
 
+// A Context made in Python has no Go side until something needs one: a link,
+// a child, an await, a request sent with it, its handle. Until then its state
+// lives in inline_word (same encoding as the library's state word: state,
+// reason << 8, cause << 16) and its id in id (NULL: a uuid not drawn yet), so
+// creating and dropping a context never enters Go. Materializing creates the
+// Go context with that id and state and points word at the library's word.
+// Everything here runs with the GIL held, so no cancel can slip between
+// reading inline_word and switching word.
 typedef struct {
     PyObject_HEAD
-    uint64_t handle;         // 0 once released
-    const uint32_t* word;    // state word, owned by the library, valid while handle is
-    PyObject* id;            // cached str, or NULL
+    uint64_t handle;         // 0 while there is no Go side (or once released)
+    const uint32_t* word;    // &inline_word, or the library's state word while handle is valid
+    PyObject* id;            // str; NULL for a uuid not drawn yet, or an id not fetched yet
+    uint32_t inline_word;    // the state while there is no Go side
 } ContextObject;
 
 static PyTypeObject* ContextType; // set at module init; the module keeps it alive
+
+// Gives the context its Go side if it has none. -1 with an exception set on failure.
+static int materialize(ContextObject* self) {
+    if (self->handle != 0) return 0;
+    if (check_fork() < 0) return -1;
+    uint64_t h = 0;
+    int rc;
+    if (self->id == NULL) {
+        rc = dc_context_new_uuid(&h);
+    } else {
+        PyObject* b = PyUnicode_AsUTF8String(self->id);
+        if (b == NULL) return -1;
+        char* s;
+        Py_ssize_t n;
+        if (PyBytes_AsStringAndSize(b, &s, &n) < 0) {
+            Py_DECREF(b);
+            return -1;
+        }
+        rc = dc_context_new(s, (size_t)n, &h);
+        Py_DECREF(b);
+    }
+    if (rc != DC_OK) {
+        raise_rc(rc);
+        return -1;
+    }
+    uint32_t w = self->inline_word;
+    if ((w & 0xff) != DC_LIVE) rc = dc_context_cancel(h, w & 0xff, (w >> 8) & 0xff);
+    const uint32_t* word = NULL;
+    if (rc == DC_OK) rc = dc_context_state_word(h, (uint32_t**)&word);
+    if (rc != DC_OK) {
+        dc_context_free(h);
+        raise_rc(rc);
+        return -1;
+    }
+    self->handle = h;
+    self->word = word;
+    return 0;
+}
 
 static PyObject* context_wrap(PyTypeObject* tp, uint64_t h) {
     const uint32_t* word = NULL;
@@ -134,6 +183,7 @@ static PyObject* context_wrap(PyTypeObject* tp, uint64_t h) {
     self->handle = h;
     self->word = word;
     self->id = NULL;
+    self->inline_word = 0;
     return (PyObject*)self;
 }
 
@@ -143,33 +193,49 @@ static int context_check(PyObject* o) {
     return r == 1 ? 0 : -1;
 }
 
+// An id the library accepts: 1 to DC_MAX_ID_LEN bytes of UTF-8, no NUL (the
+// same rule dc_context_new applies; checked here because the Go side is made
+// later). Returns 0, or -1 with ValueError/UnicodeEncodeError set.
+static int check_id(PyObject* id) {
+    PyObject* b = PyUnicode_AsUTF8String(id); // surrogates raise UnicodeEncodeError
+    if (b == NULL) return -1;
+    char* s;
+    Py_ssize_t n;
+    int ok = PyBytes_AsStringAndSize(b, &s, &n) == 0;
+    if (ok && (n == 0 || n > DC_MAX_ID_LEN)) {
+        PyErr_Format(PyExc_ValueError, "Context id must be 1 to %d bytes of UTF-8, got %zd", DC_MAX_ID_LEN, n);
+        ok = 0;
+    } else if (ok && memchr(s, 0, (size_t)n) != NULL) {
+        PyErr_SetString(PyExc_ValueError, "Context id contains a NUL character");
+        ok = 0;
+    }
+    Py_DECREF(b);
+    return ok ? 0 : -1;
+}
+
 static PyObject* context_new(PyTypeObject* tp, PyObject* args, PyObject* kwds) {
     static char* kwlist[] = {"id", NULL};
     PyObject* id = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|O:Context", kwlist, &id)) return NULL;
+    if (kwds != NULL || PyTuple_Size(args) != 0) {
+        if (!PyArg_ParseTupleAndKeywords(args, kwds, "|O:Context", kwlist, &id)) return NULL;
+    }
     if (check_fork() < 0) return NULL;
-    uint64_t h = 0;
-    int rc;
-    if (id == Py_None) {
-        rc = dc_context_new_uuid(&h);
-    } else {
+    if (id != Py_None) {
         if (!PyUnicode_Check(id)) {
             PyErr_SetString(PyExc_TypeError, "Context id must be a str or None");
             return NULL;
         }
-        PyObject* b = PyUnicode_AsUTF8String(id); // surrogates raise UnicodeEncodeError
-        if (b == NULL) return NULL;
-        char* s;
-        Py_ssize_t n;
-        if (PyBytes_AsStringAndSize(b, &s, &n) < 0) {
-            Py_DECREF(b);
-            return NULL;
-        }
-        rc = dc_context_new(s, (size_t)n, &h);
-        Py_DECREF(b);
+        if (check_id(id) < 0) return NULL;
     }
-    if (rc != DC_OK) return raise_rc(rc);
-    return context_wrap(tp, h);
+    allocfunc alloc = (allocfunc)PyType_GetSlot(tp, Py_tp_alloc);
+    ContextObject* self = (ContextObject*)alloc(tp, 0);
+    if (self == NULL) return NULL;
+    self->handle = 0;
+    self->inline_word = 0;
+    self->word = &self->inline_word;
+    if (id != Py_None) Py_INCREF(id);
+    self->id = id == Py_None ? NULL : id;
+    return (PyObject*)self;
 }
 
 static void context_dealloc(PyObject* o) {
@@ -209,6 +275,7 @@ static PyObject* context_state_word(PyObject* o, PyObject* unused) {
 static PyObject* context_id(PyObject* o, PyObject* unused) {
     ContextObject* self = (ContextObject*)o;
     if (self->id == NULL) {
+        if (materialize(self) < 0) return NULL; // draws the uuid
         if (check_fork() < 0) return NULL;
         char small[128];
         size_t n = 0;
@@ -232,6 +299,7 @@ static PyObject* context_id(PyObject* o, PyObject* unused) {
 }
 
 static PyObject* context_handle(PyObject* o, PyObject* unused) {
+    if (materialize((ContextObject*)o) < 0) return NULL;
     return PyLong_FromUnsignedLongLong(((ContextObject*)o)->handle);
 }
 
@@ -244,6 +312,23 @@ static PyObject* context_handle(PyObject* o, PyObject* unused) {
     } while (0)
 
 static PyObject* context_cancel_with(PyObject* o, uint32_t state, uint32_t reason) {
+    ContextObject* self = (ContextObject*)o;
+    if (self->handle == 0) {
+        // No Go side: nothing links to it, nothing awaits it. The word moves
+        // forward only (a stop after a kill changes nothing), with the same
+        // encoding the library uses (the cause of a direct cancel is its reason).
+        if (state != DC_STOPPED && state != DC_KILLED) {
+            PyErr_Format(PyExc_ValueError, "state must be STOPPED or KILLED, got %u", state);
+            return NULL;
+        }
+        if (reason == DC_REASON_NONE || reason > DC_REASON_SHUTDOWN) {
+            PyErr_Format(PyExc_ValueError, "unknown reason %u", reason);
+            return NULL;
+        }
+        if ((self->inline_word & 0xff) < state)
+            __atomic_store_n(&self->inline_word, state | (reason << 8) | (reason << 16), __ATOMIC_RELEASE);
+        Py_RETURN_NONE;
+    }
     if (check_fork() < 0) return NULL;
     int rc;
     CALL_RELEASED(rc, dc_context_cancel(((ContextObject*)o)->handle, state, reason));
@@ -267,7 +352,7 @@ static PyObject* context_cancel(PyObject* o, PyObject* args) {
 
 static PyObject* context_link_child(PyObject* o, PyObject* child) {
     if (context_check(child) < 0) return NULL;
-    if (check_fork() < 0) return NULL;
+    if (materialize((ContextObject*)o) < 0 || materialize((ContextObject*)child) < 0) return NULL;
     int rc;
     CALL_RELEASED(rc, dc_context_link_child(((ContextObject*)o)->handle, ((ContextObject*)child)->handle));
     if (rc != DC_OK) return raise_rc(rc);
@@ -275,7 +360,7 @@ static PyObject* context_link_child(PyObject* o, PyObject* child) {
 }
 
 static PyObject* context_child(PyObject* o, PyObject* unused) {
-    if (check_fork() < 0) return NULL;
+    if (materialize((ContextObject*)o) < 0) return NULL;
     uint64_t h = 0;
     int rc;
     CALL_RELEASED(rc, dc_context_child(((ContextObject*)o)->handle, &h));
@@ -374,7 +459,7 @@ static PyObject* mod_watch(PyObject* m, PyObject* args) {
     unsigned int state;
     if (!PyArg_ParseTuple(args, "OKIK:watch", &ctx, &q, &state, &token)) return NULL;
     if (context_check(ctx) < 0) return NULL;
-    if (check_fork() < 0) return NULL;
+    if (materialize((ContextObject*)ctx) < 0) return NULL;
     int rc;
     CALL_RELEASED(rc, dc_context_watch(((ContextObject*)ctx)->handle, q, state, token));
     if (rc != DC_OK) return raise_rc(rc);
@@ -688,6 +773,7 @@ static PyObject* mod_client_generate(PyObject* m, PyObject* args) {
     uint64_t ctx_h = 0;
     if (ctx != Py_None) {
         if (context_check(ctx) < 0) return NULL;
+        if (materialize((ContextObject*)ctx) < 0) return NULL;
         ctx_h = ((ContextObject*)ctx)->handle;
     }
     if (check_fork() < 0) return NULL;

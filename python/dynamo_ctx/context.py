@@ -72,11 +72,17 @@ class Context:
     __slots__ = ()
 
     def __new__(cls, id: Optional[str] = None) -> "Context":  # noqa: A002 - SPEC name
-        """Create a live root context with the given id, or a new uuid4 id."""
-        return _real_class(cls)(id)
+        """Create a live root context with the given id, or a new uuid4 id.
 
-    def __init__(self, id: Optional[str] = None) -> None:  # noqa: A002
-        pass
+        Cheap: the native object is all there is until the context is linked,
+        awaited or sent with a request (and a uuid is drawn only when asked for).
+        """
+        real = _real_classes.get(cls) or _real_class(cls)
+        return real() if id is None else real(id)
+
+    # No __init__: the native __new__ did everything, and a Python __init__
+    # would run twice per Context() (once for the real class, once because
+    # the object is also an instance of cls), each a Python call.
 
     # The synchronous methods below are implemented in C by the native base,
     # which comes first in the real class's MRO; these bodies only carry the

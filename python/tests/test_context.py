@@ -153,6 +153,7 @@ def test_link_child_type_checked():
 
 def test_dropped_children_are_released():
     parent = Context()
+    parent._handle()  # its Go side (a Context() alone has none until it is needed)
     base = counts()
     kids = [parent.child() for _ in range(1000)]
     assert counts()["contexts"] == base["contexts"] + 1000
@@ -400,3 +401,49 @@ def test_go_panic_is_an_exception_and_logged(caplog):
             assert all(r.name == "dynamo_ctx" for r in caplog.records if "panic" in r.getMessage())
     finally:
         set_native_log_level(logging.WARNING)
+
+
+def test_plain_context_needs_no_go_side():
+    """Creating, polling, cancelling and dropping a context never enters Go."""
+    base = counts()
+    ctxs = [Context(id=f"r{i}") for i in range(100)] + [Context() for _ in range(100)]
+    for c in ctxs[::2]:
+        c.stop_generating()
+    for c in ctxs[::3]:
+        c.kill()
+    assert counts() == base
+    assert [c.is_killed() for c in ctxs] == [i % 3 == 0 for i in range(200)]
+    assert [c.is_stopped() for c in ctxs] == [i % 2 == 0 or i % 3 == 0 for i in range(200)]
+    assert ctxs[0].reason() == "kill" and ctxs[2].reason() == "stop_generating" and ctxs[1].reason() is None
+    ctxs[2].kill()
+    assert ctxs[2].reason() == "kill"
+    ctxs[0].stop_generating()  # never backwards
+    assert ctxs[0].reason() == "kill"
+    del ctxs, c
+    assert counts() == base
+
+
+def test_lazy_context_keeps_its_state_and_id_when_materialized():
+    """The Go side, made when first needed, starts from what the context already is."""
+    for cancel, state in ((None, None), ("stop_generating", "stop_generating"), ("kill", "kill")):
+        c = Context(id="lazy-1")
+        if cancel:
+            getattr(c, cancel)()
+        child = c.child()  # needs the Go side
+        assert child.id() == "lazy-1"
+        assert child.reason() == (None if state is None else "parent")
+        assert c.reason() == state
+        c.kill()
+        assert child.is_killed()
+    u = Context()
+    first = u.id()
+    assert first == u.id() and len(first) == 36
+    assert u.child().id() == first
+
+
+def test_invalid_ids_still_rejected_at_creation():
+    for bad in ("", "a\x00b", "x" * 5000, "\ud800"):
+        with pytest.raises((ValueError, UnicodeEncodeError)):
+            Context(id=bad)
+    with pytest.raises(TypeError):
+        Context(id=42)

@@ -6,3 +6,14 @@ from pathlib import Path
 _PY = Path(__file__).resolve().parents[1]
 if str(_PY) not in sys.path:
     sys.path.insert(0, str(_PY))
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def nats_server_bin():
+    """A nats-server binary built from go.mod's module (see natsserver.py)."""
+    from natsserver import nats_server_binary
+
+    return nats_server_binary()

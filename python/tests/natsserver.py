@@ -1,0 +1,161 @@
+"""Real nats-server processes for tests: one server or a cluster on loopback.
+
+The binary is built once from the nats-server module already in go.mod (the
+same version the library embeds) into ``build/nats-server`` at the repository
+root; nothing is installed. Every server listens on ephemeral loopback ports
+picked here, so suites and demos run side by side.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import List, Optional, Sequence
+
+ROOT = Path(__file__).resolve().parents[2]
+_BIN = ROOT / "build" / "nats-server"
+_MODULE = "github.com/nats-io/nats-server/v2"
+
+
+def _go() -> str:
+    go = shutil.which("go") or "/usr/local/go/bin/go"
+    if not Path(go).exists():
+        raise RuntimeError("go is needed to build nats-server for this test")
+    return go
+
+
+def nats_server_binary() -> Path:
+    """The path of a nats-server binary built from go.mod's module (built on first use)."""
+    if _BIN.exists() and _BIN.stat().st_mtime >= (ROOT / "go.mod").stat().st_mtime:
+        return _BIN
+    _BIN.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _BIN.with_name(f".nats-server.{os.getpid()}")
+    subprocess.run([_go(), "build", "-o", str(tmp), _MODULE], cwd=ROOT, check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=600)
+    os.replace(tmp, _BIN)
+    return _BIN
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_listening(port: int, proc: subprocess.Popen, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"nats-server exited with {proc.returncode}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.02)
+    raise TimeoutError(f"nats-server did not listen on {port} within {timeout} s")
+
+
+class NatsServer:
+    """One nats-server process; ``extra`` are further command-line arguments.
+
+    ``config`` is the text of a configuration file (for auth and TLS blocks);
+    ``url`` is what clients use (``nats://`` or ``tls://`` as ``scheme`` says).
+    """
+
+    def __init__(self, extra: Sequence[str] = (), config: Optional[str] = None,
+                 scheme: str = "nats", name: str = "n", cluster_port: Optional[int] = None,
+                 routes: Sequence[int] = (), cluster_name: str = "dc-test",
+                 port: Optional[int] = None) -> None:
+        self.port = port or free_port()
+        self.cluster_port = cluster_port
+        self.name = name
+        self.scheme = scheme
+        self._dir = tempfile.mkdtemp(prefix="dc-nats-")
+        args: List[str] = [str(nats_server_binary()), "-a", "127.0.0.1", "-p", str(self.port),
+                           "-n", name]
+        if config is not None:
+            conf = Path(self._dir) / "server.conf"
+            conf.write_text(config)
+            args += ["-c", str(conf)]
+        if cluster_port is not None:
+            args += ["--cluster_name", cluster_name, "--cluster", f"nats://127.0.0.1:{cluster_port}"]
+            if routes:
+                args += ["--routes", ",".join(f"nats://127.0.0.1:{p}" for p in routes)]
+        self.monitor_port = free_port()
+        args += ["-m", str(self.monitor_port)] + list(extra)
+        self.args = args
+        self.proc: Optional[subprocess.Popen] = None
+
+    def routes(self) -> int:
+        """How many other nodes this node has routes to (0 when its monitor does not answer)."""
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.monitor_port}/routez", timeout=2) as r:
+                routes = json.load(r).get("routes") or []
+                return len({rt.get("remote_id") for rt in routes})
+        except (OSError, ValueError):
+            return 0
+
+    @property
+    def url(self) -> str:
+        return f"{self.scheme}://127.0.0.1:{self.port}"
+
+    def start(self) -> "NatsServer":
+        self.proc = subprocess.Popen(self.args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL, start_new_session=True)
+        _wait_listening(self.port, self.proc)
+        return self
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+
+class NatsCluster:
+    """``n`` nats-server processes routed into one cluster on loopback."""
+
+    def __init__(self, n: int = 3, extra: Sequence[str] = ()) -> None:
+        cports = [free_port() for _ in range(n)]
+        self.nodes = [NatsServer(extra=extra, name=f"node{i}", cluster_port=cports[i],
+                                 routes=[p for j, p in enumerate(cports) if j != i])
+                      for i in range(n)]
+
+    def start(self, timeout: float = 20.0) -> "NatsCluster":
+        for node in self.nodes:
+            node.start()
+        self._wait_routed(timeout)
+        return self
+
+    def _wait_routed(self, timeout: float) -> None:
+        """Until every node reports routes to all the others (its /routez)."""
+        deadline = time.monotonic() + timeout
+        want = len(self.nodes) - 1
+        for node in self.nodes:
+            while node.routes() < want:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{node.name} has {node.routes()} of {want} routes")
+                time.sleep(0.05)
+
+    def urls(self) -> List[str]:
+        return [n.url for n in self.nodes]
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()

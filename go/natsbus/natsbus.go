@@ -312,7 +312,7 @@ func (b *Bus) dialSingle(name string) error {
 		if err = b.loadServerAuth(); err != nil {
 			return err
 		}
-		if err = b.dial(name); !errors.Is(err, nats.ErrAuthorization) || b.auth.explicit() {
+		if err = b.dial(name); !errors.Is(err, nats.ErrAuthorization) || b.auth.explicit() || !b.takeover || urlHasUser(b.url) {
 			return err
 		}
 		time.Sleep(time.Duration(i+1) * 20 * time.Millisecond)
@@ -335,7 +335,9 @@ func (b *Bus) loadServerAuth() error {
 		b.srvAuth = serverAuth{user: b.auth.User, password: b.auth.Password}
 	case b.auth.Token != "":
 		b.srvAuth = serverAuth{token: b.auth.Token}
-	case b.auth.explicit():
+	case b.auth.explicit(), !b.takeover, urlHasUser(b.url):
+		// The user's own credentials (nats.go reads those of the URL), or
+		// an address that can only be an external server: no token file.
 		b.srvAuth = serverAuth{}
 	default:
 		tok, err := readToken(b.host, b.port)
@@ -348,11 +350,25 @@ func (b *Bus) loadServerAuth() error {
 }
 
 func (b *Bus) credentialsHint() string {
-	if b.auth.explicit() {
+	if b.auth.explicit() || urlHasUser(b.url) {
 		return "the credentials given by NATS_* variables or the URL"
 	}
-	p, _ := TokenFile(b.host, b.port)
-	return "the token in " + p + "; is the server another user's, or was the file replaced?"
+	if b.srvAuth.token != "" {
+		p, _ := TokenFile(b.host, b.port)
+		return "the token in " + p + "; is the server another user's, or was the file replaced?"
+	}
+	return "none were given: put them in the URL or set NATS_USER and NATS_PASSWORD, NATS_TOKEN, NATS_CREDS or NATS_NKEY"
+}
+
+// urlHasUser reports whether a server URL carries credentials (user,
+// user:password or a token) in its user part.
+func urlHasUser(raw string) bool {
+	for _, one := range strings.Split(raw, ",") {
+		if u, err := url.Parse(strings.TrimSpace(one)); err == nil && u.User != nil {
+			return true
+		}
+	}
+	return false
 }
 
 func isTimeout(err error) bool {

@@ -17,11 +17,12 @@ import (
 // Anyone who can reach the stream port can connect. Before a connection has
 // shown a valid token it costs O(1) memory and a bounded time.
 
+// heapInUse is the Go heap plus goroutine stacks in use.
 func heapInUse() uint64 {
 	runtime.GC()
 	var m runtime.MemStats
 	runtime.ReadMemStats(&m)
-	return m.HeapInuse
+	return m.HeapInuse + m.StackInuse
 }
 
 // A Hello that announces 16 MiB is refused from its header: 100 of them
@@ -94,4 +95,34 @@ func TestSilentConnectionsBounded(t *testing.T) {
 	_, err := recvAll(t, in)
 	assert.Equal(t, "EOF", err.Error())
 	waitClosed(t, o.Done(), "Done")
+}
+
+// Half-open connections (a Hello header announcing a token, then nothing)
+// hold O(1) memory each while they wait for the connect timeout, and are
+// released by it.
+func TestHalfOpenHellosHoldLittle(t *testing.T) {
+	s := listen(t, WithConnectTimeout(2*time.Second))
+	before := heapInUse()
+	conns := make([]net.Conn, 100)
+	for i := range conns {
+		c, err := net.Dial("tcp", s.Addr().String())
+		require.NoError(t, err)
+		defer c.Close()
+		var hdr [frame.HeaderSize]byte
+		hdr[0] = byte(frame.Hello)
+		binary.BigEndian.PutUint32(hdr[1:], 32)
+		_, err = c.Write(append(hdr[:], "half"...)) // 4 of the 32 bytes announced
+		require.NoError(t, err)
+		conns[i] = c
+	}
+	time.Sleep(200 * time.Millisecond) // every connection accepted and waiting
+	grew := int64(heapInUse()) - int64(before)
+	t.Logf("heap and stacks held by 100 half-open stream connections: %d bytes (%d per connection)", grew, grew/100)
+	assert.Less(t, grew, int64(4<<20))
+	for i, c := range conns {
+		_ = c.SetReadDeadline(time.Now().Add(waitFor))
+		_, err := c.Read(make([]byte, 1))
+		require.Error(t, err, "conn %d", i)
+		require.NotErrorIs(t, err, os.ErrDeadlineExceeded, "conn %d released by the server's deadline", i)
+	}
 }

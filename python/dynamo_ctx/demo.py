@@ -1,7 +1,9 @@
 """The end-to-end demo: ``python -m dynamo_ctx.demo`` (``make demo``).
 
-Starts the embedded stack on this machine (NATS inside the first process, an
-OpenAI-compatible frontend, a prefill and a decode mock worker), sends requests
+Starts the embedded stack on this machine (NATS inside the first process, on a
+free port of 127.0.0.1 unless ``NATS_SERVER`` names one; an OpenAI-compatible
+frontend, a prefill and a decode mock worker, all in a namespace of their own,
+so two demos run side by side), sends requests
 through the OpenAI API, cancels some of them at different phases the way real
 clients do (timeouts, closing a stream), and prints for each request the phase
 it was cancelled in, the time from the client's disconnect to the worker's
@@ -22,6 +24,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from pathlib import Path
 from typing import Dict, List, Optional
 
@@ -115,19 +118,24 @@ def main() -> int:
 
     from dynamo_ctx import DistributedRuntime
 
-    # This process joins NATS at the default address, hosting it if nothing
-    # answers there: the workers and the frontend started below join it.
-    runtime = DistributedRuntime()
-    print(f"NATS at {runtime.nats_url} (embedded default)")
+    # This process hosts NATS on a free port (or joins NATS_SERVER's); the
+    # workers and the frontend started below get the address it really uses.
+    given = os.environ.get("NATS_SERVER")
+    runtime = DistributedRuntime(nats_url=given or "nats://127.0.0.1:0")
+    print(f"NATS at {runtime.nats_url} ({'NATS_SERVER' if given else 'embedded here'})")
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    env.pop("NATS_SERVER", None)
+    env["NATS_SERVER"] = runtime.nats_url
+    run = uuid.uuid4().hex[:8]
+    namespace = f"demo-{run}"
     http_port, prefill_port, decode_port = free_port(), free_port(), free_port()
+    common = ["--model", MODEL, "--namespace", namespace]
     procs = [
-        Proc("prefill", ["dynamo_ctx.worker", "--mode", "prefill", "--model", MODEL, "--metrics-port", str(prefill_port),
+        Proc("prefill", ["dynamo_ctx.worker", "--mode", "prefill", *common, "--metrics-port", str(prefill_port),
                          "--prefill-time-per-token", "0.002"], env),
-        Proc("decode", ["dynamo_ctx.worker", "--mode", "decode", "--model", MODEL, "--metrics-port", str(decode_port),
+        Proc("decode", ["dynamo_ctx.worker", "--mode", "decode", *common, "--metrics-port", str(decode_port),
                         "--decode-time-per-token", "0.01"], env),
-        Proc("frontend", ["dynamo_ctx.frontend", "--http-port", str(http_port), "--http-host", "127.0.0.1"], env),
+        Proc("frontend", ["dynamo_ctx.frontend", "--http-port", str(http_port), "--http-host", "127.0.0.1",
+                          "--namespace", namespace], env),
     ]
     prefill, decode, frontend = procs
     rows = []
@@ -137,7 +145,7 @@ def main() -> int:
         decode.wait_log(r"serving \S+ as instance")
         frontend.wait_log(r"frontend listening")
         wait_until(lambda: MODEL in http_get(http_port, "/v1/models"), "the model to be listed")
-        print(f"frontend on http://127.0.0.1:{http_port}, model {MODEL!r}: prefill worker + decode worker\n")
+        print(f"frontend on http://127.0.0.1:{http_port}, namespace {namespace}, model {MODEL!r}: prefill worker + decode worker\n")
         base = f"http://127.0.0.1:{http_port}/v1"
 
         def before() -> Dict[str, Dict[str, float]]:
@@ -166,7 +174,7 @@ def main() -> int:
 
         # 1. A request that completes.
         t0 = time.perf_counter()
-        r = client.completions.create(model=MODEL, prompt="Hello, world", max_tokens=20, extra_headers={"x-request-id": "demo-complete"})
+        r = client.completions.create(model=MODEL, prompt="Hello, world", max_tokens=20, extra_headers={"x-request-id": f"demo-complete-{run}"})
         print(f"demo-complete: {r.usage.completion_tokens} tokens in {time.perf_counter() - t0:.2f} s, not cancelled\n")
 
         # 2. Client timeout during prefill: a 3000-token prompt takes ~6 s to prefill.
@@ -177,7 +185,7 @@ def main() -> int:
             except APITimeoutError:
                 pass
 
-        cancelled("demo-prefill-timeout", "prefill", timeout_in_prefill)
+        cancelled(f"demo-prefill-timeout-{run}", "prefill", timeout_in_prefill)
 
         # 3. Client timeout during decode (non-streaming chat, 1000 tokens at 10 ms each).
         def timeout_in_decode(rid: str) -> None:
@@ -188,7 +196,7 @@ def main() -> int:
             except APITimeoutError:
                 pass
 
-        cancelled("demo-decode-timeout", "decode", timeout_in_decode)
+        cancelled(f"demo-decode-timeout-{run}", "decode", timeout_in_decode)
 
         # 4. A streaming chat the client closes after 5 chunks.
         def close_stream(rid: str) -> None:
@@ -199,7 +207,7 @@ def main() -> int:
                     break
             stream.close()
 
-        cancelled("demo-stream-closed", "decode", close_stream)
+        cancelled(f"demo-stream-closed-{run}", "decode", close_stream)
     finally:
         for p in reversed(procs):
             p.stop()

@@ -93,9 +93,8 @@ def run(disagg: bool, env) -> list:
 
 
 def main() -> None:
-    rt = DistributedRuntime()  # hosts (or joins) NATS at the default address for the children
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
-    env.pop("NATS_SERVER", None)
+    rt = DistributedRuntime(nats_url="nats://127.0.0.1:0")  # hosts NATS on a free port for the children
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]), NATS_SERVER=rt.nats_url)
     try:
         for name, disagg in (("aggregated, cancelled in decode", False), ("disaggregated, cancelled in prefill (remote prefill abort)", True)):
             ms = [x * 1000 for x in run(disagg, env)]

@@ -141,53 +141,84 @@ async def _collect(stream):
     return [x async for x in stream]
 
 
+_DEFAULT_SCRIPT = (
+    "import asyncio, sys\n"
+    "from dynamo_ctx import DistributedRuntime\n"
+    "async def handler(request):\n"
+    "    yield 'hello from the embedded default'\n"
+    "async def main():\n"
+    "    rt = DistributedRuntime()\n"
+    "    print(rt.nats_url, flush=True)\n"
+    "    ep = rt.endpoint('embedded.default.generate')\n"
+    "    if sys.argv[1] == 'serve':\n"
+    "        t = asyncio.ensure_future(ep.serve_endpoint(handler))\n"
+    "        await ep.serving()\n"
+    "        print('serving', flush=True)\n"
+    "        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)\n"
+    "        rt.shutdown(); await t\n"
+    "    else:\n"
+    "        c = await ep.client(); await c.wait_for_instances()\n"
+    "        print([x.data() async for x in await c.generate({})][0], flush=True)\n"
+    "        rt.shutdown()\n"
+    "asyncio.run(main())\n"
+)
+
+# Runs in its own process: the first child hosts NATS at the default address,
+# the second joins it. Exit status 0 when both saw what they should.
+_DEFAULT_DRIVER = """
+import subprocess, sys
+script = sys.argv[1]
+server = subprocess.Popen([sys.executable, "-c", script, "serve"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+try:
+    url = server.stdout.readline().strip()
+    assert url == "nats://127.0.0.1:4222", url
+    assert server.stdout.readline().strip() == "serving"
+    out = subprocess.run([sys.executable, "-c", script, "call"], stdout=subprocess.PIPE, text=True, timeout=60)
+    assert out.returncode == 0
+    assert out.stdout.split("\\n")[:2] == ["nats://127.0.0.1:4222", "hello from the embedded default"], out.stdout
+    server.stdin.write("\\n"); server.stdin.flush()
+    assert server.wait(60) == 0
+    print("ok")
+finally:
+    if server.poll() is None:
+        server.kill()
+"""
+
+
+def _private_network() -> list:
+    """A command prefix running its argument in a network namespace of its own
+    (so the default address 4222 is this test's alone), or [] when the machine
+    does not allow one."""
+    import shutil
+    import subprocess
+
+    if shutil.which("unshare") is None or shutil.which("ip") is None:
+        return []
+    prefix = ["unshare", "-rn", "sh", "-c", 'ip link set lo up && exec "$0" "$@"']
+    try:
+        ok = subprocess.run(prefix + ["true"], capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        ok = False
+    return prefix if ok else []
+
+
 def test_embedded_default_is_shared_by_processes(tmp_path):
-    """With no NATS_SERVER, the first process hosts NATS on 127.0.0.1:4222 and the next joins it."""
-    script = (
-        "import asyncio, sys\n"
-        "from dynamo_ctx import DistributedRuntime\n"
-        "async def handler(request):\n"
-        "    yield 'hello from the embedded default'\n"
-        "async def main():\n"
-        "    rt = DistributedRuntime()\n"
-        "    print(rt.nats_url, flush=True)\n"
-        "    ep = rt.endpoint('embedded.default.generate')\n"
-        "    if sys.argv[1] == 'serve':\n"
-        "        t = asyncio.ensure_future(ep.serve_endpoint(handler))\n"
-        "        await ep.serving()\n"
-        "        print('serving', flush=True)\n"
-        "        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)\n"
-        "        rt.shutdown(); await t\n"
-        "    else:\n"
-        "        c = await ep.client(); await c.wait_for_instances()\n"
-        "        print([x.data() async for x in await c.generate({})][0], flush=True)\n"
-        "        rt.shutdown()\n"
-        "asyncio.run(main())\n"
-    )
+    """With no NATS_SERVER, the first process hosts NATS on 127.0.0.1:4222 and the next joins it.
+
+    Run in a private network namespace where the machine allows one, so that
+    suites and demos running beside this one keep their 4222; otherwise only
+    when nothing answers at 4222."""
+    import socket
+    import subprocess
+
     env = {k: v for k, v in os.environ.items() if k != "NATS_SERVER"}
     env["PYTHONPATH"] = str(HERE.parent)
-
-    async def main():
-        server = await asyncio.create_subprocess_exec(
-            sys.executable, "-c", script, "serve", env=env,
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-        )
-        try:
-            url = (await asyncio.wait_for(server.stdout.readline(), HANG)).decode().strip()
-            assert url == "nats://127.0.0.1:4222"
-            assert (await asyncio.wait_for(server.stdout.readline(), HANG)).decode().strip() == "serving"
-            client = await asyncio.create_subprocess_exec(
-                sys.executable, "-c", script, "call", env=env, stdout=asyncio.subprocess.PIPE
-            )
-            out, _ = await asyncio.wait_for(client.communicate(), HANG)
-            assert out.decode().split("\n")[:2] == ["nats://127.0.0.1:4222", "hello from the embedded default"]
-            assert client.returncode == 0
-            server.stdin.write(b"\n")
-            await server.stdin.drain()
-            assert await asyncio.wait_for(server.wait(), HANG) == 0
-        finally:
-            if server.returncode is None:
-                server.kill()
-                await server.wait()
-
-    run(main())
+    env["DYNAMO_CTX_RUNTIME_DIR"] = str(tmp_path / "rt")
+    prefix = _private_network()
+    if not prefix:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", 4222)) == 0:
+                pytest.skip("127.0.0.1:4222 is in use and no private network namespace is available")
+    r = subprocess.run(prefix + [sys.executable, "-c", _DEFAULT_DRIVER, _DEFAULT_SCRIPT], env=env,
+                       capture_output=True, text=True, timeout=2 * HANG)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stdout + r.stderr

@@ -158,6 +158,8 @@ class DistributedRuntime:
         request_plane: Optional[str] = None,
         enable_nats: Optional[bool] = None,
     ) -> None:
+        if loop is not None and not isinstance(loop, asyncio.AbstractEventLoop):
+            raise TypeError(f"loop must be an asyncio event loop or None, got {loop!r}")
         _check_dynamo_args(args, is_static, discovery_backend, request_plane, enable_nats)
         if nats_url is None:
             # As Python sees it now: the library's copy of the environment

@@ -170,6 +170,12 @@ def test_constructor_rejects_unknown_values(args, kwargs, exc, words):
         DistributedRuntime(None, *args, **kwargs)
 
 
+def test_constructor_rejects_a_missing_loop():
+    # DistributedRuntime("etcd", "tcp"): the loop was forgotten.
+    with pytest.raises(TypeError, match="loop must be an asyncio event loop"):
+        DistributedRuntime("etcd", "tcp")
+
+
 def test_constructor_values_logged_once_at_debug(nats_url, caplog):
     caplog.set_level(logging.DEBUG, logger="dynamo_ctx")
     runtime_mod._logged_values.clear()

@@ -547,3 +547,11 @@ def test_dynamo_worker_register_shutdown(nats_url):
         assert runtime.is_shutdown()
 
     run(main())
+
+
+def test_native_metadata_calls_reject_bad_handles():
+    lib = dynamo_ctx._lib.native()
+    with pytest.raises(ValueError, match="dc_request_metadata: .*bad handle"):
+        lib.request_metadata(12345)
+    with pytest.raises(ValueError, match="dc_client_generate_metadata: .*bad handle"):
+        lib.client_generate(12345, b"{}", None, 0, 0, b'{"k": "v"}')

@@ -207,6 +207,10 @@ class DistributedRuntime:
         """True once ``shutdown()`` was called."""
         return self._closed
 
+    def etcd_client(self) -> None:
+        """Dynamo 0.5's etcd client: always None here (no etcd; as Dynamo's static mode)."""
+        return None
+
     def __del__(self) -> None:
         _release(self, "runtime_free")
 
@@ -291,6 +295,10 @@ class Endpoint:
             raise RuntimeError(f"endpoint {self.path} is not being served")
         return f.result()
 
+    async def lease_id(self) -> int:
+        """Dynamo 0.5's name for ``connection_id()`` (the id ``direct`` routes to)."""
+        return self.connection_id()
+
     async def serve_endpoint(
         self,
         handler: Callable[..., AsyncIterator[Any]],
@@ -362,9 +370,6 @@ class Endpoint:
 
 async def _serve_one(lib: Any, req: int, handler: Callable[..., Any], pass_context: bool) -> None:
     ctx = lib.request_context(req, _real_class(Context))
-    meta = lib.request_metadata(req)
-    if meta:
-        ctx._metadata = json.loads(meta.decode())
     task = asyncio.current_task()
     watcher = asyncio.ensure_future(ctx.killed())
     finished = False
@@ -377,6 +382,9 @@ async def _serve_one(lib: Any, req: int, handler: Callable[..., Any], pass_conte
     gen: Any = None
     try:
         request = json.loads(lib.request_payload(req).decode())
+        meta = lib.request_metadata(req)
+        if meta:
+            ctx._metadata = json.loads(meta.decode())
         gen = handler(request, context=ctx) if pass_context else handler(request)
         if not hasattr(gen, "__anext__"):
             raise TypeError(f"handler returned {type(gen).__name__}, not an async generator")

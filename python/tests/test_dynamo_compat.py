@@ -231,7 +231,8 @@ def test_endpoint_path_forms_component_and_connection_id(nats_url):
             handler = MockServer()
             task = asyncio.ensure_future(ep.serve_endpoint(handler.generate))
             instance = await ep.serving()
-            assert ep.connection_id() == instance
+            assert ep.connection_id() == instance == await ep.lease_id()
+            assert runtime.etcd_client() is None
             client = await runtime.endpoint(f"{ns}.backend.generate").client()
             assert await client.wait_for_instances() == [instance] == client.instance_ids()
             with pytest.raises(ValueError, match="router_mode"):

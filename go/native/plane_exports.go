@@ -78,7 +78,7 @@ func planeError(name string, err error) C.int {
 		return fail(rcENORESPONDERS, "%v", err)
 	case errors.Is(err, plane.ErrClosed):
 		return fail(rcECLOSED, "%s: %v", name, err)
-	case errors.Is(err, plane.ErrNotJSON):
+	case errors.Is(err, plane.ErrNotJSON), errors.Is(err, plane.ErrBadMetadata):
 		return fail(rcEINVAL, "%s: %v", name, err)
 	}
 	return fail(rcEIO, "%s: %v", name, err)
@@ -239,6 +239,19 @@ func dc_request_payload(h C.uint64_t, buf *C.char, bufLen C.size_t, n *C.size_t)
 	return writeString("dc_request_payload", string(req.Payload), buf, bufLen, n)
 }
 
+// Copies the request's metadata (a JSON object, or nothing: *n = 0 when the
+// caller sent none) into buf, as dc_context_id does.
+//
+//export dc_request_metadata
+func dc_request_metadata(h C.uint64_t, buf *C.char, bufLen C.size_t, n *C.size_t) (rc C.int) {
+	defer guard("dc_request_metadata", &rc)
+	req, rc := get(requests, "dc_request_metadata", h)
+	if rc != rcOK {
+		return rc
+	}
+	return writeString("dc_request_metadata", string(req.Metadata), buf, bufLen, n)
+}
+
 // Stores in *out a new context handle for the request's context (the
 // handler's context: it has the caller's id and follows the caller's stop and
 // kill). Free it with dc_context_free.
@@ -376,27 +389,42 @@ func dc_client_instances(h C.uint64_t, buf *C.uint64_t, bufLen C.size_t, n *C.si
 //export dc_client_generate
 func dc_client_generate(h C.uint64_t, payload *C.char, payloadLen C.size_t, ctxH C.uint64_t, route C.int, instance C.uint64_t, out *C.uint64_t) (rc C.int) {
 	defer guard("dc_client_generate", &rc)
+	return clientGenerate("dc_client_generate", h, goBytes(payload, payloadLen), nil, ctxH, route, instance, out)
+}
+
+// dc_client_generate with request metadata: metaLen bytes at meta, a JSON
+// object of at most 16 KiB (metaLen 0: none), which the handler's side reads
+// with dc_request_metadata. Errors: those of dc_client_generate; DC_EINVAL
+// for metadata that is not a JSON object or is too large.
+//
+//export dc_client_generate_metadata
+func dc_client_generate_metadata(h C.uint64_t, payload *C.char, payloadLen C.size_t, meta *C.char, metaLen C.size_t, ctxH C.uint64_t, route C.int, instance C.uint64_t, out *C.uint64_t) (rc C.int) {
+	defer guard("dc_client_generate_metadata", &rc)
+	return clientGenerate("dc_client_generate_metadata", h, goBytes(payload, payloadLen), goBytes(meta, metaLen), ctxH, route, instance, out)
+}
+
+func clientGenerate(name string, h C.uint64_t, payload, meta []byte, ctxH C.uint64_t, route C.int, instance C.uint64_t, out *C.uint64_t) C.int {
 	if out == nil {
-		return fail(rcEINVAL, "dc_client_generate: out must not be NULL")
+		return fail(rcEINVAL, "%s: out must not be NULL", name)
 	}
 	if route < 0 || route > 2 {
-		return fail(rcEINVAL, "dc_client_generate: route must be 0, 1 or 2, got %d", route)
+		return fail(rcEINVAL, "%s: route must be 0, 1 or 2, got %d", name, route)
 	}
-	cl, rc := get(clients, "dc_client_generate", h)
+	cl, rc := get(clients, name, h)
 	if rc != rcOK {
 		return rc
 	}
 	var parent *ctxtree.Context
 	if ctxH != 0 {
-		p, rc := getContext("dc_client_generate", ctxH)
+		p, rc := getContext(name, ctxH)
 		if rc != rcOK {
 			return rc
 		}
 		parent = p
 	}
-	s, err := cl.Generate(goBytes(payload, payloadLen), parent, plane.Route(route), uint64(instance))
+	s, err := cl.Generate(payload, parent, plane.Route(route), uint64(instance), plane.WithMetadata(meta))
 	if err != nil {
-		return planeError("dc_client_generate", err)
+		return planeError(name, err)
 	}
 	*out = C.uint64_t(streams.Insert(&streamEntry{s: s}))
 	return rcOK

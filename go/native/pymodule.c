@@ -672,6 +672,12 @@ static PyObject* mod_request_payload(PyObject* m, PyObject* arg) {
     return get_bytes(h, (int (*)(uint64_t, char*, size_t, size_t*))dc_request_payload, 0);
 }
 
+static PyObject* mod_request_metadata(PyObject* m, PyObject* arg) {
+    uint64_t h;
+    if (parse_u64(arg, &h) < 0 || check_fork() < 0) return NULL;
+    return get_bytes(h, (int (*)(uint64_t, char*, size_t, size_t*))dc_request_metadata, 0);
+}
+
 // Wraps a context handle made by the library into an instance of cls (a
 // subclass of the native Context type).
 static PyObject* wrap_context_from(PyObject* args, int (*fn)(uint64_t, uint64_t*), const char* fmt) {
@@ -769,7 +775,9 @@ static PyObject* mod_client_generate(PyObject* m, PyObject* args) {
     Py_ssize_t len;
     PyObject* ctx = Py_None;
     int route = 0;
-    if (!PyArg_ParseTuple(args, "Ky#|OiK:client_generate", &h, &payload, &len, &ctx, &route, &instance)) return NULL;
+    const char* meta = NULL;
+    Py_ssize_t meta_len = 0;
+    if (!PyArg_ParseTuple(args, "Ky#|OiKz#:client_generate", &h, &payload, &len, &ctx, &route, &instance, &meta, &meta_len)) return NULL;
     uint64_t ctx_h = 0;
     if (ctx != Py_None) {
         if (context_check(ctx) < 0) return NULL;
@@ -779,7 +787,11 @@ static PyObject* mod_client_generate(PyObject* m, PyObject* args) {
     if (check_fork() < 0) return NULL;
     uint64_t s = 0;
     int rc;
-    CALL_RELEASED(rc, dc_client_generate(h, (char*)payload, (size_t)len, ctx_h, route, instance, &s));
+    if (meta == NULL) {
+        CALL_RELEASED(rc, dc_client_generate(h, (char*)payload, (size_t)len, ctx_h, route, instance, &s));
+    } else {
+        CALL_RELEASED(rc, dc_client_generate_metadata(h, (char*)payload, (size_t)len, (char*)meta, (size_t)meta_len, ctx_h, route, instance, &s));
+    }
     if (rc != DC_OK) return raise_rc(rc);
     return PyLong_FromUnsignedLongLong(s);
 }
@@ -908,6 +920,7 @@ static PyMethodDef module_methods[] = {
     {"endpoint_accept", mod_endpoint_accept, METH_O, "endpoint_accept(ep) -> (code, request handle)"},
     {"endpoint_free", mod_endpoint_free, METH_O, "endpoint_free(ep)"},
     {"request_payload", mod_request_payload, METH_O, "request_payload(req) -> bytes"},
+    {"request_metadata", mod_request_metadata, METH_O, "request_metadata(req) -> bytes (empty: none)"},
     {"request_context", mod_request_context, METH_VARARGS, "request_context(req, cls) -> Context"},
     {"request_send", mod_request_send, METH_VARARGS, "request_send(req, data) -> False if the buffer is full"},
     {"request_complete", mod_request_complete, METH_O, "request_complete(req)"},
@@ -915,7 +928,7 @@ static PyMethodDef module_methods[] = {
     {"request_free", mod_request_free, METH_O, "request_free(req)"},
     {"client_new", mod_client_new, METH_VARARGS, "client_new(rt, path) -> handle (blocks briefly)"},
     {"client_instances", mod_client_instances, METH_O, "client_instances(cl) -> list of ids"},
-    {"client_generate", mod_client_generate, METH_VARARGS, "client_generate(cl, payload, ctx=None, route=0, instance=0) -> stream"},
+    {"client_generate", mod_client_generate, METH_VARARGS, "client_generate(cl, payload, ctx=None, route=0, instance=0, metadata=None) -> stream"},
     {"client_free", mod_client_free, METH_O, "client_free(cl)"},
     {"client_set_migration_limit", mod_client_set_migration_limit, METH_VARARGS, "client_set_migration_limit(cl, n)"},
     {"stream_started", mod_stream_started, METH_O, "stream_started(s) -> (code, message)"},

@@ -255,11 +255,15 @@ func (c *Client) SetMigrationLimit(n int) {
 // (same id, linked before sending), so cancelling parent cancels the remote
 // request; without one it gets a fresh id. With a migration limit set, it is
 // GenerateMigrating.
-func (c *Client) Generate(payload []byte, parent *ctxtree.Context, route Route, instance uint64) (*Stream, error) {
+func (c *Client) Generate(payload []byte, parent *ctxtree.Context, route Route, instance uint64, opts ...GenerateOption) (*Stream, error) {
 	if limit := int(c.migrationLimit.Load()); limit > 0 {
-		return c.GenerateMigrating(payload, parent, route, instance, limit)
+		return c.GenerateMigrating(payload, parent, route, instance, limit, opts...)
 	}
-	return c.generateOnce(payload, parent, route, instance, nil)
+	o, err := applyGenerateOptions(opts)
+	if err != nil {
+		return nil, err
+	}
+	return c.generateOnce(payload, parent, route, instance, nil, o)
 }
 
 // requestContext checks a request and makes its context: a new child of
@@ -285,7 +289,7 @@ func (c *Client) requestContext(payload []byte, parent *ctxtree.Context) (*ctxtr
 
 // generateOnce is one attempt: Generate without migration, avoiding the
 // instances in exclude if it can (see pick).
-func (c *Client) generateOnce(payload []byte, parent *ctxtree.Context, route Route, instance uint64, exclude map[uint64]bool) (*Stream, error) {
+func (c *Client) generateOnce(payload []byte, parent *ctxtree.Context, route Route, instance uint64, exclude map[uint64]bool, o generateOptions) (*Stream, error) {
 	rc, err := c.requestContext(payload, parent)
 	if err != nil {
 		return nil, err
@@ -333,7 +337,7 @@ func (c *Client) generateOnce(payload []byte, parent *ctxtree.Context, route Rou
 	c.rt.trackStream(s)
 	c.rt.setLocal(token, rc) // until acknowledged: see Request.followLocalCaller
 	st, _ := rc.State()
-	env := envelope{ID: rc.ID(), Addr: c.rt.streamAddr(), Token: token, State: st, Request: payload}
+	env := envelope{ID: rc.ID(), Addr: c.rt.streamAddr(), Token: token, State: st, Request: payload, Metadata: o.metadata}
 	go s.run(c.rt.nc(), discovery.RequestSubject(c.path, id), mustJSON(env))
 	return s, nil
 }
@@ -515,6 +519,11 @@ func (s *Stream) classify(err error) error {
 	case errors.Is(err, stream.ErrKilled):
 		return io.EOF
 	case s.ctx.IsStopped() && errors.Is(err, stream.ErrIncomplete):
+		return io.EOF
+	case s.ctx.IsStopped() && errors.As(err, new(*stream.HandlerError)):
+		// Whatever the handler raised after the caller stopped or killed
+		// the request is not the caller's concern: the stream ends as the
+		// stop or kill ends it.
 		return io.EOF
 	}
 	return err

@@ -47,7 +47,11 @@ import (
 // GenerateMigrating is Generate with migration: up to limit retries. The
 // returned stream's context is the request's context (a child of parent, or
 // a root with a fresh id); each attempt runs under a child of it.
-func (c *Client) GenerateMigrating(payload []byte, parent *ctxtree.Context, route Route, instance uint64, limit int) (*Stream, error) {
+func (c *Client) GenerateMigrating(payload []byte, parent *ctxtree.Context, route Route, instance uint64, limit int, opts ...GenerateOption) (*Stream, error) {
+	o, err := applyGenerateOptions(opts)
+	if err != nil {
+		return nil, err
+	}
 	rc, err := c.requestContext(payload, parent)
 	if err != nil {
 		return nil, err
@@ -56,7 +60,7 @@ func (c *Client) GenerateMigrating(payload []byte, parent *ctxtree.Context, rout
 	out := &Stream{ctx: rc, wake: make(chan struct{}, 1), rt: c.rt}
 	out.stopHooks = append(out.stopHooks, rc.Notify(ctxtree.Killed, out.poke))
 	c.rt.trackStream(out)
-	go out.migrate(c, payload, route, instance, limit)
+	go out.migrate(c, payload, route, instance, limit, o)
 	return out, nil
 }
 
@@ -90,7 +94,7 @@ func (s *Stream) backoff(n int) bool {
 	}
 }
 
-func (s *Stream) migrate(c *Client, payload []byte, route Route, instance uint64, limit int) {
+func (s *Stream) migrate(c *Client, payload []byte, route Route, instance uint64, limit int, o generateOptions) {
 	var received []json.RawMessage // token ids passed to the caller so far
 	exclude := map[uint64]bool{}   // instances that failed this request
 	for attempt := 0; ; attempt++ {
@@ -109,7 +113,7 @@ func (s *Stream) migrate(c *Client, payload []byte, route Route, instance uint64
 				return
 			}
 		}
-		inner, err := c.generateOnce(p, s.ctx, route, instance, exclude)
+		inner, err := c.generateOnce(p, s.ctx, route, instance, exclude, o)
 		if err != nil {
 			s.end(err)
 			return

@@ -379,6 +379,8 @@ type envelope struct {
 	Token   string          `json:"token"`
 	State   ctxtree.State   `json:"state,omitempty"`
 	Request json.RawMessage `json:"request"`
+	// Metadata is the request's metadata (a JSON object, see WithMetadata).
+	Metadata json.RawMessage `json:"metadata,omitempty"`
 }
 
 type ack struct {

@@ -79,12 +79,13 @@ func (e *Endpoint) Done() <-chan struct{} { return e.closedCh }
 
 func (e *Endpoint) onMsg(m *nats.Msg) {
 	var env envelope
-	if err := json.Unmarshal(m.Data, &env); err != nil || env.ID == "" || env.Addr == "" || !json.Valid(env.Request) {
+	if err := json.Unmarshal(m.Data, &env); err != nil || env.ID == "" || env.Addr == "" || !json.Valid(env.Request) ||
+		(len(env.Metadata) > 0 && checkMetadata(env.Metadata) != nil) {
 		_ = m.Respond(mustJSON(ack{Error: "malformed request envelope"}))
 		return
 	}
 	req := &Request{
-		ep: e, ID: env.ID, Payload: env.Request, Ctx: e.rt.opts.NewContext(env.ID),
+		ep: e, ID: env.ID, Payload: env.Request, Metadata: env.Metadata, Ctx: e.rt.opts.NewContext(env.ID),
 		wake: make(chan struct{}, 1), hostDone: make(chan struct{}),
 	}
 	if env.State >= ctxtree.Stopped {
@@ -246,7 +247,9 @@ type Request struct {
 	ep      *Endpoint
 	ID      string
 	Payload json.RawMessage
-	Ctx     *ctxtree.Context
+	// Metadata is the caller's request metadata (a JSON object), nil if none.
+	Metadata json.RawMessage
+	Ctx      *ctxtree.Context
 
 	wake     chan struct{} // buffered(1): items queued or the handler finished
 	hostDone chan struct{} // closed when the host's handler completed or failed

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from typing import Any, Dict, Optional, Type
+from typing import Any, Dict, Mapping, Optional, Type
 
 from ._lib import native
 
@@ -41,7 +41,9 @@ def _real_class(cls: type) -> type:
             real = _real_classes.get(cls)
             if real is None:
                 base = native().Context
-                real = type(cls.__name__, (base, cls), {"__slots__": ("__weakref__",), "__module__": cls.__module__})
+                # _metadata: the request's metadata dict, unset (and costing
+                # nothing) until given or first read.
+                real = type(cls.__name__, (base, cls), {"__slots__": ("__weakref__", "_metadata"), "__module__": cls.__module__})
                 real.__qualname__ = cls.__qualname__
                 _real_classes[cls] = real
                 _real_classes[real] = real
@@ -71,14 +73,20 @@ class Context:
 
     __slots__ = ()
 
-    def __new__(cls, id: Optional[str] = None) -> "Context":  # noqa: A002 - SPEC name
+    def __new__(cls, id: Optional[str] = None, metadata: Optional[Mapping[str, Any]] = None) -> "Context":  # noqa: A002 - SPEC name
         """Create a live root context with the given id, or a new uuid4 id.
+
+        ``metadata`` (a mapping with string keys and JSON values) becomes the
+        context's ``metadata``, a copy of it.
 
         Cheap: the native object is all there is until the context is linked,
         awaited or sent with a request (and a uuid is drawn only when asked for).
         """
         real = _real_classes.get(cls) or _real_class(cls)
-        return real() if id is None else real(id)
+        ctx = real() if id is None else real(id)
+        if metadata is not None:
+            ctx._metadata = _metadata_dict(metadata)
+        return ctx
 
     # No __init__: the native __new__ did everything, and a Python __init__
     # would run twice per Context() (once for the real class, once because
@@ -142,9 +150,61 @@ class Context:
 
         return await wait_for_state(self, KILLED)
 
+    @property
+    def metadata(self) -> Dict[str, Any]:
+        """The request's metadata: a live, mutable dict (string keys, JSON values).
+
+        Changes made to it (item assignment, ``pop``, ...) are kept. It is
+        carried with every request sent with ``context=`` this context (and
+        with every migration attempt) to the handler's context, whose
+        ``metadata`` starts as a copy of it. Encoded, it may take at most
+        16 KiB.
+        """
+        try:
+            return self._metadata  # type: ignore[attr-defined,no-any-return]
+        except AttributeError:
+            md: Dict[str, Any] = {}
+            self._metadata = md  # type: ignore[attr-defined]
+            return md
+
+    @metadata.setter
+    def metadata(self, value: Mapping[str, Any]) -> None:
+        self._metadata = _metadata_dict(value)  # type: ignore[attr-defined]
+
+    @property
+    def trace_id(self) -> Optional[str]:
+        """Distributed tracing is not part of dynamo_ctx: always None (kept for Dynamo's API)."""
+        return None
+
+    @property
+    def span_id(self) -> Optional[str]:
+        """Always None (see ``trace_id``)."""
+        return None
+
+    @property
+    def parent_span_id(self) -> Optional[str]:
+        """Always None (see ``trace_id``)."""
+        return None
+
     def __repr__(self) -> str:
         state = "killed" if self.is_killed() else "stopped" if self.is_stopped() else "live"
         return f"<dynamo_ctx.Context id={self.id()!r} {state}>"
+
+
+def _metadata_dict(value: Any) -> Dict[str, Any]:
+    """A new dict with ``value``'s items, which must be a mapping with string keys."""
+    if not isinstance(value, Mapping):
+        raise TypeError(f"metadata must be a mapping, got {type(value).__name__}")
+    md = dict(value)
+    for k in md:
+        if not isinstance(k, str):
+            raise TypeError(f"metadata keys must be strings, got {k!r}")
+    return md
+
+
+def _has_metadata(ctx: Any) -> bool:
+    """True when ``ctx`` has non-empty metadata (without creating an empty dict)."""
+    return bool(getattr(ctx, "_metadata", None))
 
 
 def _is_context(obj: Any) -> bool:

@@ -17,11 +17,12 @@ import functools
 import inspect
 import json
 import logging
-from typing import Any, AsyncIterator, Callable, Deque, List, Optional, Set
+import os
+from typing import Any, AsyncIterator, Awaitable, Callable, Deque, List, Optional, Set, Tuple, TypeVar
 
 from ._aio import arm
 from ._lib import native
-from .context import Context, _real_class
+from .context import Context, _has_metadata, _real_class
 
 logger = logging.getLogger("dynamo_ctx")
 
@@ -34,8 +35,12 @@ __all__ = [
     "ResponseStream",
     "Annotated",
     "StreamIncomplete",
+    "HandlerError",
+    "BackendCancelled",
     "NoResponders",
     "RuntimeClosed",
+    "Context",
+    "dynamo_worker",
 ]
 
 
@@ -44,8 +49,37 @@ class StreamIncomplete(ValueError):
 
     Raised when the worker went away mid-stream, or when the handler stopped
     its own request and returned. The message starts with
-    "Stream ended before generation completed".
+    "Stream ended before generation completed" (Dynamo 1.x words it
+    "Disconnected: Stream ended ..."; match ``code`` instead of the text).
     """
+
+    #: Stable code to match on instead of the message.
+    code = "disconnected"
+
+
+class HandlerError(ValueError):
+    """The handler raised while its request was live.
+
+    The message is "a python exception was caught while processing the async
+    generator: <Type>: <message>" (the wording Dynamo's clients match on);
+    ``error_type`` is ``<Type>``, the name of the handler's exception class.
+    """
+
+    #: Stable code to match on instead of the message.
+    code = "handler_error"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        rest = message[len(_HANDLER_PREFIX) :] if message.startswith(_HANDLER_PREFIX) else message
+        #: The name of the exception class the handler raised ("" if unknown).
+        self.error_type: str = rest.split(":", 1)[0] if ":" in rest else ""
+
+
+class BackendCancelled(HandlerError):
+    """The handler raised ``asyncio.CancelledError`` while its request was live
+    (Dynamo 1.x names this case "BackendCancelled" in its message)."""
+
+    code = "backend_cancelled"
 
 
 class NoResponders(ConnectionError):
@@ -57,6 +91,8 @@ class RuntimeClosed(RuntimeError):
 
 
 _ROUTE_ROUND_ROBIN, _ROUTE_RANDOM, _ROUTE_DIRECT = 0, 1, 2
+
+_HANDLER_PREFIX = "a python exception was caught while processing the async generator: "
 
 
 # One encoder for every item: json.dumps with options builds a new one per call.
@@ -73,7 +109,9 @@ def _dumps(value: Any) -> bytes:
 def _raise_for(code: int, message: str) -> None:
     lib = native()
     if code == lib.EHANDLER:
-        raise ValueError(message)
+        if message.startswith(_HANDLER_PREFIX + "CancelledError:"):
+            raise BackendCancelled(message)
+        raise HandlerError(message)
     if code == lib.EINCOMPLETE:
         raise StreamIncomplete(message)
     if code == lib.ENORESPONDERS:
@@ -100,11 +138,33 @@ class DistributedRuntime:
     ``DistributedRuntime()`` uses NATS at the ``NATS_SERVER`` environment
     variable, else nats://127.0.0.1:4222, starting an in-process NATS server
     there when nothing answers (so other processes on the machine join it).
-    ``DistributedRuntime(loop, is_static)`` is accepted for compatibility (both
-    are ignored); ``nats_url=`` names a server or cluster explicitly.
+    ``nats_url=`` names a server or cluster explicitly.
+
+    Dynamo's constructor forms are accepted: ``DistributedRuntime(loop,
+    is_static)`` (0.5) and ``DistributedRuntime(loop, discovery_backend,
+    request_plane[, enable_nats])`` (1.x; also as keywords). There is one
+    discovery and one request plane here (NATS), so the loop and every known
+    value select it (logged once at debug level); an unknown
+    ``discovery_backend`` or ``request_plane`` is a ValueError.
     """
 
-    def __init__(self, loop: Optional[asyncio.AbstractEventLoop] = None, is_static: bool = False, *, nats_url: Optional[str] = None) -> None:
+    def __init__(
+        self,
+        loop: Optional[asyncio.AbstractEventLoop] = None,
+        *args: Any,
+        nats_url: Optional[str] = None,
+        is_static: Optional[bool] = None,
+        discovery_backend: Optional[str] = None,
+        request_plane: Optional[str] = None,
+        enable_nats: Optional[bool] = None,
+    ) -> None:
+        if loop is not None and not isinstance(loop, asyncio.AbstractEventLoop):
+            raise TypeError(f"loop must be an asyncio event loop or None, got {loop!r}")
+        _check_dynamo_args(args, is_static, discovery_backend, request_plane, enable_nats)
+        if nats_url is None:
+            # As Python sees it now: the library's copy of the environment
+            # is the one it was loaded with.
+            nats_url = os.environ.get("NATS_SERVER") or None
         self._lib = native()
         self._handle: Optional[int] = self._lib.runtime_new(nats_url)
         self._closed = False
@@ -127,7 +187,9 @@ class DistributedRuntime:
         return Namespace(self, name)
 
     def endpoint(self, path: str) -> "Endpoint":
-        """Return the endpoint at ``"namespace.component.endpoint"``."""
+        """Return the endpoint at ``"namespace.component.endpoint"`` (a ``dyn://`` prefix is allowed)."""
+        if isinstance(path, str) and path.startswith("dyn://"):
+            path = path[len("dyn://") :]
         parts = path.split(".")
         if len(parts) != 3:
             raise ValueError(f"endpoint path {path!r} must be namespace.component.endpoint")
@@ -144,6 +206,10 @@ class DistributedRuntime:
     def is_shutdown(self) -> bool:
         """True once ``shutdown()`` was called."""
         return self._closed
+
+    def etcd_client(self) -> None:
+        """Dynamo 0.5's etcd client: always None here (no etcd; as Dynamo's static mode)."""
+        return None
 
     def __del__(self) -> None:
         _release(self, "runtime_free")
@@ -171,6 +237,11 @@ class Component:
 
     def __init__(self, namespace: Namespace, name: str) -> None:
         self.namespace, self.name = namespace, name
+
+    def __call__(self) -> "Component":
+        """Return this component, so that Dynamo's ``endpoint.component()`` works
+        as well as the attribute ``endpoint.component``."""
+        return self
 
     async def create_service(self) -> None:
         """Prepare the component for serving (kept for API compatibility; nothing to do)."""
@@ -213,6 +284,20 @@ class Endpoint:
     async def serving(self) -> int:
         """Wait until ``serve_endpoint`` has registered this endpoint; return its instance id."""
         return await asyncio.shield(self._serving_future())
+
+    def connection_id(self) -> int:
+        """The instance id under which ``serve_endpoint`` registered this endpoint (Dynamo's name).
+
+        Raises RuntimeError while this endpoint is not being served.
+        """
+        f = self._serving
+        if f is None or not f.done() or f.cancelled() or f.exception() is not None:
+            raise RuntimeError(f"endpoint {self.path} is not being served")
+        return f.result()
+
+    async def lease_id(self) -> int:
+        """Dynamo 0.5's name for ``connection_id()`` (the id ``direct`` routes to)."""
+        return self.connection_id()
 
     async def serve_endpoint(
         self,
@@ -265,13 +350,17 @@ class Endpoint:
             if tasks:
                 await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def client(self, migration_limit: int = 0) -> "Client":
+    async def client(self, migration_limit: int = 0, router_mode: Any = None) -> "Client":
         """Return a client of this endpoint (it learns the current instances first).
 
         ``migration_limit`` is how many times a request whose stream breaks
         (worker gone, connection lost, no responders) is retried on another
         worker, continuing where the last one stopped (SPEC section 4).
+        ``router_mode`` is Dynamo's: only None (round robin; ``random`` and
+        ``direct`` are methods of the client) is supported here.
         """
+        if router_mode is not None:
+            raise ValueError(f"router_mode {router_mode!r} is not supported: use generate/round_robin, random or direct")
         lib = native()
         h = await asyncio.get_running_loop().run_in_executor(None, lib.client_new, self._runtime._h(), self.path)
         client = Client(self, h)
@@ -293,6 +382,9 @@ async def _serve_one(lib: Any, req: int, handler: Callable[..., Any], pass_conte
     gen: Any = None
     try:
         request = json.loads(lib.request_payload(req).decode())
+        meta = lib.request_metadata(req)
+        if meta:
+            ctx._metadata = json.loads(meta.decode())
         gen = handler(request, context=ctx) if pass_context else handler(request)
         if not hasattr(gen, "__anext__"):
             raise TypeError(f"handler returned {type(gen).__name__}, not an async generator")
@@ -373,7 +465,8 @@ class Client:
         if context is not None and not isinstance(context, Context):
             raise TypeError("context must be a dynamo_ctx.Context")
         self.endpoint._runtime._h()
-        h = self._lib.client_generate(self._handle, _dumps(request), context, route, instance_id)
+        meta = _dumps(context._metadata) if context is not None and _has_metadata(context) else None  # type: ignore[attr-defined]
+        h = self._lib.client_generate(self._handle, _dumps(request), context, route, instance_id, meta)
         stream = ResponseStream(self._lib, h, annotated, context)
         await stream._wait_started()
         return stream
@@ -466,3 +559,102 @@ class ResponseStream:
     def __del__(self) -> None:
         _release(self, "stream_free")  # kills the request if it has not ended
 
+
+
+# --- Dynamo compatibility (docs/dynamo-compat.md) ----------------------------
+
+#: Dynamo 1.x values of DistributedRuntime's discovery_backend and
+#: request_plane. dynamo_ctx has one of each (NATS), which every value selects.
+DISCOVERY_BACKENDS = ("etcd", "file", "mem", "kubernetes")
+REQUEST_PLANES = ("nats", "tcp", "http")
+
+_logged_values: Set[Tuple[str, Any]] = set()
+
+
+def _log_ignored(name: str, value: Any) -> None:
+    if (name, value) not in _logged_values:
+        _logged_values.add((name, value))
+        logger.debug("DistributedRuntime: %s=%r has no meaning here: the NATS request plane serves", name, value)
+
+
+def _check_dynamo_args(
+    args: Tuple[Any, ...],
+    is_static: Optional[bool],
+    discovery_backend: Optional[str],
+    request_plane: Optional[str],
+    enable_nats: Optional[bool],
+) -> None:
+    """Validate Dynamo's positional constructor forms (after the loop):
+    ``(is_static)`` or ``(discovery_backend, request_plane[, enable_nats])``."""
+    if len(args) == 1 and not isinstance(args[0], str):
+        (pos_static,) = args
+        if is_static is not None:
+            raise TypeError("DistributedRuntime() got is_static both by position and by keyword")
+        is_static = pos_static
+    elif args:
+        if len(args) > 3:
+            raise TypeError(f"DistributedRuntime() takes at most 4 positional arguments ({len(args) + 1} given)")
+        names = ("discovery_backend", "request_plane", "enable_nats")
+        given = {"discovery_backend": discovery_backend, "request_plane": request_plane, "enable_nats": enable_nats}
+        for name, value in zip(names, args):
+            if given[name] is not None:
+                raise TypeError(f"DistributedRuntime() got {name} both by position and by keyword")
+            given[name] = value
+        discovery_backend, request_plane, enable_nats = given["discovery_backend"], given["request_plane"], given["enable_nats"]
+    if is_static is not None:
+        if not isinstance(is_static, bool):
+            raise TypeError(f"is_static must be a bool, got {is_static!r}")
+        _log_ignored("is_static", is_static)
+    if discovery_backend is not None:
+        if discovery_backend not in DISCOVERY_BACKENDS:
+            raise ValueError(f"unknown discovery_backend {discovery_backend!r}: one of {', '.join(DISCOVERY_BACKENDS)}")
+        _log_ignored("discovery_backend", discovery_backend)
+    if request_plane is not None:
+        if request_plane not in REQUEST_PLANES:
+            raise ValueError(f"unknown request_plane {request_plane!r}: one of {', '.join(REQUEST_PLANES)}")
+        _log_ignored("request_plane", request_plane)
+    if enable_nats is not None:
+        if not isinstance(enable_nats, bool):
+            raise TypeError(f"enable_nats must be a bool, got {enable_nats!r}")
+        _log_ignored("enable_nats", enable_nats)
+
+
+_F = TypeVar("_F", bound=Callable[..., Awaitable[Any]])
+
+
+def dynamo_worker(enable_nats: Optional[bool] = None, register_shutdown: bool = False, *, static: bool = False) -> Callable[[_F], _F]:
+    """Decorator: run an async worker function with a new DistributedRuntime as its first argument.
+
+    ``@dynamo_worker()`` (also ``static=`` of Dynamo 0.5 and ``enable_nats=``
+    of 1.x, both without effect here). The runtime is made on the running
+    loop from ``DYN_DISCOVERY_BACKEND`` and ``DYN_REQUEST_PLANE`` (checked as
+    by the constructor) and is shut down when the function returns or
+    raises. With ``register_shutdown=True``, SIGINT and SIGTERM shut the
+    runtime down (so ``serve_endpoint`` returns).
+    """
+
+    def decorator(func: _F) -> _F:
+        @functools.wraps(func)
+        async def wrapper(*args: Any, **kwargs: Any) -> Any:
+            loop = asyncio.get_running_loop()
+            runtime = DistributedRuntime(
+                loop,
+                os.environ.get("DYN_DISCOVERY_BACKEND", "etcd"),
+                os.environ.get("DYN_REQUEST_PLANE", "tcp"),
+                enable_nats,
+            )
+            if static:
+                _log_ignored("static", static)
+            if register_shutdown:
+                import signal
+
+                for sig in (signal.SIGINT, signal.SIGTERM):
+                    loop.add_signal_handler(sig, runtime.shutdown)
+            try:
+                return await func(runtime, *args, **kwargs)
+            finally:
+                runtime.shutdown()
+
+        return wrapper  # type: ignore[return-value]
+
+    return decorator

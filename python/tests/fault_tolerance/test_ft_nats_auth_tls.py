@@ -155,7 +155,7 @@ def test_frontend_and_workers_on_nats_with_auth_and_tls(stack, certs, deployment
             assert "Traceback" not in r.stderr, f"{what}: {r.stderr[-2000:]}"
             assert PASSWORD not in r.stdout + r.stderr, f"{what}: the password is in the error"
             hint = {"no credentials": "none were given", "wrong password": "refused our credentials",
-                    "no CA": "certificate", "plain nats://": "tls"}.get(what, "certificate")
+                    "no CA": "certificate", "plain nats://": "tls"}.get(what, "tls")
             assert hint in r.stdout, f"{what}: no hint {hint!r} in {r.stdout!r}"
         # The password never appears in an error or a log line.
         for p in stack.procs:

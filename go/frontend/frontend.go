@@ -59,6 +59,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/dynamo-ctx/dynamo-ctx/go/ctxtree"
@@ -589,12 +590,20 @@ func (f *Frontend) serve(w http.ResponseWriter, r *http.Request, chat bool) {
 	// once: a run started by the AfterFunc and the check below never both
 	// count it, and the check waits for a run in progress (Do returns only
 	// when f has), so the pending entry exists before stream.Kill.
+	// A client that leaves once the worker's stream is complete (while the
+	// last bytes are written) cancelled nothing.
+	out := &stallWriter{w: w, ctl: ctl, stall: f.opts.WriteStallTimeout}
 	var once sync.Once
-	onDisconnect := func() { once.Do(func() { f.disconnected(rc, stream, id, req.Model) }) }
+	onDisconnect := func() {
+		once.Do(func() {
+			if !out.complete.Load() {
+				f.disconnected(rc, stream, id, req.Model)
+			}
+		})
+	}
 	stopWatching := context.AfterFunc(r.Context(), onDisconnect)
 
 	created := time.Now().Unix()
-	out := &stallWriter{w: w, ctl: ctl, stall: f.opts.WriteStallTimeout}
 	if req.Stream {
 		f.streamResponse(out, r, stream, id, req.Model, chat, created)
 	} else {
@@ -616,8 +625,9 @@ type stallWriter struct {
 	w      http.ResponseWriter
 	ctl    *http.ResponseController
 	stall  time.Duration
-	armed  time.Time // when the write deadline was last pushed back
-	failed bool
+	armed    time.Time // when the write deadline was last pushed back
+	failed   bool
+	complete atomic.Bool // the worker's stream ended normally: nothing left to cancel
 }
 
 // arm pushes the write deadline back; at most once a second (the deadline
@@ -713,6 +723,7 @@ func (f *Frontend) streamResponse(w *stallWriter, r *http.Request, s *plane.Stre
 	for {
 		it, err := next(r.Context(), s)
 		if err == io.EOF {
+			w.complete.Store(!s.Context().IsStopped())
 			break
 		}
 		if err != nil {
@@ -753,6 +764,7 @@ func (f *Frontend) unaryResponse(w *stallWriter, r *http.Request, s *plane.Strea
 	for {
 		it, err := next(r.Context(), s)
 		if err == io.EOF {
+			w.complete.Store(!s.Context().IsStopped())
 			break
 		}
 		if err != nil {

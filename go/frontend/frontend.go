@@ -622,9 +622,9 @@ func (f *Frontend) serve(w http.ResponseWriter, r *http.Request, chat bool) {
 // stallWriter writes a response with a deadline on every write: a client
 // that stops reading for the stall timeout is treated as gone.
 type stallWriter struct {
-	w      http.ResponseWriter
-	ctl    *http.ResponseController
-	stall  time.Duration
+	w        http.ResponseWriter
+	ctl      *http.ResponseController
+	stall    time.Duration
 	armed    time.Time // when the write deadline was last pushed back
 	failed   bool
 	complete atomic.Bool // the worker's stream ended normally: nothing left to cancel

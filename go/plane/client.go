@@ -259,7 +259,7 @@ func (c *Client) Generate(payload []byte, parent *ctxtree.Context, route Route, 
 	if limit := int(c.migrationLimit.Load()); limit > 0 {
 		return c.GenerateMigrating(payload, parent, route, instance, limit)
 	}
-	return c.generateOnce(payload, parent, route, instance, nil, "")
+	return c.generateOnce(payload, parent, route, instance, nil, nil)
 }
 
 // requestContext checks a request and makes its context: a new child of
@@ -299,15 +299,17 @@ func (c *Client) tooLarge(n int) error {
 }
 
 // generateOnce is one attempt: Generate without migration, avoiding the
-// instances in exclude if it can (see pick). key is the logical request's
-// key (empty: a new one).
-func (c *Client) generateOnce(payload []byte, parent *ctxtree.Context, route Route, instance uint64, exclude map[uint64]bool, key string) (*Stream, error) {
+// instances in exclude if it can (see pick). outer is the migrating stream
+// this is an attempt of (nil: none): the attempt carries its key, and its
+// Instance is this attempt's from before the request is sent.
+func (c *Client) generateOnce(payload []byte, parent *ctxtree.Context, route Route, instance uint64, exclude map[uint64]bool, outer *Stream) (*Stream, error) {
 	rc, err := c.requestContext(payload, parent)
 	if err != nil {
 		return nil, err
 	}
-	if key == "" {
-		key = NewKey()
+	key := NewKey()
+	if outer != nil {
+		key = outer.key
 	}
 	s := &Stream{ctx: rc, key: key, wake: make(chan struct{}, 1), rt: c.rt, client: c}
 	id, err := c.pick(route, instance, exclude)
@@ -317,6 +319,9 @@ func (c *Client) generateOnce(payload []byte, parent *ctxtree.Context, route Rou
 	}
 	s.instance = id
 	s.served.Store(id)
+	if outer != nil {
+		outer.served.Store(id)
+	}
 	token := newToken()
 	local := c.rt.servesInstance(id)
 	// The connect timeout covers the dispatch too (it restarts at the

@@ -110,12 +110,11 @@ func (s *Stream) migrate(c *Client, payload []byte, route Route, instance uint64
 				return
 			}
 		}
-		inner, err := c.generateOnce(p, s.ctx, route, instance, exclude, s.key)
+		inner, err := c.generateOnce(p, s.ctx, route, instance, exclude, s)
 		if err != nil {
 			s.end(err)
 			return
 		}
-		s.served.Store(inner.instance)
 		if err = inner.waitStarted(); err == nil {
 			s.markStarted()
 			err = s.relay(inner, &received)

@@ -8,6 +8,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -398,4 +399,72 @@ func TestForgedAbortConfirmations(t *testing.T) {
 	require.NoError(t, nc.Flush())
 	time.Sleep(100 * time.Millisecond)
 	assert.Equal(t, 1.0, d.metrics()[key(mConfirmed, "m")])
+}
+
+// TestBusLimitIs413: a request whose token ids would not fit the NATS
+// server's maximum payload is refused with 413 before anything is sent
+// (here with a body limit and a context length raised past it).
+func TestBusLimitIs413(t *testing.T) {
+	e := newEnv(t)
+	w := e.workerMeta("w", "dynamo", map[string]any{"model": "m", "max_model_len": 1 << 30}, generate)
+	e.startWith(frontend.Options{Addr: "127.0.0.1:0", MigrationLimit: -1, MaxBodyBytes: 32 << 20})
+	e.waitModels("m")
+	prompt := strings.Repeat("z", int(e.host.Bus().Conn().MaxPayload())/3) // ~4 JSON bytes per token id
+	r := e.post("/v1/completions", completion("m", prompt, 1, false), nil)
+	require.Equal(t, http.StatusRequestEntityTooLarge, r.status, "body %.300s", r.body)
+	errObj := r.json(t)["error"].(map[string]any)
+	assert.Equal(t, "request_too_large", errObj["code"])
+	assert.Contains(t, errObj["message"], "request too large for the request plane")
+	assert.Empty(t, w.reqs)
+}
+
+// TestStalledWriteIsDisconnect: a streaming client that stops reading (its
+// connection stays open) is treated as gone once a write has made no
+// progress for the stall timeout: the request is killed with
+// client_disconnected and counted.
+func TestStalledWriteIsDisconnect(t *testing.T) {
+	e := newEnv(t)
+	killed := make(chan ctxtree.Reason, 1)
+	e.worker("w", "dynamo", "m", 0, func(w *worker, req *plane.Request) {
+		// Large items, sent until killed: the client's socket buffers fill.
+		item := []byte(`{"token_ids":[` + strings.Repeat("7,", 4096) + `7],"finish_reason":null}`)
+		for {
+			err := req.Send(item)
+			if errors.Is(err, plane.ErrFull) {
+				ch := make(chan struct{}, 1)
+				req.Arm(func() {
+					select {
+					case ch <- struct{}{}:
+					default:
+					}
+				})
+				select {
+				case <-ch:
+				case <-req.Ctx.Killed():
+				case <-w.quit:
+					return
+				}
+			}
+			if req.Ctx.IsKilled() {
+				killed <- req.Ctx.Reason()
+				return
+			}
+		}
+	})
+	e.startWith(frontend.Options{Addr: "127.0.0.1:0", MigrationLimit: -1, WriteStallTimeout: 1500 * time.Millisecond})
+	e.waitModels("m")
+	conn, err := net.DialTimeout("tcp", e.fe.Addr(), waitLimit)
+	require.NoError(t, err)
+	defer conn.Close()
+	body := completion("m", "hi", 1000, true)
+	_, err = fmt.Fprintf(conn, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	require.NoError(t, err)
+	// Read nothing more: the frontend's writes stall.
+	select {
+	case reason := <-killed:
+		assert.Equal(t, ctxtree.ReasonClientDisconnected, reason)
+	case <-time.After(3 * waitLimit):
+		t.Fatal("a client that stopped reading was never treated as gone")
+	}
+	e.waitMetric(key(mCancellations, "m"), 1)
 }

@@ -500,7 +500,7 @@ func (f *Frontend) serve(w http.ResponseWriter, r *http.Request, chat bool) {
 	}
 	w.Header().Set("x-request-id", id)
 	ctl := http.NewResponseController(w)
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, f.opts.MaxBodyBytes))
+	body, err := readBody(w, r, f.opts.MaxBodyBytes)
 	if err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
@@ -617,6 +617,22 @@ func (f *Frontend) serve(w http.ResponseWriter, r *http.Request, chat bool) {
 		onDisconnect()
 	}
 	stream.Kill() // no-op once it ended; releases it otherwise
+}
+
+// readBody reads at most limit bytes of body (a *http.MaxBytesError past
+// that). A declared length within the limit is read into one buffer of that
+// size, so the largest accepted body costs its size once, not the garbage of
+// a growing buffer.
+func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, error) {
+	body := http.MaxBytesReader(w, r.Body, limit)
+	if n := r.ContentLength; n >= 0 && n <= limit {
+		buf := make([]byte, n)
+		if _, err := io.ReadFull(body, buf); err != nil {
+			return nil, err
+		}
+		return buf, nil
+	}
+	return io.ReadAll(body)
 }
 
 // stallWriter writes a response with a deadline on every write: a client

@@ -6,6 +6,11 @@ The frontend runs inside the shared library (Go's net/http): ``POST
 its request with reason ``client_disconnected``; the workers' abort
 confirmations are counted per model, with the time from disconnect to
 confirmed abort. See docs/request-cancellation.md.
+
+Bounds: a body over ``--max-body-bytes`` (4 MiB) gets 413, an ``x-request-id``
+that is not 1 to 256 bytes of printable UTF-8 gets 400, prompt tokens +
+``max_tokens`` over the model's context length get 400; the listener has
+read, idle and write-stall deadlines (README, "Listeners").
 """
 
 from __future__ import annotations

@@ -5,6 +5,7 @@
 - A body over the frontend's limit gets 413 without the frontend's memory following it.
 - Connections to a worker's metrics port that never finish their request are released
   by the read deadline, and past the connection cap new ones are closed at once.
+- The body limit is taken from the environment when the frontend starts.
 """
 
 from __future__ import annotations
@@ -193,3 +194,32 @@ def test_metrics_half_open_released(stack):
     assert held <= cap
     # The listener still serves.
     assert "dynamo_ctx_worker" in " ".join(worker.metrics())
+
+
+def test_body_limit_from_environment(monkeypatch):
+    """The frontend reads DYNAMO_CTX_MAX_BODY_BYTES when it starts (what ``--max-body-bytes`` sets),
+    even though the library was loaded before; a value that is not a positive number is refused."""
+    from dynamo_ctx import DistributedRuntime
+    from dynamo_ctx.frontend import HttpFrontend
+
+    rt = DistributedRuntime(nats_url="nats://127.0.0.1:0")
+    try:
+        monkeypatch.setenv("DYNAMO_CTX_MAX_BODY_BYTES", "1024")
+        fe = HttpFrontend(rt, "127.0.0.1", 0, namespace="envlimit")
+        try:
+            host, port = fe.address.rsplit(":", 1)
+            status, body = raw_post(host, int(port), 2048, 30)
+            assert status == 413, body
+            assert json.loads(body)["error"]["code"] == "request_too_large"
+            status, body = raw_post(host, int(port), 512, 30)
+            assert status == 400, body  # within the limit: read, then refused as not JSON
+        finally:
+            fe.close()
+        monkeypatch.setenv("DYNAMO_CTX_MAX_BODY_BYTES", "lots")
+        try:
+            HttpFrontend(rt, "127.0.0.1", 0, namespace="envlimit").close()
+            raise AssertionError("an invalid DYNAMO_CTX_MAX_BODY_BYTES was accepted")
+        except (ValueError, OSError, RuntimeError) as e:
+            assert "DYNAMO_CTX_MAX_BODY_BYTES" in str(e)
+    finally:
+        rt.shutdown()

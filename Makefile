@@ -55,6 +55,7 @@ bench-py: build
 	$(PY) python/benchmarks/bench_context.py
 	$(PY) python/benchmarks/bench_plane.py
 	$(PY) python/benchmarks/bench_frontend.py
+	ulimit -n 8192 2>/dev/null; $(PY) python/benchmarks/bench_frontend_memory.py
 	$(PY) python/benchmarks/bench_vs_dynamo.py
 
 bench: bench-go bench-py

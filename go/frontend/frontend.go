@@ -7,7 +7,21 @@
 //   - Request id: the x-request-id header, else x-dynamo-request-id, else a
 //     new uuid. It is returned in the response's x-request-id header and is
 //     the id of the request's context on every hop (migration attempts,
-//     workers, their prefill calls).
+//     workers, their prefill calls). It is a correlation id only: two
+//     requests with the same id run side by side and cancel independently,
+//     because everything is keyed by the request's Key (plane.Stream.Key),
+//     which no client chooses. An id that is longer than plane.MaxIDLen or
+//     not printable UTF-8 is refused (400 invalid_request_id).
+//   - Bounded input: a body over Options.MaxBodyBytes is refused (413
+//     request_too_large), as is a request the bus could not carry; the
+//     prompt's size is checked before it is tokenised, and prompt tokens +
+//     max_tokens must fit the model's context length (400
+//     context_length_exceeded).
+//   - Deadlines: see Options; a response write that stalls for
+//     Options.WriteStallTimeout counts as a disconnect.
+//   - Confirmations: an abort confirmation counts only if it carries the
+//     Key of a request waiting for one and comes from the instance that
+//     request's current attempt went to.
 //   - Disconnect: when the client goes away before the response is complete
 //     (closed socket, client timeout, closed SSE stream), for streaming and
 //     non-streaming requests alike, the request's context is killed with
@@ -40,9 +54,12 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/dynamo-ctx/dynamo-ctx/go/ctxtree"
@@ -59,6 +76,65 @@ type Options struct {
 	MigrationLimit int
 	// DefaultMaxTokens applies when a request gives none.
 	DefaultMaxTokens int
+	// MaxBodyBytes bounds a request body (0: DYNAMO_CTX_MAX_BODY_BYTES, else
+	// DefaultMaxBodyBytes).
+	MaxBodyBytes int64
+	// DefaultMaxModelLen is a model's context length when none of its
+	// instances declares one ("max_model_len" in their metadata); 0 means
+	// DefaultMaxModelLen.
+	DefaultMaxModelLen int
+	// Deadlines (0: the defaults below). ReadTimeout bounds reading the
+	// headers and body; it is lifted once the body is read, so long streams
+	// are not cut.
+	ReadHeaderTimeout, ReadTimeout, IdleTimeout, WriteStallTimeout time.Duration
+}
+
+// Defaults of Options.
+const (
+	DefaultMaxBodyBytes      = 4 << 20
+	DefaultMaxModelLen       = 32768
+	DefaultReadHeaderTimeout = 10 * time.Second
+	DefaultReadTimeout       = 30 * time.Second
+	DefaultIdleTimeout       = 90 * time.Second
+	DefaultWriteStallTimeout = 30 * time.Second
+	// MaxHeaderBytes bounds the request line and headers.
+	MaxHeaderBytes = 64 << 10
+	// EnvMaxBodyBytes overrides DefaultMaxBodyBytes (a number of bytes).
+	EnvMaxBodyBytes = "DYNAMO_CTX_MAX_BODY_BYTES"
+)
+
+func (o *Options) defaults() error {
+	if o.Namespace == "" {
+		o.Namespace = "dynamo"
+	}
+	if o.DefaultMaxTokens <= 0 {
+		o.DefaultMaxTokens = 16
+	}
+	if o.MaxBodyBytes <= 0 {
+		o.MaxBodyBytes = DefaultMaxBodyBytes
+		if v := os.Getenv(EnvMaxBodyBytes); v != "" {
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil || n <= 0 {
+				return fmt.Errorf("%s=%q: want a positive number of bytes", EnvMaxBodyBytes, v)
+			}
+			o.MaxBodyBytes = n
+		}
+	}
+	if o.DefaultMaxModelLen <= 0 {
+		o.DefaultMaxModelLen = DefaultMaxModelLen
+	}
+	for _, d := range []struct {
+		v   *time.Duration
+		def time.Duration
+	}{
+		{&o.ReadHeaderTimeout, DefaultReadHeaderTimeout}, {&o.ReadTimeout, DefaultReadTimeout},
+		{&o.IdleTimeout, DefaultIdleTimeout}, {&o.WriteStallTimeout, DefaultWriteStallTimeout},
+	} {
+		if *d.v <= 0 {
+			*d.v = d.def
+		}
+	}
+	return nil
 }
 
 // Frontend is a running HTTP frontend.
@@ -74,22 +150,20 @@ type Frontend struct {
 
 	mu       sync.Mutex
 	clients  map[string]*plane.Client // per model
-	pending  map[string]pendingAbort  // request id -> disconnect waiting for its confirmation
+	pending  map[string]pendingAbort  // request key -> disconnect waiting for its confirmation
 	serveErr chan error
 }
 
 type pendingAbort struct {
-	model string
-	at    time.Time
+	model  string
+	at     time.Time
+	stream *plane.Stream // whose current attempt's instance must confirm
 }
 
 // New starts the frontend on opts.Addr.
 func New(ctx context.Context, rt *plane.Runtime, opts Options) (*Frontend, error) {
-	if opts.Namespace == "" {
-		opts.Namespace = "dynamo"
-	}
-	if opts.DefaultMaxTokens <= 0 {
-		opts.DefaultMaxTokens = 16
+	if err := opts.defaults(); err != nil {
+		return nil, err
 	}
 	path := opts.Namespace + ".backend.generate"
 	client, err := rt.Client(ctx, path)
@@ -120,8 +194,15 @@ func New(ctx context.Context, rt *plane.Runtime, opts Options) (*Frontend, error
 	mux.HandleFunc("GET /v1/models", f.models)
 	mux.HandleFunc("GET /health", f.health)
 	mux.HandleFunc("GET /metrics", f.metricsHandler)
+	// A kept-alive connection must not carry the last response's write
+	// deadline (see stallWriter) into its next request.
+	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_ = http.NewResponseController(w).SetWriteDeadline(time.Time{})
+		mux.ServeHTTP(w, r)
+	})
 	f.srv = &http.Server{
-		Handler: mux, ReadHeaderTimeout: 30 * time.Second,
+		Handler: handler, ReadHeaderTimeout: opts.ReadHeaderTimeout, ReadTimeout: opts.ReadTimeout,
+		IdleTimeout: opts.IdleTimeout, MaxHeaderBytes: MaxHeaderBytes,
 		// net/http's own complaints go to the library's log, never stderr.
 		ErrorLog: slog.NewLogLogger(slog.Default().Handler(), slog.LevelDebug),
 	}
@@ -159,6 +240,7 @@ func (f *Frontend) Close() error {
 type instanceMeta struct {
 	Model          string `json:"model"`
 	MigrationLimit int    `json:"migration_limit"`
+	MaxModelLen    int    `json:"max_model_len"`
 }
 
 func parseMeta(b []byte) instanceMeta {
@@ -206,6 +288,21 @@ func (f *Frontend) migrationLimit(c *plane.Client) int {
 	return limit
 }
 
+// maxModelLen is the model's context length: the smallest its instances
+// declare, else Options.DefaultMaxModelLen.
+func (f *Frontend) maxModelLen(c *plane.Client) int {
+	limit := 0
+	for _, in := range c.Instances() {
+		if m := parseMeta(in.Meta); m.MaxModelLen > 0 && (limit == 0 || m.MaxModelLen < limit) {
+			limit = m.MaxModelLen
+		}
+	}
+	if limit == 0 {
+		return f.opts.DefaultMaxModelLen
+	}
+	return limit
+}
+
 func (f *Frontend) modelNames() []string {
 	seen := map[string]bool{}
 	for _, in := range f.client.Instances() {
@@ -232,11 +329,16 @@ func (f *Frontend) hasModel(model string) bool {
 	return false
 }
 
+// onAbortConfirmed counts a worker's confirmation: only for a request
+// waiting for one (by its Key, which only the plane and the worker know),
+// and only from the instance its current attempt went to. Anything else (a
+// late, stray or forged message) is ignored.
 func (f *Frontend) onAbortConfirmed(a plane.AbortConfirmation) {
 	f.mu.Lock()
-	p, ok := f.pending[a.ID]
+	p, ok := f.pending[a.Key]
+	ok = ok && a.Instance != 0 && a.Instance == p.stream.Instance()
 	if ok {
-		delete(f.pending, a.ID)
+		delete(f.pending, a.Key)
 	}
 	f.mu.Unlock()
 	if ok {
@@ -244,23 +346,44 @@ func (f *Frontend) onAbortConfirmed(a plane.AbortConfirmation) {
 	}
 }
 
-func requestID(r *http.Request) string {
+// requestID is the request's correlation id: the first of the id headers
+// present (it must pass plane.ValidateID), else a new uuid.
+func requestID(r *http.Request) (string, error) {
 	for _, h := range []string{"x-request-id", "x-dynamo-request-id"} {
-		if v := strings.TrimSpace(r.Header.Get(h)); v != "" && len(v) <= 1024 {
-			return v
+		v := strings.TrimSpace(r.Header.Get(h))
+		if v == "" {
+			continue // an empty header is no id
 		}
+		if err := plane.ValidateID(v); err != nil {
+			return "", fmt.Errorf("the %s header must be 1 to %d bytes of printable UTF-8", h, plane.MaxIDLen)
+		}
+		return v, nil
 	}
-	return ctxtree.NewID()
+	return ctxtree.NewID(), nil
 }
 
-func writeError(w http.ResponseWriter, status int, msg, kind string) {
+// writeError answers with an OpenAI-shaped error: {"error": {"message",
+// "type", "param", "code"}}. param may be empty (null).
+func writeError(w http.ResponseWriter, status int, msg, kind, param, code string) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(map[string]any{"error": map[string]any{"message": msg, "type": kind, "code": status}})
+	var p any
+	if param != "" {
+		p = param
+	}
+	_ = json.NewEncoder(w).Encode(map[string]any{"error": map[string]any{"message": msg, "type": kind, "param": p, "code": code}})
+}
+
+func badRequest(w http.ResponseWriter, msg, param, code string) {
+	writeError(w, http.StatusBadRequest, msg, "invalid_request_error", param, code)
 }
 
 func modelNotFound(w http.ResponseWriter, model string) {
-	writeError(w, http.StatusNotFound, fmt.Sprintf("model %q is not served by any worker", model), "model_not_found")
+	writeError(w, http.StatusNotFound, fmt.Sprintf("model %q is not served by any worker", model), "invalid_request_error", "model", "model_not_found")
+}
+
+func tooLarge(w http.ResponseWriter, msg string) {
+	writeError(w, http.StatusRequestEntityTooLarge, msg, "invalid_request_error", "", "request_too_large")
 }
 
 func (f *Frontend) health(w http.ResponseWriter, r *http.Request) {
@@ -370,25 +493,44 @@ type workerItem struct {
 }
 
 func (f *Frontend) serve(w http.ResponseWriter, r *http.Request, chat bool) {
-	id := requestID(r)
-	w.Header().Set("x-request-id", id)
-	body, err := io.ReadAll(io.LimitReader(r.Body, 64<<20))
+	id, err := requestID(r)
 	if err != nil {
-		writeError(w, http.StatusBadRequest, "could not read the request body", "invalid_request_error")
+		badRequest(w, err.Error(), "", "invalid_request_id")
 		return
 	}
+	w.Header().Set("x-request-id", id)
+	ctl := http.NewResponseController(w)
+	body, err := readBody(w, r, f.opts.MaxBodyBytes)
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			tooLarge(w, fmt.Sprintf("the request body exceeds %d bytes", mbe.Limit))
+			return
+		}
+		badRequest(w, "could not read the request body", "", "invalid_body")
+		return
+	}
+	// The body is read: the read deadline (there for slow senders) must not
+	// cut a long response, nor make the server's background read (which
+	// notices a disconnect) fail while the response is streaming.
+	_ = ctl.SetReadDeadline(time.Time{})
 	var req completionRequest
 	if err := json.Unmarshal(body, &req); err != nil {
-		writeError(w, http.StatusBadRequest, "the request body is not valid JSON: "+err.Error(), "invalid_request_error")
+		badRequest(w, "the request body is not valid JSON: "+err.Error(), "", "invalid_json")
 		return
 	}
+	body = nil
 	if req.Model == "" {
-		writeError(w, http.StatusBadRequest, "model is required", "invalid_request_error")
+		badRequest(w, "model is required", "model", "missing_model")
 		return
 	}
 	text, err := promptText(&req, chat)
 	if err != nil {
-		writeError(w, http.StatusBadRequest, err.Error(), "invalid_request_error")
+		param := "prompt"
+		if chat {
+			param = "messages"
+		}
+		badRequest(w, err.Error(), param, "invalid_prompt")
 		return
 	}
 	maxTokens := f.opts.DefaultMaxTokens
@@ -398,7 +540,7 @@ func (f *Frontend) serve(w http.ResponseWriter, r *http.Request, chat bool) {
 		maxTokens = *req.MaxTokens
 	}
 	if maxTokens <= 0 {
-		writeError(w, http.StatusBadRequest, "max_tokens must be positive", "invalid_request_error")
+		badRequest(w, "max_tokens must be positive", "max_tokens", "invalid_max_tokens")
 		return
 	}
 	if !f.hasModel(req.Model) {
@@ -407,11 +549,19 @@ func (f *Frontend) serve(w http.ResponseWriter, r *http.Request, chat bool) {
 	}
 	client, err := f.modelClient(req.Model)
 	if err != nil {
-		writeError(w, http.StatusServiceUnavailable, err.Error(), "service_unavailable")
+		writeError(w, http.StatusServiceUnavailable, err.Error(), "service_unavailable", "", "service_unavailable")
 		return
 	}
 	if len(client.Instances()) == 0 {
 		modelNotFound(w, req.Model)
+		return
+	}
+	// The prompt's size, checked before it is expanded into token ids (one
+	// per byte with the stand-in tokenizer: the byte count is the count).
+	limit := f.maxModelLen(client)
+	if promptTokens := len(text); promptTokens > limit || maxTokens > limit-promptTokens {
+		badRequest(w, fmt.Sprintf("this model's maximum context length is %d tokens; the request has %d prompt tokens and max_tokens %d",
+			limit, promptTokens, maxTokens), "max_tokens", "context_length_exceeded")
 		return
 	}
 	client.SetMigrationLimit(f.migrationLimit(client))
@@ -422,11 +572,17 @@ func (f *Frontend) serve(w http.ResponseWriter, r *http.Request, chat bool) {
 		"token_ids":       tokenize(text),
 		"stop_conditions": map[string]any{"max_tokens": maxTokens},
 	})
+	text = ""
 	stream, err := client.Generate(payload, rc, plane.RoundRobin, 0)
 	if err != nil {
-		writeError(w, http.StatusInternalServerError, err.Error(), "internal_error")
+		if errors.Is(err, plane.ErrTooLarge) {
+			tooLarge(w, err.Error())
+			return
+		}
+		writeError(w, http.StatusInternalServerError, err.Error(), "internal_error", "", "internal_error")
 		return
 	}
+	payload = nil
 	f.metrics.request(req.Model)
 
 	// A client that goes away kills the request: its context is the request's
@@ -434,35 +590,107 @@ func (f *Frontend) serve(w http.ResponseWriter, r *http.Request, chat bool) {
 	// once: a run started by the AfterFunc and the check below never both
 	// count it, and the check waits for a run in progress (Do returns only
 	// when f has), so the pending entry exists before stream.Kill.
+	// A client that leaves once the worker's stream is complete (while the
+	// last bytes are written) cancelled nothing.
+	out := &stallWriter{w: w, ctl: ctl, stall: f.opts.WriteStallTimeout}
 	var once sync.Once
-	onDisconnect := func() { once.Do(func() { f.disconnected(rc, id, req.Model) }) }
+	onDisconnect := func() {
+		once.Do(func() {
+			if !out.complete.Load() {
+				f.disconnected(rc, stream, id, req.Model)
+			}
+		})
+	}
 	stopWatching := context.AfterFunc(r.Context(), onDisconnect)
 
 	created := time.Now().Unix()
 	if req.Stream {
-		f.streamResponse(w, r, stream, id, req.Model, chat, created)
+		f.streamResponse(out, r, stream, id, req.Model, chat, created)
 	} else {
-		f.unaryResponse(w, r, stream, id, req.Model, chat, created)
+		f.unaryResponse(out, r, stream, id, req.Model, chat, created)
 	}
 	// The response loop may have seen the disconnect (its reads use the
-	// request's context) before the AfterFunc ran: count it either way, once.
+	// request's context) before the AfterFunc ran, or a write may have
+	// failed or stalled: count it either way, once.
 	stopWatching()
-	if r.Context().Err() != nil {
+	if r.Context().Err() != nil || out.failed {
 		onDisconnect()
 	}
 	stream.Kill() // no-op once it ended; releases it otherwise
 }
 
+// readBody reads at most limit bytes of body (a *http.MaxBytesError past
+// that). A declared length within the limit is read into one buffer of that
+// size, so the largest accepted body costs its size once, not the garbage of
+// a growing buffer.
+func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, error) {
+	body := http.MaxBytesReader(w, r.Body, limit)
+	if n := r.ContentLength; n >= 0 && n <= limit {
+		buf := make([]byte, n)
+		if _, err := io.ReadFull(body, buf); err != nil {
+			return nil, err
+		}
+		return buf, nil
+	}
+	return io.ReadAll(body)
+}
+
+// stallWriter writes a response with a deadline on every write: a client
+// that stops reading for the stall timeout is treated as gone.
+type stallWriter struct {
+	w        http.ResponseWriter
+	ctl      *http.ResponseController
+	stall    time.Duration
+	armed    time.Time // when the write deadline was last pushed back
+	failed   bool
+	complete atomic.Bool // the worker's stream ended normally: nothing left to cancel
+}
+
+// arm pushes the write deadline back; at most once a second (the deadline
+// is then between stall-1s and stall away), so a fast stream does not pay
+// for it per token.
+func (s *stallWriter) arm() {
+	if now := time.Now(); now.Sub(s.armed) >= time.Second {
+		s.armed = now
+		_ = s.ctl.SetWriteDeadline(now.Add(s.stall))
+	}
+}
+
+func (s *stallWriter) Write(b []byte) (int, error) {
+	if s.failed {
+		return 0, io.ErrClosedPipe
+	}
+	s.arm()
+	n, err := s.w.Write(b)
+	if err != nil {
+		s.failed = true
+	}
+	return n, err
+}
+
+// Flush sends what is buffered; false once the client is gone or stalled.
+func (s *stallWriter) Flush() bool {
+	if s.failed {
+		return false
+	}
+	s.arm()
+	if err := s.ctl.Flush(); err != nil {
+		s.failed = true
+	}
+	return !s.failed
+}
+
 // disconnected kills the request of a client that went away and records it
 // as a cancellation waiting for the worker's confirmation.
-func (f *Frontend) disconnected(rc *ctxtree.Context, id, model string) {
+func (f *Frontend) disconnected(rc *ctxtree.Context, s *plane.Stream, id, model string) {
 	if rc.IsKilled() {
 		return
 	}
 	now := time.Now()
+	key := s.Key()
 	f.mu.Lock()
 	// Registered before the kill, so that no confirmation can arrive first.
-	f.pending[id] = pendingAbort{model: model, at: now}
+	f.pending[key] = pendingAbort{model: model, at: now, stream: s}
 	for k, p := range f.pending {
 		if now.Sub(p.at) > pendingTTL {
 			delete(f.pending, k) // never confirmed (the worker finished first, or died)
@@ -471,12 +699,12 @@ func (f *Frontend) disconnected(rc *ctxtree.Context, id, model string) {
 	f.mu.Unlock()
 	if !rc.Cancel(ctxtree.Killed, ctxtree.ReasonClientDisconnected) {
 		f.mu.Lock()
-		delete(f.pending, id)
+		delete(f.pending, key)
 		f.mu.Unlock()
 		return
 	}
 	f.metrics.cancellation(model)
-	slog.Info("client disconnected: request killed", "request_id", id, "model", model)
+	slog.Info("client disconnected: request killed", "request_id", id, "request_key", key, "model", model)
 }
 
 // pendingTTL bounds how long a disconnect waits for its confirmation before
@@ -496,13 +724,12 @@ func next(ctx context.Context, s *plane.Stream) (workerItem, error) {
 	return it, nil
 }
 
-func (f *Frontend) streamResponse(w http.ResponseWriter, r *http.Request, s *plane.Stream, id, model string, chat bool, created int64) {
-	flusher, _ := w.(http.Flusher)
-	w.Header().Set("Content-Type", "text/event-stream")
-	w.Header().Set("Cache-Control", "no-cache")
-	w.WriteHeader(http.StatusOK)
-	if flusher != nil {
-		flusher.Flush()
+func (f *Frontend) streamResponse(w *stallWriter, r *http.Request, s *plane.Stream, id, model string, chat bool, created int64) {
+	w.w.Header().Set("Content-Type", "text/event-stream")
+	w.w.Header().Set("Cache-Control", "no-cache")
+	w.w.WriteHeader(http.StatusOK)
+	if !w.Flush() {
+		return
 	}
 	object := "text_completion"
 	if chat {
@@ -512,6 +739,7 @@ func (f *Frontend) streamResponse(w http.ResponseWriter, r *http.Request, s *pla
 	for {
 		it, err := next(r.Context(), s)
 		if err == io.EOF {
+			w.complete.Store(!s.Context().IsStopped())
 			break
 		}
 		if err != nil {
@@ -536,35 +764,38 @@ func (f *Frontend) streamResponse(w http.ResponseWriter, r *http.Request, s *pla
 		first = false
 		b, _ := json.Marshal(map[string]any{"id": id, "object": object, "created": created, "model": model, "choices": []any{choice}})
 		if _, err := fmt.Fprintf(w, "data: %s\n\n", b); err != nil {
-			return // the client is gone; the AfterFunc kills the request
+			return // the client is gone or stalled: serve kills the request
 		}
-		if flusher != nil {
-			flusher.Flush()
+		if !w.Flush() {
+			return
 		}
 	}
 	_, _ = io.WriteString(w, "data: [DONE]\n\n")
-	if flusher != nil {
-		flusher.Flush()
-	}
+	w.Flush()
 }
 
-func (f *Frontend) unaryResponse(w http.ResponseWriter, r *http.Request, s *plane.Stream, id, model string, chat bool, created int64) {
+func (f *Frontend) unaryResponse(w *stallWriter, r *http.Request, s *plane.Stream, id, model string, chat bool, created int64) {
 	var tokens []int
 	finish := "stop"
 	for {
 		it, err := next(r.Context(), s)
 		if err == io.EOF {
+			w.complete.Store(!s.Context().IsStopped())
 			break
 		}
 		if err != nil {
 			if r.Context().Err() != nil {
 				return // disconnected: nobody to answer
 			}
-			status := http.StatusInternalServerError
-			if errors.Is(err, plane.ErrNoResponders) {
-				status = http.StatusServiceUnavailable
+			status, code := http.StatusInternalServerError, "internal_error"
+			switch {
+			case errors.Is(err, plane.ErrNoResponders):
+				status, code = http.StatusServiceUnavailable, "service_unavailable"
+			case errors.Is(err, plane.ErrTooLarge):
+				tooLarge(w.w, err.Error())
+				return
 			}
-			writeError(w, status, err.Error(), "internal_error")
+			writeError(w.w, status, err.Error(), code, "", code)
 			return
 		}
 		tokens = append(tokens, it.TokenIDs...)
@@ -581,7 +812,7 @@ func (f *Frontend) unaryResponse(w http.ResponseWriter, r *http.Request, s *plan
 	} else {
 		choice["text"] = text
 	}
-	w.Header().Set("Content-Type", "application/json")
+	w.w.Header().Set("Content-Type", "application/json")
 	_ = json.NewEncoder(w).Encode(map[string]any{
 		"id": id, "object": object, "created": created, "model": model, "choices": []any{choice},
 		"usage": map[string]any{"completion_tokens": len(tokens)},

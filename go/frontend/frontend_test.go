@@ -85,9 +85,15 @@ func (e *env) runtime(url string) *plane.Runtime {
 // limit the workers declare. Start it after the workers: it closes first.
 func (e *env) start() {
 	e.t.Helper()
+	e.startWith(frontend.Options{Addr: "127.0.0.1:0", MigrationLimit: -1})
+}
+
+// startWith is start with the given options.
+func (e *env) startWith(opts frontend.Options) {
+	e.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
 	defer cancel()
-	fe, err := frontend.New(ctx, e.host, frontend.Options{Addr: "127.0.0.1:0", MigrationLimit: -1})
+	fe, err := frontend.New(ctx, e.host, opts)
 	require.NoError(e.t, err)
 	e.t.Cleanup(func() { assert.NoError(e.t, fe.Close()) })
 	e.fe = fe
@@ -116,11 +122,17 @@ type worker struct {
 // worker starts a worker runtime serving "<namespace>.backend.generate" for
 // model, declaring migrationLimit in its instance metadata.
 func (e *env) worker(name, namespace, model string, migrationLimit int, h handler) *worker {
+	e.t.Helper()
+	return e.workerMeta(name, namespace, map[string]any{"model": model, "migration_limit": migrationLimit}, h)
+}
+
+// workerMeta is worker with the given instance metadata.
+func (e *env) workerMeta(name, namespace string, metadata map[string]any, h handler) *worker {
 	t := e.t
 	t.Helper()
 	w := &worker{name: name, reqs: make(chan *plane.Request, 64), quit: make(chan struct{})}
 	w.rt = e.runtime(e.host.Bus().URL())
-	meta, err := json.Marshal(map[string]any{"model": model, "migration_limit": migrationLimit})
+	meta, err := json.Marshal(metadata)
 	require.NoError(t, err)
 	w.ep, err = w.rt.Serve(namespace+".backend.generate", meta)
 	require.NoError(t, err)
@@ -748,20 +760,21 @@ func TestBadRequests(t *testing.T) {
 	cases := []struct {
 		name, path, body string
 		status           int
+		code             string
 	}{
-		{"bad JSON", "/v1/completions", `{"model": "m", "prompt": `, http.StatusBadRequest},
-		{"bad JSON chat", "/v1/chat/completions", `not json`, http.StatusBadRequest},
-		{"missing model", "/v1/completions", `{"prompt":"hi","max_tokens":2}`, http.StatusBadRequest},
-		{"missing model chat", "/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}]}`, http.StatusBadRequest},
-		{"unknown model", "/v1/completions", completion("nope", "hi", 2, false), http.StatusNotFound},
-		{"unknown model streaming", "/v1/completions", completion("nope", "hi", 2, true), http.StatusNotFound},
-		{"unknown model chat", "/v1/chat/completions", chat("nope", "hi", 2, false), http.StatusNotFound},
-		{"max_tokens 0", "/v1/completions", completion("m", "hi", 0, false), http.StatusBadRequest},
-		{"max_tokens negative", "/v1/completions", completion("m", "hi", -3, true), http.StatusBadRequest},
-		{"max_tokens 0 chat", "/v1/chat/completions", chat("m", "hi", 0, false), http.StatusBadRequest},
-		{"max_completion_tokens 0", "/v1/chat/completions", `{"model":"m","max_tokens":5,"max_completion_tokens":0,"messages":[{"role":"user","content":"hi"}]}`, http.StatusBadRequest},
-		{"no messages", "/v1/chat/completions", `{"model":"m","messages":[]}`, http.StatusBadRequest},
-		{"prompt not a string", "/v1/completions", `{"model":"m","prompt":42}`, http.StatusBadRequest},
+		{"bad JSON", "/v1/completions", `{"model": "m", "prompt": `, http.StatusBadRequest, "invalid_json"},
+		{"bad JSON chat", "/v1/chat/completions", `not json`, http.StatusBadRequest, "invalid_json"},
+		{"missing model", "/v1/completions", `{"prompt":"hi","max_tokens":2}`, http.StatusBadRequest, "missing_model"},
+		{"missing model chat", "/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}]}`, http.StatusBadRequest, "missing_model"},
+		{"unknown model", "/v1/completions", completion("nope", "hi", 2, false), http.StatusNotFound, "model_not_found"},
+		{"unknown model streaming", "/v1/completions", completion("nope", "hi", 2, true), http.StatusNotFound, "model_not_found"},
+		{"unknown model chat", "/v1/chat/completions", chat("nope", "hi", 2, false), http.StatusNotFound, "model_not_found"},
+		{"max_tokens 0", "/v1/completions", completion("m", "hi", 0, false), http.StatusBadRequest, "invalid_max_tokens"},
+		{"max_tokens negative", "/v1/completions", completion("m", "hi", -3, true), http.StatusBadRequest, "invalid_max_tokens"},
+		{"max_tokens 0 chat", "/v1/chat/completions", chat("m", "hi", 0, false), http.StatusBadRequest, "invalid_max_tokens"},
+		{"max_completion_tokens 0", "/v1/chat/completions", `{"model":"m","max_tokens":5,"max_completion_tokens":0,"messages":[{"role":"user","content":"hi"}]}`, http.StatusBadRequest, "invalid_max_tokens"},
+		{"no messages", "/v1/chat/completions", `{"model":"m","messages":[]}`, http.StatusBadRequest, "invalid_prompt"},
+		{"prompt not a string", "/v1/completions", `{"model":"m","prompt":42}`, http.StatusBadRequest, "invalid_prompt"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -770,7 +783,9 @@ func TestBadRequests(t *testing.T) {
 			assert.Equal(t, "bad-1", r.header.Get("x-request-id"), "the id is returned on errors too")
 			errObj, ok := r.json(t)["error"].(map[string]any)
 			require.True(t, ok, "body %s", r.body)
-			assert.EqualValues(t, tc.status, errObj["code"])
+			assert.Equal(t, tc.code, errObj["code"])
+			assert.Contains(t, errObj, "param")
+			assert.Equal(t, "invalid_request_error", errObj["type"])
 			assert.NotEmpty(t, errObj["message"])
 		})
 	}

@@ -3,11 +3,14 @@ package main
 /*
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 */
 import "C"
 
 import (
 	"context"
+	"strconv"
+	"unsafe"
 
 	"github.com/dynamo-ctx/dynamo-ctx/go/frontend"
 	"github.com/dynamo-ctx/dynamo-ctx/go/handle"
@@ -20,8 +23,10 @@ var frontends = handle.NewTable[*frontend.Frontend](kindFrontend)
 // Starts the OpenAI-compatible HTTP frontend on the runtime and stores its
 // handle in *out. addr is the listen address ("127.0.0.1:8000"); namespace
 // (NULL for "dynamo") is where workers serve "<namespace>.backend.generate";
-// migrationLimit < 0 means "as the model's workers declare". Errors:
-// DC_EBADF, DC_EINVAL, DC_EIO (cannot listen).
+// migrationLimit < 0 means "as the model's workers declare". The body
+// limit is DYNAMO_CTX_MAX_BODY_BYTES as the process's environment has it
+// now (the host may set it after loading the library). Errors: DC_EBADF,
+// DC_EINVAL, DC_EIO (cannot listen).
 //
 //export dc_frontend_start
 func dc_frontend_start(rtH C.uint64_t, addr *C.char, addrLen C.size_t, namespace *C.char, nsLen C.size_t, migrationLimit C.int, out *C.uint64_t) (rc C.int) {
@@ -33,12 +38,21 @@ func dc_frontend_start(rtH C.uint64_t, addr *C.char, addrLen C.size_t, namespace
 	if rc != rcOK {
 		return rc
 	}
+	var maxBody int64
+	if v := cGetenv(frontend.EnvMaxBodyBytes); v != "" {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n <= 0 {
+			return fail(rcEINVAL, "dc_frontend_start: %s=%q: want a positive number of bytes", frontend.EnvMaxBodyBytes, v)
+		}
+		maxBody = n
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), connectTimeout)
 	defer cancel()
 	f, err := frontend.New(ctx, rt, frontend.Options{
 		Addr:           string(goBytes(addr, addrLen)),
 		Namespace:      string(goBytes(namespace, nsLen)),
 		MigrationLimit: int(migrationLimit),
+		MaxBodyBytes:   maxBody,
 	})
 	if err != nil {
 		return fail(rcEIO, "dc_frontend_start: %v", err)
@@ -71,4 +85,16 @@ func dc_frontend_free(h C.uint64_t) (rc C.int) {
 	}
 	_ = f.Close()
 	return rcOK
+}
+
+// cGetenv reads the C environment as it is now: Go's os.Getenv sees a copy
+// taken when the library was loaded.
+func cGetenv(name string) string {
+	cs := C.CString(name)
+	defer C.free(unsafe.Pointer(cs))
+	v := C.getenv(cs)
+	if v == nil {
+		return ""
+	}
+	return C.GoString(v)
 }

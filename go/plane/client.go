@@ -263,7 +263,7 @@ func (c *Client) Generate(payload []byte, parent *ctxtree.Context, route Route, 
 	if err != nil {
 		return nil, err
 	}
-	return c.generateOnce(payload, parent, route, instance, nil, o)
+	return c.generateOnce(payload, parent, route, instance, nil, nil, o)
 }
 
 // requestContext checks a request and makes its context: a new child of
@@ -272,6 +272,12 @@ func (c *Client) Generate(payload []byte, parent *ctxtree.Context, route Route, 
 func (c *Client) requestContext(payload []byte, parent *ctxtree.Context) (*ctxtree.Context, error) {
 	if !json.Valid(payload) {
 		return nil, ErrNotJSON
+	}
+	if len(payload)+envelopeOverhead > int(c.rt.nc().MaxPayload()) {
+		return nil, c.tooLarge(len(payload) + envelopeOverhead)
+	}
+	if parent != nil && ValidateID(parent.ID()) != nil {
+		return nil, fmt.Errorf("%w: %q", ErrInvalidID, parent.ID())
 	}
 	c.mu.Lock()
 	closed := c.closed
@@ -287,20 +293,39 @@ func (c *Client) requestContext(payload []byte, parent *ctxtree.Context) (*ctxtr
 	return rc, nil
 }
 
+// envelopeOverhead bounds what the envelope adds to a request payload
+// (id, key, address, token, field names): the id is at most MaxIDLen bytes,
+// which JSON escaping may grow sixfold.
+const envelopeOverhead = 6*MaxIDLen + 512
+
+func (c *Client) tooLarge(n int) error {
+	return fmt.Errorf("%w: %d bytes, the NATS server accepts at most %d", ErrTooLarge, n, c.rt.nc().MaxPayload())
+}
+
 // generateOnce is one attempt: Generate without migration, avoiding the
-// instances in exclude if it can (see pick).
-func (c *Client) generateOnce(payload []byte, parent *ctxtree.Context, route Route, instance uint64, exclude map[uint64]bool, o generateOptions) (*Stream, error) {
+// instances in exclude if it can (see pick). outer is the migrating stream
+// this is an attempt of (nil: none): the attempt carries its key, and its
+// Instance is this attempt's from before the request is sent.
+func (c *Client) generateOnce(payload []byte, parent *ctxtree.Context, route Route, instance uint64, exclude map[uint64]bool, outer *Stream, o generateOptions) (*Stream, error) {
 	rc, err := c.requestContext(payload, parent)
 	if err != nil {
 		return nil, err
 	}
-	s := &Stream{ctx: rc, wake: make(chan struct{}, 1), rt: c.rt, client: c}
+	key := NewKey()
+	if outer != nil {
+		key = outer.key
+	}
+	s := &Stream{ctx: rc, key: key, wake: make(chan struct{}, 1), rt: c.rt, client: c}
 	id, err := c.pick(route, instance, exclude)
 	if err != nil {
 		s.end(err)
 		return s, nil
 	}
 	s.instance = id
+	s.served.Store(id)
+	if outer != nil {
+		outer.served.Store(id)
+	}
 	token := newToken()
 	local := c.rt.servesInstance(id)
 	// The connect timeout covers the dispatch too (it restarts at the
@@ -337,8 +362,15 @@ func (c *Client) generateOnce(payload []byte, parent *ctxtree.Context, route Rou
 	c.rt.trackStream(s)
 	c.rt.setLocal(token, rc) // until acknowledged: see Request.followLocalCaller
 	st, _ := rc.State()
-	env := envelope{ID: rc.ID(), Addr: c.rt.streamAddr(), Token: token, State: st, Request: payload, Metadata: o.metadata}
-	go s.run(c.rt.nc(), discovery.RequestSubject(c.path, id), mustJSON(env))
+	env := mustJSON(envelope{ID: rc.ID(), Key: key, Addr: c.rt.streamAddr(), Token: token, State: st, Request: payload, Metadata: o.metadata})
+	if len(env) > int(c.rt.nc().MaxPayload()) {
+		// A continuation grew past the limit: refused here, never sent.
+		c.rt.setLocal(token, nil)
+		in.Close()
+		s.end(c.tooLarge(len(env)))
+		return s, nil
+	}
+	go s.run(c.rt.nc(), discovery.RequestSubject(c.path, id), env)
 	return s, nil
 }
 
@@ -346,8 +378,10 @@ func (c *Client) generateOnce(payload []byte, parent *ctxtree.Context, route Rou
 // buffer that the host drains with Take.
 type Stream struct {
 	rt        *Runtime
-	client    *Client // nil for a migrating stream's outer stream
-	instance  uint64  // the instance this attempt went to (0: none)
+	client    *Client       // nil for a migrating stream's outer stream
+	instance  uint64        // the instance this attempt went to (0: none)
+	served    atomic.Uint64 // the instance of the current attempt (see Instance)
+	key       string        // the logical request's key (see NewKey)
 	ctx       *ctxtree.Context
 	in        *stream.Incoming
 	stopHooks []func() bool
@@ -366,6 +400,15 @@ type Stream struct {
 
 // Context is the request's context (a child of the caller's, or a root).
 func (s *Stream) Context() *ctxtree.Context { return s.ctx }
+
+// Key is the request's key: made by this plane, shared by every migration
+// attempt, carried to the worker (Request.Key) and in its abort
+// confirmation. Unlike the id, no client can choose or guess it.
+func (s *Stream) Key() string { return s.key }
+
+// Instance is the worker instance the current attempt was sent to (0 before
+// one was chosen): the only instance whose abort confirmation counts.
+func (s *Stream) Instance() uint64 { return s.served.Load() }
 
 // dispatchBudget bounds how long a request keeps trying to reach its
 // worker while the NATS connection is down or settling after a

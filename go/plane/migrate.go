@@ -33,7 +33,8 @@ import (
 //     Direct request's retries may go to any instance.
 //   - When: retry n waits a jittered backoff (backoff: 25 ms doubling, at
 //     most 1 s, half of it random), cut short by a stop or kill.
-//   - Identity and cancellation: every attempt's context is a new child of
+//   - Identity and cancellation: every attempt carries the request's Key
+//     (made once, here) and its context is a new child of
 //     the request's context with the same id, linked before it is sent, so a
 //     stop or kill that lands during or between attempts reaches the current
 //     attempt's worker.
@@ -57,7 +58,7 @@ func (c *Client) GenerateMigrating(payload []byte, parent *ctxtree.Context, rout
 		return nil, err
 	}
 	slog.Debug("migration_limit read", "request_id", rc.ID(), "endpoint", c.path, "migration_limit", limit)
-	out := &Stream{ctx: rc, wake: make(chan struct{}, 1), rt: c.rt}
+	out := &Stream{ctx: rc, key: NewKey(), wake: make(chan struct{}, 1), rt: c.rt}
 	out.stopHooks = append(out.stopHooks, rc.Notify(ctxtree.Killed, out.poke))
 	c.rt.trackStream(out)
 	go out.migrate(c, payload, route, instance, limit, o)
@@ -113,7 +114,7 @@ func (s *Stream) migrate(c *Client, payload []byte, route Route, instance uint64
 				return
 			}
 		}
-		inner, err := c.generateOnce(p, s.ctx, route, instance, exclude, o)
+		inner, err := c.generateOnce(p, s.ctx, route, instance, exclude, s, o)
 		if err != nil {
 			s.end(err)
 			return

@@ -15,7 +15,12 @@
 //
 //   - Identity: the worker's request context has the caller's request id.
 //     An outgoing call made with a parent context uses a child of it (same id,
-//     linked before the request is sent); without one, a fresh id.
+//     linked before the request is sent); without one, a fresh id. The id is
+//     a correlation id only (a client may choose it, and two requests may
+//     share it): everything keyed internally uses the request's Key, 128
+//     bits from crypto/rand made by the caller's plane per logical request
+//     (shared by its migration attempts), and each attempt's stream token
+//     is 128 bits from crypto/rand too.
 //   - Caller stop: the handler's context becomes Stopped (not Killed); items
 //     already produced still arrive; the stream then ends without error.
 //   - Caller kill: the handler's context becomes Killed; the stream ends.
@@ -40,17 +45,20 @@ package plane
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"net"
 	"os"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/nats-io/nats.go"
 
@@ -84,6 +92,12 @@ var (
 	ErrNotAcknowledged = errors.New("the worker did not acknowledge the request in time")
 	// ErrNotJSON: a request or response payload is not a JSON value.
 	ErrNotJSON = errors.New("payload is not valid JSON")
+	// ErrTooLarge: the request envelope would exceed the NATS server's
+	// maximum payload; it is refused before anything is sent.
+	ErrTooLarge = errors.New("request too large for the request plane")
+	// ErrInvalidID: a request id is empty, longer than MaxIDLen bytes, or not
+	// printable UTF-8.
+	ErrInvalidID = errors.New("invalid request id")
 )
 
 const (
@@ -374,13 +388,73 @@ func ValidatePath(path string) error {
 
 // envelope is the request message sent over NATS.
 type envelope struct {
-	ID      string          `json:"id"`
+	ID string `json:"id"` // the correlation id (the caller's context id)
+	// Key identifies the logical request internally (see NewKey).
+	Key     string          `json:"key"`
 	Addr    string          `json:"addr"`
 	Token   string          `json:"token"`
 	State   ctxtree.State   `json:"state,omitempty"`
 	Request json.RawMessage `json:"request"`
 	// Metadata is the request's metadata (a JSON object, see WithMetadata).
 	Metadata json.RawMessage `json:"metadata,omitempty"`
+}
+
+// check rejects an envelope that no plane of ours would have sent: a
+// stranger on the bus can reach a worker's subject, so everything the
+// worker uses is checked before it allocates anything for the request.
+func (env *envelope) check() error {
+	if ValidateID(env.ID) != nil || !ValidKey(env.Key) || !ValidKey(env.Token) {
+		return errors.New("malformed request envelope")
+	}
+	if host, port, err := net.SplitHostPort(env.Addr); err != nil || host == "" || port == "" {
+		return errors.New("malformed request envelope")
+	}
+	if env.State > ctxtree.Killed || !json.Valid(env.Request) {
+		return errors.New("malformed request envelope")
+	}
+	if len(env.Metadata) > 0 && checkMetadata(env.Metadata) != nil {
+		return errors.New("malformed request envelope")
+	}
+	return nil
+}
+
+// MaxIDLen bounds a request id, in bytes.
+const MaxIDLen = 256
+
+// ValidateID checks a request id: 1 to MaxIDLen bytes of printable UTF-8
+// (no control characters), the one rule for every id the plane carries.
+func ValidateID(id string) error {
+	if id == "" || len(id) > MaxIDLen || !utf8.ValidString(id) {
+		return ErrInvalidID
+	}
+	for _, r := range id {
+		if !unicode.IsPrint(r) {
+			return ErrInvalidID
+		}
+	}
+	return nil
+}
+
+// NewKey returns a new request key: 128 bits from crypto/rand, in hex. Stream
+// tokens are made the same way.
+func NewKey() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:]) // never fails (crypto/rand panics if it cannot)
+	return hex.EncodeToString(b[:])
+}
+
+// ValidKey reports whether k has the form NewKey gives (32 lowercase hex).
+func ValidKey(k string) bool {
+	if len(k) != 32 {
+		return false
+	}
+	for i := 0; i < len(k); i++ {
+		c := k[i]
+		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return false
+		}
+	}
+	return true
 }
 
 type ack struct {
@@ -425,7 +499,7 @@ func call(f func()) {
 	}
 }
 
-func newToken() string { return fmt.Sprintf("%016x%016x", rand.Uint64(), rand.Uint64()) }
+func newToken() string { return stream.NewToken() }
 
 // nc returns the NATS connection.
 func (r *Runtime) nc() *nats.Conn { return r.bus.Conn() }

@@ -989,7 +989,9 @@ func TestAbortConfirmedAfterHandlerReturns(t *testing.T) {
 	}
 	close(release)
 	a := recv(t, confirmed, "the abort confirmation")
-	assert.Equal(t, plane.AbortConfirmation{ID: "abort-me", Path: path, Instance: w.ep.InstanceID(), Reason: "kill"}, a)
+	assert.Equal(t, plane.AbortConfirmation{ID: "abort-me", Key: s.Key(), Path: path, Instance: w.ep.InstanceID(), Reason: "kill"}, a)
+	assert.Equal(t, s.Key(), req.Key, "the worker's request carries the caller's key")
+	assert.Equal(t, w.ep.InstanceID(), s.Instance())
 	_, _, err = drain(s, 0)
 	assert.Equal(t, io.EOF, err)
 

@@ -78,14 +78,16 @@ func (e *Endpoint) Path() string { return e.path }
 func (e *Endpoint) Done() <-chan struct{} { return e.closedCh }
 
 func (e *Endpoint) onMsg(m *nats.Msg) {
+	if m.Reply == "" {
+		return // not sent by a plane (every request waits for its acknowledgement)
+	}
 	var env envelope
-	if err := json.Unmarshal(m.Data, &env); err != nil || env.ID == "" || env.Addr == "" || !json.Valid(env.Request) ||
-		(len(env.Metadata) > 0 && checkMetadata(env.Metadata) != nil) {
+	if err := json.Unmarshal(m.Data, &env); err != nil || env.check() != nil {
 		_ = m.Respond(mustJSON(ack{Error: "malformed request envelope"}))
 		return
 	}
 	req := &Request{
-		ep: e, ID: env.ID, Payload: env.Request, Metadata: env.Metadata, Ctx: e.rt.opts.NewContext(env.ID),
+		ep: e, ID: env.ID, Key: env.Key, Payload: env.Request, Metadata: env.Metadata, Ctx: e.rt.opts.NewContext(env.ID),
 		wake: make(chan struct{}, 1), hostDone: make(chan struct{}),
 	}
 	if env.State >= ctxtree.Stopped {
@@ -244,8 +246,11 @@ func (e *Endpoint) Close() {
 // Request is one request being served: its payload, its context, and the
 // buffer of items the handler produces.
 type Request struct {
-	ep      *Endpoint
-	ID      string
+	ep *Endpoint
+	// ID is the caller's correlation id (also the context's id); Key is the
+	// request's internal identity (see NewKey), the same for every migration
+	// attempt of one logical request.
+	ID, Key string
 	Payload json.RawMessage
 	// Metadata is the caller's request metadata (a JSON object), nil if none.
 	Metadata json.RawMessage
@@ -446,7 +451,8 @@ const AbortedSubject = "dc.aborted"
 
 // AbortConfirmation is the message on AbortedSubject.
 type AbortConfirmation struct {
-	ID       string `json:"id"`       // the request id
+	ID       string `json:"id"`       // the request's correlation id (for logs)
+	Key      string `json:"key"`      // the request's key: what a caller matches on
 	Path     string `json:"path"`     // the endpoint path
 	Instance uint64 `json:"instance"` // the worker instance
 	Reason   string `json:"reason"`   // why the request was killed, as the worker saw it
@@ -466,13 +472,16 @@ func (r *Request) confirmAbort() {
 	case <-time.After(abortConfirmTimeout):
 		return
 	}
-	msg := AbortConfirmation{ID: r.ID, Path: r.ep.path, Instance: r.ep.instanceID, Reason: r.Ctx.Reason().String()}
+	msg := AbortConfirmation{ID: r.ID, Key: r.Key, Path: r.ep.path, Instance: r.ep.instanceID, Reason: r.Ctx.Reason().String()}
 	_ = r.ep.rt.nc().Publish(AbortedSubject, mustJSON(msg))
 }
 
 // OnAbortConfirmed calls f for every abort confirmation any worker
 // publishes, until the returned unsubscribe is called or the runtime closes.
-// f runs on a NATS delivery goroutine.
+// f runs on a NATS delivery goroutine. Anyone on the bus can publish here:
+// the caller counts a confirmation only if its Key and Instance match a
+// request it knows and the instance that served it (see Stream.Key and
+// Stream.Instance).
 func (r *Runtime) OnAbortConfirmed(f func(AbortConfirmation)) (unsubscribe func(), err error) {
 	sub, err := r.nc().Subscribe(AbortedSubject, func(m *nats.Msg) {
 		var a AbortConfirmation

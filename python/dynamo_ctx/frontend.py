@@ -6,6 +6,11 @@ The frontend runs inside the shared library (Go's net/http): ``POST
 its request with reason ``client_disconnected``; the workers' abort
 confirmations are counted per model, with the time from disconnect to
 confirmed abort. See docs/request-cancellation.md.
+
+Bounds: a body over ``--max-body-bytes`` (4 MiB) gets 413, an ``x-request-id``
+that is not 1 to 256 bytes of printable UTF-8 gets 400, prompt tokens +
+``max_tokens`` over the model's context length get 400; the listener has
+read, idle and write-stall deadlines (README, "Listeners").
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 from typing import Optional
 
@@ -49,11 +55,19 @@ def parse_args(argv: Optional[list] = None) -> argparse.Namespace:
     p.add_argument("--namespace", default="dynamo")
     p.add_argument("--migration-limit", type=int, default=None, help="retries of a broken stream (default: as the workers declare)")
     p.add_argument("--nats-url", default=None)
+    p.add_argument(
+        "--max-body-bytes", type=int, default=None,
+        help="largest request body accepted, in bytes (default: $DYNAMO_CTX_MAX_BODY_BYTES, else 4 MiB); larger ones get 413",
+    )
     p.add_argument("--log-level", default="INFO")
     return p.parse_args(argv)
 
 
 async def run(args: argparse.Namespace) -> None:
+    if args.max_body_bytes is not None:
+        if args.max_body_bytes <= 0:
+            raise SystemExit("--max-body-bytes must be positive")
+        os.environ["DYNAMO_CTX_MAX_BODY_BYTES"] = str(args.max_body_bytes)  # read by the frontend when it starts
     runtime = DistributedRuntime(nats_url=args.nats_url)
     fe = await asyncio.get_running_loop().run_in_executor(
         None, lambda: HttpFrontend(runtime, args.http_host, args.http_port, args.namespace, args.migration_limit)

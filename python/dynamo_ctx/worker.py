@@ -14,13 +14,20 @@ import argparse
 import asyncio
 import logging
 import signal
-from typing import Any, Optional
+from typing import Any, Dict, Optional
 
 from . import DistributedRuntime
 from .backends.vllm import AggregatedHandler, DecodeHandler, PrefillHandler, WorkerMetrics
 from .mocker import MockAsyncLLM, MockEngineArgs
 
 logger = logging.getLogger("dynamo_ctx.worker")
+
+#: Defaults of the metrics listener's bounds: a client has this long to send
+#: its request line and headers, at most this many connections are served at
+#: once (more are closed at once), and a request's head is at most this long.
+METRICS_READ_TIMEOUT = 10.0
+METRICS_MAX_CONNECTIONS = 64
+METRICS_MAX_HEAD = 16 * 1024
 
 
 def parse_args(argv: Optional[list] = None) -> argparse.Namespace:
@@ -31,7 +38,19 @@ def parse_args(argv: Optional[list] = None) -> argparse.Namespace:
     p.add_argument("--namespace", default="dynamo")
     p.add_argument("--migration-limit", type=int, default=0)
     p.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus text at /metrics on this port")
-    p.add_argument("--metrics-host", default="127.0.0.1")
+    p.add_argument("--metrics-host", default="127.0.0.1", help="address of the metrics listener (default: loopback only)")
+    p.add_argument(
+        "--metrics-read-timeout", type=float, default=METRICS_READ_TIMEOUT,
+        help="seconds a metrics client has to send its request (default %(default)s)",
+    )
+    p.add_argument(
+        "--metrics-max-connections", type=int, default=METRICS_MAX_CONNECTIONS,
+        help="metrics connections served at once; more are closed at once (default %(default)s)",
+    )
+    p.add_argument(
+        "--max-model-len", type=int, default=None,
+        help="the model's context length (prompt + max_tokens), published with the instance; the frontend refuses longer requests",
+    )
     p.add_argument("--nats-url", default=None, help="NATS address (default: $NATS_SERVER or the embedded default)")
     p.add_argument("--prefill-time-per-token", type=float, default=MockEngineArgs.prefill_time_per_token)
     p.add_argument("--decode-time-per-token", type=float, default=MockEngineArgs.decode_time_per_token)
@@ -50,14 +69,48 @@ def make_engine(args: argparse.Namespace) -> Any:
     )
 
 
-async def serve_metrics(host: str, port: int, metrics: WorkerMetrics, engine: Any) -> asyncio.AbstractServer:
-    """A minimal HTTP server for ``GET /metrics`` (Prometheus text format)."""
+async def _read_head(reader: asyncio.StreamReader) -> bytes:
+    """The request line, after reading (and bounding) the headers."""
+    request_line = await reader.readline()
+    size = len(request_line)
+    while True:
+        line = await reader.readline()
+        size += len(line)
+        if size > METRICS_MAX_HEAD:
+            raise ValueError("request head too long")
+        if line in (b"\r\n", b"\n", b""):
+            return request_line
+
+
+async def serve_metrics(
+    host: str,
+    port: int,
+    metrics: WorkerMetrics,
+    engine: Any,
+    read_timeout: float = METRICS_READ_TIMEOUT,
+    max_connections: int = METRICS_MAX_CONNECTIONS,
+) -> asyncio.AbstractServer:
+    """A minimal HTTP server for ``GET /metrics`` (Prometheus text format).
+
+    Each connection gets ``read_timeout`` seconds to send its request line and
+    headers (at most ``METRICS_MAX_HEAD`` bytes), else it is closed; beyond
+    ``max_connections`` connections at once, new ones are closed unanswered.
+    So a client that opens connections and sends nothing holds nothing for
+    long.
+    """
+    active = 0
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal active
+        if active >= max_connections:
+            writer.close()
+            return
+        active += 1
         try:
-            request_line = await reader.readline()
-            while (await reader.readline()) not in (b"\r\n", b"\n", b""):
-                pass
+            try:
+                request_line = await asyncio.wait_for(_read_head(reader), read_timeout)
+            except (asyncio.TimeoutError, ValueError, ConnectionError, asyncio.LimitOverrunError, asyncio.IncompleteReadError):
+                return
             parts = request_line.decode("latin-1").split()
             if len(parts) >= 2 and parts[0] == "GET" and parts[1].split("?")[0] == "/metrics":
                 body, status = metrics.render(engine).encode(), "200 OK"
@@ -67,8 +120,12 @@ async def serve_metrics(host: str, port: int, metrics: WorkerMetrics, engine: An
                 f"HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4\r\n"
                 f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body
             )
-            await writer.drain()
+            try:
+                await asyncio.wait_for(writer.drain(), read_timeout)
+            except (asyncio.TimeoutError, ConnectionError):
+                pass
         finally:
+            active -= 1
             writer.close()
 
     return await asyncio.start_server(handle, host, port)
@@ -91,8 +148,12 @@ async def run(args: argparse.Namespace) -> None:
     endpoint = runtime.namespace(args.namespace).component(component).endpoint("generate")
     metrics_server = None
     if args.metrics_port is not None:
-        metrics_server = await serve_metrics(args.metrics_host, args.metrics_port, metrics, engine)
-    meta = {"model": args.model, "mode": args.mode, "migration_limit": args.migration_limit}
+        metrics_server = await serve_metrics(
+            args.metrics_host, args.metrics_port, metrics, engine, args.metrics_read_timeout, args.metrics_max_connections
+        )
+    meta: Dict[str, Any] = {"model": args.model, "mode": args.mode, "migration_limit": args.migration_limit}
+    if args.max_model_len is not None:
+        meta["max_model_len"] = args.max_model_len
     serving = asyncio.ensure_future(endpoint.serve_endpoint(handler.generate, metadata=meta))
     instance = await endpoint.serving()
     logger.info("serving %s as instance %d (model %s, mode %s)", endpoint.path, instance, args.model, args.mode)

@@ -113,7 +113,11 @@ def test_disaggregated_cancel_reaches_prefill(nats_url, phase, caplog):
         ctx = Context(f"disagg-{phase}")
         stream = await client.generate({"token_ids": list(range(1000)), "max_tokens": 10_000}, context=ctx)
         if phase == "prefill":
-            while prefill_engine.phase(ctx.id()) != "prefill":  # the prefill worker has started on it
+            # The prefill worker has started on it (the engine's key is the
+            # context id plus random bits: see BaseWorkerHandler._engine_stream).
+            while not any(
+                r.startswith(ctx.id() + "-") and prefill_engine.phase(r) == "prefill" for r in prefill_engine.running_request_ids()
+            ):
                 await asyncio.sleep(0.001)
             ctx.kill()
             rid, _ = await prefill.aborted.get()
@@ -140,3 +144,33 @@ def test_disaggregated_cancel_reaches_prefill(nats_url, phase, caplog):
         assert f"Aborted Prefill Request ID: disagg-{phase}" in messages
     else:
         assert f"Aborted Request ID: disagg-{phase}" in messages
+
+
+def test_same_request_id_runs_side_by_side(nats_url):
+    """Two requests with one context id run in the engine side by side (its key is the id plus
+    random bits), and killing one aborts only that one."""
+
+    async def main():
+        engine = MockAsyncLLM(MockEngineArgs(decode_time_per_token=0.002))
+        w = await Served(nats_url, AggregatedHandler(engine, "m"), f"{ns()}.backend.generate").start()
+        client = await w.client()
+        victim, attacker = Context("same-id"), Context("same-id")
+        n = 40
+        vstream = await client.generate({"token_ids": [1, 2, 3], "stop_conditions": {"max_tokens": n}}, context=victim)
+        astream = await client.generate({"token_ids": [4, 5], "stop_conditions": {"max_tokens": 10_000}}, context=attacker)
+        await astream.__anext__()
+        got = []
+        async for item in vstream:
+            got.extend(item.data()["token_ids"])
+            if len(got) == 2:
+                running = engine.running_request_ids()
+                assert len(running) == 2 and all(r.startswith("same-id-") for r in running), running
+                attacker.kill()
+        rid, _ = await w.aborted.get()
+        assert rid == "same-id"
+        assert len(got) == n, "the victim's request was cut short"
+        assert engine.stats.aborts_confirmed == 1
+        assert engine.stats.running_requests == 0
+        await w.stop()
+
+    run(main())

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 from typing import Any, AsyncIterator, Callable, Dict, List, Optional
 
 from ..context import Context
@@ -98,23 +99,23 @@ class BaseWorkerHandler:
         #: Called with (request_id, kv_blocks_freed) after each confirmed abort.
         self.abort_listeners: List[Callable[[str, int], None]] = []
 
-    async def _abort(self, request_id: str) -> None:
-        """Abort ``request_id`` in the engine once, and count the confirmation.
+    async def _abort(self, engine_id: str, request_id: str) -> None:
+        """Abort ``engine_id`` in the engine once, and count the confirmation.
 
         The monitor and the handler's ``finally`` may both call it; they share
         one shielded task, so neither cancelling the monitor nor a second call
-        can cut the abort short.
+        can cut the abort short. ``request_id`` (the context's id) is for logs.
         """
-        task = self._aborting.get(request_id)
+        task = self._aborting.get(engine_id)
         if task is None:
-            task = self._aborting[request_id] = asyncio.ensure_future(self._do_abort(request_id))
+            task = self._aborting[engine_id] = asyncio.ensure_future(self._do_abort(engine_id, request_id))
         await asyncio.shield(task)
 
-    async def _do_abort(self, request_id: str) -> None:
+    async def _do_abort(self, engine_id: str, request_id: str) -> None:
         self.metrics.cancellations_received_total += 1
         # vLLM's abort returns once the engine dropped the request; the mock
         # also returns how many KV blocks that freed.
-        freed = await self.engine.abort(request_id)
+        freed = await self.engine.abort(engine_id)
         freed = freed if isinstance(freed, int) else 0
         self.metrics.aborts_confirmed_total += 1
         self.metrics.abort_freed_kv_blocks_total += freed
@@ -122,21 +123,29 @@ class BaseWorkerHandler:
         for listener in list(self.abort_listeners):
             listener(request_id, freed)
 
-    async def _monitor(self, context: Context, request_id: str) -> None:
+    async def _monitor(self, context: Context, engine_id: str, request_id: str) -> None:
         await context.async_killed_or_stopped()
-        await self._abort(request_id)
+        await self._abort(engine_id, request_id)
 
     async def _engine_stream(
         self, context: Context, request_id: str, prompt: Any, max_tokens: int, kv_transfer_params: Optional[Dict[str, Any]] = None
     ) -> AsyncIterator[Dict[str, Any]]:
-        """Run the engine for one request under an abort monitor; yield delta items."""
+        """Run the engine for one request under an abort monitor; yield delta items.
+
+        ``request_id`` is the context's id, a correlation id that any client
+        may choose (two requests may share it): it is what the logs show. The
+        engine's own key is that id plus 128 random bits, so that no client
+        can abort, or block, another's request in the engine.
+        """
         self.metrics.requests_total += 1
+        engine_id = f"{request_id}-{secrets.token_hex(16)}"
         logger.info("New %sRequest ID: %s", self.label, request_id)
-        monitor = asyncio.ensure_future(self._monitor(context, request_id))
+        logger.debug("%sRequest ID %s runs in the engine as %s", self.label, request_id, engine_id)
+        monitor = asyncio.ensure_future(self._monitor(context, engine_id, request_id))
         params = sampling_params_for(self.engine, max_tokens)
         kwargs = {"kv_transfer_params": kv_transfer_params} if kv_transfer_params else {}
         seen = 0
-        outputs = self.engine.generate(prompt, params, request_id, **kwargs)
+        outputs = self.engine.generate(prompt, params, engine_id, **kwargs)
         try:
             async for out in outputs:
                 if context.is_stopped():
@@ -155,13 +164,13 @@ class BaseWorkerHandler:
             if context.is_stopped():
                 # Whichever ran first (the monitor, or the dispatcher cancelling
                 # this handler on kill), the engine is aborted exactly once.
-                await self._abort(request_id)
+                await self._abort(engine_id, request_id)
             # Close the engine's stream now: breaking out of async-for leaves
             # an async generator suspended (holding the request) until GC.
             aclose = getattr(outputs, "aclose", None)
             if aclose is not None:
                 await asyncio.shield(aclose())
-            self._aborting.pop(request_id, None)
+            self._aborting.pop(engine_id, None)
 
 
 class AggregatedHandler(BaseWorkerHandler):

@@ -299,7 +299,7 @@ class Stack:
         """Start all processes at once, then wait until each is ready and the frontend sees the backends.
 
         ``workers``: dicts with ``mode`` (default agg) and optional ``prefill``/``decode``
-        (seconds per token), ``migration_limit``, ``model``.
+        (seconds per token), ``migration_limit``, ``model``, ``args`` (more worker arguments).
         """
         started = []
         for i, spec in enumerate(workers):
@@ -310,6 +310,7 @@ class Stack:
                 extra += ["--decode-time-per-token", str(spec["decode"])]
             if "migration_limit" in spec:
                 extra += ["--migration-limit", str(spec["migration_limit"])]
+            extra += spec.get("args", [])
             mode = spec.get("mode", "agg")
             w = Worker(f"worker{i}-{mode}", self.env, mode, spec.get("model", MODEL), self.namespace, extra)
             self.procs.append(w)

@@ -1,0 +1,192 @@
+package plane_test
+
+// Request identity and forged messages (issue 9): the keys the plane makes,
+// the payload bound, and what a stranger on the bus can send a worker.
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/dynamo-ctx/dynamo-ctx/go/ctxtree"
+	"github.com/dynamo-ctx/dynamo-ctx/go/discovery"
+	"github.com/dynamo-ctx/dynamo-ctx/go/natsbus"
+	"github.com/dynamo-ctx/dynamo-ctx/go/plane"
+)
+
+func TestNewKey(t *testing.T) {
+	seen := map[string]bool{}
+	for i := 0; i < 1000; i++ {
+		k := plane.NewKey()
+		require.True(t, plane.ValidKey(k), "key %q", k)
+		require.False(t, seen[k], "a key repeated")
+		seen[k] = true
+	}
+	for _, k := range []string{"", "abc", strings.Repeat("A", 32), strings.Repeat("g", 32), strings.Repeat("0", 33)} {
+		assert.False(t, plane.ValidKey(k), "key %q", k)
+	}
+}
+
+func TestValidateID(t *testing.T) {
+	for _, id := range []string{"a", "req-1", strings.Repeat("x", plane.MaxIDLen), "réq-日本-🙂", "with space"} {
+		assert.NoError(t, plane.ValidateID(id), "id %q", id)
+	}
+	for _, id := range []string{"", strings.Repeat("x", plane.MaxIDLen+1), "a\x00b", "a\nb", "a\tb", "\x7f", "\xff", "\xc0\xaf", "\xed\xa0\x80", "\u200b"} {
+		assert.ErrorIs(t, plane.ValidateID(id), plane.ErrInvalidID, "id %q", id)
+	}
+}
+
+// TestKeyPerRequest: two requests with the same id have different keys; the
+// worker's request carries the caller's key, and every migration attempt of
+// one request carries the same key.
+func TestKeyPerRequest(t *testing.T) {
+	const path = "test.keys.generate"
+	host := startEmbedded(t)
+	wrt := join(t, host)
+	got := make(chan *plane.Request, 4)
+	w := serve(t, wrt, path, func(req *plane.Request) {
+		got <- req
+		<-req.Ctx.Killed()
+	})
+	c := newClient(t, host, path)
+	waitInstances(t, c, 1)
+
+	a := generate(t, c, `"a"`, ctxtree.New("same"))
+	b := generate(t, c, `"b"`, ctxtree.New("same"))
+	ra, rb := recv(t, got, "a"), recv(t, got, "b")
+	if string(ra.Payload) != `"a"` {
+		ra, rb = rb, ra
+	}
+	assert.Equal(t, "same", ra.ID)
+	assert.Equal(t, "same", rb.ID)
+	assert.NotEqual(t, a.Key(), b.Key())
+	assert.Equal(t, a.Key(), ra.Key)
+	assert.Equal(t, b.Key(), rb.Key)
+	assert.Equal(t, w.ep.InstanceID(), a.Instance())
+	a.Kill()
+	require.True(t, closedWithin(ra.Ctx.Killed()))
+	assert.False(t, rb.Ctx.IsKilled(), "killing one request killed the other with the same id")
+	b.Kill()
+	require.True(t, closedWithin(rb.Ctx.Killed()))
+
+	// Migration: the first attempt goes to an instance that does not exist
+	// (no responders), the retry to the worker, with the same key.
+	m, err := c.GenerateMigrating([]byte(`"m"`), ctxtree.New("mig"), plane.Direct, 12345, 2)
+	require.NoError(t, err)
+	rm := recv(t, got, "the migrated request")
+	assert.Equal(t, m.Key(), rm.Key)
+	assert.Equal(t, "mig", rm.ID)
+	assert.Equal(t, w.ep.InstanceID(), m.Instance(), "Instance is the current attempt's")
+	m.Kill()
+	require.True(t, closedWithin(rm.Ctx.Killed()))
+}
+
+// TestErrTooLarge: a request the NATS server could not carry is refused
+// before anything is sent, with and without migration.
+func TestErrTooLarge(t *testing.T) {
+	const path = "test.large.generate"
+	host := startEmbedded(t)
+	got := make(chan *plane.Request, 1)
+	serve(t, join(t, host), path, func(req *plane.Request) { got <- req })
+	c := newClient(t, host, path)
+	waitInstances(t, c, 1)
+	max := int(host.Bus().Conn().MaxPayload())
+	big := []byte(`"` + strings.Repeat("x", max) + `"`)
+	_, err := c.Generate(big, nil, plane.RoundRobin, 0)
+	require.ErrorIs(t, err, plane.ErrTooLarge)
+	assert.Contains(t, err.Error(), fmt.Sprint(max))
+	_, err = c.GenerateMigrating(big, nil, plane.RoundRobin, 0, 3)
+	require.ErrorIs(t, err, plane.ErrTooLarge)
+	// An id that is not valid is refused too.
+	_, err = c.Generate([]byte(`1`), ctxtree.New("bad\x00id"), plane.RoundRobin, 0)
+	require.ErrorIs(t, err, plane.ErrInvalidID)
+	select {
+	case req := <-got:
+		t.Fatalf("a refused request reached the worker: %s", req.ID)
+	case <-time.After(50 * time.Millisecond):
+	}
+	// A request just under the limit goes through.
+	s := generate(t, c, `"`+strings.Repeat("y", max/2)+`"`, nil)
+	recv(t, got, "the request under the limit")
+	_, _, err = drain(s, 0)
+	assert.Equal(t, io.EOF, err)
+}
+
+// TestForgedEnvelopes: a process on the bus (with the embedded server's
+// token) sends a worker malformed or forged envelopes. Each is refused with
+// an acknowledgement naming it malformed (or ignored, without a reply
+// subject); no handler runs, nothing panics, no goroutine is left behind
+// (startEmbedded checks).
+func TestForgedEnvelopes(t *testing.T) {
+	const path = "test.forged.generate"
+	host := startEmbedded(t)
+	got := make(chan *plane.Request, 4)
+	w := serve(t, join(t, host), path, func(req *plane.Request) { got <- req })
+	opts, err := natsbus.ClientAuth(host.Bus().URL())
+	require.NoError(t, err)
+	nc, err := nats.Connect(host.Bus().URL(), opts...)
+	require.NoError(t, err)
+	defer nc.Close()
+	subject := discovery.RequestSubject(path, w.ep.InstanceID())
+
+	key, token := plane.NewKey(), plane.NewKey()
+	env := func(mut func(m map[string]any)) []byte {
+		m := map[string]any{"id": "forged", "key": key, "addr": "127.0.0.1:1", "token": token, "request": 1}
+		mut(m)
+		b, _ := json.Marshal(m)
+		return b
+	}
+	cases := map[string][]byte{
+		"empty":          nil,
+		"not JSON":       []byte("{"),
+		"deep JSON":      []byte(strings.Repeat("[", 100000)),
+		"array":          []byte("[1,2]"),
+		"no key":         env(func(m map[string]any) { delete(m, "key") }),
+		"short key":      env(func(m map[string]any) { m["key"] = "abc" }),
+		"key not hex":    env(func(m map[string]any) { m["key"] = strings.Repeat("z", 32) }),
+		"key a number":   env(func(m map[string]any) { m["key"] = 5 }),
+		"no token":       env(func(m map[string]any) { delete(m, "token") }),
+		"long token":     env(func(m map[string]any) { m["token"] = strings.Repeat("a", 1<<16) }),
+		"no id":          env(func(m map[string]any) { delete(m, "id") }),
+		"long id":        env(func(m map[string]any) { m["id"] = strings.Repeat("i", plane.MaxIDLen+1) }),
+		"id control":     env(func(m map[string]any) { m["id"] = "a\x00" }),
+		"no addr":        env(func(m map[string]any) { delete(m, "addr") }),
+		"addr no port":   env(func(m map[string]any) { m["addr"] = "127.0.0.1" }),
+		"state 9":        env(func(m map[string]any) { m["state"] = 9 }),
+		"state negative": env(func(m map[string]any) { m["state"] = -1 }),
+		"no request":     env(func(m map[string]any) { delete(m, "request") }),
+	}
+	for name, data := range cases {
+		msg, err := nc.Request(subject, data, waitLimit)
+		require.NoError(t, err, name)
+		assert.Contains(t, string(msg.Data), "malformed request envelope", name)
+	}
+	// Without a reply subject (a plane always waits for its acknowledgement):
+	// ignored, even when well formed.
+	require.NoError(t, nc.Publish(subject, env(func(map[string]any) {})))
+	require.NoError(t, nc.Flush())
+	// Well formed, pointing at an address where no caller listens: the
+	// worker acknowledges, fails to connect and drops it; no handler runs.
+	msg, err := nc.Request(subject, env(func(map[string]any) {}), waitLimit)
+	require.NoError(t, err)
+	assert.NotContains(t, string(msg.Data), "malformed")
+	select {
+	case req := <-got:
+		t.Fatalf("a forged request reached the handler: %+v", req.ID)
+	case <-time.After(200 * time.Millisecond):
+	}
+	// The worker still serves.
+	c := newClient(t, host, path)
+	waitInstances(t, c, 1)
+	s := generate(t, c, `1`, nil)
+	recv(t, got, "a real request")
+	_, _, err = drain(s, 0)
+	assert.Equal(t, io.EOF, err)
+}

@@ -1,0 +1,218 @@
+"""Frontend memory: per in-flight request, and the worst case for the largest accepted body.
+
+    .venv/bin/python python/benchmarks/bench_frontend_memory.py [--streams 100,1000] [--concurrent 8]
+
+Starts a NATS host, one mock worker that decodes slowly (every stream stays in flight)
+and the frontend, all as processes on loopback. Then:
+
+- RSS of the frontend process with 0, then N streaming requests in flight (each client
+  has read its first token), for each N of --streams: the growth divided by N is the
+  memory per in-flight request (the frontend's goroutines, buffers, contexts, streams,
+  and the connection's buffers).
+- Peak RSS (VmHWM, reset through /proc/PID/clear_refs before each case) while the
+  frontend reads bodies of the largest accepted size (--max-body, 4 MiB by default):
+  one body, then --concurrent at once; both a prompt the model's context length refuses
+  (400 after parsing: the prompt is never tokenised) and an accepted request (a prompt
+  at the context length, padded to the body limit by a field the frontend ignores).
+
+Figures go in docs/benchmarks.md ("Security and memory").
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+from typing import List
+
+PY_DIR = Path(__file__).resolve().parents[1]
+NATS_HOST = r"""
+import sys
+from dynamo_ctx import DistributedRuntime
+rt = DistributedRuntime(nats_url="nats://127.0.0.1:0")
+print(rt.nats_url, flush=True)
+sys.stdin.read()
+rt.shutdown()
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def status(pid: int, field: str) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(field)
+
+
+def reset_peak(pid: int) -> None:
+    with open(f"/proc/{pid}/clear_refs", "w") as f:
+        f.write("5")
+
+
+def mib(n: float) -> str:
+    return f"{n / (1 << 20):.1f} MiB"
+
+
+class Stack:
+    def __init__(self, decode: float, max_body: int) -> None:
+        env = dict(os.environ, PYTHONPATH=str(PY_DIR))
+        env.pop("NATS_SERVER", None)
+        self.procs: List[subprocess.Popen] = []
+        host = subprocess.Popen([sys.executable, "-c", NATS_HOST], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.procs.append(host)
+        env["NATS_SERVER"] = host.stdout.readline().strip()
+        ns = "mem" + uuid.uuid4().hex[:8]
+        self.model = "mem-model"
+        self.procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "dynamo_ctx.worker", "--engine", "mock", "--model", self.model, "--namespace", ns,
+                 "--decode-time-per-token", str(decode), "--log-level", "WARNING"],
+                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            )
+        )
+        self.port = free_port()
+        self.frontend = subprocess.Popen(
+            [sys.executable, "-m", "dynamo_ctx.frontend", "--http-host", "127.0.0.1", "--http-port", str(self.port),
+             "--namespace", ns, "--max-body-bytes", str(max_body), "--log-level", "WARNING"],
+            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        self.procs.append(self.frontend)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=5) as r:
+                    if self.model in json.load(r).get("models", []):
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError("the stack did not come up")
+            time.sleep(0.1)
+
+    def rss(self) -> int:
+        return status(self.frontend.pid, "VmRSS")
+
+    def close(self) -> None:
+        for p in reversed(self.procs[1:]):
+            p.terminate()
+        for p in reversed(self.procs[1:]):
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        self.procs[0].stdin.close()
+        self.procs[0].wait(10)
+
+
+async def open_stream(port: int, body: bytes):
+    reader, writer = await asyncio.open_connection("127.0.0.1", port, limit=1 << 16)
+    writer.write(
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        + f"Content-Length: {len(body)}\r\n\r\n".encode() + body
+    )
+    await writer.drain()
+    while True:  # headers, then the first event: the request is in flight
+        line = await reader.readline()
+        if not line:
+            raise RuntimeError("closed before the first token")
+        if line.startswith(b"data: "):
+            return reader, writer
+
+
+async def in_flight(stack: Stack, counts: List[int]) -> None:
+    body = json.dumps({"model": stack.model, "prompt": "x" * 64, "max_tokens": 1000, "stream": True}).encode()
+    # Warm up (first request, first client of the model), then the baseline.
+    r, w = await open_stream(stack.port, body)
+    w.close()
+    await asyncio.sleep(1.0)
+    base = stack.rss()
+    print(f"in flight: frontend RSS idle {mib(base)}")
+    held = []
+    for n in counts:
+        while len(held) < n:
+            batch = [open_stream(stack.port, body) for _ in range(min(100, n - len(held)))]
+            held += await asyncio.gather(*batch)
+        await asyncio.sleep(1.0)
+        rss = stack.rss()
+        print(f"in flight: {n:5d} streams  RSS {mib(rss)}  growth {mib(rss - base)}  per request {(rss - base) / n / 1024:.1f} KiB")
+    for _, w in held:
+        w.close()
+    await asyncio.sleep(2.0)
+    print(f"in flight: all closed      RSS {mib(stack.rss())}")
+
+
+async def post(port: int, body: bytes) -> int:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nConnection: close\r\n"
+        + f"Content-Length: {len(body)}\r\n\r\n".encode()
+    )
+    writer.write(body)
+    await writer.drain()
+    code = int((await reader.readline()).split()[1])
+    writer.close()
+    return code
+
+
+def bodies(model: str, max_body: int, context_len: int):
+    """The largest bodies: one the context length refuses, one accepted."""
+    refused = json.dumps({"model": model, "prompt": "x" * (max_body - 64), "max_tokens": 1}).encode()
+    accepted = {"model": model, "prompt": "x" * (context_len - 1), "max_tokens": 1, "pad": ""}
+    accepted["pad"] = "p" * (max_body - len(json.dumps(accepted)) - 1)
+    accepted_b = json.dumps(accepted).encode()
+    assert len(refused) <= max_body and len(accepted_b) <= max_body
+    return (("refused (400)", refused, 400), ("accepted (200)", accepted_b, 200))
+
+
+async def largest_body(stack: Stack, name: str, body: bytes, want: int, n: int) -> None:
+    """Peak RSS of a fresh frontend while it serves n largest bodies at once."""
+    r, w = await open_stream(stack.port, json.dumps({"model": stack.model, "prompt": "warm", "max_tokens": 1, "stream": True}).encode())
+    w.close()
+    await asyncio.sleep(1.0)
+    before = stack.rss()
+    reset_peak(stack.frontend.pid)
+    codes = await asyncio.gather(*[post(stack.port, body) for _ in range(n)])
+    assert all(c == want for c in codes), codes
+    peak = status(stack.frontend.pid, "VmHWM")
+    print(f"largest body {mib(len(body))} {name}: {n} at once  idle {mib(before)}  peak {mib(peak)}  "
+          f"above idle {mib(peak - before)}  per request {mib((peak - before) / n)}")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--streams", default="100,1000")
+    p.add_argument("--concurrent", type=int, default=8)
+    p.add_argument("--max-body", type=int, default=4 << 20)
+    p.add_argument("--context-len", type=int, default=32768, help="the model's context length (the frontend's default)")
+    args = p.parse_args()
+    stack = Stack(decode=1.0, max_body=args.max_body)
+    try:
+        asyncio.run(in_flight(stack, [int(x) for x in args.streams.split(",")]))
+    finally:
+        stack.close()
+    # Each largest-body case on a fresh frontend: Go keeps freed heap for
+    # reuse, so a case after another would look cheaper than it is.
+    for name, body, want in bodies("mem-model", args.max_body, args.context_len):
+        for n in (1, args.concurrent):
+            stack = Stack(decode=0.001, max_body=args.max_body)
+            try:
+                asyncio.run(largest_body(stack, name, body, want, n))
+            finally:
+                stack.close()
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,225 @@
+"""Adversarial tests against a frontend and mock workers running as processes (issue 9).
+
+- Two HTTP clients with the same ``x-request-id``: one disconnects, the other's
+  completion is unaffected and token-exact; only the first is aborted in the engine.
+- A body over the frontend's limit gets 413 without the frontend's memory following it.
+- Connections to a worker's metrics port that never finish their request are released
+  by the read deadline, and past the connection cap new ones are closed at once.
+- The body limit is taken from the environment when the frontend starts.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from typing import List, Optional, Tuple
+
+SLOW_DECODE = 0.01  # 100 tokens/s
+
+
+def rss_bytes(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+class SSEClient:
+    """A streaming completion over a raw socket: read events one by one, or drop the connection."""
+
+    def __init__(self, host: str, port: int, body: dict, request_id: str, timeout: float) -> None:
+        self.sock = socket.create_connection((host, port), timeout=timeout)
+        data = json.dumps(body).encode()
+        self.sock.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            + f"x-request-id: {request_id}\r\nContent-Length: {len(data)}\r\n\r\n".encode()
+            + data
+        )
+        self.f = self.sock.makefile("rb")
+        status = self.f.readline()
+        assert b" 200 " in status, status
+        while self.f.readline() not in (b"\r\n", b""):
+            pass
+
+    def event(self) -> Optional[dict]:
+        """The next event's JSON (None for [DONE])."""
+        while True:
+            line = self.f.readline()
+            assert line, "the stream ended without [DONE]"
+            line = line.strip()
+            if line.startswith(b"data: "):
+                payload = line[len(b"data: "):]
+                return None if payload == b"[DONE]" else json.loads(payload)
+
+    def close(self) -> None:
+        self.f.close()
+        self.sock.close()
+
+
+def test_request_id_collision(stack):
+    stack.start([{"mode": "agg", "decode": SLOW_DECODE}])
+    fe, worker = stack.frontend, stack.worker("agg")
+    f0, w0 = fe.metrics(), worker.metrics()
+    host, port = fe.host_port
+    rid = stack.new_id("shared")
+    prompt, n = "the victim's prompt", 60
+    # The attacker squats the id first with a long request, then disconnects while
+    # the victim's request with the same id is decoding.
+    attacker = SSEClient(host, port, {"model": stack.model, "prompt": "attack", "max_tokens": 5000, "stream": True}, rid, stack.hang)
+    attacker.event()
+    victim = SSEClient(host, port, {"model": stack.model, "prompt": prompt, "max_tokens": n, "stream": True}, rid, stack.hang)
+    text = victim.event()["choices"][0]["text"]
+    attacker.close()
+    finish = None
+    while True:
+        ev = victim.event()
+        if ev is None:
+            break
+        text += ev["choices"][0]["text"]
+        finish = ev["choices"][0]["finish_reason"] or finish
+    victim.close()
+    assert text == stack.expected_text(prompt, n), "the victim's completion is not token-exact"
+    assert finish == "length"
+    # The attacker's request alone was aborted, and its abort confirmed.
+    stack.assert_cancelled(worker, rid, w0, f0)
+    assert worker.log_count(rf"New Request ID: {rid}$") == 2
+    assert worker.log_count(rf"Aborted Request ID: {rid}$") == 1
+    m = fe.metrics()
+    assert m["requests"] == f0["requests"] + 2
+    assert m["cancellations"] == f0["cancellations"] + 1
+
+
+def raw_post(host: str, port: int, size: int, timeout: float) -> Tuple[int, bytes]:
+    """POST a body of ``size`` bytes (sent by a thread that stops when the server closes); the status and body."""
+    sock = socket.create_connection((host, port), timeout=timeout)
+    sock.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {size}\r\n\r\n".encode())
+
+    def send() -> None:
+        chunk = b'{"model":"m","prompt":"' + b"x" * (64 * 1024)
+        sent = 0
+        try:
+            while sent < size:
+                sock.sendall(chunk[: size - sent])
+                sent += len(chunk)
+        except OSError:
+            pass
+
+    t = threading.Thread(target=send, daemon=True)
+    t.start()
+    f = sock.makefile("rb")
+    status = int(f.readline().split()[1])
+    length = 0
+    while True:
+        line = f.readline()
+        if line in (b"\r\n", b""):
+            break
+        if line.lower().startswith(b"content-length:"):
+            length = int(line.split(b":")[1])
+    body = f.read(length)
+    f.close()
+    sock.close()
+    t.join(timeout)
+    return status, body
+
+
+def test_oversized_body(stack):
+    stack.start([{"mode": "agg"}])
+    fe = stack.frontend
+    host, port = fe.host_port
+    before = rss_bytes(fe.proc.pid)
+    results: List[Tuple[int, bytes]] = []
+    threads = [threading.Thread(target=lambda: results.append(raw_post(host, port, 64 << 20, stack.hang))) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(stack.hang)
+    assert len(results) == 4
+    for status, body in results:
+        assert status == 413, body
+        err = json.loads(body)["error"]
+        assert err["code"] == "request_too_large"
+        assert set(err) == {"message", "type", "param", "code"}
+    grown = rss_bytes(fe.proc.pid) - before
+    # Four 64 MiB bodies; the frontend reads at most 4 MiB of each.
+    assert grown < 96 << 20, f"the frontend's RSS grew by {grown >> 20} MiB"
+    # max_tokens beyond the model's context length: 400, before any worker sees it.
+    client = fe.openai()
+    import openai
+
+    try:
+        client.completions.create(model=stack.model, prompt="hi", max_tokens=10**12)
+        raise AssertionError("max_tokens 10^12 was accepted")
+    except openai.BadRequestError as e:
+        assert e.code == "context_length_exceeded"
+    assert stack.worker("agg").log_count(r"New Request ID") == 0
+    assert fe.metrics()["requests"] == 0
+
+
+def test_metrics_half_open_released(stack):
+    timeout, cap = 3.0, 64
+    stack.start([{"mode": "agg", "args": ["--metrics-read-timeout", str(timeout), "--metrics-max-connections", str(cap)]}], frontend=False)
+    worker = stack.workers[0]
+    n = cap + 36
+    socks = []
+    opened = time.monotonic()
+    for _ in range(n):
+        s = socket.create_connection(("127.0.0.1", worker.metrics_port), timeout=stack.hang)
+        s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")  # never finished
+        socks.append(s)
+    closed_at = [0.0] * n
+
+    def wait_closed(i: int) -> None:
+        try:
+            while socks[i].recv(4096):
+                pass
+        except OSError:
+            pass
+        closed_at[i] = time.monotonic() - opened
+
+    threads = [threading.Thread(target=wait_closed, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(stack.hang)
+    for s in socks:
+        s.close()
+    assert all(0 < c < stack.hang for c in closed_at), closed_at
+    early = sum(1 for c in closed_at if c < timeout * 2 / 3)
+    held = sum(1 for c in closed_at if c >= timeout * 2 / 3)
+    # Past the cap, connections are closed at once; the others by the read deadline.
+    assert early >= n - cap, f"{early} closed early, {held} by the deadline"
+    assert held <= cap
+    # The listener still serves.
+    assert "dynamo_ctx_worker" in " ".join(worker.metrics())
+
+
+def test_body_limit_from_environment(monkeypatch):
+    """The frontend reads DYNAMO_CTX_MAX_BODY_BYTES when it starts (what ``--max-body-bytes`` sets),
+    even though the library was loaded before; a value that is not a positive number is refused."""
+    from dynamo_ctx import DistributedRuntime
+    from dynamo_ctx.frontend import HttpFrontend
+
+    rt = DistributedRuntime(nats_url="nats://127.0.0.1:0")
+    try:
+        monkeypatch.setenv("DYNAMO_CTX_MAX_BODY_BYTES", "1024")
+        fe = HttpFrontend(rt, "127.0.0.1", 0, namespace="envlimit")
+        try:
+            host, port = fe.address.rsplit(":", 1)
+            status, body = raw_post(host, int(port), 2048, 30)
+            assert status == 413, body
+            assert json.loads(body)["error"]["code"] == "request_too_large"
+            status, body = raw_post(host, int(port), 512, 30)
+            assert status == 400, body  # within the limit: read, then refused as not JSON
+        finally:
+            fe.close()
+        monkeypatch.setenv("DYNAMO_CTX_MAX_BODY_BYTES", "lots")
+        try:
+            HttpFrontend(rt, "127.0.0.1", 0, namespace="envlimit").close()
+            raise AssertionError("an invalid DYNAMO_CTX_MAX_BODY_BYTES was accepted")
+        except (ValueError, OSError, RuntimeError) as e:
+            assert "DYNAMO_CTX_MAX_BODY_BYTES" in str(e)
+    finally:
+        rt.shutdown()

@@ -38,14 +38,18 @@ func TestSilentWorkerDetected(t *testing.T) {
 // A worker that is quiet but alive (a long prefill: no item for many idle
 // timeouts) keeps its stream: its heartbeats are enough.
 func TestQuietWorkerKept(t *testing.T) {
-	s := listen(t, WithIdleTimeout(testIdle))
+	// A longer idle timeout than the other tests: this one must not fail
+	// when a loaded machine (-race, two cores) delays a heartbeat by a few
+	// hundred milliseconds.
+	const idle = time.Second
+	s := listen(t, WithIdleTimeout(idle))
 	in := s.Expect("tok")
 	defer in.Close()
-	o, err := Dial(context.Background(), s.Addr().String(), "tok", WithIdleTimeout(testIdle))
+	o, err := Dial(context.Background(), s.Addr().String(), "tok", WithIdleTimeout(idle))
 	require.NoError(t, err)
-	time.Sleep(4 * testIdle)
+	time.Sleep(2500 * time.Millisecond)
 	require.NoError(t, o.Send(context.Background(), item(0)))
-	time.Sleep(4 * testIdle)
+	time.Sleep(2500 * time.Millisecond)
 	require.NoError(t, o.Finish())
 	got, err := recvAll(t, in)
 	assert.Equal(t, items(0, 1), got)

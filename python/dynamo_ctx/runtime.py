@@ -409,6 +409,10 @@ class ResponseStream:
     Breaking out of ``async for`` cancels nothing (iterate again to continue).
     ``await stream.aclose()`` kills the remote request, and so does the stream
     being garbage-collected before it ended.
+
+    A kill ends the stream: once the caller's context (``context=``), the
+    request's own context (``context()``) is killed or ``aclose()`` was
+    awaited, no further item is returned, whatever was already buffered.
     """
 
     def __init__(self, lib: Any, handle: int, annotated: bool, context: Optional[Context] = None) -> None:
@@ -416,8 +420,10 @@ class ResponseStream:
         self._handle: Optional[int] = handle
         self._annotated = annotated
         self._context = context
+        self._own: Optional[Context] = None  # the request's context, once asked for
         self._buf: Deque[bytes] = collections.deque()
         self._ended = False
+        self._closed = False
 
     async def _wait_started(self) -> None:
         while True:
@@ -431,17 +437,28 @@ class ResponseStream:
 
     def context(self) -> Context:
         """The request's context (a child of the caller's, with the same id)."""
-        return self._lib.stream_context(self._handle, _real_class(Context))
+        if self._own is None:
+            self._own = self._lib.stream_context(self._handle, _real_class(Context))
+        return self._own
 
     def __aiter__(self) -> "ResponseStream":
         return self
 
     async def __anext__(self) -> Any:
         lib = self._lib
-        if self._buf and self._context is not None and self._context.is_killed():
-            self._buf.clear()  # a kill is a hard abort: buffered items are dropped
-        while not self._buf:
-            if self._handle is None:
+        while True:
+            if self._buf:
+                # Checked before every item, not once per batch: a kill (or
+                # aclose) between two items drops the rest of the batch. The
+                # library checks the same at every take (plane.Stream.Take),
+                # including a kill of the caller's context after the stream's
+                # own context was unlinked from it at the end of the stream.
+                ctx, own = self._context, self._own
+                if not (self._closed or (ctx is not None and ctx.is_killed()) or (own is not None and own.is_killed())):
+                    data = json.loads(self._buf.popleft().decode())  # str: skips encoding detection
+                    return Annotated(data) if self._annotated else data
+                self._buf.clear()  # a kill is a hard abort: buffered items are dropped
+            if self._closed or self._handle is None:
                 raise StopAsyncIteration
             code, value = lib.stream_take(self._handle)
             if code == lib.OK:
@@ -454,14 +471,15 @@ class ResponseStream:
             else:
                 self._ended = True
                 _raise_for(code, value)
-        data = json.loads(self._buf.popleft().decode())  # str: skips encoding detection
-        return Annotated(data) if self._annotated else data
 
     async def aclose(self) -> None:
-        """Kill the remote request (if still running) and end the stream."""
+        """Kill the remote request (if still running) and end the stream: no
+        item is returned after this, buffered ones included."""
         if self._handle is not None and not self._ended:
             self._lib.stream_kill(self._handle)
         self._ended = True
+        self._closed = True
+        self._buf.clear()
 
     def __del__(self) -> None:
         _release(self, "stream_free")  # kills the request if it has not ended

@@ -19,7 +19,7 @@ import json
 import logging
 from typing import Any, AsyncIterator, Callable, Deque, List, Optional, Set
 
-from ._aio import arm
+from ._aio import arm, cancel_on_kill, cancel_requested, handler_task
 from ._lib import native
 from .context import Context, _real_class
 
@@ -122,12 +122,15 @@ class DistributedRuntime:
         return self._lib.runtime_nats_url(self._handle)
 
     def namespace(self, name: str) -> "Namespace":
-        """Return the namespace ``name``."""
+        """Return the namespace ``name``. Raises RuntimeClosed after shutdown."""
+        self._h()
         _check_part("namespace", name)
         return Namespace(self, name)
 
     def endpoint(self, path: str) -> "Endpoint":
-        """Return the endpoint at ``"namespace.component.endpoint"``."""
+        """Return the endpoint at ``"namespace.component.endpoint"``. Raises
+        RuntimeClosed after shutdown."""
+        self._h()
         parts = path.split(".")
         if len(parts) != 3:
             raise ValueError(f"endpoint path {path!r} must be namespace.component.endpoint")
@@ -161,7 +164,8 @@ class Namespace:
         self.runtime, self.name = runtime, name
 
     def component(self, name: str) -> "Component":
-        """Return the component ``name`` of this namespace."""
+        """Return the component ``name`` of this namespace. Raises RuntimeClosed after shutdown."""
+        self.runtime._h()
         _check_part("component", name)
         return Component(self, name)
 
@@ -177,7 +181,8 @@ class Component:
         self.namespace.runtime._h()
 
     def endpoint(self, name: str) -> "Endpoint":
-        """Return the endpoint ``name`` of this component."""
+        """Return the endpoint ``name`` of this component. Raises RuntimeClosed after shutdown."""
+        self.namespace.runtime._h()
         _check_part("endpoint", name)
         return Endpoint(self, name)
 
@@ -243,6 +248,7 @@ class Endpoint:
         except BaseException as e:
             if not serving.done():
                 serving.set_exception(e)
+                serving.exception()  # raised here already: not "never retrieved" if nobody awaits serving()
             raise
         if not serving.done():
             serving.set_result(lib.endpoint_instance_id(ep))
@@ -251,7 +257,7 @@ class Endpoint:
             while True:
                 code, req = lib.endpoint_accept(ep)
                 if code == lib.OK:
-                    task = asyncio.ensure_future(_serve_one(lib, req, handler, pass_context))
+                    task = handler_task(_serve_one(lib, req, handler, pass_context))
                     tasks.add(task)
                     task.add_done_callback(tasks.discard)
                 elif code == lib.ECLOSED:
@@ -280,16 +286,22 @@ class Endpoint:
 
 
 async def _serve_one(lib: Any, req: int, handler: Callable[..., Any], pass_context: bool) -> None:
+    """Run one request's handler in this task, streaming its items to the caller.
+
+    How it ends (SPEC section 3):
+    - The handler returns: the stream completes.
+    - The request is killed: this task is cancelled when the kill reaches the
+      loop (``cancel_on_kill``: any await in the handler raises
+      ``CancelledError``), the generator is closed and its output no longer
+      read; the caller's stream ends as the kill ends it.
+    - The handler raises anything while its context is live, ``CancelledError``
+      included: a handler error, "<Type>: <message>".
+    - This task is cancelled by someone else (the loop or the endpoint
+      shutting down: ``cancel_requested``): the cancellation propagates.
+    """
     ctx = lib.request_context(req, _real_class(Context))
     task = asyncio.current_task()
-    watcher = asyncio.ensure_future(ctx.killed())
-    finished = False
-
-    def on_kill(_: Any) -> None:
-        if not finished and task is not None and not watcher.cancelled():
-            task.cancel()
-
-    watcher.add_done_callback(on_kill)
+    release = cancel_on_kill(ctx)
     gen: Any = None
     try:
         request = json.loads(lib.request_payload(req).decode())
@@ -303,20 +315,23 @@ async def _serve_one(lib: Any, req: int, handler: Callable[..., Any], pass_conte
             while not lib.request_send(req, data):
                 await arm(req)
         lib.request_complete(req)
-    except asyncio.CancelledError:
-        if not ctx.is_killed():
-            raise  # cancelled from outside: the endpoint's own teardown
+    except asyncio.CancelledError as e:
+        if ctx.is_killed():
+            pass  # the kill's cancellation: the stream already ended for the caller
+        elif task is not None and cancel_requested(task):
+            raise  # cancelled from outside: the endpoint's or the loop's own teardown
+        else:  # the handler raised it itself
+            lib.request_fail(req, f"{type(e).__name__}: {e}")
     except Exception as e:  # noqa: BLE001 - every handler error goes to the caller
         lib.request_fail(req, f"{type(e).__name__}: {e}")
     finally:
-        finished = True
-        watcher.cancel()
         if gen is not None and hasattr(gen, "aclose"):
             try:
                 await gen.aclose()
             except BaseException as e:  # noqa: BLE001 - a misbehaving generator must not break the loop
                 if not isinstance(e, (RuntimeError, asyncio.CancelledError, GeneratorExit, StopAsyncIteration)):
                     logger.debug("closing the handler of request %s raised %r", ctx.id(), e)
+        release()
         lib.request_free(req)
 
 
@@ -362,8 +377,14 @@ class Client:
         return self._lib.client_instances(self._handle)
 
     async def wait_for_instances(self) -> List[int]:
-        """Wait until at least one instance is known; return the instance ids."""
+        """Wait until at least one instance is known; return the instance ids.
+
+        Raises RuntimeClosed at once if the runtime is shut down, before or
+        during the wait (the shutdown closes the client, which wakes it).
+        """
+        runtime = self.endpoint._runtime
         while True:
+            runtime._h()
             ids = self.instance_ids()
             if ids:
                 return ids

@@ -73,6 +73,11 @@ async def kill_at(stream, ctx, k, how):
             killed = True
             if how == "aclose":
                 await stream.aclose()
+            elif how == "kill_late":
+                # Let the producer finish first: its whole output waits in
+                # buffers and the stream has ended when the kill comes.
+                await asyncio.sleep(0.02)
+                ctx.kill()
             else:
                 ctx.kill()
     return before, after
@@ -81,7 +86,8 @@ async def kill_at(stream, ctx, k, how):
 @pytest.mark.parametrize("migration_limit", [0, 2])
 def test_kill_race_across_processes(nats_url, migration_limit):
     """200 requests to a worker process that never sleeps, killed at item k
-    (varying; by the context or by aclose()): no item after the kill."""
+    (varying; by the context, at once or once the producer finished, or by
+    aclose()): no item after the kill."""
     iterations = 200
 
     async def main():
@@ -93,7 +99,7 @@ def test_kill_race_across_processes(nats_url, migration_limit):
             await client.wait_for_instances()
             late = []
             for i in range(iterations):
-                k, how = i % 23, ("kill", "aclose")[i % 2]
+                k, how = i % 23, ("kill", "aclose", "kill_late")[i % 3]
                 ctx = Context(f"xrace-{i}")
                 stream = await client.generate({"n": 64}, annotated=False, context=ctx)
                 before, after = await kill_at(stream, ctx, k, how)

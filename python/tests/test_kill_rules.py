@@ -147,6 +147,42 @@ def test_kill_after_stream_end_drops_buffered_items(nats_url):
     run(main())
 
 
+def test_native_take_after_kill_returns_no_item(nats_url):
+    """The C ABI holds the rule by itself: after a kill of the caller's
+    context, dc_stream_take returns no item, not even the rest of a batch
+    that an earlier call could not fit into its buffer."""
+    from dynamo_ctx._lib import native
+
+    lib = native()
+
+    async def big(request):
+        for i in range(20):
+            yield "x" * 5000  # three fit the 16 KiB buffer of one take
+        done.set()
+
+    async def main():
+        nonlocal done
+        done = asyncio.Event()
+        rt = DistributedRuntime(nats_url=nats_url)
+        path = unique_path()
+        server = await serve(rt, path, big)
+        client = await rt.endpoint(path).client()
+        await client.wait_for_instances()
+        ctx = Context()
+        stream = await client.generate({}, annotated=False, context=ctx)
+        await asyncio.wait_for(done.wait(), HANG)
+        await asyncio.sleep(0.05)  # every item reached the caller's side
+        code, items = lib.stream_take(stream._handle)
+        assert code == lib.OK and 0 < len(items) < 20
+        ctx.kill()
+        assert lib.stream_take(stream._handle)[0] == lib.EOF
+        rt.shutdown()
+        await server
+
+    done = None
+    run(main())
+
+
 def test_kill_during_migrated_stream(nats_url):
     """The first worker sends 3 items and dies (its runtime shuts down); the
     stream migrates to the second; a kill at the second worker's item k ends

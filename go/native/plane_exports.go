@@ -483,7 +483,10 @@ func dc_stream_started(h C.uint64_t) (rc C.int) {
 // *used and the item count in *count. With no item ready it returns
 // DC_EAGAIN (dc_arm the stream), DC_EOF at the normal end, or the stream's
 // error (DC_EHANDLER, DC_EINCOMPLETE, DC_ENORESPONDERS, ...). If the first
-// item does not fit: DC_ERANGE with the size needed in *used.
+// item does not fit: DC_ERANGE with the size needed in *used. Once the
+// request's context or the caller's context it was made for is killed, no
+// item is returned (DC_EOF, or the error that had ended the stream): a kill
+// is a hard abort, whatever was buffered is dropped.
 //
 //export dc_stream_take
 func dc_stream_take(h C.uint64_t, buf *C.char, bufLen C.size_t, used *C.size_t, count *C.size_t) (rc C.int) {
@@ -498,6 +501,11 @@ func dc_stream_take(h C.uint64_t, buf *C.char, bufLen C.size_t, used *C.size_t, 
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	*used, *count = 0, 0
+	if e.s.Killed() {
+		// Items of an earlier batch that did not fit are not delivered after
+		// a kill either (see plane.Stream.Take).
+		e.rest = nil
+	}
 	if len(e.rest) == 0 {
 		items, err := e.s.Take(0)
 		if err != nil {

@@ -315,7 +315,7 @@ func (c *Client) generateOnce(payload []byte, parent *ctxtree.Context, route Rou
 	if outer != nil {
 		key = outer.key
 	}
-	s := &Stream{ctx: rc, key: key, wake: make(chan struct{}, 1), rt: c.rt, client: c}
+	s := &Stream{ctx: rc, key: key, parent: parent, wake: make(chan struct{}, 1), rt: c.rt, client: c}
 	id, err := c.pick(route, instance, exclude)
 	if err != nil {
 		s.end(err)
@@ -383,6 +383,7 @@ type Stream struct {
 	served    atomic.Uint64 // the instance of the current attempt (see Instance)
 	key       string        // the logical request's key (see NewKey)
 	ctx       *ctxtree.Context
+	parent    *ctxtree.Context // the caller's context (nil for none): see Killed
 	in        *stream.Incoming
 	stopHooks []func() bool
 	wake      chan struct{} // buffered(1): the consumer took items
@@ -520,13 +521,15 @@ func (s *Stream) markStarted() {
 // Kill releases it.
 func (s *Stream) push(item []byte) {
 	s.mu.Lock()
-	s.items = append(s.items, item)
+	if !s.Killed() { // after a kill nothing is delivered (Take): not even kept
+		s.items = append(s.items, item)
+	}
 	f := s.ready.take()
 	s.mu.Unlock()
 	call(f)
 	for {
 		s.mu.Lock()
-		full := len(s.items) >= recvBuffer && !s.ctx.IsKilled() && !s.abandoned.Load()
+		full := len(s.items) >= recvBuffer && !s.Killed() && !s.abandoned.Load()
 		s.mu.Unlock()
 		if !full {
 			return
@@ -617,21 +620,36 @@ func (s *Stream) Started() error {
 	return ErrAgain
 }
 
+// Killed reports whether the request was killed, or the caller's context
+// it was made for was: from then on Take delivers no item.
+//
+// The caller's context is checked as well as the request's own because the
+// request's context is unlinked from it when the stream ends (Finish), while
+// items may still be buffered: a kill of the caller after that point does not
+// reach the request's context, and must still stop the delivery. While the
+// stream runs, a kill of the caller reaches the request's context
+// synchronously (they are linked), so checking the caller's direct context
+// is enough for any ancestor of it.
+func (s *Stream) Killed() bool {
+	return s.ctx.IsKilled() || (s.parent != nil && s.parent.IsKilled())
+}
+
 // Take moves up to max items out. When none are buffered it returns the
 // terminal error (io.EOF for a normal end) or ErrAgain while the stream is
-// live.
+// live. Once the request or the caller's context is killed (see Killed) it
+// returns no item, whatever is buffered and however the kill and the items
+// interleaved: a kill is a hard abort, what arrives after it is dropped.
 func (s *Stream) Take(max int) ([][]byte, error) {
 	if max <= 0 || max > maxTakeBatch {
 		max = maxTakeBatch
 	}
 	s.mu.Lock()
-	if len(s.items) > 0 && s.ctx.IsKilled() {
-		// A kill is a hard abort: what is buffered is not delivered.
+	killed := s.Killed()
+	if killed {
 		s.items = nil
 	}
 	if len(s.items) == 0 {
 		err := s.err
-		killed := s.ctx.IsKilled()
 		s.mu.Unlock()
 		if err == nil {
 			if killed {
@@ -700,10 +718,10 @@ func (s *Stream) Kill() {
 	s.poke()
 }
 
-// Finished reports whether the stream has ended (or was killed: nothing more
-// will be delivered) and everything was taken.
+// Finished reports whether the stream was killed (nothing more will be
+// delivered), or has ended and everything was taken.
 func (s *Stream) Finished() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return (s.err != nil || s.ctx.IsKilled()) && len(s.items) == 0
+	return s.Killed() || (s.err != nil && len(s.items) == 0)
 }

@@ -58,7 +58,7 @@ func (c *Client) GenerateMigrating(payload []byte, parent *ctxtree.Context, rout
 		return nil, err
 	}
 	slog.Debug("migration_limit read", "request_id", rc.ID(), "endpoint", c.path, "migration_limit", limit)
-	out := &Stream{ctx: rc, key: NewKey(), wake: make(chan struct{}, 1), rt: c.rt}
+	out := &Stream{ctx: rc, key: NewKey(), parent: parent, wake: make(chan struct{}, 1), rt: c.rt}
 	out.stopHooks = append(out.stopHooks, rc.Notify(ctxtree.Killed, out.poke))
 	c.rt.trackStream(out)
 	go out.migrate(c, payload, route, instance, limit, o)

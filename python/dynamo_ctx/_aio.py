@@ -14,9 +14,11 @@ import asyncio
 import itertools
 import threading
 import weakref
-from typing import Any, Callable, Dict, Tuple
+from typing import Any, Callable, Coroutine, Dict, Set, Tuple
 
 from ._lib import native
+
+KILLED = 2
 
 _wakers: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopWaker]" = weakref.WeakKeyDictionary()
 _wakers_lock = threading.Lock()
@@ -30,6 +32,7 @@ class _LoopWaker:
         self._lib = lib
         self._queue, self._fd = lib.queue_new()
         self._futures: Dict[int, "asyncio.Future[bool]"] = {}
+        self._callbacks: Dict[int, Callable[[], None]] = {}  # token -> run when it fires
         self._armed: Dict[int, "asyncio.Future[bool]"] = {}  # handle -> pending arm
         self._tokens = itertools.count(1)
         loop.add_reader(self._fd, self._on_ready)
@@ -39,8 +42,13 @@ class _LoopWaker:
     def _on_ready(self) -> None:
         for token in self._lib.queue_drain(self._queue):
             fut = self._futures.pop(token, None)
-            if fut is not None and not fut.done():
-                fut.set_result(True)
+            if fut is not None:
+                if not fut.done():
+                    fut.set_result(True)
+                continue
+            callback = self._callbacks.pop(token, None)
+            if callback is not None:
+                callback()
 
     def _register(self, register: Callable[[int], None]) -> "Tuple[int, asyncio.Future[bool]]":
         """A new token and its future, handed to ``register`` (a library call
@@ -64,6 +72,26 @@ class _LoopWaker:
             if self._futures.pop(token, None) is not None:
                 # Cancelled (or timed out) before the context got there.
                 self._lib.unwatch(self._queue, token)
+
+    def on_state(self, ctx: Any, state: int, callback: Callable[[], None]) -> Callable[[], None]:
+        """Run ``callback`` on the loop (synchronously, in the reader) once
+        ``ctx`` reaches ``state``; return a function that cancels this."""
+        token = next(self._tokens)
+        self._callbacks[token] = callback
+        try:
+            self._lib.watch(ctx, self._queue, state, token)
+        except BaseException:
+            del self._callbacks[token]
+            raise
+
+        def cancel() -> None:
+            if self._callbacks.pop(token, None) is not None:
+                try:
+                    self._lib.unwatch(self._queue, token)
+                except (RuntimeError, ValueError):  # already fired, or the queue is gone
+                    pass
+
+        return cancel
 
     async def arm(self, handle: int) -> None:
         """Wait until the library says the object behind ``handle`` may have progressed.
@@ -104,7 +132,95 @@ async def arm(handle: int) -> None:
 
 
 async def wait_for_state(ctx: Any, state: int) -> bool:
-    """Return True once ``ctx`` reaches ``state`` (1 stopped, 2 killed)."""
-    if (ctx._state_word() & 0xFF) >= state:
-        return True
-    return await _waker().wait(ctx, state)
+    """Return True once ``ctx`` reaches ``state`` (1 stopped, 2 killed).
+
+    In a handler's task whose request is killed it never returns: it raises
+    ``CancelledError`` (see ``cancel_on_kill``).
+    """
+    if (ctx._state_word() & 0xFF) < state:
+        await _waker().wait(ctx, state)
+    if _serving:
+        await _raise_if_killed_handler()
+    return True
+
+
+# --- the handler's task and its request's kill --------------------------------
+#
+# The rule (docs/backend-guide.md): when a request's kill reaches the worker's
+# event loop, the runtime cancels the task running its handler, once. The
+# await in progress, or the next one, raises CancelledError; ``await
+# context.killed()`` (and ``stopped()``) in that task never returns normally,
+# whichever of the kill's wake-ups the loop happens to run first. Cleanup in
+# ``finally`` may await: the cancellation is delivered once, not repeated.
+
+_serving: "Dict[asyncio.Task[Any], Any]" = {}  # handler task -> its request's context
+_cancelled_for_kill: "Set[asyncio.Task[Any]]" = set()  # tasks the rule has cancelled
+
+
+def _cancel_for_kill(task: "asyncio.Task[Any]") -> bool:
+    """Cancel ``task`` because its request was killed, unless it already was."""
+    if task in _cancelled_for_kill or task.done():
+        return False
+    _cancelled_for_kill.add(task)
+    task.cancel()
+    return True
+
+
+async def _raise_if_killed_handler() -> None:
+    task = asyncio.current_task()
+    ctx = _serving.get(task) if task is not None else None  # type: ignore[arg-type]
+    if ctx is None or not ctx.is_killed():
+        return
+    if _cancel_for_kill(task):  # type: ignore[arg-type]
+        # The kill got here before its wake-up did: cancel now, and let the
+        # cancellation land at this await (the task's pending cancel is
+        # consumed here, so awaits in the handler's cleanup are not hit).
+        await asyncio.sleep(0)
+    raise asyncio.CancelledError()  # already cancelled once: this await raises too
+
+
+def cancel_on_kill(ctx: Any) -> Callable[[], None]:
+    """Apply the kill rule above to the current task, the handler of the
+    request whose context is ``ctx``; return the function that ends it (call
+    it when the handler is done)."""
+    task = asyncio.current_task()
+    assert task is not None
+    _serving[task] = ctx
+    stop = _waker().on_state(ctx, KILLED, lambda: _cancel_for_kill(task))
+
+    def release() -> None:
+        stop()
+        _serving.pop(task, None)
+        _cancelled_for_kill.discard(task)
+
+    return release
+
+
+if hasattr(asyncio.Task, "cancelling"):
+
+    def handler_task(coro: "Coroutine[Any, Any, None]") -> "asyncio.Task[None]":
+        """Run a handler's coroutine as a task (see ``cancel_requested``)."""
+        return asyncio.get_running_loop().create_task(coro)
+
+    def cancel_requested(task: "asyncio.Task[Any]") -> bool:
+        """Whether ``task`` was cancelled by someone (its CancelledError is
+        not the handler's own): Task.cancelling() on Python 3.11+."""
+        return task.cancelling() > 0
+
+else:  # Python < 3.11: the handler's task records every cancel() itself
+
+    class _HandlerTask(asyncio.Task):  # type: ignore[type-arg]
+        _dc_cancel_requested = False
+
+        def cancel(self, *args: Any, **kwargs: Any) -> bool:
+            self._dc_cancel_requested = True
+            return super().cancel(*args, **kwargs)
+
+    def handler_task(coro: "Coroutine[Any, Any, None]") -> "asyncio.Task[None]":
+        """Run a handler's coroutine as a task (see ``cancel_requested``)."""
+        return _HandlerTask(coro, loop=asyncio.get_running_loop())
+
+    def cancel_requested(task: "asyncio.Task[Any]") -> bool:
+        """Whether ``task`` was cancelled by someone (its CancelledError is
+        not the handler's own): the flag its cancel() set."""
+        return getattr(task, "_dc_cancel_requested", False)

@@ -20,7 +20,7 @@ import logging
 import os
 from typing import Any, AsyncIterator, Awaitable, Callable, Deque, List, Optional, Set, Tuple, TypeVar
 
-from ._aio import arm
+from ._aio import arm, cancel_on_kill, cancel_requested, handler_task
 from ._lib import native
 from .context import Context, _has_metadata, _real_class
 
@@ -182,12 +182,15 @@ class DistributedRuntime:
         return self._lib.runtime_nats_url(self._handle)
 
     def namespace(self, name: str) -> "Namespace":
-        """Return the namespace ``name``."""
+        """Return the namespace ``name``. Raises RuntimeClosed after shutdown."""
+        self._h()
         _check_part("namespace", name)
         return Namespace(self, name)
 
     def endpoint(self, path: str) -> "Endpoint":
-        """Return the endpoint at ``"namespace.component.endpoint"`` (a ``dyn://`` prefix is allowed)."""
+        """Return the endpoint at ``"namespace.component.endpoint"`` (a ``dyn://``
+        prefix is allowed). Raises RuntimeClosed after shutdown."""
+        self._h()
         if isinstance(path, str) and path.startswith("dyn://"):
             path = path[len("dyn://") :]
         parts = path.split(".")
@@ -227,7 +230,8 @@ class Namespace:
         self.runtime, self.name = runtime, name
 
     def component(self, name: str) -> "Component":
-        """Return the component ``name`` of this namespace."""
+        """Return the component ``name`` of this namespace. Raises RuntimeClosed after shutdown."""
+        self.runtime._h()
         _check_part("component", name)
         return Component(self, name)
 
@@ -248,7 +252,8 @@ class Component:
         self.namespace.runtime._h()
 
     def endpoint(self, name: str) -> "Endpoint":
-        """Return the endpoint ``name`` of this component."""
+        """Return the endpoint ``name`` of this component. Raises RuntimeClosed after shutdown."""
+        self.namespace.runtime._h()
         _check_part("endpoint", name)
         return Endpoint(self, name)
 
@@ -328,6 +333,7 @@ class Endpoint:
         except BaseException as e:
             if not serving.done():
                 serving.set_exception(e)
+                serving.exception()  # raised here already: not "never retrieved" if nobody awaits serving()
             raise
         if not serving.done():
             serving.set_result(lib.endpoint_instance_id(ep))
@@ -336,7 +342,7 @@ class Endpoint:
             while True:
                 code, req = lib.endpoint_accept(ep)
                 if code == lib.OK:
-                    task = asyncio.ensure_future(_serve_one(lib, req, handler, pass_context))
+                    task = handler_task(_serve_one(lib, req, handler, pass_context))
                     tasks.add(task)
                     task.add_done_callback(tasks.discard)
                 elif code == lib.ECLOSED:
@@ -369,16 +375,22 @@ class Endpoint:
 
 
 async def _serve_one(lib: Any, req: int, handler: Callable[..., Any], pass_context: bool) -> None:
+    """Run one request's handler in this task, streaming its items to the caller.
+
+    How it ends (SPEC section 3):
+    - The handler returns: the stream completes.
+    - The request is killed: this task is cancelled when the kill reaches the
+      loop (``cancel_on_kill``: any await in the handler raises
+      ``CancelledError``), the generator is closed and its output no longer
+      read; the caller's stream ends as the kill ends it.
+    - The handler raises anything while its context is live, ``CancelledError``
+      included: a handler error, "<Type>: <message>".
+    - This task is cancelled by someone else (the loop or the endpoint
+      shutting down: ``cancel_requested``): the cancellation propagates.
+    """
     ctx = lib.request_context(req, _real_class(Context))
     task = asyncio.current_task()
-    watcher = asyncio.ensure_future(ctx.killed())
-    finished = False
-
-    def on_kill(_: Any) -> None:
-        if not finished and task is not None and not watcher.cancelled():
-            task.cancel()
-
-    watcher.add_done_callback(on_kill)
+    release = cancel_on_kill(ctx)
     gen: Any = None
     try:
         request = json.loads(lib.request_payload(req).decode())
@@ -395,20 +407,23 @@ async def _serve_one(lib: Any, req: int, handler: Callable[..., Any], pass_conte
             while not lib.request_send(req, data):
                 await arm(req)
         lib.request_complete(req)
-    except asyncio.CancelledError:
-        if not ctx.is_killed():
-            raise  # cancelled from outside: the endpoint's own teardown
+    except asyncio.CancelledError as e:
+        if ctx.is_killed():
+            pass  # the kill's cancellation: the stream already ended for the caller
+        elif task is not None and cancel_requested(task):
+            raise  # cancelled from outside: the endpoint's or the loop's own teardown
+        else:  # the handler raised it itself
+            lib.request_fail(req, f"{type(e).__name__}: {e}")
     except Exception as e:  # noqa: BLE001 - every handler error goes to the caller
         lib.request_fail(req, f"{type(e).__name__}: {e}")
     finally:
-        finished = True
-        watcher.cancel()
         if gen is not None and hasattr(gen, "aclose"):
             try:
                 await gen.aclose()
             except BaseException as e:  # noqa: BLE001 - a misbehaving generator must not break the loop
                 if not isinstance(e, (RuntimeError, asyncio.CancelledError, GeneratorExit, StopAsyncIteration)):
                     logger.debug("closing the handler of request %s raised %r", ctx.id(), e)
+        release()
         lib.request_free(req)
 
 
@@ -454,8 +469,14 @@ class Client:
         return self._lib.client_instances(self._handle)
 
     async def wait_for_instances(self) -> List[int]:
-        """Wait until at least one instance is known; return the instance ids."""
+        """Wait until at least one instance is known; return the instance ids.
+
+        Raises RuntimeClosed at once if the runtime is shut down, before or
+        during the wait (the shutdown closes the client, which wakes it).
+        """
+        runtime = self.endpoint._runtime
         while True:
+            runtime._h()
             ids = self.instance_ids()
             if ids:
                 return ids
@@ -502,6 +523,10 @@ class ResponseStream:
     Breaking out of ``async for`` cancels nothing (iterate again to continue).
     ``await stream.aclose()`` kills the remote request, and so does the stream
     being garbage-collected before it ended.
+
+    A kill ends the stream: once the caller's context (``context=``), the
+    request's own context (``context()``) is killed or ``aclose()`` was
+    awaited, no further item is returned, whatever was already buffered.
     """
 
     def __init__(self, lib: Any, handle: int, annotated: bool, context: Optional[Context] = None) -> None:
@@ -509,8 +534,10 @@ class ResponseStream:
         self._handle: Optional[int] = handle
         self._annotated = annotated
         self._context = context
+        self._own: Optional[Context] = None  # the request's context, once asked for
         self._buf: Deque[bytes] = collections.deque()
         self._ended = False
+        self._closed = False
 
     async def _wait_started(self) -> None:
         while True:
@@ -524,17 +551,28 @@ class ResponseStream:
 
     def context(self) -> Context:
         """The request's context (a child of the caller's, with the same id)."""
-        return self._lib.stream_context(self._handle, _real_class(Context))
+        if self._own is None:
+            self._own = self._lib.stream_context(self._handle, _real_class(Context))
+        return self._own
 
     def __aiter__(self) -> "ResponseStream":
         return self
 
     async def __anext__(self) -> Any:
         lib = self._lib
-        if self._buf and self._context is not None and self._context.is_killed():
-            self._buf.clear()  # a kill is a hard abort: buffered items are dropped
-        while not self._buf:
-            if self._handle is None:
+        while True:
+            if self._buf:
+                # Checked before every item, not once per batch: a kill (or
+                # aclose) between two items drops the rest of the batch. The
+                # library checks the same at every take (plane.Stream.Take),
+                # including a kill of the caller's context after the stream's
+                # own context was unlinked from it at the end of the stream.
+                ctx, own = self._context, self._own
+                if not (self._closed or (ctx is not None and ctx.is_killed()) or (own is not None and own.is_killed())):
+                    data = json.loads(self._buf.popleft().decode())  # str: skips encoding detection
+                    return Annotated(data) if self._annotated else data
+                self._buf.clear()  # a kill is a hard abort: buffered items are dropped
+            if self._closed or self._handle is None:
                 raise StopAsyncIteration
             code, value = lib.stream_take(self._handle)
             if code == lib.OK:
@@ -547,14 +585,15 @@ class ResponseStream:
             else:
                 self._ended = True
                 _raise_for(code, value)
-        data = json.loads(self._buf.popleft().decode())  # str: skips encoding detection
-        return Annotated(data) if self._annotated else data
 
     async def aclose(self) -> None:
-        """Kill the remote request (if still running) and end the stream."""
+        """Kill the remote request (if still running) and end the stream: no
+        item is returned after this, buffered ones included."""
         if self._handle is not None and not self._ended:
             self._lib.stream_kill(self._handle)
         self._ended = True
+        self._closed = True
+        self._buf.clear()
 
     def __del__(self) -> None:
         _release(self, "stream_free")  # kills the request if it has not ended

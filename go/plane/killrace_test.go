@@ -1,0 +1,127 @@
+package plane_test
+
+import (
+	"fmt"
+	"io"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/dynamo-ctx/dynamo-ctx/go/ctxtree"
+	"github.com/dynamo-ctx/dynamo-ctx/go/plane"
+)
+
+// A kill ends the stream (SPEC section 3): once the caller's context is
+// killed, Take returns no item, whatever the producer did meanwhile. The
+// producer here never waits (countHandler sends as fast as the buffer
+// takes), so every interleaving of kill, items and the stream's end is
+// exercised: the kill lands while items are in flight, while they are
+// buffered, and after the stream ended, when the request's context is no
+// longer linked to the caller's (Stream.end -> Finish).
+
+// streamEnded waits until s has ended: its context was unlinked from parent.
+func streamEnded(tb testing.TB, parent *ctxtree.Context) {
+	tb.Helper()
+	deadline := time.Now().Add(waitLimit)
+	for parent.NumChildren() > 0 {
+		if time.Now().After(deadline) {
+			tb.Fatal("the stream never ended")
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func TestKillRaceNoItemAfterKill(t *testing.T) {
+	const n, iterations = 48, 300
+	for _, migrating := range []bool{false, true} {
+		t.Run(fmt.Sprintf("migrating=%v", migrating), func(t *testing.T) {
+			path := fmt.Sprintf("test.killrace%v.generate", migrating)
+			host := startEmbedded(t)
+			wrt := join(t, host)
+			serve(t, wrt, path, countHandler)
+			c := newClient(t, host, path)
+			waitInstances(t, c, 1)
+			if migrating {
+				c.SetMigrationLimit(2)
+			}
+			for i := range iterations {
+				k := i % 16 // the item at which the caller kills
+				parent := ctxtree.New(fmt.Sprintf("race-%d", i))
+				s := generate(t, c, fmt.Sprintf(`{"n":%d}`, n), parent)
+				items, err := take(s, k+1)
+				require.NoError(t, err)
+				requireSeq(t, items, 0, k+1)
+				if i%3 == 2 {
+					// The old bug, deterministically: the stream ended with
+					// items still buffered, then the caller kills.
+					streamEnded(t, parent)
+				}
+				parent.Kill()
+				rest, _, err := drain(s, 0)
+				require.Empty(t, rest, "iteration %d: items after a kill at item %d", i, k)
+				require.Equal(t, io.EOF, err)
+				require.True(t, s.Finished())
+			}
+		})
+	}
+}
+
+// A kill during a migrated stream: the first worker sends a few items and
+// crashes, the second continues; the caller kills while the second worker's
+// items flow, or after they all arrived, and takes nothing more.
+func TestKillDuringMigratedStream(t *testing.T) {
+	const path, first = "test.killmig.generate", 3
+	host := startEmbedded(t)
+	w2rt := join(t, host)
+	serve(t, w2rt, path, countHandler)
+	c := newClient(t, host, path)
+	c.SetMigrationLimit(2)
+	for i := range 6 {
+		w1rt := join(t, host)
+		w1 := serve(t, w1rt, path, func(req *plane.Request) {
+			for j := 0; j < first; j++ {
+				if !send(req, num(j)) {
+					return
+				}
+			}
+			<-req.Ctx.Killed() // hangs until its runtime closes (the crash)
+		})
+		waitInstances(t, c, 2)
+		parent := ctxtree.New(fmt.Sprintf("mig-%d", i))
+		s := generateRoute(t, c, `{"n":40}`, parent, plane.Direct, w1.ep.InstanceID())
+		items, err := take(s, first)
+		require.NoError(t, err)
+		requireSeq(t, items, 0, first)
+		w1rt.Close() // the crash: the stream migrates to the second worker
+		items, err = take(s, 2)
+		require.NoError(t, err)
+		requireSeq(t, items, 0, 2) // the second worker's (not a token stream: it restarts)
+		if i%2 == 1 {
+			streamEnded(t, parent)
+		}
+		parent.Kill()
+		rest, _, err := drain(s, 0)
+		require.Empty(t, rest, "items after a kill of a migrated stream")
+		require.Equal(t, io.EOF, err)
+	}
+}
+
+// A kill of the request's own context (Stream.Kill, what closing the stream
+// does) after the stream ended drops what is buffered too.
+func TestStreamKillAfterEndDropsBufferedItems(t *testing.T) {
+	const path = "test.killend.generate"
+	host := startEmbedded(t)
+	serve(t, host, path, countHandler)
+	c := newClient(t, host, path)
+	waitInstances(t, c, 1)
+	parent := ctxtree.New("kill-end")
+	s := generate(t, c, `{"n":20}`, parent)
+	streamEnded(t, parent)
+	require.False(t, s.Finished(), "20 items are buffered")
+	s.Kill()
+	rest, _, err := drain(s, 0)
+	require.Empty(t, rest)
+	require.Equal(t, io.EOF, err)
+	require.True(t, s.Finished())
+}

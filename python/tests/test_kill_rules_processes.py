@@ -1,0 +1,166 @@
+"""A kill ends the stream, and handler errors, across processes (issue 8, items 4 and 5).
+
+The worker (kill_worker.py) is a separate process serving a producer that
+never sleeps; the caller, in this process, kills at item k and keeps
+iterating: nothing may arrive after the kill. The same through migration:
+the first worker is SIGKILLed mid-stream and the stream continues on the
+second, where the caller kills it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from dynamo_ctx import Context, DistributedRuntime
+
+HERE = Path(__file__).resolve().parent
+HANG = 60
+
+
+@pytest.fixture(scope="module")
+def nats_url():
+    host = DistributedRuntime(nats_url="nats://127.0.0.1:0")
+    yield host.nats_url
+    host.shutdown()
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, HANG * 2))
+
+
+class Worker:
+    """kill_worker.py in a subprocess."""
+
+    def __init__(self, proc, instance):
+        self.proc, self.instance = proc, instance
+
+    @classmethod
+    async def start(cls, nats_url, path, *args):
+        env = dict(os.environ, NATS_SERVER=nats_url, PYTHONPATH=str(HERE.parent))
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, str(HERE / "kill_worker.py"), path, *args, env=env, stdout=asyncio.subprocess.PIPE
+        )
+        try:
+            line = await asyncio.wait_for(proc.stdout.readline(), HANG)
+            ready = json.loads(line)
+        except BaseException:
+            proc.kill()
+            await proc.wait()
+            raise
+        assert ready["event"] == "ready"
+        return cls(proc, ready["instance"])
+
+    async def kill(self):
+        if self.proc.returncode is None:
+            self.proc.send_signal(signal.SIGKILL)
+        await self.proc.wait()
+
+
+async def kill_at(stream, ctx, k, how):
+    """Iterate, kill at item k by ``how``, keep iterating; return (before, after)."""
+    before, after, killed = [], [], False
+    async for item in stream:
+        (after if killed else before).append(item)
+        if not killed and item == k:
+            killed = True
+            if how == "aclose":
+                await stream.aclose()
+            elif how == "kill_late":
+                # Let the producer finish first: its whole output waits in
+                # buffers and the stream has ended when the kill comes.
+                await asyncio.sleep(0.02)
+                ctx.kill()
+            else:
+                ctx.kill()
+    return before, after
+
+
+@pytest.mark.parametrize("migration_limit", [0, 2])
+def test_kill_race_across_processes(nats_url, migration_limit):
+    """200 requests to a worker process that never sleeps, killed at item k
+    (varying; by the context, at once or once the producer finished, or by
+    aclose()): no item after the kill."""
+    iterations = 200
+
+    async def main():
+        path = f"killp{uuid.uuid4().hex[:8]}.worker.generate"
+        worker = await Worker.start(nats_url, path)
+        rt = DistributedRuntime(nats_url=nats_url)
+        try:
+            client = await rt.endpoint(path).client(migration_limit=migration_limit)
+            await client.wait_for_instances()
+            late = []
+            for i in range(iterations):
+                k, how = i % 23, ("kill", "aclose", "kill_late")[i % 3]
+                ctx = Context(f"xrace-{i}")
+                stream = await client.generate({"n": 64}, annotated=False, context=ctx)
+                before, after = await kill_at(stream, ctx, k, how)
+                assert before == list(range(k + 1))
+                if after:
+                    late.append((i, k, how, after))
+            assert late == [], f"{len(late)} of {iterations} streams returned items after the kill: {late[:5]}"
+            # The worker is still serving normally.
+            assert [x async for x in await client.generate({"n": 5}, annotated=False)] == list(range(5))
+        finally:
+            rt.shutdown()
+            await worker.kill()
+
+    run(main())
+
+
+def test_kill_during_migrated_stream_across_processes(nats_url):
+    async def main():
+        path = f"killm{uuid.uuid4().hex[:8]}.worker.generate"
+        steady = await Worker.start(nats_url, path)
+        rt = DistributedRuntime(nats_url=nats_url)
+        try:
+            client = await rt.endpoint(path).client(migration_limit=2)
+            for i in range(3):
+                doomed = await Worker.start(nats_url, path, "--hang-after", "3")
+                while doomed.instance not in client.instance_ids() or steady.instance not in client.instance_ids():
+                    await asyncio.sleep(0.01)
+                ctx = Context(f"xmig-{i}")
+                stream = await client.direct({"n": 48}, doomed.instance, annotated=False, context=ctx)
+                assert [await stream.__anext__() for _ in range(3)] == [0, 1, 2]
+                await doomed.kill()  # mid-stream: the stream migrates to the steady worker
+                k = 2 + i
+                before, after = await kill_at(stream, ctx, k, ("kill", "aclose")[i % 2])
+                assert before == list(range(k + 1)), "the steady worker starts over (not a token stream)"
+                assert after == []
+        finally:
+            rt.shutdown()
+            await steady.kill()
+
+    run(main())
+
+
+def test_handler_cancelled_error_across_processes(nats_url):
+    async def main():
+        path = f"killc{uuid.uuid4().hex[:8]}.worker.generate"
+        worker = await Worker.start(nats_url, path)
+        rt = DistributedRuntime(nats_url=nats_url)
+        try:
+            client = await rt.endpoint(path).client()
+            await client.wait_for_instances()
+            stream = await client.generate({"raise": "cancelled"}, annotated=False)
+            assert await stream.__anext__() == 1
+            with pytest.raises(ValueError) as err:
+                await stream.__anext__()
+            assert str(err.value) == (
+                "a python exception was caught while processing the async generator: CancelledError: from the handler"
+            )
+            # The worker keeps serving.
+            assert [x async for x in await client.generate({"n": 3}, annotated=False)] == [0, 1, 2]
+        finally:
+            rt.shutdown()
+            await worker.kill()
+
+    run(main())

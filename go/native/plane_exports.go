@@ -78,7 +78,7 @@ func planeError(name string, err error) C.int {
 		return fail(rcENORESPONDERS, "%v", err)
 	case errors.Is(err, plane.ErrClosed):
 		return fail(rcECLOSED, "%s: %v", name, err)
-	case errors.Is(err, plane.ErrNotJSON), errors.Is(err, plane.ErrBadMetadata):
+	case errors.Is(err, plane.ErrNotJSON), errors.Is(err, plane.ErrBadMetadata), errors.Is(err, plane.ErrInvalidID):
 		return fail(rcEINVAL, "%s: %v", name, err)
 	}
 	return fail(rcEIO, "%s: %v", name, err)

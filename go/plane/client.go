@@ -277,7 +277,11 @@ func (c *Client) requestContext(payload []byte, parent *ctxtree.Context) (*ctxtr
 		return nil, c.tooLarge(len(payload) + envelopeOverhead)
 	}
 	if parent != nil && ValidateID(parent.ID()) != nil {
-		return nil, fmt.Errorf("%w: %q", ErrInvalidID, parent.ID())
+		id := parent.ID()
+		if len(id) > 40 {
+			id = id[:40] + "..."
+		}
+		return nil, fmt.Errorf("%w %q (%d bytes): a request id is 1 to %d bytes of printable UTF-8", ErrInvalidID, id, len(parent.ID()), MaxIDLen)
 	}
 	c.mu.Lock()
 	closed := c.closed

@@ -439,7 +439,7 @@ func (s *Stream) dispatch(nc *nats.Conn, subject string, env []byte) (*nats.Msg,
 			stopWait()
 			cancel()
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), s.rt.opts.AckTimeout)
+		ctx, cancel := context.WithTimeout(context.Background(), s.rt.ackTimeout(len(env)))
 		msg, err := nc.RequestWithContext(ctx, subject, env)
 		cancel()
 		if err == nil {
@@ -458,6 +458,14 @@ func (s *Stream) dispatch(nc *nats.Conn, subject string, env []byte) (*nats.Msg,
 	}
 }
 
+// ackTimeout is the wait for the acknowledgement of an envelope of n bytes:
+// AckTimeout, plus a second per MiB, since the worker receives and checks
+// the whole envelope before it acknowledges (a 4 MiB prompt on a loaded
+// machine can take longer than the base timeout).
+func (rt *Runtime) ackTimeout(n int) time.Duration {
+	return rt.opts.AckTimeout + time.Duration(n>>20)*time.Second
+}
+
 func (s *Stream) run(nc *nats.Conn, subject string, env []byte) {
 	msg, err := s.dispatch(nc, subject, env)
 	s.rt.setLocal(s.in.Token(), nil)
@@ -466,7 +474,7 @@ func (s *Stream) run(nc *nats.Conn, subject string, env []byte) {
 		case errors.Is(err, nats.ErrNoResponders):
 			err = ErrNoResponders
 		case errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout):
-			err = fmt.Errorf("%w (%s to %s)", ErrNotAcknowledged, s.rt.opts.AckTimeout, subject)
+			err = fmt.Errorf("%w (%s to %s)", ErrNotAcknowledged, s.rt.ackTimeout(len(env)), subject)
 		default:
 			err = fmt.Errorf("request to %s failed: %w", subject, err)
 		}

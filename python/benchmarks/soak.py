@@ -22,7 +22,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests" / "fault_tolerance"))
 from conftest import Stack  # noqa: E402
-from sse import stream_completion  # noqa: E402
+from sse import Result, stream_completion  # noqa: E402
 
 
 def proc_status(pid: int) -> dict:
@@ -40,10 +40,12 @@ async def one(hp, model, kind, i, rng, max_tokens):
     if kind == "disconnect":
         return kind, prompt, await stream_completion(hp, model, prompt, max_tokens, rid, stop_after=rng.randint(1, max_tokens // 2))
     if kind == "timeout":
+        res = Result(rid)
         try:
-            return kind, prompt, await asyncio.wait_for(stream_completion(hp, model, prompt, max_tokens, rid), rng.uniform(0.3, 3.0))
+            return kind, prompt, await asyncio.wait_for(stream_completion(hp, model, prompt, max_tokens, rid, res=res), rng.uniform(0.3, 3.0))
         except asyncio.TimeoutError:
-            return kind, prompt, None
+            res.error = "timed out"
+            return kind, prompt, res
     return kind, prompt, await stream_completion(hp, model, prompt, max_tokens, rid)
 
 
@@ -91,7 +93,7 @@ def main() -> int:
         took = time.monotonic() - t0
         survivors = [w for w in stack.workers if w is not victim]
         counts = {"disconnect": 0, "timeout": 0, "finish": 0}
-        finished_ok = timed_out = errors = 0
+        finished_ok = timed_out = errors = before_response = 0
         for kind, prompt, r in results:
             counts[kind] += 1
             if kind == "finish":
@@ -102,8 +104,11 @@ def main() -> int:
                     errors += 1
                     if errors <= 5:
                         violations.append(f"finish stream wrong: status={r.status} done={r.done} items={len(r.texts)} err={r.error}")
-            elif kind == "timeout" and r is None:
+            elif kind == "timeout" and r.error == "timed out":
                 timed_out += 1
+                before_response += r.status == 0
+            elif r.status not in (0, 200):
+                violations.append(f"{kind} stream got HTTP {r.status}: {r.error}")
         # Every survivor goes idle (bounded).
         deadline = time.monotonic() + 60
         for w in survivors:
@@ -153,7 +158,8 @@ def main() -> int:
         print(f"soak: {args.streams} streams (seed {args.seed}, {args.max_tokens} tokens at {args.decode} s, "
               f"migration limit 2), {took:.1f} s; NOFILE {soft} -> {hard}")
         print(f"  kinds: {counts}; finished token-exact {finished_ok}/{counts['finish']}; "
-              f"client time-outs that fired {timed_out}/{counts['timeout']}")
+              f"client time-outs that fired {timed_out}/{counts['timeout']} "
+              f"({before_response} before the response began)")
         print(f"  killed {victim.name} with {in_flight:.0f} requests running; last stream ended {after_kill:.1f} s after")
         print(f"  frontend: requests {f['requests']:.0f}, cancellations {f['cancellations']:.0f}, "
               f"aborts confirmed {f['confirmed']:.0f} (unconfirmed {unconfirmed:.0f}, bound {in_flight:.0f})")

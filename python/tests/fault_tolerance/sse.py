@@ -25,6 +25,8 @@ class Result:
     done: bool = False  # saw "data: [DONE]"
     error: str = ""
     first_item: float = 0.0  # monotonic time of the first text chunk
+    last_item: float = 0.0
+    max_gap: float = 0.0  # the longest wait between two text chunks (a stall, a migration)
     ended: float = 0.0
 
     @property
@@ -34,10 +36,12 @@ class Result:
 
 async def stream_completion(
     host_port: Tuple[str, int], model: str, prompt: str, max_tokens: int, rid: str,
-    stop_after: Optional[int] = None, stream: bool = True,
+    stop_after: Optional[int] = None, stream: bool = True, res: Optional[Result] = None,
 ) -> Result:
-    """POST /v1/completions and read the stream; ``stop_after``: close the socket after that many chunks."""
-    res = Result(rid)
+    """POST /v1/completions and read the stream; ``stop_after``: close the socket after that many chunks.
+
+    ``res``: fill this Result (still readable if the caller cancels the call)."""
+    res = res if res is not None else Result(rid)
     body = json.dumps({"model": model, "prompt": prompt, "max_tokens": max_tokens, "stream": stream}).encode()
     head = (
         f"POST /v1/completions HTTP/1.0\r\nHost: {host_port[0]}\r\nContent-Type: application/json\r\n"
@@ -79,8 +83,12 @@ async def stream_completion(
                 continue
             ch = d["choices"][0]
             if ch.get("text"):
+                now = time.monotonic()
                 if not res.texts:
-                    res.first_item = time.monotonic()
+                    res.first_item = now
+                else:
+                    res.max_gap = max(res.max_gap, now - res.last_item)
+                res.last_item = now
                 res.texts.append(ch["text"])
             if ch.get("finish_reason"):
                 res.finish = ch["finish_reason"]

@@ -77,7 +77,8 @@ def test_cluster_node_under_workers_sigkilled(stack, cluster):
         if not (r.status == 200 and r.done and r.finish == "length" and r.text == want and not r.error):
             bad.append((i, r.status, r.done, r.finish, r.error, len(r.texts)))
     print(f"cluster node B SIGKILLed: {STREAMS - len(bad)}/{STREAMS} streams complete token-exact; "
-          f"node death -> next success {recovered if recovered is None else round(recovered * 1000)} ms")
+          f"node death -> next success {recovered if recovered is None else round(recovered * 1000)} ms; "
+          f"longest gap in a stream {max(r.max_gap for r in results) * 1000:.0f} ms")
     assert not bad, f"{len(bad)} streams lost or wrong: {bad[:5]}"
     assert recovered is not None
 

@@ -73,7 +73,8 @@ def _check(stack, results, recovered, label):
         if not (r.status == 200 and r.done and r.finish == "length" and r.text == want and not r.error):
             bad.append((i, r.status, r.done, r.finish, r.error, len(r.texts), r.text == want))
     print(f"{label}: {STREAMS - len(bad)}/{STREAMS} streams complete token-exact; "
-          f"fault -> next success {recovered if recovered is None else round(recovered * 1000)} ms")
+          f"fault -> next success {recovered if recovered is None else round(recovered * 1000)} ms; "
+          f"longest gap in a stream {max(r.max_gap for r in results) * 1000:.0f} ms")
     assert not bad, f"{len(bad)} streams lost or wrong: {bad[:5]}"
     assert recovered is not None, "no request succeeded after the fault"
 

@@ -18,8 +18,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 TESTS = ["python/tests/fault_tolerance/test_ft_under_fire.py", "python/tests/fault_tolerance/test_ft_cluster.py"]
-LINE = re.compile(r"^\.?(?P<label>[^:]+): (?P<ok>\d+)/(?P<n>\d+) streams complete token-exact; "
-                  r"\S+ \S+ -> next success (?P<rec>\d+) ms; longest gap in a stream (?P<gap>\d+) ms")
+LINE = re.compile(r"(?P<label>(?:SIGKILL|SIGSTOP|cluster)[^:]*): (?P<ok>\d+)/(?P<n>\d+) streams complete token-exact; "
+                  r"(?:\S+ )+-> next success (?P<rec>\d+) ms; longest gap in a stream (?P<gap>\d+) ms")
 
 
 def main() -> int:
@@ -33,7 +33,7 @@ def main() -> int:
                            cwd=ROOT, capture_output=True, text=True)
         failed += p.returncode != 0
         for line in p.stdout.splitlines():
-            m = LINE.match(line.strip())
+            m = LINE.search(line)
             if m:
                 data[m["label"]].append((int(m["ok"]), int(m["n"]), int(m["rec"]), int(m["gap"])))
     for label, rows in data.items():

@@ -171,6 +171,19 @@ def main() -> int:
               f"{f2['cancellations']:.0f}, confirmed {f2['confirmed']:.0f}")
         print(f"  frontend RSS {base['VmRSS'] / 1024:.0f} MiB idle -> {end['VmRSS'] / 1024:.0f} after round 1 -> "
               f"{end2['VmRSS'] / 1024:.0f} after round 2; threads {base['Threads']} -> {end['Threads']} -> {end2['Threads']}")
+        if violations:
+            import re as _re
+            killed = set(_re.findall(r'client disconnected: request killed.*?request_id=(\S+)', fe.log()))
+            aborted = set()
+            for w in stack.workers:
+                aborted |= set(_re.findall(r"Aborted (?:\S+ )?Request ID: (\S+)", w.log()))
+            missing = sorted(killed - aborted)
+            print(f"  killed by the frontend, no abort logged by a worker: {len(missing)}")
+            for rid in missing[:4]:
+                for p in [fe, *stack.workers]:
+                    for line in p.log().splitlines():
+                        if rid in line:
+                            print(f"    [{p.name}] {line[:220]}")
     finally:
         stack.close()
     for v in violations:

@@ -8,7 +8,7 @@ export PATH := $(PATH):/usr/local/go/bin
 GOTEST_FLAGS ?= -race -count=1 -timeout 15m
 PYTEST_FLAGS ?=
 
-.PHONY: all setup build demo demo-context test test-go test-py vet lint bench bench-go bench-py fuzz clean
+.PHONY: all setup build demo demo-context test test-go test-py vet lint bench bench-go bench-py soak fuzz clean
 
 all: build
 
@@ -59,6 +59,10 @@ bench-py: build
 	$(PY) python/benchmarks/bench_vs_dynamo.py
 
 bench: bench-go bench-py
+
+# Not in CI: 2,000 streams, disconnects, time-outs and a worker SIGKILLed; prints its figures.
+soak: build
+	$(PY) python/benchmarks/soak.py
 
 # Runs each fuzz target for a while (plain `go test` already runs the seed corpora).
 FUZZTIME ?= 30s

@@ -167,6 +167,10 @@ type Bus struct {
 	// nanoseconds); down is set while it is down.
 	lastChange atomic.Int64
 	down       atomic.Bool
+	// session is cancelled when the connection next goes down (then
+	// replaced): a request in flight at that moment may have been lost
+	// with the old server, see Session.
+	session atomic.Pointer[sessionCtx]
 
 	closeOnce sync.Once
 }
@@ -192,6 +196,7 @@ func Connect(ctx context.Context, opts Options) (*Bus, error) {
 		kick:   make(chan struct{}, 1),
 		stop:   make(chan struct{}),
 	}
+	b.session.Store(newSession())
 	if b.log == nil {
 		b.log = slog.Default()
 	}
@@ -390,6 +395,22 @@ func (b *Bus) OnReconnect(f func()) {
 	b.mu.Unlock()
 }
 
+type sessionCtx struct {
+	ctx    context.Context
+	cancel context.CancelFunc
+}
+
+func newSession() *sessionCtx {
+	ctx, cancel := context.WithCancel(context.Background())
+	return &sessionCtx{ctx, cancel}
+}
+
+// Session is a context cancelled when the connection next goes down. A
+// request/reply waiting under it ends at once when the server it was sent
+// to dies (the message may have died with it) instead of running into its
+// timeout; the caller sends it again once connected.
+func (b *Bus) Session() context.Context { return b.session.Load().ctx }
+
 // Settling reports whether the connection is down, or came back less than
 // SettleWindow ago (see the package documentation).
 func (b *Bus) Settling() bool {
@@ -494,6 +515,7 @@ func (b *Bus) dial(name string) error {
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			b.down.Store(true)
 			b.lastChange.Store(time.Now().UnixNano())
+			b.session.Swap(newSession()).cancel()
 			if err != nil {
 				b.log.Warn("NATS connection lost", "url", redact(b.url), "error", err)
 			}

@@ -174,6 +174,25 @@ func TestTakeoverWhenHostExits(t *testing.T) {
 	assert.Equal(t, a.Conn().ConnectedServerId(), late.Conn().ConnectedServerId())
 }
 
+// Session ends when the connection goes down (a request awaiting its reply
+// then stops waiting) and a fresh, live one follows.
+func TestSessionEndsOnDisconnect(t *testing.T) {
+	url := "nats://127.0.0.1:" + freePort(t)
+	host, err := Connect(context.Background(), Options{URL: url, EmbedIfAbsent: true, Logger: quiet})
+	require.NoError(t, err)
+	a := connect(t, Options{URL: url, EmbedIfAbsent: true})
+	s := a.Session()
+	require.NoError(t, s.Err())
+	host.Close()
+	select {
+	case <-s.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("the session outlived the connection")
+	}
+	require.Eventually(t, func() bool { return a.Conn().IsConnected() }, 5*time.Second, 5*time.Millisecond)
+	assert.NoError(t, a.Session().Err())
+}
+
 // A standalone nats-server on the address is never replaced: when it
 // restarts it must find its port free.
 func TestNoTakeoverOfStandaloneServer(t *testing.T) {

@@ -439,13 +439,18 @@ func (s *Stream) dispatch(nc *nats.Conn, subject string, env []byte) (*nats.Msg,
 			stopWait()
 			cancel()
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), s.rt.ackTimeout(len(env)))
+		// Under the bus's session: a connection lost while we wait for the
+		// acknowledgement may have taken the request with it (the server
+		// died), so it is sent again after the reconnection rather than
+		// waited for until the acknowledgement timeout.
+		ctx, cancel := context.WithTimeout(s.rt.bus.Session(), s.rt.ackTimeout(len(env)))
 		msg, err := nc.RequestWithContext(ctx, subject, env)
 		cancel()
 		if err == nil {
 			return msg, nil
 		}
-		transient := errors.Is(err, nats.ErrNoResponders) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout)
+		transient := errors.Is(err, nats.ErrNoResponders) || errors.Is(err, context.DeadlineExceeded) ||
+			errors.Is(err, nats.ErrTimeout) || errors.Is(err, context.Canceled)
 		if !transient || !s.rt.bus.Settling() || s.ctx.IsStopped() || time.Now().After(deadline) {
 			return nil, err
 		}
@@ -475,6 +480,8 @@ func (s *Stream) run(nc *nats.Conn, subject string, env []byte) {
 			err = ErrNoResponders
 		case errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout):
 			err = fmt.Errorf("%w (%s to %s)", ErrNotAcknowledged, s.rt.ackTimeout(len(env)), subject)
+		case errors.Is(err, context.Canceled): // the bus session ended (dispatch)
+			err = fmt.Errorf("%w (NATS connection lost, to %s)", ErrNotAcknowledged, subject)
 		default:
 			err = fmt.Errorf("request to %s failed: %w", subject, err)
 		}

@@ -299,7 +299,9 @@ class Stack:
         """Start all processes at once, then wait until each is ready and the frontend sees the backends.
 
         ``workers``: dicts with ``mode`` (default agg) and optional ``prefill``/``decode``
-        (seconds per token), ``migration_limit``, ``model``, ``args`` (more worker arguments).
+        (seconds per token), ``migration_limit``, ``model``, ``args`` (more worker arguments),
+        ``env`` (added to the process's environment). May be called again to add workers
+        (then ``frontend=False`` or not yet started).
         """
         started = []
         for i, spec in enumerate(workers):
@@ -312,7 +314,8 @@ class Stack:
                 extra += ["--migration-limit", str(spec["migration_limit"])]
             extra += spec.get("args", [])
             mode = spec.get("mode", "agg")
-            w = Worker(f"worker{i}-{mode}", self.env, mode, spec.get("model", MODEL), self.namespace, extra)
+            env = dict(self.env, **spec.get("env", {}))
+            w = Worker(f"worker{len(self.workers) + i}-{mode}", env, mode, spec.get("model", MODEL), self.namespace, extra)
             self.procs.append(w)
             started.append(w)
         if frontend:

@@ -1,0 +1,107 @@
+"""A minimal asyncio HTTP/1.0 client for the frontend's streamed completions (SSE).
+
+HTTP/1.0 makes the Go server send the body unchunked and close the connection at
+its end, so the client needs no chunked decoding; hundreds or thousands of these
+run concurrently on one event loop (the soak test, the fault tests).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass, field
+from typing import List, Optional, Tuple
+
+
+@dataclass
+class Result:
+    """What one streamed completion delivered."""
+
+    rid: str
+    status: int = 0
+    texts: List[str] = field(default_factory=list)
+    finish: Optional[str] = None
+    done: bool = False  # saw "data: [DONE]"
+    error: str = ""
+    first_item: float = 0.0  # monotonic time of the first text chunk
+    last_item: float = 0.0
+    max_gap: float = 0.0  # the longest wait between two text chunks (a stall, a migration)
+    ended: float = 0.0
+
+    @property
+    def text(self) -> str:
+        return "".join(self.texts)
+
+
+async def stream_completion(
+    host_port: Tuple[str, int], model: str, prompt: str, max_tokens: int, rid: str,
+    stop_after: Optional[int] = None, stream: bool = True, res: Optional[Result] = None,
+) -> Result:
+    """POST /v1/completions and read the stream; ``stop_after``: close the socket after that many chunks.
+
+    ``res``: fill this Result (still readable if the caller cancels the call)."""
+    res = res if res is not None else Result(rid)
+    body = json.dumps({"model": model, "prompt": prompt, "max_tokens": max_tokens, "stream": stream}).encode()
+    head = (
+        f"POST /v1/completions HTTP/1.0\r\nHost: {host_port[0]}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\nx-request-id: {rid}\r\n\r\n"
+    ).encode()
+    reader, writer = await asyncio.open_connection(*host_port)
+    try:
+        writer.write(head + body)
+        await writer.drain()
+        status_line = await reader.readline()
+        parts = status_line.split()
+        res.status = int(parts[1]) if len(parts) > 1 else 0
+        while (await reader.readline()) not in (b"\r\n", b"\n", b""):
+            pass
+        if res.status != 200 or not stream:
+            rest = await reader.read()
+            if res.status == 200:
+                d = json.loads(rest)
+                res.texts.append(d["choices"][0]["text"])
+                res.finish = d["choices"][0].get("finish_reason")
+                res.done = True
+            else:
+                res.error = rest.decode(errors="replace")[:300]
+            return res
+        while True:
+            line = await reader.readline()
+            if not line:
+                break
+            line = line.strip()
+            if not line.startswith(b"data: "):
+                continue
+            data = line[6:]
+            if data == b"[DONE]":
+                res.done = True
+                break
+            d = json.loads(data)
+            if "error" in d:
+                res.error = json.dumps(d["error"])[:300]
+                continue
+            ch = d["choices"][0]
+            if ch.get("text"):
+                now = time.monotonic()
+                if not res.texts:
+                    res.first_item = now
+                else:
+                    res.max_gap = max(res.max_gap, now - res.last_item)
+                res.last_item = now
+                res.texts.append(ch["text"])
+            if ch.get("finish_reason"):
+                res.finish = ch["finish_reason"]
+            if stop_after is not None and len(res.texts) >= stop_after:
+                break
+        return res
+    except (OSError, asyncio.IncompleteReadError, ValueError) as e:
+        res.error = f"{type(e).__name__}: {e}"
+        return res
+    finally:
+        res.ended = time.monotonic()
+        writer.close()
+        try:
+            await writer.wait_closed()
+        except OSError:
+            pass

@@ -60,6 +60,9 @@ type env struct {
 	fe   *frontend.Frontend
 	base string
 	hc   *http.Client
+	// slow raises do's deadline for requests that are heavy under -race
+	// (multi-megabyte bodies) on a loaded machine.
+	slow bool
 }
 
 func newEnv(t *testing.T) *env {
@@ -320,7 +323,11 @@ func (e *env) request(method, path, body string, hdr map[string]string) *http.Re
 // do sends a request and reads the whole response.
 func (e *env) do(method, path, body string, hdr map[string]string) response {
 	e.t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
+	limit := waitLimit
+	if e.slow {
+		limit = 6 * waitLimit
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
 	defer cancel()
 	resp, err := e.hc.Do(e.request(method, path, body, hdr).WithContext(ctx))
 	require.NoError(e.t, err)

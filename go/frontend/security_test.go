@@ -406,6 +406,7 @@ func TestForgedAbortConfirmations(t *testing.T) {
 // (here with a body limit and a context length raised past it).
 func TestBusLimitIs413(t *testing.T) {
 	e := newEnv(t)
+	e.slow = true
 	w := e.workerMeta("w", "dynamo", map[string]any{"model": "m", "max_model_len": 1 << 30}, generate)
 	e.startWith(frontend.Options{Addr: "127.0.0.1:0", MigrationLimit: -1, MaxBodyBytes: 32 << 20})
 	e.waitModels("m")

@@ -36,6 +36,14 @@
 //   - Models: GET /v1/models lists the models that registered worker instances
 //     declare in their metadata ({"model": ...}); requests are routed only to
 //     instances of the requested model.
+//   - OpenAI API (openai.go, docs/openai-api.md): usage and
+//     stream_options.include_usage; n (one worker request per choice), stop
+//     strings (matched here), stop_token_ids, seed and sampling options
+//     (passed to the engine); string, batch and token prompts; what the
+//     engine does not carry (logprobs, ...) is refused with 400 naming the
+//     param. Response ids are "cmpl-"/"chatcmpl-" + the request id. Every
+//     error, on every path (404, 405, 413, 500), has OpenAI's shape, and
+//     each failed request is logged once (see recorder).
 //   - Migration: requests are retried on another worker up to the migration
 //     limit: the frontend's own (Options.MigrationLimit, if >= 0), else the
 //     largest limit the model's instances declare.
@@ -75,7 +83,8 @@ type Options struct {
 	Namespace string
 	// MigrationLimit overrides the limit workers declare when >= 0.
 	MigrationLimit int
-	// DefaultMaxTokens applies when a request gives none.
+	// DefaultMaxTokens applies to a completions request that gives none
+	// (16 if 0); a chat request without one runs to the context length.
 	DefaultMaxTokens int
 	// MaxBodyBytes bounds a request body (0: DYNAMO_CTX_MAX_BODY_BYTES, else
 	// DefaultMaxBodyBytes).

@@ -3,3 +3,19 @@ package frontend
 // Detokenize is the frontend's stand-in detokenizer, for tests that check the
 // text a request produced.
 var Detokenize = detokenize
+
+// StopText feeds pieces of text to a stop-string matcher and returns what it
+// lets through (the held-back rest included when no stop string was found),
+// and whether one was found.
+func StopText(stops, pieces []string) (string, bool) {
+	s := stopper{stops: stops}
+	var out string
+	for _, p := range pieces {
+		t, hit := s.feed(p)
+		out += t
+		if hit {
+			return out, true
+		}
+	}
+	return out + s.flush(), false
+}

@@ -36,6 +36,14 @@
 //   - Models: GET /v1/models lists the models that registered worker instances
 //     declare in their metadata ({"model": ...}); requests are routed only to
 //     instances of the requested model.
+//   - OpenAI API (openai.go, docs/openai-api.md): usage and
+//     stream_options.include_usage; n (one worker request per choice), stop
+//     strings (matched here), stop_token_ids, seed and sampling options
+//     (passed to the engine); string, batch and token prompts; what the
+//     engine does not carry (logprobs, ...) is refused with 400 naming the
+//     param. Response ids are "cmpl-"/"chatcmpl-" + the request id. Every
+//     error, on every path (404, 405, 413, 500), has OpenAI's shape, and
+//     each failed request is logged once (see recorder).
 //   - Migration: requests are retried on another worker up to the migration
 //     limit: the frontend's own (Options.MigrationLimit, if >= 0), else the
 //     largest limit the model's instances declare.
@@ -55,6 +63,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"runtime/debug"
 	"sort"
 	"strconv"
 	"strings"
@@ -74,7 +83,8 @@ type Options struct {
 	Namespace string
 	// MigrationLimit overrides the limit workers declare when >= 0.
 	MigrationLimit int
-	// DefaultMaxTokens applies when a request gives none.
+	// DefaultMaxTokens applies to a completions request that gives none
+	// (16 if 0); a chat request without one runs to the context length.
 	DefaultMaxTokens int
 	// MaxBodyBytes bounds a request body (0: DYNAMO_CTX_MAX_BODY_BYTES, else
 	// DefaultMaxBodyBytes).
@@ -192,13 +202,21 @@ func New(ctx context.Context, rt *plane.Runtime, opts Options) (*Frontend, error
 	mux.HandleFunc("POST /v1/completions", f.completions)
 	mux.HandleFunc("POST /v1/chat/completions", f.chatCompletions)
 	mux.HandleFunc("GET /v1/models", f.models)
+	mux.HandleFunc("GET /v1/models/{id...}", f.model)
 	mux.HandleFunc("GET /health", f.health)
 	mux.HandleFunc("GET /metrics", f.metricsHandler)
-	// A kept-alive connection must not carry the last response's write
-	// deadline (see stallWriter) into its next request.
 	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// A kept-alive connection must not carry the last response's write
+		// deadline (see stallWriter) into its next request.
 		_ = http.NewResponseController(w).SetWriteDeadline(time.Time{})
-		mux.ServeHTTP(w, r)
+		rec := &recorder{ResponseWriter: w}
+		defer rec.logFailure(r)
+		defer rec.recoverPanic(r)
+		if _, pattern := mux.Handler(r); pattern == "" {
+			noRoute(rec, r, mux)
+			return
+		}
+		mux.ServeHTTP(rec, r)
 	})
 	f.srv = &http.Server{
 		Handler: handler, ReadHeaderTimeout: opts.ReadHeaderTimeout, ReadTimeout: opts.ReadTimeout,
@@ -363,8 +381,10 @@ func requestID(r *http.Request) (string, error) {
 }
 
 // writeError answers with an OpenAI-shaped error: {"error": {"message",
-// "type", "param", "code"}}. param may be empty (null).
+// "type", "param", "code"}}. param may be empty (null). The request is
+// logged as failed (see recorder).
 func writeError(w http.ResponseWriter, status int, msg, kind, param, code string) {
+	failed(w, status, msg)
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
 	var p any
@@ -372,6 +392,117 @@ func writeError(w http.ResponseWriter, status int, msg, kind, param, code string
 		p = param
 	}
 	_ = json.NewEncoder(w).Encode(map[string]any{"error": map[string]any{"message": msg, "type": kind, "param": p, "code": code}})
+}
+
+// failed records why a request failed, for its log line; a failure in a
+// response already under way (an error event in a stream) is recorded
+// with the status it would have had.
+func failed(w http.ResponseWriter, status int, reason string) {
+	if rec, ok := w.(*recorder); ok && rec.reason == "" {
+		rec.failStatus, rec.reason = status, reason
+	}
+}
+
+// recorder sees a response's status and the reason it failed, so that each
+// failed request is logged once, when it is over: at WARNING for a client
+// error (4xx), at ERROR for a server error. A client that disconnects is no
+// failure (it is logged at INFO as a cancellation).
+type recorder struct {
+	http.ResponseWriter
+	status     int
+	failStatus int
+	reason     string
+}
+
+func (r *recorder) WriteHeader(code int) {
+	if r.status == 0 {
+		r.status = code
+	}
+	r.ResponseWriter.WriteHeader(code)
+}
+
+func (r *recorder) Write(b []byte) (int, error) {
+	if r.status == 0 {
+		r.status = http.StatusOK
+	}
+	return r.ResponseWriter.Write(b)
+}
+
+// Unwrap lets http.ResponseController reach the connection.
+func (r *recorder) Unwrap() http.ResponseWriter { return r.ResponseWriter }
+
+func (r *recorder) logFailure(req *http.Request) {
+	status := r.failStatus
+	if status == 0 && r.status >= 400 {
+		status = r.status
+	}
+	if status == 0 {
+		return
+	}
+	level := slog.LevelWarn
+	if status >= 500 {
+		level = slog.LevelError
+	}
+	slog.Log(context.Background(), level, "request failed", "status", status,
+		"request_id", r.Header().Get("x-request-id"), "method", req.Method, "path", req.URL.Path, "reason", r.reason)
+}
+
+// recoverPanic turns a handler's panic into a 500 (if nothing was sent
+// yet) and an ERROR log, instead of a dropped connection.
+func (r *recorder) recoverPanic(req *http.Request) {
+	p := recover()
+	if p == nil {
+		return
+	}
+	if p == http.ErrAbortHandler {
+		panic(p)
+	}
+	slog.Error("panic serving a request", "path", req.URL.Path, "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
+	if r.status == 0 {
+		writeError(r, http.StatusInternalServerError, "internal error", "internal_error", "", "internal_error")
+	} else {
+		failed(r, http.StatusInternalServerError, fmt.Sprint("panic: ", p))
+		panic(http.ErrAbortHandler) // the response is cut: the client must see it broken
+	}
+}
+
+// noRoute answers a request no route takes with OpenAI's error shape: 404
+// for an unknown path, 405 (with the Allow header the mux sets) for a known
+// path and the wrong method.
+func noRoute(w http.ResponseWriter, r *http.Request, mux *http.ServeMux) {
+	h, _ := mux.Handler(r)
+	probe := &statusProbe{header: w.Header()}
+	h.ServeHTTP(probe, r)
+	switch probe.status {
+	case http.StatusMethodNotAllowed:
+		writeError(w, http.StatusMethodNotAllowed, fmt.Sprintf("method %s is not allowed on %s (allowed: %s)", r.Method, r.URL.Path, w.Header().Get("Allow")),
+			"invalid_request_error", "", "method_not_allowed")
+	case http.StatusNotFound, 0:
+		writeError(w, http.StatusNotFound, fmt.Sprintf("unknown path: %s %s", r.Method, r.URL.Path), "invalid_request_error", "", "unknown_url")
+	default: // a redirect (path cleaning): its headers are set already
+		w.WriteHeader(probe.status)
+	}
+}
+
+// statusProbe runs the mux's own answer for an unrouted request (404, 405
+// with Allow, a redirect) to learn its status and headers; its body is
+// dropped.
+type statusProbe struct {
+	header http.Header
+	status int
+}
+
+func (p *statusProbe) Header() http.Header { return p.header }
+func (p *statusProbe) WriteHeader(code int) {
+	if p.status == 0 {
+		p.status = code
+	}
+}
+func (p *statusProbe) Write(b []byte) (int, error) {
+	if p.status == 0 {
+		p.status = http.StatusOK
+	}
+	return len(b), nil
 }
 
 func badRequest(w http.ResponseWriter, msg, param, code string) {
@@ -391,35 +522,33 @@ func (f *Frontend) health(w http.ResponseWriter, r *http.Request) {
 	_ = json.NewEncoder(w).Encode(map[string]any{"status": "healthy", "models": f.modelNames(), "instances": len(f.client.Instances())})
 }
 
+func modelObject(name string) map[string]any {
+	return map[string]any{"id": name, "object": "model", "created": 0, "owned_by": "dynamo-ctx"}
+}
+
 func (f *Frontend) models(w http.ResponseWriter, r *http.Request) {
 	data := []map[string]any{}
 	for _, n := range f.modelNames() {
-		data = append(data, map[string]any{"id": n, "object": "model", "created": 0, "owned_by": "dynamo-ctx"})
+		data = append(data, modelObject(n))
 	}
 	w.Header().Set("Content-Type", "application/json")
 	_ = json.NewEncoder(w).Encode(map[string]any{"object": "list", "data": data})
 }
 
+// model answers GET /v1/models/{id}; the id may contain slashes.
+func (f *Frontend) model(w http.ResponseWriter, r *http.Request) {
+	name := r.PathValue("id")
+	if !f.hasModel(name) {
+		modelNotFound(w, name)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(modelObject(name))
+}
+
 func (f *Frontend) metricsHandler(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "text/plain; version=0.0.4")
 	f.metrics.write(w)
-}
-
-// completionRequest holds the fields of both OpenAI request kinds that the
-// frontend uses.
-type completionRequest struct {
-	Model     string          `json:"model"`
-	Prompt    json.RawMessage `json:"prompt"`
-	Messages  []chatMessage   `json:"messages"`
-	MaxTokens *int            `json:"max_tokens"`
-	// max_completion_tokens is the newer name in the chat API.
-	MaxCompletionTokens *int `json:"max_completion_tokens"`
-	Stream              bool `json:"stream"`
-}
-
-type chatMessage struct {
-	Role    string          `json:"role"`
-	Content json.RawMessage `json:"content"`
 }
 
 func (f *Frontend) completions(w http.ResponseWriter, r *http.Request) {
@@ -428,42 +557,6 @@ func (f *Frontend) completions(w http.ResponseWriter, r *http.Request) {
 
 func (f *Frontend) chatCompletions(w http.ResponseWriter, r *http.Request) {
 	f.serve(w, r, true)
-}
-
-func promptText(req *completionRequest, chat bool) (string, error) {
-	if chat {
-		if len(req.Messages) == 0 {
-			return "", errors.New("messages must not be empty")
-		}
-		var b strings.Builder
-		for _, m := range req.Messages {
-			var text string
-			if err := json.Unmarshal(m.Content, &text); err != nil {
-				// Content parts: concatenate the text parts.
-				var parts []struct {
-					Type string `json:"type"`
-					Text string `json:"text"`
-				}
-				if err := json.Unmarshal(m.Content, &parts); err != nil {
-					return "", errors.New("message content must be a string or a list of parts")
-				}
-				for _, p := range parts {
-					text += p.Text
-				}
-			}
-			fmt.Fprintf(&b, "%s: %s\n", m.Role, text)
-		}
-		return b.String(), nil
-	}
-	var s string
-	if err := json.Unmarshal(req.Prompt, &s); err == nil {
-		return s, nil
-	}
-	var list []string
-	if err := json.Unmarshal(req.Prompt, &list); err == nil && len(list) > 0 {
-		return strings.Join(list, ""), nil
-	}
-	return "", errors.New("prompt must be a string")
 }
 
 // tokenize is the stand-in tokenizer: one token per byte.
@@ -490,6 +583,71 @@ func detokenize(ids []int) string {
 type workerItem struct {
 	TokenIDs     []int   `json:"token_ids"`
 	FinishReason *string `json:"finish_reason"`
+}
+
+// choice is one worker request of an HTTP request (one choice of the
+// response) and what it has produced.
+type choice struct {
+	index  int
+	rc     *ctxtree.Context
+	stream *plane.Stream
+	// complete: the worker's stream ended normally, or the frontend ended
+	// it at a stop string: a disconnect now cancels nothing.
+	complete atomic.Bool
+	ended    bool // no more items are read from it
+	started  bool // a chunk of it was sent (the first carries the chat role)
+	stop     stopper
+	tokens   int
+	text     strings.Builder // the whole text, for a non-streaming response
+	finish   string
+}
+
+// take applies an item to the choice; it returns the text to send and
+// whether the choice's finish reason is now known.
+func (c *choice) take(it workerItem) (string, bool) {
+	c.tokens += len(it.TokenIDs)
+	text, hit := c.stop.feed(detokenize(it.TokenIDs))
+	if hit {
+		c.finish = "stop"
+		return text, true
+	}
+	if it.FinishReason != nil {
+		c.finish = *it.FinishReason
+		return text + c.stop.flush(), true
+	}
+	return text, false
+}
+
+// event is an item (or the end) of one choice's stream.
+type event struct {
+	c    *choice
+	item workerItem
+	err  error
+}
+
+// pump reads every choice's stream into one channel until ctx ends; wait
+// returns when the readers have.
+func pump(ctx context.Context, choices []*choice) (events <-chan event, wait func()) {
+	ch := make(chan event)
+	var wg sync.WaitGroup
+	for _, c := range choices {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				it, err := next(ctx, c.stream)
+				select {
+				case ch <- event{c: c, item: it, err: err}:
+				case <-ctx.Done():
+					return
+				}
+				if err != nil {
+					return
+				}
+			}
+		}()
+	}
+	return ch, wg.Wait
 }
 
 func (f *Frontend) serve(w http.ResponseWriter, r *http.Request, chat bool) {
@@ -524,23 +682,17 @@ func (f *Frontend) serve(w http.ResponseWriter, r *http.Request, chat bool) {
 		badRequest(w, "model is required", "model", "missing_model")
 		return
 	}
-	text, err := promptText(&req, chat)
-	if err != nil {
-		param := "prompt"
-		if chat {
-			param = "messages"
+	p := &plan{req: &req, chat: chat}
+	refuse := func(err error) {
+		var re *requestError
+		if errors.As(err, &re) {
+			badRequest(w, re.msg, re.param, re.code)
+			return
 		}
-		badRequest(w, err.Error(), param, "invalid_prompt")
-		return
+		badRequest(w, err.Error(), "", "invalid_request")
 	}
-	maxTokens := f.opts.DefaultMaxTokens
-	if req.MaxCompletionTokens != nil {
-		maxTokens = *req.MaxCompletionTokens
-	} else if req.MaxTokens != nil {
-		maxTokens = *req.MaxTokens
-	}
-	if maxTokens <= 0 {
-		badRequest(w, "max_tokens must be positive", "max_tokens", "invalid_max_tokens")
+	if err := p.check(); err != nil {
+		refuse(err)
 		return
 	}
 	if !f.hasModel(req.Model) {
@@ -556,58 +708,88 @@ func (f *Frontend) serve(w http.ResponseWriter, r *http.Request, chat bool) {
 		modelNotFound(w, req.Model)
 		return
 	}
-	// The prompt's size, checked before it is expanded into token ids (one
-	// per byte with the stand-in tokenizer: the byte count is the count).
+	// Prompt sizes are checked before a text is expanded into token ids,
+	// and prompt tokens + max_tokens must fit the model's context length.
 	limit := f.maxModelLen(client)
-	if promptTokens := len(text); promptTokens > limit || maxTokens > limit-promptTokens {
-		badRequest(w, fmt.Sprintf("this model's maximum context length is %d tokens; the request has %d prompt tokens and max_tokens %d",
-			limit, promptTokens, maxTokens), "max_tokens", "context_length_exceeded")
+	prompts, err := parsePrompts(&req, chat, limit)
+	if err != nil {
+		refuse(err)
 		return
+	}
+	if len(prompts)*p.n > MaxChoices {
+		refuse(invalid("n", "invalid_n", "prompts times n must be at most %d", MaxChoices))
+		return
+	}
+	budgets := make([]int, len(prompts))
+	for i, pr := range prompts {
+		if budgets[i], err = p.maxTokens(len(pr.tokens), limit, f.opts.DefaultMaxTokens); err != nil {
+			refuse(err)
+			return
+		}
 	}
 	client.SetMigrationLimit(f.migrationLimit(client))
 
-	rc := f.rt.NewContext(id)
-	payload, _ := json.Marshal(map[string]any{
-		"model":           req.Model,
-		"token_ids":       tokenize(text),
-		"stop_conditions": map[string]any{"max_tokens": maxTokens},
-	})
-	text = ""
-	stream, err := client.Generate(payload, rc, plane.RoundRobin, 0)
-	if err != nil {
-		if errors.Is(err, plane.ErrTooLarge) {
-			tooLarge(w, err.Error())
-			return
+	// One worker request per choice, all under the request's id.
+	choices := make([]*choice, 0, len(prompts)*p.n)
+	killAll := func() {
+		for _, c := range choices {
+			c.stream.Kill() // no-op once it ended; releases it otherwise
 		}
-		writeError(w, http.StatusInternalServerError, err.Error(), "internal_error", "", "internal_error")
-		return
 	}
-	payload = nil
-	f.metrics.request(req.Model)
+	for i, pr := range prompts {
+		for j := 0; j < p.n; j++ {
+			c := &choice{index: i*p.n + j, rc: f.rt.NewContext(id), stop: stopper{stops: p.stops}}
+			c.stream, err = client.Generate(p.payload(req.Model, pr.tokens, budgets[i], c.index), c.rc, plane.RoundRobin, 0)
+			if err != nil {
+				killAll()
+				if errors.Is(err, plane.ErrTooLarge) {
+					tooLarge(w, err.Error())
+					return
+				}
+				writeError(w, http.StatusInternalServerError, err.Error(), "internal_error", "", "internal_error")
+				return
+			}
+			choices = append(choices, c)
+			f.metrics.request(req.Model)
+		}
+	}
+	promptTokens := 0
+	for _, pr := range prompts {
+		promptTokens += len(pr.tokens)
+	}
+	prompts = nil
 
-	// A client that goes away kills the request: its context is the request's
-	// context, so the kill reaches the worker (and its prefill call) at once.
-	// once: a run started by the AfterFunc and the check below never both
-	// count it, and the check waits for a run in progress (Do returns only
-	// when f has), so the pending entry exists before stream.Kill.
-	// A client that leaves once the worker's stream is complete (while the
-	// last bytes are written) cancelled nothing.
+	// A client that goes away kills the requests: each context is the
+	// request's context, so the kill reaches the worker (and its prefill
+	// call) at once. once: a run started by the AfterFunc and the check
+	// below never both count it, and the check waits for a run in progress
+	// (Do returns only when f has), so the pending entry exists before the
+	// streams are killed. A choice whose stream is complete cancelled nothing.
 	out := &stallWriter{w: w, ctl: ctl, stall: f.opts.WriteStallTimeout}
 	var once sync.Once
 	onDisconnect := func() {
 		once.Do(func() {
-			if !out.complete.Load() {
-				f.disconnected(rc, stream, id, req.Model)
+			for _, c := range choices {
+				if !c.complete.Load() {
+					f.disconnected(c.rc, c.stream, id, req.Model)
+				}
 			}
 		})
 	}
 	stopWatching := context.AfterFunc(r.Context(), onDisconnect)
 
-	created := time.Now().Unix()
+	prefix := "cmpl-"
+	if chat {
+		prefix = "chatcmpl-"
+	}
+	resp := &response{
+		f: f, w: out, r: r, plan: p, choices: choices, id: prefix + id, model: req.Model,
+		created: time.Now().Unix(), promptTokens: promptTokens,
+	}
 	if req.Stream {
-		f.streamResponse(out, r, stream, id, req.Model, chat, created)
+		resp.stream()
 	} else {
-		f.unaryResponse(out, r, stream, id, req.Model, chat, created)
+		resp.unary()
 	}
 	// The response loop may have seen the disconnect (its reads use the
 	// request's context) before the AfterFunc ran, or a write may have
@@ -616,7 +798,7 @@ func (f *Frontend) serve(w http.ResponseWriter, r *http.Request, chat bool) {
 	if r.Context().Err() != nil || out.failed {
 		onDisconnect()
 	}
-	stream.Kill() // no-op once it ended; releases it otherwise
+	killAll()
 }
 
 // readBody reads at most limit bytes of body (a *http.MaxBytesError past
@@ -638,12 +820,11 @@ func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, erro
 // stallWriter writes a response with a deadline on every write: a client
 // that stops reading for the stall timeout is treated as gone.
 type stallWriter struct {
-	w        http.ResponseWriter
-	ctl      *http.ResponseController
-	stall    time.Duration
-	armed    time.Time // when the write deadline was last pushed back
-	failed   bool
-	complete atomic.Bool // the worker's stream ended normally: nothing left to cancel
+	w      http.ResponseWriter
+	ctl    *http.ResponseController
+	stall  time.Duration
+	armed  time.Time // when the write deadline was last pushed back
+	failed bool
 }
 
 // arm pushes the write deadline back; at most once a second (the deadline
@@ -724,97 +905,181 @@ func next(ctx context.Context, s *plane.Stream) (workerItem, error) {
 	return it, nil
 }
 
-func (f *Frontend) streamResponse(w *stallWriter, r *http.Request, s *plane.Stream, id, model string, chat bool, created int64) {
+// response writes the answer to one HTTP request from its choices' streams.
+type response struct {
+	f            *Frontend
+	w            *stallWriter
+	r            *http.Request
+	plan         *plan
+	choices      []*choice
+	id, model    string
+	created      int64
+	promptTokens int
+}
+
+func (p *response) object() string {
+	switch {
+	case p.plan.chat && p.plan.req.Stream:
+		return "chat.completion.chunk"
+	case p.plan.chat:
+		return "chat.completion"
+	}
+	return "text_completion"
+}
+
+func (p *response) usage() map[string]any {
+	completion := 0
+	for _, c := range p.choices {
+		completion += c.tokens
+	}
+	return map[string]any{"prompt_tokens": p.promptTokens, "completion_tokens": completion, "total_tokens": p.promptTokens + completion}
+}
+
+// run reads the choices' streams until all have ended, calling on for every
+// item of a choice still running; it returns the first error (io.EOF when
+// all ended normally, the request's context's error on a disconnect).
+func (p *response) run(on func(c *choice, text string, finished bool) error) error {
+	ctx, cancel := context.WithCancel(p.r.Context())
+	events, wait := pump(ctx, p.choices)
+	defer wait()
+	defer cancel()
+	running := len(p.choices)
+	for running > 0 {
+		var ev event
+		select {
+		case ev = <-events:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		c := ev.c
+		if c.ended {
+			continue // ended by the frontend at a stop string
+		}
+		if ev.err == io.EOF {
+			c.ended = true
+			running--
+			c.complete.Store(!c.stream.Context().IsStopped())
+			if c.finish == "" { // the worker gave no finish reason
+				c.finish = "stop"
+				if err := on(c, c.stop.flush(), true); err != nil {
+					return err
+				}
+			}
+			continue
+		}
+		if ev.err != nil {
+			if p.r.Context().Err() != nil {
+				return p.r.Context().Err()
+			}
+			return ev.err
+		}
+		text, finished := c.take(ev.item)
+		if finished && c.finish == "stop" && c.stop.hit {
+			// A stop string: the rest of this choice is not wanted.
+			c.ended = true
+			running--
+			c.complete.Store(true)
+			c.stream.Kill()
+		}
+		if err := on(c, text, finished); err != nil {
+			return err
+		}
+	}
+	return io.EOF
+}
+
+func (p *response) chunk(choices []any, usage any) []byte {
+	m := map[string]any{"id": p.id, "object": p.object(), "created": p.created, "model": p.model, "choices": choices}
+	if p.plan.includeUsage {
+		m["usage"] = usage
+	}
+	b, _ := json.Marshal(m)
+	return b
+}
+
+func (p *response) stream() {
+	w := p.w
 	w.w.Header().Set("Content-Type", "text/event-stream")
 	w.w.Header().Set("Cache-Control", "no-cache")
 	w.w.WriteHeader(http.StatusOK)
 	if !w.Flush() {
 		return
 	}
-	object := "text_completion"
-	if chat {
-		object = "chat.completion.chunk"
-	}
-	first := true
-	for {
-		it, err := next(r.Context(), s)
-		if err == io.EOF {
-			w.complete.Store(!s.Context().IsStopped())
-			break
+	err := p.run(func(c *choice, text string, finished bool) error {
+		if text == "" && !finished && c.started {
+			return nil
 		}
-		if err != nil {
-			if r.Context().Err() == nil {
-				chunk := map[string]any{"error": map[string]any{"message": err.Error(), "type": "internal_error"}}
-				b, _ := json.Marshal(chunk)
-				fmt.Fprintf(w, "data: %s\n\n", b)
-			}
-			return
+		ch := map[string]any{"index": c.index, "finish_reason": nil}
+		if finished {
+			ch["finish_reason"] = c.finish
 		}
-		choice := map[string]any{"index": 0, "finish_reason": it.FinishReason}
-		text := detokenize(it.TokenIDs)
-		if chat {
+		if p.plan.chat {
 			delta := map[string]any{"content": text}
-			if first {
+			if !c.started {
 				delta["role"] = "assistant"
 			}
-			choice["delta"] = delta
+			ch["delta"] = delta
 		} else {
-			choice["text"] = text
+			ch["text"] = text
 		}
-		first = false
-		b, _ := json.Marshal(map[string]any{"id": id, "object": object, "created": created, "model": model, "choices": []any{choice}})
-		if _, err := fmt.Fprintf(w, "data: %s\n\n", b); err != nil {
-			return // the client is gone or stalled: serve kills the request
+		c.started = true
+		if _, err := fmt.Fprintf(w, "data: %s\n\n", p.chunk([]any{ch}, nil)); err != nil {
+			return err // the client is gone or stalled: serve kills the request
 		}
 		if !w.Flush() {
-			return
+			return io.ErrClosedPipe
 		}
+		return nil
+	})
+	if err != io.EOF {
+		if p.r.Context().Err() == nil && !w.failed {
+			msg := err.Error()
+			failed(w.w, http.StatusInternalServerError, msg)
+			b, _ := json.Marshal(map[string]any{"error": map[string]any{"message": msg, "type": "internal_error", "param": nil, "code": "internal_error"}})
+			fmt.Fprintf(w, "data: %s\n\n", b)
+			w.Flush()
+		}
+		return
+	}
+	if p.plan.includeUsage {
+		fmt.Fprintf(w, "data: %s\n\n", p.chunk([]any{}, p.usage()))
 	}
 	_, _ = io.WriteString(w, "data: [DONE]\n\n")
 	w.Flush()
 }
 
-func (f *Frontend) unaryResponse(w *stallWriter, r *http.Request, s *plane.Stream, id, model string, chat bool, created int64) {
-	var tokens []int
-	finish := "stop"
-	for {
-		it, err := next(r.Context(), s)
-		if err == io.EOF {
-			w.complete.Store(!s.Context().IsStopped())
-			break
+func (p *response) unary() {
+	err := p.run(func(c *choice, text string, finished bool) error {
+		c.text.WriteString(text)
+		return nil
+	})
+	if err != io.EOF {
+		if p.r.Context().Err() != nil {
+			return // disconnected: nobody to answer
 		}
-		if err != nil {
-			if r.Context().Err() != nil {
-				return // disconnected: nobody to answer
-			}
-			status, code := http.StatusInternalServerError, "internal_error"
-			switch {
-			case errors.Is(err, plane.ErrNoResponders):
-				status, code = http.StatusServiceUnavailable, "service_unavailable"
-			case errors.Is(err, plane.ErrTooLarge):
-				tooLarge(w.w, err.Error())
-				return
-			}
-			writeError(w.w, status, err.Error(), code, "", code)
+		status, code := http.StatusInternalServerError, "internal_error"
+		switch {
+		case errors.Is(err, plane.ErrNoResponders):
+			status, code = http.StatusServiceUnavailable, "service_unavailable"
+		case errors.Is(err, plane.ErrTooLarge):
+			tooLarge(p.w.w, err.Error())
 			return
 		}
-		tokens = append(tokens, it.TokenIDs...)
-		if it.FinishReason != nil {
-			finish = *it.FinishReason
+		writeError(p.w.w, status, err.Error(), code, "", code)
+		return
+	}
+	out := make([]any, len(p.choices))
+	for i, c := range p.choices {
+		ch := map[string]any{"index": c.index, "finish_reason": c.finish}
+		if p.plan.chat {
+			ch["message"] = map[string]any{"role": "assistant", "content": c.text.String()}
+		} else {
+			ch["text"] = c.text.String()
 		}
+		out[i] = ch
 	}
-	text := detokenize(tokens)
-	choice := map[string]any{"index": 0, "finish_reason": finish}
-	object := "text_completion"
-	if chat {
-		object = "chat.completion"
-		choice["message"] = map[string]any{"role": "assistant", "content": text}
-	} else {
-		choice["text"] = text
-	}
-	w.w.Header().Set("Content-Type", "application/json")
-	_ = json.NewEncoder(w).Encode(map[string]any{
-		"id": id, "object": object, "created": created, "model": model, "choices": []any{choice},
-		"usage": map[string]any{"completion_tokens": len(tokens)},
+	p.w.w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(p.w).Encode(map[string]any{
+		"id": p.id, "object": p.object(), "created": p.created, "model": p.model, "choices": out, "usage": p.usage(),
 	})
 }

@@ -598,7 +598,7 @@ func TestCompletionNonStreaming(t *testing.T) {
 	assert.Contains(t, r.header.Get("Content-Type"), "application/json")
 	body := r.json(t)
 	id := r.header.Get("x-request-id")
-	assert.Equal(t, id, body["id"])
+	assert.Equal(t, "cmpl-"+id, body["id"], "the response id is cmpl- and the request id")
 	assert.Equal(t, "text_completion", body["object"])
 	assert.Equal(t, "m", body["model"])
 	c := choice(t, body)
@@ -642,14 +642,14 @@ func TestRequestID(t *testing.T) {
 					require.Equal(t, http.StatusOK, resp.StatusCode)
 					id = resp.Header.Get("x-request-id")
 					ev := newEvents(resp)
-					assert.Equal(t, id, ev.chunk(t)["id"])
-					assert.Equal(t, id, ev.chunk(t)["id"])
+					assert.Equal(t, "cmpl-"+id, ev.chunk(t)["id"])
+					assert.Equal(t, "cmpl-"+id, ev.chunk(t)["id"])
 					ev.done(t)
 				} else {
 					r := e.post("/v1/completions", completion("m", "hi", 2, false), tc.hdr)
 					require.Equal(t, http.StatusOK, r.status, "body %s", r.body)
 					id = r.header.Get("x-request-id")
-					assert.Equal(t, id, r.json(t)["id"])
+					assert.Equal(t, "cmpl-"+id, r.json(t)["id"])
 				}
 				if tc.want != "" {
 					assert.Equal(t, tc.want, id, "stream=%v", stream)
@@ -682,7 +682,7 @@ func TestCompletionStreaming(t *testing.T) {
 	var got strings.Builder
 	for i := 0; i < n; i++ {
 		m := ev.chunk(t)
-		assert.Equal(t, "s-1", m["id"])
+		assert.Equal(t, "cmpl-s-1", m["id"])
 		assert.Equal(t, "text_completion", m["object"])
 		assert.Equal(t, "m", m["model"])
 		c := choice(t, m)
@@ -713,7 +713,7 @@ func TestChatCompletionStreaming(t *testing.T) {
 	var got strings.Builder
 	for i := 0; i < n; i++ {
 		m := ev.chunk(t)
-		assert.Equal(t, id, m["id"])
+		assert.Equal(t, "chatcmpl-"+id, m["id"])
 		assert.Equal(t, "chat.completion.chunk", m["object"])
 		c := choice(t, m)
 		delta, ok := c["delta"].(map[string]any)
@@ -739,7 +739,7 @@ func TestChatCompletionNonStreaming(t *testing.T) {
 	r := e.post("/v1/chat/completions", chat("m", "hi", 3, false), nil)
 	require.Equal(t, http.StatusOK, r.status, "body %s", r.body)
 	body := r.json(t)
-	assert.Equal(t, r.header.Get("x-request-id"), body["id"])
+	assert.Equal(t, "chatcmpl-"+r.header.Get("x-request-id"), body["id"])
 	assert.Equal(t, "chat.completion", body["object"])
 	c := choice(t, body)
 	msg, ok := c["message"].(map[string]any)

@@ -8,7 +8,12 @@ during prefill as well as between tokens.
 
 Tokens are deterministic: the token after a sequence of length ``n`` is
 ``(seed + n) % vocab_size``, so a stream that is migrated to another engine
-continues exactly where it stopped.
+continues exactly where it stopped. ``seed`` is the request's
+``SamplingParams.seed`` when it gives one, else the engine's
+(``MockEngineArgs.seed``). A token in ``stop_token_ids`` ends the request
+with finish reason "stop" (the token is part of the output, as in vLLM).
+``temperature`` and ``top_p`` are accepted and have no effect: the mock does
+not sample.
 """
 
 from __future__ import annotations
@@ -30,6 +35,11 @@ class SamplingParams:
     min_tokens: int = 0
     ignore_eos: bool = True
     temperature: float = 0.0
+    top_p: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: Optional[int] = None
+    stop_token_ids: List[int] = field(default_factory=list)
 
 
 @dataclass
@@ -123,8 +133,8 @@ class MockAsyncLLM:
             return [ord(c) % 256 for c in prompt]  # one token per character: enough for a mock
         return list(prompt)
 
-    def _next_token(self, seq_len: int) -> int:
-        return (self.args.seed + seq_len) % self.args.vocab_size
+    def _next_token(self, seq_len: int, seed: Optional[int] = None) -> int:
+        return ((self.args.seed if seed is None else seed) + seq_len) % self.args.vocab_size
 
     def _blocks_for(self, n_tokens: int) -> int:
         return math.ceil(n_tokens / self.args.block_size) if n_tokens else 0
@@ -177,20 +187,27 @@ class MockAsyncLLM:
                 aborted = await self._wait(req, self.args.decode_time_per_token)
                 if aborted:
                     break
-                out.append(self._next_token(len(tokens) + len(out)))
+                token = self._next_token(len(tokens) + len(out), params.seed)
+                out.append(token)
                 need = self._blocks_for(len(tokens) + len(out))
                 if need > req.blocks:
                     self.stats.kv_blocks_in_use += need - req.blocks
                     req.blocks = need
-                done = len(out) >= params.max_tokens
-                if done:
+                finish: Optional[str] = None
+                if token in params.stop_token_ids and len(out) >= params.min_tokens:
+                    finish = "stop"
+                elif len(out) >= params.max_tokens:
+                    finish = "length"
+                if finish is not None:
                     self._release(req, False)  # finished: resources go back before the last output
                 yield RequestOutput(
                     request_id,
                     tokens,
-                    [CompletionOutput(0, list(out), finish_reason="length" if done else None)],
-                    finished=done,
+                    [CompletionOutput(0, list(out), finish_reason=finish)],
+                    finished=finish is not None,
                 )
+                if finish is not None:
+                    break
             if aborted:
                 yield RequestOutput(request_id, tokens, [CompletionOutput(0, list(out), finish_reason="abort")], finished=True)
         finally:

@@ -95,3 +95,21 @@ def test_duplicate_request_id_rejected():
         await gen.aclose()
 
     run(main())
+
+
+def test_seed_and_stop_token_ids():
+    """A request's seed replaces the engine's; a stop token ends the request with "stop" (and is output)."""
+
+    async def main():
+        e = engine(seed=1000)
+        seeded = [o async for o in e.generate({"prompt_token_ids": [1, 2]}, SamplingParams(max_tokens=3, seed=7), "s1")]
+        assert seeded[-1].outputs[0].token_ids == [9, 10, 11]
+        default = [o async for o in e.generate({"prompt_token_ids": [1, 2]}, {"max_tokens": 3}, "s2")]
+        assert default[-1].outputs[0].token_ids == [1002, 1003, 1004]
+        stopped = [o async for o in e.generate({"prompt_token_ids": [1, 2]}, {"max_tokens": 10, "stop_token_ids": [1003], "temperature": 0.8, "top_p": 0.5}, "s3")]
+        final = stopped[-1]
+        assert final.finished and final.outputs[0].finish_reason == "stop"
+        assert final.outputs[0].token_ids == [1002, 1003]
+        assert e.stats.running_requests == 0 and e.stats.kv_blocks_in_use == 0 and e.stats.aborts_confirmed == 0
+
+    run(main())

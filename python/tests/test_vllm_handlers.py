@@ -174,3 +174,19 @@ def test_same_request_id_runs_side_by_side(nats_url):
         await w.stop()
 
     run(main())
+
+
+def test_request_options_reach_the_engine_params():
+    """stop_conditions.stop_token_ids / ignore_eos and sampling_options become SamplingParams fields."""
+    from dynamo_ctx.backends.vllm import request_options, sampling_params_for
+
+    request = {
+        "token_ids": [1],
+        "stop_conditions": {"max_tokens": 4, "stop_token_ids": [5], "ignore_eos": False},
+        "sampling_options": {"seed": 3, "temperature": 0.5, "top_p": 0.9, "presence_penalty": None},
+    }
+    opts = request_options(request)
+    assert opts == {"seed": 3, "temperature": 0.5, "top_p": 0.9, "stop_token_ids": [5], "ignore_eos": False}
+    params = sampling_params_for(MockAsyncLLM(), 4, opts)
+    assert (params.max_tokens, params.seed, params.stop_token_ids, params.top_p) == (4, 3, [5], 0.9)
+    assert request_options({"token_ids": [1]}) == {}

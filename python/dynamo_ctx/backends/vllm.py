@@ -17,7 +17,10 @@ idempotent and also done on the way out, so it happens whichever of the monitor 
 the dispatcher's cancellation runs first.
 
 Requests are Dynamo-style token requests: ``{"token_ids": [...], "stop_conditions":
-{"max_tokens": N}}`` (a top-level ``max_tokens`` is accepted too). Each response item is
+{"max_tokens": N, "stop_token_ids": [...], "ignore_eos": bool}, "sampling_options": {"seed",
+"temperature", "top_p", "presence_penalty", "frequency_penalty"}}`` (a top-level
+``max_tokens`` is accepted too; everything but token_ids is optional). The stop token ids
+and sampling options go to the engine's SamplingParams. Each response item is
 ``{"token_ids": [new tokens], "finish_reason": ...}``.
 """
 
@@ -32,7 +35,9 @@ from ..context import Context
 
 logger = logging.getLogger("dynamo_ctx.backends.vllm")
 
-__all__ = ["WorkerMetrics", "BaseWorkerHandler", "AggregatedHandler", "PrefillHandler", "DecodeHandler", "sampling_params_for"]
+__all__ = [
+    "WorkerMetrics", "BaseWorkerHandler", "AggregatedHandler", "PrefillHandler", "DecodeHandler", "sampling_params_for", "request_options",
+]
 
 
 class WorkerMetrics:
@@ -66,18 +71,39 @@ class WorkerMetrics:
         return "\n".join(out) + "\n"
 
 
-def sampling_params_for(engine: Any, max_tokens: int) -> Any:
-    """Sampling parameters for ``engine``: vLLM's class when it is vLLM, the mock's otherwise."""
+#: The sampling options of a token request that go to the engine's SamplingParams.
+SAMPLING_OPTIONS = ("seed", "temperature", "top_p", "presence_penalty", "frequency_penalty")
+
+
+def request_options(request: Dict[str, Any]) -> Dict[str, Any]:
+    """The engine options a token request carries (SamplingParams keyword arguments besides max_tokens)."""
+    sc = request.get("stop_conditions") or {}
+    so = request.get("sampling_options") or {}
+    opts: Dict[str, Any] = {k: so[k] for k in SAMPLING_OPTIONS if so.get(k) is not None}
+    if sc.get("stop_token_ids"):
+        opts["stop_token_ids"] = [int(t) for t in sc["stop_token_ids"]]
+    if sc.get("ignore_eos") is not None:
+        opts["ignore_eos"] = bool(sc["ignore_eos"])
+    return opts
+
+
+def sampling_params_for(engine: Any, max_tokens: int, options: Optional[Dict[str, Any]] = None) -> Any:
+    """Sampling parameters for ``engine``: vLLM's class when it is vLLM, the mock's otherwise.
+
+    ``options`` are more keyword arguments (see ``request_options``). vLLM stops at
+    EOS unless ``ignore_eos`` is given true.
+    """
+    opts = dict(options or {})
     try:
         from vllm import SamplingParams  # type: ignore[import-not-found]
 
         if type(engine).__module__.startswith("vllm"):
-            return SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+            return SamplingParams(max_tokens=max_tokens, **opts)
     except ImportError:
         pass
     from ..mocker import SamplingParams as MockSamplingParams
 
-    return MockSamplingParams(max_tokens=max_tokens)
+    return MockSamplingParams(max_tokens=max_tokens, **opts)
 
 
 def _max_tokens(request: Dict[str, Any], default: int = 16) -> int:
@@ -128,7 +154,13 @@ class BaseWorkerHandler:
         await self._abort(engine_id, request_id)
 
     async def _engine_stream(
-        self, context: Context, request_id: str, prompt: Any, max_tokens: int, kv_transfer_params: Optional[Dict[str, Any]] = None
+        self,
+        context: Context,
+        request_id: str,
+        prompt: Any,
+        max_tokens: int,
+        kv_transfer_params: Optional[Dict[str, Any]] = None,
+        options: Optional[Dict[str, Any]] = None,
     ) -> AsyncIterator[Dict[str, Any]]:
         """Run the engine for one request under an abort monitor; yield delta items.
 
@@ -142,7 +174,7 @@ class BaseWorkerHandler:
         logger.info("New %sRequest ID: %s", self.label, request_id)
         logger.debug("%sRequest ID %s runs in the engine as %s", self.label, request_id, engine_id)
         monitor = asyncio.ensure_future(self._monitor(context, engine_id, request_id))
-        params = sampling_params_for(self.engine, max_tokens)
+        params = sampling_params_for(self.engine, max_tokens, options)
         kwargs = {"kv_transfer_params": kv_transfer_params} if kv_transfer_params else {}
         seen = 0
         outputs = self.engine.generate(prompt, params, engine_id, **kwargs)
@@ -178,7 +210,7 @@ class AggregatedHandler(BaseWorkerHandler):
 
     async def generate(self, request: Dict[str, Any], context: Context) -> AsyncIterator[Dict[str, Any]]:
         prompt = {"prompt_token_ids": list(request.get("token_ids", []))}
-        async for item in self._engine_stream(context, context.id(), prompt, _max_tokens(request)):
+        async for item in self._engine_stream(context, context.id(), prompt, _max_tokens(request), options=request_options(request)):
             yield item
 
 
@@ -189,7 +221,7 @@ class PrefillHandler(BaseWorkerHandler):
 
     async def generate(self, request: Dict[str, Any], context: Context) -> AsyncIterator[Dict[str, Any]]:
         prompt = {"prompt_token_ids": list(request.get("token_ids", []))}
-        async for item in self._engine_stream(context, context.id(), prompt, 1):
+        async for item in self._engine_stream(context, context.id(), prompt, 1, options=request_options(request)):
             item["kv_transfer_params"] = {"remote_prefill": True, "prompt_tokens": len(prompt["prompt_token_ids"])}
             yield item
 
@@ -213,11 +245,19 @@ class DecodeHandler(BaseWorkerHandler):
         if context.is_stopped() or first is None:
             return
         first_tokens = list(first.get("token_ids", []))
+        if first.get("finish_reason") == "stop":  # the first token was a stop token
+            yield {"token_ids": first_tokens, "finish_reason": "stop"}
+            return
         yield {"token_ids": first_tokens}
         if max_tokens <= len(first_tokens):
             return
         prompt = {"prompt_token_ids": token_ids + first_tokens}
         async for item in self._engine_stream(
-            context, context.id(), prompt, max_tokens - len(first_tokens), first.get("kv_transfer_params") or {"remote_prefill": True}
+            context,
+            context.id(),
+            prompt,
+            max_tokens - len(first_tokens),
+            first.get("kv_transfer_params") or {"remote_prefill": True},
+            options=request_options(request),
         ):
             yield item

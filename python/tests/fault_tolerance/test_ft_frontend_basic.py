@@ -21,7 +21,7 @@ def test_models_health_and_request_id(stack):
     models = client.models.list()
     assert [m.id for m in models.data] == [stack.model]
 
-    # A given request id is echoed, and is the response's id.
+    # A given request id is echoed, and is the response's id after "cmpl-".
     rid = stack.new_id("basic")
     prompt = "hello"
     raw = client.completions.with_raw_response.create(
@@ -29,7 +29,7 @@ def test_models_health_and_request_id(stack):
     )
     assert raw.headers["x-request-id"] == rid
     completion = raw.parse()
-    assert completion.id == rid
+    assert completion.id == "cmpl-" + rid
     assert completion.choices[0].text == stack.expected_text(prompt, 5)
     assert completion.usage.completion_tokens == 5
     assert stack.worker("agg").log_count(rf"New Request ID: {rid}$") == 1
@@ -50,7 +50,7 @@ def test_models_health_and_request_id(stack):
         raw = client.completions.with_raw_response.create(model=stack.model, prompt=prompt, max_tokens=2)
         gid = raw.headers.get("x-request-id")
         assert gid and gid not in (rid, rid2)
-        assert raw.parse().id == gid
+        assert raw.parse().id == "cmpl-" + gid
         generated.append(gid)
     assert generated[0] != generated[1]
     for gid in generated:

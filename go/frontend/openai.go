@@ -1,0 +1,452 @@
+package frontend
+
+// The OpenAI request surface: what a completions or chat request may carry,
+// how it is checked, and how it becomes token requests for the workers.
+//
+//   - Prompts (completions): a string, an array of strings (a batch: one
+//     choice per prompt), an array of token ids, or an array of arrays of
+//     token ids. Chat messages are rendered as "<role>: <content>\n" each.
+//   - n: each prompt is run n times, as n worker requests; with a seed,
+//     choice j gets seed+j, without one (and n > 1) the frontend draws a base
+//     seed, so the choices differ as sampled ones would. Choice index i*n+j
+//     is prompt i's j-th choice, as OpenAI numbers them.
+//   - stop (strings): matched on the detokenized text by the frontend; the
+//     text ends before the stop string, finish_reason is "stop" and the
+//     worker's request is ended. stop_token_ids (vLLM's extension) and
+//     ignore_eos go to the engine in stop_conditions.
+//   - seed, temperature, top_p, presence_penalty, frequency_penalty go to
+//     the engine in sampling_options.
+//   - Refused with 400 invalid_request_error naming the param: what the
+//     engine interface does not carry (logprobs, top_logprobs, echo,
+//     best_of > n, suffix, logit_bias, tools, a response_format other than
+//     text) and values out of OpenAI's ranges.
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"strings"
+)
+
+// Bounds of the request parameters.
+const (
+	// MaxChoices bounds the worker requests one HTTP request makes (prompts
+	// in a batch times n).
+	MaxChoices = 128
+	// MaxStop is how many stop strings a request may give (OpenAI's limit).
+	MaxStop = 4
+)
+
+// completionRequest holds the fields of both OpenAI request kinds that the
+// frontend reads. Fields it does not know are ignored, as OpenAI does.
+type completionRequest struct {
+	Model     string          `json:"model"`
+	Prompt    json.RawMessage `json:"prompt"`
+	Messages  []chatMessage   `json:"messages"`
+	MaxTokens *int            `json:"max_tokens"`
+	// max_completion_tokens is the newer name in the chat API.
+	MaxCompletionTokens *int `json:"max_completion_tokens"`
+	Stream              bool `json:"stream"`
+	StreamOptions       *struct {
+		IncludeUsage bool `json:"include_usage"`
+	} `json:"stream_options"`
+
+	N                *int            `json:"n"`
+	Stop             json.RawMessage `json:"stop"`
+	StopTokenIDs     []int           `json:"stop_token_ids"`
+	IgnoreEOS        *bool           `json:"ignore_eos"`
+	Seed             *int64          `json:"seed"`
+	Temperature      *float64        `json:"temperature"`
+	TopP             *float64        `json:"top_p"`
+	PresencePenalty  *float64        `json:"presence_penalty"`
+	FrequencyPenalty *float64        `json:"frequency_penalty"`
+
+	// Refused unless absent or neutral.
+	Logprobs       json.RawMessage `json:"logprobs"`
+	TopLogprobs    *int            `json:"top_logprobs"`
+	Echo           bool            `json:"echo"`
+	BestOf         *int            `json:"best_of"`
+	Suffix         *string         `json:"suffix"`
+	LogitBias      map[string]any  `json:"logit_bias"`
+	Tools          json.RawMessage `json:"tools"`
+	ResponseFormat *struct {
+		Type string `json:"type"`
+	} `json:"response_format"`
+}
+
+type chatMessage struct {
+	Role    string          `json:"role"`
+	Content json.RawMessage `json:"content"`
+}
+
+// requestError is a 400 invalid_request_error about param.
+type requestError struct{ msg, param, code string }
+
+func (e *requestError) Error() string { return e.msg }
+
+func invalid(param, code, format string, args ...any) *requestError {
+	return &requestError{msg: fmt.Sprintf(format, args...), param: param, code: code}
+}
+
+func unsupported(param, what string) *requestError {
+	return invalid(param, "unsupported_parameter", "%s is not supported: the engine interface does not carry it", what)
+}
+
+// isNull reports whether a raw JSON value is absent or null.
+func isNull(raw json.RawMessage) bool {
+	t := bytes.TrimSpace(raw)
+	return len(t) == 0 || string(t) == "null"
+}
+
+// prompt is one prompt of a request: its token ids (the stand-in tokenizer's
+// for text).
+type prompt struct{ tokens []int }
+
+// plan is a checked request: what to run and how to answer.
+type plan struct {
+	req          *completionRequest
+	chat         bool
+	prompts      []prompt
+	n            int
+	stops        []string
+	seed         *int64 // choice j's seed is *seed + j
+	includeUsage bool
+}
+
+// check validates the sampling and output parameters.
+func (p *plan) check() error {
+	req := p.req
+	p.n = 1
+	if req.N != nil {
+		if *req.N < 1 || *req.N > MaxChoices {
+			return invalid("n", "invalid_n", "n must be between 1 and %d", MaxChoices)
+		}
+		p.n = *req.N
+	}
+	if req.StreamOptions != nil {
+		if !req.Stream {
+			return invalid("stream_options", "invalid_stream_options", "stream_options is only allowed when stream is true")
+		}
+		p.includeUsage = req.StreamOptions.IncludeUsage
+	}
+	stops, err := parseStop(req.Stop)
+	if err != nil {
+		return err
+	}
+	p.stops = stops
+	for _, id := range req.StopTokenIDs {
+		if id < 0 {
+			return invalid("stop_token_ids", "invalid_stop", "stop_token_ids must be non-negative token ids")
+		}
+	}
+	if t := req.Temperature; t != nil && (math.IsNaN(*t) || *t < 0 || *t > 2) {
+		return invalid("temperature", "invalid_temperature", "temperature must be between 0 and 2")
+	}
+	if t := req.TopP; t != nil && (math.IsNaN(*t) || *t <= 0 || *t > 1) {
+		return invalid("top_p", "invalid_top_p", "top_p must be greater than 0 and at most 1")
+	}
+	for param, v := range map[string]*float64{"presence_penalty": req.PresencePenalty, "frequency_penalty": req.FrequencyPenalty} {
+		if v != nil && (math.IsNaN(*v) || *v < -2 || *v > 2) {
+			return invalid(param, "invalid_"+param, "%s must be between -2 and 2", param)
+		}
+	}
+	if req.Seed != nil && *req.Seed > math.MaxInt64-int64(p.n) {
+		return invalid("seed", "invalid_seed", "seed is too large")
+	}
+	for param, v := range map[string]*int{"max_completion_tokens": req.MaxCompletionTokens, "max_tokens": req.MaxTokens} {
+		if v != nil && *v <= 0 {
+			return invalid(param, "invalid_max_tokens", "%s must be positive", param)
+		}
+	}
+	p.seed = req.Seed
+	if p.seed == nil && p.n > 1 {
+		s := rand.Int64N(1 << 31)
+		p.seed = &s
+	}
+	// What the engine interface does not carry.
+	if !isNull(req.Logprobs) && string(bytes.TrimSpace(req.Logprobs)) != "false" {
+		return unsupported("logprobs", "logprobs")
+	}
+	if req.TopLogprobs != nil && *req.TopLogprobs != 0 {
+		return unsupported("top_logprobs", "top_logprobs")
+	}
+	if req.Echo {
+		return unsupported("echo", "echo")
+	}
+	if req.BestOf != nil && *req.BestOf != p.n {
+		return unsupported("best_of", "best_of other than n")
+	}
+	if req.Suffix != nil && *req.Suffix != "" {
+		return unsupported("suffix", "suffix")
+	}
+	if len(req.LogitBias) > 0 {
+		return unsupported("logit_bias", "logit_bias")
+	}
+	if t := bytes.TrimSpace(req.Tools); !isNull(t) && string(t) != "[]" {
+		return unsupported("tools", "tools")
+	}
+	if rf := req.ResponseFormat; rf != nil && rf.Type != "" && rf.Type != "text" {
+		return unsupported("response_format", "response_format "+rf.Type)
+	}
+	return nil
+}
+
+// parseStop reads OpenAI's stop: null, a string, or an array of up to
+// MaxStop strings; empty strings are dropped (they match nothing).
+func parseStop(raw json.RawMessage) ([]string, error) {
+	if isNull(raw) {
+		return nil, nil
+	}
+	var one string
+	if json.Unmarshal(raw, &one) == nil {
+		if one == "" {
+			return nil, nil
+		}
+		return []string{one}, nil
+	}
+	var list []string
+	if err := json.Unmarshal(raw, &list); err != nil {
+		return nil, invalid("stop", "invalid_stop", "stop must be a string or an array of strings")
+	}
+	if len(list) > MaxStop {
+		return nil, invalid("stop", "invalid_stop", "stop may have at most %d strings", MaxStop)
+	}
+	out := list[:0]
+	for _, s := range list {
+		if s != "" {
+			out = append(out, s)
+		}
+	}
+	return out, nil
+}
+
+// parsePrompts reads the request's prompts. limit bounds each prompt's
+// tokens; it is checked before a text is tokenised.
+func parsePrompts(req *completionRequest, chat bool, limit int) ([]prompt, error) {
+	tooLong := func(n int) error {
+		return invalid("max_tokens", "context_length_exceeded",
+			"this model's maximum context length is %d tokens; a prompt has %d tokens", limit, n)
+	}
+	text := func(s string) (prompt, error) {
+		if len(s) > limit { // one token per byte
+			return prompt{}, tooLong(len(s))
+		}
+		return prompt{tokens: tokenize(s)}, nil
+	}
+	ids := func(t []int) (prompt, error) {
+		if len(t) == 0 {
+			return prompt{}, invalid("prompt", "invalid_prompt", "a token prompt must not be empty")
+		}
+		if len(t) > limit {
+			return prompt{}, tooLong(len(t))
+		}
+		for _, id := range t {
+			if id < 0 {
+				return prompt{}, invalid("prompt", "invalid_prompt", "token ids must be non-negative")
+			}
+		}
+		return prompt{tokens: t}, nil
+	}
+	if chat {
+		s, err := chatText(req.Messages)
+		if err != nil {
+			return nil, invalid("messages", "invalid_prompt", "%s", err.Error())
+		}
+		p, err := text(s)
+		return []prompt{p}, err
+	}
+	bad := invalid("prompt", "invalid_prompt", "prompt must be a string, an array of strings, an array of token ids or an array of arrays of token ids")
+	raw := bytes.TrimSpace(req.Prompt)
+	if len(raw) == 0 {
+		return nil, invalid("prompt", "invalid_prompt", "prompt is required")
+	}
+	var out []prompt
+	add := func(p prompt, err error) error {
+		if err != nil {
+			return err
+		}
+		if len(out) == MaxChoices {
+			return invalid("prompt", "invalid_prompt", "at most %d prompts", MaxChoices)
+		}
+		out = append(out, p)
+		return nil
+	}
+	switch raw[0] {
+	case '"':
+		var s string
+		if json.Unmarshal(raw, &s) != nil {
+			return nil, bad
+		}
+		return out, add(text(s))
+	case '[':
+	default:
+		return nil, bad
+	}
+	var items []json.RawMessage
+	if json.Unmarshal(raw, &items) != nil || len(items) == 0 {
+		return nil, bad
+	}
+	switch first := bytes.TrimSpace(items[0]); {
+	case len(first) > 0 && first[0] == '"':
+		var list []string
+		if json.Unmarshal(raw, &list) != nil {
+			return nil, bad
+		}
+		for _, s := range list {
+			if err := add(text(s)); err != nil {
+				return nil, err
+			}
+		}
+	case len(first) > 0 && first[0] == '[':
+		var lists [][]int
+		if json.Unmarshal(raw, &lists) != nil {
+			return nil, bad
+		}
+		for _, t := range lists {
+			if err := add(ids(t)); err != nil {
+				return nil, err
+			}
+		}
+	default:
+		var t []int
+		if json.Unmarshal(raw, &t) != nil {
+			return nil, bad
+		}
+		if err := add(ids(t)); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// chatText renders chat messages as the stand-in template.
+func chatText(messages []chatMessage) (string, error) {
+	if len(messages) == 0 {
+		return "", errors.New("messages must not be empty")
+	}
+	var b strings.Builder
+	for _, m := range messages {
+		var text string
+		if err := json.Unmarshal(m.Content, &text); err != nil {
+			// Content parts: concatenate the text parts.
+			var parts []struct {
+				Type string `json:"type"`
+				Text string `json:"text"`
+			}
+			if err := json.Unmarshal(m.Content, &parts); err != nil {
+				return "", errors.New("message content must be a string or a list of parts")
+			}
+			for _, p := range parts {
+				text += p.Text
+			}
+		}
+		fmt.Fprintf(&b, "%s: %s\n", m.Role, text)
+	}
+	return b.String(), nil
+}
+
+// maxTokens is the completion budget of a prompt of promptLen tokens: the
+// request's max_completion_tokens or max_tokens; else, for chat, the rest of
+// the context (the engine stops at its limit or EOS), and for completions
+// defaultMax (OpenAI's default of 16).
+func (p *plan) maxTokens(promptLen, limit, defaultMax int) (int, error) {
+	req := p.req
+	var given *int
+	if req.MaxCompletionTokens != nil {
+		given = req.MaxCompletionTokens
+	} else if req.MaxTokens != nil {
+		given = req.MaxTokens
+	}
+	n := defaultMax
+	switch {
+	case given != nil:
+		n = *given
+	case p.chat:
+		n = limit - promptLen
+	}
+	if promptLen > limit || n <= 0 || n > limit-promptLen {
+		return 0, invalid("max_tokens", "context_length_exceeded",
+			"this model's maximum context length is %d tokens; the request has %d prompt tokens and max_tokens %d", limit, promptLen, n)
+	}
+	return n, nil
+}
+
+// payload is the token request for one choice.
+func (p *plan) payload(model string, tokens []int, maxTokens, choice int) []byte {
+	req := p.req
+	stop := map[string]any{"max_tokens": maxTokens}
+	if len(req.StopTokenIDs) > 0 {
+		stop["stop_token_ids"] = req.StopTokenIDs
+	}
+	if req.IgnoreEOS != nil {
+		stop["ignore_eos"] = *req.IgnoreEOS
+	}
+	sampling := map[string]any{}
+	if p.seed != nil {
+		sampling["seed"] = *p.seed + int64(choice%p.n)
+	}
+	for k, v := range map[string]*float64{"temperature": req.Temperature, "top_p": req.TopP,
+		"presence_penalty": req.PresencePenalty, "frequency_penalty": req.FrequencyPenalty} {
+		if v != nil {
+			sampling[k] = *v
+		}
+	}
+	body := map[string]any{"model": model, "token_ids": tokens, "stop_conditions": stop}
+	if len(sampling) > 0 {
+		body["sampling_options"] = sampling
+	}
+	b, _ := json.Marshal(body)
+	return b
+}
+
+// stopper finds stop strings in a choice's text as it streams: text that
+// could be the start of a stop string is held back until it is known not to
+// be one.
+type stopper struct {
+	stops   []string
+	pending string
+	hit     bool // a stop string was found
+}
+
+// feed adds text and returns what may be sent, and whether a stop string
+// was found (then nothing after it is ever sent).
+func (s *stopper) feed(text string) (string, bool) {
+	if len(s.stops) == 0 {
+		return text, false
+	}
+	s.pending += text
+	at := -1
+	for _, stop := range s.stops {
+		if i := strings.Index(s.pending, stop); i >= 0 && (at < 0 || i < at) {
+			at = i
+		}
+	}
+	if at >= 0 {
+		out := s.pending[:at]
+		s.pending = ""
+		s.hit = true
+		return out, true
+	}
+	hold := 0
+	for _, stop := range s.stops {
+		for k := min(len(stop)-1, len(s.pending)); k > hold; k-- {
+			if strings.HasSuffix(s.pending, stop[:k]) {
+				hold = k
+				break
+			}
+		}
+	}
+	out := s.pending[:len(s.pending)-hold]
+	s.pending = s.pending[len(s.pending)-hold:]
+	return out, false
+}
+
+// flush returns the text held back, at the end of the choice.
+func (s *stopper) flush() string {
+	out := s.pending
+	s.pending = ""
+	return out
+}

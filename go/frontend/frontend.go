@@ -764,13 +764,16 @@ func (f *Frontend) serve(w http.ResponseWriter, r *http.Request, chat bool) {
 	// call) at once. once: a run started by the AfterFunc and the check
 	// below never both count it, and the check waits for a run in progress
 	// (Do returns only when f has), so the pending entry exists before the
-	// streams are killed. A choice whose stream is complete cancelled nothing.
+	// streams are killed. A choice whose stream is complete (written out, or
+	// ended by the worker) cancelled nothing.
 	out := &stallWriter{w: w, ctl: ctl, stall: f.opts.WriteStallTimeout}
 	var once sync.Once
 	onDisconnect := func() {
 		once.Do(func() {
 			for _, c := range choices {
-				if !c.complete.Load() {
+				// Complete as the client saw it, or as the worker ended it
+				// (its final frame is here, not yet written out).
+				if !c.complete.Load() && !c.stream.Completed() {
 					f.disconnected(c.rc, c.stream, id, req.Model)
 				}
 			}

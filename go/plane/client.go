@@ -611,6 +611,17 @@ func (s *Stream) end(err error) {
 	call(f)
 }
 
+// Completed reports whether the worker ended the stream normally (its final
+// frame arrived) and it was not killed, even if items are still buffered
+// here: a kill from now on cancels nothing on the worker, whose handler has
+// returned.
+func (s *Stream) Completed() bool {
+	s.mu.Lock()
+	done := errors.Is(s.err, io.EOF)
+	s.mu.Unlock()
+	return done && !s.Killed()
+}
+
 // abandon releases a producer held by a full buffer for good: the runtime
 // is closing and nobody will consume.
 func (s *Stream) abandon() {

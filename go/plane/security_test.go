@@ -190,3 +190,38 @@ func TestForgedEnvelopes(t *testing.T) {
 	_, _, err = drain(s, 0)
 	assert.Equal(t, io.EOF, err)
 }
+
+// TestCompletedBeforeTaken: a stream whose final frame arrived is Completed
+// although its items are not taken yet (a client leaving then cancelled
+// nothing: the frontend does not count it); a killed one is not.
+func TestCompletedBeforeTaken(t *testing.T) {
+	const path = "test.completed.generate"
+	host := startEmbedded(t)
+	serve(t, join(t, host), path, func(req *plane.Request) {
+		if string(req.Payload) == "2" { // until killed
+			<-req.Ctx.Killed()
+			return
+		}
+		for i := range 3 {
+			if !send(req, num(i)) {
+				return
+			}
+		}
+	})
+	c := newClient(t, host, path)
+	waitInstances(t, c, 1)
+
+	s := generate(t, c, `1`, nil)
+	require.Eventually(t, s.Completed, waitLimit, time.Millisecond, "the final frame arrives")
+	items, _, err := drain(s, 0)
+	assert.Equal(t, io.EOF, err)
+	requireSeq(t, items, 0, 3)
+	assert.True(t, s.Completed())
+
+	parent := ctxtree.New("completed-killed")
+	s = generate(t, c, `2`, parent)
+	require.NoError(t, waitStarted(s))
+	parent.Cancel(ctxtree.Killed, ctxtree.ReasonKill)
+	_, _, _ = drain(s, 0)
+	assert.False(t, s.Completed(), "a killed stream did not complete")
+}

@@ -118,7 +118,18 @@ def _raise_for(code: int, message: str) -> None:
         raise NoResponders(message)
     if code == lib.ECLOSED:
         raise RuntimeClosed(message)
-    raise RuntimeError(f"{message} (code {code})")
+    raise _native_error(RuntimeError, code, message)
+
+
+def _native_error(cls: type, code: int, message: str) -> Exception:
+    """``cls(message)`` carrying the library's error code as ``code`` (int) and
+    its name as ``code_name`` (e.g. "ECONNECT"), as the native module's own
+    exceptions do: programs match those, the message is for people."""
+    lib = native()
+    e: Any = cls(message)
+    e.code = code
+    e.code_name = next((n for n in dir(lib) if n.startswith("E") and n.isupper() and getattr(lib, n) == code), "EUNKNOWN")
+    return e
 
 
 def _release(obj: Any, free: str) -> None:
@@ -374,6 +385,14 @@ class Endpoint:
         return client
 
 
+def _log_handler_error(ctx: Context, e: BaseException) -> None:
+    """Log a handler's exception on the worker, once per request: ERROR, with
+    the request id (also as the record's ``request_id`` attribute) and the
+    traceback. The caller gets "<Type>: <message>" as before."""
+    rid = ctx.id()
+    logger.error("request %s: handler raised %s: %s", rid, type(e).__name__, e, exc_info=e, extra={"request_id": rid})
+
+
 async def _serve_one(lib: Any, req: int, handler: Callable[..., Any], pass_context: bool) -> None:
     """Run one request's handler in this task, streaming its items to the caller.
 
@@ -413,8 +432,10 @@ async def _serve_one(lib: Any, req: int, handler: Callable[..., Any], pass_conte
         elif task is not None and cancel_requested(task):
             raise  # cancelled from outside: the endpoint's or the loop's own teardown
         else:  # the handler raised it itself
+            _log_handler_error(ctx, e)
             lib.request_fail(req, f"{type(e).__name__}: {e}")
     except Exception as e:  # noqa: BLE001 - every handler error goes to the caller
+        _log_handler_error(ctx, e)
         lib.request_fail(req, f"{type(e).__name__}: {e}")
     finally:
         if gen is not None and hasattr(gen, "aclose"):

@@ -183,6 +183,8 @@ class Worker(Proc):
         out = {}
         for key, value in parse_prometheus(body.decode()).items():
             name, _, labels = key.partition("{")
+            if not name.startswith("dynamo_ctx_worker_"):
+                continue  # prometheus_client's default registry: process and Python metrics
             assert labels == f'model="{self.model}"}}', key
             out[name] = value
         return out

@@ -95,7 +95,10 @@ class ArgumentParser(argparse.ArgumentParser):
         """--log-level and --log-format, shared by every command."""
         self.add("--log-level", type=log_level, default="info", env=ENV_LOG, help="lowest level logged: " + ", ".join(LOG_LEVELS))
         self.add(
-            "--log-format", type=log_format, default=log_format_default(), help="text, or json for one JSON object per line (also env DYN_LOGGING_JSONL=1)",
+            "--log-format",
+            type=log_format,
+            default=log_format_default(),
+            help="text, or json for one JSON object per line (also env DYN_LOGGING_JSONL=1)",
         )
 
 
@@ -220,7 +223,9 @@ class JsonFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         out = {
-            "time": datetime.datetime.fromtimestamp(record.created, datetime.timezone.utc).isoformat(timespec="microseconds").replace("+00:00", "Z"),
+            "time": datetime.datetime.fromtimestamp(record.created, datetime.timezone.utc)
+            .isoformat(timespec="microseconds")
+            .replace("+00:00", "Z"),
             "level": record.levelname,
             "target": record.name,
             "message": record.getMessage(),

@@ -32,7 +32,14 @@ logger = logging.getLogger("dynamo_ctx.frontend")
 class HttpFrontend:
     """A running frontend; ``close()`` stops it."""
 
-    def __init__(self, runtime: DistributedRuntime, host: str = "127.0.0.1", port: int = 8000, namespace: str = "dynamo", migration_limit: Optional[int] = None) -> None:
+    def __init__(
+        self,
+        runtime: DistributedRuntime,
+        host: str = "127.0.0.1",
+        port: int = 8000,
+        namespace: str = "dynamo",
+        migration_limit: Optional[int] = None,
+    ) -> None:
         self._lib = native()
         limit = -1 if migration_limit is None else int(migration_limit)
         self._handle: Optional[int] = self._lib.frontend_start(runtime._h(), f"{host}:{port}", namespace, limit)
@@ -70,12 +77,16 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add("--http-host", default="0.0.0.0", env="DYN_HTTP_HOST", help="HTTP address")
     p.add("--namespace", default="dynamo", env="DYN_NAMESPACE", help="namespace whose models are served")
     p.add(
-        "--migration-limit", type=_cli.non_negative_int, env="DYN_MIGRATION_LIMIT",
+        "--migration-limit",
+        type=_cli.non_negative_int,
+        env="DYN_MIGRATION_LIMIT",
         help="retries of a broken stream (default: as the workers declare)",
     )
     p.add("--nats-url", help="NATS address (default: $NATS_SERVER, else nats://127.0.0.1:4222)")
     p.add(
-        "--max-body-bytes", type=_cli.positive_int, env="DYNAMO_CTX_MAX_BODY_BYTES",
+        "--max-body-bytes",
+        type=_cli.positive_int,
+        env="DYNAMO_CTX_MAX_BODY_BYTES",
         help="largest request body accepted, in bytes (default: 4 MiB); larger ones get 413",
     )
     p.add_logging()

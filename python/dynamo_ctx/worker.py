@@ -72,8 +72,18 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         help="the model's context length (prompt + max_tokens), published with the instance; the frontend refuses longer requests",
     )
     p.add("--nats-url", help="NATS address (default: $NATS_SERVER, else nats://127.0.0.1:4222)")
-    p.add("--prefill-time-per-token", type=_cli.non_negative_float, default=MockEngineArgs.prefill_time_per_token, help="mock engine: seconds per prompt token")
-    p.add("--decode-time-per-token", type=_cli.non_negative_float, default=MockEngineArgs.decode_time_per_token, help="mock engine: seconds per output token")
+    p.add(
+        "--prefill-time-per-token",
+        type=_cli.non_negative_float,
+        default=MockEngineArgs.prefill_time_per_token,
+        help="mock engine: seconds per prompt token",
+    )
+    p.add(
+        "--decode-time-per-token",
+        type=_cli.non_negative_float,
+        default=MockEngineArgs.decode_time_per_token,
+        help="mock engine: seconds per output token",
+    )
     p.add_logging()
     args = p.parse_args(argv)
     if args.engine == "vllm" and not _cli.engine_available("vllm"):
@@ -134,7 +144,7 @@ async def serve_metrics(
     read_timeout: float = METRICS_READ_TIMEOUT,
     max_connections: int = METRICS_MAX_CONNECTIONS,
     readiness: Optional[Readiness] = None,
-) -> asyncio.AbstractServer:
+) -> asyncio.Server:
     """A minimal HTTP server for ``GET``/``HEAD`` of ``/metrics`` (Prometheus
     text, rendered by prometheus_client) and ``/health`` (JSON readiness: 200
     when serving, 503 with what it waits for otherwise).
@@ -177,8 +187,8 @@ async def serve_metrics(
                 status, body = "404 Not Found", b"not found\n"
             extra = "Allow: GET, HEAD\r\n" if status.startswith("405") else ""
             writer.write(
-                f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\n{extra}"
-                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + (b"" if method == "HEAD" else body)
+                f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\n{extra}Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
+                + (b"" if method == "HEAD" else body)
             )
             try:
                 await asyncio.wait_for(writer.drain(), read_timeout)
@@ -208,6 +218,7 @@ async def run(args: argparse.Namespace) -> None:
         host, port = metrics_server.sockets[0].getsockname()[:2]
         logger.info("metrics at http://%s:%d/metrics, readiness at /health", host, port)
     runtime: Optional[DistributedRuntime] = None
+    handler: Any
     try:
         try:
             runtime = await loop.run_in_executor(None, lambda: DistributedRuntime(nats_url=args.nats_url))

@@ -181,8 +181,12 @@ def test_decode_worker_answers_before_a_prefill_worker_exists(nats_url):
         procs.append(decode)
         status, headers, body = poll(lambda: get(f"http://127.0.0.1:{port}/health"), "the decode worker's /health")
         assert status == 503 and headers["Content-Type"] == "application/json", (status, body)
-        poll(lambda: json.loads(get(f"http://127.0.0.1:{port}/health")[2]).get("waiting_for", "").startswith("a prefill worker"), "waiting_for")
-        assert json.loads(get(f"http://127.0.0.1:{port}/health")[2]) == {"status": "waiting", "waiting_for": f"a prefill worker on {ns}.prefill.generate"}
+        health = f"http://127.0.0.1:{port}/health"
+        poll(lambda: json.loads(get(health)[2]).get("waiting_for", "").startswith("a prefill worker"), "waiting_for")
+        assert json.loads(get(f"http://127.0.0.1:{port}/health")[2]) == {
+            "status": "waiting",
+            "waiting_for": f"a prefill worker on {ns}.prefill.generate",
+        }
         status, headers, body = get(f"http://127.0.0.1:{port}/metrics")
         assert status == 200 and headers["Content-Type"].startswith("text/plain")
         text = body.decode()
@@ -195,7 +199,8 @@ def test_decode_worker_answers_before_a_prefill_worker_exists(nats_url):
 
         prefill = subprocess.Popen(
             [sys.executable, "-m", "dynamo_ctx.worker", "--mode", "prefill", "--namespace", ns],
-            env=env_for(NATS_SERVER=nats_url), stderr=subprocess.DEVNULL,
+            env=env_for(NATS_SERVER=nats_url),
+            stderr=subprocess.DEVNULL,
         )
         procs.append(prefill)
         poll(lambda: get(f"http://127.0.0.1:{port}/health")[0] == 200, "readiness after the prefill worker came")

@@ -57,15 +57,32 @@ class WorkerMetrics:
 
         stats = getattr(engine, "stats", None)
         rows = [
-            (GaugeMetricFamily, "dynamo_ctx_worker_running_requests", "Requests holding engine resources.", getattr(stats, "running_requests", 0)),
+            (
+                GaugeMetricFamily,
+                "dynamo_ctx_worker_running_requests",
+                "Requests holding engine resources.",
+                getattr(stats, "running_requests", 0),
+            ),
             (GaugeMetricFamily, "dynamo_ctx_worker_kv_blocks_in_use", "KV cache blocks in use.", getattr(stats, "kv_blocks_in_use", 0)),
             (CounterMetricFamily, "dynamo_ctx_worker_requests_total", "Requests received.", self.requests_total),
             (
-                CounterMetricFamily, "dynamo_ctx_worker_cancellations_received_total",
-                "Requests whose context was stopped or killed.", self.cancellations_received_total,
+                CounterMetricFamily,
+                "dynamo_ctx_worker_cancellations_received_total",
+                "Requests whose context was stopped or killed.",
+                self.cancellations_received_total,
             ),
-            (CounterMetricFamily, "dynamo_ctx_worker_aborts_confirmed_total", "Engine aborts confirmed (resources freed).", self.aborts_confirmed_total),
-            (CounterMetricFamily, "dynamo_ctx_worker_abort_freed_kv_blocks_total", "KV blocks freed by confirmed aborts.", self.abort_freed_kv_blocks_total),
+            (
+                CounterMetricFamily,
+                "dynamo_ctx_worker_aborts_confirmed_total",
+                "Engine aborts confirmed (resources freed).",
+                self.aborts_confirmed_total,
+            ),
+            (
+                CounterMetricFamily,
+                "dynamo_ctx_worker_abort_freed_kv_blocks_total",
+                "KV blocks freed by confirmed aborts.",
+                self.abort_freed_kv_blocks_total,
+            ),
         ]
         out = []
         for family, name, help_, value in rows:

@@ -258,12 +258,13 @@ def nats_address(nats_url: Optional[str]) -> str:
     return nats_url or os.environ.get("NATS_SERVER") or "nats://127.0.0.1:4222"
 
 
-def connect_error(e: BaseException, nats_url: Optional[str]) -> CommandError:
+def connect_error(e: BaseException, nats_url: Optional[str], flag: Optional[str] = "--nats-url") -> CommandError:
     """The one-line report of a runtime that could not be created."""
     where = nats_address(nats_url)
+    also = f" (or {flag})" if flag else ""
     return CommandError(
-        f"cannot reach NATS at {where} ({_reason(e)}); start a NATS server there, or set NATS_SERVER "
-        "(or --nats-url) to one that runs (nats://127.0.0.1:0 runs one inside this process)"
+        f"cannot reach NATS at {where} ({_reason(e)}); start a NATS server there, or set NATS_SERVER{also} "
+        "to one that runs (nats://127.0.0.1:0 runs one inside this process)"
     )
 
 

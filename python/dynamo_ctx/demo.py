@@ -27,6 +27,8 @@ import uuid
 from pathlib import Path
 from typing import Dict, List
 
+from . import _cli
+
 MODEL = "mock-llm"
 HANG = 60.0
 
@@ -120,7 +122,12 @@ def main() -> int:
     # This process hosts NATS on a free port (or joins NATS_SERVER's); the
     # workers and the frontend started below get the address it really uses.
     given = os.environ.get("NATS_SERVER")
-    runtime = DistributedRuntime(nats_url=given or "nats://127.0.0.1:0")
+    try:
+        runtime = DistributedRuntime(nats_url=given or "nats://127.0.0.1:0")
+    except RuntimeError as e:
+        if getattr(e, "code_name", "") == "ECONNECT":
+            raise _cli.connect_error(e, given, None) from None
+        raise
     print(f"NATS at {runtime.nats_url} ({'NATS_SERVER' if given else 'embedded here'})")
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     env["NATS_SERVER"] = runtime.nats_url
@@ -251,5 +258,17 @@ def main() -> int:
     return 0 if ok and len(rows) == 3 else 1
 
 
+def _run() -> int:
+    """main(), with the failures a user can act on as one line on stderr."""
+    prog = "python -m dynamo_ctx.demo"
+    if not _cli.engine_available("openai"):
+        _cli.fail(prog, "the demo drives the stack through the openai client, which is not installed; "
+                  "install dynamo-ctx[demo] (or openai)", 1)
+    try:
+        return main()
+    except _cli.CommandError as e:
+        _cli.fail(prog, str(e), e.status)
+
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(_run())

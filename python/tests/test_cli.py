@@ -30,7 +30,8 @@ HERE = Path(__file__).resolve().parent
 HANG = 60
 WORKER = "python -m dynamo_ctx.worker"
 FRONTEND = "python -m dynamo_ctx.frontend"
-MODULES = {WORKER: "dynamo_ctx.worker", FRONTEND: "dynamo_ctx.frontend"}
+DEMO = "python -m dynamo_ctx.demo"
+MODULES = {WORKER: "dynamo_ctx.worker", FRONTEND: "dynamo_ctx.frontend", DEMO: "dynamo_ctx.demo"}
 
 
 @pytest.fixture(scope="module")
@@ -119,7 +120,7 @@ def test_help_is_plain_text_with_defaults_and_env_vars(prog):
 
 
 def test_unreachable_nats_exits_1_with_one_line():
-    for prog in (WORKER, FRONTEND):
+    for prog in (WORKER, FRONTEND, DEMO):
         r = run_cmd(prog, "--http-port", "0") if prog == FRONTEND else run_cmd(prog)
         assert r.returncode == 1, r.stderr
         line = one_line(r, prog)
@@ -246,3 +247,17 @@ def test_handler_error_is_logged_once_with_request_id_and_traceback(nats_url, ca
     assert r.request_id == rid and rid in r.getMessage() and "engine exploded" in r.getMessage()
     assert r.exc_info is not None and r.exc_info[0] is RuntimeError
     assert re.search(r"in handler\n", logging.Formatter().formatException(r.exc_info))
+
+
+def test_nats_address_held_by_something_else_fails_fast_with_a_hint():
+    """A port that accepts connections but does not speak NATS (as a busy 4222
+    can be): one line naming it and NATS_SERVER, well before the 18 s of old."""
+    with held_port() as s:
+        port = s.getsockname()[1]
+        t0 = time.monotonic()
+        r = run_cmd(WORKER, NATS_SERVER=f"nats://127.0.0.1:{port}")
+        elapsed = time.monotonic() - t0
+    assert r.returncode == 1, r.stderr
+    line = one_line(r, WORKER)
+    assert f"cannot reach NATS at nats://127.0.0.1:{port}" in line and "set NATS_SERVER" in line, line
+    assert elapsed < 15, elapsed  # a hang bound on a loaded machine; about 3 s here

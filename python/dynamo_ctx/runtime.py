@@ -126,9 +126,10 @@ def _native_error(cls: "type[Exception]", code: int, message: str) -> Exception:
     its name as ``code_name`` (e.g. "ECONNECT"), as the native module's own
     exceptions do: programs match those, the message is for people."""
     lib = native()
+    name = next((n for n in dir(lib) if n.startswith("E") and n.isupper() and getattr(lib, n) == code), "EUNKNOWN")
     e: Exception = cls(message)
-    setattr(e, "code", code)  # noqa: B010 - an attribute the class does not declare
-    setattr(e, "code_name", next((n for n in dir(lib) if n.startswith("E") and n.isupper() and getattr(lib, n) == code), "EUNKNOWN"))  # noqa: B010
+    setattr(e, "code", code)  # noqa: B010 - attributes the class does not declare
+    setattr(e, "code_name", name)  # noqa: B010
     return e
 
 

@@ -182,8 +182,10 @@ def non_negative_float(text: str) -> float:
 
 
 def log_level(text: str) -> str:
-    """A logging level name, any case."""
-    level = text.strip().lower()
+    """A logging level name, any case. Dynamo's DYN_LOG form with per-target
+    levels ("info,dynamo_runtime=debug") is accepted for its bare level."""
+    parts = [p.strip() for p in text.split(",") if p.strip() and "=" not in p]
+    level = parts[0].lower() if len(parts) == 1 else text.strip().lower()
     if level == "warn":
         level = "warning"
     if level not in LOG_LEVELS:

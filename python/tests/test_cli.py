@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from dynamo_ctx import DistributedRuntime, HandlerError
+from dynamo_ctx import DistributedRuntime, HandlerError, _cli
 
 HERE = Path(__file__).resolve().parent
 HANG = 60
@@ -261,3 +261,21 @@ def test_nats_address_held_by_something_else_fails_fast_with_a_hint():
     line = one_line(r, WORKER)
     assert f"cannot reach NATS at nats://127.0.0.1:{port}" in line and "set NATS_SERVER" in line, line
     assert elapsed < 15, elapsed  # a hang bound on a loaded machine; about 3 s here
+
+
+def test_log_level_accepts_dynamo_forms_and_json_lines_carry_request_id_and_traceback():
+    assert [_cli.log_level(t) for t in ("DEBUG", "warn", "info,dynamo_runtime=debug")] == ["debug", "warning", "info"]
+    for bad in ("foo", "info,debug", ""):
+        with pytest.raises(Exception, match="not a log level"):
+            _cli.log_level(bad)
+    try:
+        raise RuntimeError("engine exploded")
+    except RuntimeError:
+        record = logging.LogRecord("dynamo_ctx", logging.ERROR, __file__, 1, "request %s: boom", ("r-1",), sys.exc_info())
+    record.request_id = "r-1"
+    line = _cli.JsonFormatter().format(record)
+    assert "\n" not in line
+    out = json.loads(line)
+    assert (out["level"], out["target"], out["message"], out["request_id"]) == ("ERROR", "dynamo_ctx", "request r-1: boom", "r-1")
+    assert out["exception"].startswith("Traceback") and out["exception"].endswith("RuntimeError: engine exploded")
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z", out["time"])

@@ -37,8 +37,12 @@ demo-context: build
 vet:
 	go vet ./...
 
-lint: vet
+# Go: vet and gofmt. Python: ruff (rules and line length in pyproject.toml)
+# and mypy (strict on the public modules; pyproject.toml).
+lint: vet setup
 	@out=$$(gofmt -l go); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(VENV)/bin/ruff check python
+	$(VENV)/bin/mypy
 
 test-go:
 	go test $(GOTEST_FLAGS) ./...

@@ -29,6 +29,7 @@
 #pragma weak PyErr_Format
 #pragma weak PyErr_NoMemory
 #pragma weak PyErr_Occurred
+#pragma weak PyErr_SetObject
 #pragma weak PyErr_SetString
 #pragma weak PyEval_RestoreThread
 #pragma weak PyEval_SaveThread
@@ -49,8 +50,10 @@
 #pragma weak PyModule_AddIntConstant
 #pragma weak PyModule_AddObject
 #pragma weak PyModule_Create2
+#pragma weak PyObject_CallFunctionObjArgs
 #pragma weak PyObject_IsInstance
 #pragma weak PyObject_IsSubclass
+#pragma weak PyObject_SetAttrString
 #pragma weak PyTuple_Size
 #pragma weak PyType_FromSpec
 #pragma weak PyType_GetFlags
@@ -87,6 +90,27 @@ static int check_fork(void) {
     return 0;
 }
 
+// The name of an error code, as in dynamo_ctx.h without the DC_ prefix.
+static const char* rc_name(int rc) {
+    switch (rc) {
+    case DC_ENOENT: return "ENOENT";
+    case DC_EBADF: return "EBADF";
+    case DC_EAGAIN: return "EAGAIN";
+    case DC_EEXIST: return "EEXIST";
+    case DC_EINVAL: return "EINVAL";
+    case DC_ERANGE: return "ERANGE";
+    case DC_EIO: return "EIO";
+    case DC_EINTERNAL: return "EINTERNAL";
+    case DC_EOF: return "EOF";
+    case DC_EHANDLER: return "EHANDLER";
+    case DC_EINCOMPLETE: return "EINCOMPLETE";
+    case DC_ENORESPONDERS: return "ENORESPONDERS";
+    case DC_ECLOSED: return "ECLOSED";
+    case DC_ECONNECT: return "ECONNECT";
+    default: return "EUNKNOWN";
+    }
+}
+
 static PyObject* raise_rc(int rc) {
     char msg[1024];
     dc_last_error(msg, sizeof msg);
@@ -105,7 +129,26 @@ static PyObject* raise_rc(int rc) {
     default:
         exc = PyExc_RuntimeError;
     }
-    PyErr_Format(exc, "%s (code %d)", msg, rc);
+    // The message says what went wrong; the code and its name are attributes
+    // (e.code, e.code_name) for programs, not part of the text.
+    PyObject* text = PyUnicode_DecodeUTF8(msg, (Py_ssize_t)strlen(msg), "replace");
+    if (text == NULL) return NULL;
+    PyObject* e = PyObject_CallFunctionObjArgs(exc, text, NULL);
+    Py_DECREF(text);
+    if (e == NULL) return NULL;
+    PyObject* code = PyLong_FromLong(rc);
+    PyObject* name = PyUnicode_FromString(rc_name(rc));
+    if (code == NULL || name == NULL || PyObject_SetAttrString(e, "code", code) < 0 ||
+        PyObject_SetAttrString(e, "code_name", name) < 0) {
+        Py_XDECREF(code);
+        Py_XDECREF(name);
+        Py_DECREF(e);
+        return NULL;
+    }
+    Py_DECREF(code);
+    Py_DECREF(name);
+    PyErr_SetObject(exc, e);
+    Py_DECREF(e);
     return NULL;
 }
 

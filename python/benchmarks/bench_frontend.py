@@ -96,12 +96,17 @@ def main() -> None:
     rt = DistributedRuntime(nats_url="nats://127.0.0.1:0")  # hosts NATS on a free port for the children
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]), NATS_SERVER=rt.nats_url)
     try:
-        for name, disagg in (("aggregated, cancelled in decode", False), ("disaggregated, cancelled in prefill (remote prefill abort)", True)):
+        for name, disagg in (
+            ("aggregated, cancelled in decode", False),
+            ("disaggregated, cancelled in prefill (remote prefill abort)", True),
+        ):
             ms = [x * 1000 for x in run(disagg, env)]
             p50, p99 = pct(ms, 50), pct(ms, 99)
             verdict = "meets" if p99 <= 5 else "misses"
-            print(f"client disconnect -> engine abort confirmed, {name}: p50 {p50:.2f} ms, p99 {p99:.2f} ms, "
-                  f"max {max(ms):.2f} ms (n={len(ms)}); target p99 <= 5 ms: {verdict}")
+            print(
+                f"client disconnect -> engine abort confirmed, {name}: p50 {p50:.2f} ms, p99 {p99:.2f} ms, "
+                f"max {max(ms):.2f} ms (n={len(ms)}); target p99 <= 5 ms: {verdict}"
+            )
     finally:
         rt.shutdown()
 

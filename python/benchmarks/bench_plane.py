@@ -246,10 +246,14 @@ async def failure_detection(host, url, worker, remote_client, remote_path, remot
         t0 = time.monotonic()
         listed = bool(watching.instance_ids())
         await watching.wait_for_instances()
-        print(f"  new instance, watching client: {'already listed' if listed else 'listed ' + ms(t0)} when the worker's 'ready' line was read")
+        when = "already listed" if listed else "listed " + ms(t0)
+        print(f"  new instance, watching client: {when} when the worker's 'ready' line was read")
         t0 = time.monotonic()
         fresh = await host.endpoint(path).client()
-        print(f"  endpoint.client() with one live instance (query, 20 ms grace after the first reply): {ms(t0)}, lists it: {bool(fresh.instance_ids())}")
+        print(
+            f"  endpoint.client() with one live instance (query, 20 ms grace after the first reply): {ms(t0)}, "
+            f"lists it: {bool(fresh.instance_ids())}"
+        )
         t0 = time.monotonic()
         late.proc.stdin.close()  # the worker shuts its runtime down: its lease says "down"
         gone = await until(lambda: not watching.instance_ids())
@@ -283,9 +287,14 @@ async def failure_detection(host, url, worker, remote_client, remote_path, remot
         await remote_client.direct({"mode": "count", "n": 1}, remote_instance)
         print("  request to the dead instance: no error (unexpected)")
     except NoResponders:
-        print(f"  request to the dead instance (still listed: {remote_instance in remote_client.instance_ids()}): NoResponders after {ms(t0)}")
+        print(
+            f"  request to the dead instance (still listed: {remote_instance in remote_client.instance_ids()}): NoResponders after {ms(t0)}"
+        )
     gone = await until(lambda: not remote_client.instance_ids(), step=0.01)
-    print(f"  dead instance gone from discovery (lease TTL 3 s, swept every 0.75 s): {ms(t_kill) if gone else 'not within 15 s'} after SIGKILL")
+    print(
+        "  dead instance gone from discovery (lease TTL 3 s, swept every 0.75 s): "
+        f"{ms(t_kill) if gone else 'not within 15 s'} after SIGKILL"
+    )
 
 
 # ---------------------------------------------------------------- main

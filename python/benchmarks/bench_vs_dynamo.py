@@ -40,7 +40,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 HERE = Path(__file__).resolve()
 sys.path.insert(0, str(HERE.parents[1]))

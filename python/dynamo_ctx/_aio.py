@@ -32,7 +32,7 @@ class _LoopWaker:
         self._lib = lib
         self._queue, self._fd = lib.queue_new()
         self._futures: Dict[int, "asyncio.Future[bool]"] = {}
-        self._callbacks: Dict[int, Callable[[], None]] = {}  # token -> run when it fires
+        self._callbacks: Dict[int, Callable[[], object]] = {}  # token -> run when it fires
         self._armed: Dict[int, "asyncio.Future[bool]"] = {}  # handle -> pending arm
         self._tokens = itertools.count(1)
         loop.add_reader(self._fd, self._on_ready)
@@ -73,7 +73,7 @@ class _LoopWaker:
                 # Cancelled (or timed out) before the context got there.
                 self._lib.unwatch(self._queue, token)
 
-    def on_state(self, ctx: Any, state: int, callback: Callable[[], None]) -> Callable[[], None]:
+    def on_state(self, ctx: Any, state: int, callback: Callable[[], object]) -> Callable[[], None]:
         """Run ``callback`` on the loop (synchronously, in the reader) once
         ``ctx`` reaches ``state``; return a function that cancels this."""
         token = next(self._tokens)
@@ -103,7 +103,12 @@ class _LoopWaker:
         if fut is None or fut.done():
             _, fut = self._register(lambda t: self._lib.arm(handle, self._queue, t))
             self._armed[handle] = fut
-            fut.add_done_callback(lambda f, h=handle: self._armed.pop(h, None) if self._armed.get(h) is f else None)
+
+            def forget(f: "asyncio.Future[Any]", h: int = handle) -> None:
+                if self._armed.get(h) is f:
+                    self._armed.pop(h, None)
+
+            fut.add_done_callback(forget)
         # Shielded: one waiter being cancelled must not cancel the shared arm.
         await asyncio.shield(fut)
 

@@ -83,9 +83,9 @@ class Context:
         awaited or sent with a request (and a uuid is drawn only when asked for).
         """
         real = _real_classes.get(cls) or _real_class(cls)
-        ctx = real() if id is None else real(id)
+        ctx: Context = real() if id is None else real(id)
         if metadata is not None:
-            ctx._metadata = _metadata_dict(metadata)
+            ctx._metadata = _metadata_dict(metadata)  # type: ignore[misc]  # a slot of the real class
         return ctx
 
     # No __init__: the native __new__ did everything, and a Python __init__
@@ -161,15 +161,15 @@ class Context:
         16 KiB.
         """
         try:
-            return self._metadata  # type: ignore[attr-defined,no-any-return]
+            return self._metadata  # type: ignore[has-type,no-any-return]
         except AttributeError:
             md: Dict[str, Any] = {}
-            self._metadata = md  # type: ignore[attr-defined]
+            self._metadata = md  # type: ignore[misc]  # a slot of the real class (_real_class)
             return md
 
     @metadata.setter
     def metadata(self, value: Mapping[str, Any]) -> None:
-        self._metadata = _metadata_dict(value)  # type: ignore[attr-defined]
+        self._metadata = _metadata_dict(value)  # type: ignore[misc]  # a slot of the real class (_real_class)
 
     @property
     def trace_id(self) -> Optional[str]:

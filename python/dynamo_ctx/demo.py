@@ -15,7 +15,6 @@ to zero running requests and zero KV blocks in use.
 from __future__ import annotations
 
 import http.client
-import json
 import os
 import re
 import signal
@@ -26,7 +25,9 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List
+
+from . import _cli
 
 MODEL = "mock-llm"
 HANG = 60.0
@@ -121,7 +122,12 @@ def main() -> int:
     # This process hosts NATS on a free port (or joins NATS_SERVER's); the
     # workers and the frontend started below get the address it really uses.
     given = os.environ.get("NATS_SERVER")
-    runtime = DistributedRuntime(nats_url=given or "nats://127.0.0.1:0")
+    try:
+        runtime = DistributedRuntime(nats_url=given or "nats://127.0.0.1:0")
+    except RuntimeError as e:
+        if getattr(e, "code_name", "") == "ECONNECT":
+            raise _cli.connect_error(e, given, None) from None
+        raise
     print(f"NATS at {runtime.nats_url} ({'NATS_SERVER' if given else 'embedded here'})")
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     env["NATS_SERVER"] = runtime.nats_url
@@ -164,18 +170,36 @@ def main() -> int:
             wait_until(lambda: scrape(http_port).get("dynamo_ctx_frontend_aborts_confirmed_total", 0)
                        > m0["fe"].get("dynamo_ctx_frontend_aborts_confirmed_total", 0), "the frontend to count the confirmation")
             m1 = before()
-            latency = m1["fe"]["dynamo_ctx_frontend_disconnect_to_abort_seconds_sum"] - m0["fe"].get("dynamo_ctx_frontend_disconnect_to_abort_seconds_sum", 0.0)
-            freed = sum(m1[k].get("dynamo_ctx_worker_abort_freed_kv_blocks_total", 0) - m0[k].get("dynamo_ctx_worker_abort_freed_kv_blocks_total", 0) for k in ("p", "d"))
-            clean = all(m1[k]["dynamo_ctx_worker_running_requests"] == 0 and m1[k]["dynamo_ctx_worker_kv_blocks_in_use"] == 0 for k in ("p", "d"))
+            key = "dynamo_ctx_frontend_disconnect_to_abort_seconds_sum"
+            latency = m1["fe"][key] - m0["fe"].get(key, 0.0)
+            freed = sum(
+                m1[k].get("dynamo_ctx_worker_abort_freed_kv_blocks_total", 0)
+                - m0[k].get("dynamo_ctx_worker_abort_freed_kv_blocks_total", 0)
+                for k in ("p", "d")
+            )
+            clean = all(
+                m1[k]["dynamo_ctx_worker_running_requests"] == 0 and m1[k]["dynamo_ctx_worker_kv_blocks_in_use"] == 0 for k in ("p", "d")
+            )
             ok = ok and clean
-            rows.append((rid, phase_expected, f"{latency * 1000:.2f} ms", f"{int(freed)} KV blocks", "yes" if clean else "NO", f"{(time.perf_counter() - t0):.2f} s"))
+            rows.append(
+                (
+                    rid,
+                    phase_expected,
+                    f"{latency * 1000:.2f} ms",
+                    f"{int(freed)} KV blocks",
+                    "yes" if clean else "NO",
+                    f"{(time.perf_counter() - t0):.2f} s",
+                )
+            )
 
         client = OpenAI(base_url=base, api_key="unused", max_retries=0)
 
         # 1. A request that completes.
         t0 = time.perf_counter()
-        r = client.completions.create(model=MODEL, prompt="Hello, world", max_tokens=20, extra_headers={"x-request-id": f"demo-complete-{run}"})
-        print(f"demo-complete: {r.usage.completion_tokens} tokens in {time.perf_counter() - t0:.2f} s, not cancelled\n")
+        r = client.completions.create(
+            model=MODEL, prompt="Hello, world", max_tokens=20, extra_headers={"x-request-id": f"demo-complete-{run}"}
+        )
+        print(f"demo-complete: {r.usage.completion_tokens if r.usage else 0} tokens in {time.perf_counter() - t0:.2f} s, not cancelled\n")
 
         # 2. Client timeout during prefill: a 3000-token prompt takes ~6 s to prefill.
         def timeout_in_prefill(rid: str) -> None:
@@ -191,8 +215,12 @@ def main() -> int:
         def timeout_in_decode(rid: str) -> None:
             c = OpenAI(base_url=base, api_key="unused", max_retries=0, timeout=1.0)
             try:
-                c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Tell me a story"}],
-                                          max_tokens=1000, extra_headers={"x-request-id": rid})
+                c.chat.completions.create(
+                    model=MODEL,
+                    messages=[{"role": "user", "content": "Tell me a story"}],
+                    max_tokens=1000,
+                    extra_headers={"x-request-id": rid},
+                )
             except APITimeoutError:
                 pass
 
@@ -200,8 +228,13 @@ def main() -> int:
 
         # 4. A streaming chat the client closes after 5 chunks.
         def close_stream(rid: str) -> None:
-            stream = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Count"}],
-                                                    max_tokens=1000, stream=True, extra_headers={"x-request-id": rid})
+            stream = client.chat.completions.create(
+                model=MODEL,
+                messages=[{"role": "user", "content": "Count"}],
+                max_tokens=1000,
+                stream=True,
+                extra_headers={"x-request-id": rid},
+            )
             for i, _ in enumerate(stream):
                 if i == 4:
                     break
@@ -225,5 +258,17 @@ def main() -> int:
     return 0 if ok and len(rows) == 3 else 1
 
 
+def _run() -> int:
+    """main(), with the failures a user can act on as one line on stderr."""
+    prog = "python -m dynamo_ctx.demo"
+    if not _cli.engine_available("openai"):
+        _cli.fail(prog, "the demo drives the stack through the openai client, which is not installed; "
+                  "install dynamo-ctx[demo] (or openai)", 1)
+    try:
+        return main()
+    except _cli.CommandError as e:
+        _cli.fail(prog, str(e), e.status)
+
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(_run())

@@ -20,8 +20,9 @@ import asyncio
 import logging
 import os
 import signal
-from typing import Optional
+from typing import List, Optional
 
+from . import _cli
 from ._lib import native
 from .runtime import DistributedRuntime
 
@@ -31,7 +32,14 @@ logger = logging.getLogger("dynamo_ctx.frontend")
 class HttpFrontend:
     """A running frontend; ``close()`` stops it."""
 
-    def __init__(self, runtime: DistributedRuntime, host: str = "127.0.0.1", port: int = 8000, namespace: str = "dynamo", migration_limit: Optional[int] = None) -> None:
+    def __init__(
+        self,
+        runtime: DistributedRuntime,
+        host: str = "127.0.0.1",
+        port: int = 8000,
+        namespace: str = "dynamo",
+        migration_limit: Optional[int] = None,
+    ) -> None:
         self._lib = native()
         limit = -1 if migration_limit is None else int(migration_limit)
         self._handle: Optional[int] = self._lib.frontend_start(runtime._h(), f"{host}:{port}", namespace, limit)
@@ -48,33 +56,62 @@ class HttpFrontend:
             self._lib.frontend_free(h)
 
 
-def parse_args(argv: Optional[list] = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m dynamo_ctx.frontend", description=__doc__.split("\n\n")[0])
-    p.add_argument("--http-port", type=int, default=8000)
-    p.add_argument("--http-host", default="0.0.0.0")
-    p.add_argument("--namespace", default="dynamo")
-    p.add_argument("--migration-limit", type=int, default=None, help="retries of a broken stream (default: as the workers declare)")
-    p.add_argument("--nats-url", default=None)
-    p.add_argument(
-        "--max-body-bytes", type=int, default=None,
-        help="largest request body accepted, in bytes (default: $DYNAMO_CTX_MAX_BODY_BYTES, else 4 MiB); larger ones get 413",
+DESCRIPTION = """\
+The OpenAI-compatible HTTP frontend: POST /v1/completions, POST
+/v1/chat/completions (streaming and not), GET /v1/models, GET /health,
+GET /metrics. A client that disconnects cancels its request on the worker.
+"""
+
+EPILOG = """\
+environment: NATS_SERVER (NATS address), DYN_HTTP_HOST, DYN_HTTP_PORT,
+DYN_NAMESPACE, DYN_MIGRATION_LIMIT, DYNAMO_CTX_MAX_BODY_BYTES, DYN_LOG (log
+level), DYN_LOGGING_JSONL=1 (JSON lines). A flag given wins over its variable.
+"""
+
+PROG = "python -m dynamo_ctx.frontend"
+
+
+def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
+    p = _cli.ArgumentParser(PROG, DESCRIPTION, EPILOG)
+    p.add("--http-port", type=_cli.port, default=8000, env="DYN_HTTP_PORT", help="HTTP port (0: any free port)")
+    p.add("--http-host", default="0.0.0.0", env="DYN_HTTP_HOST", help="HTTP address")
+    p.add("--namespace", default="dynamo", env="DYN_NAMESPACE", help="namespace whose models are served")
+    p.add(
+        "--migration-limit",
+        type=_cli.non_negative_int,
+        env="DYN_MIGRATION_LIMIT",
+        help="retries of a broken stream (default: as the workers declare)",
     )
-    p.add_argument("--log-level", default="INFO")
+    p.add("--nats-url", help="NATS address (default: $NATS_SERVER, else nats://127.0.0.1:4222)")
+    p.add(
+        "--max-body-bytes",
+        type=_cli.positive_int,
+        env="DYNAMO_CTX_MAX_BODY_BYTES",
+        help="largest request body accepted, in bytes (default: 4 MiB); larger ones get 413",
+    )
+    p.add_logging()
     return p.parse_args(argv)
 
 
 async def run(args: argparse.Namespace) -> None:
     if args.max_body_bytes is not None:
-        if args.max_body_bytes <= 0:
-            raise SystemExit("--max-body-bytes must be positive")
         os.environ["DYNAMO_CTX_MAX_BODY_BYTES"] = str(args.max_body_bytes)  # read by the frontend when it starts
-    runtime = DistributedRuntime(nats_url=args.nats_url)
-    fe = await asyncio.get_running_loop().run_in_executor(
-        None, lambda: HttpFrontend(runtime, args.http_host, args.http_port, args.namespace, args.migration_limit)
-    )
+    loop = asyncio.get_running_loop()
+    try:
+        runtime = await loop.run_in_executor(None, lambda: DistributedRuntime(nats_url=args.nats_url))
+    except (RuntimeError, OSError, ValueError) as e:
+        if getattr(e, "code_name", "") == "ECONNECT":
+            raise _cli.connect_error(e, args.nats_url) from None
+        raise
+    try:
+        fe = await loop.run_in_executor(
+            None, lambda: HttpFrontend(runtime, args.http_host, args.http_port, args.namespace, args.migration_limit)
+        )
+    except OSError as e:
+        runtime.shutdown()
+        raise _cli.listen_error(e, args.http_host, args.http_port, "--http-port", "--http-host") from None
     logger.info("frontend listening on http://%s (namespace %s)", fe.address, args.namespace)
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     try:
@@ -84,10 +121,10 @@ async def run(args: argparse.Namespace) -> None:
         runtime.shutdown()
 
 
-def main(argv: Optional[list] = None) -> None:
+def main(argv: Optional[List[str]] = None) -> None:
     args = parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    asyncio.run(run(args))
+    _cli.setup_logging(args.log_level, args.log_format)
+    _cli.run_command(PROG, lambda: run(args), args.log_level == "debug")
 
 
 if __name__ == "__main__":

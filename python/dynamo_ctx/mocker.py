@@ -131,7 +131,7 @@ class MockAsyncLLM:
             prompt = prompt.get("prompt", "")
         if isinstance(prompt, str):
             return [ord(c) % 256 for c in prompt]  # one token per character: enough for a mock
-        return list(prompt)
+        return list(prompt)  # type: ignore[arg-type]  # token ids (a dict was handled above)
 
     def _next_token(self, seq_len: int, seed: Optional[int] = None) -> int:
         return ((self.args.seed if seed is None else seed) + seq_len) % self.args.vocab_size

@@ -18,7 +18,7 @@ import inspect
 import json
 import logging
 import os
-from typing import Any, AsyncIterator, Awaitable, Callable, Deque, List, Optional, Set, Tuple, TypeVar
+from typing import Any, AsyncIterator, Awaitable, Callable, Deque, Dict, List, Optional, Set, Tuple, TypeVar
 
 from ._aio import arm, cancel_on_kill, cancel_requested, handler_task
 from ._lib import native
@@ -118,7 +118,19 @@ def _raise_for(code: int, message: str) -> None:
         raise NoResponders(message)
     if code == lib.ECLOSED:
         raise RuntimeClosed(message)
-    raise RuntimeError(f"{message} (code {code})")
+    raise _native_error(RuntimeError, code, message)
+
+
+def _native_error(cls: "type[Exception]", code: int, message: str) -> Exception:
+    """``cls(message)`` carrying the library's error code as ``code`` (int) and
+    its name as ``code_name`` (e.g. "ECONNECT"), as the native module's own
+    exceptions do: programs match those, the message is for people."""
+    lib = native()
+    name = next((n for n in dir(lib) if n.startswith("E") and n.isupper() and getattr(lib, n) == code), "EUNKNOWN")
+    e: Exception = cls(message)
+    setattr(e, "code", code)  # noqa: B010 - attributes the class does not declare
+    setattr(e, "code_name", name)  # noqa: B010
+    return e
 
 
 def _release(obj: Any, free: str) -> None:
@@ -179,7 +191,8 @@ class DistributedRuntime:
         """The NATS address this runtime is (or, after shutdown, was) connected to."""
         if self._handle is None:
             raise RuntimeClosed("the runtime was freed")
-        return self._lib.runtime_nats_url(self._handle)
+        url: str = self._lib.runtime_nats_url(self._handle)
+        return url
 
     def namespace(self, name: str) -> "Namespace":
         """Return the namespace ``name``. Raises RuntimeClosed after shutdown."""
@@ -259,7 +272,7 @@ class Component:
 
 
 def _is_async_gen_function(handler: Any) -> bool:
-    for f in (handler, inspect.unwrap(handler) if callable(handler) else None, getattr(handler, "__call__", None)):
+    for f in (handler, inspect.unwrap(handler) if callable(handler) else None, getattr(handler, "__call__", None)):  # noqa: B004 - the method itself, to inspect it
         if f is not None and inspect.isasyncgenfunction(f):
             return True
     return isinstance(handler, functools.partial) and _is_async_gen_function(handler.func)
@@ -310,7 +323,7 @@ class Endpoint:
         graceful_shutdown: bool = True,
         metrics_labels: Any = None,
         health_check_payload: Any = None,
-        metadata: Optional[dict] = None,
+        metadata: Optional[Dict[str, Any]] = None,
     ) -> None:
         """Serve requests with ``handler`` until the runtime shuts down or this task is cancelled.
 
@@ -374,6 +387,14 @@ class Endpoint:
         return client
 
 
+def _log_handler_error(ctx: Context, e: BaseException) -> None:
+    """Log a handler's exception on the worker, once per request: ERROR, with
+    the request id (also as the record's ``request_id`` attribute) and the
+    traceback. The caller gets "<Type>: <message>" as before."""
+    rid = ctx.id()
+    logger.error("request %s: handler raised %s: %s", rid, type(e).__name__, e, exc_info=e, extra={"request_id": rid})
+
+
 async def _serve_one(lib: Any, req: int, handler: Callable[..., Any], pass_context: bool) -> None:
     """Run one request's handler in this task, streaming its items to the caller.
 
@@ -413,8 +434,10 @@ async def _serve_one(lib: Any, req: int, handler: Callable[..., Any], pass_conte
         elif task is not None and cancel_requested(task):
             raise  # cancelled from outside: the endpoint's or the loop's own teardown
         else:  # the handler raised it itself
+            _log_handler_error(ctx, e)
             lib.request_fail(req, f"{type(e).__name__}: {e}")
     except Exception as e:  # noqa: BLE001 - every handler error goes to the caller
+        _log_handler_error(ctx, e)
         lib.request_fail(req, f"{type(e).__name__}: {e}")
     finally:
         if gen is not None and hasattr(gen, "aclose"):
@@ -466,7 +489,8 @@ class Client:
 
     def instance_ids(self) -> List[int]:
         """The ids of the instances currently known."""
-        return self._lib.client_instances(self._handle)
+        ids: List[int] = self._lib.client_instances(self._handle)
+        return ids
 
     async def wait_for_instances(self) -> List[int]:
         """Wait until at least one instance is known; return the instance ids.
@@ -480,13 +504,13 @@ class Client:
             ids = self.instance_ids()
             if ids:
                 return ids
-            await arm(self._handle)
+            await arm(self._handle)  # type: ignore[arg-type]  # None once freed: the library refuses it
 
     async def _generate(self, request: Any, annotated: bool, context: Optional[Context], route: int, instance_id: int) -> "ResponseStream":
         if context is not None and not isinstance(context, Context):
             raise TypeError("context must be a dynamo_ctx.Context")
         self.endpoint._runtime._h()
-        meta = _dumps(context._metadata) if context is not None and _has_metadata(context) else None  # type: ignore[attr-defined]
+        meta = _dumps(context._metadata) if context is not None and _has_metadata(context) else None
         h = self._lib.client_generate(self._handle, _dumps(request), context, route, instance_id, meta)
         stream = ResponseStream(self._lib, h, annotated, context)
         await stream._wait_started()
@@ -547,7 +571,7 @@ class ResponseStream:
             if code != self._lib.EAGAIN:
                 self._ended = True
                 _raise_for(code, message)
-            await arm(self._handle)
+            await arm(self._handle)  # type: ignore[arg-type]  # None once freed: the library refuses it
 
     def context(self) -> Context:
         """The request's context (a child of the caller's, with the same id)."""
@@ -634,7 +658,7 @@ def _check_dynamo_args(
         if len(args) > 3:
             raise TypeError(f"DistributedRuntime() takes at most 4 positional arguments ({len(args) + 1} given)")
         names = ("discovery_backend", "request_plane", "enable_nats")
-        given = {"discovery_backend": discovery_backend, "request_plane": request_plane, "enable_nats": enable_nats}
+        given: Dict[str, Any] = {"discovery_backend": discovery_backend, "request_plane": request_plane, "enable_nats": enable_nats}
         for name, value in zip(names, args):
             if given[name] is not None:
                 raise TypeError(f"DistributedRuntime() got {name} both by position and by keyword")

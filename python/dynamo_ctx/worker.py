@@ -2,8 +2,9 @@
 
 Serves a vLLM-style handler over the mock engine (or vLLM's ``AsyncLLM`` with
 ``--engine vllm`` when vLLM is installed) on the request plane, registers the model
-with its migration limit, and exposes Prometheus metrics at ``/metrics`` on
-``--metrics-port``. Modes: ``agg`` (prefill and decode), ``prefill``, ``decode``
+with its migration limit, and exposes Prometheus metrics at ``/metrics`` and its
+readiness at ``/health`` on ``--metrics-port``, from start-up on (before it waits for
+NATS or a prefill worker). Modes: ``agg`` (prefill and decode), ``prefill``, ``decode``
 (calls a prefill worker first). Endpoints: ``<namespace>.backend.generate`` for agg and
 decode, ``<namespace>.prefill.generate`` for prefill.
 """
@@ -12,15 +13,31 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import signal
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
-from . import DistributedRuntime
+from . import DistributedRuntime, _cli
 from .backends.vllm import AggregatedHandler, DecodeHandler, PrefillHandler, WorkerMetrics
 from .mocker import MockAsyncLLM, MockEngineArgs
 
 logger = logging.getLogger("dynamo_ctx.worker")
+
+DESCRIPTION = """\
+Serve a vLLM-style handler over an engine on the request plane.
+
+Modes: agg (prefill and decode in one worker), prefill, decode (calls a
+prefill worker first). With --metrics-port, Prometheus metrics are served at
+/metrics and readiness at /health (JSON; 503 while the worker waits for NATS
+or a prefill worker) from start-up on.
+"""
+
+EPILOG = """\
+environment: NATS_SERVER (NATS address), DYN_NAMESPACE, DYN_MIGRATION_LIMIT,
+DYN_SYSTEM_HOST and DYN_SYSTEM_PORT (metrics listener), DYN_LOG (log level),
+DYN_LOGGING_JSONL=1 (JSON lines). A flag given wins over its variable.
+"""
 
 #: Defaults of the metrics listener's bounds: a client has this long to send
 #: its request line and headers, at most this many connections are served at
@@ -30,32 +47,48 @@ METRICS_MAX_CONNECTIONS = 64
 METRICS_MAX_HEAD = 16 * 1024
 
 
-def parse_args(argv: Optional[list] = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m dynamo_ctx.worker", description=__doc__.split("\n\n")[0])
-    p.add_argument("--engine", choices=["mock", "vllm"], default="mock")
-    p.add_argument("--mode", choices=["agg", "prefill", "decode"], default="agg")
-    p.add_argument("--model", default="mock-model")
-    p.add_argument("--namespace", default="dynamo")
-    p.add_argument("--migration-limit", type=int, default=0)
-    p.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus text at /metrics on this port")
-    p.add_argument("--metrics-host", default="127.0.0.1", help="address of the metrics listener (default: loopback only)")
-    p.add_argument(
-        "--metrics-read-timeout", type=float, default=METRICS_READ_TIMEOUT,
-        help="seconds a metrics client has to send its request (default %(default)s)",
+def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
+    p = _cli.ArgumentParser("python -m dynamo_ctx.worker", DESCRIPTION, EPILOG)
+    p.add("--engine", choices=["mock", "vllm"], default="mock", help="the engine: the mock, or vLLM's AsyncLLM")
+    p.add("--mode", choices=["agg", "prefill", "decode"], default="agg", help="what this worker does")
+    p.add("--model", default="mock-model", help="model name (vLLM loads it)")
+    p.add("--namespace", default="dynamo", env="DYN_NAMESPACE", help="namespace of the endpoints")
+    p.add(
+        "--migration-limit", type=_cli.non_negative_int, default=0, env="DYN_MIGRATION_LIMIT",
+        help="times a broken stream of this model may be moved to another worker",
     )
-    p.add_argument(
-        "--metrics-max-connections", type=int, default=METRICS_MAX_CONNECTIONS,
-        help="metrics connections served at once; more are closed at once (default %(default)s)",
+    p.add("--metrics-port", type=_cli.port, env="DYN_SYSTEM_PORT", help="serve /metrics and /health on this port (0: any free port)")
+    p.add("--metrics-host", default="127.0.0.1", env="DYN_SYSTEM_HOST", help="address of the metrics listener (loopback only by default)")
+    p.add(
+        "--metrics-read-timeout", type=_cli.positive_float, default=METRICS_READ_TIMEOUT,
+        help="seconds a metrics client has to send its request",
     )
-    p.add_argument(
-        "--max-model-len", type=int, default=None,
+    p.add(
+        "--metrics-max-connections", type=_cli.positive_int, default=METRICS_MAX_CONNECTIONS,
+        help="metrics connections served at once; more are closed at once",
+    )
+    p.add(
+        "--max-model-len", type=_cli.positive_int,
         help="the model's context length (prompt + max_tokens), published with the instance; the frontend refuses longer requests",
     )
-    p.add_argument("--nats-url", default=None, help="NATS address (default: $NATS_SERVER or the embedded default)")
-    p.add_argument("--prefill-time-per-token", type=float, default=MockEngineArgs.prefill_time_per_token)
-    p.add_argument("--decode-time-per-token", type=float, default=MockEngineArgs.decode_time_per_token)
-    p.add_argument("--log-level", default="INFO")
-    return p.parse_args(argv)
+    p.add("--nats-url", help="NATS address (default: $NATS_SERVER, else nats://127.0.0.1:4222)")
+    p.add(
+        "--prefill-time-per-token",
+        type=_cli.non_negative_float,
+        default=MockEngineArgs.prefill_time_per_token,
+        help="mock engine: seconds per prompt token",
+    )
+    p.add(
+        "--decode-time-per-token",
+        type=_cli.non_negative_float,
+        default=MockEngineArgs.decode_time_per_token,
+        help="mock engine: seconds per output token",
+    )
+    p.add_logging()
+    args = p.parse_args(argv)
+    if args.engine == "vllm" and not _cli.engine_available("vllm"):
+        p.error("--engine vllm needs vLLM, which is not installed here; install vllm or use --engine mock")
+    return args
 
 
 def make_engine(args: argparse.Namespace) -> Any:
@@ -67,6 +100,27 @@ def make_engine(args: argparse.Namespace) -> Any:
     return MockAsyncLLM(
         MockEngineArgs(prefill_time_per_token=args.prefill_time_per_token, decode_time_per_token=args.decode_time_per_token)
     )
+
+
+class Readiness:
+    """What the worker waits for before it serves requests (None: nothing, it serves)."""
+
+    def __init__(self, waiting_for: Optional[str]) -> None:
+        self.waiting_for = waiting_for
+
+    def render(self) -> Tuple[str, bytes]:
+        """The /health answer: status line and JSON body."""
+        if self.waiting_for is None:
+            return "200 OK", b'{"status":"ready"}\n'
+        return "503 Service Unavailable", (json.dumps({"status": "waiting", "waiting_for": self.waiting_for}) + "\n").encode()
+
+
+def exposition(metrics: WorkerMetrics, engine: Any) -> bytes:
+    """/metrics: prometheus_client's default registry (the engine's own
+    metrics, e.g. vLLM's, and the process's) followed by this worker's."""
+    from prometheus_client import REGISTRY, generate_latest
+
+    return bytes(generate_latest(REGISTRY)) + bytes(generate_latest(metrics.registry(engine)))
 
 
 async def _read_head(reader: asyncio.StreamReader) -> bytes:
@@ -89,8 +143,11 @@ async def serve_metrics(
     engine: Any,
     read_timeout: float = METRICS_READ_TIMEOUT,
     max_connections: int = METRICS_MAX_CONNECTIONS,
-) -> asyncio.AbstractServer:
-    """A minimal HTTP server for ``GET /metrics`` (Prometheus text format).
+    readiness: Optional[Readiness] = None,
+) -> asyncio.Server:
+    """A minimal HTTP server for ``GET``/``HEAD`` of ``/metrics`` (Prometheus
+    text, rendered by prometheus_client) and ``/health`` (JSON readiness: 200
+    when serving, 503 with what it waits for otherwise).
 
     Each connection gets ``read_timeout`` seconds to send its request line and
     headers (at most ``METRICS_MAX_HEAD`` bytes), else it is closed; beyond
@@ -99,6 +156,7 @@ async def serve_metrics(
     long.
     """
     active = 0
+    ready = readiness or Readiness(None)
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         nonlocal active
@@ -112,13 +170,25 @@ async def serve_metrics(
             except (asyncio.TimeoutError, ValueError, ConnectionError, asyncio.LimitOverrunError, asyncio.IncompleteReadError):
                 return
             parts = request_line.decode("latin-1").split()
-            if len(parts) >= 2 and parts[0] == "GET" and parts[1].split("?")[0] == "/metrics":
-                body, status = metrics.render(engine).encode(), "200 OK"
+            method = parts[0] if parts else ""
+            path = parts[1].split("?")[0] if len(parts) >= 2 else ""
+            ctype = "text/plain; charset=utf-8"
+            if method not in ("GET", "HEAD"):
+                status, body = "405 Method Not Allowed", b"method not allowed\n"
+            elif path == "/metrics":
+                from prometheus_client import CONTENT_TYPE_LATEST
+
+                status, body, ctype = "200 OK", exposition(metrics, engine), CONTENT_TYPE_LATEST
+            elif path in ("/health", "/ready"):
+                (status, body), ctype = ready.render(), "application/json"
+            elif path == "/live":
+                status, body = "200 OK", b"alive\n"
             else:
-                body, status = b"not found\n", "404 Not Found"
+                status, body = "404 Not Found", b"not found\n"
+            extra = "Allow: GET, HEAD\r\n" if status.startswith("405") else ""
             writer.write(
-                f"HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4\r\n"
-                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body
+                f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\n{extra}Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
+                + (b"" if method == "HEAD" else body)
             )
             try:
                 await asyncio.wait_for(writer.drain(), read_timeout)
@@ -132,48 +202,65 @@ async def serve_metrics(
 
 
 async def run(args: argparse.Namespace) -> None:
-    runtime = DistributedRuntime(nats_url=args.nats_url)
+    loop = asyncio.get_running_loop()
     engine = make_engine(args)
     metrics = WorkerMetrics(args.model)
-    logger.info("migration_limit=%d for model %s", args.migration_limit, args.model)
-    if args.mode == "prefill":
-        component, handler = "prefill", PrefillHandler(engine, args.model, metrics)
-    elif args.mode == "decode":
-        prefill_client = await runtime.endpoint(f"{args.namespace}.prefill.generate").client(migration_limit=args.migration_limit)
-        logger.info("waiting for a prefill worker")
-        await prefill_client.wait_for_instances()
-        component, handler = "backend", DecodeHandler(engine, prefill_client, args.model, metrics)
-    else:
-        component, handler = "backend", AggregatedHandler(engine, args.model, metrics)
-    endpoint = runtime.namespace(args.namespace).component(component).endpoint("generate")
+    readiness = Readiness(f"NATS at {_cli.nats_address(args.nats_url)}")
     metrics_server = None
     if args.metrics_port is not None:
-        metrics_server = await serve_metrics(
-            args.metrics_host, args.metrics_port, metrics, engine, args.metrics_read_timeout, args.metrics_max_connections
-        )
-    meta: Dict[str, Any] = {"model": args.model, "mode": args.mode, "migration_limit": args.migration_limit}
-    if args.max_model_len is not None:
-        meta["max_model_len"] = args.max_model_len
-    serving = asyncio.ensure_future(endpoint.serve_endpoint(handler.generate, metadata=meta))
-    instance = await endpoint.serving()
-    logger.info("serving %s as instance %d (model %s, mode %s)", endpoint.path, instance, args.model, args.mode)
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, runtime.shutdown)
+        # First of all: the worker answers /metrics and /health before it waits on anything.
+        try:
+            metrics_server = await serve_metrics(
+                args.metrics_host, args.metrics_port, metrics, engine, args.metrics_read_timeout, args.metrics_max_connections, readiness
+            )
+        except OSError as e:
+            raise _cli.listen_error(e, args.metrics_host, args.metrics_port, "--metrics-port", "--metrics-host") from None
+        host, port = metrics_server.sockets[0].getsockname()[:2]
+        logger.info("metrics at http://%s:%d/metrics, readiness at /health", host, port)
+    runtime: Optional[DistributedRuntime] = None
+    handler: Any
     try:
+        try:
+            runtime = await loop.run_in_executor(None, lambda: DistributedRuntime(nats_url=args.nats_url))
+        except (RuntimeError, OSError, ValueError) as e:
+            if getattr(e, "code_name", "") == "ECONNECT":
+                raise _cli.connect_error(e, args.nats_url) from None
+            raise
+        logger.info("migration_limit=%d for model %s", args.migration_limit, args.model)
+        if args.mode == "prefill":
+            component, handler = "prefill", PrefillHandler(engine, args.model, metrics)
+        elif args.mode == "decode":
+            prefill_path = f"{args.namespace}.prefill.generate"
+            prefill_client = await runtime.endpoint(prefill_path).client(migration_limit=args.migration_limit)
+            readiness.waiting_for = f"a prefill worker on {prefill_path}"
+            logger.info("waiting for a prefill worker")
+            await prefill_client.wait_for_instances()
+            component, handler = "backend", DecodeHandler(engine, prefill_client, args.model, metrics)
+        else:
+            component, handler = "backend", AggregatedHandler(engine, args.model, metrics)
+        endpoint = runtime.namespace(args.namespace).component(component).endpoint("generate")
+        meta: Dict[str, Any] = {"model": args.model, "mode": args.mode, "migration_limit": args.migration_limit}
+        if args.max_model_len is not None:
+            meta["max_model_len"] = args.max_model_len
+        readiness.waiting_for = f"registration of {endpoint.path}"
+        serving = asyncio.ensure_future(endpoint.serve_endpoint(handler.generate, metadata=meta))
+        instance = await endpoint.serving()
+        readiness.waiting_for = None
+        logger.info("serving %s as instance %d (model %s, mode %s)", endpoint.path, instance, args.model, args.mode)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, runtime.shutdown)
         await serving
     finally:
         if metrics_server is not None:
             metrics_server.close()
-        runtime.shutdown()
+        if runtime is not None:
+            runtime.shutdown()
 
 
-def main(argv: Optional[list] = None) -> None:
+def main(argv: Optional[List[str]] = None) -> None:
     args = parse_args(argv)
-    # [created] is the epoch time in microseconds: benchmarks compare it with
-    # the client's clock on the same machine.
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s [%(created).6f] %(levelname)s %(name)s: %(message)s")
-    asyncio.run(run(args))
+    _cli.setup_logging(args.log_level, args.log_format)
+    _cli.run_command("python -m dynamo_ctx.worker", lambda: run(args), args.log_level == "debug")
 
 
 if __name__ == "__main__":

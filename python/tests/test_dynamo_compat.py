@@ -308,7 +308,8 @@ class Worker:
     @classmethod
     async def start(cls, nats_url, ns):
         env = dict(os.environ, NATS_SERVER=nats_url, PYTHONPATH=str(HERE.parent))
-        proc = await asyncio.create_subprocess_exec(sys.executable, str(HERE / "compat_worker.py"), ns, env=env, stdout=asyncio.subprocess.PIPE)
+        argv = [sys.executable, str(HERE / "compat_worker.py"), ns]
+        proc = await asyncio.create_subprocess_exec(*argv, env=env, stdout=asyncio.subprocess.PIPE)
         w = cls(proc)
         line = await asyncio.wait_for(proc.stdout.readline(), HANG)
         assert json.loads(line)["event"] == "ready", line

@@ -156,7 +156,7 @@ def test_native_take_after_kill_returns_no_item(nats_url):
     lib = native()
 
     async def big(request):
-        for i in range(20):
+        for _ in range(20):
             yield "x" * 5000  # three fit the 16 KiB buffer of one take
         done.set()
 

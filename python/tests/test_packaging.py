@@ -45,7 +45,16 @@ def test_sdist_has_sources_not_build_products(wheel_from_sdist):
     sdist, _ = wheel_from_sdist
     with tarfile.open(sdist) as tf:
         names = [n.split("/", 1)[1] for n in tf.getnames() if "/" in n]
-    for needed in ("build.py", "go.mod", "go.sum", "go/native/main.go", "go/native/pymodule.c", "python/dynamo_ctx/__init__.py", "LICENSE", "README.md"):
+    for needed in (
+        "build.py",
+        "go.mod",
+        "go.sum",
+        "go/native/main.go",
+        "go/native/pymodule.c",
+        "python/dynamo_ctx/__init__.py",
+        "LICENSE",
+        "README.md",
+    ):
         assert needed in names
     assert not [n for n in names if n.endswith(".so")]
 
@@ -58,7 +67,13 @@ def test_wheel_is_abi3_manylinux(wheel_from_sdist):
         names = set(zf.namelist())
         meta = zf.read("dynamo_ctx-0.1.0.dist-info/METADATA").decode()
         wheel_meta = zf.read("dynamo_ctx-0.1.0.dist-info/WHEEL").decode()
-    for needed in ("dynamo_ctx/_native.abi3.so", "dynamo_ctx/include/dynamo_ctx.h", "dynamo_ctx/py.typed", "dynamo_ctx/_native.pyi", "dynamo_ctx-0.1.0.dist-info/licenses/LICENSE"):
+    for needed in (
+        "dynamo_ctx/_native.abi3.so",
+        "dynamo_ctx/include/dynamo_ctx.h",
+        "dynamo_ctx/py.typed",
+        "dynamo_ctx/_native.pyi",
+        "dynamo_ctx-0.1.0.dist-info/licenses/LICENSE",
+    ):
         assert needed in names
     version = re.search(r"^Metadata-Version: (\d+)\.(\d+)$", meta, re.M)
     assert version and (int(version[1]), int(version[2])) >= (2, 4)

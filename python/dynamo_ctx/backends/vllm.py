@@ -41,7 +41,13 @@ __all__ = [
 
 
 class WorkerMetrics:
-    """What a worker counts; rendered as Prometheus text by ``render``."""
+    """What a worker counts, exposed through prometheus_client.
+
+    The handlers bump the counters (plain attributes); ``collect`` reads them
+    and the engine's ``stats`` when Prometheus scrapes, so a scrape sees one
+    consistent moment and counting costs nothing. ``registry(engine)`` is a
+    ``CollectorRegistry`` holding them; ``render(engine)`` its text exposition.
+    """
 
     def __init__(self, model: str) -> None:
         self.model = model
@@ -50,25 +56,65 @@ class WorkerMetrics:
         self.aborts_confirmed_total = 0
         self.abort_freed_kv_blocks_total = 0
 
-    def render(self, engine: Any) -> str:
+    def collect(self, engine: Any) -> List[Any]:
+        """The metric families, every sample labelled with the model."""
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
         stats = getattr(engine, "stats", None)
-        running = getattr(stats, "running_requests", 0)
-        blocks = getattr(stats, "kv_blocks_in_use", 0)
-        label = '{model="%s"}' % self.model.replace("\\", "\\\\").replace('"', '\\"')
         rows = [
-            ("dynamo_ctx_worker_running_requests", "gauge", "Requests holding engine resources.", running),
-            ("dynamo_ctx_worker_kv_blocks_in_use", "gauge", "KV cache blocks in use.", blocks),
-            ("dynamo_ctx_worker_requests_total", "counter", "Requests received.", self.requests_total),
-            ("dynamo_ctx_worker_cancellations_received_total", "counter", "Requests whose context was stopped or killed.", self.cancellations_received_total),
-            ("dynamo_ctx_worker_aborts_confirmed_total", "counter", "Engine aborts confirmed (resources freed).", self.aborts_confirmed_total),
-            ("dynamo_ctx_worker_abort_freed_kv_blocks_total", "counter", "KV blocks freed by confirmed aborts.", self.abort_freed_kv_blocks_total),
+            (
+                GaugeMetricFamily,
+                "dynamo_ctx_worker_running_requests",
+                "Requests holding engine resources.",
+                getattr(stats, "running_requests", 0),
+            ),
+            (GaugeMetricFamily, "dynamo_ctx_worker_kv_blocks_in_use", "KV cache blocks in use.", getattr(stats, "kv_blocks_in_use", 0)),
+            (CounterMetricFamily, "dynamo_ctx_worker_requests_total", "Requests received.", self.requests_total),
+            (
+                CounterMetricFamily,
+                "dynamo_ctx_worker_cancellations_received_total",
+                "Requests whose context was stopped or killed.",
+                self.cancellations_received_total,
+            ),
+            (
+                CounterMetricFamily,
+                "dynamo_ctx_worker_aborts_confirmed_total",
+                "Engine aborts confirmed (resources freed).",
+                self.aborts_confirmed_total,
+            ),
+            (
+                CounterMetricFamily,
+                "dynamo_ctx_worker_abort_freed_kv_blocks_total",
+                "KV blocks freed by confirmed aborts.",
+                self.abort_freed_kv_blocks_total,
+            ),
         ]
         out = []
-        for name, kind, help_, value in rows:
-            out.append(f"# HELP {name} {help_}")
-            out.append(f"# TYPE {name} {kind}")
-            out.append(f"{name}{label} {value}")
-        return "\n".join(out) + "\n"
+        for family, name, help_, value in rows:
+            f = family(name, help_, labels=["model"])
+            f.add_metric([self.model], value)
+            out.append(f)
+        return out
+
+    def registry(self, engine: Any) -> Any:
+        """A prometheus_client ``CollectorRegistry`` with this worker's metrics of ``engine``."""
+        from prometheus_client import CollectorRegistry
+
+        metrics = self
+
+        class _Collector:
+            def collect(self) -> Any:
+                return metrics.collect(engine)
+
+        reg = CollectorRegistry(auto_describe=False)
+        reg.register(_Collector())
+        return reg
+
+    def render(self, engine: Any) -> str:
+        """Prometheus text exposition of this worker's metrics."""
+        from prometheus_client import generate_latest
+
+        return generate_latest(self.registry(engine)).decode()
 
 
 #: The sampling options of a token request that go to the engine's SamplingParams.

@@ -183,6 +183,8 @@ class Worker(Proc):
         out = {}
         for key, value in parse_prometheus(body.decode()).items():
             name, _, labels = key.partition("{")
+            if not name.startswith("dynamo_ctx_worker_"):
+                continue  # prometheus_client's default registry: process and Python metrics
             assert labels == f'model="{self.model}"}}', key
             out[name] = value
         return out
@@ -192,7 +194,8 @@ class Frontend(Proc):
     """``python -m dynamo_ctx.frontend`` on a free port of 127.0.0.1."""
 
     def __init__(self, name: str, env: Dict[str, str], namespace: str, migration_limit: Optional[int]) -> None:
-        argv = [sys.executable, "-m", "dynamo_ctx.frontend", "--http-host", "127.0.0.1", "--http-port", str(free_port()), "--namespace", namespace]
+        argv = [sys.executable, "-m", "dynamo_ctx.frontend", "--http-host", "127.0.0.1", "--http-port", str(free_port())]
+        argv += ["--namespace", namespace]
         if migration_limit is not None:
             argv += ["--migration-limit", str(migration_limit)]
         super().__init__(name, argv, env)
@@ -371,9 +374,11 @@ class Stack:
         assert fe is not None
         # The confirmation takes milliseconds; CONFIRM_TIMEOUT only catches a lost one.
         f = fe.wait_metrics(
-            lambda x: x["cancellations"] >= frontend_before["cancellations"] + 1
-            and x["confirmed"] >= frontend_before["confirmed"] + 1
-            and x["latency_count"] >= frontend_before["latency_count"] + 1,
+            lambda x: (
+                x["cancellations"] >= frontend_before["cancellations"] + 1
+                and x["confirmed"] >= frontend_before["confirmed"] + 1
+                and x["latency_count"] >= frontend_before["latency_count"] + 1
+            ),
             f"abort of {request_id} confirmed",
             timeout=CONFIRM_TIMEOUT,
             fail=False,

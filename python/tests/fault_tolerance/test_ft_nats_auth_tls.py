@@ -136,16 +136,25 @@ def test_frontend_and_workers_on_nats_with_auth_and_tls(stack, certs, deployment
         # plain nats:// to a TLS server; (with client verification) no client certificate.
         base = _clean_env(stack)
         cases = {
-            "no credentials": dict(base, NATS_SERVER=server.url, NATS_CA=str(certs / "ca.pem"),
-                                   **({"NATS_CERT": str(certs / "client.pem"), "NATS_KEY": str(certs / "client-key.pem")} if verify else {})),
-            "wrong password": dict(base, NATS_SERVER=f"tls://{USER}:nope@127.0.0.1:{server.port}", NATS_CA=str(certs / "ca.pem"),
-                                   **({"NATS_CERT": str(certs / "client.pem"), "NATS_KEY": str(certs / "client-key.pem")} if verify else {})),
+            "no credentials": dict(
+                base,
+                NATS_SERVER=server.url,
+                NATS_CA=str(certs / "ca.pem"),
+                **({"NATS_CERT": str(certs / "client.pem"), "NATS_KEY": str(certs / "client-key.pem")} if verify else {}),
+            ),
+            "wrong password": dict(
+                base,
+                NATS_SERVER=f"tls://{USER}:nope@127.0.0.1:{server.port}",
+                NATS_CA=str(certs / "ca.pem"),
+                **({"NATS_CERT": str(certs / "client.pem"), "NATS_KEY": str(certs / "client-key.pem")} if verify else {}),
+            ),
             "no CA": dict(base, NATS_SERVER=f"tls://{USER}:{PASSWORD}@127.0.0.1:{server.port}"),
             "plain nats://": dict(base, NATS_SERVER=f"nats://{USER}:{PASSWORD}@127.0.0.1:{server.port}"),
         }
         if verify:
-            cases["no client certificate"] = dict(base, NATS_SERVER=server.url, NATS_USER=USER, NATS_PASSWORD=PASSWORD,
-                                                  NATS_CA=str(certs / "ca.pem"))
+            cases["no client certificate"] = dict(
+                base, NATS_SERVER=server.url, NATS_USER=USER, NATS_PASSWORD=PASSWORD, NATS_CA=str(certs / "ca.pem")
+            )
         for what, e in cases.items():
             t0 = time.monotonic()
             r = _connect_attempt(e)
@@ -154,8 +163,12 @@ def test_frontend_and_workers_on_nats_with_auth_and_tls(stack, certs, deployment
             assert took < REFUSAL_BOUND, f"{what}: refused only after {took:.1f} s"
             assert "Traceback" not in r.stderr, f"{what}: {r.stderr[-2000:]}"
             assert PASSWORD not in r.stdout + r.stderr, f"{what}: the password is in the error"
-            hint = {"no credentials": "none were given", "wrong password": "refused our credentials",
-                    "no CA": "certificate", "plain nats://": "tls"}.get(what, "tls")
+            hint = {
+                "no credentials": "none were given",
+                "wrong password": "refused our credentials",
+                "no CA": "certificate",
+                "plain nats://": "tls",
+            }.get(what, "tls")
             assert hint in r.stdout, f"{what}: no hint {hint!r} in {r.stdout!r}"
         # The password never appears in an error or a log line.
         for p in stack.procs:

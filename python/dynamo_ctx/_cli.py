@@ -1,0 +1,305 @@
+"""What the commands (worker, frontend, demo) share: argument parsing with
+environment-variable defaults, validation, one log format, and turning every
+failure into one line on stderr.
+
+Exit status: 2 for bad arguments (argparse's convention), 1 for a failure at
+run time. Either way stderr gets one line, "<prog>: <what went wrong>; <what
+to do>"; a traceback only appears with ``--log-level debug``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import errno
+import importlib.util
+import json
+import logging
+import os
+import sys
+import traceback
+from typing import Any, Callable, Coroutine, List, NoReturn, Optional, Sequence
+
+#: Environment variables read by every command (Dynamo's names).
+ENV_LOG = "DYN_LOG"
+ENV_LOGGING_JSONL = "DYN_LOGGING_JSONL"
+
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+LOG_FORMATS = ("text", "json")
+
+#: The text format: [created] is the epoch time in seconds with microseconds,
+#: which benchmarks compare with a client's clock on the same machine.
+TEXT_FORMAT = "%(asctime)s [%(created).6f] %(levelname)s %(name)s: %(message)s"
+
+_TRUE = ("1", "true", "yes", "on")
+
+logger = logging.getLogger("dynamo_ctx.cli")
+
+
+class CommandError(Exception):
+    """A failure to report as one line; ``status`` is the exit status."""
+
+    def __init__(self, message: str, status: int = 1) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class UsageError(CommandError):
+    """Bad arguments: exit status 2."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, 2)
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse with one-line errors and plain-text help that shows defaults."""
+
+    def __init__(self, prog: str, description: str, epilog: Optional[str] = None) -> None:
+        super().__init__(prog=prog, description=description, epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
+        self._env_vars: List[str] = []
+
+    def error(self, message: str) -> NoReturn:
+        fail(self.prog, f"{message}; see {self.prog} --help", 2)
+
+    def add(
+        self,
+        flag: str,
+        *,
+        help: str,
+        default: Any = None,
+        type: Optional[Callable[[str], Any]] = None,
+        choices: Optional[Sequence[str]] = None,
+        env: Optional[str] = None,
+    ) -> None:
+        """Add ``flag``; its default is ``$env`` when that is set (validated as
+        the flag's value would be), and the help text says both."""
+        conv = type or str
+        if choices is not None:
+            conv = _choice(choices, conv)
+        if env is not None and os.environ.get(env, "") != "":
+            try:
+                default = conv(os.environ[env])
+            except (argparse.ArgumentTypeError, ValueError) as e:
+                self.error(f"{env}={os.environ[env]!r}: {e}")
+        notes = []
+        if env is not None:
+            notes.append(f"env {env}")
+        if default is not None:
+            notes.append(f"default: {default}")
+        if notes:
+            help = f"{help} ({'; '.join(notes)})"
+        self.add_argument(flag, type=conv, default=default, help=help, metavar=_metavar(flag, choices))
+
+    def add_logging(self) -> None:
+        """--log-level and --log-format, shared by every command."""
+        self.add("--log-level", type=log_level, default="info", env=ENV_LOG, help="lowest level logged: " + ", ".join(LOG_LEVELS))
+        self.add(
+            "--log-format",
+            type=log_format,
+            default=log_format_default(),
+            help="text, or json for one JSON object per line (also env DYN_LOGGING_JSONL=1)",
+        )
+
+
+def _metavar(flag: str, choices: Optional[Sequence[str]]) -> str:
+    if choices is not None:
+        return "{" + ",".join(choices) + "}"
+    return flag.lstrip("-").replace("-", "_").upper()
+
+
+def _choice(choices: Sequence[str], conv: Callable[[str], Any]) -> Callable[[str], Any]:
+    def check(text: str) -> Any:
+        value = conv(text)
+        if value not in choices:
+            raise argparse.ArgumentTypeError(f"{text!r} is not one of {', '.join(choices)}")
+        return value
+
+    return check
+
+
+def fail(prog: str, message: str, status: int) -> NoReturn:
+    """Print ``<prog>: <message>`` on stderr and exit with ``status``."""
+    sys.stderr.write(f"{prog}: {message}\n")
+    sys.stderr.flush()
+    raise SystemExit(status)
+
+
+# ---------------------------------------------------------------- value types
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text, 10)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+
+
+def port(text: str) -> int:
+    """A TCP port, 0 (any free port) to 65535."""
+    n = _int(text)
+    if not 0 <= n <= 65535:
+        raise argparse.ArgumentTypeError(f"{n} is not a port (0 to 65535)")
+    return n
+
+
+def non_negative_int(text: str) -> int:
+    n = _int(text)
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"{n} is negative (0 or more)")
+    return n
+
+
+def positive_int(text: str) -> int:
+    n = _int(text)
+    if n <= 0:
+        raise argparse.ArgumentTypeError(f"{n} is not positive (1 or more)")
+    return n
+
+
+def _float(text: str) -> float:
+    try:
+        x = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if x != x or x in (float("inf"), float("-inf")):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+    return x
+
+
+def positive_float(text: str) -> float:
+    x = _float(text)
+    if x <= 0:
+        raise argparse.ArgumentTypeError(f"{text} is not positive")
+    return x
+
+
+def non_negative_float(text: str) -> float:
+    x = _float(text)
+    if x < 0:
+        raise argparse.ArgumentTypeError(f"{text} is negative")
+    return x
+
+
+def log_level(text: str) -> str:
+    """A logging level name, any case. Dynamo's DYN_LOG form with per-target
+    levels ("info,dynamo_runtime=debug") is accepted for its bare level."""
+    parts = [p.strip() for p in text.split(",") if p.strip() and "=" not in p]
+    level = parts[0].lower() if len(parts) == 1 else text.strip().lower()
+    if level == "warn":
+        level = "warning"
+    if level not in LOG_LEVELS:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a log level ({', '.join(LOG_LEVELS)})")
+    return level
+
+
+def log_format(text: str) -> str:
+    fmt = text.strip().lower()
+    if fmt in ("jsonl", "json-lines"):
+        fmt = "json"
+    if fmt not in LOG_FORMATS:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a log format ({', '.join(LOG_FORMATS)})")
+    return fmt
+
+
+def log_format_default() -> str:
+    """``json`` when $DYN_LOGGING_JSONL is true, else ``text``."""
+    value = os.environ.get(ENV_LOGGING_JSONL, "").strip().lower()
+    return "json" if value in _TRUE else "text"
+
+
+def engine_available(name: str) -> bool:
+    """Whether the Python package ``name`` can be imported (without importing it)."""
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+# ---------------------------------------------------------------- logging
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: time (RFC 3339, UTC), level, target (the
+    logger), message, and request_id and exception when the record has them."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        out = {
+            "time": datetime.datetime.fromtimestamp(record.created, datetime.timezone.utc)
+            .isoformat(timespec="microseconds")
+            .replace("+00:00", "Z"),
+            "level": record.levelname,
+            "target": record.name,
+            "message": record.getMessage(),
+        }
+        rid = getattr(record, "request_id", None)
+        if rid is not None:
+            out["request_id"] = rid
+        if record.exc_info:
+            out["exception"] = "".join(traceback.format_exception(*record.exc_info)).rstrip()
+        return json.dumps(out, ensure_ascii=False)
+
+
+def setup_logging(level: str, fmt: str) -> None:
+    """One handler on the root logger, on stderr, for Python's records and the
+    library's (which reach the ``dynamo_ctx`` logger through its log queue)."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(TEXT_FORMAT))
+    root = logging.getLogger()
+    for h in list(root.handlers):
+        root.removeHandler(h)
+    root.addHandler(handler)
+    root.setLevel(level.upper())
+
+
+# ---------------------------------------------------------------- failures
+
+
+def nats_address(nats_url: Optional[str]) -> str:
+    """The NATS address a runtime made with ``nats_url`` uses, for messages."""
+    return nats_url or os.environ.get("NATS_SERVER") or "nats://127.0.0.1:4222"
+
+
+def connect_error(e: BaseException, nats_url: Optional[str], flag: Optional[str] = "--nats-url") -> CommandError:
+    """The one-line report of a runtime that could not be created."""
+    where = nats_address(nats_url)
+    also = f" (or {flag})" if flag else ""
+    return CommandError(
+        f"cannot reach NATS at {where} ({_reason(e)}); start a NATS server there, or set NATS_SERVER{also} "
+        "to one that runs (nats://127.0.0.1:0 runs one inside this process)"
+    )
+
+
+def listen_error(e: BaseException, host: str, port_: int, flag: str, host_flag: str) -> CommandError:
+    """The one-line report of a listener that could not start on host:port."""
+    text = str(e)
+    code = getattr(e, "errno", None)
+    if code == errno.EADDRINUSE or "address already in use" in text:
+        return CommandError(f"port {port_} is in use; choose another with {flag}")
+    if code == errno.EACCES or "permission denied" in text:
+        return CommandError(f"port {port_} needs privileges this process lacks; choose one above 1023 with {flag}")
+    if code == errno.EADDRNOTAVAIL or "cannot assign requested address" in text or "no such host" in text:
+        return CommandError(f"cannot listen on {host}: not an address of this machine; choose another with {host_flag}")
+    return CommandError(f"cannot listen on {host}:{port_} ({_reason(e)}); check {host_flag} and {flag}")
+
+
+def _reason(e: BaseException) -> str:
+    """The last, most specific part of a native error message ("dc_x: a: b: c" -> "c")."""
+    text = str(e).strip() or type(e).__name__
+    return text.rsplit(": ", 1)[-1] if text.startswith("dc_") else text
+
+
+def run_command(prog: str, main: Callable[[], Coroutine[Any, Any, None]], debug: bool) -> None:
+    """Run ``main()`` to completion; every failure ends the process with one
+    line on stderr (and, with ``debug``, the traceback in the log first)."""
+    try:
+        asyncio.run(main())
+    except CommandError as e:
+        fail(prog, str(e), e.status)
+    except KeyboardInterrupt:
+        raise SystemExit(130) from None
+    except Exception as e:  # noqa: BLE001 - anything else is reported, not dumped
+        if debug:
+            logger.exception("%s failed", prog)
+        hint = "" if debug else " (run with --log-level debug for the traceback)"
+        fail(prog, f"{type(e).__name__}: {e}{hint}", 1)

@@ -1,0 +1,281 @@
+"""The commands as a user meets them (issue 12): every failure is one line on
+stderr with exit status 2 (bad arguments) or 1 (run time); --help is plain
+text with defaults; the worker answers /metrics and /health from start-up;
+handler errors are logged on the worker; JSON-lines logs.
+
+Each command runs as a process; nothing here uses a fixed port or 4222.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from pathlib import Path
+
+import pytest
+
+from dynamo_ctx import DistributedRuntime, HandlerError, _cli
+
+HERE = Path(__file__).resolve().parent
+HANG = 60
+WORKER = "python -m dynamo_ctx.worker"
+FRONTEND = "python -m dynamo_ctx.frontend"
+DEMO = "python -m dynamo_ctx.demo"
+MODULES = {WORKER: "dynamo_ctx.worker", FRONTEND: "dynamo_ctx.frontend", DEMO: "dynamo_ctx.demo"}
+
+
+@pytest.fixture(scope="module")
+def nats_url():
+    host = DistributedRuntime(nats_url="nats://127.0.0.1:0")
+    yield host.nats_url
+    host.shutdown()
+
+
+def env_for(**extra: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DYN")}
+    env["PYTHONPATH"] = str(HERE.parent)
+    env["COLUMNS"] = "200"  # --help on long lines, so that phrases stay whole
+    env["NATS_SERVER"] = "nats://127.0.0.1:1"  # never a real server: these runs must not reach one
+    env.update(extra)
+    return env
+
+
+def run_cmd(prog: str, *args: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", MODULES[prog], *args], env=env_for(**env), capture_output=True, text=True, timeout=HANG,
+    )
+
+
+def one_line(r: subprocess.CompletedProcess, prog: str) -> str:
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1, r.stderr
+    assert lines[0].startswith(prog + ": "), lines[0]
+    assert "Traceback" not in r.stderr and "(code" not in r.stderr
+    return lines[0]
+
+
+def held_port() -> socket.socket:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen()
+    return s
+
+
+@pytest.mark.parametrize(
+    "prog,args,env,expected",
+    [
+        (WORKER, ["--metrics-port", "99999"], {}, "argument --metrics-port: 99999 is not a port (0 to 65535)"),
+        (WORKER, ["--log-level", "foo"], {}, "argument --log-level: 'foo' is not a log level"),
+        (WORKER, ["--migration-limit", "-5"], {}, "argument --migration-limit: -5 is negative"),
+        (WORKER, ["--mode", "both"], {}, "argument --mode: 'both' is not one of agg, prefill, decode"),
+        (WORKER, ["--metrics-read-timeout", "0"], {}, "argument --metrics-read-timeout: 0 is not positive"),
+        (WORKER, ["--log-format", "xml"], {}, "argument --log-format: 'xml' is not a log format"),
+        (WORKER, [], {"DYN_SYSTEM_PORT": "x"}, "DYN_SYSTEM_PORT='x': 'x' is not a whole number"),
+        (WORKER, [], {"DYN_LOG": "loud"}, "DYN_LOG='loud': 'loud' is not a log level"),
+        (WORKER, ["--bogus"], {}, "unrecognized arguments: --bogus"),
+        (FRONTEND, ["--http-port", "-1"], {}, "argument --http-port: -1 is not a port"),
+        (FRONTEND, ["--migration-limit", "-5"], {}, "argument --migration-limit: -5 is negative"),
+        (FRONTEND, ["--max-body-bytes", "0"], {}, "argument --max-body-bytes: 0 is not positive"),
+        (FRONTEND, [], {"DYN_HTTP_PORT": "70000"}, "DYN_HTTP_PORT='70000': 70000 is not a port"),
+    ],
+)
+def test_bad_arguments_exit_2_with_one_line(prog, args, env, expected):
+    r = run_cmd(prog, *args, **env)
+    assert r.returncode == 2, r.stderr
+    line = one_line(r, prog)
+    assert expected in line and line.endswith(f"see {prog} --help"), line
+
+
+def test_engine_vllm_without_vllm_exits_2():
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vLLM is installed here")
+    r = run_cmd(WORKER, "--engine", "vllm")
+    assert r.returncode == 2
+    assert "--engine vllm needs vLLM, which is not installed here; install vllm or use --engine mock" in one_line(r, WORKER)
+
+
+@pytest.mark.parametrize("prog", [WORKER, FRONTEND])
+def test_help_is_plain_text_with_defaults_and_env_vars(prog):
+    r = run_cmd(prog, "--help")
+    assert r.returncode == 0 and r.stderr == ""
+    assert "``" not in r.stdout and ":class:" not in r.stdout
+    assert "(env DYN_LOG; default: info)" in r.stdout
+    assert "DYN_LOGGING_JSONL" in r.stdout and "DYN_NAMESPACE; default: dynamo" in r.stdout
+    if prog == FRONTEND:
+        assert "(env DYN_HTTP_PORT; default: 8000)" in r.stdout
+    else:
+        assert "(env DYN_SYSTEM_PORT)" in r.stdout and "(env DYN_MIGRATION_LIMIT; default: 0)" in r.stdout
+
+
+def test_unreachable_nats_exits_1_with_one_line():
+    for prog in (WORKER, FRONTEND, DEMO):
+        r = run_cmd(prog, "--http-port", "0") if prog == FRONTEND else run_cmd(prog)
+        assert r.returncode == 1, r.stderr
+        line = one_line(r, prog)
+        assert "cannot reach NATS at nats://127.0.0.1:1" in line and "set NATS_SERVER" in line, line
+
+
+def test_port_in_use_exits_1_with_one_line(nats_url):
+    with held_port() as s:
+        port = s.getsockname()[1]
+        r = run_cmd(FRONTEND, "--http-host", "127.0.0.1", "--http-port", str(port), NATS_SERVER=nats_url)
+        assert r.returncode == 1, r.stderr
+        assert one_line(r, FRONTEND) == f"{FRONTEND}: port {port} is in use; choose another with --http-port"
+        r = run_cmd(WORKER, "--metrics-port", str(port), NATS_SERVER=nats_url)
+        assert r.returncode == 1, r.stderr
+        assert one_line(r, WORKER) == f"{WORKER}: port {port} is in use; choose another with --metrics-port"
+
+
+def test_native_error_code_is_an_attribute_not_text():
+    with pytest.raises(RuntimeError) as ei:
+        DistributedRuntime(nats_url="nats://127.0.0.1:1")
+    assert (ei.value.code_name, type(ei.value.code)) == ("ECONNECT", int)
+    assert "(code" not in str(ei.value)
+
+
+def get(url: str, method: str = "GET"):
+    req = urllib.request.Request(url, method=method)
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, dict(r.headers), r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, dict(e.headers), e.read()
+
+
+def poll(fn, what: str):
+    deadline = time.monotonic() + HANG
+    while True:
+        try:
+            value = fn()
+            if value:
+                return value
+        except OSError:
+            pass
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def test_decode_worker_answers_before_a_prefill_worker_exists(nats_url):
+    """/metrics and /health answer at once; /health says what it waits for
+    (503, JSON) until a prefill worker comes, then 200; HEAD works; the logs are JSON lines."""
+    ns = f"cli{uuid.uuid4().hex[:8]}"
+    with held_port() as s:
+        port = s.getsockname()[1]
+    procs = []
+    try:
+        decode = subprocess.Popen(
+            [sys.executable, "-m", "dynamo_ctx.worker", "--mode", "decode", "--namespace", ns, "--metrics-port", str(port)],
+            env=env_for(NATS_SERVER=nats_url, DYN_LOGGING_JSONL="1"), stderr=subprocess.PIPE, text=True,
+        )
+        procs.append(decode)
+        status, headers, body = poll(lambda: get(f"http://127.0.0.1:{port}/health"), "the decode worker's /health")
+        assert status == 503 and headers["Content-Type"] == "application/json", (status, body)
+        health = f"http://127.0.0.1:{port}/health"
+        poll(lambda: json.loads(get(health)[2]).get("waiting_for", "").startswith("a prefill worker"), "waiting_for")
+        assert json.loads(get(f"http://127.0.0.1:{port}/health")[2]) == {
+            "status": "waiting",
+            "waiting_for": f"a prefill worker on {ns}.prefill.generate",
+        }
+        status, headers, body = get(f"http://127.0.0.1:{port}/metrics")
+        assert status == 200 and headers["Content-Type"].startswith("text/plain")
+        text = body.decode()
+        assert 'dynamo_ctx_worker_requests_total{model="mock-model"} 0.0' in text
+        assert "process_cpu_seconds_total" in text or "python_info" in text  # the default registry is served too
+        status, headers, body = get(f"http://127.0.0.1:{port}/metrics", "HEAD")
+        assert status == 200 and body == b"" and int(headers["Content-Length"]) > 0
+        assert get(f"http://127.0.0.1:{port}/nope")[0] == 404
+        assert get(f"http://127.0.0.1:{port}/metrics", "POST")[0] == 405
+
+        prefill = subprocess.Popen(
+            [sys.executable, "-m", "dynamo_ctx.worker", "--mode", "prefill", "--namespace", ns],
+            env=env_for(NATS_SERVER=nats_url),
+            stderr=subprocess.DEVNULL,
+        )
+        procs.append(prefill)
+        poll(lambda: get(f"http://127.0.0.1:{port}/health")[0] == 200, "readiness after the prefill worker came")
+        assert json.loads(get(f"http://127.0.0.1:{port}/health")[2]) == {"status": "ready"}
+        decode.terminate()
+        _, err = decode.communicate(timeout=HANG)
+        records = [json.loads(line) for line in err.splitlines()]
+        assert all({"time", "level", "target", "message"} <= set(r) for r in records), err
+        assert any(r["message"].startswith("serving ") and r["level"] == "INFO" for r in records), err
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
+def test_handler_error_is_logged_once_with_request_id_and_traceback(nats_url, caplog):
+    async def handler(request):
+        yield {"ok": 1}
+        raise RuntimeError("engine exploded")
+
+    async def main():
+        rt = DistributedRuntime(nats_url=nats_url)
+        ep = rt.endpoint(f"cli{uuid.uuid4().hex[:8]}.backend.generate")
+        task = asyncio.ensure_future(ep.serve_endpoint(handler))
+        await ep.serving()
+        client = await ep.client()
+        await client.wait_for_instances()
+        stream = await client.generate({})
+        rid = stream.context().id()
+        with pytest.raises(HandlerError) as ei:
+            async for _ in stream:
+                pass
+        rt.shutdown()
+        await asyncio.wait_for(task, HANG)
+        return rid, ei.value
+
+    with caplog.at_level(logging.ERROR, logger="dynamo_ctx"):
+        rid, err = asyncio.run(asyncio.wait_for(main(), HANG))
+    assert str(err).endswith("RuntimeError: engine exploded")  # what the caller sees is unchanged
+    records = [r for r in caplog.records if r.levelno == logging.ERROR and r.name == "dynamo_ctx"]
+    assert len(records) == 1, records
+    r = records[0]
+    assert r.request_id == rid and rid in r.getMessage() and "engine exploded" in r.getMessage()
+    assert r.exc_info is not None and r.exc_info[0] is RuntimeError
+    assert re.search(r"in handler\n", logging.Formatter().formatException(r.exc_info))
+
+
+def test_nats_address_held_by_something_else_fails_fast_with_a_hint():
+    """A port that accepts connections but does not speak NATS (as a busy 4222
+    can be): one line naming it and NATS_SERVER, well before the 18 s of old."""
+    with held_port() as s:
+        port = s.getsockname()[1]
+        t0 = time.monotonic()
+        r = run_cmd(WORKER, NATS_SERVER=f"nats://127.0.0.1:{port}")
+        elapsed = time.monotonic() - t0
+    assert r.returncode == 1, r.stderr
+    line = one_line(r, WORKER)
+    assert f"cannot reach NATS at nats://127.0.0.1:{port}" in line and "set NATS_SERVER" in line, line
+    assert elapsed < 15, elapsed  # a hang bound on a loaded machine; about 3 s here
+
+
+def test_log_level_accepts_dynamo_forms_and_json_lines_carry_request_id_and_traceback():
+    assert [_cli.log_level(t) for t in ("DEBUG", "warn", "info,dynamo_runtime=debug")] == ["debug", "warning", "info"]
+    for bad in ("foo", "info,debug", ""):
+        with pytest.raises(Exception, match="not a log level"):
+            _cli.log_level(bad)
+    try:
+        raise RuntimeError("engine exploded")
+    except RuntimeError:
+        record = logging.LogRecord("dynamo_ctx", logging.ERROR, __file__, 1, "request %s: boom", ("r-1",), sys.exc_info())
+    record.request_id = "r-1"
+    line = _cli.JsonFormatter().format(record)
+    assert "\n" not in line
+    out = json.loads(line)
+    assert (out["level"], out["target"], out["message"], out["request_id"]) == ("ERROR", "dynamo_ctx", "request r-1: boom", "r-1")
+    assert out["exception"].startswith("Traceback") and out["exception"].endswith("RuntimeError: engine exploded")
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z", out["time"])

@@ -42,7 +42,11 @@ async def one(hp, model, kind, i, rng, max_tokens):
     if kind == "timeout":
         res = Result(rid)
         try:
-            return kind, prompt, await asyncio.wait_for(stream_completion(hp, model, prompt, max_tokens, rid, res=res), rng.uniform(0.3, 3.0))
+            return (
+                kind,
+                prompt,
+                await asyncio.wait_for(stream_completion(hp, model, prompt, max_tokens, rid, res=res), rng.uniform(0.3, 3.0)),
+            )
         except asyncio.TimeoutError:
             res.error = "timed out"
             return kind, prompt, res
@@ -81,6 +85,7 @@ def main() -> int:
     try:
         stack.start([{"decode": args.decode}] * 3, migration_limit=2)
         fe = stack.frontend
+
         # Warm up, then the baseline.
         async def warm():
             await asyncio.gather(*[stream_completion(fe.host_port, stack.model, "warm", 5, f"warm-{i}") for i in range(30)])
@@ -117,7 +122,9 @@ def main() -> int:
                 if m["dynamo_ctx_worker_running_requests"] == 0 and m["dynamo_ctx_worker_kv_blocks_in_use"] == 0:
                     break
                 if time.monotonic() > deadline:
-                    violations.append(f"{w.name} not idle: running={m['dynamo_ctx_worker_running_requests']} kv={m['dynamo_ctx_worker_kv_blocks_in_use']}")
+                    violations.append(
+                        f"{w.name} not idle: running={m['dynamo_ctx_worker_running_requests']} kv={m['dynamo_ctx_worker_kv_blocks_in_use']}"
+                    )
                     break
                 time.sleep(0.1)
         f = fe.wait_metrics(lambda x: x["confirmed"] >= x["cancellations"], "confirmations", timeout=15, fail=False)
@@ -132,8 +139,11 @@ def main() -> int:
         # Go keeps the heap it grew for 2,000 streams (returned to the OS over minutes), so the
         # first round's RSS is the plateau; a second round without a kill must not grow it.
         results2, _, _, _ = asyncio.run(run(stack, args.streams, args.max_tokens, args.seed + 1, kill=False))
-        errors2 = sum(1 for kind, prompt, r in results2 if kind == "finish" and not (
-            r.status == 200 and r.done and r.text == stack.expected_text(prompt, args.max_tokens)))
+        errors2 = sum(
+            1
+            for kind, prompt, r in results2
+            if kind == "finish" and not (r.status == 200 and r.done and r.text == stack.expected_text(prompt, args.max_tokens))
+        )
         if errors2:
             violations.append(f"round 2: {errors2} finish streams wrong")
         for w in survivors:
@@ -155,25 +165,39 @@ def main() -> int:
             violations.append(f"frontend RSS grew in round 2: {end['VmRSS']} kB -> {end2['VmRSS']} kB")
         if end2["Threads"] > base["Threads"] + 16:
             violations.append(f"frontend threads {base['Threads']} -> {end2['Threads']}")
-        print(f"soak: {args.streams} streams (seed {args.seed}, {args.max_tokens} tokens at {args.decode} s, "
-              f"migration limit 2), {took:.1f} s; NOFILE {soft} -> {hard}")
-        print(f"  kinds: {counts}; finished token-exact {finished_ok}/{counts['finish']}; "
-              f"client time-outs that fired {timed_out}/{counts['timeout']} "
-              f"({before_response} before the response began)")
+        print(
+            f"soak: {args.streams} streams (seed {args.seed}, {args.max_tokens} tokens at {args.decode} s, "
+            f"migration limit 2), {took:.1f} s; NOFILE {soft} -> {hard}"
+        )
+        print(
+            f"  kinds: {counts}; finished token-exact {finished_ok}/{counts['finish']}; "
+            f"client time-outs that fired {timed_out}/{counts['timeout']} "
+            f"({before_response} before the response began)"
+        )
         print(f"  killed {victim.name} with {in_flight:.0f} requests running; last stream ended {after_kill:.1f} s after")
-        print(f"  frontend: requests {f['requests']:.0f}, cancellations {f['cancellations']:.0f}, "
-              f"aborts confirmed {f['confirmed']:.0f} (unconfirmed {unconfirmed:.0f}, bound {in_flight:.0f})")
+        print(
+            f"  frontend: requests {f['requests']:.0f}, cancellations {f['cancellations']:.0f}, "
+            f"aborts confirmed {f['confirmed']:.0f} (unconfirmed {unconfirmed:.0f}, bound {in_flight:.0f})"
+        )
         for name, m in wc.items():
-            print(f"  {name}: running {m['dynamo_ctx_worker_running_requests']:.0f}, kv blocks {m['dynamo_ctx_worker_kv_blocks_in_use']:.0f}, "
-                  f"cancellations received {m['dynamo_ctx_worker_cancellations_received_total']:.0f}, "
-                  f"aborts confirmed {m['dynamo_ctx_worker_aborts_confirmed_total']:.0f}")
-        print(f"  round 2 (same mix, no kill): finish streams wrong {errors2}; frontend cancellations "
-              f"{f2['cancellations']:.0f}, confirmed {f2['confirmed']:.0f}")
-        print(f"  frontend RSS {base['VmRSS'] / 1024:.0f} MiB idle -> {end['VmRSS'] / 1024:.0f} after round 1 -> "
-              f"{end2['VmRSS'] / 1024:.0f} after round 2; threads {base['Threads']} -> {end['Threads']} -> {end2['Threads']}")
+            print(
+                f"  {name}: running {m['dynamo_ctx_worker_running_requests']:.0f}, "
+                f"kv blocks {m['dynamo_ctx_worker_kv_blocks_in_use']:.0f}, "
+                f"cancellations received {m['dynamo_ctx_worker_cancellations_received_total']:.0f}, "
+                f"aborts confirmed {m['dynamo_ctx_worker_aborts_confirmed_total']:.0f}"
+            )
+        print(
+            f"  round 2 (same mix, no kill): finish streams wrong {errors2}; frontend cancellations "
+            f"{f2['cancellations']:.0f}, confirmed {f2['confirmed']:.0f}"
+        )
+        print(
+            f"  frontend RSS {base['VmRSS'] / 1024:.0f} MiB idle -> {end['VmRSS'] / 1024:.0f} after round 1 -> "
+            f"{end2['VmRSS'] / 1024:.0f} after round 2; threads {base['Threads']} -> {end['Threads']} -> {end2['Threads']}"
+        )
         if violations:
             import re as _re
-            killed = set(_re.findall(r'client disconnected: request killed.*?request_id=(\S+)', fe.log()))
+
+            killed = set(_re.findall(r"client disconnected: request killed.*?request_id=(\S+)", fe.log()))
             aborted = set()
             for w in stack.workers:
                 aborted |= set(_re.findall(r"Aborted (?:\S+ )?Request ID: (\S+)", w.log()))

@@ -106,7 +106,12 @@ def test_seed_and_stop_token_ids():
         assert seeded[-1].outputs[0].token_ids == [9, 10, 11]
         default = [o async for o in e.generate({"prompt_token_ids": [1, 2]}, {"max_tokens": 3}, "s2")]
         assert default[-1].outputs[0].token_ids == [1002, 1003, 1004]
-        stopped = [o async for o in e.generate({"prompt_token_ids": [1, 2]}, {"max_tokens": 10, "stop_token_ids": [1003], "temperature": 0.8, "top_p": 0.5}, "s3")]
+        stopped = [
+            o
+            async for o in e.generate(
+                {"prompt_token_ids": [1, 2]}, {"max_tokens": 10, "stop_token_ids": [1003], "temperature": 0.8, "top_p": 0.5}, "s3"
+            )
+        ]
         final = stopped[-1]
         assert final.finished and final.outputs[0].finish_reason == "stop"
         assert final.outputs[0].token_ids == [1002, 1003]

@@ -55,7 +55,9 @@ def test_usage_ids_and_prompt_forms(stack):
 
     messages = [{"role": "user", "content": "hi"}]  # rendered "user: hi\n": 9 tokens
     rid = stack.new_id("chat-usage")
-    raw = client.chat.completions.with_raw_response.create(model=stack.model, messages=messages, max_tokens=3, extra_headers={"x-request-id": rid})
+    raw = client.chat.completions.with_raw_response.create(
+        model=stack.model, messages=messages, max_tokens=3, extra_headers={"x-request-id": rid}
+    )
     chat = raw.parse()
     assert chat.id == "chatcmpl-" + rid and raw.headers["x-request-id"] == rid
     assert (chat.usage.prompt_tokens, chat.usage.completion_tokens, chat.usage.total_tokens) == (9, 3, 12)
@@ -63,13 +65,21 @@ def test_usage_ids_and_prompt_forms(stack):
     # Streaming with include_usage: a last chunk with no choices and the usage.
     for kind in ("completion", "chat"):
         if kind == "completion":
-            stream = client.completions.create(model=stack.model, prompt=PROMPT, max_tokens=4, stream=True, stream_options={"include_usage": True})
+            stream = client.completions.create(
+                model=stack.model, prompt=PROMPT, max_tokens=4, stream=True, stream_options={"include_usage": True}
+            )
         else:
-            stream = client.chat.completions.create(model=stack.model, messages=messages, max_tokens=4, stream=True, stream_options={"include_usage": True})
+            stream = client.chat.completions.create(
+                model=stack.model, messages=messages, max_tokens=4, stream=True, stream_options={"include_usage": True}
+            )
         chunks = list(stream)
         assert chunks[-1].choices == [] and chunks[-1].usage is not None, chunks[-1]
         prompt_tokens = 5 if kind == "completion" else 9
-        assert (chunks[-1].usage.prompt_tokens, chunks[-1].usage.completion_tokens, chunks[-1].usage.total_tokens) == (prompt_tokens, 4, prompt_tokens + 4)
+        assert (chunks[-1].usage.prompt_tokens, chunks[-1].usage.completion_tokens, chunks[-1].usage.total_tokens) == (
+            prompt_tokens,
+            4,
+            prompt_tokens + 4,
+        )
         assert all(ch.usage is None for ch in chunks[:-1])
         prefix = "cmpl-" if kind == "completion" else "chatcmpl-"
         assert all(ch.id.startswith(prefix) for ch in chunks)
@@ -121,7 +131,9 @@ def test_n_seed_and_stop(stack):
     assert chat.choices[0].message.content != chat.choices[1].message.content
     # Streamed n: each choice's first delta has the role.
     texts, roles = {}, {}
-    for ch in client.chat.completions.create(model=stack.model, messages=[{"role": "user", "content": "hi"}], max_tokens=3, n=2, seed=1000, stream=True):
+    for ch in client.chat.completions.create(
+        model=stack.model, messages=[{"role": "user", "content": "hi"}], max_tokens=3, n=2, seed=1000, stream=True
+    ):
         for choice in ch.choices:
             roles.setdefault(choice.index, choice.delta.role)
             texts[choice.index] = texts.get(choice.index, "") + (choice.delta.content or "")
@@ -183,7 +195,10 @@ def test_refusals_errors_and_logs(stack):
         ("temperature", lambda: client.completions.create(model=stack.model, prompt=PROMPT, max_tokens=2, temperature=3)),
         ("top_p", lambda: client.completions.create(model=stack.model, prompt=PROMPT, max_tokens=2, top_p=0)),
         ("stop", lambda: client.completions.create(model=stack.model, prompt=PROMPT, max_tokens=2, stop=["a", "b", "c", "d", "e"])),
-        ("stream_options", lambda: client.completions.create(model=stack.model, prompt=PROMPT, max_tokens=2, stream_options={"include_usage": True})),
+        (
+            "stream_options",
+            lambda: client.completions.create(model=stack.model, prompt=PROMPT, max_tokens=2, stream_options={"include_usage": True}),
+        ),
         ("prompt", lambda: client.completions.create(model=stack.model, prompt=[], max_tokens=2)),
     ]
     for param, call in refused:

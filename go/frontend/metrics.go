@@ -3,6 +3,7 @@ package frontend
 import (
 	"fmt"
 	"io"
+	"runtime"
 	"sort"
 	"strings"
 	"sync"
@@ -105,4 +106,10 @@ func (m *metrics) write(w io.Writer) {
 		fmt.Fprintf(w, "%s_sum{%s} %g\n", name, label(k), h.sum)
 		fmt.Fprintf(w, "%s_count{%s} %d\n", name, label(k), h.count)
 	}
+	// The process's Go runtime, under the names Prometheus's Go client uses,
+	// so that a leak of goroutines or heap shows (make soak reads them).
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	fmt.Fprintf(w, "# HELP go_goroutines Number of goroutines that currently exist.\n# TYPE go_goroutines gauge\ngo_goroutines %d\n", runtime.NumGoroutine())
+	fmt.Fprintf(w, "# HELP go_memstats_heap_inuse_bytes Number of heap bytes that are in use.\n# TYPE go_memstats_heap_inuse_bytes gauge\ngo_memstats_heap_inuse_bytes %d\n", ms.HeapInuse)
 }

@@ -488,7 +488,9 @@ class Client:
         logger.debug("migration_limit for %s set to %d", self.endpoint.path, n)
 
     def instance_ids(self) -> List[int]:
-        """The ids of the instances currently known."""
+        """The ids of the instances currently known. Raises RuntimeClosed
+        after shutdown."""
+        self.endpoint._runtime._h()
         ids: List[int] = self._lib.client_instances(self._handle)
         return ids
 

@@ -456,6 +456,7 @@ def test_calls_on_a_closed_runtime_raise_at_once(nats_url):
             lambda: rt.endpoint(path),
             lambda: component.namespace.component(comp),
             lambda: component.endpoint(name),
+            client.instance_ids,
         ):
             with pytest.raises(RuntimeClosed):
                 lookup()

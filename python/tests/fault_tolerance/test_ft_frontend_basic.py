@@ -63,3 +63,33 @@ def test_models_health_and_request_id(stack):
     assert w["dynamo_ctx_worker_running_requests"] == 0
     assert w["dynamo_ctx_worker_kv_blocks_in_use"] == 0
     assert w["dynamo_ctx_worker_aborts_confirmed_total"] == 0
+
+
+def test_metrics_parse_as_prometheus_text(stack):
+    """The frontend's and the worker's /metrics are valid Prometheus text
+    exposition, as Prometheus's own parser (prometheus_client's) reads it."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    fe = stack.start([{"mode": "agg"}]).frontend
+    fe.openai().completions.create(model=stack.model, prompt="metrics", max_tokens=3)
+
+    import urllib.request
+
+    def http_get(url):
+        with urllib.request.urlopen(url, timeout=10) as r:
+            return r.status, dict(r.headers), r.read()
+
+    _, headers, body = http_get(fe.url + "/metrics")
+    assert headers.get("Content-Type", "").startswith("text/plain")
+    fams = {f.name: f for f in text_string_to_metric_families(body.decode())}
+    assert fams["dynamo_ctx_frontend_requests"].type == "counter"
+    assert [s.value for s in fams["dynamo_ctx_frontend_requests"].samples if s.name.endswith("_total")] == [1.0]
+    assert fams["dynamo_ctx_frontend_cancellations"].type == "counter"
+    assert fams["dynamo_ctx_frontend_aborts_confirmed"].type == "counter"
+    assert fams["go_goroutines"].type == "gauge"
+
+    worker = stack.worker("agg")
+    _, _, body = http_get(f"http://127.0.0.1:{worker.metrics_port}/metrics")
+    wf = {f.name: f for f in text_string_to_metric_families(body.decode())}
+    assert wf["dynamo_ctx_worker_running_requests"].type == "gauge"
+    assert any(n.startswith("dynamo_ctx_worker_aborts_confirmed") for n in wf)

@@ -106,6 +106,7 @@ def main() -> int:
         survivors = [w for w in stack.workers if w is not victim]
         counts = {"disconnect": 0, "timeout": 0, "finish": 0}
         finished_ok = timed_out = errors = before_response = 0
+        wrong: list = []
         for kind, prompt, r in results:
             counts[kind] += 1
             if kind == "finish":
@@ -115,7 +116,10 @@ def main() -> int:
                 else:
                     errors += 1
                     if errors <= 5:
-                        violations.append(f"finish stream wrong: status={r.status} done={r.done} items={len(r.texts)} err={r.error}")
+                        violations.append(
+                            f"finish stream {r.rid} wrong: status={r.status} done={r.done} items={len(r.texts)} err={r.error}"
+                        )
+                        wrong.append(r.rid)
             elif kind == "timeout" and r.error == "timed out":
                 timed_out += 1
                 before_response += r.status == 0
@@ -212,6 +216,12 @@ def main() -> int:
             f"  frontend goroutines {base_go['goroutines']:.0f} -> {end_go['goroutines']:.0f} -> {end2_go['goroutines']:.0f}; "
             f"Go heap in use {base_go['heap'] / 2**20:.0f} -> {end_go['heap'] / 2**20:.0f} -> {end2_go['heap'] / 2**20:.0f} MiB"
         )
+        for rid in wrong[:3]:
+            print(f"  log lines naming {rid}:")
+            for p in [fe, *stack.workers]:
+                for line in p.log().splitlines():
+                    if rid in line:
+                        print(f"    [{p.name}] {line[:300]}")
         if violations:
             import re as _re
 

@@ -8,6 +8,7 @@ package main
 import (
 	"log/slog"
 	"testing"
+	"unsafe"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -97,5 +98,50 @@ func drainAll() []logRecord {
 		if n < len(buf) {
 			return out
 		}
+	}
+}
+
+// The exports take cgo types, which a test file cannot name; these bind a
+// uint64 to whatever integer type the export's parameter has.
+func call1[H ~uint64, R any](f func(H) R, h uint64) R { return f(H(h)) }
+
+func callWatch[H ~uint64, S ~uint32, R any](f func(H, H, S, H) R, h, q uint64, st uint32, tok uint64) R {
+	return f(H(h), H(q), S(st), H(tok))
+}
+
+func newQueue[H ~uint64, F ~int32, R ~int32](f func(*H, *F) R) (uint64, int) {
+	var h H
+	var fd F
+	if rc := f(&h, &fd); rc != 0 {
+		panic(rc)
+	}
+	return uint64(h), int(fd)
+}
+
+func drainQueue[H ~uint64, Z ~uint64, R ~int32](f func(H, *H, Z, *Z) R, q uint64, buf []uint64) int {
+	var n Z
+	if rc := f(H(q), (*H)(unsafe.Pointer(&buf[0])), Z(len(buf)), &n); rc != 0 {
+		panic(rc)
+	}
+	return int(n)
+}
+
+// BenchmarkWatchKill is the wake path of one cancellation as the Python side
+// drives it: a context watched on an event queue, killed, its token drained.
+func BenchmarkWatchKill(b *testing.B) {
+	q, _ := newQueue(dc_queue_new)
+	defer call1(dc_queue_free, q)
+	buf := make([]uint64, 4)
+	b.ReportAllocs()
+	for i := 0; i < b.N; i++ {
+		h := contexts.Insert(newContext("bench"))
+		if rc := callWatch(dc_context_watch, h, q, 1, 7); rc != 0 {
+			b.Fatal(rc)
+		}
+		call1(dc_context_kill, h)
+		if n := drainQueue(dc_queue_drain, q, buf); n != 1 {
+			b.Fatal(n)
+		}
+		call1(dc_context_free, h)
 	}
 }

@@ -51,10 +51,10 @@ size_t dc_copy_error(char* buf, size_t cap);
 import "C"
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"runtime"
-	"sync"
 	"sync/atomic"
 	"unicode/utf8"
 	"unsafe"
@@ -91,7 +91,7 @@ const (
 
 var (
 	contexts = handle.NewTable[*ctxtree.Context](kindContext)
-	queues   = handle.NewTable[*eventQueue](kindQueue)
+	queues   = handle.NewTable[*wake.EventQueue](kindQueue)
 	cVersion = C.CString(version) // static for the life of the process
 )
 
@@ -123,7 +123,7 @@ func getContext(name string, h C.uint64_t) (*ctxtree.Context, C.int) {
 	return c, C.DC_OK
 }
 
-func getQueue(name string, h C.uint64_t) (*eventQueue, C.int) {
+func getQueue(name string, h C.uint64_t) (*wake.EventQueue, C.int) {
 	q, err := queues.Get(uint64(h))
 	if err != nil {
 		return nil, fail(C.DC_EBADF, "%s: %v", name, err)
@@ -394,53 +394,6 @@ func dc_reason_name(reason C.uint32_t, buf *C.char, bufLen C.size_t, n *C.size_t
 	return writeString("dc_reason_name", r.String(), buf, bufLen, n)
 }
 
-// eventQueue is the readiness channel between the library and one event loop:
-// watches push their token into q when their context reaches a state, and the
-// loop, woken by q's fd, drains the tokens.
-type eventQueue struct {
-	q       *wake.Queue[uint64]
-	mu      sync.Mutex
-	closed  bool
-	watches map[uint64]*watch // pending watches by token
-}
-
-// watch is one registration. Entries are compared by identity, so a late
-// hook of an earlier registration of the same token can never touch a later
-// one.
-type watch struct {
-	stop func() bool // unregisters the context hook; nil while being registered
-}
-
-// fire delivers w's token if w is still the pending registration.
-func (e *eventQueue) fire(tok uint64, w *watch) {
-	e.mu.Lock()
-	ok := e.watches[tok] == w
-	if ok {
-		delete(e.watches, tok)
-	}
-	e.mu.Unlock()
-	if ok {
-		_ = e.q.Push(tok) // only fails once closed, when nobody waits any more
-	}
-}
-
-func (e *eventQueue) close() {
-	e.mu.Lock()
-	e.closed = true
-	stops := make([]func() bool, 0, len(e.watches))
-	for _, w := range e.watches {
-		if w.stop != nil {
-			stops = append(stops, w.stop)
-		}
-	}
-	e.watches = nil
-	e.mu.Unlock()
-	for _, stop := range stops {
-		stop()
-	}
-	_ = e.q.Close()
-}
-
 // Creates an event queue: a FIFO of 64-bit tokens and a file descriptor that is
 // readable whenever the queue is not empty (watch it with poll, epoll, or an
 // event loop's add_reader; never read it yourself, dc_queue_drain does).
@@ -453,13 +406,12 @@ func dc_queue_new(out *C.uint64_t, fd *C.int) (rc C.int) {
 	if out == nil || fd == nil {
 		return fail(C.DC_EINVAL, "dc_queue_new: out and fd must not be NULL")
 	}
-	q, err := wake.New[uint64]()
+	e, err := wake.NewEventQueue()
 	if err != nil {
 		return fail(C.DC_EIO, "dc_queue_new: %v", err)
 	}
-	e := &eventQueue{q: q, watches: map[uint64]*watch{}}
 	*out = C.uint64_t(queues.Insert(e))
-	*fd = C.int(q.Fd())
+	*fd = C.int(e.Fd())
 	return C.DC_OK
 }
 
@@ -473,7 +425,7 @@ func dc_queue_free(h C.uint64_t) (rc C.int) {
 	if err != nil {
 		return fail(C.DC_EBADF, "dc_queue_free: %v", err)
 	}
-	e.close()
+	e.Close()
 	return C.DC_OK
 }
 
@@ -496,7 +448,7 @@ func dc_queue_drain(h C.uint64_t, buf *C.uint64_t, bufLen C.size_t, n *C.size_t)
 	if bufLen > 0 {
 		dst = unsafe.Slice((*uint64)(unsafe.Pointer(buf)), int(bufLen))
 	}
-	got, _ := e.q.Drain(dst)
+	got, _ := e.Drain(dst)
 	*n = C.size_t(got)
 	return C.DC_OK
 }
@@ -522,29 +474,11 @@ func dc_context_watch(h C.uint64_t, q C.uint64_t, state C.uint32_t, token C.uint
 		return rc
 	}
 	tok := uint64(token)
-	w := &watch{}
-	e.mu.Lock()
-	if e.closed {
-		e.mu.Unlock()
-		return fail(C.DC_EBADF, "dc_context_watch: queue is being freed")
-	}
-	if _, dup := e.watches[tok]; dup {
-		e.mu.Unlock()
+	switch err := e.Watch(tok, func(fire func()) func() bool { return c.Notify(st, fire) }); {
+	case errors.Is(err, wake.ErrDuplicate):
 		return fail(C.DC_EEXIST, "dc_context_watch: token %d is already pending on this queue", tok)
-	}
-	e.watches[tok] = w // reserved: fire and unwatch may run before Notify returns
-	e.mu.Unlock()
-
-	stop := c.Notify(st, func() { e.fire(tok, w) })
-
-	e.mu.Lock()
-	still := e.watches[tok] == w
-	if still {
-		w.stop = stop
-	}
-	e.mu.Unlock()
-	if !still {
-		stop() // fired, unwatched or the queue freed while registering
+	case err != nil:
+		return fail(C.DC_EBADF, "dc_context_watch: queue is being freed")
 	}
 	return C.DC_OK
 }
@@ -560,15 +494,8 @@ func dc_queue_unwatch(q C.uint64_t, token C.uint64_t) (rc C.int) {
 	if rc != C.DC_OK {
 		return rc
 	}
-	e.mu.Lock()
-	w, ok := e.watches[uint64(token)]
-	delete(e.watches, uint64(token))
-	e.mu.Unlock()
-	if !ok {
+	if err := e.Unwatch(uint64(token)); err != nil {
 		return fail(C.DC_ENOENT, "dc_queue_unwatch: token %d is not pending", uint64(token))
-	}
-	if w.stop != nil {
-		w.stop()
 	}
 	return C.DC_OK
 }

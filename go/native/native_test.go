@@ -19,13 +19,13 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 func TestEveryExportRejectsBadHandles(t *testing.T) {
 	for _, h := range []uint64{0, 1, 0xdeadbeef, 1<<63 | 5, ^uint64(0)} {
-		assert.EqualValues(t, 9, dc_context_free(dcU64(h)))
-		assert.EqualValues(t, 9, dc_context_kill(dcU64(h)))
-		assert.EqualValues(t, 9, dc_context_stop_generating(dcU64(h)))
-		assert.EqualValues(t, 9, dc_context_link_child(dcU64(h), dcU64(h)))
-		assert.EqualValues(t, 9, dc_context_finish(dcU64(h)))
-		assert.EqualValues(t, 9, dc_queue_free(dcU64(h)))
-		assert.EqualValues(t, 9, dc_queue_unwatch(dcU64(h), 1))
+		assert.EqualValues(t, 9, call1(dc_context_free, h))
+		assert.EqualValues(t, 9, call1(dc_context_kill, h))
+		assert.EqualValues(t, 9, call1(dc_context_stop_generating, h))
+		assert.EqualValues(t, 9, call2(dc_context_link_child, h, h))
+		assert.EqualValues(t, 9, call1(dc_context_finish, h))
+		assert.EqualValues(t, 9, call1(dc_queue_free, h))
+		assert.EqualValues(t, 9, call2(dc_queue_unwatch, h, 1))
 	}
 }
 
@@ -47,32 +47,6 @@ func TestInvalidCancelArguments(t *testing.T) {
 	assert.EqualValues(t, 22, dc_context_cancel(1, 0, 1), "LIVE is not a cancel target")
 	assert.EqualValues(t, 22, dc_context_cancel(1, 1, 0), "REASON_NONE is not a reason")
 	assert.EqualValues(t, 22, dc_context_cancel(1, 2, 99))
-}
-
-func TestEventQueueFireAndClose(t *testing.T) {
-	c := newContext("x")
-	rcq := dc_handle_counts(nil, nil, nil)
-	require.EqualValues(t, 0, rcq)
-	eq := newTestQueue()
-	w := &watch{}
-	eq.mu.Lock()
-	eq.watches[7] = w
-	eq.mu.Unlock()
-	w.stop = c.Notify(1, func() { eq.fire(7, w) })
-	// A stale registration of the same token never delivers.
-	eq.fire(7, &watch{})
-	n0, _ := eq.q.Drain(make([]uint64, 4))
-	require.Equal(t, 0, n0)
-	c.Kill()
-	buf := make([]uint64, 4)
-	n, _ := eq.q.Drain(buf)
-	require.Equal(t, 1, n)
-	assert.EqualValues(t, 7, buf[0])
-	eq.fire(7, w) // a second fire of a consumed watch pushes nothing
-	n, _ = eq.q.Drain(buf)
-	assert.Equal(t, 0, n)
-	eq.close()
-	eq.close()
 }
 
 func TestLogHandlerFormatsAndFilters(t *testing.T) {
@@ -104,6 +78,8 @@ func drainAll() []logRecord {
 // The exports take cgo types, which a test file cannot name; these bind a
 // uint64 to whatever integer type the export's parameter has.
 func call1[H ~uint64, R any](f func(H) R, h uint64) R { return f(H(h)) }
+
+func call2[H ~uint64, R any](f func(H, H) R, a, b uint64) R { return f(H(a), H(b)) }
 
 func callWatch[H ~uint64, S ~uint32, R any](f func(H, H, S, H) R, h, q uint64, st uint32, tok uint64) R {
 	return f(H(h), H(q), S(st), H(tok))

@@ -599,7 +599,7 @@ func dc_arm(h C.uint64_t, q C.uint64_t, token C.uint64_t) (rc C.int) {
 		return rc
 	}
 	tok := uint64(token)
-	push := func() { _ = eq.q.Push(tok) }
+	push := func() { _ = eq.Push(tok) }
 	if ep, err := endpoints.Get(uint64(h)); err == nil {
 		ep.Arm(push)
 	} else if req, err := requests.Get(uint64(h)); err == nil {

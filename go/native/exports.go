@@ -61,6 +61,7 @@ import (
 
 	"github.com/dynamo-ctx/dynamo-ctx/go/ctxtree"
 	"github.com/dynamo-ctx/dynamo-ctx/go/handle"
+	"github.com/dynamo-ctx/dynamo-ctx/go/logqueue"
 	"github.com/dynamo-ctx/dynamo-ctx/go/wake"
 )
 
@@ -561,10 +562,10 @@ func dc_log_fd(fd *C.int) (rc C.int) {
 	if fd == nil {
 		return fail(C.DC_EINVAL, "dc_log_fd: fd must not be NULL")
 	}
-	if logQueue == nil {
+	if logs == nil {
 		return fail(C.DC_EIO, "dc_log_fd: the log queue could not be created")
 	}
-	*fd = C.int(logQueue.Fd())
+	*fd = C.int(logs.Fd())
 	return C.DC_OK
 }
 
@@ -574,7 +575,9 @@ func dc_log_fd(fd *C.int) (rc C.int) {
 //export dc_log_set_level
 func dc_log_set_level(level C.int) (rc C.int) {
 	defer guard("dc_log_set_level", &rc)
-	minLevel.Store(int64(level))
+	if logs != nil {
+		logs.SetLevel(int(level))
+	}
 	return C.DC_OK
 }
 
@@ -589,22 +592,14 @@ func dc_log_next(level *C.int, buf *C.char, bufLen C.size_t, n *C.size_t) (rc C.
 	if level == nil || n == nil {
 		return fail(C.DC_EINVAL, "dc_log_next: level and len must not be NULL")
 	}
-	// One reader at a time, so that the record peeked is the one drained.
-	logReadMu.Lock()
-	defer logReadMu.Unlock()
-	if logQueue == nil {
-		return fail(C.DC_EAGAIN, "dc_log_next: no record")
-	}
-	rec, ok := logQueue.Peek()
-	if !ok {
-		return fail(C.DC_EAGAIN, "dc_log_next: no record")
-	}
-	*level = C.int(rec.level)
+	code := C.int(C.DC_OK)
 	// On DC_ERANGE the record stays queued, so the fd stays readable.
-	if code := writeString("dc_log_next", rec.msg, buf, bufLen, n); code != C.DC_OK {
-		return code
+	if !logs.Next(func(r logqueue.Record) bool {
+		*level = C.int(r.Level)
+		code = writeString("dc_log_next", r.Msg, buf, bufLen, n)
+		return code == C.DC_OK
+	}) {
+		return fail(C.DC_EAGAIN, "dc_log_next: no record")
 	}
-	var one [1]logRecord
-	logQueue.Drain(one[:])
-	return C.DC_OK
+	return code
 }

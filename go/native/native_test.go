@@ -6,12 +6,10 @@ package main
 // helpers behind them.
 
 import (
-	"log/slog"
 	"testing"
 	"unsafe"
 
 	"github.com/stretchr/testify/assert"
-	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 )
 
@@ -47,32 +45,6 @@ func TestInvalidCancelArguments(t *testing.T) {
 	assert.EqualValues(t, 22, dc_context_cancel(1, 0, 1), "LIVE is not a cancel target")
 	assert.EqualValues(t, 22, dc_context_cancel(1, 1, 0), "REASON_NONE is not a reason")
 	assert.EqualValues(t, 22, dc_context_cancel(1, 2, 99))
-}
-
-func TestLogHandlerFormatsAndFilters(t *testing.T) {
-	// Drain what is queued, then log one record at each level.
-	drainAll()
-	minLevel.Store(pyInfo)
-	defer minLevel.Store(pyWarning)
-	l := slog.New(queueHandler{}).With("req", "r1").WithGroup("g")
-	l.Debug("not queued")
-	l.Info("hello", "n", 3)
-	recs := drainAll()
-	require.Len(t, recs, 1)
-	assert.Equal(t, pyInfo, recs[0].level)
-	assert.Equal(t, `hello req="r1" g.n="3"`, recs[0].msg)
-}
-
-func drainAll() []logRecord {
-	var out []logRecord
-	buf := make([]logRecord, 16)
-	for {
-		n, _ := logQueue.Drain(buf)
-		out = append(out, buf[:n]...)
-		if n < len(buf) {
-			return out
-		}
-	}
 }
 
 // The exports take cgo types, which a test file cannot name; these bind a

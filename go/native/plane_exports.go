@@ -8,10 +8,8 @@ import "C"
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"io"
-	"sync"
 	"time"
 	"unsafe"
 
@@ -32,19 +30,12 @@ const (
 	connectTimeout = 15 * time.Second
 )
 
-// streamEntry keeps the items of a batch that did not fit the caller's buffer.
-type streamEntry struct {
-	s    *plane.Stream
-	mu   sync.Mutex
-	rest [][]byte
-}
-
 var (
 	runtimes  = handle.NewTable[*plane.Runtime](kindRuntime)
 	endpoints = handle.NewTable[*plane.Endpoint](kindEndpoint)
 	requests  = handle.NewTable[*plane.Request](kindRequest)
 	clients   = handle.NewTable[*plane.Client](kindClient)
-	streams   = handle.NewTable[*streamEntry](kindStream)
+	streams   = handle.NewTable[*plane.Batch](kindStream)
 )
 
 func get[T any](t *handle.Table[T], name string, h C.uint64_t) (T, C.int) {
@@ -426,7 +417,7 @@ func clientGenerate(name string, h C.uint64_t, payload, meta []byte, ctxH C.uint
 	if err != nil {
 		return planeError(name, err)
 	}
-	*out = C.uint64_t(streams.Insert(&streamEntry{s: s}))
+	*out = C.uint64_t(streams.Insert(plane.NewBatch(s)))
 	return rcOK
 }
 
@@ -472,7 +463,7 @@ func dc_stream_started(h C.uint64_t) (rc C.int) {
 	if rc != rcOK {
 		return rc
 	}
-	if err := e.s.Started(); err != nil {
+	if err := e.Stream().Started(); err != nil {
 		return planeError("dc_stream_started", err)
 	}
 	return rcOK
@@ -498,43 +489,18 @@ func dc_stream_take(h C.uint64_t, buf *C.char, bufLen C.size_t, used *C.size_t, 
 	if rc != rcOK {
 		return rc
 	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	*used, *count = 0, 0
-	if e.s.Killed() {
-		// Items of an earlier batch that did not fit are not delivered after
-		// a kill either (see plane.Stream.Take).
-		e.rest = nil
-	}
-	if len(e.rest) == 0 {
-		items, err := e.s.Take(0)
-		if err != nil {
-			return planeError("dc_stream_take", err)
-		}
-		e.rest = items
-	}
 	var dst []byte
 	if bufLen > 0 {
 		dst = unsafe.Slice((*byte)(unsafe.Pointer(buf)), int(bufLen))
 	}
-	off, n := 0, 0
-	for n < len(e.rest) {
-		item := e.rest[n]
-		need := 4 + len(item)
-		if off+need > len(dst) {
-			if n == 0 {
-				*used = C.size_t(need)
-				return fail(rcERANGE, "dc_stream_take: the next item needs %d bytes", need)
-			}
-			break
-		}
-		binary.LittleEndian.PutUint32(dst[off:], uint32(len(item)))
-		copy(dst[off+4:], item)
-		off += need
-		n++
+	u, k, err := e.TakeInto(dst)
+	*used, *count = C.size_t(u), C.size_t(k)
+	if errors.Is(err, plane.ErrShortBuffer) {
+		return fail(rcERANGE, "dc_stream_take: the next item needs %d bytes", u)
 	}
-	e.rest = e.rest[n:]
-	*used, *count = C.size_t(off), C.size_t(n)
+	if err != nil {
+		return planeError("dc_stream_take", err)
+	}
 	return rcOK
 }
 
@@ -551,7 +517,7 @@ func dc_stream_context(h C.uint64_t, out *C.uint64_t) (rc C.int) {
 	if rc != rcOK {
 		return rc
 	}
-	putContext(e.s.Context(), out)
+	putContext(e.Stream().Context(), out)
 	return rcOK
 }
 
@@ -565,7 +531,7 @@ func dc_stream_kill(h C.uint64_t) (rc C.int) {
 	if rc != rcOK {
 		return rc
 	}
-	e.s.Kill()
+	e.Stream().Kill()
 	return rcOK
 }
 
@@ -578,8 +544,8 @@ func dc_stream_free(h C.uint64_t) (rc C.int) {
 	if err != nil {
 		return fail(rcEBADF, "dc_stream_free: %v", err)
 	}
-	if !e.s.Finished() {
-		e.s.Kill()
+	if s := e.Stream(); !s.Finished() {
+		s.Kill()
 	}
 	return rcOK
 }
@@ -600,22 +566,32 @@ func dc_arm(h C.uint64_t, q C.uint64_t, token C.uint64_t) (rc C.int) {
 	}
 	tok := uint64(token)
 	push := func() { _ = eq.Push(tok) }
-	if ep, err := endpoints.Get(uint64(h)); err == nil {
-		ep.Arm(push)
-	} else if req, err := requests.Get(uint64(h)); err == nil {
-		req.Arm(push)
-	} else if cl, err := clients.Get(uint64(h)); err == nil {
-		cl.ArmInstances(push)
-	} else if st, err := streams.Get(uint64(h)); err == nil {
-		st.mu.Lock()
-		ready := len(st.rest) > 0
-		st.mu.Unlock()
-		if ready {
-			push()
-		} else {
-			st.s.Arm(push)
+	switch handle.KindOf(uint64(h)) {
+	case kindEndpoint:
+		ep, rc := get(endpoints, "dc_arm", h)
+		if rc != rcOK {
+			return rc
 		}
-	} else {
+		ep.Arm(push)
+	case kindRequest:
+		req, rc := get(requests, "dc_arm", h)
+		if rc != rcOK {
+			return rc
+		}
+		req.Arm(push)
+	case kindClient:
+		cl, rc := get(clients, "dc_arm", h)
+		if rc != rcOK {
+			return rc
+		}
+		cl.ArmInstances(push)
+	case kindStream:
+		st, rc := get(streams, "dc_arm", h)
+		if rc != rcOK {
+			return rc
+		}
+		st.Arm(push)
+	default:
 		return fail(rcEBADF, "dc_arm: handle %#x is not an endpoint, request, client or stream", uint64(h))
 	}
 	return rcOK

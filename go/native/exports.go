@@ -5,44 +5,9 @@ package main
 #include <stdint.h>
 #include <stdlib.h>
 
-// Error codes returned by every dc_* function (0 is success). The values
-// follow errno where one fits, so strerror gives a rough idea, but
-// dc_last_error gives the precise message.
-enum {
-	DC_OK = 0,
-	DC_ENOENT = 2,        // no such entry (dc_queue_unwatch: token not registered or already fired)
-	DC_EBADF = 9,         // zero, stale, freed, forged or wrong-kind handle
-	DC_EAGAIN = 11,       // nothing to read now (dc_log_next)
-	DC_EEXIST = 17,       // token already registered on this queue
-	DC_EINVAL = 22,       // invalid argument: NULL pointer, bad UTF-8, empty or too long id, unknown state or reason
-	DC_ERANGE = 34,       // caller's buffer too small; the needed size was stored
-	DC_EIO = 5,           // the operating system refused (pipe creation, ...)
-	DC_EINTERNAL = 1000,  // a bug: a Go panic was recovered; the library is still usable
-	DC_EOF = 1001,        // the response stream ended normally: no more items
-	DC_EHANDLER = 1002,   // the remote handler raised; the message says what
-	DC_EINCOMPLETE = 1003, // "Stream ended before generation completed"
-	DC_ENORESPONDERS = 1004, // no worker received the request
-	DC_ECLOSED = 1005,    // the runtime (or endpoint, client) is shut down
-	DC_ECONNECT = 1006,   // could not connect to NATS or set up the runtime
-};
-
-// Context states, as found in bits 0-7 of a state word.
-enum { DC_LIVE = 0, DC_STOPPED = 1, DC_KILLED = 2 };
-
-// The longest context id, in bytes of UTF-8.
-enum { DC_MAX_ID_LEN = 4096 };
-
-// Cancellation reasons, as found in bits 8-15 of a state word.
-enum {
-	DC_REASON_NONE = 0,
-	DC_REASON_STOP_GENERATING = 1,
-	DC_REASON_KILL = 2,
-	DC_REASON_CLIENT_DISCONNECTED = 3,
-	DC_REASON_PARENT = 4,
-	DC_REASON_DEADLINE = 5,
-	DC_REASON_CONNECTION_LOST = 6,
-	DC_REASON_SHUTDOWN = 7,
-};
+// The enums of the public header; cgo declares the exports itself.
+#define DC_ENUMS_ONLY
+#include "dynamo_ctx.h"
 
 // Implemented in errors.c.
 void dc_set_error(const char* msg, size_t len);
@@ -70,24 +35,15 @@ const (
 	kindQueue   handle.Kind = 2
 
 	maxIDLen = C.DC_MAX_ID_LEN
-	version  = "0.1.0"
 )
 
-// The error codes as Go constants, for the files whose preamble does not
-// declare them.
-const (
-	rcOK            C.int = C.DC_OK
-	rcEBADF         C.int = C.DC_EBADF
-	rcEAGAIN        C.int = C.DC_EAGAIN
-	rcEINVAL        C.int = C.DC_EINVAL
-	rcERANGE        C.int = C.DC_ERANGE
-	rcEOF           C.int = C.DC_EOF
-	rcEHANDLER      C.int = C.DC_EHANDLER
-	rcEINCOMPLETE   C.int = C.DC_EINCOMPLETE
-	rcENORESPONDERS C.int = C.DC_ENORESPONDERS
-	rcECLOSED       C.int = C.DC_ECLOSED
-	rcECONNECT      C.int = C.DC_ECONNECT
-	rcEIO           C.int = C.DC_EIO
+// The C enums are the Go packages' values, checked here at compile time (an
+// index out of range does not compile): the ABI passes them through as they are.
+var (
+	_ = [1]int{}[ctxtree.ReasonShutdown-C.DC_REASON_SHUTDOWN]
+	_ = [1]int{}[C.DC_REASON_SHUTDOWN-ctxtree.ReasonShutdown]
+	_ = [1]int{}[ctxtree.Killed-C.DC_KILLED]
+	_ = [1]int{}[C.DC_KILLED-ctxtree.Killed]
 )
 
 var (

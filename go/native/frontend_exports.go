@@ -3,6 +3,8 @@ package main
 /*
 #include <stddef.h>
 #include <stdint.h>
+#define DC_ENUMS_ONLY
+#include "dynamo_ctx.h"
 #include <stdlib.h>
 */
 import "C"
@@ -32,17 +34,17 @@ var frontends = handle.NewTable[*frontend.Frontend](kindFrontend)
 func dc_frontend_start(rtH C.uint64_t, addr *C.char, addrLen C.size_t, namespace *C.char, nsLen C.size_t, migrationLimit C.int, out *C.uint64_t) (rc C.int) {
 	defer guard("dc_frontend_start", &rc)
 	if out == nil || addr == nil {
-		return fail(rcEINVAL, "dc_frontend_start: addr and out must not be NULL")
+		return fail(C.DC_EINVAL, "dc_frontend_start: addr and out must not be NULL")
 	}
 	rt, rc := get(runtimes, "dc_frontend_start", rtH)
-	if rc != rcOK {
+	if rc != C.DC_OK {
 		return rc
 	}
 	var maxBody int64
 	if v := cGetenv(frontend.EnvMaxBodyBytes); v != "" {
 		n, err := strconv.ParseInt(v, 10, 64)
 		if err != nil || n <= 0 {
-			return fail(rcEINVAL, "dc_frontend_start: %s=%q: want a positive number of bytes", frontend.EnvMaxBodyBytes, v)
+			return fail(C.DC_EINVAL, "dc_frontend_start: %s=%q: want a positive number of bytes", frontend.EnvMaxBodyBytes, v)
 		}
 		maxBody = n
 	}
@@ -55,10 +57,10 @@ func dc_frontend_start(rtH C.uint64_t, addr *C.char, addrLen C.size_t, namespace
 		MaxBodyBytes:   maxBody,
 	})
 	if err != nil {
-		return fail(rcEIO, "dc_frontend_start: %v", err)
+		return fail(C.DC_EIO, "dc_frontend_start: %v", err)
 	}
 	*out = C.uint64_t(frontends.Insert(f))
-	return rcOK
+	return C.DC_OK
 }
 
 // Copies the address the frontend listens on into buf, as dc_context_id does.
@@ -67,7 +69,7 @@ func dc_frontend_start(rtH C.uint64_t, addr *C.char, addrLen C.size_t, namespace
 func dc_frontend_addr(h C.uint64_t, buf *C.char, bufLen C.size_t, n *C.size_t) (rc C.int) {
 	defer guard("dc_frontend_addr", &rc)
 	f, rc := get(frontends, "dc_frontend_addr", h)
-	if rc != rcOK {
+	if rc != C.DC_OK {
 		return rc
 	}
 	return writeString("dc_frontend_addr", f.Addr(), buf, bufLen, n)
@@ -81,10 +83,10 @@ func dc_frontend_free(h C.uint64_t) (rc C.int) {
 	defer guard("dc_frontend_free", &rc)
 	f, err := frontends.Remove(uint64(h))
 	if err != nil {
-		return fail(rcEBADF, "dc_frontend_free: %v", err)
+		return fail(C.DC_EBADF, "dc_frontend_free: %v", err)
 	}
 	_ = f.Close()
-	return rcOK
+	return C.DC_OK
 }
 
 // cGetenv reads the C environment as it is now: Go's os.Getenv sees a copy

@@ -3,6 +3,8 @@ package main
 /*
 #include <stddef.h>
 #include <stdint.h>
+#define DC_ENUMS_ONLY
+#include "dynamo_ctx.h"
 */
 import "C"
 
@@ -14,6 +16,7 @@ import (
 	"unsafe"
 
 	"github.com/dynamo-ctx/dynamo-ctx/go/ctxtree"
+	"github.com/dynamo-ctx/dynamo-ctx/go/discovery"
 	"github.com/dynamo-ctx/dynamo-ctx/go/handle"
 	"github.com/dynamo-ctx/dynamo-ctx/go/natsbus"
 	"github.com/dynamo-ctx/dynamo-ctx/go/plane"
@@ -38,12 +41,20 @@ var (
 	streams   = handle.NewTable[*plane.Batch](kindStream)
 )
 
+// The C route codes are plane's (compile-time check, as for the reasons).
+var (
+	_ = [1]int{}[plane.RoundRobin-C.DC_ROUTE_ROUND_ROBIN]
+	_ = [1]int{}[plane.Random-C.DC_ROUTE_RANDOM]
+	_ = [1]int{}[plane.Direct-C.DC_ROUTE_DIRECT]
+	_ = [1]int{}[C.DC_ROUTE_DIRECT-plane.Direct]
+)
+
 func get[T any](t *handle.Table[T], name string, h C.uint64_t) (T, C.int) {
 	v, err := t.Get(uint64(h))
 	if err != nil {
-		return v, fail(rcEBADF, "%s: %v", name, err)
+		return v, fail(C.DC_EBADF, "%s: %v", name, err)
 	}
-	return v, rcOK
+	return v, C.DC_OK
 }
 
 func goBytes(p *C.char, n C.size_t) []byte {
@@ -58,21 +69,21 @@ func planeError(name string, err error) C.int {
 	var he *stream.HandlerError
 	switch {
 	case errors.Is(err, io.EOF):
-		return fail(rcEOF, "%s: end of stream", name)
+		return fail(C.DC_EOF, "%s: end of stream", name)
 	case errors.Is(err, plane.ErrAgain), errors.Is(err, plane.ErrFull):
-		return fail(rcEAGAIN, "%s: %v", name, err)
+		return fail(C.DC_EAGAIN, "%s: %v", name, err)
 	case errors.As(err, &he):
-		return fail(rcEHANDLER, "%s", he.Message)
+		return fail(C.DC_EHANDLER, "%s", he.Message)
 	case errors.Is(err, plane.ErrIncomplete):
-		return fail(rcEINCOMPLETE, "%v", err)
+		return fail(C.DC_EINCOMPLETE, "%v", err)
 	case errors.Is(err, plane.ErrNoResponders):
-		return fail(rcENORESPONDERS, "%v", err)
+		return fail(C.DC_ENORESPONDERS, "%v", err)
 	case errors.Is(err, plane.ErrClosed):
-		return fail(rcECLOSED, "%s: %v", name, err)
-	case errors.Is(err, plane.ErrNotJSON), errors.Is(err, plane.ErrBadMetadata):
-		return fail(rcEINVAL, "%s: %v", name, err)
+		return fail(C.DC_ECLOSED, "%s: %v", name, err)
+	case errors.Is(err, plane.ErrNotJSON), errors.Is(err, plane.ErrBadMetadata), errors.Is(err, discovery.ErrBadPath):
+		return fail(C.DC_EINVAL, "%s: %v", name, err)
 	}
-	return fail(rcEIO, "%s: %v", name, err)
+	return fail(C.DC_EIO, "%s: %v", name, err)
 }
 
 // Connects to the request plane and stores a runtime handle in *out. url
@@ -85,7 +96,7 @@ func planeError(name string, err error) C.int {
 func dc_runtime_new(url *C.char, urlLen C.size_t, out *C.uint64_t) (rc C.int) {
 	defer guard("dc_runtime_new", &rc)
 	if out == nil {
-		return fail(rcEINVAL, "dc_runtime_new: out must not be NULL")
+		return fail(C.DC_EINVAL, "dc_runtime_new: out must not be NULL")
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), connectTimeout)
 	defer cancel()
@@ -94,10 +105,10 @@ func dc_runtime_new(url *C.char, urlLen C.size_t, out *C.uint64_t) (rc C.int) {
 		NewContext: newContext,
 	})
 	if err != nil {
-		return fail(rcECONNECT, "dc_runtime_new: %v", err)
+		return fail(C.DC_ECONNECT, "dc_runtime_new: %v", err)
 	}
 	*out = C.uint64_t(runtimes.Insert(rt))
-	return rcOK
+	return C.DC_OK
 }
 
 // Shuts the runtime down: requests being served are killed (reason
@@ -108,11 +119,11 @@ func dc_runtime_new(url *C.char, urlLen C.size_t, out *C.uint64_t) (rc C.int) {
 func dc_runtime_shutdown(h C.uint64_t) (rc C.int) {
 	defer guard("dc_runtime_shutdown", &rc)
 	rt, rc := get(runtimes, "dc_runtime_shutdown", h)
-	if rc != rcOK {
+	if rc != C.DC_OK {
 		return rc
 	}
 	rt.Close()
-	return rcOK
+	return C.DC_OK
 }
 
 // Shuts the runtime down (as dc_runtime_shutdown) and frees its handle.
@@ -122,10 +133,10 @@ func dc_runtime_free(h C.uint64_t) (rc C.int) {
 	defer guard("dc_runtime_free", &rc)
 	rt, err := runtimes.Remove(uint64(h))
 	if err != nil {
-		return fail(rcEBADF, "dc_runtime_free: %v", err)
+		return fail(C.DC_EBADF, "dc_runtime_free: %v", err)
 	}
 	rt.Close()
-	return rcOK
+	return C.DC_OK
 }
 
 // Copies the runtime's NATS URL into buf, as dc_context_id does.
@@ -134,10 +145,34 @@ func dc_runtime_free(h C.uint64_t) (rc C.int) {
 func dc_runtime_nats_url(h C.uint64_t, buf *C.char, bufLen C.size_t, n *C.size_t) (rc C.int) {
 	defer guard("dc_runtime_nats_url", &rc)
 	rt, rc := get(runtimes, "dc_runtime_nats_url", h)
-	if rc != rcOK {
+	if rc != C.DC_OK {
 		return rc
 	}
 	return writeString("dc_runtime_nats_url", rt.Bus().URL(), buf, bufLen, n)
+}
+
+// Checks an endpoint path (discovery.ValidatePath, the one rule).
+// Errors: DC_EINVAL.
+//
+//export dc_endpoint_path_check
+func dc_endpoint_path_check(path *C.char, pathLen C.size_t) (rc C.int) {
+	defer guard("dc_endpoint_path_check", &rc)
+	if err := discovery.ValidatePath(string(goBytes(path, pathLen))); err != nil {
+		return fail(C.DC_EINVAL, "%v", err)
+	}
+	return C.DC_OK
+}
+
+// Checks one part of an endpoint path (discovery.ValidateName).
+// Errors: DC_EINVAL.
+//
+//export dc_endpoint_name_check
+func dc_endpoint_name_check(name *C.char, nameLen C.size_t) (rc C.int) {
+	defer guard("dc_endpoint_name_check", &rc)
+	if err := discovery.ValidateName(string(goBytes(name, nameLen))); err != nil {
+		return fail(C.DC_EINVAL, "%v", err)
+	}
+	return C.DC_OK
 }
 
 // Serves a new instance of the endpoint path ("namespace.component.endpoint")
@@ -148,22 +183,18 @@ func dc_runtime_nats_url(h C.uint64_t, buf *C.char, bufLen C.size_t, n *C.size_t
 func dc_endpoint_serve(rtH C.uint64_t, path *C.char, pathLen C.size_t, meta *C.char, metaLen C.size_t, out *C.uint64_t) (rc C.int) {
 	defer guard("dc_endpoint_serve", &rc)
 	if out == nil || path == nil {
-		return fail(rcEINVAL, "dc_endpoint_serve: path and out must not be NULL")
+		return fail(C.DC_EINVAL, "dc_endpoint_serve: path and out must not be NULL")
 	}
 	rt, rc := get(runtimes, "dc_endpoint_serve", rtH)
-	if rc != rcOK {
+	if rc != C.DC_OK {
 		return rc
 	}
-	p := string(goBytes(path, pathLen))
-	if err := plane.ValidatePath(p); err != nil {
-		return fail(rcEINVAL, "dc_endpoint_serve: %v", err)
-	}
-	ep, err := rt.Serve(p, goBytes(meta, metaLen))
+	ep, err := rt.Serve(string(goBytes(path, pathLen)), goBytes(meta, metaLen))
 	if err != nil {
 		return planeError("dc_endpoint_serve", err)
 	}
 	*out = C.uint64_t(endpoints.Insert(ep))
-	return rcOK
+	return C.DC_OK
 }
 
 // Stores the endpoint instance's id in *out.
@@ -172,14 +203,14 @@ func dc_endpoint_serve(rtH C.uint64_t, path *C.char, pathLen C.size_t, meta *C.c
 func dc_endpoint_instance_id(h C.uint64_t, out *C.uint64_t) (rc C.int) {
 	defer guard("dc_endpoint_instance_id", &rc)
 	if out == nil {
-		return fail(rcEINVAL, "dc_endpoint_instance_id: out must not be NULL")
+		return fail(C.DC_EINVAL, "dc_endpoint_instance_id: out must not be NULL")
 	}
 	ep, rc := get(endpoints, "dc_endpoint_instance_id", h)
-	if rc != rcOK {
+	if rc != C.DC_OK {
 		return rc
 	}
 	*out = C.uint64_t(ep.InstanceID())
-	return rcOK
+	return C.DC_OK
 }
 
 // Takes the oldest request waiting for a handler and stores its handle in
@@ -190,10 +221,10 @@ func dc_endpoint_instance_id(h C.uint64_t, out *C.uint64_t) (rc C.int) {
 func dc_endpoint_accept(h C.uint64_t, out *C.uint64_t) (rc C.int) {
 	defer guard("dc_endpoint_accept", &rc)
 	if out == nil {
-		return fail(rcEINVAL, "dc_endpoint_accept: out must not be NULL")
+		return fail(C.DC_EINVAL, "dc_endpoint_accept: out must not be NULL")
 	}
 	ep, rc := get(endpoints, "dc_endpoint_accept", h)
-	if rc != rcOK {
+	if rc != C.DC_OK {
 		return rc
 	}
 	req, err := ep.Accept()
@@ -201,7 +232,7 @@ func dc_endpoint_accept(h C.uint64_t, out *C.uint64_t) (rc C.int) {
 		return planeError("dc_endpoint_accept", err)
 	}
 	*out = C.uint64_t(requests.Insert(req))
-	return rcOK
+	return C.DC_OK
 }
 
 // Stops serving: the instance leaves discovery and requests being served are
@@ -212,10 +243,10 @@ func dc_endpoint_free(h C.uint64_t) (rc C.int) {
 	defer guard("dc_endpoint_free", &rc)
 	ep, err := endpoints.Remove(uint64(h))
 	if err != nil {
-		return fail(rcEBADF, "dc_endpoint_free: %v", err)
+		return fail(C.DC_EBADF, "dc_endpoint_free: %v", err)
 	}
 	ep.Close()
-	return rcOK
+	return C.DC_OK
 }
 
 // Copies the request's payload (a JSON value) into buf, as dc_context_id does.
@@ -224,7 +255,7 @@ func dc_endpoint_free(h C.uint64_t) (rc C.int) {
 func dc_request_payload(h C.uint64_t, buf *C.char, bufLen C.size_t, n *C.size_t) (rc C.int) {
 	defer guard("dc_request_payload", &rc)
 	req, rc := get(requests, "dc_request_payload", h)
-	if rc != rcOK {
+	if rc != C.DC_OK {
 		return rc
 	}
 	return writeString("dc_request_payload", string(req.Payload), buf, bufLen, n)
@@ -237,7 +268,7 @@ func dc_request_payload(h C.uint64_t, buf *C.char, bufLen C.size_t, n *C.size_t)
 func dc_request_metadata(h C.uint64_t, buf *C.char, bufLen C.size_t, n *C.size_t) (rc C.int) {
 	defer guard("dc_request_metadata", &rc)
 	req, rc := get(requests, "dc_request_metadata", h)
-	if rc != rcOK {
+	if rc != C.DC_OK {
 		return rc
 	}
 	return writeString("dc_request_metadata", string(req.Metadata), buf, bufLen, n)
@@ -251,14 +282,14 @@ func dc_request_metadata(h C.uint64_t, buf *C.char, bufLen C.size_t, n *C.size_t
 func dc_request_context(h C.uint64_t, out *C.uint64_t) (rc C.int) {
 	defer guard("dc_request_context", &rc)
 	if out == nil {
-		return fail(rcEINVAL, "dc_request_context: out must not be NULL")
+		return fail(C.DC_EINVAL, "dc_request_context: out must not be NULL")
 	}
 	req, rc := get(requests, "dc_request_context", h)
-	if rc != rcOK {
+	if rc != C.DC_OK {
 		return rc
 	}
 	putContext(req.Ctx, out)
-	return rcOK
+	return C.DC_OK
 }
 
 // Queues one response item (len bytes of JSON) for the caller; never blocks.
@@ -269,13 +300,13 @@ func dc_request_context(h C.uint64_t, out *C.uint64_t) (rc C.int) {
 func dc_request_send(h C.uint64_t, data *C.char, dataLen C.size_t) (rc C.int) {
 	defer guard("dc_request_send", &rc)
 	req, rc := get(requests, "dc_request_send", h)
-	if rc != rcOK {
+	if rc != C.DC_OK {
 		return rc
 	}
 	if err := req.Send(goBytes(data, dataLen)); err != nil {
 		return planeError("dc_request_send", err)
 	}
-	return rcOK
+	return C.DC_OK
 }
 
 // Ends the request normally: queued items, then the final marker (unless the
@@ -286,11 +317,11 @@ func dc_request_send(h C.uint64_t, data *C.char, dataLen C.size_t) (rc C.int) {
 func dc_request_complete(h C.uint64_t) (rc C.int) {
 	defer guard("dc_request_complete", &rc)
 	req, rc := get(requests, "dc_request_complete", h)
-	if rc != rcOK {
+	if rc != C.DC_OK {
 		return rc
 	}
 	req.Complete()
-	return rcOK
+	return C.DC_OK
 }
 
 // Ends the request with a handler error; msg is "<Type>: <message>".
@@ -299,11 +330,11 @@ func dc_request_complete(h C.uint64_t) (rc C.int) {
 func dc_request_fail(h C.uint64_t, msg *C.char, msgLen C.size_t) (rc C.int) {
 	defer guard("dc_request_fail", &rc)
 	req, rc := get(requests, "dc_request_fail", h)
-	if rc != rcOK {
+	if rc != C.DC_OK {
 		return rc
 	}
 	req.Fail(string(goBytes(msg, msgLen)))
-	return rcOK
+	return C.DC_OK
 }
 
 // Frees a request handle; a request neither completed nor failed is failed.
@@ -313,10 +344,10 @@ func dc_request_free(h C.uint64_t) (rc C.int) {
 	defer guard("dc_request_free", &rc)
 	req, err := requests.Remove(uint64(h))
 	if err != nil {
-		return fail(rcEBADF, "dc_request_free: %v", err)
+		return fail(C.DC_EBADF, "dc_request_free: %v", err)
 	}
 	req.Fail("RuntimeError: the handler abandoned the request")
-	return rcOK
+	return C.DC_OK
 }
 
 // Creates a client of the endpoint path and stores its handle in *out. Blocks
@@ -326,24 +357,20 @@ func dc_request_free(h C.uint64_t) (rc C.int) {
 func dc_client_new(rtH C.uint64_t, path *C.char, pathLen C.size_t, out *C.uint64_t) (rc C.int) {
 	defer guard("dc_client_new", &rc)
 	if out == nil || path == nil {
-		return fail(rcEINVAL, "dc_client_new: path and out must not be NULL")
+		return fail(C.DC_EINVAL, "dc_client_new: path and out must not be NULL")
 	}
 	rt, rc := get(runtimes, "dc_client_new", rtH)
-	if rc != rcOK {
+	if rc != C.DC_OK {
 		return rc
-	}
-	p := string(goBytes(path, pathLen))
-	if err := plane.ValidatePath(p); err != nil {
-		return fail(rcEINVAL, "dc_client_new: %v", err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), connectTimeout)
 	defer cancel()
-	cl, err := rt.Client(ctx, p)
+	cl, err := rt.Client(ctx, string(goBytes(path, pathLen)))
 	if err != nil {
 		return planeError("dc_client_new", err)
 	}
 	*out = C.uint64_t(clients.Insert(cl))
-	return rcOK
+	return C.DC_OK
 }
 
 // Copies the ids of the instances the client knows into buf (up to cap) and
@@ -353,21 +380,21 @@ func dc_client_new(rtH C.uint64_t, path *C.char, pathLen C.size_t, out *C.uint64
 func dc_client_instances(h C.uint64_t, buf *C.uint64_t, bufLen C.size_t, n *C.size_t) (rc C.int) {
 	defer guard("dc_client_instances", &rc)
 	if n == nil {
-		return fail(rcEINVAL, "dc_client_instances: n must not be NULL")
+		return fail(C.DC_EINVAL, "dc_client_instances: n must not be NULL")
 	}
 	cl, rc := get(clients, "dc_client_instances", h)
-	if rc != rcOK {
+	if rc != C.DC_OK {
 		return rc
 	}
 	ids := cl.InstanceIDs()
 	*n = C.size_t(len(ids))
 	if uint64(bufLen) < uint64(len(ids)) || (len(ids) > 0 && buf == nil) {
-		return fail(rcERANGE, "dc_client_instances: room for %d ids, %d known", bufLen, len(ids))
+		return fail(C.DC_ERANGE, "dc_client_instances: room for %d ids, %d known", bufLen, len(ids))
 	}
 	if len(ids) > 0 {
 		copy(unsafe.Slice((*uint64)(unsafe.Pointer(buf)), len(ids)), ids)
 	}
-	return rcOK
+	return C.DC_OK
 }
 
 // Sends a request (payload: len bytes of JSON) and stores the response
@@ -396,19 +423,19 @@ func dc_client_generate_metadata(h C.uint64_t, payload *C.char, payloadLen C.siz
 
 func clientGenerate(name string, h C.uint64_t, payload, meta []byte, ctxH C.uint64_t, route C.int, instance C.uint64_t, out *C.uint64_t) C.int {
 	if out == nil {
-		return fail(rcEINVAL, "%s: out must not be NULL", name)
+		return fail(C.DC_EINVAL, "%s: out must not be NULL", name)
 	}
-	if route < 0 || route > 2 {
-		return fail(rcEINVAL, "%s: route must be 0, 1 or 2, got %d", name, route)
+	if route < C.DC_ROUTE_ROUND_ROBIN || route > C.DC_ROUTE_DIRECT {
+		return fail(C.DC_EINVAL, "%s: route must be 0, 1 or 2, got %d", name, route)
 	}
 	cl, rc := get(clients, name, h)
-	if rc != rcOK {
+	if rc != C.DC_OK {
 		return rc
 	}
 	var parent *ctxtree.Context
 	if ctxH != 0 {
 		p, rc := getContext(name, ctxH)
-		if rc != rcOK {
+		if rc != C.DC_OK {
 			return rc
 		}
 		parent = p
@@ -418,7 +445,7 @@ func clientGenerate(name string, h C.uint64_t, payload, meta []byte, ctxH C.uint
 		return planeError(name, err)
 	}
 	*out = C.uint64_t(streams.Insert(plane.NewBatch(s)))
-	return rcOK
+	return C.DC_OK
 }
 
 // Sets how many times the client's requests are retried on another worker
@@ -429,14 +456,14 @@ func clientGenerate(name string, h C.uint64_t, payload, meta []byte, ctxH C.uint
 func dc_client_set_migration_limit(h C.uint64_t, limit C.int) (rc C.int) {
 	defer guard("dc_client_set_migration_limit", &rc)
 	if limit < 0 {
-		return fail(rcEINVAL, "dc_client_set_migration_limit: limit must be >= 0, got %d", limit)
+		return fail(C.DC_EINVAL, "dc_client_set_migration_limit: limit must be >= 0, got %d", limit)
 	}
 	cl, rc := get(clients, "dc_client_set_migration_limit", h)
-	if rc != rcOK {
+	if rc != C.DC_OK {
 		return rc
 	}
 	cl.SetMigrationLimit(int(limit))
-	return rcOK
+	return C.DC_OK
 }
 
 // Stops watching instances and frees the client handle.
@@ -446,10 +473,10 @@ func dc_client_free(h C.uint64_t) (rc C.int) {
 	defer guard("dc_client_free", &rc)
 	cl, err := clients.Remove(uint64(h))
 	if err != nil {
-		return fail(rcEBADF, "dc_client_free: %v", err)
+		return fail(C.DC_EBADF, "dc_client_free: %v", err)
 	}
 	cl.Close()
-	return rcOK
+	return C.DC_OK
 }
 
 // Reports whether the stream's request reached a worker: DC_OK once it did,
@@ -460,13 +487,13 @@ func dc_client_free(h C.uint64_t) (rc C.int) {
 func dc_stream_started(h C.uint64_t) (rc C.int) {
 	defer guard("dc_stream_started", &rc)
 	e, rc := get(streams, "dc_stream_started", h)
-	if rc != rcOK {
+	if rc != C.DC_OK {
 		return rc
 	}
 	if err := e.Stream().Started(); err != nil {
 		return planeError("dc_stream_started", err)
 	}
-	return rcOK
+	return C.DC_OK
 }
 
 // Moves as many whole items as fit into buf, each as a 4-byte little-endian
@@ -483,10 +510,10 @@ func dc_stream_started(h C.uint64_t) (rc C.int) {
 func dc_stream_take(h C.uint64_t, buf *C.char, bufLen C.size_t, used *C.size_t, count *C.size_t) (rc C.int) {
 	defer guard("dc_stream_take", &rc)
 	if used == nil || count == nil || (buf == nil && bufLen > 0) {
-		return fail(rcEINVAL, "dc_stream_take: NULL pointer")
+		return fail(C.DC_EINVAL, "dc_stream_take: NULL pointer")
 	}
 	e, rc := get(streams, "dc_stream_take", h)
-	if rc != rcOK {
+	if rc != C.DC_OK {
 		return rc
 	}
 	var dst []byte
@@ -496,12 +523,12 @@ func dc_stream_take(h C.uint64_t, buf *C.char, bufLen C.size_t, used *C.size_t, 
 	u, k, err := e.TakeInto(dst)
 	*used, *count = C.size_t(u), C.size_t(k)
 	if errors.Is(err, plane.ErrShortBuffer) {
-		return fail(rcERANGE, "dc_stream_take: the next item needs %d bytes", u)
+		return fail(C.DC_ERANGE, "dc_stream_take: the next item needs %d bytes", u)
 	}
 	if err != nil {
 		return planeError("dc_stream_take", err)
 	}
-	return rcOK
+	return C.DC_OK
 }
 
 // Stores in *out a new context handle for the stream's request context (a
@@ -511,14 +538,14 @@ func dc_stream_take(h C.uint64_t, buf *C.char, bufLen C.size_t, used *C.size_t, 
 func dc_stream_context(h C.uint64_t, out *C.uint64_t) (rc C.int) {
 	defer guard("dc_stream_context", &rc)
 	if out == nil {
-		return fail(rcEINVAL, "dc_stream_context: out must not be NULL")
+		return fail(C.DC_EINVAL, "dc_stream_context: out must not be NULL")
 	}
 	e, rc := get(streams, "dc_stream_context", h)
-	if rc != rcOK {
+	if rc != C.DC_OK {
 		return rc
 	}
 	putContext(e.Stream().Context(), out)
-	return rcOK
+	return C.DC_OK
 }
 
 // Kills the stream's request (the worker's handler context is killed) and
@@ -528,11 +555,11 @@ func dc_stream_context(h C.uint64_t, out *C.uint64_t) (rc C.int) {
 func dc_stream_kill(h C.uint64_t) (rc C.int) {
 	defer guard("dc_stream_kill", &rc)
 	e, rc := get(streams, "dc_stream_kill", h)
-	if rc != rcOK {
+	if rc != C.DC_OK {
 		return rc
 	}
 	e.Stream().Kill()
-	return rcOK
+	return C.DC_OK
 }
 
 // Frees a stream handle, killing the request if the stream has not ended.
@@ -542,12 +569,12 @@ func dc_stream_free(h C.uint64_t) (rc C.int) {
 	defer guard("dc_stream_free", &rc)
 	e, err := streams.Remove(uint64(h))
 	if err != nil {
-		return fail(rcEBADF, "dc_stream_free: %v", err)
+		return fail(C.DC_EBADF, "dc_stream_free: %v", err)
 	}
 	if s := e.Stream(); !s.Finished() {
 		s.Kill()
 	}
-	return rcOK
+	return C.DC_OK
 }
 
 // Pushes token onto queue q once the object h may have progressed: an
@@ -561,7 +588,7 @@ func dc_stream_free(h C.uint64_t) (rc C.int) {
 func dc_arm(h C.uint64_t, q C.uint64_t, token C.uint64_t) (rc C.int) {
 	defer guard("dc_arm", &rc)
 	eq, rc := getQueue("dc_arm", q)
-	if rc != rcOK {
+	if rc != C.DC_OK {
 		return rc
 	}
 	tok := uint64(token)
@@ -569,30 +596,30 @@ func dc_arm(h C.uint64_t, q C.uint64_t, token C.uint64_t) (rc C.int) {
 	switch handle.KindOf(uint64(h)) {
 	case kindEndpoint:
 		ep, rc := get(endpoints, "dc_arm", h)
-		if rc != rcOK {
+		if rc != C.DC_OK {
 			return rc
 		}
 		ep.Arm(push)
 	case kindRequest:
 		req, rc := get(requests, "dc_arm", h)
-		if rc != rcOK {
+		if rc != C.DC_OK {
 			return rc
 		}
 		req.Arm(push)
 	case kindClient:
 		cl, rc := get(clients, "dc_arm", h)
-		if rc != rcOK {
+		if rc != C.DC_OK {
 			return rc
 		}
 		cl.ArmInstances(push)
 	case kindStream:
 		st, rc := get(streams, "dc_arm", h)
-		if rc != rcOK {
+		if rc != C.DC_OK {
 			return rc
 		}
 		st.Arm(push)
 	default:
-		return fail(rcEBADF, "dc_arm: handle %#x is not an endpoint, request, client or stream", uint64(h))
+		return fail(C.DC_EBADF, "dc_arm: handle %#x is not an endpoint, request, client or stream", uint64(h))
 	}
-	return rcOK
+	return C.DC_OK
 }

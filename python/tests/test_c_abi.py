@@ -41,7 +41,7 @@ GENERATED_HEADER_PATH = PACKAGE_DIR / "_native.abi3.h"  # cgo's, internal (sourc
 HANG = 10.0  # seconds: a generous bound that only catches hangs, never a sleep
 
 # ---------------------------------------------------------------------------
-# Declarations, as a C user would copy them from docs/c-abi.md
+# Declarations, as a C user would copy them from include/dynamo_ctx.h
 # ---------------------------------------------------------------------------
 
 CDEF = """
@@ -364,6 +364,20 @@ def test_public_header_compiles_as_c_and_cpp(tmp_path):
     cxx = shutil.which("c++") or shutil.which("g++")
     if cxx is not None:
         subprocess.run([cxx, "-Wall", "-Werror", "-fsyntax-only", "-x", "c++", "-I", str(HEADER_PATH.parent), str(src)], check=True)
+
+
+def test_doc_examples_compile_against_the_header(tmp_path):
+    """docs/c-abi.md's examples compile, warning-free, with the public header."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    doc = PACKAGE_DIR.parents[1] / "docs" / "c-abi.md"
+    if cc is None or not HEADER_PATH.is_file() or not doc.is_file():
+        pytest.skip("no C compiler, header or docs")
+    blocks = re.findall(r"```c\n(.*?)```", doc.read_text("utf-8"), re.S)
+    assert len(blocks) == 2
+    for i, block in enumerate(blocks):
+        src = tmp_path / f"example{i}.c"
+        src.write_text(block)
+        subprocess.run([cc, "-std=c11", "-Wall", "-Werror", "-fsyntax-only", "-I", str(HEADER_PATH.parent), str(src)], check=True)
 
 
 def _import_build():

@@ -104,6 +104,12 @@ def _dumps(value: Any) -> bytes:
         raise TypeError(f"value is not JSON-serialisable: {e}") from None
 
 
+class _IOFailure(OSError, RuntimeError):
+    """DC_EIO: the operating system or the network refused. An OSError, as the
+    native module's calls always raised, and a RuntimeError, as a stream's
+    errors always were."""
+
+
 # The one table from the library's error codes (by name, see
 # ``_native.ERROR_NAMES``) to exception classes; codes not here raise
 # RuntimeError. The native module builds its exceptions here too.
@@ -113,7 +119,7 @@ _EXCEPTIONS = {
     "ERANGE": ValueError,
     "EEXIST": ValueError,
     "ENOENT": ValueError,
-    "EIO": OSError,
+    "EIO": _IOFailure,
     "EINCOMPLETE": StreamIncomplete,
     "ENORESPONDERS": NoResponders,
     "ECLOSED": RuntimeClosed,
@@ -128,7 +134,7 @@ def _exception_for(code: int, message: str) -> Exception:
             return BackendCancelled(message)
         return HandlerError(message)
     cls = _EXCEPTIONS.get(name, RuntimeError)
-    if cls in (ValueError, OSError, RuntimeError):
+    if cls in (ValueError, _IOFailure, RuntimeError):
         return cls(f"{message} (code {code})")
     return cls(message)
 

@@ -82,7 +82,9 @@ def test_one_exception_table():
     lib = native()
     assert isinstance(_exception_for(lib.ECLOSED, "closed"), RuntimeClosed)
     assert isinstance(_exception_for(lib.EINVAL, "bad"), ValueError)
-    assert isinstance(_exception_for(lib.EIO, "io"), OSError)
+    io = _exception_for(lib.EIO, "io")
+    assert isinstance(io, OSError) and isinstance(io, RuntimeError), "as the native module and the streams raised it"
+    assert str(io) == "io (code 5)"
     assert type(_exception_for(lib.ECONNECT, "no")) is RuntimeError
     assert type(_exception_for(12345, "unknown")) is RuntimeError
 

@@ -121,23 +121,19 @@ func writeString(name, s string, buf *C.char, bufLen C.size_t, n *C.size_t) C.in
 	return C.DC_OK
 }
 
-// Returns the library's version, a static NUL-terminated string.
+// dc_version: see dynamo_ctx.h, the reference.
 //
 //export dc_version
 func dc_version() *C.char { return cVersion }
 
-// Copies the calling thread's last error message into buf (NUL-terminated,
-// truncated to cap-1 bytes) and returns its full length. buf may be NULL to
-// ask for the length. Messages are per thread and only set by failing calls.
+// dc_last_error: see dynamo_ctx.h, the reference.
 //
 //export dc_last_error
 func dc_last_error(buf *C.char, bufLen C.size_t) C.size_t {
 	return C.dc_copy_error(buf, bufLen)
 }
 
-// Creates a live root context with the given id (len bytes of UTF-8, no NUL,
-// 1 to 4096 bytes) and stores its handle in *out. Errors: DC_EINVAL for a NULL
-// id or out, an empty, too long or invalid UTF-8 id.
+// dc_context_new: see dynamo_ctx.h, the reference.
 //
 //export dc_context_new
 func dc_context_new(id *C.char, idLen C.size_t, out *C.uint64_t) (rc C.int) {
@@ -161,8 +157,7 @@ func dc_context_new(id *C.char, idLen C.size_t, out *C.uint64_t) (rc C.int) {
 	return C.DC_OK
 }
 
-// Creates a live root context with a fresh random UUID as its id.
-// Errors: DC_EINVAL for a NULL out.
+// dc_context_new_uuid: see dynamo_ctx.h, the reference.
 //
 //export dc_context_new_uuid
 func dc_context_new_uuid(out *C.uint64_t) (rc C.int) {
@@ -174,10 +169,7 @@ func dc_context_new_uuid(out *C.uint64_t) (rc C.int) {
 	return C.DC_OK
 }
 
-// Releases a context handle. The context itself lives on while a parent,
-// child or request still needs it (it keeps propagating cancellation); its
-// state word pointer (dc_context_state_word) must not be used after this.
-// Errors: DC_EBADF (including a second free of the same handle).
+// dc_context_free: see dynamo_ctx.h, the reference.
 //
 //export dc_context_free
 func dc_context_free(h C.uint64_t) (rc C.int) {
@@ -188,9 +180,7 @@ func dc_context_free(h C.uint64_t) (rc C.int) {
 	return C.DC_OK
 }
 
-// Copies the context's id into buf (NUL-terminated) and its length without
-// the NUL into *len. Errors: DC_EBADF; DC_ERANGE if cap < length+1 (*len is
-// still set, so call again with a larger buffer).
+// dc_context_id: see dynamo_ctx.h, the reference.
 //
 //export dc_context_id
 func dc_context_id(h C.uint64_t, buf *C.char, bufLen C.size_t, n *C.size_t) (rc C.int) {
@@ -202,11 +192,7 @@ func dc_context_id(h C.uint64_t, buf *C.char, bufLen C.size_t, n *C.size_t) (rc 
 	return writeString("dc_context_id", c.ID(), buf, bufLen, n)
 }
 
-// Stores the context's state word in *word: state (DC_LIVE, DC_STOPPED,
-// DC_KILLED) in bits 0-7, reason (DC_REASON_*) in bits 8-15, and the cause
-// (the reason where the cancellation started; differs from the reason for a
-// context cancelled through its parent) in bits 16-23.
-// Errors: DC_EBADF, DC_EINVAL for a NULL word.
+// dc_context_state: see dynamo_ctx.h, the reference.
 //
 //export dc_context_state
 func dc_context_state(h C.uint64_t, word *C.uint32_t) (rc C.int) {
@@ -222,11 +208,7 @@ func dc_context_state(h C.uint64_t, word *C.uint32_t) (rc C.int) {
 	return C.DC_OK
 }
 
-// Stores in *out a pointer to the context's state word, which the library
-// updates with atomic stores and which stays valid until dc_context_free of
-// this handle. Read it with an atomic (acquire) load: this is how a caller
-// polls a context without calling into the library at all.
-// Errors: DC_EBADF, DC_EINVAL for a NULL out.
+// dc_context_state_word: see dynamo_ctx.h, the reference.
 //
 //export dc_context_state_word
 func dc_context_state_word(h C.uint64_t, out **C.uint32_t) (rc C.int) {
@@ -242,11 +224,7 @@ func dc_context_state_word(h C.uint64_t, out **C.uint32_t) (rc C.int) {
 	return C.DC_OK
 }
 
-// Moves the context to state (DC_STOPPED or DC_KILLED) with the given reason
-// (DC_REASON_STOP_GENERATING .. DC_REASON_SHUTDOWN), and its linked children
-// with DC_REASON_PARENT, before returning. A context already at or past state
-// is unchanged (success). Errors: DC_EBADF, DC_EINVAL for another state or
-// reason.
+// dc_context_cancel: see dynamo_ctx.h, the reference.
 //
 //export dc_context_cancel
 func dc_context_cancel(h C.uint64_t, state C.uint32_t, reason C.uint32_t) C.int {
@@ -270,23 +248,21 @@ func cancelContext(name string, h C.uint64_t, state C.uint32_t, reason C.uint32_
 	return C.DC_OK
 }
 
-// dc_context_cancel(h, DC_STOPPED, DC_REASON_STOP_GENERATING). Idempotent.
+// dc_context_stop_generating: see dynamo_ctx.h, the reference.
 //
 //export dc_context_stop_generating
 func dc_context_stop_generating(h C.uint64_t) C.int {
 	return cancelContext("dc_context_stop_generating", h, C.DC_STOPPED, C.DC_REASON_STOP_GENERATING)
 }
 
-// dc_context_cancel(h, DC_KILLED, DC_REASON_KILL). Idempotent.
+// dc_context_kill: see dynamo_ctx.h, the reference.
 //
 //export dc_context_kill
 func dc_context_kill(h C.uint64_t) C.int {
 	return cancelContext("dc_context_kill", h, C.DC_KILLED, C.DC_REASON_KILL)
 }
 
-// Links child below parent: stopping or killing parent does the same to child.
-// If parent is already stopped or killed, child is moved to that state before
-// this returns. Cycles are allowed. Errors: DC_EBADF for either handle.
+// dc_context_link_child: see dynamo_ctx.h, the reference.
 //
 //export dc_context_link_child
 func dc_context_link_child(parent, child C.uint64_t) (rc C.int) {
@@ -303,8 +279,7 @@ func dc_context_link_child(parent, child C.uint64_t) (rc C.int) {
 	return C.DC_OK
 }
 
-// Creates a new context with parent's id, already linked below parent, and
-// stores its handle in *out. Errors: DC_EBADF, DC_EINVAL for a NULL out.
+// dc_context_child: see dynamo_ctx.h, the reference.
 //
 //export dc_context_child
 func dc_context_child(parent C.uint64_t, out *C.uint64_t) (rc C.int) {
@@ -322,9 +297,7 @@ func dc_context_child(parent C.uint64_t, out *C.uint64_t) (rc C.int) {
 	return C.DC_OK
 }
 
-// Declares the context's request finished: it is unlinked from its parents,
-// which stop holding it. Its state and its own children are unaffected.
-// Errors: DC_EBADF.
+// dc_context_finish: see dynamo_ctx.h, the reference.
 //
 //export dc_context_finish
 func dc_context_finish(h C.uint64_t) (rc C.int) {
@@ -337,9 +310,7 @@ func dc_context_finish(h C.uint64_t) (rc C.int) {
 	return C.DC_OK
 }
 
-// Copies the name of a reason ("stop_generating", "kill", ...) into buf, as
-// dc_context_id does. Errors: DC_EINVAL for an unknown reason or
-// DC_REASON_NONE, DC_ERANGE.
+// dc_reason_name: see dynamo_ctx.h, the reference.
 //
 //export dc_reason_name
 func dc_reason_name(reason C.uint32_t, buf *C.char, bufLen C.size_t, n *C.size_t) (rc C.int) {
@@ -351,11 +322,7 @@ func dc_reason_name(reason C.uint32_t, buf *C.char, bufLen C.size_t, n *C.size_t
 	return writeString("dc_reason_name", r.String(), buf, bufLen, n)
 }
 
-// Creates an event queue: a FIFO of 64-bit tokens and a file descriptor that is
-// readable whenever the queue is not empty (watch it with poll, epoll, or an
-// event loop's add_reader; never read it yourself, dc_queue_drain does).
-// Stores the handle in *out and the fd in *fd; the fd belongs to the queue and
-// is closed by dc_queue_free. Errors: DC_EINVAL for NULL pointers, DC_EIO.
+// dc_queue_new: see dynamo_ctx.h, the reference.
 //
 //export dc_queue_new
 func dc_queue_new(out *C.uint64_t, fd *C.int) (rc C.int) {
@@ -372,8 +339,7 @@ func dc_queue_new(out *C.uint64_t, fd *C.int) (rc C.int) {
 	return C.DC_OK
 }
 
-// Frees an event queue: unregisters its pending watches and closes its fd
-// (remove the fd from your event loop first). Errors: DC_EBADF.
+// dc_queue_free: see dynamo_ctx.h, the reference.
 //
 //export dc_queue_free
 func dc_queue_free(h C.uint64_t) (rc C.int) {
@@ -386,10 +352,7 @@ func dc_queue_free(h C.uint64_t) (rc C.int) {
 	return C.DC_OK
 }
 
-// Moves up to cap tokens, oldest first, into buf and stores their number in
-// *n. When the queue becomes empty its fd stops being readable; if tokens
-// remain (*n == cap) it stays readable. Errors: DC_EBADF, DC_EINVAL for NULL
-// pointers.
+// dc_queue_drain: see dynamo_ctx.h, the reference.
 //
 //export dc_queue_drain
 func dc_queue_drain(h C.uint64_t, buf *C.uint64_t, bufLen C.size_t, n *C.size_t) (rc C.int) {
@@ -410,10 +373,7 @@ func dc_queue_drain(h C.uint64_t, buf *C.uint64_t, bufLen C.size_t, n *C.size_t)
 	return C.DC_OK
 }
 
-// Arranges for token to be pushed onto queue q once, when the context reaches
-// state (DC_STOPPED, which a kill also satisfies, or DC_KILLED). If it already
-// has, the token is pushed at once. Errors: DC_EBADF for either handle,
-// DC_EINVAL for another state, DC_EEXIST if token is already pending on q.
+// dc_context_watch: see dynamo_ctx.h, the reference.
 //
 //export dc_context_watch
 func dc_context_watch(h C.uint64_t, q C.uint64_t, state C.uint32_t, token C.uint64_t) (rc C.int) {
@@ -440,9 +400,7 @@ func dc_context_watch(h C.uint64_t, q C.uint64_t, state C.uint32_t, token C.uint
 	return C.DC_OK
 }
 
-// Cancels a pending watch. Errors: DC_EBADF, DC_ENOENT if token is not pending
-// (never registered, or already fired: then it is in, or was drained from, the
-// queue).
+// dc_queue_unwatch: see dynamo_ctx.h, the reference.
 //
 //export dc_queue_unwatch
 func dc_queue_unwatch(q C.uint64_t, token C.uint64_t) (rc C.int) {
@@ -457,9 +415,7 @@ func dc_queue_unwatch(q C.uint64_t, token C.uint64_t) (rc C.int) {
 	return C.DC_OK
 }
 
-// Stores the numbers of live context handles, queue handles and all other
-// handles (runtimes, endpoints, requests, clients, streams), for leak tests.
-// Any pointer may be NULL.
+// dc_handle_counts: see dynamo_ctx.h, the reference.
 //
 //export dc_handle_counts
 func dc_handle_counts(nContexts, nQueues, nOther *C.uint64_t) (rc C.int) {
@@ -476,9 +432,7 @@ func dc_handle_counts(nContexts, nQueues, nOther *C.uint64_t) (rc C.int) {
 	return C.DC_OK
 }
 
-// Stores the number of goroutines and the bytes of live Go heap (after a
-// garbage collection when collect is non-zero), for leak checks and
-// benchmarks. Any pointer may be NULL.
+// dc_runtime_stats: see dynamo_ctx.h, the reference.
 //
 //export dc_runtime_stats
 func dc_runtime_stats(collect C.int, goroutines, heapBytes *C.uint64_t) (rc C.int) {
@@ -497,8 +451,7 @@ func dc_runtime_stats(collect C.int, goroutines, heapBytes *C.uint64_t) (rc C.in
 	return C.DC_OK
 }
 
-// Panics inside the library on purpose, to test that every export recovers:
-// always returns DC_EINTERNAL with a message, and logs an error record.
+// dc_selftest_panic: see dynamo_ctx.h, the reference.
 //
 //export dc_selftest_panic
 func dc_selftest_panic() (rc C.int) {
@@ -508,9 +461,7 @@ func dc_selftest_panic() (rc C.int) {
 	return C.DC_OK
 }
 
-// Stores in *fd a descriptor that is readable whenever log records are
-// waiting for dc_log_next. The fd belongs to the library: never read or close
-// it. Errors: DC_EINVAL for NULL, DC_EIO if the library has no log queue.
+// dc_log_fd: see dynamo_ctx.h, the reference.
 //
 //export dc_log_fd
 func dc_log_fd(fd *C.int) (rc C.int) {
@@ -525,8 +476,7 @@ func dc_log_fd(fd *C.int) (rc C.int) {
 	return C.DC_OK
 }
 
-// Sets the lowest level (Python's numbers: 10 debug, 20 info, 30 warning, 40
-// error) of the records the library queues; the default is 30.
+// dc_log_set_level: see dynamo_ctx.h, the reference.
 //
 //export dc_log_set_level
 func dc_log_set_level(level C.int) (rc C.int) {
@@ -537,10 +487,7 @@ func dc_log_set_level(level C.int) (rc C.int) {
 	return C.DC_OK
 }
 
-// Takes the oldest log record: its level in *level (Python's numbers) and its
-// message into buf, as dc_context_id does. Errors: DC_EAGAIN when no record
-// is waiting; DC_ERANGE when buf is too small (*len is set and the record stays
-// first in line); DC_EINVAL for NULL level or len.
+// dc_log_next: see dynamo_ctx.h, the reference.
 //
 //export dc_log_next
 func dc_log_next(level *C.int, buf *C.char, bufLen C.size_t, n *C.size_t) (rc C.int) {

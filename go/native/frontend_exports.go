@@ -22,13 +22,7 @@ const kindFrontend handle.Kind = 8
 
 var frontends = handle.NewTable[*frontend.Frontend](kindFrontend)
 
-// Starts the OpenAI-compatible HTTP frontend on the runtime and stores its
-// handle in *out. addr is the listen address ("127.0.0.1:8000"); namespace
-// (NULL for "dynamo") is where workers serve "<namespace>.backend.generate";
-// migrationLimit < 0 means "as the model's workers declare". The body
-// limit is DYNAMO_CTX_MAX_BODY_BYTES as the process's environment has it
-// now (the host may set it after loading the library). Errors: DC_EBADF,
-// DC_EINVAL, DC_EIO (cannot listen).
+// dc_frontend_start: see dynamo_ctx.h, the reference.
 //
 //export dc_frontend_start
 func dc_frontend_start(rtH C.uint64_t, addr *C.char, addrLen C.size_t, namespace *C.char, nsLen C.size_t, migrationLimit C.int, out *C.uint64_t) (rc C.int) {
@@ -63,7 +57,7 @@ func dc_frontend_start(rtH C.uint64_t, addr *C.char, addrLen C.size_t, namespace
 	return C.DC_OK
 }
 
-// Copies the address the frontend listens on into buf, as dc_context_id does.
+// dc_frontend_addr: see dynamo_ctx.h, the reference.
 //
 //export dc_frontend_addr
 func dc_frontend_addr(h C.uint64_t, buf *C.char, bufLen C.size_t, n *C.size_t) (rc C.int) {
@@ -75,8 +69,7 @@ func dc_frontend_addr(h C.uint64_t, buf *C.char, bufLen C.size_t, n *C.size_t) (
 	return writeString("dc_frontend_addr", f.Addr(), buf, bufLen, n)
 }
 
-// Stops the frontend (waiting up to 5 s for requests in flight) and frees
-// its handle.
+// dc_frontend_free: see dynamo_ctx.h, the reference.
 //
 //export dc_frontend_free
 func dc_frontend_free(h C.uint64_t) (rc C.int) {

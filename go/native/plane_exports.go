@@ -86,11 +86,7 @@ func planeError(name string, err error) C.int {
 	return fail(C.DC_EIO, "%s: %v", name, err)
 }
 
-// Connects to the request plane and stores a runtime handle in *out. url
-// (urlLen bytes; NULL or empty for the default) is a NATS address; by default
-// the NATS_SERVER environment variable or nats://127.0.0.1:4222, where an
-// in-process server is started if nothing answers. Blocks while connecting
-// (at most about 15 s). Errors: DC_EINVAL, DC_ECONNECT.
+// dc_runtime_new: see dynamo_ctx.h, the reference.
 //
 //export dc_runtime_new
 func dc_runtime_new(url *C.char, urlLen C.size_t, out *C.uint64_t) (rc C.int) {
@@ -111,9 +107,7 @@ func dc_runtime_new(url *C.char, urlLen C.size_t, out *C.uint64_t) (rc C.int) {
 	return C.DC_OK
 }
 
-// Shuts the runtime down: requests being served are killed (reason
-// shutdown), instances leave discovery, streams end. The handle stays valid
-// (calls on it fail with DC_ECLOSED) until dc_runtime_free. Idempotent.
+// dc_runtime_shutdown: see dynamo_ctx.h, the reference.
 //
 //export dc_runtime_shutdown
 func dc_runtime_shutdown(h C.uint64_t) (rc C.int) {
@@ -126,7 +120,7 @@ func dc_runtime_shutdown(h C.uint64_t) (rc C.int) {
 	return C.DC_OK
 }
 
-// Shuts the runtime down (as dc_runtime_shutdown) and frees its handle.
+// dc_runtime_free: see dynamo_ctx.h, the reference.
 //
 //export dc_runtime_free
 func dc_runtime_free(h C.uint64_t) (rc C.int) {
@@ -139,7 +133,7 @@ func dc_runtime_free(h C.uint64_t) (rc C.int) {
 	return C.DC_OK
 }
 
-// Copies the runtime's NATS URL into buf, as dc_context_id does.
+// dc_runtime_nats_url: see dynamo_ctx.h, the reference.
 //
 //export dc_runtime_nats_url
 func dc_runtime_nats_url(h C.uint64_t, buf *C.char, bufLen C.size_t, n *C.size_t) (rc C.int) {
@@ -151,8 +145,7 @@ func dc_runtime_nats_url(h C.uint64_t, buf *C.char, bufLen C.size_t, n *C.size_t
 	return writeString("dc_runtime_nats_url", rt.Bus().URL(), buf, bufLen, n)
 }
 
-// Checks an endpoint path (discovery.ValidatePath, the one rule).
-// Errors: DC_EINVAL.
+// dc_endpoint_path_check: see dynamo_ctx.h, the reference.
 //
 //export dc_endpoint_path_check
 func dc_endpoint_path_check(path *C.char, pathLen C.size_t) (rc C.int) {
@@ -163,8 +156,7 @@ func dc_endpoint_path_check(path *C.char, pathLen C.size_t) (rc C.int) {
 	return C.DC_OK
 }
 
-// Checks one part of an endpoint path (discovery.ValidateName).
-// Errors: DC_EINVAL.
+// dc_endpoint_name_check: see dynamo_ctx.h, the reference.
 //
 //export dc_endpoint_name_check
 func dc_endpoint_name_check(name *C.char, nameLen C.size_t) (rc C.int) {
@@ -175,9 +167,7 @@ func dc_endpoint_name_check(name *C.char, nameLen C.size_t) (rc C.int) {
 	return C.DC_OK
 }
 
-// Serves a new instance of the endpoint path ("namespace.component.endpoint")
-// and stores its handle in *out. meta (may be NULL) is published with the
-// instance. Errors: DC_EBADF, DC_EINVAL (bad path), DC_ECLOSED.
+// dc_endpoint_serve: see dynamo_ctx.h, the reference.
 //
 //export dc_endpoint_serve
 func dc_endpoint_serve(rtH C.uint64_t, path *C.char, pathLen C.size_t, meta *C.char, metaLen C.size_t, out *C.uint64_t) (rc C.int) {
@@ -197,7 +187,7 @@ func dc_endpoint_serve(rtH C.uint64_t, path *C.char, pathLen C.size_t, meta *C.c
 	return C.DC_OK
 }
 
-// Stores the endpoint instance's id in *out.
+// dc_endpoint_instance_id: see dynamo_ctx.h, the reference.
 //
 //export dc_endpoint_instance_id
 func dc_endpoint_instance_id(h C.uint64_t, out *C.uint64_t) (rc C.int) {
@@ -213,9 +203,7 @@ func dc_endpoint_instance_id(h C.uint64_t, out *C.uint64_t) (rc C.int) {
 	return C.DC_OK
 }
 
-// Takes the oldest request waiting for a handler and stores its handle in
-// *out. Errors: DC_EAGAIN (none waiting: dc_arm the endpoint), DC_ECLOSED
-// (the endpoint was closed), DC_EBADF.
+// dc_endpoint_accept: see dynamo_ctx.h, the reference.
 //
 //export dc_endpoint_accept
 func dc_endpoint_accept(h C.uint64_t, out *C.uint64_t) (rc C.int) {
@@ -235,8 +223,7 @@ func dc_endpoint_accept(h C.uint64_t, out *C.uint64_t) (rc C.int) {
 	return C.DC_OK
 }
 
-// Stops serving: the instance leaves discovery and requests being served are
-// killed (reason shutdown); frees the handle.
+// dc_endpoint_free: see dynamo_ctx.h, the reference.
 //
 //export dc_endpoint_free
 func dc_endpoint_free(h C.uint64_t) (rc C.int) {
@@ -249,7 +236,7 @@ func dc_endpoint_free(h C.uint64_t) (rc C.int) {
 	return C.DC_OK
 }
 
-// Copies the request's payload (a JSON value) into buf, as dc_context_id does.
+// dc_request_payload: see dynamo_ctx.h, the reference.
 //
 //export dc_request_payload
 func dc_request_payload(h C.uint64_t, buf *C.char, bufLen C.size_t, n *C.size_t) (rc C.int) {
@@ -261,8 +248,7 @@ func dc_request_payload(h C.uint64_t, buf *C.char, bufLen C.size_t, n *C.size_t)
 	return writeString("dc_request_payload", string(req.Payload), buf, bufLen, n)
 }
 
-// Copies the request's metadata (a JSON object, or nothing: *n = 0 when the
-// caller sent none) into buf, as dc_context_id does.
+// dc_request_metadata: see dynamo_ctx.h, the reference.
 //
 //export dc_request_metadata
 func dc_request_metadata(h C.uint64_t, buf *C.char, bufLen C.size_t, n *C.size_t) (rc C.int) {
@@ -274,9 +260,7 @@ func dc_request_metadata(h C.uint64_t, buf *C.char, bufLen C.size_t, n *C.size_t
 	return writeString("dc_request_metadata", string(req.Metadata), buf, bufLen, n)
 }
 
-// Stores in *out a new context handle for the request's context (the
-// handler's context: it has the caller's id and follows the caller's stop and
-// kill). Free it with dc_context_free.
+// dc_request_context: see dynamo_ctx.h, the reference.
 //
 //export dc_request_context
 func dc_request_context(h C.uint64_t, out *C.uint64_t) (rc C.int) {
@@ -292,9 +276,7 @@ func dc_request_context(h C.uint64_t, out *C.uint64_t) (rc C.int) {
 	return C.DC_OK
 }
 
-// Queues one response item (len bytes of JSON) for the caller; never blocks.
-// Errors: DC_EAGAIN when the buffer is full (dc_arm the request, then retry),
-// DC_EINVAL when data is not JSON. After a kill, items are dropped silently.
+// dc_request_send: see dynamo_ctx.h, the reference.
 //
 //export dc_request_send
 func dc_request_send(h C.uint64_t, data *C.char, dataLen C.size_t) (rc C.int) {
@@ -309,9 +291,7 @@ func dc_request_send(h C.uint64_t, data *C.char, dataLen C.size_t) (rc C.int) {
 	return C.DC_OK
 }
 
-// Ends the request normally: queued items, then the final marker (unless the
-// handler stopped its own context: then the caller sees an incomplete
-// stream).
+// dc_request_complete: see dynamo_ctx.h, the reference.
 //
 //export dc_request_complete
 func dc_request_complete(h C.uint64_t) (rc C.int) {
@@ -324,7 +304,7 @@ func dc_request_complete(h C.uint64_t) (rc C.int) {
 	return C.DC_OK
 }
 
-// Ends the request with a handler error; msg is "<Type>: <message>".
+// dc_request_fail: see dynamo_ctx.h, the reference.
 //
 //export dc_request_fail
 func dc_request_fail(h C.uint64_t, msg *C.char, msgLen C.size_t) (rc C.int) {
@@ -337,7 +317,7 @@ func dc_request_fail(h C.uint64_t, msg *C.char, msgLen C.size_t) (rc C.int) {
 	return C.DC_OK
 }
 
-// Frees a request handle; a request neither completed nor failed is failed.
+// dc_request_free: see dynamo_ctx.h, the reference.
 //
 //export dc_request_free
 func dc_request_free(h C.uint64_t) (rc C.int) {
@@ -350,8 +330,7 @@ func dc_request_free(h C.uint64_t) (rc C.int) {
 	return C.DC_OK
 }
 
-// Creates a client of the endpoint path and stores its handle in *out. Blocks
-// briefly (about 100 ms) to learn the current instances.
+// dc_client_new: see dynamo_ctx.h, the reference.
 //
 //export dc_client_new
 func dc_client_new(rtH C.uint64_t, path *C.char, pathLen C.size_t, out *C.uint64_t) (rc C.int) {
@@ -373,8 +352,7 @@ func dc_client_new(rtH C.uint64_t, path *C.char, pathLen C.size_t, out *C.uint64
 	return C.DC_OK
 }
 
-// Copies the ids of the instances the client knows into buf (up to cap) and
-// stores their number in *n. Errors: DC_ERANGE if cap < *n.
+// dc_client_instances: see dynamo_ctx.h, the reference.
 //
 //export dc_client_instances
 func dc_client_instances(h C.uint64_t, buf *C.uint64_t, bufLen C.size_t, n *C.size_t) (rc C.int) {
@@ -397,12 +375,7 @@ func dc_client_instances(h C.uint64_t, buf *C.uint64_t, bufLen C.size_t, n *C.si
 	return C.DC_OK
 }
 
-// Sends a request (payload: len bytes of JSON) and stores the response
-// stream's handle in *out without waiting. ctx (0 for none) is the caller's
-// context: the request gets a child of it (same id, linked before sending);
-// route is 0 round robin, 1 random, 2 direct to instance. Errors: DC_EBADF,
-// DC_EINVAL (not JSON, bad route), DC_ECLOSED; failures to reach a worker are
-// reported by the stream.
+// dc_client_generate: see dynamo_ctx.h, the reference.
 //
 //export dc_client_generate
 func dc_client_generate(h C.uint64_t, payload *C.char, payloadLen C.size_t, ctxH C.uint64_t, route C.int, instance C.uint64_t, out *C.uint64_t) (rc C.int) {
@@ -410,10 +383,7 @@ func dc_client_generate(h C.uint64_t, payload *C.char, payloadLen C.size_t, ctxH
 	return clientGenerate("dc_client_generate", h, goBytes(payload, payloadLen), nil, ctxH, route, instance, out)
 }
 
-// dc_client_generate with request metadata: metaLen bytes at meta, a JSON
-// object of at most 16 KiB (metaLen 0: none), which the handler's side reads
-// with dc_request_metadata. Errors: those of dc_client_generate; DC_EINVAL
-// for metadata that is not a JSON object or is too large.
+// dc_client_generate_metadata: see dynamo_ctx.h, the reference.
 //
 //export dc_client_generate_metadata
 func dc_client_generate_metadata(h C.uint64_t, payload *C.char, payloadLen C.size_t, meta *C.char, metaLen C.size_t, ctxH C.uint64_t, route C.int, instance C.uint64_t, out *C.uint64_t) (rc C.int) {
@@ -448,9 +418,7 @@ func clientGenerate(name string, h C.uint64_t, payload, meta []byte, ctxH C.uint
 	return C.DC_OK
 }
 
-// Sets how many times the client's requests are retried on another worker
-// when their stream breaks (migration; 0, the default, means never).
-// Errors: DC_EBADF, DC_EINVAL for a negative limit.
+// dc_client_set_migration_limit: see dynamo_ctx.h, the reference.
 //
 //export dc_client_set_migration_limit
 func dc_client_set_migration_limit(h C.uint64_t, limit C.int) (rc C.int) {
@@ -466,7 +434,7 @@ func dc_client_set_migration_limit(h C.uint64_t, limit C.int) (rc C.int) {
 	return C.DC_OK
 }
 
-// Stops watching instances and frees the client handle.
+// dc_client_free: see dynamo_ctx.h, the reference.
 //
 //export dc_client_free
 func dc_client_free(h C.uint64_t) (rc C.int) {
@@ -479,9 +447,7 @@ func dc_client_free(h C.uint64_t) (rc C.int) {
 	return C.DC_OK
 }
 
-// Reports whether the stream's request reached a worker: DC_OK once it did,
-// DC_EAGAIN while in flight (dc_arm the stream), or the error that ended it
-// (DC_ENORESPONDERS, ...).
+// dc_stream_started: see dynamo_ctx.h, the reference.
 //
 //export dc_stream_started
 func dc_stream_started(h C.uint64_t) (rc C.int) {
@@ -496,15 +462,7 @@ func dc_stream_started(h C.uint64_t) (rc C.int) {
 	return C.DC_OK
 }
 
-// Moves as many whole items as fit into buf, each as a 4-byte little-endian
-// length followed by that many bytes of JSON, and stores the bytes used in
-// *used and the item count in *count. With no item ready it returns
-// DC_EAGAIN (dc_arm the stream), DC_EOF at the normal end, or the stream's
-// error (DC_EHANDLER, DC_EINCOMPLETE, DC_ENORESPONDERS, ...). If the first
-// item does not fit: DC_ERANGE with the size needed in *used. Once the
-// request's context or the caller's context it was made for is killed, no
-// item is returned (DC_EOF, or the error that had ended the stream): a kill
-// is a hard abort, whatever was buffered is dropped.
+// dc_stream_take: see dynamo_ctx.h, the reference.
 //
 //export dc_stream_take
 func dc_stream_take(h C.uint64_t, buf *C.char, bufLen C.size_t, used *C.size_t, count *C.size_t) (rc C.int) {
@@ -531,8 +489,7 @@ func dc_stream_take(h C.uint64_t, buf *C.char, bufLen C.size_t, used *C.size_t, 
 	return C.DC_OK
 }
 
-// Stores in *out a new context handle for the stream's request context (a
-// child of the caller's context, with the same id).
+// dc_stream_context: see dynamo_ctx.h, the reference.
 //
 //export dc_stream_context
 func dc_stream_context(h C.uint64_t, out *C.uint64_t) (rc C.int) {
@@ -548,8 +505,7 @@ func dc_stream_context(h C.uint64_t, out *C.uint64_t) (rc C.int) {
 	return C.DC_OK
 }
 
-// Kills the stream's request (the worker's handler context is killed) and
-// ends the stream. Idempotent.
+// dc_stream_kill: see dynamo_ctx.h, the reference.
 //
 //export dc_stream_kill
 func dc_stream_kill(h C.uint64_t) (rc C.int) {
@@ -562,7 +518,7 @@ func dc_stream_kill(h C.uint64_t) (rc C.int) {
 	return C.DC_OK
 }
 
-// Frees a stream handle, killing the request if the stream has not ended.
+// dc_stream_free: see dynamo_ctx.h, the reference.
 //
 //export dc_stream_free
 func dc_stream_free(h C.uint64_t) (rc C.int) {
@@ -577,12 +533,7 @@ func dc_stream_free(h C.uint64_t) (rc C.int) {
 	return C.DC_OK
 }
 
-// Pushes token onto queue q once the object h may have progressed: an
-// endpoint has a request to accept (or closed), a request's send buffer has
-// room, a client knows an instance, a stream has items, started or ended.
-// At once if that is already so. One pending arm per object: a second
-// replaces the first. Errors: DC_EBADF for either handle or a handle of
-// another kind.
+// dc_arm: see dynamo_ctx.h, the reference.
 //
 //export dc_arm
 func dc_arm(h C.uint64_t, q C.uint64_t, token C.uint64_t) (rc C.int) {

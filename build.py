@@ -42,8 +42,9 @@ PACKAGE_DIR = Path("python") / PACKAGE
 GO_PACKAGE = "./go/native"
 EXT_SUFFIX = ".abi3.so"
 LIB_NAME = "_native" + EXT_SUFFIX
-GO_HEADER_NAME = "_native.abi3.h"  # what `go build -o _native.abi3.so` writes
-HEADER_RELPATH = Path("include") / "dynamo_ctx.h"  # where the header ends up
+GO_HEADER_NAME = "_native.abi3.h"  # what `go build -o _native.abi3.so` writes: internal, not shipped
+PUBLIC_HEADER = Path("go") / "native" / "dynamo_ctx.h"  # the hand-written public header
+HEADER_RELPATH = Path("include") / "dynamo_ctx.h"  # where the public header is shipped
 ABI_TAG = "cp39-abi3"
 FALLBACK_GO = Path("/usr/local/go/bin/go")
 
@@ -163,7 +164,10 @@ def _join_flags(existing: Optional[str], *extra: str) -> str:
 def build_library(out_dir: Path = PACKAGE_DIR, force: bool = False) -> Path:
     """Compile the Go core into ``<out_dir>/_native.abi3.so``.
 
-    Also moves the cgo-generated header to ``<out_dir>/include/dynamo_ctx.h``.
+    Also copies the public header (go/native/dynamo_ctx.h) to
+    ``<out_dir>/include/dynamo_ctx.h`` once its prototypes are checked against
+    the ones cgo generated (see check_header); the generated header stays
+    beside the library, internal.
     The build is skipped when the library (and header) are newer than every
     file under go/ plus go.mod/go.sum, unless ``force`` is true.  Returns the
     absolute path of the library.
@@ -199,17 +203,54 @@ def build_library(out_dir: Path = PACKAGE_DIR, force: bool = False) -> Path:
         raise BuildError(f"go build failed with exit status {proc.returncode} (command: {' '.join(cmd)})")
 
     generated = out / GO_HEADER_NAME
-    if generated.is_file():
-        header.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(generated, header)
-    elif not header.is_file():
+    if not generated.is_file():
         raise BuildError(f"go build did not produce the header {generated}")
     if not lib.is_file():
         raise BuildError(f"go build did not produce {lib}")
+    public = ROOT / PUBLIC_HEADER
+    problems = check_header(public.read_text("utf-8"), generated.read_text("utf-8"))
+    if problems:
+        raise BuildError(f"{PUBLIC_HEADER} does not match the exports:\n  " + "\n  ".join(problems))
+    header.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(public, header)
     # Keep lib strictly newer than the header move for the mtime check.
     os.utime(lib)
     _log(f"built {_display(lib)} and {_display(header)}")
     return lib
+
+
+_PROTO = re.compile(r"^(?:extern\s+)?([A-Za-z_][\w\s\*]*?)\b(dc_\w+)\(([^)]*)\);", re.M)
+
+
+def _c_type(decl: str, with_name: bool) -> str:
+    """A declaration's type with const, spacing and (if with_name) the
+    parameter name dropped: "const char *id" -> "char*"."""
+    decl = re.sub(r"\bconst\b", " ", decl)
+    if with_name:
+        decl = re.sub(r"\w+\s*$", "", decl.strip())
+    return re.sub(r"\s+", "", decl)
+
+
+def prototypes(text: str) -> Dict[str, tuple]:
+    """The dc_* prototypes declared in a C header: name -> (return type,
+    parameter types), types modulo const."""
+    out = {}
+    for ret, name, params in _PROTO.findall(text):
+        ps = [] if params.strip() in ("", "void") else [_c_type(p, True) for p in params.split(",")]
+        out[name] = (_c_type(ret, False), tuple(ps))
+    return out
+
+
+def check_header(public: str, generated: str) -> List[str]:
+    """Where the public header's prototypes differ from cgo's (names, arity,
+    types modulo const); the library's internal helpers (dc_set_error,
+    dc_copy_error) are not exports and are ignored."""
+    want = {n: p for n, p in prototypes(generated).items() if re.search(r"^extern\b[^\n]*\b%s\(" % n, generated, re.M)}
+    have = prototypes(public)
+    problems = [f"{n}: exported but not declared" for n in sorted(set(want) - set(have))]
+    problems += [f"{n}: declared but not exported" for n in sorted(set(have) - set(want))]
+    problems += [f"{n}: {have[n]} != exported {want[n]}" for n in sorted(set(have) & set(want)) if have[n] != want[n]]
+    return problems
 
 
 def _display(path: Path) -> str:

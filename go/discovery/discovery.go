@@ -116,18 +116,34 @@ func NewInstanceID() uint64 {
 	}
 }
 
-// ValidatePath reports whether path is a valid "namespace.component.endpoint".
+// ErrBadPath is matched (errors.Is) by the errors of ValidatePath and
+// ValidateName.
+var ErrBadPath = errors.New("invalid endpoint path")
+
+// ValidatePath checks an endpoint path "namespace.component.endpoint": three
+// parts, each valid by ValidateName. This is the one rule for endpoint paths:
+// plane, the C ABI (dc_endpoint_path_check) and the Python API use it.
 func ValidatePath(path string) error {
 	parts := strings.Split(path, ".")
 	if len(parts) != 3 {
-		return fmt.Errorf("discovery: endpoint path %q: want namespace.component.endpoint", path)
+		return fmt.Errorf("%w: %q must be namespace.component.endpoint", ErrBadPath, path)
 	}
 	for _, p := range parts {
-		if p == "" || strings.ContainsFunc(p, func(r rune) bool {
-			return r == '*' || r == '>' || unicode.IsSpace(r) || unicode.IsControl(r)
-		}) {
-			return fmt.Errorf("discovery: endpoint path %q: each part must be non-empty without '*', '>' or whitespace", path)
+		if ValidateName(p) != nil {
+			return fmt.Errorf("%w: %q: each part must be non-empty without '*', '>', whitespace or control characters", ErrBadPath, path)
 		}
+	}
+	return nil
+}
+
+// ValidateName checks one part of an endpoint path (a namespace, component
+// or endpoint name): non-empty, without '.', '*', '>' (NATS subject syntax),
+// whitespace or control characters.
+func ValidateName(name string) error {
+	if name == "" || strings.ContainsFunc(name, func(r rune) bool {
+		return r == '.' || r == '*' || r == '>' || unicode.IsSpace(r) || unicode.IsControl(r)
+	}) {
+		return fmt.Errorf("%w: name %q must be non-empty without '.', '*', '>', whitespace or control characters", ErrBadPath, name)
 	}
 	return nil
 }

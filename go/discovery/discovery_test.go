@@ -412,8 +412,14 @@ func TestValidation(t *testing.T) {
 	for _, p := range []string{"a.b.c", "dyn-amo.back_end.gen3", "ns.comp.ep"} {
 		assert.NoError(t, ValidatePath(p), p)
 	}
-	for _, p := range []string{"", "a.b", "a.b.c.d", "a..c", "a.*.c", "a.b.>", "a.b c.d", ".b.c", "a.b.\x00"} {
-		assert.Error(t, ValidatePath(p), p)
+	for _, p := range []string{"", "a.b", "a.b.c.d", "a..c", "a.*.c", "a.b.>", "a.b c.d", ".b.c", "a.b.\x00", "a.b\u00a0.c", "a.b\tx.c"} {
+		assert.ErrorIs(t, ValidatePath(p), ErrBadPath, p)
+	}
+	for _, n := range []string{"ns", "back_end-2", "générer"} {
+		assert.NoError(t, ValidateName(n), n)
+	}
+	for _, n := range []string{"", "a.b", "a*", ">", "a b", "a\u2003b", "a\x7f"} {
+		assert.ErrorIs(t, ValidateName(n), ErrBadPath, n)
 	}
 	_, err := Register(nil, "bad", 1, nil)
 	require.Error(t, err)

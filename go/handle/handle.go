@@ -123,6 +123,10 @@ func NewTable[T any](kind Kind) *Table[T] {
 // Kind reports the kind stamped on this table's handles.
 func (t *Table[T]) Kind() Kind { return t.kind }
 
+// KindOf reports the kind stamped on h, which tells the table to look it up
+// in; it says nothing about whether h is live (Get does).
+func KindOf(h uint64) Kind { return Kind(h >> kindShift) }
+
 // Len reports the number of live handles. It exists mainly so tests can check
 // that every handle handed out was eventually freed.
 func (t *Table[T]) Len() int {
@@ -244,7 +248,7 @@ func (t *Table[T]) lookup(h uint64) (*slot[T], uint32, error) {
 	if h == 0 {
 		return nil, 0, badHandle(h, "zero handle")
 	}
-	if Kind(h>>kindShift) != t.kind {
+	if KindOf(h) != t.kind {
 		return nil, 0, badHandle(h, "wrong kind")
 	}
 	slots := *t.slots.Load()

@@ -141,6 +141,9 @@ func TestWrongKind(t *testing.T) {
 	requireBad(t, err, "wrong kind")
 	assert.Equal(t, 1, a.Len())
 	assert.Equal(t, 1, b.Len())
+	assert.Equal(t, Kind(1), KindOf(ha))
+	assert.Equal(t, Kind(2), KindOf(hb))
+	assert.Equal(t, Kind(0), KindOf(0))
 }
 
 func TestOutOfRange(t *testing.T) {

@@ -5,44 +5,9 @@ package main
 #include <stdint.h>
 #include <stdlib.h>
 
-// Error codes returned by every dc_* function (0 is success). The values
-// follow errno where one fits, so strerror gives a rough idea, but
-// dc_last_error gives the precise message.
-enum {
-	DC_OK = 0,
-	DC_ENOENT = 2,        // no such entry (dc_queue_unwatch: token not registered or already fired)
-	DC_EBADF = 9,         // zero, stale, freed, forged or wrong-kind handle
-	DC_EAGAIN = 11,       // nothing to read now (dc_log_next)
-	DC_EEXIST = 17,       // token already registered on this queue
-	DC_EINVAL = 22,       // invalid argument: NULL pointer, bad UTF-8, empty or too long id, unknown state or reason
-	DC_ERANGE = 34,       // caller's buffer too small; the needed size was stored
-	DC_EIO = 5,           // the operating system refused (pipe creation, ...)
-	DC_EINTERNAL = 1000,  // a bug: a Go panic was recovered; the library is still usable
-	DC_EOF = 1001,        // the response stream ended normally: no more items
-	DC_EHANDLER = 1002,   // the remote handler raised; the message says what
-	DC_EINCOMPLETE = 1003, // "Stream ended before generation completed"
-	DC_ENORESPONDERS = 1004, // no worker received the request
-	DC_ECLOSED = 1005,    // the runtime (or endpoint, client) is shut down
-	DC_ECONNECT = 1006,   // could not connect to NATS or set up the runtime
-};
-
-// Context states, as found in bits 0-7 of a state word.
-enum { DC_LIVE = 0, DC_STOPPED = 1, DC_KILLED = 2 };
-
-// The longest context id, in bytes of UTF-8.
-enum { DC_MAX_ID_LEN = 4096 };
-
-// Cancellation reasons, as found in bits 8-15 of a state word.
-enum {
-	DC_REASON_NONE = 0,
-	DC_REASON_STOP_GENERATING = 1,
-	DC_REASON_KILL = 2,
-	DC_REASON_CLIENT_DISCONNECTED = 3,
-	DC_REASON_PARENT = 4,
-	DC_REASON_DEADLINE = 5,
-	DC_REASON_CONNECTION_LOST = 6,
-	DC_REASON_SHUTDOWN = 7,
-};
+// The enums of the public header; cgo declares the exports itself.
+#define DC_ENUMS_ONLY
+#include "dynamo_ctx.h"
 
 // Implemented in errors.c.
 void dc_set_error(const char* msg, size_t len);
@@ -51,16 +16,17 @@ size_t dc_copy_error(char* buf, size_t cap);
 import "C"
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"runtime"
-	"sync"
 	"sync/atomic"
 	"unicode/utf8"
 	"unsafe"
 
 	"github.com/dynamo-ctx/dynamo-ctx/go/ctxtree"
 	"github.com/dynamo-ctx/dynamo-ctx/go/handle"
+	"github.com/dynamo-ctx/dynamo-ctx/go/logqueue"
 	"github.com/dynamo-ctx/dynamo-ctx/go/wake"
 )
 
@@ -69,29 +35,20 @@ const (
 	kindQueue   handle.Kind = 2
 
 	maxIDLen = C.DC_MAX_ID_LEN
-	version  = "0.1.0"
 )
 
-// The error codes as Go constants, for the files whose preamble does not
-// declare them.
-const (
-	rcOK            C.int = C.DC_OK
-	rcEBADF         C.int = C.DC_EBADF
-	rcEAGAIN        C.int = C.DC_EAGAIN
-	rcEINVAL        C.int = C.DC_EINVAL
-	rcERANGE        C.int = C.DC_ERANGE
-	rcEOF           C.int = C.DC_EOF
-	rcEHANDLER      C.int = C.DC_EHANDLER
-	rcEINCOMPLETE   C.int = C.DC_EINCOMPLETE
-	rcENORESPONDERS C.int = C.DC_ENORESPONDERS
-	rcECLOSED       C.int = C.DC_ECLOSED
-	rcECONNECT      C.int = C.DC_ECONNECT
-	rcEIO           C.int = C.DC_EIO
+// The C enums are the Go packages' values, checked here at compile time (an
+// index out of range does not compile): the ABI passes them through as they are.
+var (
+	_ = [1]int{}[ctxtree.ReasonShutdown-C.DC_REASON_SHUTDOWN]
+	_ = [1]int{}[C.DC_REASON_SHUTDOWN-ctxtree.ReasonShutdown]
+	_ = [1]int{}[ctxtree.Killed-C.DC_KILLED]
+	_ = [1]int{}[C.DC_KILLED-ctxtree.Killed]
 )
 
 var (
 	contexts = handle.NewTable[*ctxtree.Context](kindContext)
-	queues   = handle.NewTable[*eventQueue](kindQueue)
+	queues   = handle.NewTable[*wake.EventQueue](kindQueue)
 	cVersion = C.CString(version) // static for the life of the process
 )
 
@@ -123,7 +80,7 @@ func getContext(name string, h C.uint64_t) (*ctxtree.Context, C.int) {
 	return c, C.DC_OK
 }
 
-func getQueue(name string, h C.uint64_t) (*eventQueue, C.int) {
+func getQueue(name string, h C.uint64_t) (*wake.EventQueue, C.int) {
 	q, err := queues.Get(uint64(h))
 	if err != nil {
 		return nil, fail(C.DC_EBADF, "%s: %v", name, err)
@@ -164,23 +121,19 @@ func writeString(name, s string, buf *C.char, bufLen C.size_t, n *C.size_t) C.in
 	return C.DC_OK
 }
 
-// Returns the library's version, a static NUL-terminated string.
+// dc_version: see dynamo_ctx.h, the reference.
 //
 //export dc_version
 func dc_version() *C.char { return cVersion }
 
-// Copies the calling thread's last error message into buf (NUL-terminated,
-// truncated to cap-1 bytes) and returns its full length. buf may be NULL to
-// ask for the length. Messages are per thread and only set by failing calls.
+// dc_last_error: see dynamo_ctx.h, the reference.
 //
 //export dc_last_error
 func dc_last_error(buf *C.char, bufLen C.size_t) C.size_t {
 	return C.dc_copy_error(buf, bufLen)
 }
 
-// Creates a live root context with the given id (len bytes of UTF-8, no NUL,
-// 1 to 4096 bytes) and stores its handle in *out. Errors: DC_EINVAL for a NULL
-// id or out, an empty, too long or invalid UTF-8 id.
+// dc_context_new: see dynamo_ctx.h, the reference.
 //
 //export dc_context_new
 func dc_context_new(id *C.char, idLen C.size_t, out *C.uint64_t) (rc C.int) {
@@ -204,8 +157,7 @@ func dc_context_new(id *C.char, idLen C.size_t, out *C.uint64_t) (rc C.int) {
 	return C.DC_OK
 }
 
-// Creates a live root context with a fresh random UUID as its id.
-// Errors: DC_EINVAL for a NULL out.
+// dc_context_new_uuid: see dynamo_ctx.h, the reference.
 //
 //export dc_context_new_uuid
 func dc_context_new_uuid(out *C.uint64_t) (rc C.int) {
@@ -217,10 +169,7 @@ func dc_context_new_uuid(out *C.uint64_t) (rc C.int) {
 	return C.DC_OK
 }
 
-// Releases a context handle. The context itself lives on while a parent,
-// child or request still needs it (it keeps propagating cancellation); its
-// state word pointer (dc_context_state_word) must not be used after this.
-// Errors: DC_EBADF (including a second free of the same handle).
+// dc_context_free: see dynamo_ctx.h, the reference.
 //
 //export dc_context_free
 func dc_context_free(h C.uint64_t) (rc C.int) {
@@ -231,9 +180,7 @@ func dc_context_free(h C.uint64_t) (rc C.int) {
 	return C.DC_OK
 }
 
-// Copies the context's id into buf (NUL-terminated) and its length without
-// the NUL into *len. Errors: DC_EBADF; DC_ERANGE if cap < length+1 (*len is
-// still set, so call again with a larger buffer).
+// dc_context_id: see dynamo_ctx.h, the reference.
 //
 //export dc_context_id
 func dc_context_id(h C.uint64_t, buf *C.char, bufLen C.size_t, n *C.size_t) (rc C.int) {
@@ -245,11 +192,7 @@ func dc_context_id(h C.uint64_t, buf *C.char, bufLen C.size_t, n *C.size_t) (rc 
 	return writeString("dc_context_id", c.ID(), buf, bufLen, n)
 }
 
-// Stores the context's state word in *word: state (DC_LIVE, DC_STOPPED,
-// DC_KILLED) in bits 0-7, reason (DC_REASON_*) in bits 8-15, and the cause
-// (the reason where the cancellation started; differs from the reason for a
-// context cancelled through its parent) in bits 16-23.
-// Errors: DC_EBADF, DC_EINVAL for a NULL word.
+// dc_context_state: see dynamo_ctx.h, the reference.
 //
 //export dc_context_state
 func dc_context_state(h C.uint64_t, word *C.uint32_t) (rc C.int) {
@@ -265,11 +208,7 @@ func dc_context_state(h C.uint64_t, word *C.uint32_t) (rc C.int) {
 	return C.DC_OK
 }
 
-// Stores in *out a pointer to the context's state word, which the library
-// updates with atomic stores and which stays valid until dc_context_free of
-// this handle. Read it with an atomic (acquire) load: this is how a caller
-// polls a context without calling into the library at all.
-// Errors: DC_EBADF, DC_EINVAL for a NULL out.
+// dc_context_state_word: see dynamo_ctx.h, the reference.
 //
 //export dc_context_state_word
 func dc_context_state_word(h C.uint64_t, out **C.uint32_t) (rc C.int) {
@@ -285,11 +224,7 @@ func dc_context_state_word(h C.uint64_t, out **C.uint32_t) (rc C.int) {
 	return C.DC_OK
 }
 
-// Moves the context to state (DC_STOPPED or DC_KILLED) with the given reason
-// (DC_REASON_STOP_GENERATING .. DC_REASON_SHUTDOWN), and its linked children
-// with DC_REASON_PARENT, before returning. A context already at or past state
-// is unchanged (success). Errors: DC_EBADF, DC_EINVAL for another state or
-// reason.
+// dc_context_cancel: see dynamo_ctx.h, the reference.
 //
 //export dc_context_cancel
 func dc_context_cancel(h C.uint64_t, state C.uint32_t, reason C.uint32_t) C.int {
@@ -313,23 +248,21 @@ func cancelContext(name string, h C.uint64_t, state C.uint32_t, reason C.uint32_
 	return C.DC_OK
 }
 
-// dc_context_cancel(h, DC_STOPPED, DC_REASON_STOP_GENERATING). Idempotent.
+// dc_context_stop_generating: see dynamo_ctx.h, the reference.
 //
 //export dc_context_stop_generating
 func dc_context_stop_generating(h C.uint64_t) C.int {
 	return cancelContext("dc_context_stop_generating", h, C.DC_STOPPED, C.DC_REASON_STOP_GENERATING)
 }
 
-// dc_context_cancel(h, DC_KILLED, DC_REASON_KILL). Idempotent.
+// dc_context_kill: see dynamo_ctx.h, the reference.
 //
 //export dc_context_kill
 func dc_context_kill(h C.uint64_t) C.int {
 	return cancelContext("dc_context_kill", h, C.DC_KILLED, C.DC_REASON_KILL)
 }
 
-// Links child below parent: stopping or killing parent does the same to child.
-// If parent is already stopped or killed, child is moved to that state before
-// this returns. Cycles are allowed. Errors: DC_EBADF for either handle.
+// dc_context_link_child: see dynamo_ctx.h, the reference.
 //
 //export dc_context_link_child
 func dc_context_link_child(parent, child C.uint64_t) (rc C.int) {
@@ -346,8 +279,7 @@ func dc_context_link_child(parent, child C.uint64_t) (rc C.int) {
 	return C.DC_OK
 }
 
-// Creates a new context with parent's id, already linked below parent, and
-// stores its handle in *out. Errors: DC_EBADF, DC_EINVAL for a NULL out.
+// dc_context_child: see dynamo_ctx.h, the reference.
 //
 //export dc_context_child
 func dc_context_child(parent C.uint64_t, out *C.uint64_t) (rc C.int) {
@@ -365,9 +297,7 @@ func dc_context_child(parent C.uint64_t, out *C.uint64_t) (rc C.int) {
 	return C.DC_OK
 }
 
-// Declares the context's request finished: it is unlinked from its parents,
-// which stop holding it. Its state and its own children are unaffected.
-// Errors: DC_EBADF.
+// dc_context_finish: see dynamo_ctx.h, the reference.
 //
 //export dc_context_finish
 func dc_context_finish(h C.uint64_t) (rc C.int) {
@@ -380,9 +310,7 @@ func dc_context_finish(h C.uint64_t) (rc C.int) {
 	return C.DC_OK
 }
 
-// Copies the name of a reason ("stop_generating", "kill", ...) into buf, as
-// dc_context_id does. Errors: DC_EINVAL for an unknown reason or
-// DC_REASON_NONE, DC_ERANGE.
+// dc_reason_name: see dynamo_ctx.h, the reference.
 //
 //export dc_reason_name
 func dc_reason_name(reason C.uint32_t, buf *C.char, bufLen C.size_t, n *C.size_t) (rc C.int) {
@@ -394,58 +322,7 @@ func dc_reason_name(reason C.uint32_t, buf *C.char, bufLen C.size_t, n *C.size_t
 	return writeString("dc_reason_name", r.String(), buf, bufLen, n)
 }
 
-// eventQueue is the readiness channel between the library and one event loop:
-// watches push their token into q when their context reaches a state, and the
-// loop, woken by q's fd, drains the tokens.
-type eventQueue struct {
-	q       *wake.Queue[uint64]
-	mu      sync.Mutex
-	closed  bool
-	watches map[uint64]*watch // pending watches by token
-}
-
-// watch is one registration. Entries are compared by identity, so a late
-// hook of an earlier registration of the same token can never touch a later
-// one.
-type watch struct {
-	stop func() bool // unregisters the context hook; nil while being registered
-}
-
-// fire delivers w's token if w is still the pending registration.
-func (e *eventQueue) fire(tok uint64, w *watch) {
-	e.mu.Lock()
-	ok := e.watches[tok] == w
-	if ok {
-		delete(e.watches, tok)
-	}
-	e.mu.Unlock()
-	if ok {
-		_ = e.q.Push(tok) // only fails once closed, when nobody waits any more
-	}
-}
-
-func (e *eventQueue) close() {
-	e.mu.Lock()
-	e.closed = true
-	stops := make([]func() bool, 0, len(e.watches))
-	for _, w := range e.watches {
-		if w.stop != nil {
-			stops = append(stops, w.stop)
-		}
-	}
-	e.watches = nil
-	e.mu.Unlock()
-	for _, stop := range stops {
-		stop()
-	}
-	_ = e.q.Close()
-}
-
-// Creates an event queue: a FIFO of 64-bit tokens and a file descriptor that is
-// readable whenever the queue is not empty (watch it with poll, epoll, or an
-// event loop's add_reader; never read it yourself, dc_queue_drain does).
-// Stores the handle in *out and the fd in *fd; the fd belongs to the queue and
-// is closed by dc_queue_free. Errors: DC_EINVAL for NULL pointers, DC_EIO.
+// dc_queue_new: see dynamo_ctx.h, the reference.
 //
 //export dc_queue_new
 func dc_queue_new(out *C.uint64_t, fd *C.int) (rc C.int) {
@@ -453,18 +330,16 @@ func dc_queue_new(out *C.uint64_t, fd *C.int) (rc C.int) {
 	if out == nil || fd == nil {
 		return fail(C.DC_EINVAL, "dc_queue_new: out and fd must not be NULL")
 	}
-	q, err := wake.New[uint64]()
+	e, err := wake.NewEventQueue()
 	if err != nil {
 		return fail(C.DC_EIO, "dc_queue_new: %v", err)
 	}
-	e := &eventQueue{q: q, watches: map[uint64]*watch{}}
 	*out = C.uint64_t(queues.Insert(e))
-	*fd = C.int(q.Fd())
+	*fd = C.int(e.Fd())
 	return C.DC_OK
 }
 
-// Frees an event queue: unregisters its pending watches and closes its fd
-// (remove the fd from your event loop first). Errors: DC_EBADF.
+// dc_queue_free: see dynamo_ctx.h, the reference.
 //
 //export dc_queue_free
 func dc_queue_free(h C.uint64_t) (rc C.int) {
@@ -473,14 +348,11 @@ func dc_queue_free(h C.uint64_t) (rc C.int) {
 	if err != nil {
 		return fail(C.DC_EBADF, "dc_queue_free: %v", err)
 	}
-	e.close()
+	e.Close()
 	return C.DC_OK
 }
 
-// Moves up to cap tokens, oldest first, into buf and stores their number in
-// *n. When the queue becomes empty its fd stops being readable; if tokens
-// remain (*n == cap) it stays readable. Errors: DC_EBADF, DC_EINVAL for NULL
-// pointers.
+// dc_queue_drain: see dynamo_ctx.h, the reference.
 //
 //export dc_queue_drain
 func dc_queue_drain(h C.uint64_t, buf *C.uint64_t, bufLen C.size_t, n *C.size_t) (rc C.int) {
@@ -496,15 +368,12 @@ func dc_queue_drain(h C.uint64_t, buf *C.uint64_t, bufLen C.size_t, n *C.size_t)
 	if bufLen > 0 {
 		dst = unsafe.Slice((*uint64)(unsafe.Pointer(buf)), int(bufLen))
 	}
-	got, _ := e.q.Drain(dst)
+	got, _ := e.Drain(dst)
 	*n = C.size_t(got)
 	return C.DC_OK
 }
 
-// Arranges for token to be pushed onto queue q once, when the context reaches
-// state (DC_STOPPED, which a kill also satisfies, or DC_KILLED). If it already
-// has, the token is pushed at once. Errors: DC_EBADF for either handle,
-// DC_EINVAL for another state, DC_EEXIST if token is already pending on q.
+// dc_context_watch: see dynamo_ctx.h, the reference.
 //
 //export dc_context_watch
 func dc_context_watch(h C.uint64_t, q C.uint64_t, state C.uint32_t, token C.uint64_t) (rc C.int) {
@@ -522,36 +391,16 @@ func dc_context_watch(h C.uint64_t, q C.uint64_t, state C.uint32_t, token C.uint
 		return rc
 	}
 	tok := uint64(token)
-	w := &watch{}
-	e.mu.Lock()
-	if e.closed {
-		e.mu.Unlock()
-		return fail(C.DC_EBADF, "dc_context_watch: queue is being freed")
-	}
-	if _, dup := e.watches[tok]; dup {
-		e.mu.Unlock()
+	switch err := e.Watch(tok, func(fire func()) func() bool { return c.Notify(st, fire) }); {
+	case errors.Is(err, wake.ErrDuplicate):
 		return fail(C.DC_EEXIST, "dc_context_watch: token %d is already pending on this queue", tok)
-	}
-	e.watches[tok] = w // reserved: fire and unwatch may run before Notify returns
-	e.mu.Unlock()
-
-	stop := c.Notify(st, func() { e.fire(tok, w) })
-
-	e.mu.Lock()
-	still := e.watches[tok] == w
-	if still {
-		w.stop = stop
-	}
-	e.mu.Unlock()
-	if !still {
-		stop() // fired, unwatched or the queue freed while registering
+	case err != nil:
+		return fail(C.DC_EBADF, "dc_context_watch: queue is being freed")
 	}
 	return C.DC_OK
 }
 
-// Cancels a pending watch. Errors: DC_EBADF, DC_ENOENT if token is not pending
-// (never registered, or already fired: then it is in, or was drained from, the
-// queue).
+// dc_queue_unwatch: see dynamo_ctx.h, the reference.
 //
 //export dc_queue_unwatch
 func dc_queue_unwatch(q C.uint64_t, token C.uint64_t) (rc C.int) {
@@ -560,22 +409,13 @@ func dc_queue_unwatch(q C.uint64_t, token C.uint64_t) (rc C.int) {
 	if rc != C.DC_OK {
 		return rc
 	}
-	e.mu.Lock()
-	w, ok := e.watches[uint64(token)]
-	delete(e.watches, uint64(token))
-	e.mu.Unlock()
-	if !ok {
+	if err := e.Unwatch(uint64(token)); err != nil {
 		return fail(C.DC_ENOENT, "dc_queue_unwatch: token %d is not pending", uint64(token))
-	}
-	if w.stop != nil {
-		w.stop()
 	}
 	return C.DC_OK
 }
 
-// Stores the numbers of live context handles, queue handles and all other
-// handles (runtimes, endpoints, requests, clients, streams), for leak tests.
-// Any pointer may be NULL.
+// dc_handle_counts: see dynamo_ctx.h, the reference.
 //
 //export dc_handle_counts
 func dc_handle_counts(nContexts, nQueues, nOther *C.uint64_t) (rc C.int) {
@@ -592,9 +432,7 @@ func dc_handle_counts(nContexts, nQueues, nOther *C.uint64_t) (rc C.int) {
 	return C.DC_OK
 }
 
-// Stores the number of goroutines and the bytes of live Go heap (after a
-// garbage collection when collect is non-zero), for leak checks and
-// benchmarks. Any pointer may be NULL.
+// dc_runtime_stats: see dynamo_ctx.h, the reference.
 //
 //export dc_runtime_stats
 func dc_runtime_stats(collect C.int, goroutines, heapBytes *C.uint64_t) (rc C.int) {
@@ -613,8 +451,7 @@ func dc_runtime_stats(collect C.int, goroutines, heapBytes *C.uint64_t) (rc C.in
 	return C.DC_OK
 }
 
-// Panics inside the library on purpose, to test that every export recovers:
-// always returns DC_EINTERNAL with a message, and logs an error record.
+// dc_selftest_panic: see dynamo_ctx.h, the reference.
 //
 //export dc_selftest_panic
 func dc_selftest_panic() (rc C.int) {
@@ -624,9 +461,7 @@ func dc_selftest_panic() (rc C.int) {
 	return C.DC_OK
 }
 
-// Stores in *fd a descriptor that is readable whenever log records are
-// waiting for dc_log_next. The fd belongs to the library: never read or close
-// it. Errors: DC_EINVAL for NULL, DC_EIO if the library has no log queue.
+// dc_log_fd: see dynamo_ctx.h, the reference.
 //
 //export dc_log_fd
 func dc_log_fd(fd *C.int) (rc C.int) {
@@ -634,27 +469,25 @@ func dc_log_fd(fd *C.int) (rc C.int) {
 	if fd == nil {
 		return fail(C.DC_EINVAL, "dc_log_fd: fd must not be NULL")
 	}
-	if logQueue == nil {
+	if logs == nil {
 		return fail(C.DC_EIO, "dc_log_fd: the log queue could not be created")
 	}
-	*fd = C.int(logQueue.Fd())
+	*fd = C.int(logs.Fd())
 	return C.DC_OK
 }
 
-// Sets the lowest level (Python's numbers: 10 debug, 20 info, 30 warning, 40
-// error) of the records the library queues; the default is 30.
+// dc_log_set_level: see dynamo_ctx.h, the reference.
 //
 //export dc_log_set_level
 func dc_log_set_level(level C.int) (rc C.int) {
 	defer guard("dc_log_set_level", &rc)
-	minLevel.Store(int64(level))
+	if logs != nil {
+		logs.SetLevel(int(level))
+	}
 	return C.DC_OK
 }
 
-// Takes the oldest log record: its level in *level (Python's numbers) and its
-// message into buf, as dc_context_id does. Errors: DC_EAGAIN when no record
-// is waiting; DC_ERANGE when buf is too small (*len is set and the record stays
-// first in line); DC_EINVAL for NULL level or len.
+// dc_log_next: see dynamo_ctx.h, the reference.
 //
 //export dc_log_next
 func dc_log_next(level *C.int, buf *C.char, bufLen C.size_t, n *C.size_t) (rc C.int) {
@@ -662,22 +495,14 @@ func dc_log_next(level *C.int, buf *C.char, bufLen C.size_t, n *C.size_t) (rc C.
 	if level == nil || n == nil {
 		return fail(C.DC_EINVAL, "dc_log_next: level and len must not be NULL")
 	}
-	// One reader at a time, so that the record peeked is the one drained.
-	logReadMu.Lock()
-	defer logReadMu.Unlock()
-	if logQueue == nil {
-		return fail(C.DC_EAGAIN, "dc_log_next: no record")
-	}
-	rec, ok := logQueue.Peek()
-	if !ok {
-		return fail(C.DC_EAGAIN, "dc_log_next: no record")
-	}
-	*level = C.int(rec.level)
+	code := C.int(C.DC_OK)
 	// On DC_ERANGE the record stays queued, so the fd stays readable.
-	if code := writeString("dc_log_next", rec.msg, buf, bufLen, n); code != C.DC_OK {
-		return code
+	if !logs.Next(func(r logqueue.Record) bool {
+		*level = C.int(r.Level)
+		code = writeString("dc_log_next", r.Msg, buf, bufLen, n)
+		return code == C.DC_OK
+	}) {
+		return fail(C.DC_EAGAIN, "dc_log_next: no record")
 	}
-	var one [1]logRecord
-	logQueue.Drain(one[:])
-	return C.DC_OK
+	return code
 }

@@ -3,6 +3,8 @@ package main
 /*
 #include <stddef.h>
 #include <stdint.h>
+#define DC_ENUMS_ONLY
+#include "dynamo_ctx.h"
 #include <stdlib.h>
 */
 import "C"
@@ -20,29 +22,23 @@ const kindFrontend handle.Kind = 8
 
 var frontends = handle.NewTable[*frontend.Frontend](kindFrontend)
 
-// Starts the OpenAI-compatible HTTP frontend on the runtime and stores its
-// handle in *out. addr is the listen address ("127.0.0.1:8000"); namespace
-// (NULL for "dynamo") is where workers serve "<namespace>.backend.generate";
-// migrationLimit < 0 means "as the model's workers declare". The body
-// limit is DYNAMO_CTX_MAX_BODY_BYTES as the process's environment has it
-// now (the host may set it after loading the library). Errors: DC_EBADF,
-// DC_EINVAL, DC_EIO (cannot listen).
+// dc_frontend_start: see dynamo_ctx.h, the reference.
 //
 //export dc_frontend_start
 func dc_frontend_start(rtH C.uint64_t, addr *C.char, addrLen C.size_t, namespace *C.char, nsLen C.size_t, migrationLimit C.int, out *C.uint64_t) (rc C.int) {
 	defer guard("dc_frontend_start", &rc)
 	if out == nil || addr == nil {
-		return fail(rcEINVAL, "dc_frontend_start: addr and out must not be NULL")
+		return fail(C.DC_EINVAL, "dc_frontend_start: addr and out must not be NULL")
 	}
 	rt, rc := get(runtimes, "dc_frontend_start", rtH)
-	if rc != rcOK {
+	if rc != C.DC_OK {
 		return rc
 	}
 	var maxBody int64
 	if v := cGetenv(frontend.EnvMaxBodyBytes); v != "" {
 		n, err := strconv.ParseInt(v, 10, 64)
 		if err != nil || n <= 0 {
-			return fail(rcEINVAL, "dc_frontend_start: %s=%q: want a positive number of bytes", frontend.EnvMaxBodyBytes, v)
+			return fail(C.DC_EINVAL, "dc_frontend_start: %s=%q: want a positive number of bytes", frontend.EnvMaxBodyBytes, v)
 		}
 		maxBody = n
 	}
@@ -55,36 +51,35 @@ func dc_frontend_start(rtH C.uint64_t, addr *C.char, addrLen C.size_t, namespace
 		MaxBodyBytes:   maxBody,
 	})
 	if err != nil {
-		return fail(rcEIO, "dc_frontend_start: %v", err)
+		return fail(C.DC_EIO, "dc_frontend_start: %v", err)
 	}
 	*out = C.uint64_t(frontends.Insert(f))
-	return rcOK
+	return C.DC_OK
 }
 
-// Copies the address the frontend listens on into buf, as dc_context_id does.
+// dc_frontend_addr: see dynamo_ctx.h, the reference.
 //
 //export dc_frontend_addr
 func dc_frontend_addr(h C.uint64_t, buf *C.char, bufLen C.size_t, n *C.size_t) (rc C.int) {
 	defer guard("dc_frontend_addr", &rc)
 	f, rc := get(frontends, "dc_frontend_addr", h)
-	if rc != rcOK {
+	if rc != C.DC_OK {
 		return rc
 	}
 	return writeString("dc_frontend_addr", f.Addr(), buf, bufLen, n)
 }
 
-// Stops the frontend (waiting up to 5 s for requests in flight) and frees
-// its handle.
+// dc_frontend_free: see dynamo_ctx.h, the reference.
 //
 //export dc_frontend_free
 func dc_frontend_free(h C.uint64_t) (rc C.int) {
 	defer guard("dc_frontend_free", &rc)
 	f, err := frontends.Remove(uint64(h))
 	if err != nil {
-		return fail(rcEBADF, "dc_frontend_free: %v", err)
+		return fail(C.DC_EBADF, "dc_frontend_free: %v", err)
 	}
 	_ = f.Close()
-	return rcOK
+	return C.DC_OK
 }
 
 // cGetenv reads the C environment as it is now: Go's os.Getenv sees a copy

@@ -1,11 +1,13 @@
 // Command native is the c-shared library of dynamo-ctx: a thin layer of
-// exported C functions over the Go packages (handle table, error codes,
-// recover), plus pymodule.c, which makes the same library the CPython
-// extension module dynamo_ctx._native. No logic lives here that a Go package
-// could hold.
+// exported C functions over the Go packages, plus pymodule.c, which makes the
+// same library the CPython extension module dynamo_ctx._native. Each export
+// checks its arguments, calls one function of a Go package and maps the
+// error to a code (handles, guard, fail); no logic lives here that a Go
+// package could hold.
 //
-// Build it with build.py (go build -buildmode=c-shared); docs/c-abi.md is the
-// contract of the exported functions.
+// Build it with build.py (go build -buildmode=c-shared). dynamo_ctx.h, the
+// hand-written public header, is the contract of the exported functions;
+// build.py checks its prototypes against the ones cgo generates.
 package main
 
 // The interpreter provides the Python symbols at import time, so the link

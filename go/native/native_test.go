@@ -6,11 +6,10 @@ package main
 // helpers behind them.
 
 import (
-	"log/slog"
 	"testing"
+	"unsafe"
 
 	"github.com/stretchr/testify/assert"
-	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 )
 
@@ -18,13 +17,13 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 func TestEveryExportRejectsBadHandles(t *testing.T) {
 	for _, h := range []uint64{0, 1, 0xdeadbeef, 1<<63 | 5, ^uint64(0)} {
-		assert.EqualValues(t, 9, dc_context_free(dcU64(h)))
-		assert.EqualValues(t, 9, dc_context_kill(dcU64(h)))
-		assert.EqualValues(t, 9, dc_context_stop_generating(dcU64(h)))
-		assert.EqualValues(t, 9, dc_context_link_child(dcU64(h), dcU64(h)))
-		assert.EqualValues(t, 9, dc_context_finish(dcU64(h)))
-		assert.EqualValues(t, 9, dc_queue_free(dcU64(h)))
-		assert.EqualValues(t, 9, dc_queue_unwatch(dcU64(h), 1))
+		assert.EqualValues(t, 9, call1(dc_context_free, h))
+		assert.EqualValues(t, 9, call1(dc_context_kill, h))
+		assert.EqualValues(t, 9, call1(dc_context_stop_generating, h))
+		assert.EqualValues(t, 9, call2(dc_context_link_child, h, h))
+		assert.EqualValues(t, 9, call1(dc_context_finish, h))
+		assert.EqualValues(t, 9, call1(dc_queue_free, h))
+		assert.EqualValues(t, 9, call2(dc_queue_unwatch, h, 1))
 	}
 }
 
@@ -48,54 +47,49 @@ func TestInvalidCancelArguments(t *testing.T) {
 	assert.EqualValues(t, 22, dc_context_cancel(1, 2, 99))
 }
 
-func TestEventQueueFireAndClose(t *testing.T) {
-	c := newContext("x")
-	rcq := dc_handle_counts(nil, nil, nil)
-	require.EqualValues(t, 0, rcq)
-	eq := newTestQueue()
-	w := &watch{}
-	eq.mu.Lock()
-	eq.watches[7] = w
-	eq.mu.Unlock()
-	w.stop = c.Notify(1, func() { eq.fire(7, w) })
-	// A stale registration of the same token never delivers.
-	eq.fire(7, &watch{})
-	n0, _ := eq.q.Drain(make([]uint64, 4))
-	require.Equal(t, 0, n0)
-	c.Kill()
+// The exports take cgo types, which a test file cannot name; these bind a
+// uint64 to whatever integer type the export's parameter has.
+func call1[H ~uint64, R any](f func(H) R, h uint64) R { return f(H(h)) }
+
+func call2[H ~uint64, R any](f func(H, H) R, a, b uint64) R { return f(H(a), H(b)) }
+
+func callWatch[H ~uint64, S ~uint32, R any](f func(H, H, S, H) R, h, q uint64, st uint32, tok uint64) R {
+	return f(H(h), H(q), S(st), H(tok))
+}
+
+func newQueue[H ~uint64, F ~int32, R ~int32](f func(*H, *F) R) (uint64, int) {
+	var h H
+	var fd F
+	if rc := f(&h, &fd); rc != 0 {
+		panic(rc)
+	}
+	return uint64(h), int(fd)
+}
+
+func drainQueue[H ~uint64, Z ~uint64, R ~int32](f func(H, *H, Z, *Z) R, q uint64, buf []uint64) int {
+	var n Z
+	if rc := f(H(q), (*H)(unsafe.Pointer(&buf[0])), Z(len(buf)), &n); rc != 0 {
+		panic(rc)
+	}
+	return int(n)
+}
+
+// BenchmarkWatchKill is the wake path of one cancellation as the Python side
+// drives it: a context watched on an event queue, killed, its token drained.
+func BenchmarkWatchKill(b *testing.B) {
+	q, _ := newQueue(dc_queue_new)
+	defer call1(dc_queue_free, q)
 	buf := make([]uint64, 4)
-	n, _ := eq.q.Drain(buf)
-	require.Equal(t, 1, n)
-	assert.EqualValues(t, 7, buf[0])
-	eq.fire(7, w) // a second fire of a consumed watch pushes nothing
-	n, _ = eq.q.Drain(buf)
-	assert.Equal(t, 0, n)
-	eq.close()
-	eq.close()
-}
-
-func TestLogHandlerFormatsAndFilters(t *testing.T) {
-	// Drain what is queued, then log one record at each level.
-	drainAll()
-	minLevel.Store(pyInfo)
-	defer minLevel.Store(pyWarning)
-	l := slog.New(queueHandler{}).With("req", "r1").WithGroup("g")
-	l.Debug("not queued")
-	l.Info("hello", "n", 3)
-	recs := drainAll()
-	require.Len(t, recs, 1)
-	assert.Equal(t, pyInfo, recs[0].level)
-	assert.Equal(t, `hello req="r1" g.n="3"`, recs[0].msg)
-}
-
-func drainAll() []logRecord {
-	var out []logRecord
-	buf := make([]logRecord, 16)
-	for {
-		n, _ := logQueue.Drain(buf)
-		out = append(out, buf[:n]...)
-		if n < len(buf) {
-			return out
+	b.ReportAllocs()
+	for i := 0; i < b.N; i++ {
+		h := contexts.Insert(newContext("bench"))
+		if rc := callWatch(dc_context_watch, h, q, 1, 7); rc != 0 {
+			b.Fatal(rc)
 		}
+		call1(dc_context_kill, h)
+		if n := drainQueue(dc_queue_drain, q, buf); n != 1 {
+			b.Fatal(n)
+		}
+		call1(dc_context_free, h)
 	}
 }

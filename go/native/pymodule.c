@@ -18,7 +18,7 @@
 #include <pthread.h>
 #include <string.h>
 #include <unistd.h>
-#include "_cgo_export.h"
+#include "dynamo_ctx.h" // the public header: the library's own functions, const-correct
 
 // Every Python symbol this file uses is a weak reference, so the library
 // loads (and its plain C ABI works) in a process without an interpreter: the
@@ -26,6 +26,7 @@
 // complete: python/tests/test_packaging.py fails on a strong Python symbol.
 #pragma weak PyBytes_AsStringAndSize
 #pragma weak PyBytes_FromStringAndSize
+#pragma weak PyErr_Clear
 #pragma weak PyErr_Format
 #pragma weak PyErr_NoMemory
 #pragma weak PyErr_Occurred
@@ -37,6 +38,7 @@
 #pragma weak PyExc_RuntimeError
 #pragma weak PyExc_TypeError
 #pragma weak PyExc_ValueError
+#pragma weak PyImport_ImportModule
 #pragma weak PyList_Append
 #pragma weak PyList_New
 #pragma weak PyList_SetItem
@@ -50,10 +52,17 @@
 #pragma weak PyModule_AddIntConstant
 #pragma weak PyModule_AddObject
 #pragma weak PyModule_Create2
+#pragma weak PyDict_New
+#pragma weak PyDict_SetItem
+#pragma weak PyObject_CallFunction
 #pragma weak PyObject_CallFunctionObjArgs
+#pragma weak PyObject_GetAttrString
 #pragma weak PyObject_IsInstance
 #pragma weak PyObject_IsSubclass
 #pragma weak PyObject_SetAttrString
+#pragma weak PyObject_Type
+#pragma weak PyTuple_New
+#pragma weak PyTuple_SetItem
 #pragma weak PyTuple_Size
 #pragma weak PyType_FromSpec
 #pragma weak PyType_GetFlags
@@ -62,6 +71,7 @@
 #pragma weak PyUnicode_DecodeUTF8
 #pragma weak PyUnicode_FromString
 #pragma weak _PyArg_ParseTupleAndKeywords_SizeT
+#pragma weak _PyObject_CallFunction_SizeT
 #pragma weak _PyArg_ParseTuple_SizeT
 #pragma weak _Py_BuildValue_SizeT
 #pragma weak _Py_Dealloc
@@ -90,65 +100,31 @@ static int check_fork(void) {
     return 0;
 }
 
-// The name of an error code, as in dynamo_ctx.h without the DC_ prefix.
-static const char* rc_name(int rc) {
-    switch (rc) {
-    case DC_ENOENT: return "ENOENT";
-    case DC_EBADF: return "EBADF";
-    case DC_EAGAIN: return "EAGAIN";
-    case DC_EEXIST: return "EEXIST";
-    case DC_EINVAL: return "EINVAL";
-    case DC_ERANGE: return "ERANGE";
-    case DC_EIO: return "EIO";
-    case DC_EINTERNAL: return "EINTERNAL";
-    case DC_EOF: return "EOF";
-    case DC_EHANDLER: return "EHANDLER";
-    case DC_EINCOMPLETE: return "EINCOMPLETE";
-    case DC_ENORESPONDERS: return "ENORESPONDERS";
-    case DC_ECLOSED: return "ECLOSED";
-    case DC_ECONNECT: return "ECONNECT";
-    default: return "EUNKNOWN";
-    }
-}
-
+// Raises the exception for error code rc with the calling thread's last error
+// message. Which exception is Python's business: the one table is
+// dynamo_ctx.runtime._exception_for(code, message).
 static PyObject* raise_rc(int rc) {
     char msg[1024];
     dc_last_error(msg, sizeof msg);
-    PyObject* exc;
-    switch (rc) {
-    case DC_EINVAL:
-    case DC_EBADF:
-    case DC_ERANGE:
-    case DC_EEXIST:
-    case DC_ENOENT:
-        exc = PyExc_ValueError;
-        break;
-    case DC_EIO:
-        exc = PyExc_OSError;
-        break;
-    default:
-        exc = PyExc_RuntimeError;
+    static PyObject* exception_for = NULL; // the module keeps it alive
+    if (exception_for == NULL) {
+        PyObject* mod = PyImport_ImportModule("dynamo_ctx.runtime");
+        if (mod != NULL) {
+            exception_for = PyObject_GetAttrString(mod, "_exception_for");
+            Py_DECREF(mod);
+        }
+        if (exception_for == NULL) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_RuntimeError, "%s (code %d)", msg, rc);
+            return NULL;
+        }
     }
-    // The message says what went wrong; the code and its name are attributes
-    // (e.code, e.code_name) for programs, not part of the text.
-    PyObject* text = PyUnicode_DecodeUTF8(msg, (Py_ssize_t)strlen(msg), "replace");
-    if (text == NULL) return NULL;
-    PyObject* e = PyObject_CallFunctionObjArgs(exc, text, NULL);
-    Py_DECREF(text);
-    if (e == NULL) return NULL;
-    PyObject* code = PyLong_FromLong(rc);
-    PyObject* name = PyUnicode_FromString(rc_name(rc));
-    if (code == NULL || name == NULL || PyObject_SetAttrString(e, "code", code) < 0 ||
-        PyObject_SetAttrString(e, "code_name", name) < 0) {
-        Py_XDECREF(code);
-        Py_XDECREF(name);
-        Py_DECREF(e);
-        return NULL;
-    }
-    Py_DECREF(code);
-    Py_DECREF(name);
-    PyErr_SetObject(exc, e);
-    Py_DECREF(e);
+    PyObject* exc = PyObject_CallFunction(exception_for, "is", rc, msg);
+    if (exc == NULL) return NULL; // the table itself raised
+    PyObject* type = PyObject_Type(exc);
+    PyErr_SetObject(type, exc);
+    Py_DECREF(type);
+    Py_DECREF(exc);
     return NULL;
 }
 
@@ -199,7 +175,7 @@ static int materialize(ContextObject* self) {
     uint32_t w = self->inline_word;
     if ((w & 0xff) != DC_LIVE) rc = dc_context_cancel(h, w & 0xff, (w >> 8) & 0xff);
     const uint32_t* word = NULL;
-    if (rc == DC_OK) rc = dc_context_state_word(h, (uint32_t**)&word);
+    if (rc == DC_OK) rc = dc_context_state_word(h, &word);
     if (rc != DC_OK) {
         dc_context_free(h);
         raise_rc(rc);
@@ -212,7 +188,7 @@ static int materialize(ContextObject* self) {
 
 static PyObject* context_wrap(PyTypeObject* tp, uint64_t h) {
     const uint32_t* word = NULL;
-    int rc = dc_context_state_word(h, (uint32_t**)&word);
+    int rc = dc_context_state_word(h, &word);
     if (rc != DC_OK) {
         dc_context_free(h);
         return raise_rc(rc);
@@ -937,6 +913,27 @@ static PyObject* mod_arm(PyObject* m, PyObject* args) {
     Py_RETURN_NONE;
 }
 
+// Checks a path (whole=1) or one part of it (whole=0) by the library's one
+// rule; ValueError with the library's message if it breaks it.
+static PyObject* path_check(PyObject* arg, int whole) {
+    if (check_fork() < 0) return NULL;
+    PyObject* b = PyUnicode_AsUTF8String(arg);
+    if (b == NULL) return NULL;
+    char* s;
+    Py_ssize_t n;
+    if (PyBytes_AsStringAndSize(b, &s, &n) < 0) {
+        Py_DECREF(b);
+        return NULL;
+    }
+    int rc = whole ? dc_endpoint_path_check(s, (size_t)n) : dc_endpoint_name_check(s, (size_t)n);
+    Py_DECREF(b);
+    if (rc != DC_OK) return raise_rc(rc);
+    Py_RETURN_NONE;
+}
+
+static PyObject* mod_endpoint_path_check(PyObject* m, PyObject* arg) { return path_check(arg, 1); }
+static PyObject* mod_endpoint_name_check(PyObject* m, PyObject* arg) { return path_check(arg, 0); }
+
 static PyObject* mod_version(PyObject* m, PyObject* unused) {
     return PyUnicode_FromString(dc_version());
 }
@@ -954,6 +951,8 @@ static PyMethodDef module_methods[] = {
     {"log_drain", mod_log_drain, METH_NOARGS, "log_drain() -> list of (level, message)"},
     {"selftest_panic", mod_selftest_panic, METH_NOARGS, "Panic in Go on purpose; raises RuntimeError."},
     {"version", mod_version, METH_NOARGS, "The library version."},
+    {"endpoint_path_check", mod_endpoint_path_check, METH_O, "endpoint_path_check(path): ValueError unless a valid namespace.component.endpoint"},
+    {"endpoint_name_check", mod_endpoint_name_check, METH_O, "endpoint_name_check(name): ValueError unless a valid path part"},
     {"runtime_new", mod_runtime_new, METH_VARARGS, "runtime_new(nats_url=None) -> handle (blocks while connecting)"},
     {"runtime_shutdown", mod_runtime_shutdown, METH_O, "runtime_shutdown(rt)"},
     {"runtime_free", mod_runtime_free, METH_O, "runtime_free(rt)"},
@@ -996,6 +995,76 @@ static int add_int(PyObject* m, const char* name, long v) {
     return PyModule_AddIntConstant(m, name, v);
 }
 
+// The header's enums, each name written once: a module constant per name
+// (without the DC_ prefix), and ERROR_NAMES {code: name} for the error codes.
+#define DC_CONST(x) {#x, DC_##x}
+static const struct { const char* name; long value; } error_codes[] = {
+    DC_CONST(OK), DC_CONST(ENOENT), DC_CONST(EIO), DC_CONST(EBADF), DC_CONST(EAGAIN),
+    DC_CONST(EEXIST), DC_CONST(EINVAL), DC_CONST(ERANGE), DC_CONST(EINTERNAL), DC_CONST(EOF),
+    DC_CONST(EHANDLER), DC_CONST(EINCOMPLETE), DC_CONST(ENORESPONDERS), DC_CONST(ECLOSED),
+    DC_CONST(ECONNECT),
+}, other_constants[] = {
+    DC_CONST(LIVE), DC_CONST(STOPPED), DC_CONST(KILLED),
+    DC_CONST(REASON_STOP_GENERATING), DC_CONST(REASON_KILL), DC_CONST(REASON_CLIENT_DISCONNECTED),
+    DC_CONST(REASON_PARENT), DC_CONST(REASON_DEADLINE), DC_CONST(REASON_CONNECTION_LOST),
+    DC_CONST(REASON_SHUTDOWN),
+    DC_CONST(ROUTE_ROUND_ROBIN), DC_CONST(ROUTE_RANDOM), DC_CONST(ROUTE_DIRECT),
+};
+#undef DC_CONST
+
+// REASON_NAMES: the reasons' names by code as the library spells them (Go
+// owns them: dc_reason_name), None at index 0 (live).
+static PyObject* reason_names(void) {
+    PyObject* t = PyTuple_New(DC_REASON_SHUTDOWN + 1);
+    if (t == NULL) return NULL;
+    Py_INCREF(Py_None);
+    PyTuple_SetItem(t, 0, Py_None);
+    for (uint32_t r = 1; r <= DC_REASON_SHUTDOWN; r++) {
+        char buf[64];
+        size_t n = 0;
+        if (dc_reason_name(r, buf, sizeof buf, &n) != DC_OK) {
+            Py_DECREF(t);
+            PyErr_Format(PyExc_RuntimeError, "dynamo_ctx: the library has no name for reason %u", r);
+            return NULL;
+        }
+        PyObject* name = PyUnicode_FromString(buf);
+        if (name == NULL) {
+            Py_DECREF(t);
+            return NULL;
+        }
+        PyTuple_SetItem(t, r, name);
+    }
+    return t;
+}
+
+static int add_constants(PyObject* m) {
+    size_t i;
+    for (i = 0; i < sizeof other_constants / sizeof other_constants[0]; i++)
+        if (add_int(m, other_constants[i].name, other_constants[i].value) < 0) return -1;
+    PyObject* names = PyDict_New();
+    if (names == NULL) return -1;
+    for (i = 0; i < sizeof error_codes / sizeof error_codes[0]; i++) {
+        if (add_int(m, error_codes[i].name, error_codes[i].value) < 0) goto fail;
+        PyObject* code = PyLong_FromLong(error_codes[i].value);
+        PyObject* name = PyUnicode_FromString(error_codes[i].name);
+        int bad = code == NULL || name == NULL || PyDict_SetItem(names, code, name) < 0;
+        Py_XDECREF(code);
+        Py_XDECREF(name);
+        if (bad) goto fail;
+    }
+    if (PyModule_AddObject(m, "ERROR_NAMES", names) < 0) goto fail; // steals on success
+    PyObject* reasons = reason_names();
+    if (reasons == NULL) return -1;
+    if (PyModule_AddObject(m, "REASON_NAMES", reasons) < 0) {
+        Py_DECREF(reasons);
+        return -1;
+    }
+    return 0;
+fail:
+    Py_DECREF(names);
+    return -1;
+}
+
 PyMODINIT_FUNC PyInit__native(void) {
     PyObject* m = PyModule_Create(&native_module);
     if (m == NULL) return NULL;
@@ -1006,18 +1075,7 @@ PyMODINIT_FUNC PyInit__native(void) {
         return NULL;
     }
     Py_INCREF(ContextType); // one reference for the module, one for this file
-    if (add_int(m, "LIVE", DC_LIVE) < 0 || add_int(m, "STOPPED", DC_STOPPED) < 0 ||
-        add_int(m, "KILLED", DC_KILLED) < 0 ||
-        add_int(m, "REASON_STOP_GENERATING", DC_REASON_STOP_GENERATING) < 0 ||
-        add_int(m, "REASON_KILL", DC_REASON_KILL) < 0 ||
-        add_int(m, "REASON_CLIENT_DISCONNECTED", DC_REASON_CLIENT_DISCONNECTED) < 0 ||
-        add_int(m, "REASON_PARENT", DC_REASON_PARENT) < 0 ||
-        add_int(m, "REASON_DEADLINE", DC_REASON_DEADLINE) < 0 ||
-        add_int(m, "REASON_CONNECTION_LOST", DC_REASON_CONNECTION_LOST) < 0 ||
-        add_int(m, "REASON_SHUTDOWN", DC_REASON_SHUTDOWN) < 0 || add_int(m, "OK", DC_OK) < 0 ||
-        add_int(m, "EAGAIN", DC_EAGAIN) < 0 || add_int(m, "EOF", DC_EOF) < 0 ||
-        add_int(m, "EHANDLER", DC_EHANDLER) < 0 || add_int(m, "EINCOMPLETE", DC_EINCOMPLETE) < 0 ||
-        add_int(m, "ENORESPONDERS", DC_ENORESPONDERS) < 0 || add_int(m, "ECLOSED", DC_ECLOSED) < 0) {
+    if (add_constants(m) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -54,7 +54,6 @@ import (
 	"net"
 	"os"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 	"unicode"
@@ -372,19 +371,9 @@ func (r *Runtime) track(add func()) error {
 	return nil
 }
 
-// ValidatePath checks an endpoint path "namespace.component.endpoint".
-func ValidatePath(path string) error {
-	parts := strings.Split(path, ".")
-	if len(parts) != 3 {
-		return fmt.Errorf("endpoint path %q must be namespace.component.endpoint", path)
-	}
-	for _, p := range parts {
-		if p == "" || strings.ContainsAny(p, " \t\r\n*>") {
-			return fmt.Errorf("endpoint path %q has an empty or invalid part", path)
-		}
-	}
-	return nil
-}
+// ValidatePath checks an endpoint path "namespace.component.endpoint" by
+// the one rule, discovery.ValidatePath.
+func ValidatePath(path string) error { return discovery.ValidatePath(path) }
 
 // envelope is the request message sent over NATS.
 type envelope struct {

@@ -22,7 +22,19 @@ from .runtime import (
     dynamo_worker,
 )
 
-__version__ = "0.1.0"
+from typing import Any
+
+
+def __getattr__(name: str) -> Any:
+    """``__version__`` is the native library's (read on first access, which
+    loads the library: ``import dynamo_ctx`` alone does not)."""
+    if name == "__version__":
+        from ._lib import native
+
+        version: str = native().version()
+        globals()["__version__"] = version
+        return version
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = [
     "Annotated",

@@ -18,13 +18,28 @@ REASON_PARENT: int
 REASON_DEADLINE: int
 REASON_CONNECTION_LOST: int
 REASON_SHUTDOWN: int
+ROUTE_ROUND_ROBIN: int
+ROUTE_RANDOM: int
+ROUTE_DIRECT: int
 OK: int
+ENOENT: int
+EIO: int
+EBADF: int
 EAGAIN: int
+EEXIST: int
+EINVAL: int
+ERANGE: int
+EINTERNAL: int
 EOF: int
 EHANDLER: int
 EINCOMPLETE: int
 ENORESPONDERS: int
 ECLOSED: int
+ECONNECT: int
+#: Error code -> its name above ("EINVAL", ...).
+ERROR_NAMES: Dict[int, str]
+#: Reason code -> name as the library spells it; None at index 0 (live).
+REASON_NAMES: Tuple[Optional[str], ...]
 
 class Context:
     def __new__(cls, id: Optional[str] = None) -> "Context": ...
@@ -51,6 +66,8 @@ def log_set_level(level: int) -> None: ...
 def log_drain() -> List[Tuple[int, str]]: ...
 def selftest_panic() -> None: ...
 def version() -> str: ...
+def endpoint_path_check(path: str) -> None: ...
+def endpoint_name_check(name: str) -> None: ...
 
 # Request plane. Handles are ints; (code, value) results carry OK, EAGAIN,
 # EOF or an error code with its message.

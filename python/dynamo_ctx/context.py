@@ -10,18 +10,6 @@ from ._lib import native
 STOPPED = 1
 KILLED = 2
 
-#: Reason names by reason code (bits 8-15 of the state word); index 0 is "live".
-REASONS = (
-    None,
-    "stop_generating",
-    "kill",
-    "client_disconnected",
-    "parent",
-    "deadline",
-    "connection_lost",
-    "shutdown",
-)
-
 _real_classes: Dict[type, type] = {}
 _real_lock = threading.Lock()
 
@@ -130,7 +118,8 @@ class Context:
         One of ``stop_generating``, ``kill``, ``client_disconnected``,
         ``parent``, ``deadline``, ``connection_lost``, ``shutdown``.
         """
-        return REASONS[(self._state_word() >> 8) & 0xFF]  # type: ignore[attr-defined]
+        # The names are the library's (_native.REASON_NAMES, None for live).
+        return native().REASON_NAMES[(self._state_word() >> 8) & 0xFF]  # type: ignore[attr-defined,no-any-return]
 
     async def async_killed_or_stopped(self) -> bool:
         """Wait until the context is stopped or killed; return True (at once if it already is)."""

@@ -90,8 +90,6 @@ class RuntimeClosed(RuntimeError):
     """The runtime was shut down."""
 
 
-_ROUTE_ROUND_ROBIN, _ROUTE_RANDOM, _ROUTE_DIRECT = 0, 1, 2
-
 _HANDLER_PREFIX = "a python exception was caught while processing the async generator: "
 
 
@@ -106,31 +104,48 @@ def _dumps(value: Any) -> bytes:
         raise TypeError(f"value is not JSON-serialisable: {e}") from None
 
 
-def _raise_for(code: int, message: str) -> None:
-    lib = native()
-    if code == lib.EHANDLER:
+class _IOFailure(OSError, RuntimeError):
+    """DC_EIO: the operating system or the network refused. An OSError, as the
+    native module's calls always raised, and a RuntimeError, as a stream's
+    errors always were."""
+
+
+# The one table from the library's error codes (by name, see
+# ``_native.ERROR_NAMES``) to exception classes; codes not here raise
+# RuntimeError. The native module builds its exceptions here too.
+_EXCEPTIONS = {
+    "EINVAL": ValueError,
+    "EBADF": ValueError,
+    "ERANGE": ValueError,
+    "EEXIST": ValueError,
+    "ENOENT": ValueError,
+    "EIO": _IOFailure,
+    "EINCOMPLETE": StreamIncomplete,
+    "ENORESPONDERS": NoResponders,
+    "ECLOSED": RuntimeClosed,
+}
+
+
+def _exception_for(code: int, message: str) -> Exception:
+    """The exception for the library's error ``code`` with its ``message``."""
+    name = native().ERROR_NAMES.get(code, "")
+    if name == "EHANDLER":
         if message.startswith(_HANDLER_PREFIX + "CancelledError:"):
-            raise BackendCancelled(message)
-        raise HandlerError(message)
-    if code == lib.EINCOMPLETE:
-        raise StreamIncomplete(message)
-    if code == lib.ENORESPONDERS:
-        raise NoResponders(message)
-    if code == lib.ECLOSED:
-        raise RuntimeClosed(message)
-    raise _native_error(RuntimeError, code, message)
-
-
-def _native_error(cls: "type[Exception]", code: int, message: str) -> Exception:
-    """``cls(message)`` carrying the library's error code as ``code`` (int) and
-    its name as ``code_name`` (e.g. "ECONNECT"), as the native module's own
-    exceptions do: programs match those, the message is for people."""
-    lib = native()
-    name = next((n for n in dir(lib) if n.startswith("E") and n.isupper() and getattr(lib, n) == code), "EUNKNOWN")
+            return BackendCancelled(message)
+        return HandlerError(message)
+    cls = _EXCEPTIONS.get(name, RuntimeError)
     e: Exception = cls(message)
-    setattr(e, "code", code)  # noqa: B010 - attributes the class does not declare
-    setattr(e, "code_name", name)  # noqa: B010
+    if getattr(cls, "code", None) is None:
+        # The library's code and its name, for programs (the message is for
+        # people); classes with a stable code of their own (StreamIncomplete,
+        # NoResponders, ...) keep it.
+        setattr(e, "code", code)  # noqa: B010 - attributes the class does not declare
+        setattr(e, "code_name", name or "EUNKNOWN")  # noqa: B010
     return e
+
+
+def _raise_for(code: int, message: str) -> None:
+    raise _exception_for(code, message)
 
 
 def _release(obj: Any, free: str) -> None:
@@ -206,9 +221,10 @@ class DistributedRuntime:
         self._h()
         if isinstance(path, str) and path.startswith("dyn://"):
             path = path[len("dyn://") :]
+        if not isinstance(path, str):
+            raise ValueError(f"endpoint path {path!r} must be a str")
+        self._lib.endpoint_path_check(path)
         parts = path.split(".")
-        if len(parts) != 3:
-            raise ValueError(f"endpoint path {path!r} must be namespace.component.endpoint")
         return self.namespace(parts[0]).component(parts[1]).endpoint(parts[2])
 
     def shutdown(self) -> None:
@@ -232,8 +248,12 @@ class DistributedRuntime:
 
 
 def _check_part(kind: str, name: str) -> None:
-    if not isinstance(name, str) or not name or "." in name or any(c in name for c in " \t\r\n*>"):
-        raise ValueError(f"invalid {kind} name {name!r}: a non-empty name without dots, spaces, '*' or '>'")
+    if not isinstance(name, str):
+        raise ValueError(f"invalid {kind} name {name!r}: not a str")
+    try:
+        native().endpoint_name_check(name)  # the library's one rule
+    except ValueError as e:
+        raise ValueError(f"invalid {kind} name {name!r}: {e}") from None
 
 
 class Namespace:
@@ -525,19 +545,19 @@ class Client:
         same id, linked before the request is sent: stopping or killing
         ``context`` stops or kills the remote handler.
         """
-        return await self._generate(request, annotated, context, _ROUTE_ROUND_ROBIN, 0)
+        return await self._generate(request, annotated, context, self._lib.ROUTE_ROUND_ROBIN, 0)
 
     async def round_robin(self, request: Any, annotated: bool = True, context: Optional[Context] = None) -> "ResponseStream":
         """Like ``generate``: the next instance in turn."""
-        return await self._generate(request, annotated, context, _ROUTE_ROUND_ROBIN, 0)
+        return await self._generate(request, annotated, context, self._lib.ROUTE_ROUND_ROBIN, 0)
 
     async def random(self, request: Any, annotated: bool = True, context: Optional[Context] = None) -> "ResponseStream":
         """Like ``generate``, to a random instance."""
-        return await self._generate(request, annotated, context, _ROUTE_RANDOM, 0)
+        return await self._generate(request, annotated, context, self._lib.ROUTE_RANDOM, 0)
 
     async def direct(self, request: Any, instance_id: int, annotated: bool = True, context: Optional[Context] = None) -> "ResponseStream":
         """Like ``generate``, to the instance ``instance_id``."""
-        return await self._generate(request, annotated, context, _ROUTE_DIRECT, instance_id)
+        return await self._generate(request, annotated, context, self._lib.ROUTE_DIRECT, instance_id)
 
     def __del__(self) -> None:
         _release(self, "client_free")

@@ -14,6 +14,7 @@ object lives in a module global for the life of the process.
 from __future__ import annotations
 
 import gc
+import importlib.util
 import os
 import random
 import re
@@ -35,11 +36,12 @@ import dynamo_ctx  # noqa: E402 - importing the package does not load the librar
 
 PACKAGE_DIR = Path(dynamo_ctx.__file__).resolve().parent
 LIB_PATH = PACKAGE_DIR / "_native.abi3.so"
-HEADER_PATH = PACKAGE_DIR / "include" / "dynamo_ctx.h"
+HEADER_PATH = PACKAGE_DIR / "include" / "dynamo_ctx.h"  # the public header, shipped
+GENERATED_HEADER_PATH = PACKAGE_DIR / "_native.abi3.h"  # cgo's, internal (source tree only)
 HANG = 10.0  # seconds: a generous bound that only catches hangs, never a sleep
 
 # ---------------------------------------------------------------------------
-# Declarations, as a C user would copy them from docs/c-abi.md
+# Declarations, as a C user would copy them from include/dynamo_ctx.h
 # ---------------------------------------------------------------------------
 
 CDEF = """
@@ -317,22 +319,75 @@ def _header_is_stale() -> bool:
     go_dir = PACKAGE_DIR.parents[1] / "go"
     if not go_dir.is_dir():  # an installed wheel: the header is what was built
         return False
-    built = HEADER_PATH.stat().st_mtime_ns
+    built = GENERATED_HEADER_PATH.stat().st_mtime_ns
     return any(p.stat().st_mtime_ns > built for p in go_dir.rglob("*.go"))
 
 
 def test_declared_functions_exist_in_generated_header():
-    if not HEADER_PATH.is_file():
-        pytest.skip(f"{HEADER_PATH} not generated (run `python build.py`)")
+    if not GENERATED_HEADER_PATH.is_file():
+        pytest.skip(f"{GENERATED_HEADER_PATH} not generated (run `python build.py`)")
     if _header_is_stale():
         pytest.skip("the generated header is older than the Go sources (run `python build.py`)")
-    text = HEADER_PATH.read_text("utf-8")
+    text = GENERATED_HEADER_PATH.read_text("utf-8")
     exported = {name: args for name, args in re.findall(r"^extern [^(]*?\b(dc_\w+)\(([^)]*)\);", text, re.M)}
     declared = {name: args for name, args in re.findall(r"\b(dc_\w+)\(([^)]*)\);", CDEF)}
     for name, args in declared.items():
         assert name in exported, f"{name} is not exported"
         arity = lambda a: 0 if a.strip() in ("", "void") else a.count(",") + 1  # noqa: E731
         assert arity(args) == arity(exported[name]), (name, args, exported[name])
+
+
+def test_public_header_matches_the_exports():
+    """The hand-written header declares every export, and only those, with
+    cgo's types modulo const (build.py checks the same at every build)."""
+    build = _import_build()
+    if not GENERATED_HEADER_PATH.is_file() or not HEADER_PATH.is_file():
+        pytest.skip("headers not built (run `python build.py`)")
+    if _header_is_stale():
+        pytest.skip("the generated header is older than the Go sources (run `python build.py`)")
+    public = HEADER_PATH.read_text("utf-8")
+    assert build.check_header(public, GENERATED_HEADER_PATH.read_text("utf-8")) == []
+    assert "dc_set_error" not in public and "_GoString_" not in public, "internals stay internal"
+    # The check itself sees a drift: a parameter dropped, a type changed.
+    generated = GENERATED_HEADER_PATH.read_text("utf-8")
+    assert build.check_header(public.replace("int dc_arm(uint64_t h, uint64_t q, uint64_t token);", "int dc_arm(uint64_t h, uint64_t q);"), generated)
+    assert build.check_header(public.replace("int dc_log_set_level(int level);", "int dc_log_set_level(long level);"), generated)
+
+
+def test_public_header_compiles_as_c_and_cpp(tmp_path):
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None or not HEADER_PATH.is_file():
+        pytest.skip("no C compiler or header")
+    src = tmp_path / "use.c"
+    src.write_text('#include "dynamo_ctx.h"\nint main(void) { return dc_version() == 0 && DC_OK == 0; }\n')
+    subprocess.run([cc, "-std=c99", "-Wall", "-Werror", "-fsyntax-only", "-I", str(HEADER_PATH.parent), str(src)], check=True)
+    cxx = shutil.which("c++") or shutil.which("g++")
+    if cxx is not None:
+        subprocess.run([cxx, "-Wall", "-Werror", "-fsyntax-only", "-x", "c++", "-I", str(HEADER_PATH.parent), str(src)], check=True)
+
+
+def test_doc_examples_compile_against_the_header(tmp_path):
+    """docs/c-abi.md's examples compile, warning-free, with the public header."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    doc = PACKAGE_DIR.parents[1] / "docs" / "c-abi.md"
+    if cc is None or not HEADER_PATH.is_file() or not doc.is_file():
+        pytest.skip("no C compiler, header or docs")
+    blocks = re.findall(r"```c\n(.*?)```", doc.read_text("utf-8"), re.S)
+    assert len(blocks) == 2
+    for i, block in enumerate(blocks):
+        src = tmp_path / f"example{i}.c"
+        src.write_text(block)
+        subprocess.run([cc, "-std=c11", "-Wall", "-Werror", "-fsyntax-only", "-I", str(HEADER_PATH.parent), str(src)], check=True)
+
+
+def _import_build():
+    root = PACKAGE_DIR.parents[1]
+    if not (root / "build.py").is_file():
+        pytest.skip("needs the source tree (build.py)")
+    spec = importlib.util.spec_from_file_location("dynamo_ctx_build", root / "build.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 # ---------------------------------------------------------------------------

@@ -1,0 +1,432 @@
+/* dynamo_ctx.h: the C ABI of the dynamo-ctx native library
+   (_native.abi3.so, which is also the CPython extension module
+   dynamo_ctx._native). This file is the reference; docs/c-abi.md is the
+   overview with examples.
+
+   Conventions, for every function below unless its comment says otherwise:
+   - It returns 0 (DC_OK) or an error code (DC_E*); dc_last_error then gives
+     a message, per calling thread. No function writes to stdout or stderr
+     (log records go to the log queue, see dc_log_fd), and none lets a crash
+     through: a bug is DC_EINTERNAL and the library stays usable.
+   - Objects are named by 64-bit handles: never 0, never reused in practice,
+     tagged with their kind, so a stale, freed, forged or wrong-kind handle is
+     DC_EBADF rather than a crash. Free each with its dc_*_free.
+   - Strings passed in are (pointer, length) pairs of UTF-8 with no NUL.
+     Strings passed out are copied into the caller's (buf, cap) with a
+     terminating NUL, their length without the NUL stored in *len; if cap is
+     too small the result is DC_ERANGE with *len still set: call again with a
+     larger buffer ("as dc_context_id does").
+   - Nothing blocks unless its comment says so (dc_runtime_new,
+     dc_client_new). Progress is signalled by pushing a caller-chosen token
+     onto an event queue, whose fd is readable while tokens wait
+     (dc_context_watch, dc_arm); the caller's event loop drains it.
+   - Every function may be called from any thread. Go never calls the host. */
+#ifndef DYNAMO_CTX_H
+#define DYNAMO_CTX_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Error codes returned by every dc_* function (0 is success). The values
+   follow errno where one fits, so strerror gives a rough idea, but
+   dc_last_error gives the precise message. */
+enum {
+    DC_OK = 0,
+    DC_ENOENT = 2,           /* no such entry (dc_queue_unwatch: token not pending) */
+    DC_EIO = 5,              /* the operating system refused (pipe creation, listening, ...) */
+    DC_EBADF = 9,            /* zero, stale, freed, forged or wrong-kind handle */
+    DC_EAGAIN = 11,          /* nothing now: arm the object and retry when its token arrives */
+    DC_EEXIST = 17,          /* token already pending on this queue */
+    DC_EINVAL = 22,          /* invalid argument: NULL pointer, bad UTF-8, bad id, path, state, reason, route, JSON */
+    DC_ERANGE = 34,          /* the caller's buffer is too small; the needed size was stored */
+    DC_EINTERNAL = 1000,     /* a bug: a Go panic was recovered; the library is still usable */
+    DC_EOF = 1001,           /* the response stream ended normally: no more items */
+    DC_EHANDLER = 1002,      /* the remote handler raised; the message says what */
+    DC_EINCOMPLETE = 1003,   /* "Stream ended before generation completed" */
+    DC_ENORESPONDERS = 1004, /* no worker received the request */
+    DC_ECLOSED = 1005,       /* the runtime (or endpoint, client) is shut down */
+    DC_ECONNECT = 1006       /* could not connect to NATS or set up the runtime */
+};
+
+/* Context states, in bits 0-7 of a state word. A state only moves forward:
+   live -> stopped -> killed. */
+enum { DC_LIVE = 0, DC_STOPPED = 1, DC_KILLED = 2 };
+
+/* Cancellation reasons, in bits 8-15 of a state word (and the cause, the
+   reason where the cancellation started, in bits 16-23). dc_reason_name
+   gives each one's name. */
+enum {
+    DC_REASON_NONE = 0,
+    DC_REASON_STOP_GENERATING = 1,
+    DC_REASON_KILL = 2,
+    DC_REASON_CLIENT_DISCONNECTED = 3,
+    DC_REASON_PARENT = 4,
+    DC_REASON_DEADLINE = 5,
+    DC_REASON_CONNECTION_LOST = 6,
+    DC_REASON_SHUTDOWN = 7
+};
+
+/* How dc_client_generate picks a worker instance. */
+enum { DC_ROUTE_ROUND_ROBIN = 0, DC_ROUTE_RANDOM = 1, DC_ROUTE_DIRECT = 2 };
+
+/* The longest context id, in bytes of UTF-8. */
+enum { DC_MAX_ID_LEN = 4096 };
+
+/* The library's own cgo preambles include this file for the enums only:
+   cgo declares the functions itself, with char* where const char* is meant. */
+#ifndef DC_ENUMS_ONLY
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ------------------------------------------------------------------
+   Library
+   ------------------------------------------------------------------ */
+
+/* Returns the library's version, a static NUL-terminated string. */
+const char *dc_version(void);
+
+/* Copies the calling thread's last error message into buf (NUL-terminated,
+   truncated to cap-1 bytes) and returns its full length. buf may be NULL to
+   ask for the length. Messages are per thread and only set by failing calls. */
+size_t dc_last_error(char *buf, size_t cap);
+
+
+/* ------------------------------------------------------------------
+   Contexts
+   ------------------------------------------------------------------ */
+
+/* Creates a live root context with the given id (len bytes of UTF-8, no NUL,
+   1 to 4096 bytes) and stores its handle in *out. Errors: DC_EINVAL for a NULL
+   id or out, an empty, too long or invalid UTF-8 id. */
+int dc_context_new(const char *id, size_t len, uint64_t *out);
+
+/* Creates a live root context with a fresh random UUID as its id.
+   Errors: DC_EINVAL for a NULL out. */
+int dc_context_new_uuid(uint64_t *out);
+
+/* Releases a context handle. The context itself lives on while a parent,
+   child or request still needs it (it keeps propagating cancellation); its
+   state word pointer (dc_context_state_word) must not be used after this.
+   Errors: DC_EBADF (including a second free of the same handle). */
+int dc_context_free(uint64_t h);
+
+/* Copies the context's id into buf (NUL-terminated) and its length without
+   the NUL into *len. Errors: DC_EBADF; DC_ERANGE if cap < length+1 (*len is
+   still set, so call again with a larger buffer). */
+int dc_context_id(uint64_t h, char *buf, size_t cap, size_t *len);
+
+/* Stores the context's state word in *word: state (DC_LIVE, DC_STOPPED,
+   DC_KILLED) in bits 0-7, reason (DC_REASON_*) in bits 8-15, and the cause
+   (the reason where the cancellation started; differs from the reason for a
+   context cancelled through its parent) in bits 16-23.
+   Errors: DC_EBADF, DC_EINVAL for a NULL word. */
+int dc_context_state(uint64_t h, uint32_t *word);
+
+/* Stores in *out a pointer to the context's state word, which the library
+   updates with atomic stores and which stays valid until dc_context_free of
+   this handle. Read it with an atomic (acquire) load: this is how a caller
+   polls a context without calling into the library at all.
+   Errors: DC_EBADF, DC_EINVAL for a NULL out. */
+int dc_context_state_word(uint64_t h, const uint32_t **out);
+
+/* Moves the context to state (DC_STOPPED or DC_KILLED) with the given reason
+   (DC_REASON_STOP_GENERATING .. DC_REASON_SHUTDOWN), and its linked children
+   with DC_REASON_PARENT, before returning. A context already at or past state
+   is unchanged (success). Errors: DC_EBADF, DC_EINVAL for another state or
+   reason. */
+int dc_context_cancel(uint64_t h, uint32_t state, uint32_t reason);
+
+/* dc_context_cancel(h, DC_STOPPED, DC_REASON_STOP_GENERATING). Idempotent. */
+int dc_context_stop_generating(uint64_t h);
+
+/* dc_context_cancel(h, DC_KILLED, DC_REASON_KILL). Idempotent. */
+int dc_context_kill(uint64_t h);
+
+/* Links child below parent: stopping or killing parent does the same to child.
+   If parent is already stopped or killed, child is moved to that state before
+   this returns. Cycles are allowed. Errors: DC_EBADF for either handle. */
+int dc_context_link_child(uint64_t parent, uint64_t child);
+
+/* Creates a new context with parent's id, already linked below parent, and
+   stores its handle in *out. Errors: DC_EBADF, DC_EINVAL for a NULL out. */
+int dc_context_child(uint64_t parent, uint64_t *out);
+
+/* Declares the context's request finished: it is unlinked from its parents,
+   which stop holding it. Its state and its own children are unaffected.
+   Errors: DC_EBADF. */
+int dc_context_finish(uint64_t h);
+
+/* Copies the name of a reason ("stop_generating", "kill", ...) into buf, as
+   dc_context_id does. Errors: DC_EINVAL for an unknown reason or
+   DC_REASON_NONE, DC_ERANGE. */
+int dc_reason_name(uint32_t reason, char *buf, size_t cap, size_t *len);
+
+
+/* ------------------------------------------------------------------
+   Event queues
+   ------------------------------------------------------------------ */
+
+/* Creates an event queue: a FIFO of 64-bit tokens and a file descriptor that is
+   readable whenever the queue is not empty (watch it with poll, epoll, or an
+   event loop's add_reader; never read it yourself, dc_queue_drain does).
+   Stores the handle in *out and the fd in *fd; the fd belongs to the queue and
+   is closed by dc_queue_free. Errors: DC_EINVAL for NULL pointers, DC_EIO. */
+int dc_queue_new(uint64_t *out, int *fd);
+
+/* Frees an event queue: unregisters its pending watches and closes its fd
+   (remove the fd from your event loop first). Errors: DC_EBADF. */
+int dc_queue_free(uint64_t q);
+
+/* Moves up to cap tokens, oldest first, into buf and stores their number in
+   *n. When the queue becomes empty its fd stops being readable; if tokens
+   remain (*n == cap) it stays readable. Errors: DC_EBADF, DC_EINVAL for NULL
+   pointers. */
+int dc_queue_drain(uint64_t q, uint64_t *buf, size_t cap, size_t *n);
+
+/* Arranges for token to be pushed onto queue q once, when the context reaches
+   state (DC_STOPPED, which a kill also satisfies, or DC_KILLED). If it already
+   has, the token is pushed at once. Errors: DC_EBADF for either handle,
+   DC_EINVAL for another state, DC_EEXIST if token is already pending on q. */
+int dc_context_watch(uint64_t h, uint64_t q, uint32_t state, uint64_t token);
+
+/* Cancels a pending watch. Errors: DC_EBADF, DC_ENOENT if token is not pending
+   (never registered, or already fired: then it is in, or was drained from, the
+   queue). */
+int dc_queue_unwatch(uint64_t q, uint64_t token);
+
+
+/* ------------------------------------------------------------------
+   Diagnostics
+   ------------------------------------------------------------------ */
+
+/* Stores the numbers of live context handles, queue handles and all other
+   handles (runtimes, endpoints, requests, clients, streams), for leak tests.
+   Any pointer may be NULL. */
+int dc_handle_counts(uint64_t *contexts, uint64_t *queues, uint64_t *other);
+
+/* Stores the number of goroutines and the bytes of live Go heap (after a
+   garbage collection when collect is non-zero), for leak checks and
+   benchmarks. Any pointer may be NULL. */
+int dc_runtime_stats(int collect, uint64_t *goroutines, uint64_t *heap_bytes);
+
+/* Panics inside the library on purpose, to test that every export recovers:
+   always returns DC_EINTERNAL with a message, and logs an error record. */
+int dc_selftest_panic(void);
+
+
+/* ------------------------------------------------------------------
+   Logging
+   ------------------------------------------------------------------ */
+
+/* Stores in *fd a descriptor that is readable whenever log records are
+   waiting for dc_log_next. The fd belongs to the library: never read or close
+   it. Errors: DC_EINVAL for NULL, DC_EIO if the library has no log queue. */
+int dc_log_fd(int *fd);
+
+/* Sets the lowest level (Python's numbers: 10 debug, 20 info, 30 warning, 40
+   error) of the records the library queues; the default is 30. */
+int dc_log_set_level(int level);
+
+/* Takes the oldest log record: its level in *level (Python's numbers) and its
+   message into buf, as dc_context_id does. Errors: DC_EAGAIN when no record
+   is waiting; DC_ERANGE when buf is too small (*len is set and the record stays
+   first in line); DC_EINVAL for NULL level or len. */
+int dc_log_next(int *level, char *buf, size_t cap, size_t *len);
+
+
+/* ------------------------------------------------------------------
+   HTTP frontend
+   ------------------------------------------------------------------ */
+
+/* Starts the OpenAI-compatible HTTP frontend on the runtime and stores its
+   handle in *out. addr is the listen address ("127.0.0.1:8000"); ns
+   (NULL for "dynamo") is the namespace where workers serve "<ns>.backend.generate";
+   migration_limit < 0 means "as the model's workers declare". The body
+   limit is DYNAMO_CTX_MAX_BODY_BYTES as the process's environment has it
+   now (the host may set it after loading the library). Errors: DC_EBADF,
+   DC_EINVAL, DC_EIO (cannot listen). */
+int dc_frontend_start(uint64_t rt, const char *addr, size_t addr_len, const char *ns, size_t ns_len, int migration_limit, uint64_t *out);
+
+/* Copies the address the frontend listens on into buf, as dc_context_id does. */
+int dc_frontend_addr(uint64_t h, char *buf, size_t cap, size_t *len);
+
+/* Stops the frontend (waiting up to 5 s for requests in flight) and frees
+   its handle. */
+int dc_frontend_free(uint64_t h);
+
+
+/* ------------------------------------------------------------------
+   Runtime
+   ------------------------------------------------------------------ */
+
+/* Connects to the request plane and stores a runtime handle in *out. url
+   (url_len bytes; NULL or empty for the default) is a NATS address; by default
+   the NATS_SERVER environment variable or nats://127.0.0.1:4222, where an
+   in-process server is started if nothing answers. Blocks while connecting
+   (at most about 15 s). Errors: DC_EINVAL, DC_ECONNECT. */
+int dc_runtime_new(const char *url, size_t url_len, uint64_t *out);
+
+/* Shuts the runtime down: requests being served are killed (reason
+   shutdown), instances leave discovery, streams end. The handle stays valid
+   (calls on it fail with DC_ECLOSED) until dc_runtime_free. Idempotent. */
+int dc_runtime_shutdown(uint64_t h);
+
+/* Shuts the runtime down (as dc_runtime_shutdown) and frees its handle. */
+int dc_runtime_free(uint64_t h);
+
+/* Copies the runtime's NATS URL into buf, as dc_context_id does. */
+int dc_runtime_nats_url(uint64_t h, char *buf, size_t cap, size_t *len);
+
+
+/* ------------------------------------------------------------------
+   Endpoints (worker side)
+   ------------------------------------------------------------------ */
+
+/* Checks an endpoint path "namespace.component.endpoint": three non-empty
+   parts without '.', '*', '>', whitespace or control characters (the one
+   rule, used by dc_endpoint_serve and dc_client_new too).
+   Errors: DC_EINVAL, with a message saying what is wrong. */
+int dc_endpoint_path_check(const char *path, size_t len);
+
+/* Checks one part of an endpoint path (a namespace, component or endpoint
+   name) by the same rule. Errors: DC_EINVAL. */
+int dc_endpoint_name_check(const char *name, size_t len);
+
+/* Serves a new instance of the endpoint path ("namespace.component.endpoint")
+   and stores its handle in *out. meta (may be NULL) is published with the
+   instance. Errors: DC_EBADF, DC_EINVAL (bad path), DC_ECLOSED. */
+int dc_endpoint_serve(uint64_t rt, const char *path, size_t path_len, const char *meta, size_t meta_len, uint64_t *out);
+
+/* Stores the endpoint instance's id in *out. */
+int dc_endpoint_instance_id(uint64_t h, uint64_t *out);
+
+/* Takes the oldest request waiting for a handler and stores its handle in
+   *out. Errors: DC_EAGAIN (none waiting: dc_arm the endpoint), DC_ECLOSED
+   (the endpoint was closed), DC_EBADF. */
+int dc_endpoint_accept(uint64_t h, uint64_t *out);
+
+/* Stops serving: the instance leaves discovery and requests being served are
+   killed (reason shutdown); frees the handle. */
+int dc_endpoint_free(uint64_t h);
+
+
+/* ------------------------------------------------------------------
+   Requests (worker side)
+   ------------------------------------------------------------------ */
+
+/* Copies the request's payload (a JSON value) into buf, as dc_context_id does. */
+int dc_request_payload(uint64_t h, char *buf, size_t cap, size_t *len);
+
+/* Copies the request's metadata (a JSON object, or nothing: *len = 0 when the
+   caller sent none) into buf, as dc_context_id does. */
+int dc_request_metadata(uint64_t h, char *buf, size_t cap, size_t *len);
+
+/* Stores in *out a new context handle for the request's context (the
+   handler's context: it has the caller's id and follows the caller's stop and
+   kill). Free it with dc_context_free. */
+int dc_request_context(uint64_t h, uint64_t *out);
+
+/* Queues one response item (len bytes of JSON) for the caller; never blocks.
+   Errors: DC_EAGAIN when the buffer is full (dc_arm the request, then retry),
+   DC_EINVAL when data is not JSON. After a kill, items are dropped silently. */
+int dc_request_send(uint64_t h, const char *data, size_t len);
+
+/* Ends the request normally: queued items, then the final marker (unless the
+   handler stopped its own context: then the caller sees an incomplete
+   stream). */
+int dc_request_complete(uint64_t h);
+
+/* Ends the request with a handler error; msg is "<Type>: <message>". */
+int dc_request_fail(uint64_t h, const char *msg, size_t len);
+
+/* Frees a request handle; a request neither completed nor failed is failed. */
+int dc_request_free(uint64_t h);
+
+
+/* ------------------------------------------------------------------
+   Clients (caller side)
+   ------------------------------------------------------------------ */
+
+/* Creates a client of the endpoint path and stores its handle in *out. Blocks
+   briefly (about 100 ms) to learn the current instances. */
+int dc_client_new(uint64_t rt, const char *path, size_t path_len, uint64_t *out);
+
+/* Copies the ids of the instances the client knows into buf (up to cap) and
+   stores their number in *n. Errors: DC_ERANGE if cap < *n. */
+int dc_client_instances(uint64_t h, uint64_t *buf, size_t cap, size_t *n);
+
+/* Sends a request (payload: len bytes of JSON) and stores the response
+   stream's handle in *out without waiting. ctx (0 for none) is the caller's
+   context: the request gets a child of it (same id, linked before sending);
+   route is 0 round robin, 1 random, 2 direct to instance. Errors: DC_EBADF,
+   DC_EINVAL (not JSON, bad route), DC_ECLOSED; failures to reach a worker are
+   reported by the stream. */
+int dc_client_generate(uint64_t h, const char *payload, size_t payload_len, uint64_t ctx, int route, uint64_t instance, uint64_t *out);
+
+/* dc_client_generate with request metadata: metaLen bytes at meta, a JSON
+   object of at most 16 KiB (metaLen 0: none), which the handler's side reads
+   with dc_request_metadata. Errors: those of dc_client_generate; DC_EINVAL
+   for metadata that is not a JSON object or is too large. */
+int dc_client_generate_metadata(uint64_t h, const char *payload, size_t payload_len, const char *meta, size_t meta_len, uint64_t ctx, int route, uint64_t instance, uint64_t *out);
+
+/* Sets how many times the client's requests are retried on another worker
+   when their stream breaks (migration; 0, the default, means never).
+   Errors: DC_EBADF, DC_EINVAL for a negative limit. */
+int dc_client_set_migration_limit(uint64_t h, int limit);
+
+/* Stops watching instances and frees the client handle. */
+int dc_client_free(uint64_t h);
+
+
+/* ------------------------------------------------------------------
+   Response streams (caller side)
+   ------------------------------------------------------------------ */
+
+/* Reports whether the stream's request reached a worker: DC_OK once it did,
+   DC_EAGAIN while in flight (dc_arm the stream), or the error that ended it
+   (DC_ENORESPONDERS, ...). */
+int dc_stream_started(uint64_t h);
+
+/* Moves as many whole items as fit into buf, each as a 4-byte little-endian
+   length followed by that many bytes of JSON, and stores the bytes used in
+   *used and the item count in *count. With no item ready it returns
+   DC_EAGAIN (dc_arm the stream), DC_EOF at the normal end, or the stream's
+   error (DC_EHANDLER, DC_EINCOMPLETE, DC_ENORESPONDERS, ...). If the first
+   item does not fit: DC_ERANGE with the size needed in *used. Once the
+   request's context or the caller's context it was made for is killed, no
+   item is returned (DC_EOF, or the error that had ended the stream): a kill
+   is a hard abort, whatever was buffered is dropped. */
+int dc_stream_take(uint64_t h, char *buf, size_t cap, size_t *used, size_t *count);
+
+/* Stores in *out a new context handle for the stream's request context (a
+   child of the caller's context, with the same id). */
+int dc_stream_context(uint64_t h, uint64_t *out);
+
+/* Kills the stream's request (the worker's handler context is killed) and
+   ends the stream. Idempotent. */
+int dc_stream_kill(uint64_t h);
+
+/* Frees a stream handle, killing the request if the stream has not ended. */
+int dc_stream_free(uint64_t h);
+
+
+/* ------------------------------------------------------------------
+   Readiness
+   ------------------------------------------------------------------ */
+
+/* Pushes token onto queue q once the object h may have progressed: an
+   endpoint has a request to accept (or closed), a request's send buffer has
+   room, a client knows an instance, a stream has items, started or ended.
+   At once if that is already so. One pending arm per object: a second
+   replaces the first. Errors: DC_EBADF for either handle or a handle of
+   another kind. */
+int dc_arm(uint64_t h, uint64_t q, uint64_t token);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* DC_ENUMS_ONLY */
+#endif /* DYNAMO_CTX_H */

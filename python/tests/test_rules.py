@@ -84,9 +84,11 @@ def test_one_exception_table():
     assert isinstance(_exception_for(lib.EINVAL, "bad"), ValueError)
     io = _exception_for(lib.EIO, "io")
     assert isinstance(io, OSError) and isinstance(io, RuntimeError), "as the native module and the streams raised it"
-    assert str(io) == "io (code 5)"
+    assert str(io) == "io", "the code is an attribute, not text"
+    assert (io.code, io.code_name) == (lib.EIO, "EIO")
     assert type(_exception_for(lib.ECONNECT, "no")) is RuntimeError
-    assert type(_exception_for(12345, "unknown")) is RuntimeError
+    unknown = _exception_for(12345, "unknown")
+    assert type(unknown) is RuntimeError and unknown.code_name == "EUNKNOWN"
 
 
 def test_native_module_raises_through_the_table():

@@ -108,6 +108,9 @@ class MockAsyncLLM:
         self._running: Dict[str, _Request] = {}
         # request id -> KV blocks its abort freed (the most recent ones only)
         self.confirmed_aborts: "collections.OrderedDict[str, int]" = collections.OrderedDict()
+        # Aborts that happened without abort() (a consumer cancelled): the KV
+        # blocks freed, reported by the next abort() of that id.
+        self._unreported: "collections.OrderedDict[str, int]" = collections.OrderedDict()
 
     # -------------------------------------------------------------- introspection
 
@@ -210,10 +213,26 @@ class MockAsyncLLM:
                     break
             if aborted:
                 yield RequestOutput(request_id, tokens, [CompletionOutput(0, list(out), finish_reason="abort")], finished=True)
+        except (asyncio.CancelledError, GeneratorExit):
+            # As vLLM's AsyncLLM.generate does: a consumer cancelled while it
+            # awaits this stream, or one that drops it unfinished, aborts the
+            # request (whichever of that and an explicit abort comes first).
+            self._mark_aborted(req)
+            raise
         finally:
             self._release(req, aborted or req.aborted.is_set())
 
-    def _release(self, req: _Request, aborted: bool) -> None:
+    def _mark_aborted(self, req: _Request) -> bool:
+        """Count an abort of a running request once; False if it was not running."""
+        if self._running.get(req.request_id) is not req or req.aborted.is_set():
+            return False
+        self.stats.aborts_requested += 1
+        if req.phase in ("waiting", "prefill"):
+            self.stats.prefill_aborts += 1
+        req.aborted.set()
+        return True
+
+    def _release(self, req: _Request, aborted: bool, reported: bool = False) -> None:
         if self._running.pop(req.request_id, None) is None:
             return
         freed = req.blocks
@@ -226,6 +245,10 @@ class MockAsyncLLM:
             self.confirmed_aborts[req.request_id] = freed
             while len(self.confirmed_aborts) > 10000:
                 self.confirmed_aborts.popitem(last=False)
+            if not reported:
+                self._unreported[req.request_id] = freed
+                while len(self._unreported) > 10000:
+                    self._unreported.popitem(last=False)
 
     async def abort(self, request_id: Union[str, List[str]]) -> int:
         """Abort requests: their ``generate`` ends at once and their resources are freed.
@@ -236,14 +259,15 @@ class MockAsyncLLM:
         freed = 0
         for rid in ids:
             req = self._running.get(rid)
-            if req is None or req.aborted.is_set():
+            if req is None:
+                # Already aborted by its consumer's cancellation (see
+                # generate): report what that abort freed, once.
+                freed += self._unreported.pop(rid, 0)
                 continue
-            self.stats.aborts_requested += 1
-            if req.phase in ("waiting", "prefill"):
-                self.stats.prefill_aborts += 1
-            req.aborted.set()
+            if not self._mark_aborted(req):
+                continue
             # Like a real engine, the abort frees the request's resources
             # whether or not anyone is still iterating its generator.
             freed += req.blocks
-            self._release(req, True)
+            self._release(req, True, reported=True)
         return freed

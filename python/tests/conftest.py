@@ -17,3 +17,13 @@ def nats_server_bin():
     from natsserver import nats_server_binary
 
     return nats_server_binary()
+
+
+@pytest.fixture(scope="module")
+def nats_url():
+    """A private embedded NATS server on an ephemeral port, kept for the module."""
+    from dynamo_ctx import DistributedRuntime
+
+    host = DistributedRuntime(nats_url="nats://127.0.0.1:0")
+    yield host.nats_url
+    host.shutdown()

@@ -25,20 +25,13 @@ from pathlib import Path
 import pytest
 
 from dynamo_ctx import DistributedRuntime, HandlerError, _cli
+from helpers import HANG
 
 HERE = Path(__file__).resolve().parent
-HANG = 60
 WORKER = "python -m dynamo_ctx.worker"
 FRONTEND = "python -m dynamo_ctx.frontend"
 DEMO = "python -m dynamo_ctx.demo"
 MODULES = {WORKER: "dynamo_ctx.worker", FRONTEND: "dynamo_ctx.frontend", DEMO: "dynamo_ctx.demo"}
-
-
-@pytest.fixture(scope="module")
-def nats_url():
-    host = DistributedRuntime(nats_url="nats://127.0.0.1:0")
-    yield host.nats_url
-    host.shutdown()
 
 
 def env_for(**extra: str) -> dict:

@@ -16,8 +16,8 @@ import pytest
 
 import dynamo_ctx
 from dynamo_ctx import Context
+from helpers import HANG, run
 
-HANG = 30  # seconds: generous upper bounds that only catch hangs
 
 
 def counts():
@@ -209,10 +209,6 @@ def test_cancel_from_many_threads_while_linking():
 
 
 # ---------------------------------------------------------------- awaitables
-
-
-def run(coro):
-    return asyncio.run(asyncio.wait_for(coro, HANG))
 
 
 def test_awaitables_return_at_once_when_cancelled():

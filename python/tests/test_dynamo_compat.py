@@ -26,24 +26,13 @@ from dynamo_ctx import (
 )
 from dynamo_ctx import runtime as runtime_mod
 from dynamo_ctx.runtime import dynamo_worker
+from helpers import HANG, run
 
 HERE = Path(__file__).resolve().parent
-HANG = 60
-
-
-def run(coro):
-    return asyncio.run(asyncio.wait_for(coro, HANG * 2))
 
 
 def unique_ns() -> str:
     return f"compat{uuid.uuid4().hex[:8]}"
-
-
-@pytest.fixture(scope="module")
-def nats_url():
-    host = DistributedRuntime(nats_url="nats://127.0.0.1:0")
-    yield host.nats_url
-    host.shutdown()
 
 
 class MockServer:

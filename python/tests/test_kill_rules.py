@@ -20,19 +20,8 @@ import uuid
 import pytest
 
 from dynamo_ctx import Context, DistributedRuntime, RuntimeClosed
+from helpers import HANG, run
 
-HANG = 60
-
-
-@pytest.fixture(scope="module")
-def nats_url():
-    host = DistributedRuntime(nats_url="nats://127.0.0.1:0")
-    yield host.nats_url
-    host.shutdown()
-
-
-def run(coro):
-    return asyncio.run(asyncio.wait_for(coro, HANG))
 
 
 def unique_path(kind="generate"):

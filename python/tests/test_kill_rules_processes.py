@@ -20,20 +20,9 @@ from pathlib import Path
 import pytest
 
 from dynamo_ctx import Context, DistributedRuntime
+from helpers import HANG, run
 
 HERE = Path(__file__).resolve().parent
-HANG = 60
-
-
-@pytest.fixture(scope="module")
-def nats_url():
-    host = DistributedRuntime(nats_url="nats://127.0.0.1:0")
-    yield host.nats_url
-    host.shutdown()
-
-
-def run(coro):
-    return asyncio.run(asyncio.wait_for(coro, HANG * 2))
 
 
 class Worker:

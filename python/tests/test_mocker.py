@@ -7,12 +7,8 @@ import asyncio
 import pytest
 
 from dynamo_ctx.mocker import MockAsyncLLM, MockEngineArgs, SamplingParams
+from helpers import run
 
-HANG = 30
-
-
-def run(coro):
-    return asyncio.run(asyncio.wait_for(coro, HANG))
 
 
 def engine(**kw):

@@ -13,20 +13,8 @@ import uuid
 import pytest
 
 from dynamo_ctx import Context, DistributedRuntime, NoResponders, RuntimeClosed, StreamIncomplete
+from helpers import HANG, run
 
-HANG = 30
-
-
-@pytest.fixture(scope="module")
-def nats_url():
-    # A private embedded NATS server on an ephemeral port, kept for the module.
-    host = DistributedRuntime(nats_url="nats://127.0.0.1:0")
-    yield host.nats_url
-    host.shutdown()
-
-
-def run(coro):
-    return asyncio.run(asyncio.wait_for(coro, HANG))
 
 
 class Harness:

@@ -14,16 +14,9 @@ from pathlib import Path
 import pytest
 
 from dynamo_ctx import Context, DistributedRuntime, NoResponders, StreamIncomplete
+from helpers import HANG, run
 
 HERE = Path(__file__).resolve().parent
-HANG = 60
-
-
-@pytest.fixture(scope="module")
-def nats_url():
-    host = DistributedRuntime(nats_url="nats://127.0.0.1:0")
-    yield host.nats_url
-    host.shutdown()
 
 
 class Proc:
@@ -53,10 +46,6 @@ class Proc:
         if self.proc.returncode is None:
             self.proc.send_signal(signal.SIGKILL)
         await self.proc.wait()
-
-
-def run(coro):
-    return asyncio.run(asyncio.wait_for(coro, HANG * 2))
 
 
 def unique_path():

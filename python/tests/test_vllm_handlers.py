@@ -11,19 +11,8 @@ import pytest
 from dynamo_ctx import Context, DistributedRuntime
 from dynamo_ctx.backends.vllm import AggregatedHandler, DecodeHandler, PrefillHandler
 from dynamo_ctx.mocker import MockAsyncLLM, MockEngineArgs
+from helpers import run
 
-HANG = 30
-
-
-@pytest.fixture(scope="module")
-def nats_url():
-    host = DistributedRuntime(nats_url="nats://127.0.0.1:0")
-    yield host.nats_url
-    host.shutdown()
-
-
-def run(coro):
-    return asyncio.run(asyncio.wait_for(coro, HANG))
 
 
 class Served:

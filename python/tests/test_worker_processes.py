@@ -11,19 +11,11 @@ import sys
 import uuid
 from pathlib import Path
 
-import pytest
 
 from dynamo_ctx import Context, DistributedRuntime
+from helpers import HANG, run
 
 HERE = Path(__file__).resolve().parent
-HANG = 60
-
-
-@pytest.fixture(scope="module")
-def nats_url():
-    host = DistributedRuntime(nats_url="nats://127.0.0.1:0")
-    yield host.nats_url
-    host.shutdown()
 
 
 def free_port():
@@ -88,10 +80,6 @@ class Worker:
             self.proc.send_signal(signal.SIGKILL)
         await self.proc.wait()
         self._reader.cancel()
-
-
-def run(coro):
-    return asyncio.run(asyncio.wait_for(coro, HANG * 2))
 
 
 def expected_tokens(prompt_len, n, seed=1000, vocab=32000):

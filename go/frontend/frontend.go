@@ -353,12 +353,18 @@ func (f *Frontend) hasModel(model string) bool {
 // late, stray or forged message) is ignored.
 func (f *Frontend) onAbortConfirmed(a plane.AbortConfirmation) {
 	f.mu.Lock()
-	p, ok := f.pending[a.Key]
-	ok = ok && a.Instance != 0 && a.Instance == p.stream.Instance()
+	p, known := f.pending[a.Key]
+	ok := known && a.Instance != 0 && a.Instance == p.stream.Instance()
 	if ok {
 		delete(f.pending, a.Key)
 	}
 	f.mu.Unlock()
+	if known && !ok {
+		// A confirmation for a request we wait for, from another instance
+		// than the one its current attempt went to: not counted.
+		slog.Info("abort confirmation from another instance ignored", "request_id", a.ID, "request_key", a.Key,
+			"instance", fmt.Sprintf("%x", a.Instance), "serving_instance", fmt.Sprintf("%x", p.stream.Instance()))
+	}
 	if ok {
 		f.metrics.abortConfirmed(p.model, time.Since(p.at))
 	}

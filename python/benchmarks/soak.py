@@ -216,6 +216,14 @@ def main() -> int:
             f"  frontend goroutines {base_go['goroutines']:.0f} -> {end_go['goroutines']:.0f} -> {end2_go['goroutines']:.0f}; "
             f"Go heap in use {base_go['heap'] / 2**20:.0f} -> {end_go['heap'] / 2**20:.0f} -> {end2_go['heap'] / 2**20:.0f} MiB"
         )
+        other = [ln for ln in fe.log().splitlines() if "abort confirmation from another instance ignored" in ln]
+        print(f"  confirmations from another instance than the serving one (not counted): {len(other)}")
+        for ln in other[:3]:
+            print(f"    {ln[:260]}")
+        for p in [fe, *stack.workers]:
+            bus = [ln for ln in p.log().splitlines() if "NATS" in ln or "natsbus" in ln or "econnect" in ln]
+            if bus:
+                print(f"  {p.name}: {len(bus)} NATS log lines, e.g. {bus[0][:240]}")
         for rid in wrong[:3]:
             print(f"  log lines naming {rid}:")
             for p in [fe, *stack.workers]:

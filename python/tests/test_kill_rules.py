@@ -37,6 +37,17 @@ async def serve(runtime, path, handler):
     return task
 
 
+async def serve_and_connect(nats_url, handler):
+    """A runtime serving ``handler`` at a fresh path, and a client that sees it:
+    (runtime, serving task, client)."""
+    rt = DistributedRuntime(nats_url=nats_url)
+    path = unique_path()
+    server = await serve(rt, path, handler)
+    client = await rt.endpoint(path).client()
+    await client.wait_for_instances()
+    return rt, server, client
+
+
 async def never_sleeping(request):
     """A producer that never awaits anything but its consumer."""
     for i in range(request["n"]):
@@ -229,11 +240,7 @@ def test_handler_raising_cancelled_error_is_a_handler_error(nats_url):
         raise asyncio.CancelledError  # Dynamo's idiom: `if context.is_stopped(): raise asyncio.CancelledError`
 
     async def main():
-        rt = DistributedRuntime(nats_url=nats_url)
-        path = unique_path()
-        server = await serve(rt, path, handler)
-        client = await rt.endpoint(path).client()
-        await client.wait_for_instances()
+        rt, server, client = await serve_and_connect(nats_url, handler)
         for request, text in (({}, "CancelledError: "), ({"message": True}, "CancelledError: given up")):
             stream = await client.generate(request, annotated=False)
             assert await stream.__anext__() == 1
@@ -261,11 +268,7 @@ def test_teardown_cancel_is_not_a_handler_error(nats_url):
         await asyncio.sleep(HANG)
 
     async def main():
-        rt = DistributedRuntime(nats_url=nats_url)
-        path = unique_path()
-        server = await serve(rt, path, handler)
-        client = await rt.endpoint(path).client()
-        await client.wait_for_instances()
+        rt, server, client = await serve_and_connect(nats_url, handler)
         stream = await client.generate({}, annotated=False)
         assert await stream.__anext__() == 1
         while not tasks:
@@ -314,11 +317,7 @@ def test_kill_while_awaiting_always_cancels(nats_url):
             done[context.id()].set()
 
     async def main():
-        rt = DistributedRuntime(nats_url=nats_url)
-        path = unique_path()
-        server = await serve(rt, path, handler)
-        client = await rt.endpoint(path).client()
-        await client.wait_for_instances()
+        rt, server, client = await serve_and_connect(nats_url, handler)
         for i in range(kills):
             ctx = Context(f"await-{i}")
             done[ctx.id()] = asyncio.Event()
@@ -359,11 +358,7 @@ def test_stopped_and_killed_again_after_kill_raise(nats_url):
 
     async def main():
         seen["done"] = asyncio.Event()
-        rt = DistributedRuntime(nats_url=nats_url)
-        path = unique_path()
-        server = await serve(rt, path, handler)
-        client = await rt.endpoint(path).client()
-        await client.wait_for_instances()
+        rt, server, client = await serve_and_connect(nats_url, handler)
         ctx = Context()
         stream = await client.generate({}, annotated=False, context=ctx)
         assert await stream.__anext__() == 0
@@ -390,11 +385,7 @@ def test_stop_does_not_cancel(nats_url):
         yield "after-stop"
 
     async def main():
-        rt = DistributedRuntime(nats_url=nats_url)
-        path = unique_path()
-        server = await serve(rt, path, handler)
-        client = await rt.endpoint(path).client()
-        await client.wait_for_instances()
+        rt, server, client = await serve_and_connect(nats_url, handler)
         ctx = Context()
         stream = await client.generate({}, annotated=False, context=ctx)
         assert await stream.__anext__() == 0

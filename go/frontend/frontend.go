@@ -160,14 +160,15 @@ type Frontend struct {
 
 	mu       sync.Mutex
 	clients  map[string]*plane.Client // per model
-	pending  map[string]pendingAbort  // request key -> disconnect waiting for its confirmation
+	pending  map[string]*pendingAbort // request key -> disconnect waiting for its confirmation
 	serveErr chan error
 }
 
 type pendingAbort struct {
-	model  string
-	at     time.Time
-	stream *plane.Stream // whose current attempt's instance must confirm
+	model   string
+	at      time.Time
+	stream  *plane.Stream // whose current attempt's instance must confirm
+	counted bool          // counted as a cancellation (mu held)
 }
 
 // New starts the frontend on opts.Addr.
@@ -182,7 +183,7 @@ func New(ctx context.Context, rt *plane.Runtime, opts Options) (*Frontend, error
 	}
 	f := &Frontend{
 		rt: rt, opts: opts, client: client, metrics: newMetrics(),
-		clients: map[string]*plane.Client{}, pending: map[string]pendingAbort{},
+		clients: map[string]*plane.Client{}, pending: map[string]*pendingAbort{},
 		serveErr: make(chan error, 1),
 	}
 	unsubscribe, err := rt.OnAbortConfirmed(f.onAbortConfirmed)
@@ -350,13 +351,18 @@ func (f *Frontend) hasModel(model string) bool {
 // onAbortConfirmed counts a worker's confirmation: only for a request
 // waiting for one (by its Key, which only the plane and the worker know),
 // and only from the instance its current attempt went to. Anything else (a
-// late, stray or forged message) is ignored.
+// late, stray or forged message) is ignored. A confirmation that arrives
+// before the kill's outcome (see killOutcome) counts the cancellation too:
+// there was something to abort.
 func (f *Frontend) onAbortConfirmed(a plane.AbortConfirmation) {
 	f.mu.Lock()
 	p, known := f.pending[a.Key]
 	ok := known && a.Instance != 0 && a.Instance == p.stream.Instance()
+	countCancel := false
 	if ok {
 		delete(f.pending, a.Key)
+		countCancel = !p.counted
+		p.counted = true
 	}
 	f.mu.Unlock()
 	if known && !ok {
@@ -366,7 +372,33 @@ func (f *Frontend) onAbortConfirmed(a plane.AbortConfirmation) {
 			"instance", fmt.Sprintf("%x", a.Instance), "serving_instance", fmt.Sprintf("%x", p.stream.Instance()))
 	}
 	if ok {
+		if countCancel {
+			f.metrics.cancellation(p.model)
+		}
 		f.metrics.abortConfirmed(p.model, time.Since(p.at))
+	}
+}
+
+// killOutcome counts a disconnect's kill as a cancellation once the plane
+// knows it aborted something (see plane.Stream.KillOutcome): a kill that
+// crossed the worker's end frame cancelled nothing, and its worker sends no
+// confirmation, so it is forgotten.
+func (f *Frontend) killOutcome(key string, p *pendingAbort, aborted bool) {
+	f.mu.Lock()
+	if p.counted {
+		f.mu.Unlock()
+		return // the confirmation came first
+	}
+	if aborted {
+		p.counted = true
+	} else if f.pending[key] == p {
+		delete(f.pending, key)
+	}
+	f.mu.Unlock()
+	if aborted {
+		f.metrics.cancellation(p.model)
+	} else {
+		slog.Debug("client disconnected after the worker had finished: nothing cancelled", "request_key", key, "model", p.model)
 	}
 }
 
@@ -880,9 +912,10 @@ func (f *Frontend) disconnected(rc *ctxtree.Context, s *plane.Stream, id, model 
 	key := s.Key()
 	f.mu.Lock()
 	// Registered before the kill, so that no confirmation can arrive first.
-	f.pending[key] = pendingAbort{model: model, at: now, stream: s}
-	for k, p := range f.pending {
-		if now.Sub(p.at) > pendingTTL {
+	p := &pendingAbort{model: model, at: now, stream: s}
+	f.pending[key] = p
+	for k, q := range f.pending {
+		if now.Sub(q.at) > pendingTTL {
 			delete(f.pending, k) // never confirmed (the worker finished first, or died)
 		}
 	}
@@ -893,8 +926,10 @@ func (f *Frontend) disconnected(rc *ctxtree.Context, s *plane.Stream, id, model 
 		f.mu.Unlock()
 		return
 	}
-	f.metrics.cancellation(model)
 	slog.Info("client disconnected: request killed", "request_id", id, "request_key", key, "model", model)
+	// Counted as a cancellation when the kill's outcome is known: at the
+	// worker's close (or its confirmation), about one round trip from now.
+	s.KillOutcome(func(aborted bool) { f.killOutcome(key, p, aborted) })
 }
 
 // pendingTTL bounds how long a disconnect waits for its confirmation before

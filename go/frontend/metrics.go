@@ -91,7 +91,7 @@ func (m *metrics) write(w io.Writer) {
 		}
 	}
 	counter("dynamo_ctx_frontend_requests_total", "Requests received.", m.requests)
-	counter("dynamo_ctx_frontend_cancellations_total", "Requests killed because the client disconnected (signalled).", m.cancellations)
+	counter("dynamo_ctx_frontend_cancellations_total", "Requests killed because the client disconnected before the worker had finished them (signalled).", m.cancellations)
 	counter("dynamo_ctx_frontend_aborts_confirmed_total", "Cancellations whose abort a worker confirmed.", m.confirmed)
 	name := "dynamo_ctx_frontend_disconnect_to_abort_seconds"
 	fmt.Fprintf(w, "# HELP %s Time from client disconnect to the worker's confirmed abort.\n# TYPE %s histogram\n", name, name)

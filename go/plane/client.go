@@ -389,6 +389,7 @@ type Stream struct {
 	ctx       *ctxtree.Context
 	parent    *ctxtree.Context // the caller's context (nil for none): see Killed
 	in        *stream.Incoming
+	attempt   atomic.Pointer[Stream] // a migrating stream's current attempt (see KillOutcome)
 	stopHooks []func() bool
 	wake      chan struct{} // buffered(1): the consumer took items
 	abandoned atomic.Bool   // the runtime closed: stop holding the producer
@@ -620,6 +621,32 @@ func (s *Stream) Completed() bool {
 	done := errors.Is(s.err, io.EOF)
 	s.mu.Unlock()
 	return done && !s.Killed()
+}
+
+// KillOutcome calls f once, when it is known, with whether a kill of the
+// request aborted anything on its worker: false if the worker had ended the
+// request before it read the Kill (its end frame crossed the Kill) or the
+// stream had ended before the kill; true otherwise, including a kill that
+// stopped a migrating request between attempts or reached a worker that
+// then died. Exactly when f(true), the worker publishes an abort
+// confirmation once the handler has returned (see AbortConfirmation), so a
+// caller can count a cancellation only when there was something to cancel.
+// f may run at once or on another goroutine, and must not block; it is not
+// called until the request is killed or has ended.
+func (s *Stream) KillOutcome(f func(aborted bool)) {
+	switch a := s.attempt.Load(); {
+	case s.in != nil:
+		s.in.KillOutcome(f)
+	case a != nil:
+		a.KillOutcome(f)
+	case s.client == nil && !s.Completed():
+		// A migrating request between attempts (or before its first): a
+		// kill stops it before any worker has it.
+		f(true)
+	default:
+		// An attempt that never got an instance ended before any kill.
+		f(false)
+	}
 }
 
 // abandon releases a producer held by a full buffer for good: the runtime

@@ -119,6 +119,7 @@ func (s *Stream) migrate(c *Client, payload []byte, route Route, instance uint64
 			s.end(err)
 			return
 		}
+		s.attempt.Store(inner)
 		if err = inner.waitStarted(); err == nil {
 			s.markStarted()
 			err = s.relay(inner, &received)
@@ -132,6 +133,7 @@ func (s *Stream) migrate(c *Client, payload []byte, route Route, instance uint64
 			s.end(io.EOF)
 			return
 		case attempt < limit && retryable(err):
+			s.attempt.Store(nil) // a kill from now on stops the request before the next worker
 			if inner.instance != 0 {
 				exclude[inner.instance] = true
 			}

@@ -3,6 +3,7 @@ package plane
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"sync"
 	"time"
 
@@ -347,20 +348,26 @@ func (r *Request) run(addr, token string) {
 			}
 		}
 		if finished {
-			if r.Ctx.IsKilled() {
-				// The handler returned after a kill: that is the confirmation.
-				go r.confirmAbort()
-			}
+			// A killed request gets no end frame, and a confirmation once
+			// the handler has returned; so does one whose end frame the
+			// Kill overtook (the write fails with ErrKilled). The caller
+			// sees the same thing: an end frame after its Kill means the
+			// Kill aborted nothing (see Stream.KillOutcome).
+			var err error
 			switch {
-			case failMsg != "":
-				_ = out.Fail(HandlerErrorPrefix + failMsg)
 			case r.Ctx.IsKilled():
+				err = stream.ErrKilled
+			case failMsg != "":
+				err = out.Fail(HandlerErrorPrefix + failMsg)
 			case r.Ctx.IsStopped() && !clientStopped:
 				// The handler stopped its own request: the caller reports it
 				// as incomplete, and migration knows not to retry it.
-				_ = out.Incomplete("the handler stopped the request")
+				err = out.Incomplete("the handler stopped the request")
 			default:
-				_ = out.Finish()
+				err = out.Finish()
+			}
+			if errors.Is(err, stream.ErrKilled) {
+				go r.confirmAbort()
 			}
 			return
 		}
@@ -472,7 +479,11 @@ func (r *Request) confirmAbort() {
 	case <-time.After(abortConfirmTimeout):
 		return
 	}
-	msg := AbortConfirmation{ID: r.ID, Key: r.Key, Path: r.ep.path, Instance: r.ep.instanceID, Reason: r.Ctx.Reason().String()}
+	reason := r.Ctx.Reason()
+	if !r.Ctx.IsKilled() {
+		reason = ctxtree.ReasonKill // the Kill overtook the end frame (see run)
+	}
+	msg := AbortConfirmation{ID: r.ID, Key: r.Key, Path: r.ep.path, Instance: r.ep.instanceID, Reason: reason.String()}
 	_ = r.ep.rt.nc().Publish(AbortedSubject, mustJSON(msg))
 }
 

@@ -40,13 +40,14 @@ type Outgoing struct {
 	done    chan struct{} // closed when the reader has exited and conn is closed
 	credits chan struct{} // cap 1: "credit arrived", for blocked Sends
 
-	mu        sync.Mutex
-	credit    int64
-	isKilled  bool
-	isLost    bool
-	onControl func(Event) // see OnControl
-	killCause byte        // see KillCause
-	isEnded   bool
+	mu         sync.Mutex
+	credit     int64
+	isKilled   bool
+	isLost     bool
+	onControl  func(Event) // see OnControl
+	killCause  byte        // see KillCause
+	isEnded    bool
+	killedLate bool // a Kill read after the end began (see readLoop, writeErr)
 
 	wmu   sync.Mutex // serialises frame writes
 	w     *frame.Writer
@@ -170,6 +171,9 @@ func (o *Outgoing) acquire(ctx context.Context, want int) (int, error) {
 func (o *Outgoing) writeErr(err error) error {
 	o.mu.Lock()
 	defer o.mu.Unlock()
+	if o.killedLate {
+		return ErrKilled // the caller killed the stream before our end frame got out
+	}
 	if e := o.stateErr(); e != nil {
 		return e
 	}
@@ -375,7 +379,13 @@ func (o *Outgoing) readLoop(r *frame.Reader) {
 		o.mu.Lock()
 		if o.isEnded {
 			// Ended locally: drain until the caller closes or the linger
-			// timeout; nothing the caller sends matters any more.
+			// timeout; nothing the caller sends matters any more, except
+			// that a Kill read here may have overtaken our end frame: if
+			// that frame's write then fails (this loop closes the
+			// connection at the caller's FIN), it failed for the Kill.
+			if err == nil && f.Type == frame.Kill {
+				o.killedLate = true
+			}
 			o.mu.Unlock()
 			if err != nil {
 				return

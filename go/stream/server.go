@@ -266,6 +266,8 @@ type Incoming struct {
 	conn     net.Conn // set when the worker's Hello arrives
 	credit   int      // Data frames the worker may still send
 	consumed int      // items received since the last grant
+	outcome  outcome  // what the Kill achieved: see KillOutcome
+	onKill   func(aborted bool)
 
 	wmu sync.Mutex // serialises writes of control frames; taken after mu
 	w   *frame.Writer
@@ -273,6 +275,57 @@ type Incoming struct {
 
 // Token returns the stream's token.
 func (in *Incoming) Token() string { return in.token }
+
+// outcome is what a Kill achieved, once known.
+type outcome uint8
+
+const (
+	outcomeUnknown outcome = iota
+	outcomeAborted         // the worker read the Kill before it ended the stream
+	outcomeTooLate         // the worker had ended the stream (or it had ended) first
+)
+
+// KillOutcome calls f once, when it is known, with what a Kill of this
+// stream achieved: false if the stream had ended before the Kill, or if the
+// worker's Final, Error or Incomplete frame arrived after the Kill (the
+// worker ended the request before it read the Kill: nothing was aborted);
+// true otherwise, that is when the worker closed the connection without
+// ending the stream (it read the Kill), the connection broke, the linger
+// expired, or the worker never connected. A worker that reads a Kill before
+// it ends the stream sends no end frame, so the two sides agree on whether
+// the Kill aborted the request. f runs at once if the outcome is already
+// known, else on the stream's reader goroutine (it must not block); it is
+// not called while the stream is neither killed nor ended. One f per
+// stream: a later call replaces an earlier one not yet called.
+func (in *Incoming) KillOutcome(f func(aborted bool)) {
+	in.mu.Lock()
+	if in.outcome == outcomeUnknown && !in.killed && in.err != nil {
+		in.outcome = outcomeTooLate
+	}
+	o := in.outcome
+	if o == outcomeUnknown {
+		in.onKill = f
+	}
+	in.mu.Unlock()
+	if o != outcomeUnknown {
+		f(o == outcomeAborted)
+	}
+}
+
+// settle records the outcome of a Kill (mu held) unless it is known, and
+// returns the callback to run once mu is released (nil for none).
+func (in *Incoming) settle(o outcome) func() {
+	if in.outcome != outcomeUnknown {
+		return nil
+	}
+	in.outcome = o
+	f := in.onKill
+	in.onKill = nil
+	if f == nil {
+		return nil
+	}
+	return func() { f(o == outcomeAborted) }
+}
 
 func (in *Incoming) signal() {
 	select {
@@ -287,8 +340,13 @@ func (in *Incoming) end(err error) {
 	if in.err == nil {
 		in.err = err
 	}
+	var settled func()
+	if in.killed {
+		settled = in.settle(outcomeAborted) // killed before the worker connected
+	}
 	in.mu.Unlock()
 	in.signal()
+	call(settled)
 }
 
 func (in *Incoming) connectTimedOut() {
@@ -381,8 +439,13 @@ func (in *Incoming) KillCause(cause byte) {
 		in.cause = cause
 	}
 	attached := in.kill()
+	var settled func()
+	if !in.killed && in.err != nil {
+		settled = in.settle(outcomeTooLate) // the stream had ended
+	}
 	in.mu.Unlock()
 	in.signal()
+	call(settled)
 	if attached {
 		in.sendKill()
 	}
@@ -427,8 +490,18 @@ func (in *Incoming) Close() error {
 	attached := in.kill()
 	in.closed = true
 	in.q.reset()
+	var settled func()
+	switch {
+	case in.killed && in.conn == nil:
+		// Released before the worker connected: whatever it does with
+		// the request, this side will not see it.
+		settled = in.settle(outcomeAborted)
+	case !in.killed && in.err != nil:
+		settled = in.settle(outcomeTooLate)
+	}
 	in.mu.Unlock()
 	in.signal()
+	call(settled)
 	if attached {
 		in.sendKill()
 	}
@@ -504,7 +577,17 @@ func (in *Incoming) readLoop(r *frame.Reader, live *liveness) {
 		in.mu.Lock()
 		if in.killed {
 			// Killed: drain until the worker closes or the linger expires.
+			// An end frame means the worker ended the request before it
+			// read the Kill; a close without one, that the Kill aborted it.
+			var settled func()
+			switch {
+			case err != nil:
+				settled = in.settle(outcomeAborted)
+			case f.Type == frame.Final || f.Type == frame.Error || f.Type == frame.Incomplete:
+				settled = in.settle(outcomeTooLate)
+			}
 			in.mu.Unlock()
+			call(settled)
 			if err != nil {
 				return
 			}
@@ -554,4 +637,11 @@ func (in *Incoming) brokenErr(err error) error {
 		return fmt.Errorf("%w: %v", ErrIncomplete, err)
 	}
 	return ErrIncomplete // EOF, reset, timeout: the worker is gone
+}
+
+// call runs f unless it is nil.
+func call(f func()) {
+	if f != nil {
+		f()
+	}
 }

@@ -1,0 +1,175 @@
+package stream
+
+import (
+	"context"
+	"io"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// outcomeOf registers KillOutcome and returns the channel its value arrives on.
+func outcomeOf(in *Incoming) <-chan bool {
+	ch := make(chan bool, 2) // 2: a second call would show as a test failure
+	in.KillOutcome(func(aborted bool) { ch <- aborted })
+	return ch
+}
+
+func wantOutcome(t *testing.T, ch <-chan bool, want bool) {
+	t.Helper()
+	select {
+	case got := <-ch:
+		assert.Equal(t, want, got)
+	case <-time.After(waitFor):
+		t.Fatalf("no kill outcome within %v", waitFor)
+	}
+	select {
+	case <-ch:
+		t.Fatal("the outcome was reported twice")
+	case <-time.After(10 * time.Millisecond):
+	}
+}
+
+// A Kill the worker reads before it ends the stream aborted it; one that
+// crossed the worker's end frame, or came after the end, aborted nothing.
+func TestKillOutcome(t *testing.T) {
+	ctx := context.Background()
+	t.Run("aborted", func(t *testing.T) {
+		s := listen(t)
+		in := s.Expect("tok")
+		defer in.Close()
+		o := dial(t, s, "tok")
+		require.NoError(t, o.Send(ctx, item(0)))
+		_, err := in.Recv(ctx)
+		require.NoError(t, err)
+		ch := outcomeOf(in) // registered before the kill: called at the worker's close
+		in.Kill()
+		waitClosed(t, o.Killed(), "Killed")
+		assert.ErrorIs(t, o.Finish(), ErrKilled, "the worker sends no end frame after a Kill")
+		wantOutcome(t, ch, true)
+	})
+	for _, end := range []string{"final", "error", "incomplete"} {
+		t.Run("crossed "+end, func(t *testing.T) {
+			s := listen(t)
+			in := s.Expect("tok")
+			defer in.Close()
+			o := dial(t, s, "tok")
+			require.NoError(t, o.Send(ctx, item(0)))
+			// The worker ends the stream; the caller kills before its reader
+			// has seen the end frame (it is not consumed yet: the item
+			// before it is still queued, so Recv has not returned the end).
+			switch end {
+			case "final":
+				require.NoError(t, o.Finish())
+			case "error":
+				require.NoError(t, o.Fail("boom"))
+			default:
+				require.NoError(t, o.Incomplete("stopped"))
+			}
+			in.Kill()
+			wantOutcome(t, outcomeOf(in), false)
+			waitClosed(t, o.Done(), "Done")
+		})
+	}
+	t.Run("after the end", func(t *testing.T) {
+		s := listen(t)
+		in := s.Expect("tok")
+		defer in.Close()
+		o := dial(t, s, "tok")
+		require.NoError(t, o.Finish())
+		_, err := recvAll(t, in)
+		require.Equal(t, io.EOF, err)
+		ch := outcomeOf(in)
+		in.Kill()
+		wantOutcome(t, ch, false)
+	})
+	t.Run("before the worker connected", func(t *testing.T) {
+		s := listen(t)
+		in := s.Expect("tok", WithConnectTimeout(50*time.Millisecond))
+		defer in.Close()
+		in.Kill()
+		wantOutcome(t, outcomeOf(in), true) // at the connect timeout
+	})
+	t.Run("closed before the worker connected", func(t *testing.T) {
+		s := listen(t)
+		in := s.Expect("tok")
+		ch := outcomeOf(in)
+		require.NoError(t, in.Close())
+		wantOutcome(t, ch, true)
+		o := dial(t, s, "tok") // the worker still reads the Kill
+		waitClosed(t, o.Killed(), "Killed")
+	})
+	t.Run("worker connects after the kill", func(t *testing.T) {
+		s := listen(t)
+		in := s.Expect("tok")
+		defer in.Close()
+		in.Kill()
+		ch := outcomeOf(in)
+		o := dial(t, s, "tok")
+		waitClosed(t, o.Killed(), "Killed")
+		wantOutcome(t, ch, true)
+	})
+	t.Run("worker crashed", func(t *testing.T) {
+		s := listen(t)
+		in := s.Expect("tok")
+		defer in.Close()
+		c, _, _ := rawWorker(t, s, "tok")
+		time.Sleep(10 * time.Millisecond)
+		in.Kill()
+		ch := outcomeOf(in)
+		_ = c.Close() // gone without an end frame
+		wantOutcome(t, ch, true)
+	})
+}
+
+// Both sides agree, however the Kill and the worker's end cross: the caller's
+// outcome is true exactly when the worker's end failed with ErrKilled.
+func TestKillOutcomeRace(t *testing.T) {
+	s := listen(t)
+	ctx := context.Background()
+	mismatch, aborted := 0, 0
+	const runs = 500
+	for i := 0; i < runs; i++ {
+		in := s.Expect("tok")
+		o := dial(t, s, "tok")
+		require.NoError(t, o.Send(ctx, item(0)))
+		_, err := in.Recv(ctx)
+		require.NoError(t, err)
+		ch := outcomeOf(in)
+		endErr := make(chan error, 1)
+		go func() {
+			if i%3 == 0 {
+				time.Sleep(time.Duration(i%7) * 10 * time.Microsecond)
+			}
+			endErr <- o.Finish()
+		}()
+		if i%2 == 0 {
+			time.Sleep(time.Duration(i%11) * 10 * time.Microsecond)
+		}
+		in.Kill()
+		var got bool
+		select {
+		case got = <-ch:
+		case <-time.After(waitFor):
+			t.Fatalf("run %d: no kill outcome", i)
+		}
+		err = <-endErr
+		if err != nil {
+			// Whatever made the end frame fail, it was the Kill.
+			require.ErrorIs(t, err, ErrKilled, "run %d", i)
+		}
+		workerAborted := err != nil
+		if got != workerAborted {
+			mismatch++
+		}
+		if got {
+			aborted++
+		}
+		<-o.Done()
+		in.Close()
+	}
+	assert.Zero(t, mismatch, "outcomes that disagree with the worker (of %d; %d aborted)", runs, aborted)
+	t.Logf("%d of %d kills aborted the request", aborted, runs)
+}

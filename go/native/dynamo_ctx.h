@@ -87,6 +87,14 @@ extern "C" {
 /* Returns the library's version, a static NUL-terminated string. */
 const char *dc_version(void);
 
+/* Copies the library's string constant called name into buf, as
+   dc_context_id does: "handler_error_prefix" (what starts the message of a
+   remote handler's failure), "nats_env" (the environment variable naming
+   the NATS address), "nats_default_url" (the address used without one).
+   Errors: DC_EINVAL for a NULL name, DC_ENOENT for an unknown name,
+   DC_ERANGE. */
+int dc_string_constant(const char *name, char *buf, size_t cap, size_t *len);
+
 /* Copies the calling thread's last error message into buf (NUL-terminated,
    truncated to cap-1 bytes) and returns its full length. buf may be NULL to
    ask for the length. Messages are per thread and only set by failing calls. */

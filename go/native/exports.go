@@ -27,6 +27,8 @@ import (
 	"github.com/dynamo-ctx/dynamo-ctx/go/ctxtree"
 	"github.com/dynamo-ctx/dynamo-ctx/go/handle"
 	"github.com/dynamo-ctx/dynamo-ctx/go/logqueue"
+	"github.com/dynamo-ctx/dynamo-ctx/go/natsbus"
+	"github.com/dynamo-ctx/dynamo-ctx/go/plane"
 	"github.com/dynamo-ctx/dynamo-ctx/go/wake"
 )
 
@@ -125,6 +127,30 @@ func writeString(name, s string, buf *C.char, bufLen C.size_t, n *C.size_t) C.in
 //
 //export dc_version
 func dc_version() *C.char { return cVersion }
+
+// stringConstants are the facts Python needs that Go owns (see
+// dc_string_constant): each is written once, in its Go package.
+var stringConstants = map[string]string{
+	"handler_error_prefix": plane.HandlerErrorPrefix,
+	"nats_env":             natsbus.EnvURL,
+	"nats_default_url":     natsbus.DefaultURL,
+}
+
+// dc_string_constant: see dynamo_ctx.h, the reference.
+//
+//export dc_string_constant
+func dc_string_constant(name *C.char, buf *C.char, bufLen C.size_t, n *C.size_t) (rc C.int) {
+	defer guard("dc_string_constant", &rc)
+	if name == nil {
+		return fail(C.DC_EINVAL, "dc_string_constant: name is NULL")
+	}
+	key := C.GoString(name)
+	v, ok := stringConstants[key]
+	if !ok {
+		return fail(C.DC_ENOENT, "dc_string_constant: no constant %q", key)
+	}
+	return writeString("dc_string_constant", v, buf, bufLen, n)
+}
 
 // dc_last_error: see dynamo_ctx.h, the reference.
 //

@@ -51,6 +51,7 @@
 #pragma weak PyMem_Malloc
 #pragma weak PyModule_AddIntConstant
 #pragma weak PyModule_AddObject
+#pragma weak PyModule_AddStringConstant
 #pragma weak PyModule_Create2
 #pragma weak PyDict_New
 #pragma weak PyDict_SetItem
@@ -1037,8 +1038,29 @@ static PyObject* reason_names(void) {
     return t;
 }
 
+// The string facts Go owns (dc_string_constant), as module constants.
+static const struct { const char* attr; const char* name; } string_constants[] = {
+    {"HANDLER_ERROR_PREFIX", "handler_error_prefix"},
+    {"NATS_ENV", "nats_env"},
+    {"DEFAULT_NATS_URL", "nats_default_url"},
+};
+
+static int add_string_constants(PyObject* m) {
+    for (size_t i = 0; i < sizeof string_constants / sizeof string_constants[0]; i++) {
+        char buf[512];
+        size_t n = 0;
+        if (dc_string_constant(string_constants[i].name, buf, sizeof buf, &n) != DC_OK) {
+            PyErr_Format(PyExc_RuntimeError, "dynamo_ctx: the library has no constant %s", string_constants[i].name);
+            return -1;
+        }
+        if (PyModule_AddStringConstant(m, string_constants[i].attr, buf) < 0) return -1;
+    }
+    return 0;
+}
+
 static int add_constants(PyObject* m) {
     size_t i;
+    if (add_string_constants(m) < 0) return -1;
     for (i = 0; i < sizeof other_constants / sizeof other_constants[0]; i++)
         if (add_int(m, other_constants[i].name, other_constants[i].value) < 0) return -1;
     PyObject* names = PyDict_New();

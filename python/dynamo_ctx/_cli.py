@@ -21,6 +21,8 @@ import sys
 import traceback
 from typing import Any, Callable, Coroutine, List, NoReturn, Optional, Sequence
 
+from ._lib import native
+
 #: Environment variables read by every command (Dynamo's names).
 ENV_LOG = "DYN_LOG"
 ENV_LOGGING_JSONL = "DYN_LOGGING_JSONL"
@@ -257,7 +259,8 @@ def setup_logging(level: str, fmt: str) -> None:
 
 def nats_address(nats_url: Optional[str]) -> str:
     """The NATS address a runtime made with ``nats_url`` uses, for messages."""
-    return nats_url or os.environ.get("NATS_SERVER") or "nats://127.0.0.1:4222"
+    lib = native()
+    return nats_url or os.environ.get(lib.NATS_ENV) or lib.DEFAULT_NATS_URL  # type: ignore[no-any-return]
 
 
 def connect_error(e: BaseException, nats_url: Optional[str], flag: Optional[str] = "--nats-url") -> CommandError:

@@ -40,6 +40,12 @@ ECONNECT: int
 ERROR_NAMES: Dict[int, str]
 #: Reason code -> name as the library spells it; None at index 0 (live).
 REASON_NAMES: Tuple[Optional[str], ...]
+#: What starts the message of a remote handler's failure (Go's plane.HandlerErrorPrefix).
+HANDLER_ERROR_PREFIX: str
+#: The environment variable naming the NATS address ("NATS_SERVER").
+NATS_ENV: str
+#: The NATS address used when none is given ("nats://127.0.0.1:4222").
+DEFAULT_NATS_URL: str
 
 class Context:
     def __new__(cls, id: Optional[str] = None) -> "Context": ...

@@ -70,7 +70,8 @@ class HandlerError(ValueError):
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
-        rest = message[len(_HANDLER_PREFIX) :] if message.startswith(_HANDLER_PREFIX) else message
+        prefix = _handler_prefix()
+        rest = message[len(prefix) :] if message.startswith(prefix) else message
         #: The name of the exception class the handler raised ("" if unknown).
         self.error_type: str = rest.split(":", 1)[0] if ":" in rest else ""
 
@@ -90,7 +91,9 @@ class RuntimeClosed(RuntimeError):
     """The runtime was shut down."""
 
 
-_HANDLER_PREFIX = "a python exception was caught while processing the async generator: "
+def _handler_prefix() -> str:
+    """What starts a remote handler's failure message (Go owns the wording)."""
+    return native().HANDLER_ERROR_PREFIX  # type: ignore[no-any-return]
 
 
 # One encoder for every item: json.dumps with options builds a new one per call.
@@ -130,7 +133,7 @@ def _exception_for(code: int, message: str) -> Exception:
     """The exception for the library's error ``code`` with its ``message``."""
     name = native().ERROR_NAMES.get(code, "")
     if name == "EHANDLER":
-        if message.startswith(_HANDLER_PREFIX + "CancelledError:"):
+        if message.startswith(_handler_prefix() + "CancelledError:"):
             return BackendCancelled(message)
         return HandlerError(message)
     cls = _EXCEPTIONS.get(name, RuntimeError)
@@ -188,11 +191,11 @@ class DistributedRuntime:
         if loop is not None and not isinstance(loop, asyncio.AbstractEventLoop):
             raise TypeError(f"loop must be an asyncio event loop or None, got {loop!r}")
         _check_dynamo_args(args, is_static, discovery_backend, request_plane, enable_nats)
+        self._lib = native()
         if nats_url is None:
             # As Python sees it now: the library's copy of the environment
             # is the one it was loaded with.
-            nats_url = os.environ.get("NATS_SERVER") or None
-        self._lib = native()
+            nats_url = os.environ.get(self._lib.NATS_ENV) or None
         self._handle: Optional[int] = self._lib.runtime_new(nats_url)
         self._closed = False
 

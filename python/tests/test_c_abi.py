@@ -69,6 +69,7 @@ enum {
 };
 
 const char *dc_version(void);
+int dc_string_constant(const char *name, char *buf, size_t cap, size_t *len);
 size_t dc_last_error(char *buf, size_t cap);
 
 int dc_context_new(const char *id, size_t len, uint64_t *out);
@@ -511,6 +512,24 @@ def test_reason_names(lib):
     for bad in (DC_REASON_NONE, 8, 255, 256 + DC_REASON_KILL, 2**32 - 1):
         buf = ffi.new("char[64]")
         expect(lib, lib.dc_reason_name(bad, buf, 64, n), DC_EINVAL, "dc_reason_name")
+
+
+def test_string_constants(lib):
+    """The facts Go owns and Python reads through the module's constants."""
+    from dynamo_ctx import _native
+
+    n = ffi.new("size_t *")
+    for name, attr in (("handler_error_prefix", "HANDLER_ERROR_PREFIX"), ("nats_env", "NATS_ENV"),
+                       ("nats_default_url", "DEFAULT_NATS_URL")):
+        buf = ffi.new("char[256]")
+        ok(lib, lib.dc_string_constant(name.encode(), buf, 256, n))
+        value = ffi.string(buf).decode()
+        assert value and n[0] == len(value)
+        assert getattr(_native, attr) == value
+        expect(lib, lib.dc_string_constant(name.encode(), ffi.NULL, 0, n), DC_ERANGE, "dc_string_constant")
+    assert _native.NATS_ENV == "NATS_SERVER"
+    expect(lib, lib.dc_string_constant(b"no_such_constant", ffi.new("char[64]"), 64, n), DC_ENOENT, "dc_string_constant")
+    expect(lib, lib.dc_string_constant(ffi.NULL, ffi.new("char[64]"), 64, n), DC_EINVAL, "dc_string_constant")
 
 
 # ---------------------------------------------------------------------------

@@ -765,7 +765,7 @@ func (f *Frontend) serve(w http.ResponseWriter, r *http.Request, chat bool) {
 			return
 		}
 	}
-	client.SetMigrationLimit(f.migrationLimit(client))
+	_ = client.SetMigrationLimit(f.migrationLimit(client)) // never below 0
 
 	// One worker request per choice, all under the request's id.
 	choices := make([]*choice, 0, len(prompts)*p.n)

@@ -81,7 +81,7 @@ func planeError(name string, err error) C.int {
 	case errors.Is(err, plane.ErrClosed):
 		return fail(C.DC_ECLOSED, "%s: %v", name, err)
 	case errors.Is(err, plane.ErrNotJSON), errors.Is(err, plane.ErrBadMetadata), errors.Is(err, discovery.ErrBadPath),
-		errors.Is(err, plane.ErrInvalidID):
+		errors.Is(err, plane.ErrInvalidID), errors.Is(err, plane.ErrBadMigrationLimit):
 		return fail(C.DC_EINVAL, "%s: %v", name, err)
 	}
 	return fail(C.DC_EIO, "%s: %v", name, err)
@@ -424,14 +424,13 @@ func clientGenerate(name string, h C.uint64_t, payload, meta []byte, ctxH C.uint
 //export dc_client_set_migration_limit
 func dc_client_set_migration_limit(h C.uint64_t, limit C.int) (rc C.int) {
 	defer guard("dc_client_set_migration_limit", &rc)
-	if limit < 0 {
-		return fail(C.DC_EINVAL, "dc_client_set_migration_limit: limit must be >= 0, got %d", limit)
-	}
 	cl, rc := get(clients, "dc_client_set_migration_limit", h)
 	if rc != C.DC_OK {
 		return rc
 	}
-	cl.SetMigrationLimit(int(limit))
+	if err := cl.SetMigrationLimit(int(limit)); err != nil {
+		return planeError("dc_client_set_migration_limit", err)
+	}
 	return C.DC_OK
 }
 

@@ -241,12 +241,16 @@ func (c *Client) suspect(id uint64) {
 }
 
 // SetMigrationLimit sets how many times Generate retries a broken stream on
-// another worker (see GenerateMigrating); 0, the default, means never.
-func (c *Client) SetMigrationLimit(n int) {
+// another worker (see GenerateMigrating); 0, the default, means never. A
+// limit below 0 is refused (ErrBadMigrationLimit) and changes nothing: this
+// is the one check of it, for every caller (the C export, Python, the
+// frontend).
+func (c *Client) SetMigrationLimit(n int) error {
 	if n < 0 {
-		n = 0
+		return fmt.Errorf("%w, got %d", ErrBadMigrationLimit, n)
 	}
 	c.migrationLimit.Store(int64(n))
+	return nil
 }
 
 // Generate sends payload (a JSON value) and returns the response stream at

@@ -97,6 +97,8 @@ var (
 	// ErrInvalidID: a request id is empty, longer than MaxIDLen bytes, or not
 	// printable UTF-8.
 	ErrInvalidID = errors.New("invalid request id")
+	// ErrBadMigrationLimit: a migration limit below 0 (see SetMigrationLimit).
+	ErrBadMigrationLimit = errors.New("migration_limit must be an int >= 0")
 )
 
 const (

@@ -504,9 +504,9 @@ class Client:
 
     @migration_limit.setter
     def migration_limit(self, n: int) -> None:
-        if not isinstance(n, int) or n < 0:
+        if not isinstance(n, int):
             raise ValueError(f"migration_limit must be an int >= 0, got {n!r}")
-        self._lib.client_set_migration_limit(self._handle, n)
+        self._lib.client_set_migration_limit(self._handle, n)  # checks the range (ValueError)
         self._migration_limit = n
         logger.debug("migration_limit for %s set to %d", self.endpoint.path, n)
 

@@ -363,6 +363,14 @@ def test_errors_are_exceptions(nats_url):
         client = await ep.client()
         with pytest.raises(TypeError):
             await client.generate({"x": object()})
+        # The migration limit's range is checked once, by the library.
+        client.migration_limit = 2
+        for bad in (-1, "2", 1.5):
+            with pytest.raises(ValueError, match="migration_limit must be an int >= 0"):
+                client.migration_limit = bad
+        assert client.migration_limit == 2
+        with pytest.raises(ValueError, match="migration_limit"):
+            await ep.client(migration_limit=-3)
         with pytest.raises(ValueError):
             rt.endpoint("only.two")
         with pytest.raises(ValueError):

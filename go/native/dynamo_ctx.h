@@ -416,6 +416,12 @@ int dc_stream_context(uint64_t h, uint64_t *out);
    ends the stream. Idempotent. */
 int dc_stream_kill(uint64_t h);
 
+/* Stores in *out 1 if the stream's request or the caller's context it was
+   made for is killed (from then on no item may be delivered, buffered ones
+   included: a host that holds taken items checks this before each), else 0.
+   Errors: DC_EBADF, DC_EINVAL for a NULL out. */
+int dc_stream_killed(uint64_t h, int *out);
+
 /* Frees a stream handle, killing the request if the stream has not ended. */
 int dc_stream_free(uint64_t h);
 

@@ -518,6 +518,25 @@ func dc_stream_kill(h C.uint64_t) (rc C.int) {
 	return C.DC_OK
 }
 
+// dc_stream_killed: see dynamo_ctx.h, the reference.
+//
+//export dc_stream_killed
+func dc_stream_killed(h C.uint64_t, out *C.int) (rc C.int) {
+	defer guard("dc_stream_killed", &rc)
+	if out == nil {
+		return fail(C.DC_EINVAL, "dc_stream_killed: out must not be NULL")
+	}
+	e, rc := get(streams, "dc_stream_killed", h)
+	if rc != C.DC_OK {
+		return rc
+	}
+	*out = 0
+	if e.Stream().Killed() {
+		*out = 1
+	}
+	return C.DC_OK
+}
+
 // dc_stream_free: see dynamo_ctx.h, the reference.
 //
 //export dc_stream_free

@@ -882,6 +882,16 @@ static PyObject* mod_stream_context(PyObject* m, PyObject* args) {
 static PyObject* mod_stream_kill(PyObject* m, PyObject* arg) { return call_h(arg, dc_stream_kill, 1); }
 static PyObject* mod_stream_free(PyObject* m, PyObject* arg) { return call_h(arg, dc_stream_free, 1); }
 
+static PyObject* mod_stream_killed(PyObject* m, PyObject* arg) {
+    uint64_t h;
+    if (parse_u64(arg, &h) < 0 || check_fork() < 0) return NULL;
+    int killed = 0;
+    int rc = dc_stream_killed(h, &killed);
+    if (rc != DC_OK) return raise_rc(rc);
+    if (killed) Py_RETURN_TRUE;
+    Py_RETURN_FALSE;
+}
+
 static PyObject* mod_frontend_start(PyObject* m, PyObject* args) {
     unsigned long long rt;
     const char *addr, *ns = NULL;
@@ -978,6 +988,7 @@ static PyMethodDef module_methods[] = {
     {"stream_take", mod_stream_take, METH_O, "stream_take(s) -> (0, [bytes]) or (code, message)"},
     {"stream_context", mod_stream_context, METH_VARARGS, "stream_context(s, cls) -> Context"},
     {"stream_kill", mod_stream_kill, METH_O, "stream_kill(s)"},
+    {"stream_killed", mod_stream_killed, METH_O, "stream_killed(s) -> bool"},
     {"stream_free", mod_stream_free, METH_O, "stream_free(s)"},
     {"frontend_start", mod_frontend_start, METH_VARARGS, "frontend_start(rt, addr, namespace=None, migration_limit=-1) -> handle"},
     {"frontend_addr", mod_frontend_addr, METH_O, "frontend_addr(fe) -> 'host:port'"},

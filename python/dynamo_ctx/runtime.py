@@ -612,12 +612,10 @@ class ResponseStream:
         while True:
             if self._buf:
                 # Checked before every item, not once per batch: a kill (or
-                # aclose) between two items drops the rest of the batch. The
-                # library checks the same at every take (plane.Stream.Take),
-                # including a kill of the caller's context after the stream's
-                # own context was unlinked from it at the end of the stream.
-                ctx, own = self._context, self._own
-                if not (self._closed or (ctx is not None and ctx.is_killed()) or (own is not None and own.is_killed())):
+                # aclose) between two items drops the rest of the batch.
+                # Whether the request counts as killed is the library's rule
+                # (plane.Stream.Killed, which its takes apply too).
+                if not (self._closed or self._handle is None or lib.stream_killed(self._handle)):
                     data = json.loads(self._buf.popleft().decode())  # str: skips encoding detection
                     return Annotated(data) if self._annotated else data
                 self._buf.clear()  # a kill is a hard abort: buffered items are dropped

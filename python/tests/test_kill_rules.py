@@ -174,8 +174,14 @@ def test_native_take_after_kill_returns_no_item(nats_url):
         await asyncio.sleep(0.05)  # every item reached the caller's side
         code, items = lib.stream_take(stream._handle)
         assert code == lib.OK and 0 < len(items) < 20
+        assert lib.stream_killed(stream._handle) is False
         ctx.kill()
+        # The one rule of "killed" that ResponseStream applies to the items
+        # it holds: the caller's context counts as well as the request's.
+        assert lib.stream_killed(stream._handle) is True
         assert lib.stream_take(stream._handle)[0] == lib.EOF
+        with pytest.raises(ValueError):
+            lib.stream_killed(0xDEADBEEF)
         rt.shutdown()
         await server
 

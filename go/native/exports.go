@@ -27,7 +27,6 @@ import (
 	"github.com/dynamo-ctx/dynamo-ctx/go/ctxtree"
 	"github.com/dynamo-ctx/dynamo-ctx/go/handle"
 	"github.com/dynamo-ctx/dynamo-ctx/go/logqueue"
-	"github.com/dynamo-ctx/dynamo-ctx/go/natsbus"
 	"github.com/dynamo-ctx/dynamo-ctx/go/plane"
 	"github.com/dynamo-ctx/dynamo-ctx/go/wake"
 )
@@ -132,8 +131,8 @@ func dc_version() *C.char { return cVersion }
 // dc_string_constant): each is written once, in its Go package.
 var stringConstants = map[string]string{
 	"handler_error_prefix": plane.HandlerErrorPrefix,
-	"nats_env":             natsbus.EnvURL,
-	"nats_default_url":     natsbus.DefaultURL,
+	"nats_env":             plane.NATSEnv,
+	"nats_default_url":     plane.DefaultNATSURL,
 }
 
 // dc_string_constant: see dynamo_ctx.h, the reference.

@@ -18,9 +18,7 @@ import (
 	"github.com/dynamo-ctx/dynamo-ctx/go/ctxtree"
 	"github.com/dynamo-ctx/dynamo-ctx/go/discovery"
 	"github.com/dynamo-ctx/dynamo-ctx/go/handle"
-	"github.com/dynamo-ctx/dynamo-ctx/go/natsbus"
 	"github.com/dynamo-ctx/dynamo-ctx/go/plane"
-	"github.com/dynamo-ctx/dynamo-ctx/go/stream"
 )
 
 const (
@@ -66,7 +64,7 @@ func goBytes(p *C.char, n C.size_t) []byte {
 
 // planeError maps an error of the plane to a code and records its message.
 func planeError(name string, err error) C.int {
-	var he *stream.HandlerError
+	var he *plane.HandlerError
 	switch {
 	case errors.Is(err, io.EOF):
 		return fail(C.DC_EOF, "%s: end of stream", name)
@@ -98,7 +96,7 @@ func dc_runtime_new(url *C.char, urlLen C.size_t, out *C.uint64_t) (rc C.int) {
 	ctx, cancel := context.WithTimeout(context.Background(), connectTimeout)
 	defer cancel()
 	rt, err := plane.New(ctx, plane.Options{
-		NATS:       natsbus.Options{URL: string(goBytes(url, urlLen))},
+		NATS:       plane.NATSOptions{URL: string(goBytes(url, urlLen))},
 		NewContext: newContext,
 	})
 	if err != nil {

@@ -67,6 +67,20 @@ import (
 	"github.com/dynamo-ctx/dynamo-ctx/go/stream"
 )
 
+// HandlerError is a handler's failure as the caller's stream reports it
+// (Message starts with HandlerErrorPrefix).
+type HandlerError = stream.HandlerError
+
+// NATSOptions says where a runtime connects (Options.NATS).
+type NATSOptions = natsbus.Options
+
+// NATSEnv names the environment variable read for the NATS address when
+// NATSOptions.URL is empty; DefaultNATSURL is the address without either.
+const (
+	NATSEnv        = natsbus.EnvURL
+	DefaultNATSURL = natsbus.DefaultURL
+)
+
 // HandlerErrorPrefix starts the message of a handler failure, the wording
 // Dynamo's clients match on.
 const HandlerErrorPrefix = "a python exception was caught while processing the async generator: "
@@ -125,7 +139,7 @@ const (
 // Options configures New.
 type Options struct {
 	// NATS is where the runtime connects; see natsbus.Options.
-	NATS natsbus.Options
+	NATS NATSOptions
 	// StreamAddr is where response streams are accepted. Empty means the
 	// DYNAMO_CTX_STREAM_ADDR environment variable, else "127.0.0.1:0"
 	// (loopback: workers on other machines cannot reach it; a multi-machine

@@ -100,11 +100,40 @@ def _handler_prefix() -> str:
 _encode = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
 
 
+def _fast_encoder() -> Optional[Callable[[Any], str]]:
+    """The C encoder that ``_encode`` makes anew for every call, made once
+    (3x faster for a small item), or None where this Python's private
+    ``c_make_encoder`` is missing or differs: then ``_encode`` is used."""
+    try:
+        from json.encoder import c_make_encoder, encode_basestring_ascii  # type: ignore[attr-defined]
+
+        def default(o: Any) -> Any:
+            raise TypeError(f"Object of type {type(o).__name__} is not JSON serializable")
+
+        # markers None: no circular check (a cycle is a RecursionError, mapped below).
+        c = c_make_encoder(None, default, encode_basestring_ascii, None, ":", ",", False, False, False)
+
+        def encode(value: Any) -> str:
+            return "".join(c(value, 0))
+
+        sample = {"a": [1, 2.5, "é\n", None, True], "b": {"c": -3}}
+        if encode(sample) != _encode(sample):
+            return None
+        return encode
+    except Exception:  # noqa: BLE001 - any difference: the public encoder
+        return None
+
+
+_encode_fast = _fast_encoder() or _encode
+
+
 def _dumps(value: Any) -> bytes:
     try:
-        return _encode(value).encode()
+        return _encode_fast(value).encode()
     except (TypeError, ValueError) as e:
         raise TypeError(f"value is not JSON-serialisable: {e}") from None
+    except RecursionError:
+        raise TypeError("value is not JSON-serialisable: circular reference or nested too deeply") from None
 
 
 class _IOFailure(OSError, RuntimeError):
@@ -584,7 +613,7 @@ class ResponseStream:
         self._annotated = annotated
         self._context = context
         self._own: Optional[Context] = None  # the request's context, once asked for
-        self._buf: Deque[bytes] = collections.deque()
+        self._buf: Deque[Any] = collections.deque()  # items taken, decoded
         self._ended = False
         self._closed = False
 
@@ -616,14 +645,17 @@ class ResponseStream:
                 # Whether the request counts as killed is the library's rule
                 # (plane.Stream.Killed, which its takes apply too).
                 if not (self._closed or self._handle is None or lib.stream_killed(self._handle)):
-                    data = json.loads(self._buf.popleft().decode())  # str: skips encoding detection
+                    data = self._buf.popleft()
                     return Annotated(data) if self._annotated else data
                 self._buf.clear()  # a kill is a hard abort: buffered items are dropped
             if self._closed or self._handle is None:
                 raise StopAsyncIteration
             code, value = lib.stream_take(self._handle)
             if code == lib.OK:
-                self._buf.extend(value)
+                # One parse for the whole batch: each item is a JSON value
+                # (the library checked it), so joined they are an array.
+                # str: skips encoding detection.
+                self._buf.extend(json.loads((b"[" + b",".join(value) + b"]").decode()))
             elif code == lib.EAGAIN:
                 await arm(self._handle)
             elif code == lib.EOF:

@@ -382,3 +382,21 @@ def test_errors_are_exceptions(nats_url):
             await ep.client()
 
     run(main())
+
+
+def test_item_encoding_matches_json_dumps():
+    """Items are encoded by a cached C encoder: the same bytes as json.dumps,
+    and the same TypeError for what JSON cannot carry."""
+    import json as _json
+
+    from dynamo_ctx.runtime import _dumps
+
+    values = [0, -7, 2**70, 1.5, "", "é\n\"\\", None, True, False, [], {}, [1, [2, {"a": None}]],
+              {"token_ids": [1, 2, 3], "finish_reason": None}, {"ü": ["\u2028", 1e-300]}]
+    for v in values:
+        assert _dumps(v) == _json.dumps(v, separators=(",", ":"), allow_nan=False).encode()
+    cyclic: list = []
+    cyclic.append(cyclic)
+    for bad in (float("nan"), float("inf"), object(), {1j: 1}, cyclic, {"a": {1, 2}}):
+        with pytest.raises(TypeError, match="not JSON-serialisable"):
+            _dumps(bad)

@@ -341,6 +341,14 @@ int dc_request_context(uint64_t h, uint64_t *out);
    DC_EINVAL when data is not JSON. After a kill, items are dropped silently. */
 int dc_request_send(uint64_t h, const char *data, size_t len);
 
+/* Queues count items in order (items[i] is lens[i] bytes of JSON), as many
+   as the buffer takes, with one wake-up of the stream's writer; stores how
+   many it took in *sent. Errors: DC_EAGAIN when the buffer took fewer than
+   count (dc_arm the request, then send the rest), DC_EINVAL when an item is
+   not JSON (the items before it were queued), a NULL pointer, or more than
+   65536 items. After a kill, items are dropped silently (all count taken). */
+int dc_request_send_many(uint64_t h, const char *const *items, const size_t *lens, size_t count, size_t *sent);
+
 /* Ends the request normally: queued items, then the final marker (unless the
    handler stopped its own context: then the caller sees an incomplete
    stream). */

@@ -290,6 +290,43 @@ func dc_request_send(h C.uint64_t, data *C.char, dataLen C.size_t) (rc C.int) {
 	return C.DC_OK
 }
 
+// dc_request_send_many: see dynamo_ctx.h, the reference.
+//
+//export dc_request_send_many
+func dc_request_send_many(h C.uint64_t, items **C.char, lens *C.size_t, count C.size_t, sent *C.size_t) (rc C.int) {
+	defer guard("dc_request_send_many", &rc)
+	if sent == nil || (count > 0 && (items == nil || lens == nil)) {
+		return fail(C.DC_EINVAL, "dc_request_send_many: items, lens and sent must not be NULL")
+	}
+	*sent = 0
+	req, rc := get(requests, "dc_request_send_many", h)
+	if rc != C.DC_OK {
+		return rc
+	}
+	if count > maxSendMany {
+		return fail(C.DC_EINVAL, "dc_request_send_many: %d items, at most %d per call", count, maxSendMany)
+	}
+	ptrs := unsafe.Slice(items, int(count))
+	ns := unsafe.Slice(lens, int(count))
+	batch := make([][]byte, count)
+	for i := range batch {
+		if ptrs[i] == nil && ns[i] > 0 {
+			return fail(C.DC_EINVAL, "dc_request_send_many: item %d is NULL", i)
+		}
+		batch[i] = goBytes(ptrs[i], ns[i])
+	}
+	n, err := req.SendMany(batch)
+	*sent = C.size_t(n)
+	if err != nil {
+		return planeError("dc_request_send_many", err)
+	}
+	return C.DC_OK
+}
+
+// maxSendMany bounds one dc_request_send_many call (the send buffer holds
+// fewer: the rest is refused with DC_EAGAIN anyway).
+const maxSendMany = 1 << 16
+
 // dc_request_complete: see dynamo_ctx.h, the reference.
 //
 //export dc_request_complete

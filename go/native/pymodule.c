@@ -42,11 +42,14 @@
 #pragma weak PyList_Append
 #pragma weak PyList_New
 #pragma weak PyList_SetItem
+#pragma weak PyList_Size
+#pragma weak PyList_GetItem
 #pragma weak PyLong_AsLong
 #pragma weak PyLong_AsUnsignedLongLong
 #pragma weak PyLong_FromLong
 #pragma weak PyLong_FromUnsignedLong
 #pragma weak PyLong_FromUnsignedLongLong
+#pragma weak PyLong_FromSize_t
 #pragma weak PyMem_Free
 #pragma weak PyMem_Malloc
 #pragma weak PyModule_AddIntConstant
@@ -733,6 +736,54 @@ static PyObject* mod_request_send(PyObject* m, PyObject* args) {
     return raise_rc(rc);
 }
 
+// request_send_many(req, [bytes, ...]) -> how many were queued (fewer than
+// given: the buffer is full; arm, then send the rest). Pointers into the
+// bytes objects go to Go as they are: Go copies them before returning.
+static PyObject* mod_request_send_many(PyObject* m, PyObject* args) {
+    unsigned long long h;
+    PyObject* list;
+    if (!PyArg_ParseTuple(args, "KO:request_send_many", &h, &list)) return NULL;
+    if (check_fork() < 0) return NULL;
+    Py_ssize_t count = PyList_Size(list);
+    if (count < 0) return NULL; // not a list: TypeError set
+    enum { SMALL = 64 };
+    const char* small_items[SMALL];
+    size_t small_lens[SMALL];
+    const char** items = small_items;
+    size_t* lens = small_lens;
+    if (count > SMALL) {
+        items = PyMem_Malloc((size_t)count * sizeof(char*));
+        lens = PyMem_Malloc((size_t)count * sizeof(size_t));
+        if (items == NULL || lens == NULL) {
+            PyMem_Free((void*)items);
+            PyMem_Free(lens);
+            return PyErr_NoMemory();
+        }
+    }
+    PyObject* result = NULL;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        char* p;
+        Py_ssize_t n;
+        PyObject* it = PyList_GetItem(list, i); // borrowed
+        if (it == NULL || PyBytes_AsStringAndSize(it, &p, &n) < 0) goto done;
+        items[i] = p;
+        lens[i] = (size_t)n;
+    }
+    size_t sent = 0;
+    int rc = dc_request_send_many(h, items, lens, (size_t)count, &sent);
+    if (rc == DC_OK || rc == DC_EAGAIN) {
+        result = PyLong_FromSize_t(sent);
+    } else {
+        result = raise_rc(rc);
+    }
+done:
+    if (items != small_items) {
+        PyMem_Free((void*)items);
+        PyMem_Free(lens);
+    }
+    return result;
+}
+
 static PyObject* mod_request_complete(PyObject* m, PyObject* arg) { return call_h(arg, dc_request_complete, 0); }
 static PyObject* mod_request_free(PyObject* m, PyObject* arg) { return call_h(arg, dc_request_free, 0); }
 
@@ -976,6 +1027,7 @@ static PyMethodDef module_methods[] = {
     {"request_metadata", mod_request_metadata, METH_O, "request_metadata(req) -> bytes (empty: none)"},
     {"request_context", mod_request_context, METH_VARARGS, "request_context(req, cls) -> Context"},
     {"request_send", mod_request_send, METH_VARARGS, "request_send(req, data) -> False if the buffer is full"},
+    {"request_send_many", mod_request_send_many, METH_VARARGS, "request_send_many(req, [data, ...]) -> how many were queued"},
     {"request_complete", mod_request_complete, METH_O, "request_complete(req)"},
     {"request_fail", mod_request_fail, METH_VARARGS, "request_fail(req, message)"},
     {"request_free", mod_request_free, METH_O, "request_free(req)"},

@@ -413,6 +413,51 @@ func (r *Request) Send(item []byte) error {
 	return nil
 }
 
+// SendMany queues items (each a JSON value) in order, as many as the
+// buffer takes, and reports how many it took: all of them, or fewer with
+// ErrFull (Arm, then send the rest). One call wakes the stream's writer
+// once, however many items it queues. An item that is not JSON fails the
+// call with ErrNotJSON after the items before it were queued. After the
+// request was killed or finished, items are dropped silently (all taken).
+func (r *Request) SendMany(items [][]byte) (int, error) {
+	for i, it := range items {
+		if !json.Valid(it) {
+			n, err := r.sendMany(items[:i])
+			if err != nil {
+				return n, err
+			}
+			return n, ErrNotJSON
+		}
+	}
+	return r.sendMany(items)
+}
+
+func (r *Request) sendMany(items [][]byte) (int, error) {
+	if len(items) == 0 {
+		return 0, nil
+	}
+	r.mu.Lock()
+	if r.finished {
+		r.mu.Unlock()
+		return len(items), nil
+	}
+	n := min(len(items), sendBuffer-len(r.items))
+	if n <= 0 {
+		r.mu.Unlock()
+		return 0, ErrFull
+	}
+	first := len(r.items) == 0
+	r.items = append(r.items, items[:n]...)
+	r.mu.Unlock()
+	if first {
+		r.poke()
+	}
+	if n < len(items) {
+		return n, ErrFull
+	}
+	return n, nil
+}
+
 // Arm runs f once when Send may succeed again (or the request ended).
 func (r *Request) Arm(f func()) {
 	r.mu.Lock()

@@ -18,6 +18,7 @@ import inspect
 import json
 import logging
 import os
+import types
 from typing import Any, AsyncIterator, Awaitable, Callable, Deque, Dict, List, Optional, Set, Tuple, TypeVar
 
 from ._aio import arm, cancel_on_kill, cancel_requested, handler_task
@@ -447,6 +448,91 @@ def _log_handler_error(ctx: Context, e: BaseException) -> None:
     logger.error("request %s: handler raised %s: %s", rid, type(e).__name__, e, exc_info=e, extra={"request_id": rid})
 
 
+#: Items a handler may yield without suspending before they are handed to the
+#: library (one crossing and one wake-up of the stream's writer per batch).
+_SEND_BATCH = 64
+
+
+@types.coroutine
+def _resume(step: Any, first: Any) -> Any:
+    """Await the rest of ``step``, an awaitable's iterator that has already
+    run up to its first suspension and yielded ``first``: the task gets
+    ``first`` and then every later yield, and its sends and throws (a
+    cancellation included) go to ``step``, exactly as if the task had
+    awaited ``step`` from the start."""
+    value = first
+    while True:
+        try:
+            sent = yield value
+        except GeneratorExit:
+            step.close()
+            raise
+        except BaseException as e:  # noqa: BLE001 - delivered where the handler awaits
+            try:
+                value = step.throw(e)
+            except StopIteration as stop:
+                return stop.value
+        else:
+            try:
+                value = step.send(sent)
+            except StopIteration as stop:
+                return stop.value
+
+
+def _send_some(lib: Any, req: int, batch: List[bytes]) -> None:
+    """Hand the library as much of ``batch`` as its buffer takes, now."""
+    if batch:
+        n = lib.request_send_many(req, batch)
+        del batch[:n]
+
+
+async def _send_all(lib: Any, req: int, ctx: Context, batch: List[bytes]) -> None:
+    """Hand the library all of ``batch``, waiting while its buffer is full
+    (after a kill the library drops items, so this never waits for long)."""
+    _send_some(lib, req, batch)
+    while batch and not ctx.is_killed():
+        await arm(req)
+        _send_some(lib, req, batch)
+    batch.clear()
+
+
+async def _relay(lib: Any, req: int, ctx: Context, gen: Any, batch: List[bytes]) -> None:
+    """Pass the handler's items to the library. Items it yields without
+    suspending are batched (at most ``_SEND_BATCH``) and handed over the
+    moment it suspends, on an engine or anything else, so a lone item is not
+    delayed; nothing is awaited while the handler is suspended in a step of
+    ours, so a cancellation always lands in the handler. The caller counts
+    as killed before every item."""
+    if not inspect.isasyncgen(gen):  # another async iterator: an item at a time
+        async for item in gen:
+            if ctx.is_killed():
+                return
+            batch.append(_dumps(item))
+            await _send_all(lib, req, ctx, batch)
+        return
+    anext = gen.__anext__
+    while True:
+        if len(batch) >= _SEND_BATCH:
+            await _send_all(lib, req, ctx, batch)
+        step = anext()
+        try:
+            first = step.send(None)
+        except StopIteration as done:  # an item, without suspending
+            item = done.value
+        except StopAsyncIteration:
+            break
+        else:  # the handler suspends: what it produced so far goes out now
+            _send_some(lib, req, batch)
+            try:
+                item = await _resume(step, first)
+            except StopAsyncIteration:
+                break
+        if ctx.is_killed():
+            return
+        batch.append(_dumps(item))
+    await _send_all(lib, req, ctx, batch)
+
+
 async def _serve_one(lib: Any, req: int, handler: Callable[..., Any], pass_context: bool) -> None:
     """Run one request's handler in this task, streaming its items to the caller.
 
@@ -465,6 +551,7 @@ async def _serve_one(lib: Any, req: int, handler: Callable[..., Any], pass_conte
     task = asyncio.current_task()
     release = cancel_on_kill(ctx)
     gen: Any = None
+    batch: List[bytes] = []  # encoded items not yet handed to the library
     try:
         request = json.loads(lib.request_payload(req).decode())
         meta = lib.request_metadata(req)
@@ -473,12 +560,7 @@ async def _serve_one(lib: Any, req: int, handler: Callable[..., Any], pass_conte
         gen = handler(request, context=ctx) if pass_context else handler(request)
         if not hasattr(gen, "__anext__"):
             raise TypeError(f"handler returned {type(gen).__name__}, not an async generator")
-        async for item in gen:
-            if ctx.is_killed():
-                break
-            data = _dumps(item)
-            while not lib.request_send(req, data):
-                await arm(req)
+        await _relay(lib, req, ctx, gen, batch)
         lib.request_complete(req)
     except asyncio.CancelledError as e:
         if ctx.is_killed():
@@ -487,9 +569,11 @@ async def _serve_one(lib: Any, req: int, handler: Callable[..., Any], pass_conte
             raise  # cancelled from outside: the endpoint's or the loop's own teardown
         else:  # the handler raised it itself
             _log_handler_error(ctx, e)
+            _send_some(lib, req, batch)
             lib.request_fail(req, f"{type(e).__name__}: {e}")
     except Exception as e:  # noqa: BLE001 - every handler error goes to the caller
         _log_handler_error(ctx, e)
+        await _send_all(lib, req, ctx, batch)  # what it yielded before it raised
         lib.request_fail(req, f"{type(e).__name__}: {e}")
     finally:
         if gen is not None and hasattr(gen, "aclose"):

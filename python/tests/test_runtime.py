@@ -400,3 +400,90 @@ def test_item_encoding_matches_json_dumps():
     for bad in (float("nan"), float("inf"), object(), {1j: 1}, cyclic, {"a": {1, 2}}):
         with pytest.raises(TypeError, match="not JSON-serialisable"):
             _dumps(bad)
+
+
+def test_items_yielded_without_suspending_are_batched_but_never_held(nats_url):
+    """Items a handler yields back to back go to the library together, and
+    still: every item yielded before a raise arrives before the error, a lone
+    item arrives while the handler waits, and a kill while it waits reaches
+    the handler's await (its finally runs)."""
+    log = []
+
+    async def handler(request, context):
+        mode = request["mode"]
+        if mode == "raise":
+            for i in range(300):  # more than one batch and than the send buffer
+                yield i
+            raise RuntimeError("after 300")
+        if mode == "lone":
+            yield "first"
+            try:
+                await context.killed()  # the item must not wait for this
+            finally:
+                log.append("finally")
+        if mode == "many-then-wait":
+            for i in range(1000):
+                yield i
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                log.append("cancelled")
+                raise
+
+    class Counter:  # an async iterator that is not an async generator
+        def __init__(self):
+            self.i = 0
+
+        def __aiter__(self):
+            return self
+
+        async def __anext__(self):
+            if self.i == 5:
+                raise StopAsyncIteration
+            self.i += 1
+            return self.i
+
+    async def declared(request):  # what the wrapper below says it is
+        yield 0
+
+    @functools.wraps(declared)
+    def iterator_handler(request):
+        return Counter()
+
+    async def main():
+        async with Harness(nats_url, handler) as h:
+            stream = await h.client.generate({"mode": "raise"}, annotated=False)
+            got = []
+            with pytest.raises(ValueError, match="after 300"):
+                async for x in stream:
+                    got.append(x)
+            assert got == list(range(300))
+
+            stream = await h.client.generate({"mode": "lone"}, annotated=False)
+            assert await asyncio.wait_for(stream.__anext__(), HANG) == "first"
+            await stream.aclose()
+            for _ in range(200):
+                if log:
+                    break
+                await asyncio.sleep(0.01)
+            assert log == ["finally"]
+
+            stream = await h.client.generate({"mode": "many-then-wait"}, annotated=False)
+            got = []
+            async for x in stream:
+                got.append(x)
+                if len(got) == 1000:
+                    break
+            assert got == list(range(1000))
+            await stream.aclose()
+            for _ in range(200):
+                if len(log) == 2:
+                    break
+                await asyncio.sleep(0.01)
+            assert log == ["finally", "cancelled"]
+
+        async with Harness(nats_url, iterator_handler) as h:
+            stream = await h.client.generate({}, annotated=False)
+            assert await collect(stream) == [1, 2, 3, 4, 5]
+
+    run(main())

@@ -90,7 +90,9 @@ const char *dc_version(void);
 /* Copies the library's string constant called name into buf, as
    dc_context_id does: "handler_error_prefix" (what starts the message of a
    remote handler's failure), "nats_env" (the environment variable naming
-   the NATS address), "nats_default_url" (the address used without one).
+   the NATS address), "nats_default_url" (the address used without one),
+   "kill_trace_env" (the environment variable that makes the library
+   append each kill's hops to a file, for benchmarks).
    Errors: DC_EINVAL for a NULL name, DC_ENOENT for an unknown name,
    DC_ERANGE. */
 int dc_string_constant(const char *name, char *buf, size_t cap, size_t *len);

@@ -26,6 +26,7 @@ import (
 
 	"github.com/dynamo-ctx/dynamo-ctx/go/ctxtree"
 	"github.com/dynamo-ctx/dynamo-ctx/go/handle"
+	"github.com/dynamo-ctx/dynamo-ctx/go/killtrace"
 	"github.com/dynamo-ctx/dynamo-ctx/go/logqueue"
 	"github.com/dynamo-ctx/dynamo-ctx/go/plane"
 	"github.com/dynamo-ctx/dynamo-ctx/go/wake"
@@ -133,6 +134,7 @@ var stringConstants = map[string]string{
 	"handler_error_prefix": plane.HandlerErrorPrefix,
 	"nats_env":             plane.NATSEnv,
 	"nats_default_url":     plane.DefaultNATSURL,
+	"kill_trace_env":       killtrace.Env,
 }
 
 // dc_string_constant: see dynamo_ctx.h, the reference.

@@ -1106,6 +1106,7 @@ static const struct { const char* attr; const char* name; } string_constants[] =
     {"HANDLER_ERROR_PREFIX", "handler_error_prefix"},
     {"NATS_ENV", "nats_env"},
     {"DEFAULT_NATS_URL", "nats_default_url"},
+    {"KILL_TRACE_ENV", "kill_trace_env"},
 };
 
 static int add_string_constants(PyObject* m) {

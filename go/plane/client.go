@@ -15,6 +15,7 @@ import (
 
 	"github.com/dynamo-ctx/dynamo-ctx/go/ctxtree"
 	"github.com/dynamo-ctx/dynamo-ctx/go/discovery"
+	"github.com/dynamo-ctx/dynamo-ctx/go/killtrace"
 	"github.com/dynamo-ctx/dynamo-ctx/go/stream"
 )
 
@@ -359,10 +360,12 @@ func (c *Client) generateOnce(payload []byte, parent *ctxtree.Context, route Rou
 			// The frame carries the cancellation's cause, so the worker's
 			// handler sees why (client_disconnected, shutdown, ...).
 			cause := byte(rc.Cause())
+			killtrace.Mark("caller.kill_hook", rc.ID())
 			if local {
 				go in.KillCause(cause)
 			} else {
 				in.KillCause(cause)
+				killtrace.Mark("caller.frame_written", rc.ID())
 			}
 			s.poke()
 		}),

@@ -11,6 +11,7 @@ import (
 
 	"github.com/dynamo-ctx/dynamo-ctx/go/ctxtree"
 	"github.com/dynamo-ctx/dynamo-ctx/go/discovery"
+	"github.com/dynamo-ctx/dynamo-ctx/go/killtrace"
 	"github.com/dynamo-ctx/dynamo-ctx/go/stream"
 )
 
@@ -144,7 +145,10 @@ func (r *Request) followLocalCaller(token string) {
 			r.mu.Unlock()
 			r.Ctx.Cancel(ctxtree.Stopped, ctxtree.ReasonStopGenerating)
 		}),
-		caller.Notify(ctxtree.Killed, func() { r.Ctx.Cancel(ctxtree.Killed, remoteKillReason(caller.Cause())) }),
+		caller.Notify(ctxtree.Killed, func() {
+			r.Ctx.Cancel(ctxtree.Killed, remoteKillReason(caller.Cause()))
+			killtrace.Mark("worker.ctx_killed", r.ID) // in-process: no frame
+		}),
 	}
 }
 
@@ -303,7 +307,12 @@ func (r *Request) run(addr, token string) {
 			r.mu.Unlock()
 			r.Ctx.Cancel(ctxtree.Stopped, ctxtree.ReasonStopGenerating)
 		case stream.EventKill:
+			if r.Ctx.IsKilled() {
+				break // in-process callers killed it already (followLocalCaller)
+			}
+			killtrace.Mark("worker.frame_read", r.ID)
 			r.Ctx.Cancel(ctxtree.Killed, remoteKillReason(ctxtree.Reason(out.KillCause())))
+			killtrace.Mark("worker.ctx_killed", r.ID) // its watchers (the host's fd) signalled
 		case stream.EventLost:
 			r.Ctx.Cancel(ctxtree.Killed, ctxtree.ReasonConnectionLost)
 		}

@@ -27,6 +27,7 @@ import json
 import os
 import statistics
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -35,6 +36,9 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 from dynamo_ctx import Context, DistributedRuntime, NoResponders, StreamIncomplete  # noqa: E402
+
+sys.path.insert(0, str(HERE))
+import killtrace  # noqa: E402
 
 MONO = time.CLOCK_MONOTONIC
 STREAM_ITEMS = 200_000
@@ -83,11 +87,13 @@ async def handler(request, context):
         try:
             await context.killed()
             woke = now_ns()
+            killtrace.mark("worker.handler_woke", context.id())
         finally:
             # The dispatcher cancels a killed handler's task: whichever of the
             # two wakes the handler first, this is when it learned of the kill.
             if not woke:
                 woke = now_ns()
+                killtrace.mark("worker.handler_woke", context.id())
             _inproc_events.put_nowait({"event": "killed", "t_ns": woke, "reason": context.reason()})
 
 
@@ -157,15 +163,16 @@ async def report_stream(label: str, client) -> None:
     results.append((f"per-item overhead, {label}", f"{us:.2f} us", f"<= {TARGET_US_PER_ITEM:g} us", us <= TARGET_US_PER_ITEM))
 
 
-async def kill_latencies(client, n: int, next_event) -> list:
+async def kill_latencies(client, n: int, next_event, prefix: str = "bench-kill") -> list:
     """ns from ctx.kill() to the handler waking from ``await context.killed()``."""
     out = []
     bad = 0
     for i in range(n):
-        ctx = Context(f"bench-kill-{i}")
+        ctx = Context(f"{prefix}-{i}")
         stream = await client.generate({"mode": "wait_kill"}, annotated=False, context=ctx)
         await stream.__anext__()  # the handler runs and awaits its context
         await asyncio.sleep(0.001)  # ... and the worker is idle, as a real one waiting would be
+        killtrace.mark("py.kill", ctx.id())
         t0 = now_ns()
         ctx.kill()
         ev = await next_event()
@@ -297,6 +304,55 @@ async def failure_detection(host, url, worker, remote_client, remote_path, remot
     )
 
 
+# ---------------------------------------------------------------- the breakdown
+async def kill_breakdown() -> None:
+    """Run this script again with the library's kill trace on (only there:
+    tracing writes a line per hop), and print where a kill's time goes."""
+    from dynamo_ctx._lib import native
+
+    print("\n(b2) kill breakdown: timestamps at each hop (a separate run with the kill trace on)")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "kills.trace")
+        env = dict(os.environ, **{native().KILL_TRACE_ENV: path})
+        proc = await asyncio.create_subprocess_exec(sys.executable, __file__, "--kill-breakdown", env=env)
+        await proc.wait()
+        if proc.returncode != 0 or not os.path.exists(path):
+            print(f"  (the traced run failed: exit {proc.returncode})")
+            return
+        killtrace.report(path, "trace-remote", "handler in another process (loopback)")
+        killtrace.report(path, "trace-local", "handler in this process")
+
+
+async def traced_kills() -> None:
+    """The traced run: kills only, its worker inheriting the trace file."""
+    global _inproc_events
+    _inproc_events = asyncio.Queue()
+    killtrace.patch_loop()
+    host = DistributedRuntime(nats_url="nats://127.0.0.1:0")
+    remote_path = f"bench{uuid.uuid4().hex[:8]}.worker.generate"
+    worker = await Helper.start(host.nats_url, "serve", remote_path)
+    serve_task = None
+    try:
+        local = host.endpoint(f"bench{uuid.uuid4().hex[:8]}.local.generate")
+        serve_task = asyncio.ensure_future(local.serve_endpoint(handler))
+        await local.serving()
+        local_client = await local.client()
+        await local_client.wait_for_instances()
+        await worker.event("ready")
+        remote_client = await host.endpoint(remote_path).client()
+        await remote_client.wait_for_instances()
+        await kill_latencies(remote_client, WARMUP_KILLS, lambda: worker.event("killed"), "warmup")
+        await kill_latencies(remote_client, KILL_REQUESTS, lambda: worker.event("killed"), "trace-remote")
+        await kill_latencies(local_client, WARMUP_KILLS, _inproc_events.get, "warmup")
+        await kill_latencies(local_client, KILL_REQUESTS, _inproc_events.get, "trace-local")
+        await asyncio.sleep(0.2)  # the library writes its marks every 50 ms
+    finally:
+        await worker.stop()
+        host.shutdown()
+        if serve_task is not None:
+            await asyncio.gather(serve_task, return_exceptions=True)
+
+
 # ---------------------------------------------------------------- main
 async def main() -> None:
     global _inproc_events
@@ -336,6 +392,7 @@ async def main() -> None:
         lat = await kill_latencies(local_client, KILL_REQUESTS, _inproc_events.get)
         report_kill("handler in this process", lat, TARGET_INPROC_P50_US)
         await local_kill_reference()
+        await kill_breakdown()
 
         print("\n(c) against SPEC section 8")
         w = max(len(r[0]) for r in results)
@@ -353,6 +410,9 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:] == ["--kill-breakdown"]:
+        asyncio.run(asyncio.wait_for(traced_kills(), HANG))
+        sys.exit(0)
     try:
         asyncio.run(asyncio.wait_for(main(), HANG))
     except asyncio.TimeoutError:

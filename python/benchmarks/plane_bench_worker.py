@@ -33,6 +33,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dynamo_ctx import Context, DistributedRuntime  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import killtrace  # noqa: E402
+
 MONO = time.CLOCK_MONOTONIC
 
 
@@ -58,16 +61,19 @@ async def handler(request, context):
         try:
             await context.killed()
             woke = time.clock_gettime_ns(MONO)
+            killtrace.mark("worker.handler_woke", context.id())
         finally:
             # The dispatcher cancels a killed handler's task; whichever of the
             # two wakes it first, this is when the handler learned of the kill.
             if not woke:
                 woke = time.clock_gettime_ns(MONO)
+                killtrace.mark("worker.handler_woke", context.id())
             record(event="killed", t_ns=woke, reason=context.reason())
 
 
 async def serve(path: str) -> None:
     runtime = DistributedRuntime()
+    killtrace.patch_loop()
     endpoint = runtime.endpoint(path)
     task = asyncio.ensure_future(endpoint.serve_endpoint(handler))
     record(event="ready", instance=await endpoint.serving())

@@ -46,6 +46,8 @@ HANDLER_ERROR_PREFIX: str
 NATS_ENV: str
 #: The NATS address used when none is given ("nats://127.0.0.1:4222").
 DEFAULT_NATS_URL: str
+#: The environment variable naming the file the library appends kill hops to (benchmarks).
+KILL_TRACE_ENV: str
 
 class Context:
     def __new__(cls, id: Optional[str] = None) -> "Context": ...

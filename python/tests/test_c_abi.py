@@ -520,7 +520,7 @@ def test_string_constants(lib):
 
     n = ffi.new("size_t *")
     for name, attr in (("handler_error_prefix", "HANDLER_ERROR_PREFIX"), ("nats_env", "NATS_ENV"),
-                       ("nats_default_url", "DEFAULT_NATS_URL")):
+                       ("nats_default_url", "DEFAULT_NATS_URL"), ("kill_trace_env", "KILL_TRACE_ENV")):
         buf = ffi.new("char[256]")
         ok(lib, lib.dc_string_constant(name.encode(), buf, 256, n))
         value = ffi.string(buf).decode()

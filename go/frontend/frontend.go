@@ -1032,12 +1032,49 @@ func (p *response) run(on func(c *choice, text string, finished bool) error) err
 	return io.EOF
 }
 
-func (p *response) chunk(choices []any, usage any) []byte {
-	m := map[string]any{"id": p.id, "object": p.object(), "created": p.created, "model": p.model, "choices": choices}
+// streamChunk is one event of a streamed response. Its fields are in the
+// order a map's keys would be written (alphabetical), as before it was a
+// struct: typed, it is encoded without a map per token.
+type streamChunk struct {
+	Choices []chunkChoice `json:"choices"`
+	Created int64         `json:"created"`
+	ID      string        `json:"id"`
+	Model   string        `json:"model"`
+	Object  string        `json:"object"`
+}
+
+// streamChunkUsage is streamChunk with "usage" (stream_options.include_usage:
+// null in every chunk but the last).
+type streamChunkUsage struct {
+	Choices []chunkChoice `json:"choices"`
+	Created int64         `json:"created"`
+	ID      string        `json:"id"`
+	Model   string        `json:"model"`
+	Object  string        `json:"object"`
+	Usage   any           `json:"usage"`
+}
+
+// chunkChoice is a choice of a chunk: "delta" for chat, "text" for
+// completions.
+type chunkChoice struct {
+	Delta        *chunkDelta `json:"delta,omitempty"`
+	FinishReason *string     `json:"finish_reason"`
+	Index        int         `json:"index"`
+	Text         *string     `json:"text,omitempty"`
+}
+
+type chunkDelta struct {
+	Content string `json:"content"`
+	Role    string `json:"role,omitempty"`
+}
+
+func (p *response) chunk(choices []chunkChoice, usage any) []byte {
+	var b []byte
 	if p.plan.includeUsage {
-		m["usage"] = usage
+		b, _ = json.Marshal(streamChunkUsage{Choices: choices, Created: p.created, ID: p.id, Model: p.model, Object: p.object(), Usage: usage})
+	} else {
+		b, _ = json.Marshal(streamChunk{Choices: choices, Created: p.created, ID: p.id, Model: p.model, Object: p.object()})
 	}
-	b, _ := json.Marshal(m)
 	return b
 }
 
@@ -1053,21 +1090,20 @@ func (p *response) stream() {
 		if text == "" && !finished && c.started {
 			return nil
 		}
-		ch := map[string]any{"index": c.index, "finish_reason": nil}
+		ch := chunkChoice{Index: c.index}
 		if finished {
-			ch["finish_reason"] = c.finish
+			ch.FinishReason = &c.finish
 		}
 		if p.plan.chat {
-			delta := map[string]any{"content": text}
+			ch.Delta = &chunkDelta{Content: text}
 			if !c.started {
-				delta["role"] = "assistant"
+				ch.Delta.Role = "assistant"
 			}
-			ch["delta"] = delta
 		} else {
-			ch["text"] = text
+			ch.Text = &text
 		}
 		c.started = true
-		if _, err := fmt.Fprintf(w, "data: %s\n\n", p.chunk([]any{ch}, nil)); err != nil {
+		if _, err := fmt.Fprintf(w, "data: %s\n\n", p.chunk([]chunkChoice{ch}, nil)); err != nil {
 			return err // the client is gone or stalled: serve kills the request
 		}
 		if !w.Flush() {
@@ -1086,7 +1122,7 @@ func (p *response) stream() {
 		return
 	}
 	if p.plan.includeUsage {
-		fmt.Fprintf(w, "data: %s\n\n", p.chunk([]any{}, p.usage()))
+		fmt.Fprintf(w, "data: %s\n\n", p.chunk([]chunkChoice{}, p.usage()))
 	}
 	_, _ = io.WriteString(w, "data: [DONE]\n\n")
 	w.Flush()

@@ -1,0 +1,226 @@
+"""Under load (issue 13, goal 4): 1,000 concurrent streams through the frontend.
+
+    python python/benchmarks/bench_load.py [--streams 1000] [--cancel 200]
+
+Runs the stack as processes (the fault-tolerance harness: frontend, mock
+workers, NATS host), opens ``--streams`` streaming completions at once on raw
+sockets and keeps them all reading. Once every stream has its first token,
+``--cancel`` of them are closed one at a time at random moments; each close
+is timed against the worker's log line confirming the engine abort (both
+are this machine's wall clock). Two set-ups:
+
+- aggregated: two agg workers, cancelled in decode;
+- disaggregated: a prefill and a decode worker; the cancelled requests are
+  sent with a long prompt while the others stream, and closed while their
+  remote prefill runs (the prefill worker's abort is what is timed).
+
+Printed per set-up: disconnect -> engine abort confirmed p50/p99/max (SPEC
+section 8: p99 <= 5 ms), tokens/s delivered to the clients, the frontend's
+CPU per 1k tokens/s (cores) and its RSS per in-flight request (KiB).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import re
+import resource
+import sys
+import time
+from pathlib import Path
+from typing import Dict, List, Optional, Tuple
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "tests" / "fault_tolerance"))
+from conftest import Stack  # noqa: E402
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a process, in seconds."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def rss_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+def pct(xs: List[float], p: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(p / 100 * len(xs)))]
+
+
+class Client:
+    """One streaming completion on a raw socket: counts tokens (SSE events) until
+    the end or until it is closed, and records when it closed."""
+
+    def __init__(self, rid: str, prompt: str, max_tokens: int) -> None:
+        self.rid, self.prompt, self.max_tokens = rid, prompt, max_tokens
+        self.tokens = 0
+        self.first = asyncio.get_running_loop().create_future()
+        self.closed_at: Optional[float] = None
+        self.done = False
+        self.writer: Optional[asyncio.StreamWriter] = None
+
+    async def run(self, host: str, port: int, model: str) -> None:
+        body = json.dumps({"model": model, "prompt": self.prompt, "max_tokens": self.max_tokens, "stream": True}).encode()
+        reader, self.writer = await asyncio.open_connection(host, port)
+        self.writer.write(
+            b"POST /v1/completions HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n"
+            + f"x-request-id: {self.rid}\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body
+        )
+        try:
+            while True:
+                chunk = await reader.read(65536)
+                if not chunk:
+                    break
+                n = chunk.count(b"data: {")
+                if n and not self.first.done():
+                    self.first.set_result(None)
+                self.tokens += n
+                if b"data: [DONE]" in chunk:
+                    self.done = True
+                    break
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            if not self.first.done():
+                self.first.set_result(None)
+            if self.closed_at is None:
+                self.writer.close()
+
+    def close(self) -> None:
+        """Hang up now (the disconnect that is timed)."""
+        if self.writer is not None and self.closed_at is None:
+            self.closed_at = time.time()
+            self.writer.transport.abort()
+
+
+def aborted_at(lines: List[str], label: str) -> Dict[str, float]:
+    """rid -> the worker log's time of "Aborted <label>Request ID: rid"."""
+    rx = re.compile(r"\[(\d+\.\d+)\].*Aborted " + label + r"Request ID: (\S+)")
+    out = {}
+    for line in lines:
+        m = rx.search(line)
+        if m:
+            out[m.group(2)] = float(m.group(1))
+    return out
+
+
+async def load(stack: Stack, n: int, cancel: int, max_tokens: int, disagg: bool, seed: int) -> Tuple[List[float], dict]:
+    rng = random.Random(seed)
+    fe = stack.frontend
+    host, port = fe.host_port
+    pid = fe.proc.pid
+    idle_rss = rss_kib(pid)
+    streams = [Client(f"load-{seed}-{i}", f"load {i}", max_tokens) for i in range(n)]
+    tasks = [asyncio.ensure_future(c.run(host, port, stack.model)) for c in streams]
+    await asyncio.wait_for(asyncio.gather(*[c.first for c in streams]), 120)
+    # Steady state: every stream is producing.
+    loaded_rss = rss_kib(pid)
+    t0, cpu0, tok0 = time.monotonic(), cpu_seconds(pid), sum(c.tokens for c in streams)
+    victims: List[Client] = []
+    if disagg:
+        # Long prompts, closed while their remote prefill runs.
+        for i in range(cancel):
+            v = Client(f"load-{seed}-prefill-{i}", "p" * 400, max_tokens)
+            victims.append(v)
+            t = asyncio.ensure_future(v.run(host, port, stack.model))
+            tasks.append(t)
+            await asyncio.sleep(rng.uniform(0.05, 0.15))  # inside the prefill (400 x 1 ms)
+            v.close()
+            await asyncio.sleep(rng.uniform(0.0, 0.02))
+    else:
+        for v in rng.sample(streams, cancel):
+            await asyncio.sleep(rng.uniform(0.0, 0.02))
+            v.close()
+            victims.append(v)
+    t1, cpu1, tok1 = time.monotonic(), cpu_seconds(pid), sum(c.tokens for c in streams)
+    await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 300)
+    worker = stack.worker("prefill") if disagg else None
+    logs: List[str] = []
+    for w in [worker] if worker else stack.workers:
+        logs += w.lines
+    aborts = aborted_at(logs, "Prefill " if disagg else "")
+    lat = [(aborts[v.rid] - v.closed_at) * 1000 for v in victims if v.rid in aborts and v.closed_at]
+    done = sum(c.done for c in streams if c not in victims)
+    tok_s = (tok1 - tok0) / (t1 - t0)
+    cores = (cpu1 - cpu0) / (t1 - t0)
+    figures = {
+        "confirmed": len(lat),
+        "victims": len(victims),
+        "completed": done,
+        "expected_complete": n - (0 if disagg else cancel),
+        "tokens_per_s": tok_s,
+        "frontend_cores": cores,
+        "cores_per_1k_tok_s": cores / (tok_s / 1000) if tok_s else float("nan"),
+        "rss_per_request_kib": (loaded_rss - idle_rss) / n,
+        "idle_rss_mib": idle_rss / 1024,
+        "loaded_rss_mib": loaded_rss / 1024,
+    }
+    return lat, figures
+
+
+def run(name: str, workers: List[dict], args, disagg: bool) -> bool:
+    stack = Stack()
+    try:
+        stack.start(workers)
+        lat, f = asyncio.run(load(stack, args.streams, args.cancel, args.max_tokens, disagg, args.seed))
+    finally:
+        stack.close()
+    ok = bool(lat) and pct(lat, 99) <= 5.0
+    print(f"{name}: {args.streams} streams, {f['victims']} disconnected")
+    if lat:
+        print(
+            f"  disconnect -> engine abort confirmed: p50 {pct(lat, 50):.2f} ms, p99 {pct(lat, 99):.2f} ms, "
+            f"max {max(lat):.2f} ms (n={len(lat)} of {f['victims']}); target p99 <= 5 ms: {'meets' if ok else 'misses'}"
+        )
+    else:
+        print("  no abort was confirmed in the workers' logs")
+    print(
+        f"  {f['tokens_per_s']:,.0f} tokens/s to the clients while disconnecting; frontend {f['frontend_cores']:.2f} cores "
+        f"= {f['cores_per_1k_tok_s']:.3f} cores per 1k tokens/s"
+    )
+    print(
+        f"  frontend RSS {f['idle_rss_mib']:.0f} MiB idle -> {f['loaded_rss_mib']:.0f} MiB with {args.streams} in flight "
+        f"= {f['rss_per_request_kib']:.1f} KiB per in-flight request; streams completed {f['completed']}/{f['expected_complete']}"
+    )
+    return ok
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--streams", type=int, default=1000)
+    ap.add_argument("--cancel", type=int, default=200, help="streams disconnected (timed) per set-up")
+    ap.add_argument("--max-tokens", type=int, default=120)
+    ap.add_argument("--decode", type=float, default=0.1, help="mock seconds per token")
+    ap.add_argument("--seed", type=int, default=int(time.time()))
+    args = ap.parse_args()
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # children inherit it
+    if hard < 4 * args.streams:
+        print(f"NOFILE is {hard}: too few for {args.streams} streams (a client socket and the frontend's per stream)")
+        return 1
+    print(f"load: seed {args.seed}, {args.max_tokens} tokens per stream at {args.decode} s per token, {os.cpu_count()} CPUs")
+    run("aggregated, cancelled in decode", [{"decode": args.decode}] * 2, args, disagg=False)
+    run(
+        "disaggregated, cancelled in prefill",
+        [{"mode": "prefill", "prefill": 0.001}, {"mode": "decode", "decode": args.decode}],
+        args,
+        disagg=True,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

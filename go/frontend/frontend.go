@@ -984,15 +984,36 @@ func (p *response) usage() map[string]any {
 // all ended normally, the request's context's error on a disconnect).
 func (p *response) run(on func(c *choice, text string, finished bool) error) error {
 	ctx, cancel := context.WithCancel(p.r.Context())
-	events, wait := pump(ctx, p.choices)
-	defer wait()
-	defer cancel()
+	var recv func() (event, bool) // false: ctx is done
+	if len(p.choices) == 1 {
+		// One choice (n=1, the usual case): read it here, without a pump
+		// goroutine and its hand-off per token.
+		c := p.choices[0]
+		recv = func() (event, bool) {
+			it, err := next(ctx, c.stream)
+			if err != nil && ctx.Err() != nil {
+				return event{}, false
+			}
+			return event{c: c, item: it, err: err}, true
+		}
+		defer cancel()
+	} else {
+		events, wait := pump(ctx, p.choices)
+		defer wait()
+		defer cancel()
+		recv = func() (event, bool) {
+			select {
+			case ev := <-events:
+				return ev, true
+			case <-ctx.Done():
+				return event{}, false
+			}
+		}
+	}
 	running := len(p.choices)
 	for running > 0 {
-		var ev event
-		select {
-		case ev = <-events:
-		case <-ctx.Done():
+		ev, ok := recv()
+		if !ok {
 			return ctx.Err()
 		}
 		c := ev.c

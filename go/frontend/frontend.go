@@ -627,7 +627,7 @@ type workerItem struct {
 // response) and what it has produced.
 type choice struct {
 	index  int
-	rc     *ctxtree.Context
+	reqCtx     *ctxtree.Context
 	stream *plane.Stream
 	// complete: the worker's stream ended normally, or the frontend ended
 	// it at a stop string: a disconnect now cancels nothing.
@@ -776,8 +776,8 @@ func (f *Frontend) serve(w http.ResponseWriter, r *http.Request, chat bool) {
 	}
 	for i, pr := range prompts {
 		for j := 0; j < p.n; j++ {
-			c := &choice{index: i*p.n + j, rc: f.rt.NewContext(id), stop: stopper{stops: p.stops}}
-			c.stream, err = client.Generate(p.payload(req.Model, pr.tokens, budgets[i], c.index), c.rc, plane.RoundRobin, 0)
+			c := &choice{index: i*p.n + j, reqCtx: f.rt.NewContext(id), stop: stopper{stops: p.stops}}
+			c.stream, err = client.Generate(p.payload(req.Model, pr.tokens, budgets[i], c.index), c.reqCtx, plane.RoundRobin, 0)
 			if err != nil {
 				killAll()
 				if errors.Is(err, plane.ErrTooLarge) {
@@ -812,7 +812,7 @@ func (f *Frontend) serve(w http.ResponseWriter, r *http.Request, chat bool) {
 				// Complete as the client saw it, or as the worker ended it
 				// (its final frame is here, not yet written out).
 				if !c.complete.Load() && !c.stream.Completed() {
-					f.disconnected(c.rc, c.stream, id, req.Model)
+					f.disconnected(c.reqCtx, c.stream, id, req.Model)
 				}
 			}
 		})
@@ -904,8 +904,8 @@ func (s *stallWriter) Flush() bool {
 
 // disconnected kills the request of a client that went away and records it
 // as a cancellation waiting for the worker's confirmation.
-func (f *Frontend) disconnected(rc *ctxtree.Context, s *plane.Stream, id, model string) {
-	if rc.IsKilled() {
+func (f *Frontend) disconnected(reqCtx *ctxtree.Context, s *plane.Stream, id, model string) {
+	if reqCtx.IsKilled() {
 		return
 	}
 	now := time.Now()
@@ -920,7 +920,7 @@ func (f *Frontend) disconnected(rc *ctxtree.Context, s *plane.Stream, id, model 
 		}
 	}
 	f.mu.Unlock()
-	if !rc.Cancel(ctxtree.Killed, ctxtree.ReasonClientDisconnected) {
+	if !reqCtx.Cancel(ctxtree.Killed, ctxtree.ReasonClientDisconnected) {
 		f.mu.Lock()
 		delete(f.pending, key)
 		f.mu.Unlock()

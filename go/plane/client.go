@@ -297,9 +297,9 @@ func (c *Client) requestContext(payload []byte, parent *ctxtree.Context) (*ctxtr
 	if parent == nil {
 		return c.rt.opts.NewContext(ctxtree.NewID()), nil
 	}
-	rc := c.rt.opts.NewContext(parent.ID())
-	parent.LinkChild(rc)
-	return rc, nil
+	reqCtx := c.rt.opts.NewContext(parent.ID())
+	parent.LinkChild(reqCtx)
+	return reqCtx, nil
 }
 
 // envelopeOverhead bounds what the envelope adds to a request payload
@@ -316,7 +316,7 @@ func (c *Client) tooLarge(n int) error {
 // this is an attempt of (nil: none): the attempt carries its key, and its
 // Instance is this attempt's from before the request is sent.
 func (c *Client) generateOnce(payload []byte, parent *ctxtree.Context, route Route, instance uint64, exclude map[uint64]bool, outer *Stream, o generateOptions) (*Stream, error) {
-	rc, err := c.requestContext(payload, parent)
+	reqCtx, err := c.requestContext(payload, parent)
 	if err != nil {
 		return nil, err
 	}
@@ -324,7 +324,7 @@ func (c *Client) generateOnce(payload []byte, parent *ctxtree.Context, route Rou
 	if outer != nil {
 		key = outer.key
 	}
-	s := &Stream{ctx: rc, key: key, parent: parent, wake: make(chan struct{}, 1), rt: c.rt, client: c}
+	s := &Stream{ctx: reqCtx, key: key, parent: parent, wake: make(chan struct{}, 1), rt: c.rt, client: c}
 	id, err := c.pick(route, instance, exclude)
 	if err != nil {
 		s.end(err)
@@ -347,33 +347,33 @@ func (c *Client) generateOnce(payload []byte, parent *ctxtree.Context, route Rou
 	s.stopHooks = append(s.stopHooks,
 		// A kill also fires Stopped hooks; it must not send a Stop first,
 		// which could let the handler finish cleanly before the Kill lands.
-		rc.Notify(ctxtree.Stopped, func() {
-			if !rc.IsKilled() {
+		reqCtx.Notify(ctxtree.Stopped, func() {
+			if !reqCtx.IsKilled() {
 				go in.Stop()
 			}
 		}),
-		rc.Notify(ctxtree.Killed, func() {
+		reqCtx.Notify(ctxtree.Killed, func() {
 			// To a remote worker the Kill frame is the kill: write it now,
 			// on the cancelling goroutine (a tiny write; the worker always
 			// reads). A worker in this runtime was already killed
 			// synchronously (followLocalCaller), so the frame can wait.
 			// The frame carries the cancellation's cause, so the worker's
 			// handler sees why (client_disconnected, shutdown, ...).
-			cause := byte(rc.Cause())
-			killtrace.Mark("caller.kill_hook", rc.ID())
+			cause := byte(reqCtx.Cause())
+			killtrace.Mark("caller.kill_hook", reqCtx.ID())
 			if local {
 				go in.KillCause(cause)
 			} else {
 				in.KillCause(cause)
-				killtrace.Mark("caller.frame_written", rc.ID())
+				killtrace.Mark("caller.frame_written", reqCtx.ID())
 			}
 			s.poke()
 		}),
 	)
 	c.rt.trackStream(s)
-	c.rt.setLocal(token, rc) // until acknowledged: see Request.followLocalCaller
-	st, _ := rc.State()
-	env := mustJSON(envelope{ID: rc.ID(), Key: key, Addr: c.rt.streamAddr(), Token: token, State: st, Request: payload, Metadata: o.metadata})
+	c.rt.setLocal(token, reqCtx) // until acknowledged: see Request.followLocalCaller
+	st, _ := reqCtx.State()
+	env := mustJSON(envelope{ID: reqCtx.ID(), Key: key, Addr: c.rt.streamAddr(), Token: token, State: st, Request: payload, Metadata: o.metadata})
 	if len(env) > int(c.rt.nc().MaxPayload()) {
 		// A continuation grew past the limit: refused here, never sent.
 		c.rt.setLocal(token, nil)

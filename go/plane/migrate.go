@@ -53,13 +53,13 @@ func (c *Client) GenerateMigrating(payload []byte, parent *ctxtree.Context, rout
 	if err != nil {
 		return nil, err
 	}
-	rc, err := c.requestContext(payload, parent)
+	reqCtx, err := c.requestContext(payload, parent)
 	if err != nil {
 		return nil, err
 	}
-	slog.Debug("migration_limit read", "request_id", rc.ID(), "endpoint", c.path, "migration_limit", limit)
-	out := &Stream{ctx: rc, key: NewKey(), parent: parent, wake: make(chan struct{}, 1), rt: c.rt}
-	out.stopHooks = append(out.stopHooks, rc.Notify(ctxtree.Killed, out.poke))
+	slog.Debug("migration_limit read", "request_id", reqCtx.ID(), "endpoint", c.path, "migration_limit", limit)
+	out := &Stream{ctx: reqCtx, key: NewKey(), parent: parent, wake: make(chan struct{}, 1), rt: c.rt}
+	out.stopHooks = append(out.stopHooks, reqCtx.Notify(ctxtree.Killed, out.poke))
 	c.rt.trackStream(out)
 	go out.migrate(c, payload, route, instance, limit, o)
 	return out, nil

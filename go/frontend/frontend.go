@@ -627,7 +627,7 @@ type workerItem struct {
 // response) and what it has produced.
 type choice struct {
 	index  int
-	reqCtx     *ctxtree.Context
+	reqCtx *ctxtree.Context
 	stream *plane.Stream
 	// complete: the worker's stream ended normally, or the frontend ended
 	// it at a stop string: a disconnect now cancels nothing.

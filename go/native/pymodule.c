@@ -132,6 +132,26 @@ static PyObject* raise_rc(int rc) {
     return NULL;
 }
 
+// After this thread cancelled a context: dynamo_ctx._aio._flush_local()
+// delivers at once what the cancellation woke on this thread's running event
+// loop (an in-process handler, a waiter), rather than after the loop's next
+// poll of its fd. It returns None and never raises.
+static PyObject* flush_local(void) {
+    static PyObject* flush = NULL; // the module keeps it alive
+    if (flush == NULL) {
+        PyObject* mod = PyImport_ImportModule("dynamo_ctx._aio");
+        if (mod != NULL) {
+            flush = PyObject_GetAttrString(mod, "_flush_local");
+            Py_DECREF(mod);
+        }
+        if (flush == NULL) {
+            PyErr_Clear(); // the fd delivers it anyway
+            Py_RETURN_NONE;
+        }
+    }
+    return PyObject_CallFunctionObjArgs(flush, NULL);
+}
+
 // ---------------------------------------------------------------- Context
 
 // A Context made in Python has no Go side until something needs one: a link,
@@ -356,7 +376,7 @@ static PyObject* context_cancel_with(PyObject* o, uint32_t state, uint32_t reaso
     int rc;
     CALL_RELEASED(rc, dc_context_cancel(((ContextObject*)o)->handle, state, reason));
     if (rc != DC_OK) return raise_rc(rc);
-    Py_RETURN_NONE;
+    return flush_local();
 }
 
 static PyObject* context_stop_generating(PyObject* o, PyObject* unused) {

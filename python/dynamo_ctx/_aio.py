@@ -120,6 +120,24 @@ def _free_queue(lib: Any, queue: int) -> None:
         pass
 
 
+def _flush_local() -> None:
+    """Called by the native module right after this thread cancelled a
+    context. If the thread runs an event loop with an event queue, what the
+    cancellation woke there (the futures and callbacks of an in-process
+    handler or waiter) is delivered now instead of after the loop's next poll
+    of the fd: one wake-up less for an in-process kill. Never raises."""
+    loop = asyncio._get_running_loop()
+    if loop is None:
+        return
+    waker = _wakers.get(loop)
+    if waker is None:
+        return
+    try:
+        waker._on_ready()
+    except Exception as e:  # noqa: BLE001 - the caller's cancel succeeded; report, do not raise
+        loop.call_exception_handler({"message": "dynamo_ctx: delivering a cancellation failed", "exception": e})
+
+
 def _waker() -> _LoopWaker:
     loop = asyncio.get_running_loop()
     waker = _wakers.get(loop)

@@ -443,3 +443,20 @@ def test_invalid_ids_still_rejected_at_creation():
             Context(id=bad)
     with pytest.raises(TypeError):
         Context(id=42)
+
+
+def test_cancel_on_the_loop_thread_is_delivered_at_once():
+    """A kill made on a running loop's thread resolves that loop's waiters
+    without waiting for the loop to poll its fd: one iteration later the
+    waiter has run."""
+
+    async def main():
+        for cancel in (lambda c: c.kill(), lambda c: c.stop_generating()):
+            ctx = Context()
+            waiter = asyncio.ensure_future(ctx.stopped())
+            await asyncio.sleep(0)  # the watch is registered
+            cancel(ctx)
+            await asyncio.sleep(0)
+            assert waiter.done() and waiter.result() is True
+
+    asyncio.run(main())

@@ -632,12 +632,13 @@ func (s *Stream) Completed() bool {
 
 // KillOutcome calls f once, when it is known, with whether a kill of the
 // request aborted anything on its worker: false if the worker had ended the
-// request before it read the Kill (its end frame crossed the Kill) or the
-// stream had ended before the kill; true otherwise, including a kill that
-// stopped a migrating request between attempts or reached a worker that
-// then died. Exactly when f(true), the worker publishes an abort
-// confirmation once the handler has returned (see AbortConfirmation), so a
-// caller can count a cancellation only when there was something to cancel.
+// request before it read the Kill (its end frame crossed the Kill), if the
+// stream had ended before the kill, or if the kill stopped a migrating
+// request between attempts (no worker had it: its last one failed); true
+// otherwise, including a kill that reached a worker which then died. When
+// f(true), the worker publishes an abort confirmation once the handler has
+// returned (see AbortConfirmation), unless it died; so a caller can count a
+// cancellation only when there was something to cancel.
 // f may run at once or on another goroutine, and must not block; it is not
 // called until the request is killed or has ended.
 func (s *Stream) KillOutcome(f func(aborted bool)) {
@@ -646,12 +647,10 @@ func (s *Stream) KillOutcome(f func(aborted bool)) {
 		s.in.KillOutcome(f)
 	case a != nil:
 		a.KillOutcome(f)
-	case s.client == nil && !s.Completed():
-		// A migrating request between attempts (or before its first): a
-		// kill stops it before any worker has it.
-		f(true)
 	default:
-		// An attempt that never got an instance ended before any kill.
+		// A migrating request between attempts (or before its first): the
+		// kill stops it while no worker has it. Or an attempt that never
+		// got an instance. Either way no worker had work to abort.
 		f(false)
 	}
 }

@@ -196,6 +196,20 @@ func (e *env) do(method, path, body string, hdr map[string]string) response {
 	return response{status: resp.StatusCode, header: resp.Header, body: b}
 }
 
+// doAsync sends req on another goroutine; the channel gets the error of the
+// exchange (the response's body is closed unread).
+func (e *env) doAsync(req *http.Request) <-chan error {
+	errc := make(chan error, 1)
+	go func() {
+		resp, err := e.hc.Do(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		errc <- err
+	}()
+	return errc
+}
+
 func (e *env) post(path, body string, hdr map[string]string) response {
 	e.t.Helper()
 	return e.do(http.MethodPost, path, body, hdr)
@@ -738,14 +752,7 @@ func TestClientDisconnectNonStreaming(t *testing.T) {
 		defer cancel()
 		req := d.request(http.MethodPost, "/v1/completions", completion("m", "hello", 50, false),
 			map[string]string{"x-request-id": "dc-unary-1"}).WithContext(ctx)
-		errc := make(chan error, 1)
-		go func() {
-			resp, err := d.hc.Do(req)
-			if err == nil {
-				resp.Body.Close()
-			}
-			errc <- err
-		}()
+		errc := d.doAsync(req)
 		planetest.Recv(t, d.got, "the request at the worker")
 		cancel()
 		err := planetest.Recv(t, errc, "the client's request to end")
@@ -798,27 +805,14 @@ func TestClientDisconnectStreaming(t *testing.T) {
 func TestEveryDisconnectCounted(t *testing.T) {
 	e := newEnv(t)
 	got := make(chan *plane.Request, 1)
-	e.worker("w", "dynamo", "m", 0, func(w *planetest.Worker, req *plane.Request) {
-		got <- req
-		select { // killed: return at once, which confirms the abort
-		case <-req.Ctx.Killed():
-		case <-w.Quit:
-		}
-	})
+	e.worker("w", "dynamo", "m", 0, planetest.Hold(got)) // killed: returns at once, which confirms the abort
 	e.start()
 	e.waitModels("m")
 	const n = 20
 	for i := 1; i <= n; i++ {
 		ctx, cancel := context.WithCancel(context.Background())
 		req := e.request(http.MethodPost, "/v1/completions", completion("m", "hi", 5, false), nil).WithContext(ctx)
-		errc := make(chan error, 1)
-		go func() {
-			resp, err := e.hc.Do(req)
-			if err == nil {
-				resp.Body.Close()
-			}
-			errc <- err
-		}()
+		errc := e.doAsync(req)
 		planetest.Recv(t, got, "the request at the worker")
 		cancel()
 		require.ErrorIs(t, planetest.Recv(t, errc, "the client's request to end"), context.Canceled)

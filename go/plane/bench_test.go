@@ -29,9 +29,7 @@ var benchItem = func() []byte {
 // caller). items/s is the throughput of one stream.
 func BenchmarkStreamItems(b *testing.B) {
 	const path = "bench.items.generate"
-	host := planetest.Embedded(b)
-	wrt := planetest.Join(b, host)
-	planetest.Serve(b, wrt, path, func(w *planetest.Worker, req *plane.Request) {
+	_, _, c := planetest.ServeAndConnect(b, path, func(w *planetest.Worker, req *plane.Request) {
 		var n int
 		if _, err := fmt.Sscanf(string(req.Payload), "%d", &n); err != nil {
 			req.Fail(err.Error())
@@ -44,8 +42,6 @@ func BenchmarkStreamItems(b *testing.B) {
 		}
 		req.Complete()
 	})
-	c := planetest.Client(b, host, path)
-	planetest.WaitInstances(b, c, 1)
 
 	b.SetBytes(int64(len(benchItem)))
 	b.ReportAllocs()
@@ -89,15 +85,8 @@ func BenchmarkStreamItems(b *testing.B) {
 // latency metrics cover the kill only.
 func BenchmarkKillLatency(b *testing.B) {
 	const path = "bench.kill.generate"
-	host := planetest.Embedded(b)
-	wrt := planetest.Join(b, host)
 	reqs := make(chan *plane.Request, 1)
-	planetest.Serve(b, wrt, path, func(w *planetest.Worker, req *plane.Request) {
-		reqs <- req
-		<-req.Ctx.Killed()
-	})
-	c := planetest.Client(b, host, path)
-	planetest.WaitInstances(b, c, 1)
+	_, _, c := planetest.ServeAndConnect(b, path, planetest.Hold(reqs))
 
 	lat := make([]time.Duration, 0, b.N)
 	b.ResetTimer()

@@ -25,12 +25,12 @@ import (
 
 func tokenRequest(n int) []byte { return fmt.Appendf(nil, `{"token_ids":[],"max_tokens":%d}`, n) }
 
-// blackHole registers an instance of path whose requests are received and
-// never acknowledged. It returns the instance id.
-func blackHole(t *testing.T, rt *plane.Runtime, path string) uint64 {
+// handInstance registers an instance of path on rt's bus whose requests go
+// to f, and returns its id: a worker played by hand.
+func handInstance(t *testing.T, rt *plane.Runtime, path string, f nats.MsgHandler) uint64 {
 	t.Helper()
 	id := discovery.NewInstanceID()
-	sub, err := rt.Bus().Conn().Subscribe(discovery.RequestSubject(path, id), func(*nats.Msg) {})
+	sub, err := rt.Bus().Conn().Subscribe(discovery.RequestSubject(path, id), f)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = sub.Unsubscribe() })
 	lease, err := discovery.Register(rt.Bus().Conn(), path, id, nil)
@@ -39,16 +39,20 @@ func blackHole(t *testing.T, rt *plane.Runtime, path string) uint64 {
 	return id
 }
 
+// blackHole registers an instance of path whose requests are received and
+// never acknowledged. It returns the instance id.
+func blackHole(t *testing.T, rt *plane.Runtime, path string) uint64 {
+	t.Helper()
+	return handInstance(t, rt, path, func(*nats.Msg) {})
+}
+
 // A request sent to an instance that never acknowledges is detected within
 // the acknowledgement timeout and migrates; every stream completes, and new
 // requests avoid the instance afterwards.
 func TestStalledInstanceMigrates(t *testing.T) {
 	const path = "test.stalled.generate"
-	host := planetest.Embedded(t)
-	wrt := planetest.Join(t, host)
-	planetest.Serve(t, wrt, path, planetest.Tokens)
+	host, _, c := planetest.ServeAndConnect(t, path, planetest.Tokens)
 	bad := blackHole(t, host, path)
-	c := planetest.Client(t, host, path)
 	planetest.WaitInstances(t, c, 2)
 	c.SetMigrationLimit(2)
 
@@ -85,10 +89,12 @@ func TestStalledInstanceMigrates(t *testing.T) {
 
 // silentWorker registers an instance that acknowledges, connects back,
 // sends the first k tokens of the request and then holds the connection
-// without a word (no heartbeat): a worker stopped mid-stream.
-func silentWorker(t *testing.T, rt *plane.Runtime, path string, k int) {
+// without a word (no heartbeat): a worker stopped mid-stream. It is the only
+// instance of path on a new request plane, whose host runtime is made with
+// opts and has a client of path that knows the instance.
+func silentWorker(t *testing.T, path string, k int, opts ...planetest.Option) (*plane.Runtime, *plane.Client) {
 	t.Helper()
-	id := discovery.NewInstanceID()
+	host := planetest.Embedded(t, opts...)
 	var mu sync.Mutex
 	var conns []net.Conn
 	t.Cleanup(func() {
@@ -98,7 +104,7 @@ func silentWorker(t *testing.T, rt *plane.Runtime, path string, k int) {
 			_ = c.Close()
 		}
 	})
-	sub, err := rt.Bus().Conn().Subscribe(discovery.RequestSubject(path, id), func(m *nats.Msg) {
+	handInstance(t, host, path, func(m *nats.Msg) {
 		var env struct {
 			Addr, Token string
 		}
@@ -120,11 +126,9 @@ func silentWorker(t *testing.T, rt *plane.Runtime, path string, k int) {
 		}
 		_ = w.Flush()
 	})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = sub.Unsubscribe() })
-	lease, err := discovery.Register(rt.Bus().Conn(), path, id, nil)
-	require.NoError(t, err)
-	t.Cleanup(lease.Close)
+	c := planetest.Client(t, host, path)
+	planetest.WaitInstances(t, c, 1)
+	return host, c
 }
 
 func shortIdle(o *plane.Options) { o.StreamIdleTimeout = 300 * time.Millisecond }
@@ -133,10 +137,7 @@ func shortIdle(o *plane.Options) { o.StreamIdleTimeout = 300 * time.Millisecond 
 // liveness check; the stream migrates and the caller sees every token once.
 func TestSilentWorkerStreamMigrates(t *testing.T) {
 	const path = "test.silent.generate"
-	host := planetest.Embedded(t, shortIdle)
-	silentWorker(t, host, path, 5)
-	c := planetest.Client(t, host, path)
-	planetest.WaitInstances(t, c, 1)
+	host, c := silentWorker(t, path, 5, shortIdle)
 	wrt := planetest.Join(t, host, shortIdle)
 	planetest.Serve(t, wrt, path, planetest.Tokens)
 	planetest.WaitInstances(t, c, 2)
@@ -155,10 +156,7 @@ func TestSilentWorkerStreamMigrates(t *testing.T) {
 // (stream.ErrPeerSilent) instead of hanging.
 func TestSilentWorkerStreamIncomplete(t *testing.T) {
 	const path = "test.silent1.generate"
-	host := planetest.Embedded(t, shortIdle)
-	silentWorker(t, host, path, 2)
-	c := planetest.Client(t, host, path)
-	planetest.WaitInstances(t, c, 1)
+	_, c := silentWorker(t, path, 2, shortIdle)
 	got, err := planetest.DrainTokens(t, planetest.Generate(t, c, string(tokenRequest(5)), nil))
 	assert.Equal(t, planetest.Seq(0, 2), got)
 	assert.ErrorIs(t, err, plane.ErrIncomplete)
@@ -168,14 +166,10 @@ func TestSilentWorkerStreamIncomplete(t *testing.T) {
 // for a dead one: heartbeats keep its stream.
 func TestSlowHandlerNotMistakenForDead(t *testing.T) {
 	const path = "test.slow.generate"
-	host := planetest.Embedded(t, shortIdle)
-	wrt := planetest.Join(t, host, shortIdle)
-	planetest.Serve(t, wrt, path, func(w *planetest.Worker, req *plane.Request) {
+	_, _, c := planetest.ServeAndConnect(t, path, func(w *planetest.Worker, req *plane.Request) {
 		time.Sleep(time.Second) // > 3 idle timeouts before the first item
 		w.Send(req, []byte(`{"token_ids":[0]}`))
-	})
-	c := planetest.Client(t, host, path)
-	planetest.WaitInstances(t, c, 1)
+	}, shortIdle)
 	got, err := planetest.DrainTokens(t, planetest.Generate(t, c, `{}`, nil))
 	assert.Equal(t, "EOF", fmt.Sprint(err))
 	assert.Equal(t, []int{0}, got)

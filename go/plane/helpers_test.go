@@ -12,6 +12,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/dynamo-ctx/dynamo-ctx/go/ctxtree"
 	"github.com/dynamo-ctx/dynamo-ctx/go/internal/planetest"
 	"github.com/dynamo-ctx/dynamo-ctx/go/plane"
 )
@@ -31,6 +32,14 @@ func requireSeq(tb testing.TB, items [][]byte, from, n int) {
 			tb.Fatalf("item %d is %d, want %d (order or loss)", k, v, from+k)
 		}
 	}
+}
+
+// takeSeq takes n items from s, which must be 0, 1, ..., n-1.
+func takeSeq(tb testing.TB, s *plane.Stream, n int) {
+	tb.Helper()
+	items, err := planetest.Take(s, n)
+	require.NoError(tb, err)
+	requireSeq(tb, items, 0, n)
 }
 
 // flood is a handler that produces total items as fast as the request's
@@ -71,6 +80,17 @@ func (f *flood) handle(_ *planetest.Worker, req *plane.Request) {
 		}
 	}
 	req.Complete()
+}
+
+// start sends a request to the flood through c, as a child of parent, and
+// waits until the producer is blocked on its full buffer (see waitBlocked).
+// It returns the caller's stream, the worker's request and what was queued.
+func (f *flood) start(tb testing.TB, c *plane.Client, parent *ctxtree.Context) (*plane.Stream, *plane.Request, int64) {
+	tb.Helper()
+	s := planetest.Generate(tb, c, `{}`, parent)
+	require.NoError(tb, planetest.WaitStarted(s))
+	req := planetest.Recv(tb, f.reqs, "the request")
+	return s, req, f.waitBlocked(tb)
 }
 
 // waitBlocked waits until the producer hit a full buffer and has made no

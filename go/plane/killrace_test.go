@@ -38,11 +38,7 @@ func TestKillRaceNoItemAfterKill(t *testing.T) {
 	for _, migrating := range []bool{false, true} {
 		t.Run(fmt.Sprintf("migrating=%v", migrating), func(t *testing.T) {
 			path := fmt.Sprintf("test.killrace%v.generate", migrating)
-			host := planetest.Embedded(t)
-			wrt := planetest.Join(t, host)
-			planetest.Serve(t, wrt, path, countHandler)
-			c := planetest.Client(t, host, path)
-			planetest.WaitInstances(t, c, 1)
+			_, _, c := planetest.ServeAndConnect(t, path, countHandler)
 			if migrating {
 				c.SetMigrationLimit(2)
 			}
@@ -50,9 +46,7 @@ func TestKillRaceNoItemAfterKill(t *testing.T) {
 				k := i % 16 // the item at which the caller kills
 				parent := ctxtree.New(fmt.Sprintf("race-%d", i))
 				s := planetest.Generate(t, c, fmt.Sprintf(`{"n":%d}`, n), parent)
-				items, err := planetest.Take(s, k+1)
-				require.NoError(t, err)
-				requireSeq(t, items, 0, k+1)
+				takeSeq(t, s, k+1)
 				if i%3 == 2 {
 					// The old bug, deterministically: the stream ended with
 					// items still buffered, then the caller kills.
@@ -91,13 +85,9 @@ func TestKillDuringMigratedStream(t *testing.T) {
 		planetest.WaitInstances(t, c, 2)
 		parent := ctxtree.New(fmt.Sprintf("mig-%d", i))
 		s := planetest.GenerateRoute(t, c, `{"n":40}`, parent, plane.Direct, w1.EP.InstanceID())
-		items, err := planetest.Take(s, first)
-		require.NoError(t, err)
-		requireSeq(t, items, 0, first)
-		w1rt.Close() // the crash: the stream migrates to the second worker
-		items, err = planetest.Take(s, 2)
-		require.NoError(t, err)
-		requireSeq(t, items, 0, 2) // the second worker's (not a token stream: it restarts)
+		takeSeq(t, s, first)
+		w1rt.Close()     // the crash: the stream migrates to the second worker
+		takeSeq(t, s, 2) // the second worker's (not a token stream: it restarts)
 		if i%2 == 1 {
 			streamEnded(t, parent)
 		}
@@ -112,10 +102,7 @@ func TestKillDuringMigratedStream(t *testing.T) {
 // does) after the stream ended drops what is buffered too.
 func TestStreamKillAfterEndDropsBufferedItems(t *testing.T) {
 	const path = "test.killend.generate"
-	host := planetest.Embedded(t)
-	planetest.Serve(t, host, path, countHandler)
-	c := planetest.Client(t, host, path)
-	planetest.WaitInstances(t, c, 1)
+	_, _, c := planetest.ServeOnHost(t, path, countHandler)
 	parent := ctxtree.New("kill-end")
 	s := planetest.Generate(t, c, `{"n":20}`, parent)
 	streamEnded(t, parent)

@@ -18,15 +18,11 @@ import (
 // without metadata has none.
 func TestMetadataCarried(t *testing.T) {
 	const path = "test.meta.generate"
-	host := planetest.Embedded(t)
-	wrt := planetest.Join(t, host)
 	got := make(chan []byte, 2)
-	planetest.Serve(t, wrt, path, func(w *planetest.Worker, req *plane.Request) {
+	_, _, c := planetest.ServeAndConnect(t, path, func(w *planetest.Worker, req *plane.Request) {
 		got <- req.Metadata
 		w.Send(req, num(0))
 	})
-	c := planetest.Client(t, host, path)
-	planetest.WaitInstances(t, c, 1)
 
 	meta := []byte(`{"tenant":"alpha","region":"us-west"}`)
 	s, err := c.Generate([]byte(`{}`), ctxtree.New("meta-1"), plane.RoundRobin, 0, plane.WithMetadata(meta))
@@ -102,10 +98,8 @@ func TestHandlerFailAfterCallerStop(t *testing.T) {
 		}
 		t.Run(name, func(t *testing.T) {
 			const path = "test.failstop.generate"
-			host := planetest.Embedded(t)
-			wrt := planetest.Join(t, host)
 			final := make(chan ctxState, 1)
-			planetest.Serve(t, wrt, path, func(w *planetest.Worker, req *plane.Request) {
+			_, _, c := planetest.ServeAndConnect(t, path, func(w *planetest.Worker, req *plane.Request) {
 				if !req.Ctx.IsStopped() {
 					w.Send(req, num(0))
 				}
@@ -113,8 +107,6 @@ func TestHandlerFailAfterCallerStop(t *testing.T) {
 				req.Fail("CancelledError: ")
 				final <- snapshot(req.Ctx)
 			})
-			c := planetest.Client(t, host, path)
-			planetest.WaitInstances(t, c, 1)
 
 			parent := ctxtree.New("fail-after-stop")
 			if early {
@@ -122,9 +114,7 @@ func TestHandlerFailAfterCallerStop(t *testing.T) {
 			}
 			s := planetest.Generate(t, c, `{}`, parent)
 			if !early {
-				items, err := planetest.Take(s, 1)
-				require.NoError(t, err)
-				requireSeq(t, items, 0, 1)
+				takeSeq(t, s, 1)
 				parent.Cancel(ctxtree.Stopped, ctxtree.ReasonStopGenerating)
 			}
 			items, _, err := planetest.Drain(s, 0)

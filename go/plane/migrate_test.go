@@ -175,7 +175,22 @@ func (a *migAttempt) crash() { a.req.Ctx.Cancel(ctxtree.Killed, ctxtree.ReasonSh
 
 // --- the caller's side ------------------------------------------------------
 
-func (e *migEnv) client() *plane.Client { return planetest.Client(e.t, e.host, migPath) }
+// migTwo starts a test's request plane with workers "w1" and "w2", which
+// behave as b1 and b2, and the caller's client, which knows both.
+func migTwo(t *testing.T, b1, b2 func(a *migAttempt)) (e *migEnv, w1, w2 *planetest.Worker, c *plane.Client) {
+	t.Helper()
+	e = migSetup(t)
+	w1, w2 = e.worker("w1", b1), e.worker("w2", b2)
+	return e, w1, w2, e.connect(w1, w2)
+}
+
+// connect makes the caller's client and waits until it knows every one of ws.
+func (e *migEnv) connect(ws ...*planetest.Worker) *plane.Client {
+	e.t.Helper()
+	c := planetest.Client(e.t, e.host, migPath)
+	planetest.WaitWorkers(e.t, c, ws...)
+	return c
+}
 
 // migPin makes c's next round-robin pick w (and the one after it the other
 // of two instances, whether or not w is still listed then).
@@ -285,11 +300,7 @@ func TestMigrationLimitZeroSurfacesBrokenStream(t *testing.T) {
 		migrating bool // GenerateMigrating(limit 0), else Generate with no client limit
 	}{{"GenerateMigrating limit 0", true}, {"Generate without a limit", false}} {
 		t.Run(tc.name, func(t *testing.T) {
-			e := migSetup(t)
-			w1 := e.worker("w1", migSendThenHang(2))
-			w2 := e.worker("w2", migSendThenHang(2))
-			c := e.client()
-			planetest.WaitWorkers(t, c, w1, w2)
+			e, _, _, c := migTwo(t, migSendThenHang(2), migSendThenHang(2))
 
 			var s *plane.Stream
 			if tc.migrating {
@@ -325,11 +336,7 @@ func TestMigrationLimitZeroSurfacesBrokenStream(t *testing.T) {
 // but gone: no responders) is retried, unchanged, on another worker; the
 // client's migration limit applies to Generate.
 func TestMigrationNoRespondersRetriedOnAnotherWorker(t *testing.T) {
-	e := migSetup(t)
-	dead := e.worker("dead", (*migAttempt).finish)
-	live := e.worker("live", (*migAttempt).finish)
-	c := e.client()
-	planetest.WaitWorkers(t, c, dead, live)
+	e, dead, live, c := migTwo(t, (*migAttempt).finish, (*migAttempt).finish)
 
 	// The dead worker stops receiving while its lease still lists it: a
 	// worker that died before its lease expired.
@@ -348,7 +355,7 @@ func TestMigrationNoRespondersRetriedOnAnotherWorker(t *testing.T) {
 	assert.Equal(t, planetest.Seq(migPrompt, migMax), toks)
 
 	a := e.attempt()
-	assert.Equal(t, "live", a.w.Name)
+	assert.Equal(t, live.Name, a.w.Name)
 	assert.JSONEq(t, string(payload), string(a.req.Payload), "no token was received: the request is resent as is")
 	assert.Equal(t, 2, e.callerAttempts(), "the attempt to the dead worker, then the retry")
 	e.noMoreAttempts()
@@ -357,7 +364,7 @@ func TestMigrationNoRespondersRetriedOnAnotherWorker(t *testing.T) {
 // No responders on every attempt: the error surfaces after limit+1 attempts.
 func TestMigrationNoRespondersLimitExhausted(t *testing.T) {
 	e := migSetup(t)
-	c := e.client()
+	c := e.connect()
 	const limit = 2
 	s := e.generate(c, migPayload(false), nil, plane.Direct, 0x5eadbeef, limit)
 
@@ -379,11 +386,7 @@ func TestMigrationOngoingContinuesOnSecondWorker(t *testing.T) {
 			name = "stop_conditions.max_tokens"
 		}
 		t.Run(name, func(t *testing.T) {
-			e := migSetup(t)
-			w1 := e.worker("w1", migSendThenHang(3))
-			w2 := e.worker("w2", (*migAttempt).finish)
-			c := e.client()
-			planetest.WaitWorkers(t, c, w1, w2)
+			e, w1, _, c := migTwo(t, migSendThenHang(3), (*migAttempt).finish)
 			migPin(t, c, w1)
 
 			s := e.generate(c, migPayload(nested), nil, plane.RoundRobin, 0, 1)
@@ -421,11 +424,7 @@ func TestMigrationOngoingContinuesOnSecondWorker(t *testing.T) {
 // first worker's tokens made it to the caller, the second worker continues
 // from there and the caller still sees one continuous stream.
 func TestMigrationOngoingContinuityWithoutReading(t *testing.T) {
-	e := migSetup(t)
-	w1 := e.worker("w1", migSendThenHang(4))
-	w2 := e.worker("w2", (*migAttempt).finish)
-	c := e.client()
-	planetest.WaitWorkers(t, c, w1, w2)
+	e, w1, _, c := migTwo(t, migSendThenHang(4), (*migAttempt).finish)
 	migPin(t, c, w1)
 
 	s := e.generate(c, migPayload(true), nil, plane.RoundRobin, 0, 1)
@@ -463,8 +462,7 @@ func migCrashing(t *testing.T, parent *ctxtree.Context, limit, crashes int) (e *
 			a.crash()
 		}
 	})
-	c := e.client()
-	planetest.WaitWorkers(t, c, w)
+	c := e.connect(w)
 	s = e.generate(c, migPayload(false), parent, plane.Direct, w.EP.InstanceID(), limit)
 	id := s.Context().ID()
 	if parent != nil {
@@ -539,11 +537,7 @@ func TestMigrationCancelledNotRetried(t *testing.T) {
 		{"stream killed", func(_ *ctxtree.Context, s *plane.Stream) { s.Kill() }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			e := migSetup(t)
-			w1 := e.worker("w1", migSendThenHang(2))
-			w2 := e.worker("w2", migSendThenHang(2))
-			c := e.client()
-			planetest.WaitWorkers(t, c, w1, w2)
+			e, _, _, c := migTwo(t, migSendThenHang(2), migSendThenHang(2))
 
 			parent := ctxtree.New("mig-cancel")
 			s := e.generate(c, migPayload(false), parent, plane.RoundRobin, 0, 3)
@@ -563,29 +557,32 @@ func TestMigrationCancelledNotRetried(t *testing.T) {
 	}
 }
 
+// migEndedByHandler runs a request (migration limit 3) on two workers whose
+// handler sends two tokens and, once the caller took them, ends its request
+// with end; so the tests are about not retrying (an attempt that ends before
+// migration relays it is TestMigrationKeepsItemsOfAttemptEndedBeforeRelay).
+// It returns the attempt, the tokens the caller received and the stream's end.
+func migEndedByHandler(t *testing.T, end func(a *migAttempt)) (e *migEnv, a *migAttempt, toks []int, err error) {
+	t.Helper()
+	behave := func(a *migAttempt) {
+		if a.send(2) && a.await(a.proceed) {
+			end(a)
+		}
+	}
+	e, _, _, c := migTwo(t, behave, behave)
+	s := e.generate(c, migPayload(false), nil, plane.RoundRobin, 0, 3)
+	a = e.attempt()
+	got := migTake(t, s, 2)
+	close(a.proceed)
+	rest, err := planetest.DrainTokens(t, s)
+	return e, a, append(got, rest...), err
+}
+
 // A handler error is not retried: the caller gets the tokens, then the
 // handler's error; the handler's context is neither stopped nor killed.
 func TestMigrationHandlerErrorNotRetried(t *testing.T) {
-	e := migSetup(t)
-	// The handler ends once the caller took its tokens, so that this test
-	// is about not retrying; an attempt that ends before migration relays
-	// it is TestMigrationKeepsItemsOfAttemptEndedBeforeRelay.
-	fail := func(a *migAttempt) {
-		if a.send(2) && a.await(a.proceed) {
-			a.req.Fail("ValueError: boom")
-		}
-	}
-	w1 := e.worker("w1", fail)
-	w2 := e.worker("w2", fail)
-	c := e.client()
-	planetest.WaitWorkers(t, c, w1, w2)
-
-	s := e.generate(c, migPayload(false), nil, plane.RoundRobin, 0, 3)
-	a := e.attempt()
-	got := migTake(t, s, 2)
-	close(a.proceed)
-	toks, err := planetest.DrainTokens(t, s)
-	assert.Equal(t, planetest.Seq(migPrompt, 2), append(got, toks...))
+	e, a, toks, err := migEndedByHandler(t, func(a *migAttempt) { a.req.Fail("ValueError: boom") })
+	assert.Equal(t, planetest.Seq(migPrompt, 2), toks)
 	var he *stream.HandlerError
 	require.ErrorAs(t, err, &he)
 	assert.Equal(t, plane.HandlerErrorPrefix+"ValueError: boom", he.Message)
@@ -601,24 +598,11 @@ func TestMigrationHandlerErrorNotRetried(t *testing.T) {
 // ErrStoppedByHandler ("Stream ended before generation completed"), which
 // migration does not retry.
 func TestMigrationHandlerStopNotRetried(t *testing.T) {
-	e := migSetup(t)
-	stop := func(a *migAttempt) {
-		if a.send(2) && a.await(a.proceed) { // see TestMigrationHandlerErrorNotRetried
-			a.req.Ctx.StopGenerating()
-			a.req.Complete()
-		}
-	}
-	w1 := e.worker("w1", stop)
-	w2 := e.worker("w2", stop)
-	c := e.client()
-	planetest.WaitWorkers(t, c, w1, w2)
-
-	s := e.generate(c, migPayload(false), nil, plane.RoundRobin, 0, 3)
-	a := e.attempt()
-	got := migTake(t, s, 2)
-	close(a.proceed)
-	toks, err := planetest.DrainTokens(t, s)
-	assert.Equal(t, planetest.Seq(migPrompt, 2), append(got, toks...))
+	e, a, toks, err := migEndedByHandler(t, func(a *migAttempt) {
+		a.req.Ctx.StopGenerating()
+		a.req.Complete()
+	})
+	assert.Equal(t, planetest.Seq(migPrompt, 2), toks)
 	require.ErrorIs(t, err, stream.ErrStoppedByHandler)
 	assert.ErrorIs(t, err, plane.ErrIncomplete, "it is reported as an incomplete stream")
 	assert.True(t, strings.HasPrefix(err.Error(), "Stream ended before generation completed"), err.Error())
@@ -627,6 +611,31 @@ func TestMigrationHandlerStopNotRetried(t *testing.T) {
 	e.waitDone(a)
 	migState(t, a.req.Ctx, ctxtree.Stopped, ctxtree.ReasonStopGenerating, "handler's context")
 	e.noMoreAttempts()
+}
+
+// migBetweenAttempts runs a request (migration limit 3) whose first attempt,
+// at w1, sends two tokens and crashes; cancel is applied to the request's
+// parent between the attempts: as the second attempt's context is made
+// (contexts made: 1 the request's, 2 the first attempt's, 3 the second
+// attempt's), before it is linked and sent. It returns the tokens the
+// caller received and the stream's end.
+func migBetweenAttempts(t *testing.T, b2 func(a *migAttempt), cancel func(parent *ctxtree.Context)) (e *migEnv, w2 *planetest.Worker, toks []int, err error) {
+	t.Helper()
+	e, w1, w2, c := migTwo(t, migSendThenHang(2), b2)
+	migPin(t, c, w1)
+	parent := ctxtree.New("mig-between")
+	hook := func(n int64) {
+		if n == 3 {
+			cancel(parent)
+		}
+	}
+	e.onNew.Store(&hook)
+	s := e.generate(c, migPayload(false), parent, plane.RoundRobin, 0, 3)
+	require.Equal(t, "w1", e.attempt().w.Name)
+	got := migTake(t, s, 2)
+	w1.RT.Close()
+	rest, err := planetest.DrainTokens(t, s)
+	return e, w2, append(got, rest...), err
 }
 
 // A stop on the caller's parent reaches the worker of the current attempt,
@@ -644,8 +653,7 @@ func TestMigrationStopReachesCurrentAttempt(t *testing.T) {
 				a.req.Complete()
 			}
 		})
-		c := e.client()
-		planetest.WaitWorkers(t, c, w1, w2)
+		c := e.connect(w1, w2)
 		migPin(t, c, w1)
 
 		parent := ctxtree.New("mig-stop-during")
@@ -670,31 +678,9 @@ func TestMigrationStopReachesCurrentAttempt(t *testing.T) {
 	})
 
 	t.Run("stop between attempts", func(t *testing.T) {
-		e := migSetup(t)
-		w1 := e.worker("w1", migSendThenHang(2))
-		w2 := e.worker("w2", migHonourStop)
-		c := e.client()
-		planetest.WaitWorkers(t, c, w1, w2)
-		migPin(t, c, w1)
-
-		parent := ctxtree.New("mig-stop-between")
-		// Contexts made: 1 the request's, 2 the first attempt's, 3 the
-		// second attempt's: stop as it is made, before it is linked and sent.
-		hook := func(n int64) {
-			if n == 3 {
-				parent.StopGenerating()
-			}
-		}
-		e.onNew.Store(&hook)
-		s := e.generate(c, migPayload(false), parent, plane.RoundRobin, 0, 3)
-		a1 := e.attempt()
-		require.Equal(t, "w1", a1.w.Name)
-		got := migTake(t, s, 2)
-		w1.RT.Close()
-
-		rest, err := planetest.DrainTokens(t, s)
+		e, _, toks, err := migBetweenAttempts(t, migHonourStop, (*ctxtree.Context).StopGenerating)
 		require.ErrorIs(t, err, io.EOF)
-		assert.Equal(t, planetest.Seq(migPrompt, 2), append(got, rest...))
+		assert.Equal(t, planetest.Seq(migPrompt, 2), toks)
 
 		a2 := e.attempt()
 		require.Equal(t, "w2", a2.w.Name)
@@ -706,28 +692,9 @@ func TestMigrationStopReachesCurrentAttempt(t *testing.T) {
 	})
 
 	t.Run("kill between attempts", func(t *testing.T) {
-		e := migSetup(t)
-		w1 := e.worker("w1", migSendThenHang(2))
-		w2 := e.worker("w2", migSendThenHang(0))
-		c := e.client()
-		planetest.WaitWorkers(t, c, w1, w2)
-		migPin(t, c, w1)
-
-		parent := ctxtree.New("mig-kill-between")
-		hook := func(n int64) {
-			if n == 3 {
-				parent.Kill()
-			}
-		}
-		e.onNew.Store(&hook)
-		s := e.generate(c, migPayload(false), parent, plane.RoundRobin, 0, 3)
-		require.Equal(t, "w1", e.attempt().w.Name)
-		got := migTake(t, s, 2)
-		w1.RT.Close()
-
-		rest, err := planetest.DrainTokens(t, s)
+		e, w2, toks, err := migBetweenAttempts(t, migSendThenHang(0), (*ctxtree.Context).Kill)
 		require.ErrorIs(t, err, io.EOF)
-		assert.Equal(t, planetest.Seq(migPrompt, 2), append(got, rest...))
+		assert.Equal(t, planetest.Seq(migPrompt, 2), toks)
 		assert.Equal(t, 2, e.callerAttempts(), "no attempt after the kill")
 
 		// The second attempt was acknowledged by w2; once w2 is done with it,
@@ -748,11 +715,7 @@ func TestMigrationStopReachesCurrentAttempt(t *testing.T) {
 // client still routes to it) reached no handler: like no responders, it is
 // retried on another worker.
 func TestMigrationRetriesRefusalByClosingEndpoint(t *testing.T) {
-	e := migSetup(t)
-	closing := e.worker("closing", (*migAttempt).finish)
-	live := e.worker("live", (*migAttempt).finish)
-	c := e.client()
-	planetest.WaitWorkers(t, c, closing, live)
+	e, closing, live, c := migTwo(t, (*migAttempt).finish, (*migAttempt).finish)
 
 	// The window inside Endpoint.Close: closed, still subscribed and listed.
 	plane.SetClosing(closing.EP, true)
@@ -763,7 +726,7 @@ func TestMigrationRetriesRefusalByClosingEndpoint(t *testing.T) {
 	toks, err := planetest.DrainTokens(t, s)
 	require.ErrorIs(t, err, io.EOF)
 	assert.Equal(t, planetest.Seq(migPrompt, migMax), toks)
-	assert.Equal(t, "live", e.attempt().w.Name)
+	assert.Equal(t, live.Name, e.attempt().w.Name)
 }
 
 // SPEC section 3: a context already stopped before generate is called gives
@@ -772,8 +735,7 @@ func TestMigrationRetriesRefusalByClosingEndpoint(t *testing.T) {
 func TestMigrationAlreadyStoppedParentReachesWorker(t *testing.T) {
 	e := migSetup(t)
 	w := e.worker("w", migHonourStop)
-	c := e.client()
-	planetest.WaitWorkers(t, c, w)
+	c := e.connect(w)
 
 	parent := ctxtree.New("mig-already-stopped")
 	parent.StopGenerating()
@@ -832,7 +794,7 @@ func TestMigrationKeepsItemsOfAttemptEndedBeforeRelay(t *testing.T) {
 		}
 	})
 
-	c := e.client()
+	c := e.connect()
 	// Control: without migration the same responses keep their items.
 	for i := 0; i < 20; i++ {
 		s, err := c.Generate(migPayload(false), nil, plane.Direct, id)

@@ -54,11 +54,7 @@ func countHandler(w *planetest.Worker, req *plane.Request) {
 
 func TestRoundTripManyItemsInOrder(t *testing.T) {
 	const path, n, maxTake = "test.roundtrip.generate", 12000, 100
-	host := planetest.Embedded(t)
-	wrt := planetest.Join(t, host)
-	planetest.Serve(t, wrt, path, countHandler)
-	c := planetest.Client(t, host, path)
-	planetest.WaitInstances(t, c, 1)
+	_, _, c := planetest.ServeAndConnect(t, path, countHandler)
 
 	s := planetest.Generate(t, c, fmt.Sprintf(`{"n":%d}`, n), nil)
 	items, batches, err := planetest.Drain(s, maxTake)
@@ -85,10 +81,7 @@ func TestRoundTripManyItemsInOrder(t *testing.T) {
 
 func TestTakeHonoursMax(t *testing.T) {
 	const path, n = "test.take.generate", 300
-	host := planetest.Embedded(t)
-	planetest.Serve(t, host, path, countHandler)
-	c := planetest.Client(t, host, path)
-	planetest.WaitInstances(t, c, 1)
+	_, _, c := planetest.ServeOnHost(t, path, countHandler)
 
 	for _, max := range []int{1, 7} {
 		s := planetest.Generate(t, c, fmt.Sprintf(`{"n":%d}`, n), nil)
@@ -116,17 +109,13 @@ func idHandler(got chan<- *plane.Request) planetest.Handler {
 
 func TestRequestIDRelayedFromParent(t *testing.T) {
 	const path = "test.id.generate"
-	host := planetest.Embedded(t)
-	wrt := planetest.Join(t, host)
 	got := make(chan *plane.Request, 1)
 	release := make(chan struct{})
-	planetest.Serve(t, wrt, path, func(w *planetest.Worker, req *plane.Request) {
+	_, _, c := planetest.ServeAndConnect(t, path, func(w *planetest.Worker, req *plane.Request) {
 		got <- req
 		<-release // the request stays in flight until the link is checked
 		req.Complete()
 	})
-	c := planetest.Client(t, host, path)
-	planetest.WaitInstances(t, c, 1)
 
 	parent := ctxtree.New("req-42")
 	s := planetest.Generate(t, c, `{"prompt":"hi"}`, parent)
@@ -151,11 +140,8 @@ func TestRequestIDRelayedFromParent(t *testing.T) {
 
 func TestFreshIDWithoutParent(t *testing.T) {
 	const path = "test.freshid.generate"
-	host := planetest.Embedded(t)
 	got := make(chan *plane.Request, 2)
-	planetest.Serve(t, host, path, idHandler(got))
-	c := planetest.Client(t, host, path)
-	planetest.WaitInstances(t, c, 1)
+	_, _, c := planetest.ServeOnHost(t, path, idHandler(got))
 
 	var ids []string
 	for range 2 {
@@ -187,25 +173,27 @@ func waitKilledHandler(items int, got chan<- *plane.Request, killed chan<- ctxSt
 	}
 }
 
-func TestParentKillKillsWorkerRequest(t *testing.T) {
-	const path = "test.parentkill.generate"
-	host := planetest.Embedded(t)
-	wrt := planetest.Join(t, host)
+// killableStream serves path with a waitKilledHandler that sends n items,
+// sends it a request as a child of parent and takes the n items, so that a
+// kill then reaches an idle stream (a kill during a send is racy:
+// TestRegressionKillDuringSendMayNotReachHandler). It returns the worker,
+// the caller's stream, the worker's request, and where the worker reports
+// the state of the request's context once it is killed.
+func killableStream(t *testing.T, path string, n int, parent *ctxtree.Context) (*planetest.Worker, *plane.Stream, *plane.Request, <-chan ctxState) {
+	t.Helper()
 	got, killed := make(chan *plane.Request, 1), make(chan ctxState, 1)
-	planetest.Serve(t, wrt, path, waitKilledHandler(3, got, killed))
-	c := planetest.Client(t, host, path)
-	planetest.WaitInstances(t, c, 1)
-
-	parent := ctxtree.New("frontend-1")
+	_, w, c := planetest.ServeAndConnect(t, path, waitKilledHandler(n, got, killed))
 	s := planetest.Generate(t, c, `{}`, parent)
 	req := planetest.Recv(t, got, "the request")
+	takeSeq(t, s, n)
+	return w, s, req, killed
+}
+
+func TestParentKillKillsWorkerRequest(t *testing.T) {
+	parent := ctxtree.New("frontend-1")
+	_, s, req, killed := killableStream(t, "test.parentkill.generate", 3, parent)
 	assert.Equal(t, "frontend-1", req.ID)
 	assert.False(t, req.Ctx.IsStopped())
-	// Take what was produced first, so that the kill reaches an idle stream
-	// (a kill during a send is racy: TestBugKillDuringSendMayNotReachHandler).
-	items, err := planetest.Take(s, 3)
-	require.NoError(t, err)
-	requireSeq(t, items, 0, 3)
 
 	parent.Kill()
 	st := planetest.Recv(t, killed, "the worker's context to be killed")
@@ -214,7 +202,7 @@ func TestParentKillKillsWorkerRequest(t *testing.T) {
 	assert.True(t, s.Context().IsKilled())
 
 	// A killed stream ends cleanly for the caller who killed it.
-	_, _, err = planetest.Drain(s, 0)
+	_, _, err := planetest.Drain(s, 0)
 	assert.Equal(t, io.EOF, err)
 }
 
@@ -223,12 +211,8 @@ func TestParentKillKillsWorkerRequest(t *testing.T) {
 // the request was sent.
 func TestParentKillRightAfterGenerate(t *testing.T) {
 	const path = "test.earlykill.generate"
-	host := planetest.Embedded(t)
-	wrt := planetest.Join(t, host)
 	got, killed := make(chan *plane.Request, 8), make(chan ctxState, 8)
-	planetest.Serve(t, wrt, path, waitKilledHandler(0, got, killed))
-	c := planetest.Client(t, host, path)
-	planetest.WaitInstances(t, c, 1)
+	_, _, c := planetest.ServeAndConnect(t, path, waitKilledHandler(0, got, killed))
 
 	for i := range 5 {
 		parent := ctxtree.New(fmt.Sprintf("early-%d", i))
@@ -248,12 +232,10 @@ func TestCallerStopGenerating(t *testing.T) {
 	const path, n = "test.stop.generate", 100
 	for _, via := range []string{"parent", "stream context"} {
 		t.Run(via, func(t *testing.T) {
-			host := planetest.Embedded(t)
-			wrt := planetest.Join(t, host)
 			sent := make(chan struct{}, 1)
 			states := make(chan ctxState, 1)
 			done := make(chan *plane.Request, 1)
-			planetest.Serve(t, wrt, path, func(w *planetest.Worker, req *plane.Request) {
+			_, _, c := planetest.ServeAndConnect(t, path, func(w *planetest.Worker, req *plane.Request) {
 				for i := 0; i < n; i++ {
 					if !w.Send(req, num(i)) {
 						return
@@ -267,8 +249,6 @@ func TestCallerStopGenerating(t *testing.T) {
 				req.Complete()
 				done <- req
 			})
-			c := planetest.Client(t, host, path)
-			planetest.WaitInstances(t, c, 1)
 
 			parent := ctxtree.New("stop-me")
 			s := planetest.Generate(t, c, `{}`, parent)
@@ -293,20 +273,7 @@ func TestCallerStopGenerating(t *testing.T) {
 }
 
 func TestCallerKill(t *testing.T) {
-	const path = "test.kill.generate"
-	host := planetest.Embedded(t)
-	wrt := planetest.Join(t, host)
-	got, killed := make(chan *plane.Request, 1), make(chan ctxState, 1)
-	planetest.Serve(t, wrt, path, waitKilledHandler(50, got, killed))
-	c := planetest.Client(t, host, path)
-	planetest.WaitInstances(t, c, 1)
-
-	s := planetest.Generate(t, c, `{}`, ctxtree.New("kill-me"))
-	planetest.Recv(t, got, "the request")
-	// See TestParentKillKillsWorkerRequest: take first, then kill.
-	items, err := planetest.Take(s, 50)
-	require.NoError(t, err)
-	requireSeq(t, items, 0, 50)
+	_, s, _, killed := killableStream(t, "test.kill.generate", 50, ctxtree.New("kill-me"))
 	s.Kill()
 	s.Kill() // idempotent
 	st := planetest.Recv(t, killed, "the worker's context to be killed")
@@ -331,11 +298,9 @@ func TestAlreadyCancelledBeforeGenerate(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			const path = "test.precancelled.generate"
-			host := planetest.Embedded(t)
-			wrt := planetest.Join(t, host)
 			seen := make(chan ctxState, 1)
 			final := make(chan ctxState, 1)
-			planetest.Serve(t, wrt, path, func(w *planetest.Worker, req *plane.Request) {
+			_, _, c := planetest.ServeAndConnect(t, path, func(w *planetest.Worker, req *plane.Request) {
 				// The very first thing the handler sees.
 				seen <- snapshot(req.Ctx)
 				if !req.Ctx.IsStopped() {
@@ -344,8 +309,6 @@ func TestAlreadyCancelledBeforeGenerate(t *testing.T) {
 				req.Complete()
 				final <- snapshot(req.Ctx)
 			})
-			c := planetest.Client(t, host, path)
-			planetest.WaitInstances(t, c, 1)
 
 			parent := ctxtree.New("pre-" + tc.name)
 			tc.cancel(parent)
@@ -363,10 +326,8 @@ func TestAlreadyCancelledBeforeGenerate(t *testing.T) {
 
 func TestHandlerStopsItselfIsIncomplete(t *testing.T) {
 	const path = "test.selfstop.generate"
-	host := planetest.Embedded(t)
-	wrt := planetest.Join(t, host)
 	final := make(chan ctxState, 1)
-	planetest.Serve(t, wrt, path, func(w *planetest.Worker, req *plane.Request) {
+	_, _, c := planetest.ServeAndConnect(t, path, func(w *planetest.Worker, req *plane.Request) {
 		for i := range 3 {
 			w.Send(req, num(i))
 		}
@@ -374,8 +335,6 @@ func TestHandlerStopsItselfIsIncomplete(t *testing.T) {
 		req.Complete()
 		final <- snapshot(req.Ctx)
 	})
-	c := planetest.Client(t, host, path)
-	planetest.WaitInstances(t, c, 1)
 
 	s := planetest.Generate(t, c, `{}`, ctxtree.New("self-stop"))
 	items, _, err := planetest.Drain(s, 0)
@@ -398,18 +357,14 @@ func TestHandlerFail(t *testing.T) {
 	} {
 		t.Run(tc.want, func(t *testing.T) {
 			const path = "test.fail.generate"
-			host := planetest.Embedded(t)
-			wrt := planetest.Join(t, host)
 			final := make(chan ctxState, 1)
-			planetest.Serve(t, wrt, path, func(w *planetest.Worker, req *plane.Request) {
+			_, _, c := planetest.ServeAndConnect(t, path, func(w *planetest.Worker, req *plane.Request) {
 				w.Send(req, num(0))
 				w.Send(req, num(1))
 				req.Fail(tc.msg)
 				req.Complete() // after the end: ignored
 				final <- snapshot(req.Ctx)
 			})
-			c := planetest.Client(t, host, path)
-			planetest.WaitInstances(t, c, 1)
 
 			s := planetest.Generate(t, c, `{}`, ctxtree.New("fails"))
 			items, _, err := planetest.Drain(s, 0)
@@ -429,22 +384,10 @@ func TestHandlerFail(t *testing.T) {
 // ReasonShutdown; the caller, who cancelled nothing, sees an incomplete
 // stream (which migration retries).
 func TestWorkerRuntimeCloseMidStream(t *testing.T) {
-	const path = "test.workerclose.generate"
-	host := planetest.Embedded(t)
-	wrt := planetest.Join(t, host)
-	got, killed := make(chan *plane.Request, 1), make(chan ctxState, 1)
-	w := planetest.Serve(t, wrt, path, waitKilledHandler(10, got, killed))
-	c := planetest.Client(t, host, path)
-	planetest.WaitInstances(t, c, 1)
+	w, s, _, killed := killableStream(t, "test.workerclose.generate", 10, ctxtree.New("shutdown"))
 
-	s := planetest.Generate(t, c, `{}`, ctxtree.New("shutdown"))
-	planetest.Recv(t, got, "the request")
-	items, err := planetest.Take(s, 10)
-	require.NoError(t, err)
-	requireSeq(t, items, 0, 10)
-
-	wrt.Close()
-	assert.True(t, planetest.ClosedWithin(wrt.Done()))
+	w.RT.Close()
+	assert.True(t, planetest.ClosedWithin(w.RT.Done()))
 	assert.True(t, planetest.ClosedWithin(w.EP.Done()))
 	st := planetest.Recv(t, killed, "the worker's context to be killed")
 	assert.Equal(t, ctxState{stopped: true, killed: true, reason: ctxtree.ReasonShutdown}, st)
@@ -472,16 +415,14 @@ func TestCallerRuntimeCloseIsConnectionLost(t *testing.T) {
 
 	s := planetest.Generate(t, c, `{}`, ctxtree.New("caller-dies"))
 	planetest.Recv(t, got, "the request")
-	items, err := planetest.Take(s, 5)
-	require.NoError(t, err)
-	requireSeq(t, items, 0, 5)
+	takeSeq(t, s, 5)
 
 	crt.Close()
 	st := planetest.Recv(t, killed, "the worker's context to be killed")
 	assert.Equal(t, ctxState{stopped: true, killed: true, reason: ctxtree.ReasonConnectionLost}, st)
 
 	// The caller's own stream ends with the stream server's closing error.
-	_, _, err = planetest.Drain(s, 0)
+	_, _, err := planetest.Drain(s, 0)
 	assert.ErrorIs(t, err, stream.ErrServerClosed)
 	assert.NotErrorIs(t, err, plane.ErrIncomplete)
 
@@ -491,11 +432,8 @@ func TestCallerRuntimeCloseIsConnectionLost(t *testing.T) {
 
 func TestDirectToUnknownInstanceIsNoResponders(t *testing.T) {
 	const path = "test.direct.generate"
-	host := planetest.Embedded(t)
-	w := planetest.Serve(t, host, path, countHandler)
-	c := planetest.Client(t, host, path)
-	ids := planetest.WaitInstances(t, c, 1)
-	require.Equal(t, []uint64{w.EP.InstanceID()}, ids)
+	_, w, c := planetest.ServeOnHost(t, path, countHandler)
+	require.Equal(t, []uint64{w.EP.InstanceID()}, c.InstanceIDs())
 
 	// Direct to the live instance works.
 	s := planetest.GenerateRoute(t, c, `{"n":3}`, nil, plane.Direct, w.EP.InstanceID())
@@ -543,17 +481,14 @@ func TestNoInstances(t *testing.T) {
 // requests to it fail at once with no responders.
 func TestDeadWorkerLeaseExpires(t *testing.T) {
 	const path = "test.expiry.generate"
-	host := planetest.Embedded(t, planetest.ShortLeases)
-	wrt := planetest.Join(t, host, planetest.ShortLeases)
-	w := planetest.Serve(t, wrt, path, countHandler)
-	c := planetest.Client(t, host, path)
-	require.Equal(t, []uint64{w.EP.InstanceID()}, planetest.WaitInstances(t, c, 1))
+	_, w, c := planetest.ServeAndConnect(t, path, countHandler, planetest.ShortLeases)
+	require.Equal(t, []uint64{w.EP.InstanceID()}, c.InstanceIDs())
 
 	// Heartbeats keep a live instance well past its TTL.
 	time.Sleep(3 * 300 * time.Millisecond)
 	require.Equal(t, []uint64{w.EP.InstanceID()}, c.InstanceIDs())
 
-	wrt.Bus().Conn().Close() // a crash: no "down" is ever sent
+	w.RT.Bus().Conn().Close() // a crash: no "down" is ever sent
 	begin := time.Now()
 	for len(c.InstanceIDs()) > 0 {
 		require.Less(t, time.Since(begin), planetest.WaitLimit, "dead instance never expired")
@@ -576,16 +511,10 @@ func TestFlowControlBoundsMemory(t *testing.T) {
 	// Send buffer, the batch the worker is writing, the caller's stream
 	// window and the client stream's buffer: 256 items each.
 	const bound = 4 * 256
-	host := planetest.Embedded(t)
-	wrt := planetest.Join(t, host)
 	f := newFlood(total)
-	planetest.Serve(t, wrt, path, f.handle)
-	c := planetest.Client(t, host, path)
-	planetest.WaitInstances(t, c, 1)
+	_, _, c := planetest.ServeAndConnect(t, path, f.handle)
 
-	s := planetest.Generate(t, c, `{}`, nil)
-	require.NoError(t, planetest.WaitStarted(s))
-	queued := f.waitBlocked(t)
+	s, _, queued := f.start(t, c, nil)
 	assert.Positive(t, f.full.Load(), "Send never reported ErrFull")
 	assert.LessOrEqual(t, queued, int64(bound), "items queued while the caller does not read")
 	assert.GreaterOrEqual(t, queued, int64(256), "the pipeline should hold at least one buffer")
@@ -601,20 +530,13 @@ func TestFlowControlBoundsMemory(t *testing.T) {
 // request is killed and the stream's goroutine ends without another Take.
 func TestKillWithFullBufferReleasesStream(t *testing.T) {
 	const path, tries = "test.killfull.generate", 3
-	host := planetest.Embedded(t)
-	wrt := planetest.Join(t, host)
 	f := newFlood(100000)
-	planetest.Serve(t, wrt, path, f.handle)
-	c := planetest.Client(t, host, path)
-	planetest.WaitInstances(t, c, 1)
+	_, _, c := planetest.ServeAndConnect(t, path, f.handle)
 
 	for range tries {
 		f.sent.Store(0)
 		f.full.Store(0)
-		s := planetest.Generate(t, c, `{}`, nil)
-		require.NoError(t, planetest.WaitStarted(s))
-		planetest.Recv(t, f.reqs, "the request")
-		f.waitBlocked(t)
+		s, _, _ := f.start(t, c, nil)
 		s.Kill()
 		// Whether the worker's context is killed here is racy (see
 		// TestBugKillDuringSendMayNotReachHandler); this test is about the
@@ -689,12 +611,10 @@ func TestArmEndpoint(t *testing.T) {
 
 func TestArmStreamAndRequest(t *testing.T) {
 	const path = "test.armstream.generate"
-	host := planetest.Embedded(t)
-	wrt := planetest.Join(t, host)
 	reqs := make(chan *plane.Request, 1)
 	goOn := make(chan int)
 	finished := make(chan struct{})
-	planetest.Serve(t, wrt, path, func(w *planetest.Worker, req *plane.Request) {
+	_, _, c := planetest.ServeAndConnect(t, path, func(w *planetest.Worker, req *plane.Request) {
 		// Room in the buffer: Request.Arm fires at once.
 		now := false
 		req.Arm(func() { now = true })
@@ -714,8 +634,6 @@ func TestArmStreamAndRequest(t *testing.T) {
 			close(finished)
 		}
 	})
-	c := planetest.Client(t, host, path)
-	planetest.WaitInstances(t, c, 1)
 
 	s := planetest.Generate(t, c, `{}`, nil)
 	require.NoError(t, planetest.WaitStarted(s))
@@ -790,11 +708,9 @@ func TestArmInstances(t *testing.T) {
 // requests are being served before it produces anything.
 func TestConcurrentStreams(t *testing.T) {
 	const path, streams, n = "test.concurrent.generate", 50, 300
-	host := planetest.Embedded(t)
-	wrt := planetest.Join(t, host)
 	var arrived atomic.Int32
 	all := make(chan struct{})
-	planetest.Serve(t, wrt, path, func(w *planetest.Worker, req *plane.Request) {
+	_, _, c := planetest.ServeAndConnect(t, path, func(w *planetest.Worker, req *plane.Request) {
 		if arrived.Add(1) == streams {
 			close(all)
 		}
@@ -810,8 +726,6 @@ func TestConcurrentStreams(t *testing.T) {
 		}
 		req.Complete()
 	})
-	c := planetest.Client(t, host, path)
-	planetest.WaitInstances(t, c, 1)
 
 	var wg sync.WaitGroup
 	errs := make(chan error, streams)
@@ -850,18 +764,20 @@ func TestConcurrentStreams(t *testing.T) {
 	assert.Equal(t, int32(streams), arrived.Load())
 }
 
+// nameHandler is a worker that answers every request with its name, a JSON string.
+func nameHandler(name string) planetest.Handler {
+	return func(w *planetest.Worker, req *plane.Request) {
+		w.Send(req, []byte(fmt.Sprintf("%q", name)))
+		req.Complete()
+	}
+}
+
 func TestRoundRobinAndDirectAcrossInstances(t *testing.T) {
 	const path, rounds = "test.rr.generate", 10
 	host := planetest.Embedded(t)
 	wrt := planetest.Join(t, host)
-	tagged := func(tag string) planetest.Handler {
-		return func(w *planetest.Worker, req *plane.Request) {
-			w.Send(req, []byte(fmt.Sprintf("%q", tag)))
-			req.Complete()
-		}
-	}
-	a := planetest.Serve(t, wrt, path, tagged("a"))
-	b := planetest.Serve(t, wrt, path, tagged("b"))
+	a := planetest.Serve(t, wrt, path, nameHandler("a"))
+	b := planetest.Serve(t, wrt, path, nameHandler("b"))
 	c := planetest.Client(t, host, path)
 	planetest.WaitInstances(t, c, 2)
 	byID := map[uint64]string{a.EP.InstanceID(): "a", b.EP.InstanceID(): "b"}
@@ -1008,14 +924,8 @@ func TestInstanceFilter(t *testing.T) {
 	const path = "test.filter.generate"
 	host := planetest.Embedded(t)
 	wrt := planetest.Join(t, host)
-	model := func(name string) planetest.Handler {
-		return func(w *planetest.Worker, req *plane.Request) {
-			w.Send(req, []byte(fmt.Sprintf("%q", name)))
-			req.Complete()
-		}
-	}
-	planetest.Serve(t, wrt, path, model("a"), planetest.WithMetadata([]byte(`{"model":"a"}`)))
-	epB := planetest.Serve(t, wrt, path, model("b"), planetest.WithMetadata([]byte(`{"model":"b"}`))).EP
+	planetest.Serve(t, wrt, path, nameHandler("a"), planetest.WithMetadata([]byte(`{"model":"a"}`)))
+	epB := planetest.Serve(t, wrt, path, nameHandler("b"), planetest.WithMetadata([]byte(`{"model":"b"}`))).EP
 	c := planetest.Client(t, host, path)
 	planetest.WaitInstances(t, c, 2)
 
@@ -1037,10 +947,7 @@ func TestInstanceFilter(t *testing.T) {
 
 func TestNextForGoConsumers(t *testing.T) {
 	const path = "test.next.generate"
-	host := planetest.Embedded(t)
-	planetest.Serve(t, host, path, countHandler)
-	c := planetest.Client(t, host, path)
-	planetest.WaitInstances(t, c, 1)
+	host, _, c := planetest.ServeOnHost(t, path, countHandler)
 
 	s := planetest.Generate(t, c, `{"n":500}`, nil)
 	var items [][]byte

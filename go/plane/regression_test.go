@@ -52,10 +52,7 @@ func TestRegressionCallerCloseWithFullBufferLeaksStreamGoroutine(t *testing.T) {
 	c := planetest.Client(t, crt, path)
 	planetest.WaitInstances(t, c, 1)
 
-	s := planetest.Generate(t, c, `{}`, nil)
-	require.NoError(t, planetest.WaitStarted(s))
-	req := planetest.Recv(t, f.reqs, "the request")
-	f.waitBlocked(t)
+	s, req, _ := f.start(t, c, nil)
 
 	crt.Close()
 	killedOrKill(req)
@@ -68,18 +65,11 @@ func TestRegressionCallerCloseWithFullBufferLeaksStreamGoroutine(t *testing.T) {
 // but the stream's goroutine stays blocked until someone Takes.
 func TestRegressionParentKillWithFullBufferLeaksStreamGoroutine(t *testing.T) {
 	const path = "test.bugparent.generate"
-	host := planetest.Embedded(t)
-	wrt := planetest.Join(t, host)
 	f := newFlood(100000)
-	planetest.Serve(t, wrt, path, f.handle)
-	c := planetest.Client(t, host, path)
-	planetest.WaitInstances(t, c, 1)
+	_, _, c := planetest.ServeAndConnect(t, path, f.handle)
 
 	parent := ctxtree.New("frontend")
-	s := planetest.Generate(t, c, `{}`, parent)
-	require.NoError(t, planetest.WaitStarted(s))
-	req := planetest.Recv(t, f.reqs, "the request")
-	f.waitBlocked(t)
+	s, req, _ := f.start(t, c, parent)
 
 	parent.Kill()
 	killedOrKill(req)
@@ -147,19 +137,12 @@ func TestRegressionKillDuringSendMayNotReachHandler(t *testing.T) {
 // Runtime.Close until the caller reads or goes away.
 func TestRegressionWorkerCloseWithSlowCallerLeavesRequestRunning(t *testing.T) {
 	const path = "test.bugshutdown.generate"
-	host := planetest.Embedded(t)
-	wrt := planetest.Join(t, host)
 	f := newFlood(100000)
-	planetest.Serve(t, wrt, path, f.handle)
-	c := planetest.Client(t, host, path)
-	planetest.WaitInstances(t, c, 1)
+	_, w, c := planetest.ServeAndConnect(t, path, f.handle)
 
-	s := planetest.Generate(t, c, `{}`, nil)
-	require.NoError(t, planetest.WaitStarted(s))
-	req := planetest.Recv(t, f.reqs, "the request")
-	sent := f.waitBlocked(t)
+	s, req, sent := f.start(t, c, nil)
 
-	wrt.Close()
+	w.RT.Close()
 	require.True(t, planetest.ClosedWithin(req.Ctx.Killed()))
 	assert.Equal(t, ctxtree.ReasonShutdown, req.Ctx.Reason())
 	assert.True(t, planetest.GoroutineGone(requestRun, 2*time.Second),

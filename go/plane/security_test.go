@@ -49,15 +49,8 @@ func TestValidateID(t *testing.T) {
 // one request carries the same key.
 func TestKeyPerRequest(t *testing.T) {
 	const path = "test.keys.generate"
-	host := planetest.Embedded(t)
-	wrt := planetest.Join(t, host)
 	got := make(chan *plane.Request, 4)
-	w := planetest.Serve(t, wrt, path, func(w *planetest.Worker, req *plane.Request) {
-		got <- req
-		<-req.Ctx.Killed()
-	})
-	c := planetest.Client(t, host, path)
-	planetest.WaitInstances(t, c, 1)
+	_, w, c := planetest.ServeAndConnect(t, path, planetest.Hold(got))
 
 	a := planetest.Generate(t, c, `"a"`, ctxtree.New("same"))
 	b := planetest.Generate(t, c, `"b"`, ctxtree.New("same"))
@@ -93,11 +86,8 @@ func TestKeyPerRequest(t *testing.T) {
 // before anything is sent, with and without migration.
 func TestErrTooLarge(t *testing.T) {
 	const path = "test.large.generate"
-	host := planetest.Embedded(t)
 	got := make(chan *plane.Request, 1)
-	planetest.Serve(t, planetest.Join(t, host), path, func(w *planetest.Worker, req *plane.Request) { got <- req })
-	c := planetest.Client(t, host, path)
-	planetest.WaitInstances(t, c, 1)
+	host, _, c := planetest.ServeAndConnect(t, path, func(w *planetest.Worker, req *plane.Request) { got <- req })
 	max := int(host.Bus().Conn().MaxPayload())
 	big := []byte(`"` + strings.Repeat("x", max) + `"`)
 	_, err := c.Generate(big, nil, plane.RoundRobin, 0)
@@ -124,12 +114,11 @@ func TestErrTooLarge(t *testing.T) {
 // token) sends a worker malformed or forged envelopes. Each is refused with
 // an acknowledgement naming it malformed (or ignored, without a reply
 // subject); no handler runs, nothing panics, no goroutine is left behind
-// (startEmbedded checks).
+// (planetest.Embedded checks).
 func TestForgedEnvelopes(t *testing.T) {
 	const path = "test.forged.generate"
-	host := planetest.Embedded(t)
 	got := make(chan *plane.Request, 4)
-	w := planetest.Serve(t, planetest.Join(t, host), path, func(w *planetest.Worker, req *plane.Request) { got <- req })
+	host, w, c := planetest.ServeAndConnect(t, path, func(w *planetest.Worker, req *plane.Request) { got <- req })
 	opts, err := natsbus.ClientAuth(host.Bus().URL())
 	require.NoError(t, err)
 	nc, err := nats.Connect(host.Bus().URL(), opts...)
@@ -184,8 +173,6 @@ func TestForgedEnvelopes(t *testing.T) {
 	case <-time.After(200 * time.Millisecond):
 	}
 	// The worker still serves.
-	c := planetest.Client(t, host, path)
-	planetest.WaitInstances(t, c, 1)
 	s := planetest.Generate(t, c, `1`, nil)
 	planetest.Recv(t, got, "a real request")
 	_, _, err = planetest.Drain(s, 0)
@@ -197,8 +184,7 @@ func TestForgedEnvelopes(t *testing.T) {
 // nothing: the frontend does not count it); a killed one is not.
 func TestCompletedBeforeTaken(t *testing.T) {
 	const path = "test.completed.generate"
-	host := planetest.Embedded(t)
-	planetest.Serve(t, planetest.Join(t, host), path, func(w *planetest.Worker, req *plane.Request) {
+	_, _, c := planetest.ServeAndConnect(t, path, func(w *planetest.Worker, req *plane.Request) {
 		if string(req.Payload) == "2" { // until killed
 			<-req.Ctx.Killed()
 			return
@@ -209,8 +195,6 @@ func TestCompletedBeforeTaken(t *testing.T) {
 			}
 		}
 	})
-	c := planetest.Client(t, host, path)
-	planetest.WaitInstances(t, c, 1)
 
 	s := planetest.Generate(t, c, `1`, nil)
 	require.Eventually(t, s.Completed, planetest.WaitLimit, time.Millisecond, "the final frame arrives")

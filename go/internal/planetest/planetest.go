@@ -126,12 +126,19 @@ func start(tb testing.TB, url string, opts ...Option) *plane.Runtime {
 	for _, f := range opts {
 		f(&o)
 	}
+	return opened(tb, func(ctx context.Context) (*plane.Runtime, error) { return plane.New(ctx, o) })
+}
+
+// opened runs open with a context bounded by WaitLimit; what it opens is
+// closed at cleanup.
+func opened[T interface{ Close() }](tb testing.TB, open func(context.Context) (T, error)) T {
+	tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), WaitLimit)
 	defer cancel()
-	rt, err := plane.New(ctx, o)
+	v, err := open(ctx)
 	require.NoError(tb, err)
-	tb.Cleanup(rt.Close)
-	return rt
+	tb.Cleanup(v.Close)
+	return v
 }
 
 // --- workers -----------------------------------------------------------------
@@ -265,6 +272,18 @@ func (w *Worker) Send(req *plane.Request, item []byte) bool {
 	}
 }
 
+// Hold is an engine that reports every request on got and holds it, sending
+// nothing, until it is killed (or the worker quits).
+func Hold(got chan<- *plane.Request) Handler {
+	return func(w *Worker, req *plane.Request) {
+		got <- req
+		select {
+		case <-req.Ctx.Killed():
+		case <-w.Quit:
+		}
+	}
+}
+
 // --- tokens ------------------------------------------------------------------
 
 // TokenRequest is a token request as a worker reads it: the prompt's (or
@@ -365,12 +384,35 @@ func Seq(from, n int) []int {
 // Client makes a client of path on rt, closed at cleanup.
 func Client(tb testing.TB, rt *plane.Runtime, path string) *plane.Client {
 	tb.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), WaitLimit)
-	defer cancel()
-	c, err := rt.Client(ctx, path)
-	require.NoError(tb, err)
-	tb.Cleanup(c.Close)
-	return c
+	return opened(tb, func(ctx context.Context) (*plane.Client, error) { return rt.Client(ctx, path) })
+}
+
+// ServeAndConnect starts the request plane most tests need: a runtime that
+// embeds NATS and is the caller, and a worker runtime joining it (another
+// process) that serves path with h; the caller's client of path knows the
+// worker. opts apply to both runtimes.
+func ServeAndConnect(tb testing.TB, path string, h Handler, opts ...Option) (host *plane.Runtime, w *Worker, c *plane.Client) {
+	tb.Helper()
+	host = Embedded(tb, opts...)
+	w, c = connect(tb, host, Join(tb, host, opts...), path, h)
+	return host, w, c
+}
+
+// ServeOnHost is ServeAndConnect with the worker serving on the caller's
+// runtime: caller and worker are one process.
+func ServeOnHost(tb testing.TB, path string, h Handler, opts ...Option) (host *plane.Runtime, w *Worker, c *plane.Client) {
+	tb.Helper()
+	host = Embedded(tb, opts...)
+	w, c = connect(tb, host, host, path, h)
+	return host, w, c
+}
+
+func connect(tb testing.TB, host, wrt *plane.Runtime, path string, h Handler) (*Worker, *plane.Client) {
+	tb.Helper()
+	w := Serve(tb, wrt, path, h)
+	c := Client(tb, host, path)
+	WaitInstances(tb, c, 1)
+	return w, c
 }
 
 // WaitInstances waits until c knows at least n instances, and returns them.

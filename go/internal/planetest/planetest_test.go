@@ -156,12 +156,17 @@ func TestWaits(t *testing.T) {
 	planetest.Recv(t, ch, "a closed channel")
 	assert.True(t, planetest.ClosedWithin(ch))
 	assert.True(t, planetest.GoroutineGone("planetest_test.neverRunning", time.Second))
-	done := make(chan struct{})
-	go func() { neverReturns(done) }()
+	started, done := make(chan struct{}), make(chan struct{})
+	go neverReturns(started, done)
+	<-started
 	assert.False(t, planetest.GoroutineGone("planetest_test.neverReturns", 50*time.Millisecond))
 	close(done)
 	assert.True(t, planetest.GoroutineGone("planetest_test.neverReturns", planetest.WaitLimit))
 	assert.Regexp(t, planetest.UUID, ctxtree.NewID())
 }
 
-func neverReturns(done <-chan struct{}) { <-done }
+//go:noinline
+func neverReturns(started chan<- struct{}, done <-chan struct{}) {
+	close(started)
+	<-done
+}

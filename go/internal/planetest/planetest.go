@@ -13,8 +13,9 @@
 // the go tool compiles into package plane for its tests only; unit tests of
 // unexported functions stay internal (*_internal_test.go) and need no
 // harness. That keeps one harness for every package instead of an internal
-// copy beside an external one. Being under go/internal, planetest is
-// importable only by this module.
+// copy beside an external one. Being under go/internal, planetest can be
+// imported only from this module, and it is meant for _test.go files: it
+// imports testing and goleak, which the library must not.
 package planetest
 
 import (

@@ -21,13 +21,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -38,19 +35,11 @@ import (
 
 	"github.com/dynamo-ctx/dynamo-ctx/go/ctxtree"
 	"github.com/dynamo-ctx/dynamo-ctx/go/frontend"
-	"github.com/dynamo-ctx/dynamo-ctx/go/natsbus"
+	"github.com/dynamo-ctx/dynamo-ctx/go/internal/planetest"
 	"github.com/dynamo-ctx/dynamo-ctx/go/plane"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
-
-// waitLimit bounds every wait, so that a bug fails a test instead of hanging
-// the binary. Nothing is expected to take more than a fraction of it.
-const waitLimit = 10 * time.Second
-
-var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
-
-var uuidRE = regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$`)
 
 // --- the request plane and the frontend ---------------------------------------
 
@@ -67,21 +56,7 @@ type env struct {
 
 func newEnv(t *testing.T) *env {
 	t.Helper()
-	e := &env{t: t}
-	e.host = e.runtime("nats://127.0.0.1:0")
-	return e
-}
-
-// runtime starts a runtime on url; it is closed at cleanup (in reverse order
-// of creation, so the host closes last).
-func (e *env) runtime(url string) *plane.Runtime {
-	e.t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
-	defer cancel()
-	rt, err := plane.New(ctx, plane.Options{NATS: natsbus.Options{URL: url, Logger: quiet}})
-	require.NoError(e.t, err)
-	e.t.Cleanup(rt.Close)
-	return rt
+	return &env{t: t, host: planetest.Embedded(t)}
 }
 
 // start runs the frontend on the host runtime, deferring to the migration
@@ -94,7 +69,7 @@ func (e *env) start() {
 // startWith is start with the given options.
 func (e *env) startWith(opts frontend.Options) {
 	e.t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
+	ctx, cancel := context.WithTimeout(context.Background(), planetest.WaitLimit)
 	defer cancel()
 	fe, err := frontend.New(ctx, e.host, opts)
 	require.NoError(e.t, err)
@@ -108,77 +83,20 @@ func (e *env) startWith(opts frontend.Options) {
 
 // --- workers ------------------------------------------------------------------
 
-// handler serves one request on its own goroutine; the loop completes the
-// request when it returns (a no-op after Complete), which is what confirms
-// the abort of a killed request.
-type handler func(w *worker, req *plane.Request)
-
-type worker struct {
-	name string
-	rt   *plane.Runtime
-	ep   *plane.Endpoint
-	reqs chan *plane.Request // every request accepted, in order
-	quit chan struct{}       // closed at cleanup: handlers waiting on the test return
-	wg   sync.WaitGroup
-}
-
 // worker starts a worker runtime serving "<namespace>.backend.generate" for
 // model, declaring migrationLimit in its instance metadata.
-func (e *env) worker(name, namespace, model string, migrationLimit int, h handler) *worker {
+func (e *env) worker(name, namespace, model string, migrationLimit int, h planetest.Handler) *planetest.Worker {
 	e.t.Helper()
 	return e.workerMeta(name, namespace, map[string]any{"model": model, "migration_limit": migrationLimit}, h)
 }
 
 // workerMeta is worker with the given instance metadata.
-func (e *env) workerMeta(name, namespace string, metadata map[string]any, h handler) *worker {
-	t := e.t
-	t.Helper()
-	w := &worker{name: name, reqs: make(chan *plane.Request, 64), quit: make(chan struct{})}
-	w.rt = e.runtime(e.host.Bus().URL())
+func (e *env) workerMeta(name, namespace string, metadata map[string]any, h planetest.Handler) *planetest.Worker {
+	e.t.Helper()
 	meta, err := json.Marshal(metadata)
-	require.NoError(t, err)
-	w.ep, err = w.rt.Serve(namespace+".backend.generate", meta)
-	require.NoError(t, err)
-	w.wg.Add(1)
-	go w.loop(h)
-	t.Cleanup(func() { // before the runtime closes
-		close(w.quit)
-		w.ep.Close()
-		done := make(chan struct{})
-		go func() { w.wg.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(waitLimit):
-			t.Errorf("handlers of worker %s did not return", name)
-		}
-	})
-	return w
-}
-
-func (w *worker) loop(h handler) {
-	defer w.wg.Done()
-	for {
-		req, err := w.ep.Next(context.Background())
-		if err != nil { // ErrClosed
-			return
-		}
-		select {
-		case w.reqs <- req:
-		default:
-		}
-		w.wg.Add(1)
-		go func() {
-			defer w.wg.Done()
-			defer req.Complete()
-			h(w, req)
-		}()
-	}
-}
-
-// nextReq returns the next request the worker accepted.
-func (w *worker) nextReq(t *testing.T) *plane.Request {
-	t.Helper()
-	return recv(t, w.reqs, "a request at worker "+w.name)
+	require.NoError(e.t, err)
+	return planetest.Serve(e.t, planetest.Join(e.t, e.host), namespace+".backend.generate", h,
+		planetest.Named(name), planetest.WithMetadata(meta))
 }
 
 // tokenRequest is what the frontend sends a worker.
@@ -197,61 +115,6 @@ func parseReq(t *testing.T, req *plane.Request) tokenRequest {
 	return p
 }
 
-// send queues the token at position tok, waiting with Request.Arm while the
-// buffer is full; false once the request is killed (the handler must return).
-func (w *worker) send(req *plane.Request, tok int, finish string) bool {
-	item := map[string]any{"token_ids": []int{tok}, "finish_reason": nil}
-	if finish != "" {
-		item["finish_reason"] = finish
-	}
-	b, _ := json.Marshal(item)
-	for {
-		err := req.Send(b)
-		switch {
-		case err == nil:
-			return !req.Ctx.IsKilled()
-		case errors.Is(err, plane.ErrFull):
-			ch := make(chan struct{}, 1)
-			req.Arm(func() {
-				select {
-				case ch <- struct{}{}:
-				default:
-				}
-			})
-			select {
-			case <-ch:
-			case <-req.Ctx.Killed():
-				return false
-			case <-w.quit:
-				return false
-			}
-		default:
-			return false
-		}
-	}
-}
-
-// generate is a healthy engine: max_tokens tokens continuing the sequence,
-// the last one with finish_reason "length".
-func generate(w *worker, req *plane.Request) {
-	var p tokenRequest
-	if err := json.Unmarshal(req.Payload, &p); err != nil {
-		req.Fail("ValueError: " + err.Error())
-		return
-	}
-	next := len(p.TokenIDs)
-	for i := 0; i < p.StopConditions.MaxTokens; i++ {
-		finish := ""
-		if i == p.StopConditions.MaxTokens-1 {
-			finish = "length"
-		}
-		if !w.send(req, next+i, finish) {
-			return
-		}
-	}
-	req.Complete()
-}
-
 // held is one request of a hold handler, as the handler saw it.
 type held struct {
 	req    *plane.Request
@@ -261,23 +124,19 @@ type held struct {
 // hold is an engine that sends k tokens, reports the request on got, waits
 // until the request is killed, reports its state on killed, then waits for
 // release before returning (the abort is confirmed when it returns).
-func hold(k int, got chan<- *plane.Request, killed chan<- held, release <-chan struct{}) handler {
-	return func(w *worker, req *plane.Request) {
-		for i := 0; i < k; i++ {
-			if !w.send(req, len(parse(req).TokenIDs)+i, "") {
-				break
-			}
-		}
+func hold(k int, got chan<- *plane.Request, killed chan<- held, release <-chan struct{}) planetest.Handler {
+	return func(w *planetest.Worker, req *plane.Request) {
+		w.SendTokens(req, len(parse(req).TokenIDs), k, "")
 		got <- req
 		select {
 		case <-req.Ctx.Killed():
-		case <-w.quit:
+		case <-w.Quit:
 			return
 		}
 		killed <- held{req: req, reason: req.Ctx.Reason()}
 		select {
 		case <-release:
-		case <-w.quit:
+		case <-w.Quit:
 		}
 	}
 }
@@ -323,9 +182,9 @@ func (e *env) request(method, path, body string, hdr map[string]string) *http.Re
 // do sends a request and reads the whole response.
 func (e *env) do(method, path, body string, hdr map[string]string) response {
 	e.t.Helper()
-	limit := waitLimit
+	limit := planetest.WaitLimit
 	if e.slow {
-		limit = 6 * waitLimit
+		limit = 6 * planetest.WaitLimit
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), limit)
 	defer cancel()
@@ -337,6 +196,20 @@ func (e *env) do(method, path, body string, hdr map[string]string) response {
 	return response{status: resp.StatusCode, header: resp.Header, body: b}
 }
 
+// doAsync sends req on another goroutine; the channel gets the error of the
+// exchange (the response's body is closed unread).
+func (e *env) doAsync(req *http.Request) <-chan error {
+	errc := make(chan error, 1)
+	go func() {
+		resp, err := e.hc.Do(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		errc <- err
+	}()
+	return errc
+}
+
 func (e *env) post(path, body string, hdr map[string]string) response {
 	e.t.Helper()
 	return e.do(http.MethodPost, path, body, hdr)
@@ -346,7 +219,7 @@ func (e *env) post(path, body string, hdr map[string]string) response {
 // still open; the body is closed at cleanup.
 func (e *env) open(path, body string, hdr map[string]string) *http.Response {
 	e.t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
+	ctx, cancel := context.WithTimeout(context.Background(), planetest.WaitLimit)
 	e.t.Cleanup(cancel)
 	resp, err := e.hc.Do(e.request(http.MethodPost, path, body, hdr).WithContext(ctx))
 	require.NoError(e.t, err)
@@ -466,7 +339,7 @@ func (e *env) waitMetric(k string, want float64) {
 	ok := assert.Eventually(e.t, func() bool {
 		last = e.metrics()[k]
 		return last == want
-	}, waitLimit, 5*time.Millisecond)
+	}, planetest.WaitLimit, 5*time.Millisecond)
 	if !ok {
 		e.t.Fatalf("metric %s is %v, want %v", k, last, want)
 	}
@@ -501,24 +374,13 @@ func (e *env) waitModels(want ...string) {
 	ok := assert.Eventually(e.t, func() bool {
 		last = e.models()
 		return slices.Equal(last, want)
-	}, waitLimit, 5*time.Millisecond)
+	}, planetest.WaitLimit, 5*time.Millisecond)
 	if !ok {
 		e.t.Fatalf("models are %v, want %v", last, want)
 	}
 }
 
 // --- helpers ------------------------------------------------------------------
-
-func recv[T any](t *testing.T, ch <-chan T, what string) T {
-	t.Helper()
-	select {
-	case v := <-ch:
-		return v
-	case <-time.After(waitLimit):
-		t.Fatalf("timed out waiting for %s", what)
-		panic("unreachable")
-	}
-}
 
 func completion(model, prompt string, maxTokens int, stream bool) string {
 	b, _ := json.Marshal(map[string]any{"model": model, "prompt": prompt, "max_tokens": maxTokens, "stream": stream})
@@ -534,10 +396,10 @@ func chat(model, content string, maxTokens int, stream bool) string {
 }
 
 // one starts an env with one healthy worker of model "m" and the frontend.
-func one(t *testing.T) (*env, *worker) {
+func one(t *testing.T) (*env, *planetest.Worker) {
 	t.Helper()
 	e := newEnv(t)
-	w := e.worker("w", "dynamo", "m", 0, generate)
+	w := e.worker("w", "dynamo", "m", 0, planetest.Tokens)
 	e.start()
 	e.waitModels("m")
 	return e, w
@@ -549,11 +411,11 @@ func one(t *testing.T) (*env, *worker) {
 
 func TestHealthAndModels(t *testing.T) {
 	e := newEnv(t)
-	e.worker("alpha", "dynamo", "alpha", 0, generate)
-	e.worker("beta1", "dynamo", "beta", 0, generate)
-	e.worker("beta2", "dynamo", "beta", 0, generate)
+	e.worker("alpha", "dynamo", "alpha", 0, planetest.Tokens)
+	e.worker("beta1", "dynamo", "beta", 0, planetest.Tokens)
+	e.worker("beta2", "dynamo", "beta", 0, planetest.Tokens)
 	// Another namespace's model is not this frontend's.
-	gamma := e.worker("gamma", "other", "gamma", 0, generate)
+	gamma := e.worker("gamma", "other", "gamma", 0, planetest.Tokens)
 	e.start()
 
 	e.waitModels("alpha", "beta") // each once, sorted; not gamma
@@ -569,26 +431,26 @@ func TestHealthAndModels(t *testing.T) {
 	// A model served only in another namespace is unknown here.
 	r = e.post("/v1/completions", completion("gamma", "hi", 2, false), nil)
 	assert.Equal(t, http.StatusNotFound, r.status, "body %s", r.body)
-	assert.Empty(t, gamma.reqs)
+	assert.Empty(t, gamma.Reqs)
 }
 
 func TestRoutesOnlyToRequestedModel(t *testing.T) {
 	e := newEnv(t)
-	alpha := e.worker("alpha", "dynamo", "alpha", 0, generate)
-	beta := e.worker("beta", "dynamo", "beta", 0, generate)
+	alpha := e.worker("alpha", "dynamo", "alpha", 0, planetest.Tokens)
+	beta := e.worker("beta", "dynamo", "beta", 0, planetest.Tokens)
 	e.start()
 	e.waitModels("alpha", "beta")
 
 	for range 4 {
 		r := e.post("/v1/completions", completion("alpha", "hi", 2, false), nil)
 		require.Equal(t, http.StatusOK, r.status, "body %s", r.body)
-		assert.Equal(t, "alpha", parseReq(t, alpha.nextReq(t)).Model)
+		assert.Equal(t, "alpha", parseReq(t, alpha.NextReq(t)).Model)
 	}
-	assert.Empty(t, beta.reqs, "a request for alpha reached beta's worker")
+	assert.Empty(t, beta.Reqs, "a request for alpha reached beta's worker")
 	r := e.post("/v1/completions", completion("beta", "hi", 2, false), nil)
 	require.Equal(t, http.StatusOK, r.status, "body %s", r.body)
-	assert.Equal(t, "beta", parseReq(t, beta.nextReq(t)).Model)
-	assert.Empty(t, alpha.reqs)
+	assert.Equal(t, "beta", parseReq(t, beta.NextReq(t)).Model)
+	assert.Empty(t, alpha.Reqs)
 }
 
 func TestCompletionNonStreaming(t *testing.T) {
@@ -607,7 +469,7 @@ func TestCompletionNonStreaming(t *testing.T) {
 	assert.EqualValues(t, 4, body["usage"].(map[string]any)["completion_tokens"], "completion_tokens equals max_tokens")
 
 	// The worker got the token request under the request's id.
-	req := w.nextReq(t)
+	req := w.NextReq(t)
 	assert.Equal(t, id, req.ID)
 	p := parseReq(t, req)
 	assert.Equal(t, "m", p.Model)
@@ -618,7 +480,7 @@ func TestCompletionNonStreaming(t *testing.T) {
 	r = e.post("/v1/completions", `{"model":"m","prompt":"hello"}`, nil)
 	require.Equal(t, http.StatusOK, r.status, "body %s", r.body)
 	assert.EqualValues(t, 16, r.json(t)["usage"].(map[string]any)["completion_tokens"])
-	assert.Equal(t, 16, parseReq(t, w.nextReq(t)).StopConditions.MaxTokens)
+	assert.Equal(t, 16, parseReq(t, w.NextReq(t)).StopConditions.MaxTokens)
 }
 
 func TestRequestID(t *testing.T) {
@@ -654,9 +516,9 @@ func TestRequestID(t *testing.T) {
 				if tc.want != "" {
 					assert.Equal(t, tc.want, id, "stream=%v", stream)
 				} else {
-					assert.Regexp(t, uuidRE, id, "stream=%v", stream)
+					assert.Regexp(t, planetest.UUID, id, "stream=%v", stream)
 				}
-				req := w.nextReq(t)
+				req := w.NextReq(t)
 				assert.Equal(t, id, req.ID, "the worker's request id (stream=%v)", stream)
 				assert.Equal(t, id, req.Ctx.ID(), "the worker's context id (stream=%v)", stream)
 			}
@@ -666,7 +528,7 @@ func TestRequestID(t *testing.T) {
 	// Generated ids are new for every request.
 	a := e.post("/v1/completions", completion("m", "hi", 1, false), nil)
 	b := e.post("/v1/completions", completion("m", "hi", 1, false), nil)
-	assert.Regexp(t, uuidRE, a.header.Get("x-request-id"))
+	assert.Regexp(t, planetest.UUID, a.header.Get("x-request-id"))
 	assert.NotEqual(t, a.header.Get("x-request-id"), b.header.Get("x-request-id"))
 }
 
@@ -696,7 +558,7 @@ func TestCompletionStreaming(t *testing.T) {
 	}
 	ev.done(t)
 	assert.Equal(t, text(5, n), got.String())
-	assert.Equal(t, "s-1", w.nextReq(t).ID)
+	assert.Equal(t, "s-1", w.NextReq(t).ID)
 }
 
 func TestChatCompletionStreaming(t *testing.T) {
@@ -706,7 +568,7 @@ func TestChatCompletionStreaming(t *testing.T) {
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 	assert.Equal(t, "text/event-stream", resp.Header.Get("Content-Type"))
 	id := resp.Header.Get("x-request-id")
-	require.Regexp(t, uuidRE, id)
+	require.Regexp(t, planetest.UUID, id)
 
 	prompt := len("user: hi\n")
 	ev := newEvents(resp)
@@ -729,7 +591,7 @@ func TestChatCompletionStreaming(t *testing.T) {
 	ev.done(t)
 	assert.Equal(t, text(prompt, n), got.String())
 
-	req := w.nextReq(t)
+	req := w.NextReq(t)
 	assert.Equal(t, id, req.ID)
 	assert.Equal(t, bytesOf("user: hi\n"), parseReq(t, req).TokenIDs, "the chat prompt")
 }
@@ -749,13 +611,13 @@ func TestChatCompletionNonStreaming(t *testing.T) {
 	assert.Equal(t, text(prompt, 3), msg["content"])
 	assert.Equal(t, "length", c["finish_reason"])
 	assert.EqualValues(t, 3, body["usage"].(map[string]any)["completion_tokens"])
-	assert.Equal(t, r.header.Get("x-request-id"), w.nextReq(t).ID)
+	assert.Equal(t, r.header.Get("x-request-id"), w.NextReq(t).ID)
 
 	// Content parts, and max_completion_tokens over max_tokens.
 	r = e.post("/v1/chat/completions", `{"model":"m","max_tokens":7,"max_completion_tokens":2,
 		"messages":[{"role":"system","content":"be"},{"role":"user","content":[{"type":"text","text":"h"},{"type":"text","text":"i"}]}]}`, nil)
 	require.Equal(t, http.StatusOK, r.status, "body %s", r.body)
-	p := parseReq(t, w.nextReq(t))
+	p := parseReq(t, w.NextReq(t))
 	assert.Equal(t, bytesOf("system: be\nuser: hi\n"), p.TokenIDs)
 	assert.Equal(t, 2, p.StopConditions.MaxTokens)
 	msg = choice(t, r.json(t))["message"].(map[string]any)
@@ -796,7 +658,7 @@ func TestBadRequests(t *testing.T) {
 			assert.NotEmpty(t, errObj["message"])
 		})
 	}
-	assert.Empty(t, w.reqs, "a bad request reached the worker")
+	assert.Empty(t, w.Reqs, "a bad request reached the worker")
 	m := e.metrics()
 	assert.Zero(t, m[key(mRequests, "m")])
 	assert.Zero(t, m[key(mCancellations, "m")])
@@ -827,7 +689,7 @@ func TestCompletedRequestIsNotACancellation(t *testing.T) {
 // it is killed and then until the test releases it.
 type disconnectEnv struct {
 	*env
-	w       *worker
+	w       *planetest.Worker
 	got     chan *plane.Request
 	killed  chan held
 	release chan struct{}
@@ -851,7 +713,7 @@ func newDisconnectEnv(t *testing.T, tokens int) *disconnectEnv {
 // as confirmed, with its latency, only once the worker's handler returned.
 func (d *disconnectEnv) checkAbort(t *testing.T, id string) {
 	t.Helper()
-	h := recv(t, d.killed, "the worker's request to be killed")
+	h := planetest.Recv(t, d.killed, "the worker's request to be killed")
 	assert.Equal(t, id, h.req.ID)
 	assert.Equal(t, ctxtree.ReasonClientDisconnected, h.reason, "the Kill frame carries the cause")
 
@@ -867,7 +729,7 @@ func (d *disconnectEnv) checkAbort(t *testing.T, id string) {
 	assert.Equal(t, 1.0, m[key(mLatency+"_count", "m")])
 	assert.Equal(t, 1.0, m[mLatency+`_bucket{model="m",le="+Inf"}`])
 	assert.Greater(t, m[key(mLatency+"_sum", "m")], 0.0)
-	assert.Less(t, m[key(mLatency+"_sum", "m")], waitLimit.Seconds())
+	assert.Less(t, m[key(mLatency+"_sum", "m")], planetest.WaitLimit.Seconds())
 	assert.Equal(t, 1.0, m[key(mCancellations, "m")], "one disconnect, one cancellation")
 }
 
@@ -890,17 +752,10 @@ func TestClientDisconnectNonStreaming(t *testing.T) {
 		defer cancel()
 		req := d.request(http.MethodPost, "/v1/completions", completion("m", "hello", 50, false),
 			map[string]string{"x-request-id": "dc-unary-1"}).WithContext(ctx)
-		errc := make(chan error, 1)
-		go func() {
-			resp, err := d.hc.Do(req)
-			if err == nil {
-				resp.Body.Close()
-			}
-			errc <- err
-		}()
-		recv(t, d.got, "the request at the worker")
+		errc := d.doAsync(req)
+		planetest.Recv(t, d.got, "the request at the worker")
 		cancel()
-		err := recv(t, errc, "the client's request to end")
+		err := planetest.Recv(t, errc, "the client's request to end")
 		require.ErrorIs(t, err, context.Canceled)
 		d.checkAbort(t, "dc-unary-1")
 	})
@@ -918,7 +773,7 @@ func TestClientDisconnectNonStreaming(t *testing.T) {
 		require.Error(t, err)
 		var ne interface{ Timeout() bool }
 		require.True(t, errors.As(err, &ne) && ne.Timeout(), "a client timeout: %v", err)
-		recv(t, d.got, "the request at the worker")
+		planetest.Recv(t, d.got, "the request at the worker")
 		d.checkAbort(t, "dc-unary-2")
 	})
 }
@@ -937,7 +792,7 @@ func TestClientDisconnectStreaming(t *testing.T) {
 			for range 3 {
 				ev.chunk(t)
 			}
-			recv(t, d.got, "the request at the worker")
+			planetest.Recv(t, d.got, "the request at the worker")
 			require.NoError(t, resp.Body.Close()) // the client goes away mid-stream
 			d.checkAbort(t, "dc-stream")
 		})
@@ -950,30 +805,17 @@ func TestClientDisconnectStreaming(t *testing.T) {
 func TestEveryDisconnectCounted(t *testing.T) {
 	e := newEnv(t)
 	got := make(chan *plane.Request, 1)
-	e.worker("w", "dynamo", "m", 0, func(w *worker, req *plane.Request) {
-		got <- req
-		select { // killed: return at once, which confirms the abort
-		case <-req.Ctx.Killed():
-		case <-w.quit:
-		}
-	})
+	e.worker("w", "dynamo", "m", 0, planetest.Hold(got)) // killed: returns at once, which confirms the abort
 	e.start()
 	e.waitModels("m")
 	const n = 20
 	for i := 1; i <= n; i++ {
 		ctx, cancel := context.WithCancel(context.Background())
 		req := e.request(http.MethodPost, "/v1/completions", completion("m", "hi", 5, false), nil).WithContext(ctx)
-		errc := make(chan error, 1)
-		go func() {
-			resp, err := e.hc.Do(req)
-			if err == nil {
-				resp.Body.Close()
-			}
-			errc <- err
-		}()
-		recv(t, got, "the request at the worker")
+		errc := e.doAsync(req)
+		planetest.Recv(t, got, "the request at the worker")
 		cancel()
-		require.ErrorIs(t, recv(t, errc, "the client's request to end"), context.Canceled)
+		require.ErrorIs(t, planetest.Recv(t, errc, "the client's request to end"), context.Canceled)
 		e.waitMetric(key(mCancellations, "m"), float64(i))
 		e.waitMetric(key(mConfirmed, "m"), float64(i))
 	}
@@ -986,48 +828,46 @@ func TestEveryDisconnectCounted(t *testing.T) {
 // is served normally.
 type migrationEnv struct {
 	*env
-	ws      [2]*worker
-	crashed chan *worker
+	ws      [2]*planetest.Worker
+	crashed chan *planetest.Worker
 	served  [2]atomic.Int64
 }
 
 func newMigrationEnv(t *testing.T) *migrationEnv {
 	t.Helper()
-	m := &migrationEnv{env: newEnv(t), crashed: make(chan *worker, 1)}
+	m := &migrationEnv{env: newEnv(t), crashed: make(chan *planetest.Worker, 1)}
 	var first atomic.Bool
 	for i := range m.ws {
-		m.ws[i] = m.worker(fmt.Sprintf("w%d", i), "dynamo", "m", 1, func(w *worker, req *plane.Request) {
+		m.ws[i] = m.worker(fmt.Sprintf("w%d", i), "dynamo", "m", 1, func(w *planetest.Worker, req *plane.Request) {
 			m.served[i].Add(1)
 			p := parse(req)
 			if slices.Equal(p.TokenIDs, bytesOf("hello")) && first.CompareAndSwap(false, true) {
-				for k := 0; k < 3; k++ {
-					if !w.send(req, len(p.TokenIDs)+k, "") {
-						return
-					}
+				if !w.SendTokens(req, len(p.TokenIDs), 3, "") {
+					return
 				}
 				m.crashed <- w
 				select { // the test closes this worker's runtime
 				case <-req.Ctx.Killed():
-				case <-w.quit:
+				case <-w.Quit:
 				}
 				return
 			}
-			generate(w, req)
+			planetest.Tokens(w, req)
 		})
 	}
 	m.start()
 	m.waitModels("m")
 	// Warm up until the frontend has routed to both workers, so that it
 	// knows both when the request under test starts.
-	deadline := time.Now().Add(waitLimit)
+	deadline := time.Now().Add(planetest.WaitLimit)
 	for m.served[0].Load() == 0 || m.served[1].Load() == 0 {
 		require.True(t, time.Now().Before(deadline), "the frontend never routed to both workers")
 		r := m.post("/v1/completions", completion("m", "warm", 1, false), nil)
 		require.Equal(t, http.StatusOK, r.status, "body %s", r.body)
 	}
 	for _, w := range m.ws {
-		for len(w.reqs) > 0 {
-			<-w.reqs
+		for len(w.Reqs) > 0 {
+			<-w.Reqs
 		}
 	}
 	return m
@@ -1035,10 +875,10 @@ func newMigrationEnv(t *testing.T) *migrationEnv {
 
 // crash closes the runtime of the worker that took the request under test,
 // and returns the other.
-func (m *migrationEnv) crash(t *testing.T) (crashed, other *worker) {
+func (m *migrationEnv) crash(t *testing.T) (crashed, other *planetest.Worker) {
 	t.Helper()
-	crashed = recv(t, m.crashed, "the first worker to send its tokens")
-	crashed.rt.Close() // its stream ends without a final marker
+	crashed = planetest.Recv(t, m.crashed, "the first worker to send its tokens")
+	crashed.RT.Close() // its stream ends without a final marker
 	other = m.ws[0]
 	if other == crashed {
 		other = m.ws[1]
@@ -1049,12 +889,12 @@ func (m *migrationEnv) crash(t *testing.T) (crashed, other *worker) {
 // checkContinuation checks the attempts of request id: the first at crashed
 // with the prompt, the second at other with the prompt extended by the k
 // tokens the frontend received and max_tokens reduced by k.
-func checkContinuation(t *testing.T, crashed, other *worker, id string, maxTokens int, exactK int) {
+func checkContinuation(t *testing.T, crashed, other *planetest.Worker, id string, maxTokens int, exactK int) {
 	t.Helper()
-	a1 := crashed.nextReq(t)
+	a1 := crashed.NextReq(t)
 	assert.Equal(t, id, a1.ID)
 	assert.Equal(t, bytesOf("hello"), parse(a1).TokenIDs)
-	a2 := other.nextReq(t)
+	a2 := other.NextReq(t)
 	assert.Equal(t, id, a2.ID, "the migrated attempt keeps the request id")
 	p := parseReq(t, a2)
 	k := len(p.TokenIDs) - len("hello")
@@ -1101,7 +941,7 @@ func TestMigrationNonStreaming(t *testing.T) {
 	const n = 10
 	done := make(chan response, 1)
 	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
+		ctx, cancel := context.WithTimeout(context.Background(), planetest.WaitLimit)
 		defer cancel()
 		req := m.request(http.MethodPost, "/v1/completions", completion("m", "hello", n, false),
 			map[string]string{"x-request-id": "mig-u"}).WithContext(ctx)
@@ -1115,7 +955,7 @@ func TestMigrationNonStreaming(t *testing.T) {
 		done <- response{status: resp.StatusCode, header: resp.Header, body: b}
 	}()
 	crashed, other := m.crash(t)
-	r := recv(t, done, "the response")
+	r := planetest.Recv(t, done, "the response")
 	require.Equal(t, http.StatusOK, r.status, "body %s", r.body)
 	body := r.json(t)
 	c := choice(t, body)

@@ -20,6 +20,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/dynamo-ctx/dynamo-ctx/go/frontend"
+	"github.com/dynamo-ctx/dynamo-ctx/go/internal/planetest"
 	"github.com/dynamo-ctx/dynamo-ctx/go/plane"
 )
 
@@ -117,7 +118,7 @@ func TestPromptForms(t *testing.T) {
 			require.Equal(t, http.StatusOK, r.status, "body %s", r.body)
 			var got [][]int
 			for range tc.want {
-				got = append(got, fullReq(t, w.nextReq(t)).TokenIDs)
+				got = append(got, fullReq(t, w.NextReq(t)).TokenIDs)
 			}
 			sort.Slice(got, func(i, j int) bool {
 				return len(got[i]) < len(got[j]) || len(got[i]) == len(got[j]) && got[i][0] < got[j][0]
@@ -147,7 +148,7 @@ func TestPromptForms(t *testing.T) {
 		errObj := r.json(t)["error"].(map[string]any)
 		assert.Equal(t, "prompt", errObj["param"], name)
 	}
-	assert.Empty(t, w.reqs, "a bad prompt reached the worker")
+	assert.Empty(t, w.Reqs, "a bad prompt reached the worker")
 }
 
 func TestNAndSeed(t *testing.T) {
@@ -159,7 +160,7 @@ func TestNAndSeed(t *testing.T) {
 	assert.Equal(t, [3]int{2, 6, 8}, usageOf(t, m), "the prompt counts once")
 	var seeds []float64
 	for range 3 {
-		p := fullReq(t, w.nextReq(t))
+		p := fullReq(t, w.NextReq(t))
 		seeds = append(seeds, p.SamplingOptions["seed"])
 		assert.Equal(t, 0.5, p.SamplingOptions["temperature"])
 		assert.Equal(t, 0.9, p.SamplingOptions["top_p"])
@@ -170,11 +171,11 @@ func TestNAndSeed(t *testing.T) {
 	// n without a seed: distinct drawn seeds; n = 1 without one: none sent.
 	r = e.post("/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":1,"n":2}`, nil)
 	require.Equal(t, http.StatusOK, r.status, "body %s", r.body)
-	a, b := fullReq(t, w.nextReq(t)).SamplingOptions["seed"], fullReq(t, w.nextReq(t)).SamplingOptions["seed"]
+	a, b := fullReq(t, w.NextReq(t)).SamplingOptions["seed"], fullReq(t, w.NextReq(t)).SamplingOptions["seed"]
 	assert.Equal(t, 1.0, math.Abs(a-b), "choice seeds are consecutive") // in either order of arrival
 	r = e.post("/v1/completions", completion("m", "hi", 1, false), nil)
 	require.Equal(t, http.StatusOK, r.status)
-	assert.NotContains(t, fullReq(t, w.nextReq(t)).SamplingOptions, "seed")
+	assert.NotContains(t, fullReq(t, w.NextReq(t)).SamplingOptions, "seed")
 
 	// Streamed n: chunks of both choices, each with its own index and role.
 	resp := e.open("/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":2,"n":2,"stream":true}`, nil)
@@ -217,7 +218,7 @@ func TestStop(t *testing.T) {
 	c := choice(t, r.json(t))
 	assert.Equal(t, want, c["text"])
 	assert.Equal(t, "stop", c["finish_reason"])
-	p := fullReq(t, w.nextReq(t))
+	p := fullReq(t, w.NextReq(t))
 	assert.Equal(t, []int{99}, p.StopConditions.StopTokenIDs)
 	require.NotNil(t, p.StopConditions.IgnoreEOS)
 	assert.True(t, *p.StopConditions.IgnoreEOS)
@@ -276,18 +277,18 @@ func TestRefusedParameters(t *testing.T) {
 	r := e.post("/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":1,
 		"logprobs":false,"top_logprobs":0,"response_format":{"type":"text"},"tools":[],"logit_bias":{},"presence_penalty":0}`, nil)
 	require.Equal(t, http.StatusOK, r.status, "body %s", r.body)
-	w.nextReq(t)
-	assert.Empty(t, w.reqs)
+	w.NextReq(t)
+	assert.Empty(t, w.Reqs)
 }
 
 func TestChatDefaultsToTheContextLimit(t *testing.T) {
 	e := newEnv(t)
-	w := e.workerMeta("w", "dynamo", map[string]any{"model": "m", "max_model_len": 40}, generate)
+	w := e.workerMeta("w", "dynamo", map[string]any{"model": "m", "max_model_len": 40}, planetest.Tokens)
 	e.start()
 	e.waitModels("m")
 	r := e.post("/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"hi"}]}`, nil)
 	require.Equal(t, http.StatusOK, r.status, "body %s", r.body)
-	assert.Equal(t, 40-len("user: hi\n"), fullReq(t, w.nextReq(t)).StopConditions.MaxTokens)
+	assert.Equal(t, 40-len("user: hi\n"), fullReq(t, w.NextReq(t)).StopConditions.MaxTokens)
 	assert.Equal(t, [3]int{9, 31, 40}, usageOf(t, r.json(t)))
 	// A prompt that fills the context leaves no room: 400.
 	body, _ := json.Marshal(map[string]any{"model": "m", "messages": []any{map[string]any{"role": "user", "content": strings.Repeat("x", 33)}}}) // 40 tokens
@@ -325,8 +326,8 @@ func captureLogs(t *testing.T) *logCapture {
 func TestErrorsEverywhereAndFailureLogs(t *testing.T) {
 	logs := captureLogs(t)
 	e := newEnv(t)
-	e.worker("w", "dynamo", "m", 0, generate)
-	e.worker("bad", "dynamo", "broken", 0, func(w *worker, req *plane.Request) { req.Fail("RuntimeError: engine exploded") })
+	e.worker("w", "dynamo", "m", 0, planetest.Tokens)
+	e.worker("bad", "dynamo", "broken", 0, func(w *planetest.Worker, req *plane.Request) { req.Fail("RuntimeError: engine exploded") })
 	e.start()
 	e.waitModels("broken", "m")
 
@@ -365,7 +366,7 @@ func TestErrorsEverywhereAndFailureLogs(t *testing.T) {
 	assert.Contains(t, data, "engine exploded")
 
 	e.post("/v1/completions", completion("nope", "hi", 2, false), map[string]string{"x-request-id": "lost-1"})
-	require.Eventually(t, func() bool { return strings.Contains(logs.String(), "boom-2") }, waitLimit, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return strings.Contains(logs.String(), "boom-2") }, planetest.WaitLimit, 10*time.Millisecond)
 	lines := func(sub string) []string {
 		var out []string
 		for _, l := range strings.Split(logs.String(), "\n") {
@@ -399,11 +400,11 @@ func TestDisconnectWithNChoices(t *testing.T) {
 	ev := newEvents(resp)
 	ev.chunk(t)
 	ev.chunk(t)
-	recv(t, d.got, "the first request at the worker")
-	recv(t, d.got, "the second request at the worker")
+	planetest.Recv(t, d.got, "the first request at the worker")
+	planetest.Recv(t, d.got, "the second request at the worker")
 	require.NoError(t, resp.Body.Close())
 	for range 2 {
-		h := recv(t, d.killed, "a worker request killed")
+		h := planetest.Recv(t, d.killed, "a worker request killed")
 		assert.Equal(t, "dc-n", h.req.ID)
 	}
 	d.waitMetric(key(mCancellations, "m"), 2)

@@ -24,6 +24,7 @@ import (
 
 	"github.com/dynamo-ctx/dynamo-ctx/go/ctxtree"
 	"github.com/dynamo-ctx/dynamo-ctx/go/frontend"
+	"github.com/dynamo-ctx/dynamo-ctx/go/internal/planetest"
 	"github.com/dynamo-ctx/dynamo-ctx/go/natsbus"
 	"github.com/dynamo-ctx/dynamo-ctx/go/plane"
 )
@@ -31,11 +32,11 @@ import (
 // pausing is an engine that sends the first token, then waits until the
 // request is killed (reported on killed) or the test sends on resume, then
 // sends the rest of max_tokens.
-func pausing(killed chan<- *plane.Request, resume <-chan struct{}) handler {
-	return func(w *worker, req *plane.Request) {
+func pausing(killed chan<- *plane.Request, resume <-chan struct{}) planetest.Handler {
+	return func(w *planetest.Worker, req *plane.Request) {
 		p := parse(req)
 		next, n := len(p.TokenIDs), p.StopConditions.MaxTokens
-		if !w.send(req, next, "") {
+		if !w.SendTokens(req, next, 1, "") {
 			killed <- req
 			return
 		}
@@ -44,18 +45,10 @@ func pausing(killed chan<- *plane.Request, resume <-chan struct{}) handler {
 			killed <- req
 			return
 		case <-resume:
-		case <-w.quit:
+		case <-w.Quit:
 			return
 		}
-		for i := 1; i < n; i++ {
-			finish := ""
-			if i == n-1 {
-				finish = "length"
-			}
-			if !w.send(req, next+i, finish) {
-				return
-			}
-		}
+		w.SendTokens(req, next+1, n-1, "length")
 	}
 }
 
@@ -91,7 +84,7 @@ func TestRequestIDCollision(t *testing.T) {
 		aev.chunk(t)
 		acancel() // the attacker disconnects
 		_ = attacker.Body.Close()
-		k := recv(t, killed, "the attacker's request to be killed")
+		k := planetest.Recv(t, killed, "the attacker's request to be killed")
 		assert.Equal(t, id, k.ID)
 		select {
 		case other := <-killed:
@@ -159,12 +152,12 @@ func TestInvalidRequestIDs(t *testing.T) {
 			assert.Equal(t, "invalid_request_error", m["error"]["type"])
 		})
 	}
-	assert.Empty(t, w.reqs, "an invalid id reached the worker")
+	assert.Empty(t, w.Reqs, "an invalid id reached the worker")
 	// The longest id, and any printable UTF-8, pass.
 	for _, id := range []string{strings.Repeat("b", plane.MaxIDLen), "réq-ü-日本-🙂"} {
 		r := e.post("/v1/completions", completion("m", "hi", 2, false), map[string]string{"x-request-id": id})
 		require.Equal(t, http.StatusOK, r.status, "body %s", r.body)
-		assert.Equal(t, id, w.nextReq(t).ID)
+		assert.Equal(t, id, w.NextReq(t).ID)
 	}
 }
 
@@ -172,10 +165,10 @@ func TestInvalidRequestIDs(t *testing.T) {
 // (net/http's client refuses control characters) and returns the response.
 func rawRequest(t *testing.T, addr, headers, body string) (*http.Response, []byte) {
 	t.Helper()
-	conn, err := net.DialTimeout("tcp", addr, waitLimit)
+	conn, err := net.DialTimeout("tcp", addr, planetest.WaitLimit)
 	require.NoError(t, err)
 	defer conn.Close()
-	require.NoError(t, conn.SetDeadline(time.Now().Add(waitLimit)))
+	require.NoError(t, conn.SetDeadline(time.Now().Add(planetest.WaitLimit)))
 	_, err = fmt.Fprintf(conn, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n%sContent-Length: %d\r\n\r\n%s", headers, len(body), body)
 	require.NoError(t, err)
 	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
@@ -190,10 +183,10 @@ func rawRequest(t *testing.T, addr, headers, body string) (*http.Response, []byt
 // may answer and close before it is all sent), and returns the response.
 func rawPost(t *testing.T, addr string, size int64) (*http.Response, []byte) {
 	t.Helper()
-	conn, err := net.DialTimeout("tcp", addr, waitLimit)
+	conn, err := net.DialTimeout("tcp", addr, planetest.WaitLimit)
 	require.NoError(t, err)
 	defer conn.Close()
-	require.NoError(t, conn.SetDeadline(time.Now().Add(waitLimit)))
+	require.NoError(t, conn.SetDeadline(time.Now().Add(planetest.WaitLimit)))
 	_, err = fmt.Fprintf(conn, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n", size)
 	require.NoError(t, err)
 	done := make(chan struct{})
@@ -245,7 +238,7 @@ func TestOversizedBody(t *testing.T) {
 		}()
 	}
 	for i := 0; i < 4; i++ {
-		assert.Equal(t, http.StatusRequestEntityTooLarge, recv(t, done, "a 413"))
+		assert.Equal(t, http.StatusRequestEntityTooLarge, planetest.Recv(t, done, "a 413"))
 	}
 	var ms1 runtime.MemStats
 	runtime.ReadMemStats(&ms1)
@@ -256,11 +249,11 @@ func TestOversizedBody(t *testing.T) {
 	assert.Less(t, allocated, uint64(5*32<<20), "allocated %d MiB for five oversized bodies", allocated>>20)
 	after := heap()
 	assert.Less(t, int64(after)-int64(before), int64(8<<20), "heap grew from %d to %d", before, after)
-	assert.Empty(t, w.reqs)
+	assert.Empty(t, w.Reqs)
 
 	// The limit is configurable, and a body within it is served.
 	e2 := newEnv(t)
-	e2.worker("w", "dynamo", "m", 0, generate)
+	e2.worker("w", "dynamo", "m", 0, planetest.Tokens)
 	e2.startWith(frontend.Options{Addr: "127.0.0.1:0", MigrationLimit: -1, MaxBodyBytes: 1024})
 	e2.waitModels("m")
 	r := e2.post("/v1/completions", completion("m", strings.Repeat("y", 2000), 2, false), nil)
@@ -274,8 +267,8 @@ func TestOversizedBody(t *testing.T) {
 // the frontend's default.
 func TestContextLength(t *testing.T) {
 	e := newEnv(t)
-	w := e.workerMeta("w", "dynamo", map[string]any{"model": "small", "max_model_len": 100}, generate)
-	e.worker("d", "dynamo", "m", 0, generate) // declares nothing: the default
+	w := e.workerMeta("w", "dynamo", map[string]any{"model": "small", "max_model_len": 100}, planetest.Tokens)
+	e.worker("d", "dynamo", "m", 0, planetest.Tokens) // declares nothing: the default
 	e.start()
 	e.waitModels("m", "small")
 	exceeded := func(body string) {
@@ -298,14 +291,14 @@ func TestContextLength(t *testing.T) {
 	// At the limit: 2 prompt tokens + 98 = 100.
 	r := e.post("/v1/completions", completion("small", "hi", 98, false), nil)
 	require.Equal(t, http.StatusOK, r.status, "body %s", r.body)
-	assert.Equal(t, 98, parseReq(t, w.nextReq(t)).StopConditions.MaxTokens)
+	assert.Equal(t, 98, parseReq(t, w.NextReq(t)).StopConditions.MaxTokens)
 }
 
 // TestSlowClientsDropped: a client that never finishes its headers, or its
 // body, is disconnected by the deadlines.
 func TestSlowClientsDropped(t *testing.T) {
 	e2 := newEnv(t)
-	e2.worker("w", "dynamo", "m", 0, generate)
+	e2.worker("w", "dynamo", "m", 0, planetest.Tokens)
 	e2.startWith(frontend.Options{
 		Addr: "127.0.0.1:0", MigrationLimit: -1,
 		ReadHeaderTimeout: 200 * time.Millisecond, ReadTimeout: 400 * time.Millisecond,
@@ -313,25 +306,25 @@ func TestSlowClientsDropped(t *testing.T) {
 	e2.waitModels("m")
 	closedBy := func(partial string) time.Duration {
 		t.Helper()
-		conn, err := net.DialTimeout("tcp", e2.fe.Addr(), waitLimit)
+		conn, err := net.DialTimeout("tcp", e2.fe.Addr(), planetest.WaitLimit)
 		require.NoError(t, err)
 		defer conn.Close()
 		start := time.Now()
 		_, err = io.WriteString(conn, partial)
 		require.NoError(t, err)
-		require.NoError(t, conn.SetReadDeadline(time.Now().Add(waitLimit)))
+		require.NoError(t, conn.SetReadDeadline(time.Now().Add(planetest.WaitLimit)))
 		_, _ = io.Copy(io.Discard, conn) // until the server closes (or answers and closes)
-		require.Less(t, time.Since(start), waitLimit-time.Second, "the connection was not dropped")
+		require.Less(t, time.Since(start), planetest.WaitLimit-time.Second, "the connection was not dropped")
 		return time.Since(start)
 	}
 	assert.GreaterOrEqual(t, closedBy("POST /v1/completions HTTP/1.1\r\nHost: x\r\n"), 150*time.Millisecond)
 	assert.GreaterOrEqual(t, closedBy("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"mo"), 300*time.Millisecond)
 	// A stream that lasts longer than the read timeout is not cut.
 	slow := newEnv(t)
-	slow.worker("w", "dynamo", "m", 0, func(w *worker, req *plane.Request) {
+	slow.worker("w", "dynamo", "m", 0, func(w *planetest.Worker, req *plane.Request) {
 		for i := 0; i < 4; i++ {
 			time.Sleep(250 * time.Millisecond)
-			if !w.send(req, i, map[bool]string{true: "length"}[i == 3]) {
+			if !w.SendTokens(req, i, 1, map[bool]string{true: "length"}[i == 3]) {
 				return
 			}
 		}
@@ -366,13 +359,13 @@ func TestForgedAbortConfirmations(t *testing.T) {
 	resp, err := d.hc.Do(req)
 	require.NoError(t, err)
 	defer resp.Body.Close()
-	live := recv(t, d.got, "the request at the worker")
+	live := planetest.Recv(t, d.got, "the request at the worker")
 	cancel()
-	h := recv(t, d.killed, "the request to be killed")
+	h := planetest.Recv(t, d.killed, "the request to be killed")
 	require.Equal(t, ctxtree.ReasonClientDisconnected, h.reason)
 	d.waitMetric(key(mCancellations, "m"), 1)
 
-	instance := d.w.ep.InstanceID()
+	instance := d.w.EP.InstanceID()
 	forged := []plane.AbortConfirmation{
 		{ID: "victim", Path: "dynamo.backend.generate", Instance: instance, Reason: "kill"},
 		{ID: "victim", Key: plane.NewKey(), Path: "dynamo.backend.generate", Instance: instance},
@@ -407,7 +400,7 @@ func TestForgedAbortConfirmations(t *testing.T) {
 func TestBusLimitIs413(t *testing.T) {
 	e := newEnv(t)
 	e.slow = true
-	w := e.workerMeta("w", "dynamo", map[string]any{"model": "m", "max_model_len": 1 << 30}, generate)
+	w := e.workerMeta("w", "dynamo", map[string]any{"model": "m", "max_model_len": 1 << 30}, planetest.Tokens)
 	e.startWith(frontend.Options{Addr: "127.0.0.1:0", MigrationLimit: -1, MaxBodyBytes: 32 << 20})
 	e.waitModels("m")
 	prompt := strings.Repeat("z", int(e.host.Bus().Conn().MaxPayload())/3) // ~4 JSON bytes per token id
@@ -416,7 +409,7 @@ func TestBusLimitIs413(t *testing.T) {
 	errObj := r.json(t)["error"].(map[string]any)
 	assert.Equal(t, "request_too_large", errObj["code"])
 	assert.Contains(t, errObj["message"], "request too large for the request plane")
-	assert.Empty(t, w.reqs)
+	assert.Empty(t, w.Reqs)
 }
 
 // TestStalledWriteIsDisconnect: a streaming client that stops reading (its
@@ -426,23 +419,18 @@ func TestBusLimitIs413(t *testing.T) {
 func TestStalledWriteIsDisconnect(t *testing.T) {
 	e := newEnv(t)
 	killed := make(chan ctxtree.Reason, 1)
-	e.worker("w", "dynamo", "m", 0, func(w *worker, req *plane.Request) {
+	e.worker("w", "dynamo", "m", 0, func(w *planetest.Worker, req *plane.Request) {
 		// Large items, sent until killed: the client's socket buffers fill.
 		item := []byte(`{"token_ids":[` + strings.Repeat("7,", 4096) + `7],"finish_reason":null}`)
 		for {
 			err := req.Send(item)
 			if errors.Is(err, plane.ErrFull) {
-				ch := make(chan struct{}, 1)
-				req.Arm(func() {
-					select {
-					case ch <- struct{}{}:
-					default:
-					}
-				})
+				f, ch := planetest.Armed()
+				req.Arm(f)
 				select {
 				case <-ch:
 				case <-req.Ctx.Killed():
-				case <-w.quit:
+				case <-w.Quit:
 					return
 				}
 			}
@@ -454,7 +442,7 @@ func TestStalledWriteIsDisconnect(t *testing.T) {
 	})
 	e.startWith(frontend.Options{Addr: "127.0.0.1:0", MigrationLimit: -1, WriteStallTimeout: 1500 * time.Millisecond})
 	e.waitModels("m")
-	conn, err := net.DialTimeout("tcp", e.fe.Addr(), waitLimit)
+	conn, err := net.DialTimeout("tcp", e.fe.Addr(), planetest.WaitLimit)
 	require.NoError(t, err)
 	defer conn.Close()
 	body := completion("m", "hi", 1000, true)
@@ -464,7 +452,7 @@ func TestStalledWriteIsDisconnect(t *testing.T) {
 	select {
 	case reason := <-killed:
 		assert.Equal(t, ctxtree.ReasonClientDisconnected, reason)
-	case <-time.After(3 * waitLimit):
+	case <-time.After(3 * planetest.WaitLimit):
 		t.Fatal("a client that stopped reading was never treated as gone")
 	}
 	e.waitMetric(key(mCancellations, "m"), 1)

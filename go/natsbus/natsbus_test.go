@@ -47,6 +47,18 @@ func connect(t *testing.T, opts Options) *Bus {
 
 // roundTrip checks that a message published by one bus reaches the other,
 // which proves they share a server.
+// closeAndWaitTakeover closes host, the Bus whose embedded server a and b
+// use, and waits until both are connected to one replacement.
+func closeAndWaitTakeover(t *testing.T, host, a, b *Bus) {
+	t.Helper()
+	old := host.Conn().ConnectedServerId()
+	host.Close()
+	require.Eventually(t, func() bool {
+		ida, idb := a.Conn().ConnectedServerId(), b.Conn().ConnectedServerId()
+		return a.Conn().IsConnected() && b.Conn().IsConnected() && ida == idb && ida != old
+	}, 5*time.Second, 5*time.Millisecond)
+}
+
 func roundTrip(t *testing.T, from, to *Bus) {
 	t.Helper()
 	subj := nats.NewInbox()
@@ -222,31 +234,12 @@ func TestNoTakeoverOfStandaloneServer(t *testing.T) {
 	b.Close() // before the server, so the Bus never sees it vanish again
 }
 
-func TestPortHeldByNonNATSFails(t *testing.T) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			c.Close()
-		}
-	})
-	defer func() { l.Close(); wg.Wait() }()
-
-	start := time.Now()
-	_, err = Connect(context.Background(), Options{URL: "nats://" + l.Addr().String(), EmbedIfAbsent: true, Logger: quiet})
-	require.Error(t, err)
-	assert.Contains(t, err.Error(), "does not answer as a NATS server")
-	assert.Less(t, time.Since(start), 3*time.Second)
-}
-
-// A holder that accepts and never speaks (not a NATS server) costs one
-// connect timeout, not five, and the error says what to do.
-func TestPortHeldBySilentProcessFailsFast(t *testing.T) {
+// notNATS holds a free loopback port with a process that is not a NATS
+// server: it accepts every connection and closes it at once or, with
+// silent, keeps it open without a word. It returns the port's URL; all is
+// released at cleanup.
+func notNATS(t *testing.T, silent bool) string {
+	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	var mu sync.Mutex
@@ -258,42 +251,56 @@ func TestPortHeldBySilentProcessFailsFast(t *testing.T) {
 			if err != nil {
 				return
 			}
+			if !silent {
+				c.Close()
+				continue
+			}
 			mu.Lock()
 			conns = append(conns, c)
 			mu.Unlock()
 		}
 	})
-	defer func() {
+	t.Cleanup(func() {
 		l.Close()
 		wg.Wait()
 		for _, c := range conns {
 			c.Close()
 		}
-	}()
+	})
+	return "nats://" + l.Addr().String()
+}
+
+// tryEmbed connects to url, embedding a server if none answers, and returns
+// how long it took and the error; a Bus it makes is closed.
+func tryEmbed(ctx context.Context, url string) (time.Duration, error) {
 	start := time.Now()
-	_, err = Connect(context.Background(), Options{URL: "nats://" + l.Addr().String(), EmbedIfAbsent: true, Logger: quiet})
+	b, err := Connect(ctx, Options{URL: url, EmbedIfAbsent: true, Logger: quiet})
+	if err == nil {
+		b.Close()
+	}
+	return time.Since(start), err
+}
+
+func TestPortHeldByNonNATSFails(t *testing.T) {
+	took, err := tryEmbed(context.Background(), notNATS(t, false))
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "does not answer as a NATS server")
+	assert.Less(t, took, 3*time.Second)
+}
+
+// A holder that accepts and never speaks (not a NATS server) costs one
+// connect timeout, not five, and the error says what to do.
+func TestPortHeldBySilentProcessFailsFast(t *testing.T) {
+	took, err := tryEmbed(context.Background(), notNATS(t, true))
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "set NATS_SERVER to another address")
-	assert.Less(t, time.Since(start), connectTimeout+time.Second)
+	assert.Less(t, took, connectTimeout+time.Second)
 }
 
 func TestConnectContextCancelled(t *testing.T) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			c.Close()
-		}
-	})
-	defer func() { l.Close(); wg.Wait() }()
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	_, err = Connect(ctx, Options{URL: "nats://" + l.Addr().String(), EmbedIfAbsent: true, Logger: quiet})
+	_, err := tryEmbed(ctx, notNATS(t, false))
 	require.ErrorIs(t, err, context.Canceled)
 }
 
@@ -346,12 +353,7 @@ func TestTakeoverOfEphemeralHostByPlainClients(t *testing.T) {
 	var hooks atomic.Int32
 	a.OnReconnect(func() { hooks.Add(1) })
 
-	old := host.Conn().ConnectedServerId()
-	host.Close()
-	require.Eventually(t, func() bool {
-		ida, idb := a.Conn().ConnectedServerId(), b.Conn().ConnectedServerId()
-		return a.Conn().IsConnected() && b.Conn().IsConnected() && ida == idb && ida != old
-	}, 5*time.Second, 5*time.Millisecond)
+	closeAndWaitTakeover(t, host, a, b)
 	assert.NotEqual(t, a.Embedded(), b.Embedded(), "exactly one survivor hosts the replacement")
 	assert.True(t, a.Settling(), "within the settle window after a reconnection")
 	require.Eventually(t, func() bool { return hooks.Load() == 1 }, 5*time.Second, 5*time.Millisecond)

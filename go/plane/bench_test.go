@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dynamo-ctx/dynamo-ctx/go/internal/planetest"
 	"github.com/dynamo-ctx/dynamo-ctx/go/plane"
 )
 
@@ -28,23 +29,19 @@ var benchItem = func() []byte {
 // caller). items/s is the throughput of one stream.
 func BenchmarkStreamItems(b *testing.B) {
 	const path = "bench.items.generate"
-	host := startEmbedded(b)
-	wrt := join(b, host)
-	serve(b, wrt, path, func(req *plane.Request) {
+	_, _, c := planetest.ServeAndConnect(b, path, func(w *planetest.Worker, req *plane.Request) {
 		var n int
 		if _, err := fmt.Sscanf(string(req.Payload), "%d", &n); err != nil {
 			req.Fail(err.Error())
 			return
 		}
 		for range n {
-			if !send(req, benchItem) {
+			if !w.Send(req, benchItem) {
 				return
 			}
 		}
 		req.Complete()
 	})
-	c := newClient(b, host, path)
-	waitInstances(b, c, 1)
 
 	b.SetBytes(int64(len(benchItem)))
 	b.ReportAllocs()
@@ -54,7 +51,7 @@ func BenchmarkStreamItems(b *testing.B) {
 		b.Fatal(err)
 	}
 	got := 0
-	if err := waitStarted(s); err != nil {
+	if err := planetest.WaitStarted(s); err != nil {
 		b.Fatal(err)
 	}
 	for {
@@ -64,7 +61,7 @@ func BenchmarkStreamItems(b *testing.B) {
 			continue
 		}
 		if errors.Is(err, plane.ErrAgain) {
-			if err := waitArm(s.Arm); err != nil {
+			if err := planetest.WaitArm(s.Arm); err != nil {
 				b.Fatal(err)
 			}
 			continue
@@ -88,15 +85,8 @@ func BenchmarkStreamItems(b *testing.B) {
 // latency metrics cover the kill only.
 func BenchmarkKillLatency(b *testing.B) {
 	const path = "bench.kill.generate"
-	host := startEmbedded(b)
-	wrt := join(b, host)
 	reqs := make(chan *plane.Request, 1)
-	serve(b, wrt, path, func(req *plane.Request) {
-		reqs <- req
-		<-req.Ctx.Killed()
-	})
-	c := newClient(b, host, path)
-	waitInstances(b, c, 1)
+	_, _, c := planetest.ServeAndConnect(b, path, planetest.Hold(reqs))
 
 	lat := make([]time.Duration, 0, b.N)
 	b.ResetTimer()
@@ -105,19 +95,19 @@ func BenchmarkKillLatency(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		if err := waitStarted(s); err != nil {
+		if err := planetest.WaitStarted(s); err != nil {
 			b.Fatal(err)
 		}
-		req := recv(b, reqs, "the request")
+		req := planetest.Recv(b, reqs, "the request")
 		begin := time.Now()
 		s.Kill()
 		select {
 		case <-req.Ctx.Killed():
-		case <-time.After(waitLimit):
+		case <-time.After(planetest.WaitLimit):
 			b.Fatal("the kill never reached the worker")
 		}
 		lat = append(lat, time.Since(begin))
-		if _, _, err := drain(s, 0); err != io.EOF {
+		if _, _, err := planetest.Drain(s, 0); err != io.EOF {
 			b.Fatal(err)
 		}
 	}

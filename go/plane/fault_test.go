@@ -14,6 +14,7 @@ import (
 
 	"github.com/dynamo-ctx/dynamo-ctx/go/discovery"
 	"github.com/dynamo-ctx/dynamo-ctx/go/frame"
+	"github.com/dynamo-ctx/dynamo-ctx/go/internal/planetest"
 	"github.com/dynamo-ctx/dynamo-ctx/go/plane"
 )
 
@@ -22,55 +23,14 @@ import (
 // whose subscription the server still holds), and a worker that acknowledges,
 // connects, sends a few tokens and then goes silent (stopped mid-stream).
 
-// tokenHandler is a worker that continues a token request: it sends
-// max_tokens more token ids, counting on from len(token_ids).
-func tokenHandler(req *plane.Request) {
-	var p struct {
-		TokenIDs  []int `json:"token_ids"`
-		MaxTokens int   `json:"max_tokens"`
-	}
-	if json.Unmarshal(req.Payload, &p) != nil {
-		req.Fail("bad request")
-		return
-	}
-	for i := 0; i < p.MaxTokens; i++ {
-		if !send(req, fmt.Appendf(nil, `{"token_ids":[%d]}`, len(p.TokenIDs)+i)) {
-			return
-		}
-	}
-}
-
 func tokenRequest(n int) []byte { return fmt.Appendf(nil, `{"token_ids":[],"max_tokens":%d}`, n) }
 
-// tokens drains s and returns the token ids received, and the end.
-func tokens(t *testing.T, s *plane.Stream) ([]int, error) {
-	t.Helper()
-	items, _, err := drain(s, 0)
-	var out []int
-	for _, it := range items {
-		var v struct {
-			TokenIDs []int `json:"token_ids"`
-		}
-		require.NoError(t, json.Unmarshal(it, &v))
-		out = append(out, v.TokenIDs...)
-	}
-	return out, err
-}
-
-func seq(n int) []int {
-	out := make([]int, n)
-	for i := range out {
-		out[i] = i
-	}
-	return out
-}
-
-// blackHole registers an instance of path whose requests are received and
-// never acknowledged. It returns the instance id.
-func blackHole(t *testing.T, rt *plane.Runtime, path string) uint64 {
+// handInstance registers an instance of path on rt's bus whose requests go
+// to f, and returns its id: a worker played by hand.
+func handInstance(t *testing.T, rt *plane.Runtime, path string, f nats.MsgHandler) uint64 {
 	t.Helper()
 	id := discovery.NewInstanceID()
-	sub, err := rt.Bus().Conn().Subscribe(discovery.RequestSubject(path, id), func(*nats.Msg) {})
+	sub, err := rt.Bus().Conn().Subscribe(discovery.RequestSubject(path, id), f)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = sub.Unsubscribe() })
 	lease, err := discovery.Register(rt.Bus().Conn(), path, id, nil)
@@ -79,17 +39,21 @@ func blackHole(t *testing.T, rt *plane.Runtime, path string) uint64 {
 	return id
 }
 
+// blackHole registers an instance of path whose requests are received and
+// never acknowledged. It returns the instance id.
+func blackHole(t *testing.T, rt *plane.Runtime, path string) uint64 {
+	t.Helper()
+	return handInstance(t, rt, path, func(*nats.Msg) {})
+}
+
 // A request sent to an instance that never acknowledges is detected within
 // the acknowledgement timeout and migrates; every stream completes, and new
 // requests avoid the instance afterwards.
 func TestStalledInstanceMigrates(t *testing.T) {
 	const path = "test.stalled.generate"
-	host := startEmbedded(t)
-	wrt := join(t, host)
-	serve(t, wrt, path, tokenHandler)
+	host, _, c := planetest.ServeAndConnect(t, path, planetest.Tokens)
 	bad := blackHole(t, host, path)
-	c := newClient(t, host, path)
-	waitInstances(t, c, 2)
+	planetest.WaitInstances(t, c, 2)
 	c.SetMigrationLimit(2)
 
 	const streams, n = 24, 20
@@ -99,14 +63,14 @@ func TestStalledInstanceMigrates(t *testing.T) {
 	start := time.Now()
 	for i := range streams {
 		wg.Go(func() {
-			s := generate(t, c, string(tokenRequest(n)), nil)
-			results[i], errs[i] = tokens(t, s)
+			s := planetest.Generate(t, c, string(tokenRequest(n)), nil)
+			results[i], errs[i] = planetest.DrainTokens(t, s)
 		})
 	}
 	wg.Wait()
 	for i := range streams {
 		require.Equal(t, "EOF", fmt.Sprint(errs[i]), "stream %d", i)
-		assert.Equal(t, seq(n), results[i], "stream %d", i)
+		assert.Equal(t, planetest.Seq(0, n), results[i], "stream %d", i)
 	}
 	t.Logf("%d streams, one instance of two stalled: all completed in %s", streams, time.Since(start))
 	assert.Less(t, time.Since(start), 3*plane.DefaultAckTimeout+2*time.Second)
@@ -114,21 +78,23 @@ func TestStalledInstanceMigrates(t *testing.T) {
 	// Without migration, a new request does not go to the suspect instance.
 	c.SetMigrationLimit(0)
 	for range 4 {
-		got, err := tokens(t, generate(t, c, string(tokenRequest(3)), nil))
+		got, err := planetest.DrainTokens(t, planetest.Generate(t, c, string(tokenRequest(3)), nil))
 		require.Equal(t, "EOF", fmt.Sprint(err))
-		assert.Equal(t, seq(3), got)
+		assert.Equal(t, planetest.Seq(0, 3), got)
 	}
 	// Sent to it directly, a request fails with ErrNotAcknowledged.
-	_, err := tokens(t, generateRoute(t, c, string(tokenRequest(1)), nil, plane.Direct, bad))
+	_, err := planetest.DrainTokens(t, planetest.GenerateRoute(t, c, string(tokenRequest(1)), nil, plane.Direct, bad))
 	assert.ErrorIs(t, err, plane.ErrNotAcknowledged)
 }
 
 // silentWorker registers an instance that acknowledges, connects back,
 // sends the first k tokens of the request and then holds the connection
-// without a word (no heartbeat): a worker stopped mid-stream.
-func silentWorker(t *testing.T, rt *plane.Runtime, path string, k int) {
+// without a word (no heartbeat): a worker stopped mid-stream. It is the only
+// instance of path on a new request plane, whose host runtime is made with
+// opts and has a client of path that knows the instance.
+func silentWorker(t *testing.T, path string, k int, opts ...planetest.Option) (*plane.Runtime, *plane.Client) {
 	t.Helper()
-	id := discovery.NewInstanceID()
+	host := planetest.Embedded(t, opts...)
 	var mu sync.Mutex
 	var conns []net.Conn
 	t.Cleanup(func() {
@@ -138,7 +104,7 @@ func silentWorker(t *testing.T, rt *plane.Runtime, path string, k int) {
 			_ = c.Close()
 		}
 	})
-	sub, err := rt.Bus().Conn().Subscribe(discovery.RequestSubject(path, id), func(m *nats.Msg) {
+	handInstance(t, host, path, func(m *nats.Msg) {
 		var env struct {
 			Addr, Token string
 		}
@@ -160,11 +126,9 @@ func silentWorker(t *testing.T, rt *plane.Runtime, path string, k int) {
 		}
 		_ = w.Flush()
 	})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = sub.Unsubscribe() })
-	lease, err := discovery.Register(rt.Bus().Conn(), path, id, nil)
-	require.NoError(t, err)
-	t.Cleanup(lease.Close)
+	c := planetest.Client(t, host, path)
+	planetest.WaitInstances(t, c, 1)
+	return host, c
 }
 
 func shortIdle(o *plane.Options) { o.StreamIdleTimeout = 300 * time.Millisecond }
@@ -173,20 +137,17 @@ func shortIdle(o *plane.Options) { o.StreamIdleTimeout = 300 * time.Millisecond 
 // liveness check; the stream migrates and the caller sees every token once.
 func TestSilentWorkerStreamMigrates(t *testing.T) {
 	const path = "test.silent.generate"
-	host := startEmbedded(t, shortIdle)
-	silentWorker(t, host, path, 5)
-	c := newClient(t, host, path)
-	waitInstances(t, c, 1)
-	wrt := join(t, host, shortIdle)
-	serve(t, wrt, path, tokenHandler)
-	waitInstances(t, c, 2)
+	host, c := silentWorker(t, path, 5, shortIdle)
+	wrt := planetest.Join(t, host, shortIdle)
+	planetest.Serve(t, wrt, path, planetest.Tokens)
+	planetest.WaitInstances(t, c, 2)
 	c.SetMigrationLimit(1)
 
 	for i := range 6 { // round robin: half of them start on the silent worker
 		start := time.Now()
-		got, err := tokens(t, generate(t, c, string(tokenRequest(12)), nil))
+		got, err := planetest.DrainTokens(t, planetest.Generate(t, c, string(tokenRequest(12)), nil))
 		require.Equal(t, "EOF", fmt.Sprint(err), "request %d", i)
-		assert.Equal(t, seq(12), got, "request %d", i)
+		assert.Equal(t, planetest.Seq(0, 12), got, "request %d", i)
 		assert.Less(t, time.Since(start), 5*time.Second)
 	}
 }
@@ -195,12 +156,9 @@ func TestSilentWorkerStreamMigrates(t *testing.T) {
 // (stream.ErrPeerSilent) instead of hanging.
 func TestSilentWorkerStreamIncomplete(t *testing.T) {
 	const path = "test.silent1.generate"
-	host := startEmbedded(t, shortIdle)
-	silentWorker(t, host, path, 2)
-	c := newClient(t, host, path)
-	waitInstances(t, c, 1)
-	got, err := tokens(t, generate(t, c, string(tokenRequest(5)), nil))
-	assert.Equal(t, seq(2), got)
+	_, c := silentWorker(t, path, 2, shortIdle)
+	got, err := planetest.DrainTokens(t, planetest.Generate(t, c, string(tokenRequest(5)), nil))
+	assert.Equal(t, planetest.Seq(0, 2), got)
 	assert.ErrorIs(t, err, plane.ErrIncomplete)
 }
 
@@ -208,15 +166,11 @@ func TestSilentWorkerStreamIncomplete(t *testing.T) {
 // for a dead one: heartbeats keep its stream.
 func TestSlowHandlerNotMistakenForDead(t *testing.T) {
 	const path = "test.slow.generate"
-	host := startEmbedded(t, shortIdle)
-	wrt := join(t, host, shortIdle)
-	serve(t, wrt, path, func(req *plane.Request) {
+	_, _, c := planetest.ServeAndConnect(t, path, func(w *planetest.Worker, req *plane.Request) {
 		time.Sleep(time.Second) // > 3 idle timeouts before the first item
-		send(req, []byte(`{"token_ids":[0]}`))
-	})
-	c := newClient(t, host, path)
-	waitInstances(t, c, 1)
-	got, err := tokens(t, generate(t, c, `{}`, nil))
+		w.Send(req, []byte(`{"token_ids":[0]}`))
+	}, shortIdle)
+	got, err := planetest.DrainTokens(t, planetest.Generate(t, c, `{}`, nil))
 	assert.Equal(t, "EOF", fmt.Sprint(err))
 	assert.Equal(t, []int{0}, got)
 }
@@ -227,38 +181,38 @@ func TestSlowHandlerNotMistakenForDead(t *testing.T) {
 func TestNATSHostDeathRiddenOut(t *testing.T) {
 	const path = "test.hostdeath.generate"
 	release := make(chan struct{})
-	host := startEmbedded(t)
-	wrt := join(t, host)
-	serve(t, wrt, path, func(req *plane.Request) {
-		send(req, []byte(`{"token_ids":[0]}`))
+	host := planetest.Embedded(t)
+	wrt := planetest.Join(t, host)
+	planetest.Serve(t, wrt, path, func(w *planetest.Worker, req *plane.Request) {
+		w.Send(req, []byte(`{"token_ids":[0]}`))
 		<-release
-		send(req, []byte(`{"token_ids":[1]}`))
+		w.Send(req, []byte(`{"token_ids":[1]}`))
 	})
-	caller := join(t, host)
-	c := newClient(t, caller, path)
-	waitInstances(t, c, 1)
-	inflight := generate(t, c, `{}`, nil)
-	first, err := take(inflight, 1)
+	caller := planetest.Join(t, host)
+	c := planetest.Client(t, caller, path)
+	planetest.WaitInstances(t, c, 1)
+	inflight := planetest.Generate(t, c, `{}`, nil)
+	first, err := planetest.Take(inflight, 1)
 	require.NoError(t, err)
 	require.Len(t, first, 1)
 
 	died := time.Now()
 	host.Close()
 	close(release)
-	got, err := tokens(t, inflight)
+	got, err := planetest.DrainTokens(t, inflight)
 	assert.Equal(t, "EOF", fmt.Sprint(err), "the in-flight stream does not depend on the bus")
 	assert.Equal(t, []int{1}, got)
 
 	// A request sent right away waits for the takeover instead of failing.
 	var recovered time.Duration
 	for {
-		got, err := tokens(t, generate(t, c, `{}`, nil))
+		got, err := planetest.DrainTokens(t, planetest.Generate(t, c, `{}`, nil))
 		if err == nil || fmt.Sprint(err) == "EOF" {
 			assert.Equal(t, []int{0, 1}, got)
 			recovered = time.Since(died)
 			break
 		}
-		require.Less(t, time.Since(died), waitLimit, "no request succeeded after the host died: %v", err)
+		require.Less(t, time.Since(died), planetest.WaitLimit, "no request succeeded after the host died: %v", err)
 	}
 	t.Logf("host died -> next request succeeded: %s", recovered)
 }

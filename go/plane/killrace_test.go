@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/dynamo-ctx/dynamo-ctx/go/ctxtree"
+	"github.com/dynamo-ctx/dynamo-ctx/go/internal/planetest"
 	"github.com/dynamo-ctx/dynamo-ctx/go/plane"
 )
 
@@ -23,7 +24,7 @@ import (
 // streamEnded waits until s has ended: its context was unlinked from parent.
 func streamEnded(tb testing.TB, parent *ctxtree.Context) {
 	tb.Helper()
-	deadline := time.Now().Add(waitLimit)
+	deadline := time.Now().Add(planetest.WaitLimit)
 	for parent.NumChildren() > 0 {
 		if time.Now().After(deadline) {
 			tb.Fatal("the stream never ended")
@@ -37,28 +38,22 @@ func TestKillRaceNoItemAfterKill(t *testing.T) {
 	for _, migrating := range []bool{false, true} {
 		t.Run(fmt.Sprintf("migrating=%v", migrating), func(t *testing.T) {
 			path := fmt.Sprintf("test.killrace%v.generate", migrating)
-			host := startEmbedded(t)
-			wrt := join(t, host)
-			serve(t, wrt, path, countHandler)
-			c := newClient(t, host, path)
-			waitInstances(t, c, 1)
+			_, _, c := planetest.ServeAndConnect(t, path, countHandler)
 			if migrating {
 				c.SetMigrationLimit(2)
 			}
 			for i := range iterations {
 				k := i % 16 // the item at which the caller kills
 				parent := ctxtree.New(fmt.Sprintf("race-%d", i))
-				s := generate(t, c, fmt.Sprintf(`{"n":%d}`, n), parent)
-				items, err := take(s, k+1)
-				require.NoError(t, err)
-				requireSeq(t, items, 0, k+1)
+				s := planetest.Generate(t, c, fmt.Sprintf(`{"n":%d}`, n), parent)
+				takeSeq(t, s, k+1)
 				if i%3 == 2 {
 					// The old bug, deterministically: the stream ended with
 					// items still buffered, then the caller kills.
 					streamEnded(t, parent)
 				}
 				parent.Kill()
-				rest, _, err := drain(s, 0)
+				rest, _, err := planetest.Drain(s, 0)
 				require.Empty(t, rest, "iteration %d: items after a kill at item %d", i, k)
 				require.Equal(t, io.EOF, err)
 				require.True(t, s.Finished())
@@ -72,36 +67,32 @@ func TestKillRaceNoItemAfterKill(t *testing.T) {
 // items flow, or after they all arrived, and takes nothing more.
 func TestKillDuringMigratedStream(t *testing.T) {
 	const path, first = "test.killmig.generate", 3
-	host := startEmbedded(t)
-	w2rt := join(t, host)
-	serve(t, w2rt, path, countHandler)
-	c := newClient(t, host, path)
+	host := planetest.Embedded(t)
+	w2rt := planetest.Join(t, host)
+	planetest.Serve(t, w2rt, path, countHandler)
+	c := planetest.Client(t, host, path)
 	c.SetMigrationLimit(2)
 	for i := range 6 {
-		w1rt := join(t, host)
-		w1 := serve(t, w1rt, path, func(req *plane.Request) {
+		w1rt := planetest.Join(t, host)
+		w1 := planetest.Serve(t, w1rt, path, func(w *planetest.Worker, req *plane.Request) {
 			for j := 0; j < first; j++ {
-				if !send(req, num(j)) {
+				if !w.Send(req, num(j)) {
 					return
 				}
 			}
 			<-req.Ctx.Killed() // hangs until its runtime closes (the crash)
 		})
-		waitInstances(t, c, 2)
+		planetest.WaitInstances(t, c, 2)
 		parent := ctxtree.New(fmt.Sprintf("mig-%d", i))
-		s := generateRoute(t, c, `{"n":40}`, parent, plane.Direct, w1.ep.InstanceID())
-		items, err := take(s, first)
-		require.NoError(t, err)
-		requireSeq(t, items, 0, first)
-		w1rt.Close() // the crash: the stream migrates to the second worker
-		items, err = take(s, 2)
-		require.NoError(t, err)
-		requireSeq(t, items, 0, 2) // the second worker's (not a token stream: it restarts)
+		s := planetest.GenerateRoute(t, c, `{"n":40}`, parent, plane.Direct, w1.EP.InstanceID())
+		takeSeq(t, s, first)
+		w1rt.Close()     // the crash: the stream migrates to the second worker
+		takeSeq(t, s, 2) // the second worker's (not a token stream: it restarts)
 		if i%2 == 1 {
 			streamEnded(t, parent)
 		}
 		parent.Kill()
-		rest, _, err := drain(s, 0)
+		rest, _, err := planetest.Drain(s, 0)
 		require.Empty(t, rest, "items after a kill of a migrated stream")
 		require.Equal(t, io.EOF, err)
 	}
@@ -111,16 +102,13 @@ func TestKillDuringMigratedStream(t *testing.T) {
 // does) after the stream ended drops what is buffered too.
 func TestStreamKillAfterEndDropsBufferedItems(t *testing.T) {
 	const path = "test.killend.generate"
-	host := startEmbedded(t)
-	serve(t, host, path, countHandler)
-	c := newClient(t, host, path)
-	waitInstances(t, c, 1)
+	_, _, c := planetest.ServeOnHost(t, path, countHandler)
 	parent := ctxtree.New("kill-end")
-	s := generate(t, c, `{"n":20}`, parent)
+	s := planetest.Generate(t, c, `{"n":20}`, parent)
 	streamEnded(t, parent)
 	require.False(t, s.Finished(), "20 items are buffered")
 	s.Kill()
-	rest, _, err := drain(s, 0)
+	rest, _, err := planetest.Drain(s, 0)
 	require.Empty(t, rest)
 	require.Equal(t, io.EOF, err)
 	require.True(t, s.Finished())

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/dynamo-ctx/dynamo-ctx/go/ctxtree"
+	"github.com/dynamo-ctx/dynamo-ctx/go/internal/planetest"
 	"github.com/dynamo-ctx/dynamo-ctx/go/plane"
 )
 
@@ -17,35 +18,31 @@ import (
 // without metadata has none.
 func TestMetadataCarried(t *testing.T) {
 	const path = "test.meta.generate"
-	host := startEmbedded(t)
-	wrt := join(t, host)
 	got := make(chan []byte, 2)
-	serve(t, wrt, path, func(req *plane.Request) {
+	_, _, c := planetest.ServeAndConnect(t, path, func(w *planetest.Worker, req *plane.Request) {
 		got <- req.Metadata
-		send(req, num(0))
+		w.Send(req, num(0))
 	})
-	c := newClient(t, host, path)
-	waitInstances(t, c, 1)
 
 	meta := []byte(`{"tenant":"alpha","region":"us-west"}`)
 	s, err := c.Generate([]byte(`{}`), ctxtree.New("meta-1"), plane.RoundRobin, 0, plane.WithMetadata(meta))
 	require.NoError(t, err)
-	items, _, err := drain(s, 0)
+	items, _, err := planetest.Drain(s, 0)
 	require.ErrorIs(t, err, io.EOF)
 	requireSeq(t, items, 0, 1)
-	assert.JSONEq(t, string(meta), string(recv(t, got, "the handler")))
+	assert.JSONEq(t, string(meta), string(planetest.Recv(t, got, "the handler")))
 
-	s = generate(t, c, `{}`, nil)
-	_, _, err = drain(s, 0)
+	s = planetest.Generate(t, c, `{}`, nil)
+	_, _, err = planetest.Drain(s, 0)
 	require.ErrorIs(t, err, io.EOF)
-	assert.Nil(t, recv(t, got, "the handler"))
+	assert.Nil(t, planetest.Recv(t, got, "the handler"))
 }
 
 // Metadata that is not a JSON object, or is too large, is refused before
 // anything is sent, with or without migration.
 func TestMetadataRejected(t *testing.T) {
-	host := startEmbedded(t)
-	c := newClient(t, host, "test.metabad.generate")
+	host := planetest.Embedded(t)
+	c := planetest.Client(t, host, "test.metabad.generate")
 	big := `{"k":"` + strings.Repeat("x", plane.MaxMetadataBytes) + `"}`
 	for _, limit := range []int{0, 1} {
 		c.SetMigrationLimit(limit)
@@ -59,35 +56,35 @@ func TestMetadataRejected(t *testing.T) {
 // Every attempt of a migrating request carries the request's metadata.
 func TestMetadataMigration(t *testing.T) {
 	const path = "test.metamig.generate"
-	host := startEmbedded(t)
+	host := planetest.Embedded(t)
 	var attempts atomic.Int64
 	got := make(chan []byte, 4)
 	for range 2 {
-		wrt := join(t, host)
-		serve(t, wrt, path, func(req *plane.Request) {
+		wrt := planetest.Join(t, host)
+		planetest.Serve(t, wrt, path, func(w *planetest.Worker, req *plane.Request) {
 			got <- req.Metadata
 			if attempts.Add(1) == 1 {
-				send(req, num(0))
+				w.Send(req, num(0))
 				go wrt.Close() // this worker crashes mid-stream
 				<-req.Ctx.Killed()
 				return
 			}
-			send(req, num(1))
+			w.Send(req, num(1))
 		})
 	}
-	c := newClient(t, host, path)
-	waitInstances(t, c, 2)
+	c := planetest.Client(t, host, path)
+	planetest.WaitInstances(t, c, 2)
 	c.SetMigrationLimit(1)
 
 	meta := []byte(`{"tenant":"beta"}`)
 	s, err := c.Generate([]byte(`{}`), ctxtree.New("meta-mig"), plane.RoundRobin, 0, plane.WithMetadata(meta))
 	require.NoError(t, err)
-	items, _, err := drain(s, 0)
+	items, _, err := planetest.Drain(s, 0)
 	require.ErrorIs(t, err, io.EOF)
 	requireSeq(t, items, 0, 2)
 	require.EqualValues(t, 2, attempts.Load())
-	assert.JSONEq(t, string(meta), string(recv(t, got, "the first attempt")))
-	assert.JSONEq(t, string(meta), string(recv(t, got, "the second attempt")))
+	assert.JSONEq(t, string(meta), string(planetest.Recv(t, got, "the first attempt")))
+	assert.JSONEq(t, string(meta), string(planetest.Recv(t, got, "the second attempt")))
 }
 
 // What a handler raises after the caller stopped the request is not
@@ -101,35 +98,29 @@ func TestHandlerFailAfterCallerStop(t *testing.T) {
 		}
 		t.Run(name, func(t *testing.T) {
 			const path = "test.failstop.generate"
-			host := startEmbedded(t)
-			wrt := join(t, host)
 			final := make(chan ctxState, 1)
-			serve(t, wrt, path, func(req *plane.Request) {
+			_, _, c := planetest.ServeAndConnect(t, path, func(w *planetest.Worker, req *plane.Request) {
 				if !req.Ctx.IsStopped() {
-					send(req, num(0))
+					w.Send(req, num(0))
 				}
 				<-req.Ctx.Stopped()
 				req.Fail("CancelledError: ")
 				final <- snapshot(req.Ctx)
 			})
-			c := newClient(t, host, path)
-			waitInstances(t, c, 1)
 
 			parent := ctxtree.New("fail-after-stop")
 			if early {
 				parent.Cancel(ctxtree.Stopped, ctxtree.ReasonStopGenerating)
 			}
-			s := generate(t, c, `{}`, parent)
+			s := planetest.Generate(t, c, `{}`, parent)
 			if !early {
-				items, err := take(s, 1)
-				require.NoError(t, err)
-				requireSeq(t, items, 0, 1)
+				takeSeq(t, s, 1)
 				parent.Cancel(ctxtree.Stopped, ctxtree.ReasonStopGenerating)
 			}
-			items, _, err := drain(s, 0)
+			items, _, err := planetest.Drain(s, 0)
 			require.ErrorIs(t, err, io.EOF)
 			assert.Empty(t, items)
-			st := recv(t, final, "the handler")
+			st := planetest.Recv(t, final, "the handler")
 			assert.True(t, st.stopped)
 			assert.False(t, st.killed)
 		})

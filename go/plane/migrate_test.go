@@ -1,4 +1,4 @@
-package plane
+package plane_test
 
 // Tests of migration (SPEC section 4) with real in-process runtimes: the
 // first runtime of a test embeds NATS on an ephemeral port and is the caller;
@@ -10,16 +10,12 @@ package plane
 // on both sides: the caller's tokens are prompt, prompt+1, ... and every
 // worker's token_ids are 0, 1, 2, ...
 //
-// Helpers are prefixed with "mig": plane_test.go (package plane_test) has
-// its own.
+// Helpers are prefixed with "mig": they are about this file's requests.
 
 import (
 	"context"
 	"encoding/json"
-	"errors"
-	"fmt"
 	"io"
-	"log/slog"
 	"slices"
 	"strings"
 	"sync"
@@ -30,22 +26,19 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/goleak"
 
 	"github.com/dynamo-ctx/dynamo-ctx/go/ctxtree"
 	"github.com/dynamo-ctx/dynamo-ctx/go/discovery"
-	"github.com/dynamo-ctx/dynamo-ctx/go/natsbus"
+	"github.com/dynamo-ctx/dynamo-ctx/go/internal/planetest"
+	"github.com/dynamo-ctx/dynamo-ctx/go/plane"
 	"github.com/dynamo-ctx/dynamo-ctx/go/stream"
 )
 
 const (
-	migWait   = 10 * time.Second // bounds every wait: a hang fails, it does not block
 	migPath   = "mig.backend.generate"
 	migPrompt = 5  // prompt token_ids are 0..4
 	migMax    = 10 // max_tokens: the caller expects tokens 5..14
 )
-
-var migQuiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 
 // --- runtimes and workers ---------------------------------------------------
 
@@ -53,7 +46,7 @@ var migQuiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 // and the attempts that reached the workers' handlers, in arrival order.
 type migEnv struct {
 	t    *testing.T
-	host *Runtime
+	host *plane.Runtime
 	// made counts the contexts the caller's runtime created: the request's
 	// context plus one per attempt for GenerateMigrating, so made-1 is the
 	// exact number of attempts once the stream has ended.
@@ -62,166 +55,88 @@ type migEnv struct {
 
 	attempts chan *migAttempt
 	seq      atomic.Int64
+	byReq    sync.Map // *plane.Request -> its *migAttempt, from the accept loop to the handler
 }
 
 func migSetup(t *testing.T) *migEnv {
 	t.Helper()
-	t.Cleanup(func() { goleak.VerifyNone(t) }) // registered first: runs last
 	e := &migEnv{t: t, attempts: make(chan *migAttempt, 64)}
-	e.host = migRuntime(t, "nats://127.0.0.1:0", func(id string) *ctxtree.Context {
-		c := ctxtree.New(id)
-		n := e.made.Add(1)
-		if f := e.onNew.Load(); f != nil {
-			(*f)(n)
+	e.host = planetest.Embedded(t, func(o *plane.Options) {
+		o.NewContext = func(id string) *ctxtree.Context {
+			c := ctxtree.New(id)
+			n := e.made.Add(1)
+			if f := e.onNew.Load(); f != nil {
+				(*f)(n)
+			}
+			return c
 		}
-		return c
 	})
 	return e
 }
 
-func migRuntime(t *testing.T, url string, newContext func(string) *ctxtree.Context) *Runtime {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), migWait)
-	defer cancel()
-	rt, err := New(ctx, Options{NATS: natsbus.Options{URL: url, Logger: migQuiet}, NewContext: newContext})
-	require.NoError(t, err)
-	t.Cleanup(rt.Close)
-	return rt
-}
-
-// migWorker is one worker process: its own runtime, one endpoint instance,
-// and an accept loop (Endpoint.Arm, never sleeping) that runs a handler per
-// request.
-type migWorker struct {
-	name string
-	rt   *Runtime
-	ep   *Endpoint
-	quit chan struct{} // closed at cleanup: handlers waiting on the test return
-	wg   sync.WaitGroup
-}
-
-func (e *migEnv) worker(name string, behave func(a *migAttempt)) *migWorker {
+// worker starts a worker process: its own runtime, one instance of migPath.
+// Every request becomes an attempt, numbered and handed to the test in
+// arrival order; its handler runs behave on it (or fails it with a
+// ValueError when its payload is not a token request).
+func (e *migEnv) worker(name string, behave func(a *migAttempt)) *planetest.Worker {
 	t := e.t
 	t.Helper()
-	rt := migRuntime(t, e.host.Bus().URL(), nil)
-	ep, err := rt.Serve(migPath, nil)
-	require.NoError(t, err)
-	w := &migWorker{name: name, rt: rt, ep: ep, quit: make(chan struct{})}
-	w.wg.Add(1)
-	go w.loop(e, behave)
-	t.Cleanup(func() { // before rt.Close (cleanups run in reverse)
-		close(w.quit)
-		ep.Close()
-		done := make(chan struct{})
-		go func() { w.wg.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(migWait):
-			t.Errorf("handlers of worker %s did not return", name)
-		}
-	})
-	return w
-}
-
-func (w *migWorker) loop(e *migEnv, behave func(a *migAttempt)) {
-	defer w.wg.Done()
-	for {
-		req, err := w.ep.Next(context.Background())
-		if err != nil { // ErrClosed
-			return
-		}
+	accept := func(w *planetest.Worker, req *plane.Request) {
 		a := migParse(w, req, int(e.seq.Add(1)-1))
+		e.byReq.Store(req, a)
 		select {
 		case e.attempts <- a:
 		default:
-			e.t.Errorf("more attempts than the test can hold")
+			t.Errorf("more attempts than the test can hold")
 		}
-		w.wg.Add(1)
-		go func() {
-			defer w.wg.Done()
-			if a.err != nil {
-				req.Fail("ValueError: " + a.err.Error())
-				return
-			}
-			behave(a)
-		}()
-
 	}
+	handle := func(_ *planetest.Worker, req *plane.Request) {
+		v, _ := e.byReq.LoadAndDelete(req)
+		a := v.(*migAttempt)
+		if a.err != nil {
+			req.Fail("ValueError: " + a.err.Error())
+			return
+		}
+		behave(a)
+	}
+	return planetest.Serve(t, planetest.Join(t, e.host), migPath, handle, planetest.Named(name), planetest.OnAccept(accept))
 }
 
 // migAttempt is one request as a worker's handler received it.
 type migAttempt struct {
-	w    *migWorker
+	w    *planetest.Worker
 	seq  int // arrival order across the test's workers
-	req  *Request
-	ids  []int64
+	req  *plane.Request
+	ids  []int
 	max  int // stop_conditions.max_tokens, else max_tokens, else -1
 	err  error
-	next int64 // the next token to send: len(ids) + sent
+	next int // the next token to send: len(ids) + sent
 	sent int
 
 	proceed chan struct{} // closed by the test to let the handler go on
 	sentAll chan struct{} // closed by a handler once its tokens are queued
 }
 
-func migParse(w *migWorker, req *Request, seq int) *migAttempt {
+func migParse(w *planetest.Worker, req *plane.Request, seq int) *migAttempt {
 	a := &migAttempt{w: w, seq: seq, req: req, max: -1,
 		proceed: make(chan struct{}), sentAll: make(chan struct{})}
-	var p struct {
-		TokenIDs       []int64 `json:"token_ids"`
-		MaxTokens      *int    `json:"max_tokens"`
-		StopConditions *struct {
-			MaxTokens *int `json:"max_tokens"`
-		} `json:"stop_conditions"`
-	}
-	if a.err = json.Unmarshal(req.Payload, &p); a.err != nil {
+	p, err := planetest.ParseTokenRequest(req.Payload)
+	if err != nil {
+		a.err = err
 		return a
 	}
-	a.ids = p.TokenIDs
-	switch {
-	case p.StopConditions != nil && p.StopConditions.MaxTokens != nil:
-		a.max = *p.StopConditions.MaxTokens
-	case p.MaxTokens != nil:
-		a.max = *p.MaxTokens
-	}
-	a.next = int64(len(a.ids))
+	a.ids, a.max, a.next = p.TokenIDs, p.MaxTokens, len(p.TokenIDs)
 	return a
 }
 
-// send queues k more tokens of the sequence, waiting with Request.Arm while
-// the buffer is full; false once the request is killed.
+// send queues k more tokens of the sequence (see Worker.Send); false once
+// the request is killed.
 func (a *migAttempt) send(k int) bool {
-	for i := 0; i < k; i++ {
-		item := fmt.Appendf(nil, `{"token_ids":[%d]}`, a.next)
-		for {
-			err := a.req.Send(item)
-			if err == nil {
-				break
-			}
-			if !errors.Is(err, ErrFull) {
-				return false
-			}
-			ch := make(chan struct{}, 1)
-			a.req.Arm(func() {
-				select {
-				case ch <- struct{}{}:
-				default:
-				}
-			})
-			select {
-			case <-ch:
-			case <-a.req.Ctx.Killed():
-				return false
-			case <-a.w.quit:
-				return false
-			}
-		}
-		if a.req.Ctx.IsKilled() {
-			return false
-		}
-		a.next++
-		a.sent++
+	if !a.w.SendTokens(a.req, a.next, k, "") {
+		return false
 	}
+	a.next += k
+	a.sent += k
 	return true
 }
 
@@ -240,7 +155,7 @@ func (a *migAttempt) await(ch <-chan struct{}) bool {
 		return true
 	case <-a.req.Ctx.Killed():
 		return false
-	case <-a.w.quit:
+	case <-a.w.Quit:
 		return false
 	}
 }
@@ -248,7 +163,7 @@ func (a *migAttempt) await(ch <-chan struct{}) bool {
 func (a *migAttempt) waitKilled() {
 	select {
 	case <-a.req.Ctx.Killed():
-	case <-a.w.quit:
+	case <-a.w.Quit:
 	}
 }
 
@@ -260,40 +175,33 @@ func (a *migAttempt) crash() { a.req.Ctx.Cancel(ctxtree.Killed, ctxtree.ReasonSh
 
 // --- the caller's side ------------------------------------------------------
 
-func (e *migEnv) client() *Client {
-	e.t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), migWait)
-	defer cancel()
-	c, err := e.host.Client(ctx, migPath)
-	require.NoError(e.t, err)
-	e.t.Cleanup(c.Close)
-	return c
+// migTwo starts a test's request plane with workers "w1" and "w2", which
+// behave as b1 and b2, and the caller's client, which knows both.
+func migTwo(t *testing.T, b1, b2 func(a *migAttempt)) (e *migEnv, w1, w2 *planetest.Worker, c *plane.Client) {
+	t.Helper()
+	e = migSetup(t)
+	w1, w2 = e.worker("w1", b1), e.worker("w2", b2)
+	return e, w1, w2, e.connect(w1, w2)
 }
 
-// waitInstances waits until c knows every one of ws.
-func (e *migEnv) waitInstances(c *Client, ws ...*migWorker) {
+// connect makes the caller's client and waits until it knows every one of ws.
+func (e *migEnv) connect(ws ...*planetest.Worker) *plane.Client {
 	e.t.Helper()
-	require.Eventually(e.t, func() bool {
-		ids := c.InstanceIDs()
-		for _, w := range ws {
-			if !slices.Contains(ids, w.ep.InstanceID()) {
-				return false
-			}
-		}
-		return true
-	}, migWait, 5*time.Millisecond, "the client never saw every worker")
+	c := planetest.Client(e.t, e.host, migPath)
+	planetest.WaitWorkers(e.t, c, ws...)
+	return c
 }
 
 // migPin makes c's next round-robin pick w (and the one after it the other
 // of two instances, whether or not w is still listed then).
-func migPin(t *testing.T, c *Client, w *migWorker) {
+func migPin(t *testing.T, c *plane.Client, w *planetest.Worker) {
 	t.Helper()
-	i := slices.Index(c.InstanceIDs(), w.ep.InstanceID())
-	require.GreaterOrEqual(t, i, 0, "worker %s is not known", w.name)
-	c.rr.Store(uint64(i))
+	i := slices.Index(c.InstanceIDs(), w.EP.InstanceID())
+	require.GreaterOrEqual(t, i, 0, "worker %s is not known", w.Name)
+	plane.SetRoundRobin(c, i)
 }
 
-func (e *migEnv) generate(c *Client, payload []byte, parent *ctxtree.Context, route Route, instance uint64, limit int) *Stream {
+func (e *migEnv) generate(c *plane.Client, payload []byte, parent *ctxtree.Context, route plane.Route, instance uint64, limit int) *plane.Stream {
 	e.t.Helper()
 	s, err := c.GenerateMigrating(payload, parent, route, instance, limit)
 	require.NoError(e.t, err)
@@ -304,20 +212,14 @@ func (e *migEnv) generate(c *Client, payload []byte, parent *ctxtree.Context, ro
 // attempt returns the next attempt that reached a worker's handler.
 func (e *migEnv) attempt() *migAttempt {
 	e.t.Helper()
-	select {
-	case a := <-e.attempts:
-		return a
-	case <-time.After(migWait):
-		e.t.Fatalf("no attempt reached a worker within %v", migWait)
-		return nil
-	}
+	return planetest.Recv(e.t, e.attempts, "an attempt to reach a worker")
 }
 
 func (e *migEnv) noMoreAttempts() {
 	e.t.Helper()
 	select {
 	case a := <-e.attempts:
-		e.t.Errorf("unexpected attempt %d at worker %s: %s", a.seq, a.w.name, a.req.Payload)
+		e.t.Errorf("unexpected attempt %d at worker %s: %s", a.seq, a.w.Name, a.req.Payload)
 	default:
 	}
 }
@@ -330,12 +232,8 @@ func (e *migEnv) callerAttempts() int { return int(e.made.Load()) - 1 }
 // response stream closed), so that its context can no longer change.
 func (e *migEnv) waitDone(a *migAttempt) {
 	e.t.Helper()
-	require.Eventually(e.t, func() bool {
-		a.w.ep.mu.Lock()
-		defer a.w.ep.mu.Unlock()
-		_, active := a.w.ep.active[a.req]
-		return !active
-	}, migWait, 5*time.Millisecond, "request %d at %s never ended", a.seq, a.w.name)
+	require.Eventually(e.t, func() bool { return !plane.Serving(a.w.EP, a.req) },
+		planetest.WaitLimit, 5*time.Millisecond, "request %d at %s never ended", a.seq, a.w.Name)
 }
 
 func migState(t *testing.T, c *ctxtree.Context, want ctxtree.State, reason ctxtree.Reason, what string) {
@@ -345,94 +243,27 @@ func migState(t *testing.T, c *ctxtree.Context, want ctxtree.State, reason ctxtr
 	assert.Equal(t, reason, r, "%s: reason", what)
 }
 
-func migClosed(t *testing.T, ch <-chan struct{}, what string) {
-	t.Helper()
-	select {
-	case <-ch:
-	case <-time.After(migWait):
-		t.Fatalf("timed out waiting for %s", what)
-	}
-}
-
-// migNext returns the stream's next item, or its terminal error (io.EOF for
-// a normal end), waiting with Stream.Arm.
-func migNext(t *testing.T, s *Stream) ([]byte, error) {
-	t.Helper()
-	deadline := time.After(migWait)
-	for {
-		items, err := s.Take(1)
-		if err == nil {
-			return items[0], nil
-		}
-		if !errors.Is(err, ErrAgain) {
-			return nil, err
-		}
-		_ = s.Started() // the start is seen: Arm now waits for items or the end
-		ch := make(chan struct{}, 1)
-		s.Arm(func() {
-			select {
-			case ch <- struct{}{}:
-			default:
-			}
-		})
-		select {
-		case <-ch:
-		case <-deadline:
-			t.Fatalf("the stream made no progress within %v", migWait)
-		}
-	}
-}
-
-func migToken(t *testing.T, item []byte) int64 {
-	t.Helper()
-	var v struct {
-		TokenIDs []int64 `json:"token_ids"`
-	}
-	require.NoError(t, json.Unmarshal(item, &v), "item %s", item)
-	require.Len(t, v.TokenIDs, 1, "item %s", item)
-	return v.TokenIDs[0]
-}
-
 // migTake takes exactly n tokens; the stream must not end before.
-func migTake(t *testing.T, s *Stream, n int) []int64 {
+func migTake(t *testing.T, s *plane.Stream, n int) []int {
 	t.Helper()
-	var toks []int64
-	for len(toks) < n {
-		item, err := migNext(t, s)
-		require.NoError(t, err, "the stream ended after %d of %d tokens", len(toks), n)
-		toks = append(toks, migToken(t, item))
-	}
-	return toks
-}
-
-// migDrain takes tokens until the stream's terminal error.
-func migDrain(t *testing.T, s *Stream) ([]int64, error) {
-	t.Helper()
-	var toks []int64
-	for {
-		item, err := migNext(t, s)
-		if err != nil {
-			return toks, err
-		}
-		toks = append(toks, migToken(t, item))
-	}
-}
-
-func migSeq(from, n int) []int64 {
-	out := make([]int64, n)
-	for i := range out {
-		out[i] = int64(from + i)
-	}
-	return out
+	items, err := planetest.Take(s, n)
+	require.NoError(t, err, "the stream ended after %d of %d tokens", len(items), n)
+	return planetest.TokenIDs(t, items)
 }
 
 // migPayload is the request: prompt 0..migPrompt-1, migMax new tokens, with
 // max_tokens at the top level or under stop_conditions (Dynamo's shape).
 func migPayload(nested bool) []byte {
+	p := map[string]any{"token_ids": planetest.Seq(0, migPrompt), "max_tokens": migMax}
 	if nested {
-		return mustJSON(map[string]any{"token_ids": migSeq(0, migPrompt), "stop_conditions": map[string]any{"max_tokens": migMax}})
+		delete(p, "max_tokens")
+		p["stop_conditions"] = map[string]any{"max_tokens": migMax}
 	}
-	return mustJSON(map[string]any{"token_ids": migSeq(0, migPrompt), "max_tokens": migMax})
+	b, err := json.Marshal(p)
+	if err != nil {
+		panic(err)
+	}
+	return b
 }
 
 // --- behaviours -------------------------------------------------------------
@@ -469,28 +300,24 @@ func TestMigrationLimitZeroSurfacesBrokenStream(t *testing.T) {
 		migrating bool // GenerateMigrating(limit 0), else Generate with no client limit
 	}{{"GenerateMigrating limit 0", true}, {"Generate without a limit", false}} {
 		t.Run(tc.name, func(t *testing.T) {
-			e := migSetup(t)
-			w1 := e.worker("w1", migSendThenHang(2))
-			w2 := e.worker("w2", migSendThenHang(2))
-			c := e.client()
-			e.waitInstances(c, w1, w2)
+			e, _, _, c := migTwo(t, migSendThenHang(2), migSendThenHang(2))
 
-			var s *Stream
+			var s *plane.Stream
 			if tc.migrating {
-				s = e.generate(c, migPayload(false), nil, RoundRobin, 0, 0)
+				s = e.generate(c, migPayload(false), nil, plane.RoundRobin, 0, 0)
 			} else {
 				var err error
-				s, err = c.Generate(migPayload(false), nil, RoundRobin, 0)
+				s, err = c.Generate(migPayload(false), nil, plane.RoundRobin, 0)
 				require.NoError(t, err)
 				t.Cleanup(s.Kill)
 			}
 			a := e.attempt()
-			assert.Equal(t, migSeq(migPrompt, 2), migTake(t, s, 2))
+			assert.Equal(t, planetest.Seq(migPrompt, 2), migTake(t, s, 2))
 
-			a.w.rt.Close() // the worker crashes mid-stream
-			toks, err := migDrain(t, s)
+			a.w.RT.Close() // the worker crashes mid-stream
+			toks, err := planetest.DrainTokens(t, s)
 			assert.Empty(t, toks)
-			require.ErrorIs(t, err, ErrIncomplete)
+			require.ErrorIs(t, err, plane.ErrIncomplete)
 			assert.NotErrorIs(t, err, stream.ErrStoppedByHandler)
 			assert.Equal(t, "Stream ended before generation completed", err.Error())
 
@@ -509,30 +336,26 @@ func TestMigrationLimitZeroSurfacesBrokenStream(t *testing.T) {
 // but gone: no responders) is retried, unchanged, on another worker; the
 // client's migration limit applies to Generate.
 func TestMigrationNoRespondersRetriedOnAnotherWorker(t *testing.T) {
-	e := migSetup(t)
-	dead := e.worker("dead", (*migAttempt).finish)
-	live := e.worker("live", (*migAttempt).finish)
-	c := e.client()
-	e.waitInstances(c, dead, live)
+	e, dead, live, c := migTwo(t, (*migAttempt).finish, (*migAttempt).finish)
 
 	// The dead worker stops receiving while its lease still lists it: a
 	// worker that died before its lease expired.
-	require.NoError(t, dead.ep.sub.Unsubscribe())
-	require.NoError(t, dead.rt.nc().Flush())
+	require.NoError(t, plane.StopReceiving(dead.EP))
+	require.NoError(t, dead.RT.Bus().Conn().Flush())
 
 	c.SetMigrationLimit(1)
 	migPin(t, c, dead)
 	payload := migPayload(false)
-	s, err := c.Generate(payload, nil, RoundRobin, 0)
+	s, err := c.Generate(payload, nil, plane.RoundRobin, 0)
 	require.NoError(t, err)
 	t.Cleanup(s.Kill)
 
-	toks, err := migDrain(t, s)
+	toks, err := planetest.DrainTokens(t, s)
 	require.ErrorIs(t, err, io.EOF)
-	assert.Equal(t, migSeq(migPrompt, migMax), toks)
+	assert.Equal(t, planetest.Seq(migPrompt, migMax), toks)
 
 	a := e.attempt()
-	assert.Equal(t, "live", a.w.name)
+	assert.Equal(t, live.Name, a.w.Name)
 	assert.JSONEq(t, string(payload), string(a.req.Payload), "no token was received: the request is resent as is")
 	assert.Equal(t, 2, e.callerAttempts(), "the attempt to the dead worker, then the retry")
 	e.noMoreAttempts()
@@ -541,14 +364,14 @@ func TestMigrationNoRespondersRetriedOnAnotherWorker(t *testing.T) {
 // No responders on every attempt: the error surfaces after limit+1 attempts.
 func TestMigrationNoRespondersLimitExhausted(t *testing.T) {
 	e := migSetup(t)
-	c := e.client()
+	c := e.connect()
 	const limit = 2
-	s := e.generate(c, migPayload(false), nil, Direct, 0x5eadbeef, limit)
+	s := e.generate(c, migPayload(false), nil, plane.Direct, 0x5eadbeef, limit)
 
-	toks, err := migDrain(t, s)
+	toks, err := planetest.DrainTokens(t, s)
 	assert.Empty(t, toks)
-	require.ErrorIs(t, err, ErrNoResponders)
-	assert.ErrorIs(t, s.Started(), ErrNoResponders, "the request never started")
+	require.ErrorIs(t, err, plane.ErrNoResponders)
+	assert.ErrorIs(t, s.Started(), plane.ErrNoResponders, "the request never started")
 	assert.Equal(t, limit+1, e.callerAttempts())
 }
 
@@ -563,26 +386,22 @@ func TestMigrationOngoingContinuesOnSecondWorker(t *testing.T) {
 			name = "stop_conditions.max_tokens"
 		}
 		t.Run(name, func(t *testing.T) {
-			e := migSetup(t)
-			w1 := e.worker("w1", migSendThenHang(3))
-			w2 := e.worker("w2", (*migAttempt).finish)
-			c := e.client()
-			e.waitInstances(c, w1, w2)
+			e, w1, _, c := migTwo(t, migSendThenHang(3), (*migAttempt).finish)
 			migPin(t, c, w1)
 
-			s := e.generate(c, migPayload(nested), nil, RoundRobin, 0, 1)
+			s := e.generate(c, migPayload(nested), nil, plane.RoundRobin, 0, 1)
 			a1 := e.attempt()
-			require.Equal(t, "w1", a1.w.name)
+			require.Equal(t, "w1", a1.w.Name)
 			got := migTake(t, s, 3)
 
-			w1.rt.Close() // crash after the caller received 3 tokens
-			rest, err := migDrain(t, s)
+			w1.RT.Close() // crash after the caller received 3 tokens
+			rest, err := planetest.DrainTokens(t, s)
 			require.ErrorIs(t, err, io.EOF, "the migrated stream ends normally")
-			assert.Equal(t, migSeq(migPrompt, migMax), append(got, rest...), "one stream: no token lost or repeated")
+			assert.Equal(t, planetest.Seq(migPrompt, migMax), append(got, rest...), "one stream: no token lost or repeated")
 
 			a2 := e.attempt()
-			require.Equal(t, "w2", a2.w.name)
-			assert.Equal(t, migSeq(0, migPrompt+3), a2.ids, "token_ids extended by the 3 tokens received")
+			require.Equal(t, "w2", a2.w.Name)
+			assert.Equal(t, planetest.Seq(0, migPrompt+3), a2.ids, "token_ids extended by the 3 tokens received")
 			assert.Equal(t, migMax-3, a2.max, "max_tokens reduced by 3")
 			want := `{"token_ids":[0,1,2,3,4,5,6,7],"max_tokens":7}`
 			if nested {
@@ -605,37 +424,33 @@ func TestMigrationOngoingContinuesOnSecondWorker(t *testing.T) {
 // first worker's tokens made it to the caller, the second worker continues
 // from there and the caller still sees one continuous stream.
 func TestMigrationOngoingContinuityWithoutReading(t *testing.T) {
-	e := migSetup(t)
-	w1 := e.worker("w1", migSendThenHang(4))
-	w2 := e.worker("w2", (*migAttempt).finish)
-	c := e.client()
-	e.waitInstances(c, w1, w2)
+	e, w1, _, c := migTwo(t, migSendThenHang(4), (*migAttempt).finish)
 	migPin(t, c, w1)
 
-	s := e.generate(c, migPayload(true), nil, RoundRobin, 0, 1)
+	s := e.generate(c, migPayload(true), nil, plane.RoundRobin, 0, 1)
 	a1 := e.attempt()
-	require.Equal(t, "w1", a1.w.name)
-	migClosed(t, a1.sentAll, "the first worker to queue its tokens")
-	w1.rt.Close()
+	require.Equal(t, "w1", a1.w.Name)
+	planetest.Recv(t, a1.sentAll, "the first worker to queue its tokens")
+	w1.RT.Close()
 
-	toks, err := migDrain(t, s)
+	toks, err := planetest.DrainTokens(t, s)
 	require.ErrorIs(t, err, io.EOF)
-	assert.Equal(t, migSeq(migPrompt, migMax), toks, "one stream: no token lost or repeated")
+	assert.Equal(t, planetest.Seq(migPrompt, migMax), toks, "one stream: no token lost or repeated")
 
 	a2 := e.attempt()
-	require.Equal(t, "w2", a2.w.name)
+	require.Equal(t, "w2", a2.w.Name)
 	k := len(a2.ids) - migPrompt
 	require.True(t, k >= 0 && k <= 4, "the second worker got %d extra token_ids", k)
-	assert.Equal(t, migSeq(0, migPrompt+k), a2.ids)
+	assert.Equal(t, planetest.Seq(0, migPrompt+k), a2.ids)
 	assert.Equal(t, migMax-k, a2.max)
 	e.noMoreAttempts()
 }
 
 // migCrashing serves one worker whose first crashes attempts each send one
 // token, wait until the caller took it, then crash (later attempts finish),
-// and runs a request to it (Direct, so every attempt reaches that worker).
+// and runs a request to it (plane.Direct, so every attempt reaches that worker).
 // It checks every attempt's payload, request id and context id.
-func migCrashing(t *testing.T, parent *ctxtree.Context, limit, crashes int) (e *migEnv, s *Stream, toks []int64, err error) {
+func migCrashing(t *testing.T, parent *ctxtree.Context, limit, crashes int) (e *migEnv, s *plane.Stream, toks []int, err error) {
 	t.Helper()
 	e = migSetup(t)
 	w := e.worker("w", func(a *migAttempt) {
@@ -647,9 +462,8 @@ func migCrashing(t *testing.T, parent *ctxtree.Context, limit, crashes int) (e *
 			a.crash()
 		}
 	})
-	c := e.client()
-	e.waitInstances(c, w)
-	s = e.generate(c, migPayload(false), parent, Direct, w.ep.InstanceID(), limit)
+	c := e.connect(w)
+	s = e.generate(c, migPayload(false), parent, plane.Direct, w.EP.InstanceID(), limit)
 	id := s.Context().ID()
 	if parent != nil {
 		assert.Equal(t, parent.ID(), id, "the request's context has the parent's id")
@@ -657,7 +471,7 @@ func migCrashing(t *testing.T, parent *ctxtree.Context, limit, crashes int) (e *
 	check := func(a *migAttempt, i int) {
 		t.Helper()
 		assert.Equal(t, i, a.seq)
-		assert.Equal(t, migSeq(0, migPrompt+i), a.ids, "attempt %d: token_ids", i)
+		assert.Equal(t, planetest.Seq(0, migPrompt+i), a.ids, "attempt %d: token_ids", i)
 		assert.Equal(t, migMax-i, a.max, "attempt %d: max_tokens", i)
 		assert.Equal(t, id, a.req.ID, "attempt %d: request id", i)
 		assert.Equal(t, id, a.req.Ctx.ID(), "attempt %d: context id", i)
@@ -671,7 +485,7 @@ func migCrashing(t *testing.T, parent *ctxtree.Context, limit, crashes int) (e *
 	if crashes <= limit {
 		check(e.attempt(), crashes)
 	}
-	rest, err := migDrain(t, s)
+	rest, err := planetest.DrainTokens(t, s)
 	return e, s, append(toks, rest...), err
 }
 
@@ -681,9 +495,9 @@ func migCrashing(t *testing.T, parent *ctxtree.Context, limit, crashes int) (e *
 func TestMigrationLimitExhausted(t *testing.T) {
 	const limit = 2
 	e, _, toks, err := migCrashing(t, nil, limit, limit+1)
-	require.ErrorIs(t, err, ErrIncomplete)
+	require.ErrorIs(t, err, plane.ErrIncomplete)
 	assert.NotErrorIs(t, err, stream.ErrStoppedByHandler)
-	assert.Equal(t, migSeq(migPrompt, limit+1), toks)
+	assert.Equal(t, planetest.Seq(migPrompt, limit+1), toks)
 	assert.Equal(t, limit+1, e.callerAttempts())
 	e.noMoreAttempts()
 }
@@ -704,7 +518,7 @@ func TestMigrationRequestIDSameOnEveryAttempt(t *testing.T) {
 			}
 			e, s, toks, err := migCrashing(t, parent, 2, 2)
 			require.ErrorIs(t, err, io.EOF)
-			assert.Equal(t, migSeq(migPrompt, migMax), toks)
+			assert.Equal(t, planetest.Seq(migPrompt, migMax), toks)
 			assert.NotEmpty(t, s.Context().ID())
 			assert.Equal(t, 3, e.callerAttempts())
 			e.noMoreAttempts()
@@ -717,29 +531,25 @@ func TestMigrationRequestIDSameOnEveryAttempt(t *testing.T) {
 func TestMigrationCancelledNotRetried(t *testing.T) {
 	for _, tc := range []struct {
 		name string
-		kill func(parent *ctxtree.Context, s *Stream)
+		kill func(parent *ctxtree.Context, s *plane.Stream)
 	}{
-		{"parent killed", func(p *ctxtree.Context, _ *Stream) { p.Kill() }},
-		{"stream killed", func(_ *ctxtree.Context, s *Stream) { s.Kill() }},
+		{"parent killed", func(p *ctxtree.Context, _ *plane.Stream) { p.Kill() }},
+		{"stream killed", func(_ *ctxtree.Context, s *plane.Stream) { s.Kill() }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			e := migSetup(t)
-			w1 := e.worker("w1", migSendThenHang(2))
-			w2 := e.worker("w2", migSendThenHang(2))
-			c := e.client()
-			e.waitInstances(c, w1, w2)
+			e, _, _, c := migTwo(t, migSendThenHang(2), migSendThenHang(2))
 
 			parent := ctxtree.New("mig-cancel")
-			s := e.generate(c, migPayload(false), parent, RoundRobin, 0, 3)
+			s := e.generate(c, migPayload(false), parent, plane.RoundRobin, 0, 3)
 			a := e.attempt()
-			assert.Equal(t, migSeq(migPrompt, 2), migTake(t, s, 2))
+			assert.Equal(t, planetest.Seq(migPrompt, 2), migTake(t, s, 2))
 
 			tc.kill(parent, s)
-			toks, err := migDrain(t, s)
+			toks, err := planetest.DrainTokens(t, s)
 			assert.Empty(t, toks)
 			require.ErrorIs(t, err, io.EOF, "a cancelled stream just ends")
 
-			migClosed(t, a.req.Ctx.Killed(), "the worker's request to be killed")
+			planetest.Recv(t, a.req.Ctx.Killed(), "the worker's request to be killed")
 			assert.Equal(t, ctxtree.ReasonKill, a.req.Ctx.Reason())
 			assert.Equal(t, 1, e.callerAttempts(), "no retry after a cancel")
 			e.noMoreAttempts()
@@ -747,33 +557,36 @@ func TestMigrationCancelledNotRetried(t *testing.T) {
 	}
 }
 
+// migEndedByHandler runs a request (migration limit 3) on two workers whose
+// handler sends two tokens and, once the caller took them, ends its request
+// with end; so the tests are about not retrying (an attempt that ends before
+// migration relays it is TestMigrationKeepsItemsOfAttemptEndedBeforeRelay).
+// It returns the attempt, the tokens the caller received and the stream's end.
+func migEndedByHandler(t *testing.T, end func(a *migAttempt)) (e *migEnv, a *migAttempt, toks []int, err error) {
+	t.Helper()
+	behave := func(a *migAttempt) {
+		if a.send(2) && a.await(a.proceed) {
+			end(a)
+		}
+	}
+	e, _, _, c := migTwo(t, behave, behave)
+	s := e.generate(c, migPayload(false), nil, plane.RoundRobin, 0, 3)
+	a = e.attempt()
+	got := migTake(t, s, 2)
+	close(a.proceed)
+	rest, err := planetest.DrainTokens(t, s)
+	return e, a, append(got, rest...), err
+}
+
 // A handler error is not retried: the caller gets the tokens, then the
 // handler's error; the handler's context is neither stopped nor killed.
 func TestMigrationHandlerErrorNotRetried(t *testing.T) {
-	e := migSetup(t)
-	// The handler ends once the caller took its tokens, so that this test
-	// is about not retrying; an attempt that ends before migration relays
-	// it is TestMigrationKeepsItemsOfAttemptEndedBeforeRelay.
-	fail := func(a *migAttempt) {
-		if a.send(2) && a.await(a.proceed) {
-			a.req.Fail("ValueError: boom")
-		}
-	}
-	w1 := e.worker("w1", fail)
-	w2 := e.worker("w2", fail)
-	c := e.client()
-	e.waitInstances(c, w1, w2)
-
-	s := e.generate(c, migPayload(false), nil, RoundRobin, 0, 3)
-	a := e.attempt()
-	got := migTake(t, s, 2)
-	close(a.proceed)
-	toks, err := migDrain(t, s)
-	assert.Equal(t, migSeq(migPrompt, 2), append(got, toks...))
+	e, a, toks, err := migEndedByHandler(t, func(a *migAttempt) { a.req.Fail("ValueError: boom") })
+	assert.Equal(t, planetest.Seq(migPrompt, 2), toks)
 	var he *stream.HandlerError
 	require.ErrorAs(t, err, &he)
-	assert.Equal(t, HandlerErrorPrefix+"ValueError: boom", he.Message)
-	assert.NotErrorIs(t, err, ErrIncomplete)
+	assert.Equal(t, plane.HandlerErrorPrefix+"ValueError: boom", he.Message)
+	assert.NotErrorIs(t, err, plane.ErrIncomplete)
 	assert.Equal(t, 1, e.callerAttempts(), "a handler error is not retried")
 
 	e.waitDone(a)
@@ -785,32 +598,44 @@ func TestMigrationHandlerErrorNotRetried(t *testing.T) {
 // ErrStoppedByHandler ("Stream ended before generation completed"), which
 // migration does not retry.
 func TestMigrationHandlerStopNotRetried(t *testing.T) {
-	e := migSetup(t)
-	stop := func(a *migAttempt) {
-		if a.send(2) && a.await(a.proceed) { // see TestMigrationHandlerErrorNotRetried
-			a.req.Ctx.StopGenerating()
-			a.req.Complete()
-		}
-	}
-	w1 := e.worker("w1", stop)
-	w2 := e.worker("w2", stop)
-	c := e.client()
-	e.waitInstances(c, w1, w2)
-
-	s := e.generate(c, migPayload(false), nil, RoundRobin, 0, 3)
-	a := e.attempt()
-	got := migTake(t, s, 2)
-	close(a.proceed)
-	toks, err := migDrain(t, s)
-	assert.Equal(t, migSeq(migPrompt, 2), append(got, toks...))
+	e, a, toks, err := migEndedByHandler(t, func(a *migAttempt) {
+		a.req.Ctx.StopGenerating()
+		a.req.Complete()
+	})
+	assert.Equal(t, planetest.Seq(migPrompt, 2), toks)
 	require.ErrorIs(t, err, stream.ErrStoppedByHandler)
-	assert.ErrorIs(t, err, ErrIncomplete, "it is reported as an incomplete stream")
+	assert.ErrorIs(t, err, plane.ErrIncomplete, "it is reported as an incomplete stream")
 	assert.True(t, strings.HasPrefix(err.Error(), "Stream ended before generation completed"), err.Error())
 	assert.Equal(t, 1, e.callerAttempts(), "a deliberate stop is not retried")
 
 	e.waitDone(a)
 	migState(t, a.req.Ctx, ctxtree.Stopped, ctxtree.ReasonStopGenerating, "handler's context")
 	e.noMoreAttempts()
+}
+
+// migBetweenAttempts runs a request (migration limit 3) whose first attempt,
+// at w1, sends two tokens and crashes; cancel is applied to the request's
+// parent between the attempts: as the second attempt's context is made
+// (contexts made: 1 the request's, 2 the first attempt's, 3 the second
+// attempt's), before it is linked and sent. It returns the tokens the
+// caller received and the stream's end.
+func migBetweenAttempts(t *testing.T, b2 func(a *migAttempt), cancel func(parent *ctxtree.Context)) (e *migEnv, w2 *planetest.Worker, toks []int, err error) {
+	t.Helper()
+	e, w1, w2, c := migTwo(t, migSendThenHang(2), b2)
+	migPin(t, c, w1)
+	parent := ctxtree.New("mig-between")
+	hook := func(n int64) {
+		if n == 3 {
+			cancel(parent)
+		}
+	}
+	e.onNew.Store(&hook)
+	s := e.generate(c, migPayload(false), parent, plane.RoundRobin, 0, 3)
+	require.Equal(t, "w1", e.attempt().w.Name)
+	got := migTake(t, s, 2)
+	w1.RT.Close()
+	rest, err := planetest.DrainTokens(t, s)
+	return e, w2, append(got, rest...), err
 }
 
 // A stop on the caller's parent reaches the worker of the current attempt,
@@ -828,24 +653,23 @@ func TestMigrationStopReachesCurrentAttempt(t *testing.T) {
 				a.req.Complete()
 			}
 		})
-		c := e.client()
-		e.waitInstances(c, w1, w2)
+		c := e.connect(w1, w2)
 		migPin(t, c, w1)
 
 		parent := ctxtree.New("mig-stop-during")
-		s := e.generate(c, migPayload(false), parent, RoundRobin, 0, 3)
+		s := e.generate(c, migPayload(false), parent, plane.RoundRobin, 0, 3)
 		a1 := e.attempt()
-		require.Equal(t, "w1", a1.w.name)
+		require.Equal(t, "w1", a1.w.Name)
 		got := migTake(t, s, 2)
-		w1.rt.Close()
+		w1.RT.Close()
 		a2 := e.attempt()
-		require.Equal(t, "w2", a2.w.name)
+		require.Equal(t, "w2", a2.w.Name)
 		got = append(got, migTake(t, s, 2)...)
 
 		parent.StopGenerating()
-		rest, err := migDrain(t, s)
+		rest, err := planetest.DrainTokens(t, s)
 		require.ErrorIs(t, err, io.EOF)
-		assert.Equal(t, migSeq(migPrompt, 5), append(got, rest...))
+		assert.Equal(t, planetest.Seq(migPrompt, 5), append(got, rest...))
 
 		e.waitDone(a2)
 		migState(t, a2.req.Ctx, ctxtree.Stopped, ctxtree.ReasonStopGenerating, "second worker's request")
@@ -854,35 +678,13 @@ func TestMigrationStopReachesCurrentAttempt(t *testing.T) {
 	})
 
 	t.Run("stop between attempts", func(t *testing.T) {
-		e := migSetup(t)
-		w1 := e.worker("w1", migSendThenHang(2))
-		w2 := e.worker("w2", migHonourStop)
-		c := e.client()
-		e.waitInstances(c, w1, w2)
-		migPin(t, c, w1)
-
-		parent := ctxtree.New("mig-stop-between")
-		// Contexts made: 1 the request's, 2 the first attempt's, 3 the
-		// second attempt's: stop as it is made, before it is linked and sent.
-		hook := func(n int64) {
-			if n == 3 {
-				parent.StopGenerating()
-			}
-		}
-		e.onNew.Store(&hook)
-		s := e.generate(c, migPayload(false), parent, RoundRobin, 0, 3)
-		a1 := e.attempt()
-		require.Equal(t, "w1", a1.w.name)
-		got := migTake(t, s, 2)
-		w1.rt.Close()
-
-		rest, err := migDrain(t, s)
+		e, _, toks, err := migBetweenAttempts(t, migHonourStop, (*ctxtree.Context).StopGenerating)
 		require.ErrorIs(t, err, io.EOF)
-		assert.Equal(t, migSeq(migPrompt, 2), append(got, rest...))
+		assert.Equal(t, planetest.Seq(migPrompt, 2), toks)
 
 		a2 := e.attempt()
-		require.Equal(t, "w2", a2.w.name)
-		assert.Equal(t, migSeq(0, migPrompt+2), a2.ids)
+		require.Equal(t, "w2", a2.w.Name)
+		assert.Equal(t, planetest.Seq(0, migPrompt+2), a2.ids)
 		e.waitDone(a2)
 		migState(t, a2.req.Ctx, ctxtree.Stopped, ctxtree.ReasonStopGenerating, "second worker's request")
 		assert.Equal(t, 2, e.callerAttempts())
@@ -890,40 +692,17 @@ func TestMigrationStopReachesCurrentAttempt(t *testing.T) {
 	})
 
 	t.Run("kill between attempts", func(t *testing.T) {
-		e := migSetup(t)
-		w1 := e.worker("w1", migSendThenHang(2))
-		w2 := e.worker("w2", migSendThenHang(0))
-		c := e.client()
-		e.waitInstances(c, w1, w2)
-		migPin(t, c, w1)
-
-		parent := ctxtree.New("mig-kill-between")
-		hook := func(n int64) {
-			if n == 3 {
-				parent.Kill()
-			}
-		}
-		e.onNew.Store(&hook)
-		s := e.generate(c, migPayload(false), parent, RoundRobin, 0, 3)
-		require.Equal(t, "w1", e.attempt().w.name)
-		got := migTake(t, s, 2)
-		w1.rt.Close()
-
-		rest, err := migDrain(t, s)
+		e, w2, toks, err := migBetweenAttempts(t, migSendThenHang(0), (*ctxtree.Context).Kill)
 		require.ErrorIs(t, err, io.EOF)
-		assert.Equal(t, migSeq(migPrompt, 2), append(got, rest...))
+		assert.Equal(t, planetest.Seq(migPrompt, 2), toks)
 		assert.Equal(t, 2, e.callerAttempts(), "no attempt after the kill")
 
 		// The second attempt was acknowledged by w2; once w2 is done with it,
 		// if its handler saw it at all, it saw it killed.
-		require.Eventually(t, func() bool {
-			w2.ep.mu.Lock()
-			defer w2.ep.mu.Unlock()
-			return len(w2.ep.active) == 0
-		}, migWait, 5*time.Millisecond)
+		require.Eventually(t, func() bool { return plane.NumServing(w2.EP) == 0 }, planetest.WaitLimit, 5*time.Millisecond)
 		select {
 		case a2 := <-e.attempts:
-			assert.Equal(t, "w2", a2.w.name)
+			assert.Equal(t, "w2", a2.w.Name)
 			assert.True(t, a2.req.Ctx.IsKilled(), "second worker's request is killed")
 		default:
 		}
@@ -931,105 +710,23 @@ func TestMigrationStopReachesCurrentAttempt(t *testing.T) {
 	})
 }
 
-// The continuation of a token request: token_ids extended by the tokens
-// received, max_tokens reduced by their number (top level and under
-// stop_conditions, never below 0), other fields kept; a payload that is not
-// an object is resent unchanged.
-func TestMigrationContinuation(t *testing.T) {
-	three := []json.RawMessage{json.RawMessage("7"), json.RawMessage("8"), json.RawMessage("9")}
-	for _, tc := range []struct {
-		name     string
-		payload  string
-		received []json.RawMessage
-		want     string // JSON; "" when an error is expected
-	}{
-		{name: "top-level max_tokens",
-			payload: `{"token_ids":[1,2],"max_tokens":10}`, received: three,
-			want: `{"token_ids":[1,2,7,8,9],"max_tokens":7}`},
-		{name: "stop_conditions max_tokens, other fields kept",
-			payload:  `{"token_ids":[1],"stop_conditions":{"max_tokens":5,"stop":["x"]},"sampling_options":{"temperature":0.5},"model":"m"}`,
-			received: three[:1],
-			want:     `{"token_ids":[1,7],"stop_conditions":{"max_tokens":4,"stop":["x"]},"sampling_options":{"temperature":0.5},"model":"m"}`},
-		{name: "both places reduced",
-			payload: `{"token_ids":[],"max_tokens":4,"stop_conditions":{"max_tokens":6}}`, received: three,
-			want: `{"token_ids":[7,8,9],"max_tokens":1,"stop_conditions":{"max_tokens":3}}`},
-		{name: "never below zero",
-			payload: `{"token_ids":[1],"max_tokens":2,"stop_conditions":{"max_tokens":1}}`, received: three,
-			want: `{"token_ids":[1,7,8,9],"max_tokens":0,"stop_conditions":{"max_tokens":0}}`},
-		{name: "exactly zero left",
-			payload: `{"token_ids":[1],"max_tokens":3}`, received: three,
-			want: `{"token_ids":[1,7,8,9],"max_tokens":0}`},
-		{name: "no max_tokens",
-			payload: `{"token_ids":[1,2]}`, received: three[:2],
-			want: `{"token_ids":[1,2,7,8]}`},
-		{name: "no token_ids yet",
-			payload: `{"max_tokens":5}`, received: three[:1],
-			want: `{"token_ids":[7],"max_tokens":4}`},
-		{name: "large token ids kept exactly",
-			payload:  `{"token_ids":[151643,128000],"max_tokens":100}`,
-			received: []json.RawMessage{json.RawMessage("4294967295"), json.RawMessage("151645")},
-			want:     `{"token_ids":[151643,128000,4294967295,151645],"max_tokens":98}`},
-		{name: "non-integer max_tokens unchanged",
-			payload: `{"token_ids":[1],"max_tokens":"ten"}`, received: three[:1],
-			want: `{"token_ids":[1,7],"max_tokens":"ten"}`},
-		{name: "null stop_conditions unchanged",
-			payload: `{"token_ids":[1],"stop_conditions":null}`, received: three[:1],
-			want: `{"token_ids":[1,7],"stop_conditions":null}`},
-		{name: "array payload unchanged", payload: `[1,2,3]`, received: three, want: `[1,2,3]`},
-		{name: "string payload unchanged", payload: `"hello"`, received: three, want: `"hello"`},
-		{name: "number payload unchanged", payload: `42`, received: three, want: `42`},
-		{name: "token_ids not an array is an error",
-			payload: `{"token_ids":"abc","max_tokens":3}`, received: three, want: ""},
-		{name: "null max_tokens (no limit) stays null",
-			payload: `{"token_ids":[1],"stop_conditions":{"max_tokens":null}}`, received: three,
-			want: `{"token_ids":[1,7,8,9],"stop_conditions":{"max_tokens":null}}`},
-		{name: "null payload unchanged",
-			payload: `null`, received: three, want: `null`},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			in := []byte(tc.payload)
-			orig := slices.Clone(in)
-			var got []byte
-			var err error
-			require.NotPanics(t, func() { got, err = continuation(in, tc.received) })
-			assert.Equal(t, orig, in, "the original payload is not modified")
-			if tc.want == "" {
-				assert.Error(t, err)
-				return
-			}
-			require.NoError(t, err)
-			assert.JSONEq(t, tc.want, string(got))
-		})
-	}
-}
-
 // A request refused by an endpoint that is shutting down (Endpoint.Close
 // marks it closed, then drops the lease, and only then unsubscribes, so a
 // client still routes to it) reached no handler: like no responders, it is
 // retried on another worker.
 func TestMigrationRetriesRefusalByClosingEndpoint(t *testing.T) {
-	e := migSetup(t)
-	closing := e.worker("closing", (*migAttempt).finish)
-	live := e.worker("live", (*migAttempt).finish)
-	c := e.client()
-	e.waitInstances(c, closing, live)
+	e, closing, live, c := migTwo(t, (*migAttempt).finish, (*migAttempt).finish)
 
 	// The window inside Endpoint.Close: closed, still subscribed and listed.
-	closing.ep.mu.Lock()
-	closing.ep.closed = true
-	closing.ep.mu.Unlock()
-	t.Cleanup(func() { // before the worker's cleanup, so that Close runs fully
-		closing.ep.mu.Lock()
-		closing.ep.closed = false
-		closing.ep.mu.Unlock()
-	})
+	plane.SetClosing(closing.EP, true)
+	t.Cleanup(func() { plane.SetClosing(closing.EP, false) }) // before the worker's cleanup, so that Close runs fully
 
 	migPin(t, c, closing)
-	s := e.generate(c, migPayload(false), nil, RoundRobin, 0, 1)
-	toks, err := migDrain(t, s)
+	s := e.generate(c, migPayload(false), nil, plane.RoundRobin, 0, 1)
+	toks, err := planetest.DrainTokens(t, s)
 	require.ErrorIs(t, err, io.EOF)
-	assert.Equal(t, migSeq(migPrompt, migMax), toks)
-	assert.Equal(t, "live", e.attempt().w.name)
+	assert.Equal(t, planetest.Seq(migPrompt, migMax), toks)
+	assert.Equal(t, live.Name, e.attempt().w.Name)
 }
 
 // SPEC section 3: a context already stopped before generate is called gives
@@ -1038,13 +735,12 @@ func TestMigrationRetriesRefusalByClosingEndpoint(t *testing.T) {
 func TestMigrationAlreadyStoppedParentReachesWorker(t *testing.T) {
 	e := migSetup(t)
 	w := e.worker("w", migHonourStop)
-	c := e.client()
-	e.waitInstances(c, w)
+	c := e.connect(w)
 
 	parent := ctxtree.New("mig-already-stopped")
 	parent.StopGenerating()
-	s := e.generate(c, migPayload(false), parent, Direct, w.ep.InstanceID(), 1)
-	toks, err := migDrain(t, s)
+	s := e.generate(c, migPayload(false), parent, plane.Direct, w.EP.InstanceID(), 1)
+	toks, err := planetest.DrainTokens(t, s)
 	assert.Empty(t, toks)
 	require.ErrorIs(t, err, io.EOF)
 	a := e.attempt()
@@ -1059,18 +755,18 @@ func TestMigrationAlreadyStoppedParentReachesWorker(t *testing.T) {
 // that ordering likely; the request is repeated to make it near certain.
 func TestMigrationKeepsItemsOfAttemptEndedBeforeRelay(t *testing.T) {
 	e := migSetup(t)
-	wrt := migRuntime(t, e.host.Bus().URL(), nil)
+	wrt := planetest.Join(t, e.host)
 	const id = 0xfa4e
 	var (
 		mu   sync.Mutex
 		outs []*stream.Outgoing
 	)
-	sub, err := wrt.nc().Subscribe(discovery.RequestSubject(migPath, id), func(m *nats.Msg) {
-		var env envelope
+	sub, err := wrt.Bus().Conn().Subscribe(discovery.RequestSubject(migPath, id), func(m *nats.Msg) {
+		var env struct{ Addr, Token string }
 		if json.Unmarshal(m.Data, &env) != nil {
 			return
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), migWait)
+		ctx, cancel := context.WithTimeout(context.Background(), planetest.WaitLimit)
 		defer cancel()
 		out, err := stream.Dial(ctx, env.Addr, env.Token)
 		if err != nil {
@@ -1083,36 +779,36 @@ func TestMigrationKeepsItemsOfAttemptEndedBeforeRelay(t *testing.T) {
 		if _, err := out.SendBatch(ctx, [][]byte{[]byte(`{"token_ids":[5]}`), []byte(`{"token_ids":[6]}`)}); err != nil {
 			t.Errorf("send: %v", err)
 		}
-		_ = out.Fail(HandlerErrorPrefix + "ValueError: boom")
-		_ = m.Respond(mustJSON(ack{}))
+		_ = out.Fail(plane.HandlerErrorPrefix + "ValueError: boom")
+		_ = m.Respond([]byte(`{}`))
 	})
 	require.NoError(t, err)
-	require.NoError(t, wrt.nc().Flush())
+	require.NoError(t, wrt.Bus().Conn().Flush())
 	t.Cleanup(func() {
 		_ = sub.Unsubscribe()
 		mu.Lock()
 		defer mu.Unlock()
 		for _, o := range outs {
 			_ = o.Close()
-			migClosed(t, o.Done(), "the stand-in worker's stream to be released")
+			planetest.Recv(t, o.Done(), "the stand-in worker's stream to be released")
 		}
 	})
 
-	c := e.client()
+	c := e.connect()
 	// Control: without migration the same responses keep their items.
 	for i := 0; i < 20; i++ {
-		s, err := c.Generate(migPayload(false), nil, Direct, id)
+		s, err := c.Generate(migPayload(false), nil, plane.Direct, id)
 		require.NoError(t, err)
-		toks, err := migDrain(t, s)
+		toks, err := planetest.DrainTokens(t, s)
 		var he *stream.HandlerError
 		require.ErrorAs(t, err, &he)
-		require.Equal(t, migSeq(migPrompt, 2), toks, "without migration, request %d", i)
+		require.Equal(t, planetest.Seq(migPrompt, 2), toks, "without migration, request %d", i)
 	}
 	lost := 0
 	for i := 0; i < 20; i++ {
-		s, err := c.GenerateMigrating(migPayload(false), nil, Direct, id, 1)
+		s, err := c.GenerateMigrating(migPayload(false), nil, plane.Direct, id, 1)
 		require.NoError(t, err)
-		toks, err := migDrain(t, s)
+		toks, err := planetest.DrainTokens(t, s)
 		var he *stream.HandlerError
 		require.ErrorAs(t, err, &he)
 		if len(toks) != 2 {

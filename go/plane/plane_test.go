@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"regexp"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -18,6 +17,7 @@ import (
 
 	"github.com/dynamo-ctx/dynamo-ctx/go/ctxtree"
 	"github.com/dynamo-ctx/dynamo-ctx/go/discovery"
+	"github.com/dynamo-ctx/dynamo-ctx/go/internal/planetest"
 	"github.com/dynamo-ctx/dynamo-ctx/go/plane"
 	"github.com/dynamo-ctx/dynamo-ctx/go/stream"
 )
@@ -36,7 +36,7 @@ func snapshot(c *ctxtree.Context) ctxState {
 
 // countHandler sends the number of items asked for in {"n": N}, 0..N-1,
 // then completes.
-func countHandler(req *plane.Request) {
+func countHandler(w *planetest.Worker, req *plane.Request) {
 	var p struct {
 		N int `json:"n"`
 	}
@@ -45,7 +45,7 @@ func countHandler(req *plane.Request) {
 		return
 	}
 	for i := 0; i < p.N; i++ {
-		if !send(req, num(i)) {
+		if !w.Send(req, num(i)) {
 			return
 		}
 	}
@@ -54,14 +54,10 @@ func countHandler(req *plane.Request) {
 
 func TestRoundTripManyItemsInOrder(t *testing.T) {
 	const path, n, maxTake = "test.roundtrip.generate", 12000, 100
-	host := startEmbedded(t)
-	wrt := join(t, host)
-	serve(t, wrt, path, countHandler)
-	c := newClient(t, host, path)
-	waitInstances(t, c, 1)
+	_, _, c := planetest.ServeAndConnect(t, path, countHandler)
 
-	s := generate(t, c, fmt.Sprintf(`{"n":%d}`, n), nil)
-	items, batches, err := drain(s, maxTake)
+	s := planetest.Generate(t, c, fmt.Sprintf(`{"n":%d}`, n), nil)
+	items, batches, err := planetest.Drain(s, maxTake)
 	require.Equal(t, io.EOF, err)
 	requireSeq(t, items, 0, n)
 
@@ -85,14 +81,11 @@ func TestRoundTripManyItemsInOrder(t *testing.T) {
 
 func TestTakeHonoursMax(t *testing.T) {
 	const path, n = "test.take.generate", 300
-	host := startEmbedded(t)
-	serve(t, host, path, countHandler)
-	c := newClient(t, host, path)
-	waitInstances(t, c, 1)
+	_, _, c := planetest.ServeOnHost(t, path, countHandler)
 
 	for _, max := range []int{1, 7} {
-		s := generate(t, c, fmt.Sprintf(`{"n":%d}`, n), nil)
-		items, batches, err := drain(s, max)
+		s := planetest.Generate(t, c, fmt.Sprintf(`{"n":%d}`, n), nil)
+		items, batches, err := planetest.Drain(s, max)
 		require.Equal(t, io.EOF, err)
 		requireSeq(t, items, 0, n)
 		for _, b := range batches {
@@ -100,51 +93,45 @@ func TestTakeHonoursMax(t *testing.T) {
 		}
 	}
 	// max <= 0 means "as many as allowed".
-	s := generate(t, c, fmt.Sprintf(`{"n":%d}`, n), nil)
-	items, _, err := drain(s, 0)
+	s := planetest.Generate(t, c, fmt.Sprintf(`{"n":%d}`, n), nil)
+	items, _, err := planetest.Drain(s, 0)
 	require.Equal(t, io.EOF, err)
 	requireSeq(t, items, 0, n)
 }
 
 // idHandler hands its request to the test and completes.
-func idHandler(got chan<- *plane.Request) handler {
-	return func(req *plane.Request) {
+func idHandler(got chan<- *plane.Request) planetest.Handler {
+	return func(w *planetest.Worker, req *plane.Request) {
 		got <- req
 		req.Complete()
 	}
 }
 
-var uuidRE = regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$`)
-
 func TestRequestIDRelayedFromParent(t *testing.T) {
 	const path = "test.id.generate"
-	host := startEmbedded(t)
-	wrt := join(t, host)
 	got := make(chan *plane.Request, 1)
 	release := make(chan struct{})
-	serve(t, wrt, path, func(req *plane.Request) {
+	_, _, c := planetest.ServeAndConnect(t, path, func(w *planetest.Worker, req *plane.Request) {
 		got <- req
 		<-release // the request stays in flight until the link is checked
 		req.Complete()
 	})
-	c := newClient(t, host, path)
-	waitInstances(t, c, 1)
 
 	parent := ctxtree.New("req-42")
-	s := generate(t, c, `{"prompt":"hi"}`, parent)
+	s := planetest.Generate(t, c, `{"prompt":"hi"}`, parent)
 	// The request's context is a new child of the parent, with its id,
 	// linked before Generate returned.
 	assert.NotSame(t, parent, s.Context())
 	assert.Equal(t, "req-42", s.Context().ID())
 	assert.Equal(t, 1, parent.NumChildren())
 
-	req := recv(t, got, "the request")
+	req := planetest.Recv(t, got, "the request")
 	assert.Equal(t, "req-42", req.ID)
 	assert.Equal(t, "req-42", req.Ctx.ID())
 	assert.JSONEq(t, `{"prompt":"hi"}`, string(req.Payload))
 
 	close(release)
-	_, _, err := drain(s, 0)
+	_, _, err := planetest.Drain(s, 0)
 	require.Equal(t, io.EOF, err)
 	// A finished request is unlinked, so a long-lived parent does not grow.
 	assert.Equal(t, 0, parent.NumChildren())
@@ -153,21 +140,18 @@ func TestRequestIDRelayedFromParent(t *testing.T) {
 
 func TestFreshIDWithoutParent(t *testing.T) {
 	const path = "test.freshid.generate"
-	host := startEmbedded(t)
 	got := make(chan *plane.Request, 2)
-	serve(t, host, path, idHandler(got))
-	c := newClient(t, host, path)
-	waitInstances(t, c, 1)
+	_, _, c := planetest.ServeOnHost(t, path, idHandler(got))
 
 	var ids []string
 	for range 2 {
-		s := generate(t, c, `{}`, nil)
+		s := planetest.Generate(t, c, `{}`, nil)
 		id := s.Context().ID()
-		assert.Regexp(t, uuidRE, id)
-		req := recv(t, got, "the request")
+		assert.Regexp(t, planetest.UUID, id)
+		req := planetest.Recv(t, got, "the request")
 		assert.Equal(t, id, req.ID)
 		assert.Equal(t, id, req.Ctx.ID())
-		_, _, err := drain(s, 0)
+		_, _, err := planetest.Drain(s, 0)
 		require.Equal(t, io.EOF, err)
 		ids = append(ids, id)
 	}
@@ -176,10 +160,10 @@ func TestFreshIDWithoutParent(t *testing.T) {
 
 // waitKilledHandler sends items, tells the test, waits until its request is
 // killed and reports the context's state then.
-func waitKilledHandler(items int, got chan<- *plane.Request, killed chan<- ctxState) handler {
-	return func(req *plane.Request) {
+func waitKilledHandler(items int, got chan<- *plane.Request, killed chan<- ctxState) planetest.Handler {
+	return func(w *planetest.Worker, req *plane.Request) {
 		for i := 0; i < items; i++ {
-			if !send(req, num(i)) {
+			if !w.Send(req, num(i)) {
 				break
 			}
 		}
@@ -189,34 +173,36 @@ func waitKilledHandler(items int, got chan<- *plane.Request, killed chan<- ctxSt
 	}
 }
 
-func TestParentKillKillsWorkerRequest(t *testing.T) {
-	const path = "test.parentkill.generate"
-	host := startEmbedded(t)
-	wrt := join(t, host)
+// killableStream serves path with a waitKilledHandler that sends n items,
+// sends it a request as a child of parent and takes the n items, so that a
+// kill then reaches an idle stream (a kill during a send is racy:
+// TestRegressionKillDuringSendMayNotReachHandler). It returns the worker,
+// the caller's stream, the worker's request, and where the worker reports
+// the state of the request's context once it is killed.
+func killableStream(t *testing.T, path string, n int, parent *ctxtree.Context) (*planetest.Worker, *plane.Stream, *plane.Request, <-chan ctxState) {
+	t.Helper()
 	got, killed := make(chan *plane.Request, 1), make(chan ctxState, 1)
-	serve(t, wrt, path, waitKilledHandler(3, got, killed))
-	c := newClient(t, host, path)
-	waitInstances(t, c, 1)
+	_, w, c := planetest.ServeAndConnect(t, path, waitKilledHandler(n, got, killed))
+	s := planetest.Generate(t, c, `{}`, parent)
+	req := planetest.Recv(t, got, "the request")
+	takeSeq(t, s, n)
+	return w, s, req, killed
+}
 
+func TestParentKillKillsWorkerRequest(t *testing.T) {
 	parent := ctxtree.New("frontend-1")
-	s := generate(t, c, `{}`, parent)
-	req := recv(t, got, "the request")
+	_, s, req, killed := killableStream(t, "test.parentkill.generate", 3, parent)
 	assert.Equal(t, "frontend-1", req.ID)
 	assert.False(t, req.Ctx.IsStopped())
-	// Take what was produced first, so that the kill reaches an idle stream
-	// (a kill during a send is racy: TestBugKillDuringSendMayNotReachHandler).
-	items, err := take(s, 3)
-	require.NoError(t, err)
-	requireSeq(t, items, 0, 3)
 
 	parent.Kill()
-	st := recv(t, killed, "the worker's context to be killed")
+	st := planetest.Recv(t, killed, "the worker's context to be killed")
 	assert.Equal(t, ctxState{stopped: true, killed: true, reason: ctxtree.ReasonKill}, st)
 	assert.Equal(t, ctxtree.ReasonParent, s.Context().Reason())
 	assert.True(t, s.Context().IsKilled())
 
 	// A killed stream ends cleanly for the caller who killed it.
-	_, _, err = drain(s, 0)
+	_, _, err := planetest.Drain(s, 0)
 	assert.Equal(t, io.EOF, err)
 }
 
@@ -225,23 +211,19 @@ func TestParentKillKillsWorkerRequest(t *testing.T) {
 // the request was sent.
 func TestParentKillRightAfterGenerate(t *testing.T) {
 	const path = "test.earlykill.generate"
-	host := startEmbedded(t)
-	wrt := join(t, host)
 	got, killed := make(chan *plane.Request, 8), make(chan ctxState, 8)
-	serve(t, wrt, path, waitKilledHandler(0, got, killed))
-	c := newClient(t, host, path)
-	waitInstances(t, c, 1)
+	_, _, c := planetest.ServeAndConnect(t, path, waitKilledHandler(0, got, killed))
 
 	for i := range 5 {
 		parent := ctxtree.New(fmt.Sprintf("early-%d", i))
-		s := generate(t, c, `{}`, parent)
+		s := planetest.Generate(t, c, `{}`, parent)
 		parent.Kill()
-		req := recv(t, got, "the request")
+		req := planetest.Recv(t, got, "the request")
 		assert.Equal(t, parent.ID(), req.ID)
-		st := recv(t, killed, "the worker's context to be killed")
+		st := planetest.Recv(t, killed, "the worker's context to be killed")
 		assert.True(t, st.killed)
 		assert.Equal(t, ctxtree.ReasonKill, st.reason)
-		_, _, err := drain(s, 0)
+		_, _, err := planetest.Drain(s, 0)
 		assert.Equal(t, io.EOF, err)
 	}
 }
@@ -250,14 +232,12 @@ func TestCallerStopGenerating(t *testing.T) {
 	const path, n = "test.stop.generate", 100
 	for _, via := range []string{"parent", "stream context"} {
 		t.Run(via, func(t *testing.T) {
-			host := startEmbedded(t)
-			wrt := join(t, host)
 			sent := make(chan struct{}, 1)
 			states := make(chan ctxState, 1)
 			done := make(chan *plane.Request, 1)
-			serve(t, wrt, path, func(req *plane.Request) {
+			_, _, c := planetest.ServeAndConnect(t, path, func(w *planetest.Worker, req *plane.Request) {
 				for i := 0; i < n; i++ {
-					if !send(req, num(i)) {
+					if !w.Send(req, num(i)) {
 						return
 					}
 				}
@@ -265,29 +245,27 @@ func TestCallerStopGenerating(t *testing.T) {
 				<-req.Ctx.Stopped()
 				states <- snapshot(req.Ctx)
 				// A producer may finish what it was doing: the tail still arrives.
-				send(req, num(n))
+				w.Send(req, num(n))
 				req.Complete()
 				done <- req
 			})
-			c := newClient(t, host, path)
-			waitInstances(t, c, 1)
 
 			parent := ctxtree.New("stop-me")
-			s := generate(t, c, `{}`, parent)
-			recv(t, sent, "the handler to produce its items")
+			s := planetest.Generate(t, c, `{}`, parent)
+			planetest.Recv(t, sent, "the handler to produce its items")
 			// Nothing was taken yet: everything produced must still arrive.
 			if via == "parent" {
 				parent.StopGenerating()
 			} else {
 				s.Context().StopGenerating()
 			}
-			st := recv(t, states, "the worker's context to be stopped")
+			st := planetest.Recv(t, states, "the worker's context to be stopped")
 			assert.Equal(t, ctxState{stopped: true, killed: false, reason: ctxtree.ReasonStopGenerating}, st)
 
-			items, _, err := drain(s, 0)
+			items, _, err := planetest.Drain(s, 0)
 			assert.Equal(t, io.EOF, err, "a stopped stream ends without error")
 			requireSeq(t, items, 0, n+1)
-			req := recv(t, done, "the handler to complete")
+			req := planetest.Recv(t, done, "the handler to complete")
 			assert.False(t, req.Ctx.IsKilled(), "a stop must never become a kill")
 			assert.False(t, s.Context().IsKilled())
 		})
@@ -295,27 +273,14 @@ func TestCallerStopGenerating(t *testing.T) {
 }
 
 func TestCallerKill(t *testing.T) {
-	const path = "test.kill.generate"
-	host := startEmbedded(t)
-	wrt := join(t, host)
-	got, killed := make(chan *plane.Request, 1), make(chan ctxState, 1)
-	serve(t, wrt, path, waitKilledHandler(50, got, killed))
-	c := newClient(t, host, path)
-	waitInstances(t, c, 1)
-
-	s := generate(t, c, `{}`, ctxtree.New("kill-me"))
-	recv(t, got, "the request")
-	// See TestParentKillKillsWorkerRequest: take first, then kill.
-	items, err := take(s, 50)
-	require.NoError(t, err)
-	requireSeq(t, items, 0, 50)
+	_, s, _, killed := killableStream(t, "test.kill.generate", 50, ctxtree.New("kill-me"))
 	s.Kill()
 	s.Kill() // idempotent
-	st := recv(t, killed, "the worker's context to be killed")
+	st := planetest.Recv(t, killed, "the worker's context to be killed")
 	assert.Equal(t, ctxState{stopped: true, killed: true, reason: ctxtree.ReasonKill}, st)
 	assert.Equal(t, ctxtree.ReasonKill, s.Context().Reason())
 
-	rest, _, err := drain(s, 0)
+	rest, _, err := planetest.Drain(s, 0)
 	assert.Equal(t, io.EOF, err)
 	assert.Empty(t, rest)
 	assert.True(t, s.Finished())
@@ -333,60 +298,52 @@ func TestAlreadyCancelledBeforeGenerate(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			const path = "test.precancelled.generate"
-			host := startEmbedded(t)
-			wrt := join(t, host)
 			seen := make(chan ctxState, 1)
 			final := make(chan ctxState, 1)
-			serve(t, wrt, path, func(req *plane.Request) {
+			_, _, c := planetest.ServeAndConnect(t, path, func(w *planetest.Worker, req *plane.Request) {
 				// The very first thing the handler sees.
 				seen <- snapshot(req.Ctx)
 				if !req.Ctx.IsStopped() {
-					send(req, []byte(`"should not be produced"`))
+					w.Send(req, []byte(`"should not be produced"`))
 				}
 				req.Complete()
 				final <- snapshot(req.Ctx)
 			})
-			c := newClient(t, host, path)
-			waitInstances(t, c, 1)
 
 			parent := ctxtree.New("pre-" + tc.name)
 			tc.cancel(parent)
-			s := generate(t, c, `{}`, parent)
+			s := planetest.Generate(t, c, `{}`, parent)
 			assert.True(t, s.Context().IsStopped())
 
-			assert.Equal(t, tc.want, recv(t, seen, "the handler"))
-			items, _, err := drain(s, 0)
+			assert.Equal(t, tc.want, planetest.Recv(t, seen, "the handler"))
+			items, _, err := planetest.Drain(s, 0)
 			assert.Equal(t, io.EOF, err)
 			assert.Empty(t, items)
-			assert.Equal(t, tc.want, recv(t, final, "the handler to complete"))
+			assert.Equal(t, tc.want, planetest.Recv(t, final, "the handler to complete"))
 		})
 	}
 }
 
 func TestHandlerStopsItselfIsIncomplete(t *testing.T) {
 	const path = "test.selfstop.generate"
-	host := startEmbedded(t)
-	wrt := join(t, host)
 	final := make(chan ctxState, 1)
-	serve(t, wrt, path, func(req *plane.Request) {
+	_, _, c := planetest.ServeAndConnect(t, path, func(w *planetest.Worker, req *plane.Request) {
 		for i := range 3 {
-			send(req, num(i))
+			w.Send(req, num(i))
 		}
 		req.Ctx.StopGenerating()
 		req.Complete()
 		final <- snapshot(req.Ctx)
 	})
-	c := newClient(t, host, path)
-	waitInstances(t, c, 1)
 
-	s := generate(t, c, `{}`, ctxtree.New("self-stop"))
-	items, _, err := drain(s, 0)
+	s := planetest.Generate(t, c, `{}`, ctxtree.New("self-stop"))
+	items, _, err := planetest.Drain(s, 0)
 	requireSeq(t, items, 0, 3)
 	require.ErrorIs(t, err, plane.ErrIncomplete)
 	// Deliberate, so that migration can tell it from a crashed worker.
 	assert.ErrorIs(t, err, stream.ErrStoppedByHandler)
 	assert.True(t, strings.HasPrefix(err.Error(), "Stream ended before generation completed"), err.Error())
-	assert.Equal(t, ctxState{stopped: true, reason: ctxtree.ReasonStopGenerating}, recv(t, final, "the handler"))
+	assert.Equal(t, ctxState{stopped: true, reason: ctxtree.ReasonStopGenerating}, planetest.Recv(t, final, "the handler"))
 	assert.False(t, s.Context().IsStopped(), "the caller's context is not cancelled by the worker's stop")
 	// The end is sticky.
 	_, err = s.Take(0)
@@ -400,28 +357,24 @@ func TestHandlerFail(t *testing.T) {
 	} {
 		t.Run(tc.want, func(t *testing.T) {
 			const path = "test.fail.generate"
-			host := startEmbedded(t)
-			wrt := join(t, host)
 			final := make(chan ctxState, 1)
-			serve(t, wrt, path, func(req *plane.Request) {
-				send(req, num(0))
-				send(req, num(1))
+			_, _, c := planetest.ServeAndConnect(t, path, func(w *planetest.Worker, req *plane.Request) {
+				w.Send(req, num(0))
+				w.Send(req, num(1))
 				req.Fail(tc.msg)
 				req.Complete() // after the end: ignored
 				final <- snapshot(req.Ctx)
 			})
-			c := newClient(t, host, path)
-			waitInstances(t, c, 1)
 
-			s := generate(t, c, `{}`, ctxtree.New("fails"))
-			items, _, err := drain(s, 0)
+			s := planetest.Generate(t, c, `{}`, ctxtree.New("fails"))
+			items, _, err := planetest.Drain(s, 0)
 			requireSeq(t, items, 0, 2)
 			var he *stream.HandlerError
 			require.ErrorAs(t, err, &he)
 			assert.Equal(t, plane.HandlerErrorPrefix+tc.want, he.Message)
 			assert.Equal(t, plane.HandlerErrorPrefix+tc.want, err.Error())
 			assert.NotErrorIs(t, err, plane.ErrIncomplete)
-			assert.Equal(t, ctxState{}, recv(t, final, "the handler"), "a failure cancels nothing")
+			assert.Equal(t, ctxState{}, planetest.Recv(t, final, "the handler"), "a failure cancels nothing")
 			assert.False(t, s.Context().IsStopped())
 		})
 	}
@@ -431,33 +384,21 @@ func TestHandlerFail(t *testing.T) {
 // ReasonShutdown; the caller, who cancelled nothing, sees an incomplete
 // stream (which migration retries).
 func TestWorkerRuntimeCloseMidStream(t *testing.T) {
-	const path = "test.workerclose.generate"
-	host := startEmbedded(t)
-	wrt := join(t, host)
-	got, killed := make(chan *plane.Request, 1), make(chan ctxState, 1)
-	w := serve(t, wrt, path, waitKilledHandler(10, got, killed))
-	c := newClient(t, host, path)
-	waitInstances(t, c, 1)
+	w, s, _, killed := killableStream(t, "test.workerclose.generate", 10, ctxtree.New("shutdown"))
 
-	s := generate(t, c, `{}`, ctxtree.New("shutdown"))
-	recv(t, got, "the request")
-	items, err := take(s, 10)
-	require.NoError(t, err)
-	requireSeq(t, items, 0, 10)
-
-	wrt.Close()
-	assert.True(t, closedWithin(wrt.Done()))
-	assert.True(t, closedWithin(w.ep.Done()))
-	st := recv(t, killed, "the worker's context to be killed")
+	w.RT.Close()
+	assert.True(t, planetest.ClosedWithin(w.RT.Done()))
+	assert.True(t, planetest.ClosedWithin(w.EP.Done()))
+	st := planetest.Recv(t, killed, "the worker's context to be killed")
 	assert.Equal(t, ctxState{stopped: true, killed: true, reason: ctxtree.ReasonShutdown}, st)
 
-	rest, _, err := drain(s, 0)
+	rest, _, err := planetest.Drain(s, 0)
 	assert.Empty(t, rest)
 	assert.ErrorIs(t, err, plane.ErrIncomplete)
 	assert.False(t, s.Context().IsStopped())
 
 	// The instance left discovery with the endpoint.
-	_, err = w.ep.Accept()
+	_, err = w.EP.Accept()
 	assert.ErrorIs(t, err, plane.ErrClosed)
 }
 
@@ -465,25 +406,23 @@ func TestWorkerRuntimeCloseMidStream(t *testing.T) {
 // process dies) kills the worker's request with ReasonConnectionLost.
 func TestCallerRuntimeCloseIsConnectionLost(t *testing.T) {
 	const path = "test.callerclose.generate"
-	host := startEmbedded(t)
+	host := planetest.Embedded(t)
 	got, killed := make(chan *plane.Request, 1), make(chan ctxState, 1)
-	serve(t, host, path, waitKilledHandler(5, got, killed))
-	crt := join(t, host)
-	c := newClient(t, crt, path)
-	waitInstances(t, c, 1)
+	planetest.Serve(t, host, path, waitKilledHandler(5, got, killed))
+	crt := planetest.Join(t, host)
+	c := planetest.Client(t, crt, path)
+	planetest.WaitInstances(t, c, 1)
 
-	s := generate(t, c, `{}`, ctxtree.New("caller-dies"))
-	recv(t, got, "the request")
-	items, err := take(s, 5)
-	require.NoError(t, err)
-	requireSeq(t, items, 0, 5)
+	s := planetest.Generate(t, c, `{}`, ctxtree.New("caller-dies"))
+	planetest.Recv(t, got, "the request")
+	takeSeq(t, s, 5)
 
 	crt.Close()
-	st := recv(t, killed, "the worker's context to be killed")
+	st := planetest.Recv(t, killed, "the worker's context to be killed")
 	assert.Equal(t, ctxState{stopped: true, killed: true, reason: ctxtree.ReasonConnectionLost}, st)
 
 	// The caller's own stream ends with the stream server's closing error.
-	_, _, err = drain(s, 0)
+	_, _, err := planetest.Drain(s, 0)
 	assert.ErrorIs(t, err, stream.ErrServerClosed)
 	assert.NotErrorIs(t, err, plane.ErrIncomplete)
 
@@ -493,15 +432,12 @@ func TestCallerRuntimeCloseIsConnectionLost(t *testing.T) {
 
 func TestDirectToUnknownInstanceIsNoResponders(t *testing.T) {
 	const path = "test.direct.generate"
-	host := startEmbedded(t)
-	w := serve(t, host, path, countHandler)
-	c := newClient(t, host, path)
-	ids := waitInstances(t, c, 1)
-	require.Equal(t, []uint64{w.ep.InstanceID()}, ids)
+	_, w, c := planetest.ServeOnHost(t, path, countHandler)
+	require.Equal(t, []uint64{w.EP.InstanceID()}, c.InstanceIDs())
 
 	// Direct to the live instance works.
-	s := generateRoute(t, c, `{"n":3}`, nil, plane.Direct, w.ep.InstanceID())
-	items, _, err := drain(s, 0)
+	s := planetest.GenerateRoute(t, c, `{"n":3}`, nil, plane.Direct, w.EP.InstanceID())
+	items, _, err := planetest.Drain(s, 0)
 	require.Equal(t, io.EOF, err)
 	requireSeq(t, items, 0, 3)
 
@@ -509,8 +445,8 @@ func TestDirectToUnknownInstanceIsNoResponders(t *testing.T) {
 	// any acknowledgement timeout.
 	parent := ctxtree.New("lost")
 	begin := time.Now()
-	s = generateRoute(t, c, `{}`, parent, plane.Direct, w.ep.InstanceID()+1)
-	err = waitStarted(s)
+	s = planetest.GenerateRoute(t, c, `{}`, parent, plane.Direct, w.EP.InstanceID()+1)
+	err = planetest.WaitStarted(s)
 	assert.ErrorIs(t, err, plane.ErrNoResponders)
 	assert.Less(t, time.Since(begin), 3*time.Second)
 	_, err = s.Take(0)
@@ -519,20 +455,20 @@ func TestDirectToUnknownInstanceIsNoResponders(t *testing.T) {
 	assert.Equal(t, 0, parent.NumChildren(), "a failed request is unlinked from its parent")
 
 	// So does Direct to an instance that closed.
-	id := w.ep.InstanceID()
-	w.ep.Close()
-	s = generateRoute(t, c, `{}`, nil, plane.Direct, id)
-	assert.ErrorIs(t, waitStarted(s), plane.ErrNoResponders)
+	id := w.EP.InstanceID()
+	w.EP.Close()
+	s = planetest.GenerateRoute(t, c, `{}`, nil, plane.Direct, id)
+	assert.ErrorIs(t, planetest.WaitStarted(s), plane.ErrNoResponders)
 }
 
 func TestNoInstances(t *testing.T) {
 	const path = "test.none.generate"
-	host := startEmbedded(t)
-	c := newClient(t, host, path)
+	host := planetest.Embedded(t)
+	c := planetest.Client(t, host, path)
 	assert.Empty(t, c.InstanceIDs())
 	for _, route := range []plane.Route{plane.RoundRobin, plane.Random} {
-		s := generateRoute(t, c, `{}`, nil, route, 0)
-		err := waitStarted(s)
+		s := planetest.GenerateRoute(t, c, `{}`, nil, route, 0)
+		err := planetest.WaitStarted(s)
 		assert.ErrorIs(t, err, plane.ErrNoInstances)
 		assert.ErrorIs(t, err, plane.ErrNoResponders, "migration must see it as no responders")
 		_, err = s.Take(0)
@@ -545,29 +481,26 @@ func TestNoInstances(t *testing.T) {
 // requests to it fail at once with no responders.
 func TestDeadWorkerLeaseExpires(t *testing.T) {
 	const path = "test.expiry.generate"
-	host := startEmbedded(t, shortLeases)
-	wrt := join(t, host, shortLeases)
-	w := serve(t, wrt, path, countHandler)
-	c := newClient(t, host, path)
-	require.Equal(t, []uint64{w.ep.InstanceID()}, waitInstances(t, c, 1))
+	_, w, c := planetest.ServeAndConnect(t, path, countHandler, planetest.ShortLeases)
+	require.Equal(t, []uint64{w.EP.InstanceID()}, c.InstanceIDs())
 
 	// Heartbeats keep a live instance well past its TTL.
 	time.Sleep(3 * 300 * time.Millisecond)
-	require.Equal(t, []uint64{w.ep.InstanceID()}, c.InstanceIDs())
+	require.Equal(t, []uint64{w.EP.InstanceID()}, c.InstanceIDs())
 
-	wrt.Bus().Conn().Close() // a crash: no "down" is ever sent
+	w.RT.Bus().Conn().Close() // a crash: no "down" is ever sent
 	begin := time.Now()
 	for len(c.InstanceIDs()) > 0 {
-		require.Less(t, time.Since(begin), waitLimit, "dead instance never expired")
+		require.Less(t, time.Since(begin), planetest.WaitLimit, "dead instance never expired")
 		time.Sleep(10 * time.Millisecond)
 	}
 	// TTL 300 ms, checked every TTL/4: well under a second.
 	assert.Less(t, time.Since(begin), 2*time.Second)
 
-	s := generateRoute(t, c, `{}`, nil, plane.Direct, w.ep.InstanceID())
-	assert.ErrorIs(t, waitStarted(s), plane.ErrNoResponders)
-	s = generate(t, c, `{}`, nil)
-	assert.ErrorIs(t, waitStarted(s), plane.ErrNoInstances)
+	s := planetest.GenerateRoute(t, c, `{}`, nil, plane.Direct, w.EP.InstanceID())
+	assert.ErrorIs(t, planetest.WaitStarted(s), plane.ErrNoResponders)
+	s = planetest.Generate(t, c, `{}`, nil)
+	assert.ErrorIs(t, planetest.WaitStarted(s), plane.ErrNoInstances)
 }
 
 // A handler that produces far more than the buffers hold while the caller
@@ -578,21 +511,15 @@ func TestFlowControlBoundsMemory(t *testing.T) {
 	// Send buffer, the batch the worker is writing, the caller's stream
 	// window and the client stream's buffer: 256 items each.
 	const bound = 4 * 256
-	host := startEmbedded(t)
-	wrt := join(t, host)
 	f := newFlood(total)
-	serve(t, wrt, path, f.handle)
-	c := newClient(t, host, path)
-	waitInstances(t, c, 1)
+	_, _, c := planetest.ServeAndConnect(t, path, f.handle)
 
-	s := generate(t, c, `{}`, nil)
-	require.NoError(t, waitStarted(s))
-	queued := f.waitBlocked(t)
+	s, _, queued := f.start(t, c, nil)
 	assert.Positive(t, f.full.Load(), "Send never reported ErrFull")
 	assert.LessOrEqual(t, queued, int64(bound), "items queued while the caller does not read")
 	assert.GreaterOrEqual(t, queued, int64(256), "the pipeline should hold at least one buffer")
 
-	items, _, err := drain(s, 0)
+	items, _, err := planetest.Drain(s, 0)
 	require.Equal(t, io.EOF, err)
 	requireSeq(t, items, 0, total)
 	assert.Equal(t, int64(total), f.sent.Load())
@@ -603,39 +530,32 @@ func TestFlowControlBoundsMemory(t *testing.T) {
 // request is killed and the stream's goroutine ends without another Take.
 func TestKillWithFullBufferReleasesStream(t *testing.T) {
 	const path, tries = "test.killfull.generate", 3
-	host := startEmbedded(t)
-	wrt := join(t, host)
 	f := newFlood(100000)
-	serve(t, wrt, path, f.handle)
-	c := newClient(t, host, path)
-	waitInstances(t, c, 1)
+	_, _, c := planetest.ServeAndConnect(t, path, f.handle)
 
 	for range tries {
 		f.sent.Store(0)
 		f.full.Store(0)
-		s := generate(t, c, `{}`, nil)
-		require.NoError(t, waitStarted(s))
-		recv(t, f.reqs, "the request")
-		f.waitBlocked(t)
+		s, _, _ := f.start(t, c, nil)
 		s.Kill()
 		// Whether the worker's context is killed here is racy (see
 		// TestBugKillDuringSendMayNotReachHandler); this test is about the
 		// caller's side.
-		assert.True(t, goroutineGone("plane.(*Stream).run", 2*time.Second),
+		assert.True(t, planetest.GoroutineGone("plane.(*Stream).run", 2*time.Second),
 			"the stream's goroutine outlived its Kill")
-		_, _, err := drain(s, 0)
+		_, _, err := planetest.Drain(s, 0)
 		assert.Equal(t, io.EOF, err)
 	}
 }
 
 func TestArmEndpoint(t *testing.T) {
 	const path = "test.armep.generate"
-	host := startEmbedded(t)
+	host := planetest.Embedded(t)
 	ep, err := host.Serve(path, nil)
 	require.NoError(t, err)
 	t.Cleanup(ep.Close)
-	c := newClient(t, host, path)
-	waitInstances(t, c, 1)
+	c := planetest.Client(t, host, path)
+	planetest.WaitInstances(t, c, 1)
 
 	_, err = ep.Accept()
 	require.ErrorIs(t, err, plane.ErrAgain)
@@ -647,21 +567,21 @@ func TestArmEndpoint(t *testing.T) {
 	assert.Zero(t, fired.Load())
 
 	// It fires once when a request arrives...
-	s1 := generate(t, c, `{}`, nil)
-	recv(t, ch, "the endpoint's Arm")
+	s1 := planetest.Generate(t, c, `{}`, nil)
+	planetest.Recv(t, ch, "the endpoint's Arm")
 	r1, err := ep.Accept()
 	require.NoError(t, err)
 	// ...and not again for the next one (it is one-shot).
-	s2 := generate(t, c, `{}`, nil)
-	require.NoError(t, waitArm(ep.Arm))
+	s2 := planetest.Generate(t, c, `{}`, nil)
+	require.NoError(t, planetest.WaitArm(ep.Arm))
 	r2, err := ep.Accept()
 	require.NoError(t, err)
 	assert.Equal(t, int32(1), fired.Load())
 	assert.NotEqual(t, r1.ID, r2.ID)
 
 	// With a request pending it fires at once, on the calling goroutine.
-	s3 := generate(t, c, `{}`, nil)
-	require.NoError(t, waitArm(ep.Arm))
+	s3 := planetest.Generate(t, c, `{}`, nil)
+	require.NoError(t, planetest.WaitArm(ep.Arm))
 	now := false
 	ep.Arm(func() { now = true })
 	assert.True(t, now)
@@ -672,7 +592,7 @@ func TestArmEndpoint(t *testing.T) {
 		r.Complete()
 	}
 	for _, s := range []*plane.Stream{s1, s2, s3} {
-		_, _, err := drain(s, 0)
+		_, _, err := planetest.Drain(s, 0)
 		assert.Equal(t, io.EOF, err)
 	}
 
@@ -681,7 +601,7 @@ func TestArmEndpoint(t *testing.T) {
 	closedFired := make(chan struct{}, 1)
 	ep.Arm(func() { closedFired <- struct{}{} })
 	ep.Close()
-	recv(t, closedFired, "the Arm pending at Close")
+	planetest.Recv(t, closedFired, "the Arm pending at Close")
 	now = false
 	ep.Arm(func() { now = true })
 	assert.True(t, now)
@@ -691,12 +611,10 @@ func TestArmEndpoint(t *testing.T) {
 
 func TestArmStreamAndRequest(t *testing.T) {
 	const path = "test.armstream.generate"
-	host := startEmbedded(t)
-	wrt := join(t, host)
 	reqs := make(chan *plane.Request, 1)
 	goOn := make(chan int)
 	finished := make(chan struct{})
-	serve(t, wrt, path, func(req *plane.Request) {
+	_, _, c := planetest.ServeAndConnect(t, path, func(w *planetest.Worker, req *plane.Request) {
 		// Room in the buffer: Request.Arm fires at once.
 		now := false
 		req.Arm(func() { now = true })
@@ -706,7 +624,7 @@ func TestArmStreamAndRequest(t *testing.T) {
 		}
 		reqs <- req
 		for i := range goOn {
-			send(req, num(i))
+			w.Send(req, num(i))
 		}
 		req.Complete()
 		// After the end: at once as well.
@@ -716,12 +634,10 @@ func TestArmStreamAndRequest(t *testing.T) {
 			close(finished)
 		}
 	})
-	c := newClient(t, host, path)
-	waitInstances(t, c, 1)
 
-	s := generate(t, c, `{}`, nil)
-	require.NoError(t, waitStarted(s))
-	recv(t, reqs, "the request")
+	s := planetest.Generate(t, c, `{}`, nil)
+	require.NoError(t, planetest.WaitStarted(s))
+	planetest.Recv(t, reqs, "the request")
 
 	// Started was seen and nothing is buffered: Arm waits.
 	var fired atomic.Int32
@@ -732,14 +648,14 @@ func TestArmStreamAndRequest(t *testing.T) {
 	assert.ErrorIs(t, err, plane.ErrAgain)
 
 	goOn <- 0
-	recv(t, ch, "the stream's Arm")
+	planetest.Recv(t, ch, "the stream's Arm")
 	items, err := s.Take(0)
 	require.NoError(t, err)
 	requireSeq(t, items, 0, 1)
 
 	// One-shot: the next item does not fire it again.
 	goOn <- 1
-	require.NoError(t, waitArm(s.Arm))
+	require.NoError(t, planetest.WaitArm(s.Arm))
 	// With an item buffered, Arm fires at once on the calling goroutine.
 	now := false
 	s.Arm(func() { now = true })
@@ -750,39 +666,39 @@ func TestArmStreamAndRequest(t *testing.T) {
 	assert.Equal(t, int32(1), fired.Load())
 
 	close(goOn)
-	_, _, err = drain(s, 0)
+	_, _, err = planetest.Drain(s, 0)
 	assert.Equal(t, io.EOF, err)
 	// After the end, Arm fires at once.
 	now = false
 	s.Arm(func() { now = true })
 	assert.True(t, now)
-	assert.True(t, closedWithin(finished), "Request.Arm did not fire at once after Complete")
+	assert.True(t, planetest.ClosedWithin(finished), "Request.Arm did not fire at once after Complete")
 }
 
 func TestArmInstances(t *testing.T) {
 	const path = "test.arminst.generate"
-	host := startEmbedded(t)
-	c := newClient(t, host, path)
+	host := planetest.Embedded(t)
+	c := planetest.Client(t, host, path)
 
 	var fired atomic.Int32
 	ch := make(chan struct{}, 4)
 	c.ArmInstances(func() { fired.Add(1); ch <- struct{}{} })
 	assert.Zero(t, fired.Load())
 
-	w := serve(t, host, path, countHandler)
-	recv(t, ch, "ArmInstances")
-	assert.Equal(t, []uint64{w.ep.InstanceID()}, c.InstanceIDs())
+	w := planetest.Serve(t, host, path, countHandler)
+	planetest.Recv(t, ch, "ArmInstances")
+	assert.Equal(t, []uint64{w.EP.InstanceID()}, c.InstanceIDs())
 
 	now := false
 	c.ArmInstances(func() { now = true })
 	assert.True(t, now)
 
 	// A client that closes releases its waiters.
-	other := newClient(t, host, "test.arminst.nobody")
+	other := planetest.Client(t, host, "test.arminst.nobody")
 	closed := make(chan struct{}, 1)
 	other.ArmInstances(func() { closed <- struct{}{} })
 	other.Close()
-	recv(t, closed, "ArmInstances at Close")
+	planetest.Recv(t, closed, "ArmInstances at Close")
 	_, err := other.Generate([]byte(`{}`), nil, plane.RoundRobin, 0)
 	assert.ErrorIs(t, err, plane.ErrClosed)
 	assert.Equal(t, int32(1), fired.Load())
@@ -792,11 +708,9 @@ func TestArmInstances(t *testing.T) {
 // requests are being served before it produces anything.
 func TestConcurrentStreams(t *testing.T) {
 	const path, streams, n = "test.concurrent.generate", 50, 300
-	host := startEmbedded(t)
-	wrt := join(t, host)
 	var arrived atomic.Int32
 	all := make(chan struct{})
-	serve(t, wrt, path, func(req *plane.Request) {
+	_, _, c := planetest.ServeAndConnect(t, path, func(w *planetest.Worker, req *plane.Request) {
 		if arrived.Add(1) == streams {
 			close(all)
 		}
@@ -806,24 +720,22 @@ func TestConcurrentStreams(t *testing.T) {
 			return
 		}
 		for i := 0; i < n; i++ {
-			if !send(req, []byte(fmt.Sprintf(`{"id":%q,"i":%d}`, req.ID, i))) {
+			if !w.Send(req, []byte(fmt.Sprintf(`{"id":%q,"i":%d}`, req.ID, i))) {
 				return
 			}
 		}
 		req.Complete()
 	})
-	c := newClient(t, host, path)
-	waitInstances(t, c, 1)
 
 	var wg sync.WaitGroup
 	errs := make(chan error, streams)
 	for k := range streams {
 		id := fmt.Sprintf("req-%d", k)
-		s := generate(t, c, `{}`, ctxtree.New(id))
+		s := planetest.Generate(t, c, `{}`, ctxtree.New(id))
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			items, _, err := drain(s, 64)
+			items, _, err := planetest.Drain(s, 64)
 			if err != io.EOF {
 				errs <- fmt.Errorf("%s: ended with %v", id, err)
 				return
@@ -852,25 +764,27 @@ func TestConcurrentStreams(t *testing.T) {
 	assert.Equal(t, int32(streams), arrived.Load())
 }
 
+// nameHandler is a worker that answers every request with its name, a JSON string.
+func nameHandler(name string) planetest.Handler {
+	return func(w *planetest.Worker, req *plane.Request) {
+		w.Send(req, []byte(fmt.Sprintf("%q", name)))
+		req.Complete()
+	}
+}
+
 func TestRoundRobinAndDirectAcrossInstances(t *testing.T) {
 	const path, rounds = "test.rr.generate", 10
-	host := startEmbedded(t)
-	wrt := join(t, host)
-	tagged := func(tag string) handler {
-		return func(req *plane.Request) {
-			send(req, []byte(fmt.Sprintf("%q", tag)))
-			req.Complete()
-		}
-	}
-	a := serve(t, wrt, path, tagged("a"))
-	b := serve(t, wrt, path, tagged("b"))
-	c := newClient(t, host, path)
-	waitInstances(t, c, 2)
-	byID := map[uint64]string{a.ep.InstanceID(): "a", b.ep.InstanceID(): "b"}
+	host := planetest.Embedded(t)
+	wrt := planetest.Join(t, host)
+	a := planetest.Serve(t, wrt, path, nameHandler("a"))
+	b := planetest.Serve(t, wrt, path, nameHandler("b"))
+	c := planetest.Client(t, host, path)
+	planetest.WaitInstances(t, c, 2)
+	byID := map[uint64]string{a.EP.InstanceID(): "a", b.EP.InstanceID(): "b"}
 
 	one := func(route plane.Route, id uint64) string {
-		s := generateRoute(t, c, `{}`, nil, route, id)
-		items, _, err := drain(s, 0)
+		s := planetest.GenerateRoute(t, c, `{}`, nil, route, id)
+		items, _, err := planetest.Drain(s, 0)
 		require.Equal(t, io.EOF, err)
 		require.Len(t, items, 1)
 		var tag string
@@ -896,43 +810,43 @@ func TestValidation(t *testing.T) {
 	}
 	assert.NoError(t, plane.ValidatePath("ns.comp.ep"))
 
-	host := startEmbedded(t)
+	host := planetest.Embedded(t)
 	_, err := host.Serve("not-a-path", nil)
 	assert.Error(t, err)
 	_, err = host.Client(context.Background(), "not.a-path")
 	assert.Error(t, err)
 
 	sendErr := make(chan error, 1)
-	w := serve(t, host, path, func(req *plane.Request) {
+	w := planetest.Serve(t, host, path, func(w *planetest.Worker, req *plane.Request) {
 		sendErr <- req.Send([]byte("{not json"))
 		req.Complete()
 	})
-	c := newClient(t, host, path)
-	waitInstances(t, c, 1)
+	c := planetest.Client(t, host, path)
+	planetest.WaitInstances(t, c, 1)
 	_, err = c.Generate([]byte("{not json"), nil, plane.RoundRobin, 0)
 	assert.ErrorIs(t, err, plane.ErrNotJSON)
 
-	s := generate(t, c, `"a JSON string is a request too"`, nil)
-	assert.ErrorIs(t, recv(t, sendErr, "the handler's Send"), plane.ErrNotJSON)
-	items, _, err := drain(s, 0)
+	s := planetest.Generate(t, c, `"a JSON string is a request too"`, nil)
+	assert.ErrorIs(t, planetest.Recv(t, sendErr, "the handler's Send"), plane.ErrNotJSON)
+	items, _, err := planetest.Drain(s, 0)
 	assert.Equal(t, io.EOF, err)
 	assert.Empty(t, items)
 
 	// A malformed envelope is refused, not crashed on.
-	msg, err := host.Bus().Conn().Request(discovery.RequestSubject(path, w.ep.InstanceID()), []byte("garbage"), waitLimit)
+	msg, err := host.Bus().Conn().Request(discovery.RequestSubject(path, w.EP.InstanceID()), []byte("garbage"), planetest.WaitLimit)
 	require.NoError(t, err)
 	assert.Contains(t, string(msg.Data), "malformed request envelope")
-	assert.Equal(t, path, w.ep.Path())
+	assert.Equal(t, path, w.EP.Path())
 }
 
 func TestClosedRuntime(t *testing.T) {
 	const path = "test.closed.generate"
-	host := startEmbedded(t)
-	rt := join(t, host)
-	c := newClient(t, rt, path)
+	host := planetest.Embedded(t)
+	rt := planetest.Join(t, host)
+	c := planetest.Client(t, rt, path)
 	rt.Close()
 	rt.Close() // idempotent
-	assert.True(t, closedWithin(rt.Done()))
+	assert.True(t, planetest.ClosedWithin(rt.Done()))
 
 	_, err := c.Generate([]byte(`{}`), nil, plane.RoundRobin, 0)
 	assert.ErrorIs(t, err, plane.ErrClosed)
@@ -945,8 +859,8 @@ func TestClosedRuntime(t *testing.T) {
 // Serve and Client on a shut-down runtime return ErrClosed, as documented.
 func TestClosedRuntimeReturnsErrClosed(t *testing.T) {
 	const path = "test.closederr.generate"
-	host := startEmbedded(t)
-	rt := join(t, host)
+	host := planetest.Embedded(t)
+	rt := planetest.Join(t, host)
 	rt.Close()
 	_, err := rt.Serve(path, nil)
 	assert.ErrorIs(t, err, plane.ErrClosed)
@@ -958,15 +872,15 @@ func TestClosedRuntimeReturnsErrClosed(t *testing.T) {
 // request has returned, and only then.
 func TestAbortConfirmedAfterHandlerReturns(t *testing.T) {
 	const path = "test.abort.generate"
-	host := startEmbedded(t)
+	host := planetest.Embedded(t)
 	confirmed := make(chan plane.AbortConfirmation, 4)
 	unsubscribe, err := host.OnAbortConfirmed(func(a plane.AbortConfirmation) { confirmed <- a })
 	require.NoError(t, err)
 	t.Cleanup(unsubscribe)
-	wrt := join(t, host)
+	wrt := planetest.Join(t, host)
 	got := make(chan *plane.Request, 1)
 	release := make(chan struct{})
-	w := serve(t, wrt, path, func(req *plane.Request) {
+	w := planetest.Serve(t, wrt, path, func(w *planetest.Worker, req *plane.Request) {
 		if string(req.Payload) != `"wait"` {
 			req.Complete()
 			return
@@ -975,29 +889,29 @@ func TestAbortConfirmedAfterHandlerReturns(t *testing.T) {
 		<-req.Ctx.Killed()
 		<-release // the engine takes a while to abort
 	})
-	c := newClient(t, host, path)
-	waitInstances(t, c, 1)
+	c := planetest.Client(t, host, path)
+	planetest.WaitInstances(t, c, 1)
 
-	s := generate(t, c, `"wait"`, ctxtree.New("abort-me"))
-	req := recv(t, got, "the request")
+	s := planetest.Generate(t, c, `"wait"`, ctxtree.New("abort-me"))
+	req := planetest.Recv(t, got, "the request")
 	s.Kill()
-	require.True(t, closedWithin(req.Ctx.Killed()))
+	require.True(t, planetest.ClosedWithin(req.Ctx.Killed()))
 	select {
 	case a := <-confirmed:
 		t.Fatalf("abort confirmed before the handler returned: %+v", a)
 	case <-time.After(100 * time.Millisecond):
 	}
 	close(release)
-	a := recv(t, confirmed, "the abort confirmation")
-	assert.Equal(t, plane.AbortConfirmation{ID: "abort-me", Key: s.Key(), Path: path, Instance: w.ep.InstanceID(), Reason: "kill"}, a)
+	a := planetest.Recv(t, confirmed, "the abort confirmation")
+	assert.Equal(t, plane.AbortConfirmation{ID: "abort-me", Key: s.Key(), Path: path, Instance: w.EP.InstanceID(), Reason: "kill"}, a)
 	assert.Equal(t, s.Key(), req.Key, "the worker's request carries the caller's key")
-	assert.Equal(t, w.ep.InstanceID(), s.Instance())
-	_, _, err = drain(s, 0)
+	assert.Equal(t, w.EP.InstanceID(), s.Instance())
+	_, _, err = planetest.Drain(s, 0)
 	assert.Equal(t, io.EOF, err)
 
 	// A request that completes normally confirms nothing.
-	s = generate(t, c, `{}`, nil)
-	_, _, err = drain(s, 0)
+	s = planetest.Generate(t, c, `{}`, nil)
+	_, _, err = planetest.Drain(s, 0)
 	assert.Equal(t, io.EOF, err)
 	select {
 	case a := <-confirmed:
@@ -1008,51 +922,34 @@ func TestAbortConfirmedAfterHandlerReturns(t *testing.T) {
 
 func TestInstanceFilter(t *testing.T) {
 	const path = "test.filter.generate"
-	host := startEmbedded(t)
-	wrt := join(t, host)
-	model := func(name string) handler {
-		return func(req *plane.Request) {
-			send(req, []byte(fmt.Sprintf("%q", name)))
-			req.Complete()
-		}
-	}
-	epA, err := wrt.Serve(path, []byte(`{"model":"a"}`))
-	require.NoError(t, err)
-	epB, err := wrt.Serve(path, []byte(`{"model":"b"}`))
-	require.NoError(t, err)
-	for ep, name := range map[*plane.Endpoint]string{epA: "a", epB: "b"} {
-		w := &worker{ep: ep}
-		w.wg.Add(1)
-		go w.loop(model(name))
-		t.Cleanup(func() { ep.Close(); w.wg.Wait() })
-	}
-	c := newClient(t, host, path)
-	waitInstances(t, c, 2)
+	host := planetest.Embedded(t)
+	wrt := planetest.Join(t, host)
+	planetest.Serve(t, wrt, path, nameHandler("a"), planetest.WithMetadata([]byte(`{"model":"a"}`)))
+	epB := planetest.Serve(t, wrt, path, nameHandler("b"), planetest.WithMetadata([]byte(`{"model":"b"}`))).EP
+	c := planetest.Client(t, host, path)
+	planetest.WaitInstances(t, c, 2)
 
 	c.SetInstanceFilter(func(meta []byte) bool { return strings.Contains(string(meta), `"b"`) })
 	assert.Equal(t, []uint64{epB.InstanceID()}, c.InstanceIDs())
 	for range 4 {
-		s := generate(t, c, `{}`, nil)
-		items, _, err := drain(s, 0)
+		s := planetest.Generate(t, c, `{}`, nil)
+		items, _, err := planetest.Drain(s, 0)
 		require.Equal(t, io.EOF, err)
 		require.Len(t, items, 1)
 		assert.Equal(t, `"b"`, string(items[0]))
 	}
 	c.SetInstanceFilter(func([]byte) bool { return false })
 	assert.Empty(t, c.InstanceIDs())
-	assert.ErrorIs(t, waitStarted(generate(t, c, `{}`, nil)), plane.ErrNoInstances)
+	assert.ErrorIs(t, planetest.WaitStarted(planetest.Generate(t, c, `{}`, nil)), plane.ErrNoInstances)
 	c.SetInstanceFilter(nil)
 	assert.Len(t, c.InstanceIDs(), 2)
 }
 
 func TestNextForGoConsumers(t *testing.T) {
 	const path = "test.next.generate"
-	host := startEmbedded(t)
-	serve(t, host, path, countHandler)
-	c := newClient(t, host, path)
-	waitInstances(t, c, 1)
+	host, _, c := planetest.ServeOnHost(t, path, countHandler)
 
-	s := generate(t, c, `{"n":500}`, nil)
+	s := planetest.Generate(t, c, `{"n":500}`, nil)
 	var items [][]byte
 	for {
 		it, err := s.Next(context.Background())
@@ -1066,15 +963,15 @@ func TestNextForGoConsumers(t *testing.T) {
 
 	// A done ctx returns its error and leaves the stream alone.
 	hold := make(chan struct{})
-	serve(t, host, "test.next.hold", func(req *plane.Request) {
+	planetest.Serve(t, host, "test.next.hold", func(w *planetest.Worker, req *plane.Request) {
 		select {
 		case <-hold:
 		case <-req.Ctx.Killed():
 		}
 	})
-	c2 := newClient(t, host, "test.next.hold")
-	waitInstances(t, c2, 1)
-	s = generate(t, c2, `{}`, nil)
+	c2 := planetest.Client(t, host, "test.next.hold")
+	planetest.WaitInstances(t, c2, 1)
+	s = planetest.Generate(t, c2, `{}`, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
 	defer cancel()
 	_, err := s.Next(ctx)
@@ -1087,7 +984,7 @@ func TestNextForGoConsumers(t *testing.T) {
 // Endpoint.Next is the blocking Accept for Go consumers: it returns ctx's
 // error when ctx ends first, and ErrClosed once the endpoint is closed.
 func TestEndpointNext(t *testing.T) {
-	host := startEmbedded(t)
+	host := planetest.Embedded(t)
 	ep, err := host.Serve("test.next.generate", nil)
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/dynamo-ctx/dynamo-ctx/go/ctxtree"
+	"github.com/dynamo-ctx/dynamo-ctx/go/internal/planetest"
 	"github.com/dynamo-ctx/dynamo-ctx/go/plane"
 )
 
@@ -24,7 +25,7 @@ const (
 // drainAll takes whatever is left so that a failed test releases what the
 // bug held, and returns the terminal error.
 func drainAll(s *plane.Stream) error {
-	_, _, err := drain(s, 0)
+	_, _, err := planetest.Drain(s, 0)
 	return err
 }
 
@@ -44,21 +45,18 @@ func killedOrKill(req *plane.Request) {
 // forever: Stream.run waits on s.wake, which only Take and Stream.Kill poke.
 func TestRegressionCallerCloseWithFullBufferLeaksStreamGoroutine(t *testing.T) {
 	const path = "test.bugclose.generate"
-	host := startEmbedded(t)
+	host := planetest.Embedded(t)
 	f := newFlood(100000)
-	serve(t, host, path, f.handle)
-	crt := join(t, host)
-	c := newClient(t, crt, path)
-	waitInstances(t, c, 1)
+	planetest.Serve(t, host, path, f.handle)
+	crt := planetest.Join(t, host)
+	c := planetest.Client(t, crt, path)
+	planetest.WaitInstances(t, c, 1)
 
-	s := generate(t, c, `{}`, nil)
-	require.NoError(t, waitStarted(s))
-	req := recv(t, f.reqs, "the request")
-	f.waitBlocked(t)
+	s, req, _ := f.start(t, c, nil)
 
 	crt.Close()
 	killedOrKill(req)
-	assert.True(t, goroutineGone(streamRun, 2*time.Second),
+	assert.True(t, planetest.GoroutineGone(streamRun, 2*time.Second),
 		"Stream.run still running after its runtime was closed")
 	assert.Error(t, drainAll(s))
 }
@@ -67,22 +65,15 @@ func TestRegressionCallerCloseWithFullBufferLeaksStreamGoroutine(t *testing.T) {
 // but the stream's goroutine stays blocked until someone Takes.
 func TestRegressionParentKillWithFullBufferLeaksStreamGoroutine(t *testing.T) {
 	const path = "test.bugparent.generate"
-	host := startEmbedded(t)
-	wrt := join(t, host)
 	f := newFlood(100000)
-	serve(t, wrt, path, f.handle)
-	c := newClient(t, host, path)
-	waitInstances(t, c, 1)
+	_, _, c := planetest.ServeAndConnect(t, path, f.handle)
 
 	parent := ctxtree.New("frontend")
-	s := generate(t, c, `{}`, parent)
-	require.NoError(t, waitStarted(s))
-	req := recv(t, f.reqs, "the request")
-	f.waitBlocked(t)
+	s, req, _ := f.start(t, c, parent)
 
 	parent.Kill()
 	killedOrKill(req)
-	assert.True(t, goroutineGone(streamRun, 2*time.Second),
+	assert.True(t, planetest.GoroutineGone(streamRun, 2*time.Second),
 		"Stream.run still running after its request was killed")
 	assert.Equal(t, io.EOF, drainAll(s))
 }
@@ -98,16 +89,16 @@ func TestRegressionKillDuringSendMayNotReachHandler(t *testing.T) {
 	for _, how := range []string{"kill", "caller lost"} {
 		t.Run(how, func(t *testing.T) {
 			const path, tries = "test.bugkillsend.generate", 100
-			host := startEmbedded(t)
+			host := planetest.Embedded(t)
 			f := newFlood(1 << 30)
-			serve(t, host, path, f.handle)
+			planetest.Serve(t, host, path, f.handle)
 			missed := 0
 			for range tries {
-				crt := join(t, host)
-				c := newClient(t, crt, path)
-				waitInstances(t, c, 1)
-				s := generate(t, c, `{}`, nil)
-				req := recv(t, f.reqs, "the request")
+				crt := planetest.Join(t, host)
+				c := planetest.Client(t, crt, path)
+				planetest.WaitInstances(t, c, 1)
+				s := planetest.Generate(t, c, `{}`, nil)
+				req := planetest.Recv(t, f.reqs, "the request")
 				// The caller consumes as fast as it can: the handler streams
 				// at full speed and Request.run is in SendBatch most of the time.
 				drained := make(chan struct{})
@@ -146,25 +137,18 @@ func TestRegressionKillDuringSendMayNotReachHandler(t *testing.T) {
 // Runtime.Close until the caller reads or goes away.
 func TestRegressionWorkerCloseWithSlowCallerLeavesRequestRunning(t *testing.T) {
 	const path = "test.bugshutdown.generate"
-	host := startEmbedded(t)
-	wrt := join(t, host)
 	f := newFlood(100000)
-	serve(t, wrt, path, f.handle)
-	c := newClient(t, host, path)
-	waitInstances(t, c, 1)
+	_, w, c := planetest.ServeAndConnect(t, path, f.handle)
 
-	s := generate(t, c, `{}`, nil)
-	require.NoError(t, waitStarted(s))
-	req := recv(t, f.reqs, "the request")
-	sent := f.waitBlocked(t)
+	s, req, sent := f.start(t, c, nil)
 
-	wrt.Close()
-	require.True(t, closedWithin(req.Ctx.Killed()))
+	w.RT.Close()
+	require.True(t, planetest.ClosedWithin(req.Ctx.Killed()))
 	assert.Equal(t, ctxtree.ReasonShutdown, req.Ctx.Reason())
-	assert.True(t, goroutineGone(requestRun, 2*time.Second),
+	assert.True(t, planetest.GoroutineGone(requestRun, 2*time.Second),
 		"Request.run still running after the worker's runtime was closed")
 
-	items, _, err := drain(s, 0)
+	items, _, err := planetest.Drain(s, 0)
 	assert.ErrorIs(t, err, plane.ErrIncomplete)
 	assert.LessOrEqual(t, int64(len(items)), sent)
 	assert.False(t, errors.Is(err, io.EOF))

@@ -17,6 +17,7 @@ import (
 
 	"github.com/dynamo-ctx/dynamo-ctx/go/ctxtree"
 	"github.com/dynamo-ctx/dynamo-ctx/go/discovery"
+	"github.com/dynamo-ctx/dynamo-ctx/go/internal/planetest"
 	"github.com/dynamo-ctx/dynamo-ctx/go/natsbus"
 	"github.com/dynamo-ctx/dynamo-ctx/go/plane"
 )
@@ -48,19 +49,12 @@ func TestValidateID(t *testing.T) {
 // one request carries the same key.
 func TestKeyPerRequest(t *testing.T) {
 	const path = "test.keys.generate"
-	host := startEmbedded(t)
-	wrt := join(t, host)
 	got := make(chan *plane.Request, 4)
-	w := serve(t, wrt, path, func(req *plane.Request) {
-		got <- req
-		<-req.Ctx.Killed()
-	})
-	c := newClient(t, host, path)
-	waitInstances(t, c, 1)
+	_, w, c := planetest.ServeAndConnect(t, path, planetest.Hold(got))
 
-	a := generate(t, c, `"a"`, ctxtree.New("same"))
-	b := generate(t, c, `"b"`, ctxtree.New("same"))
-	ra, rb := recv(t, got, "a"), recv(t, got, "b")
+	a := planetest.Generate(t, c, `"a"`, ctxtree.New("same"))
+	b := planetest.Generate(t, c, `"b"`, ctxtree.New("same"))
+	ra, rb := planetest.Recv(t, got, "a"), planetest.Recv(t, got, "b")
 	if string(ra.Payload) != `"a"` {
 		ra, rb = rb, ra
 	}
@@ -69,34 +63,31 @@ func TestKeyPerRequest(t *testing.T) {
 	assert.NotEqual(t, a.Key(), b.Key())
 	assert.Equal(t, a.Key(), ra.Key)
 	assert.Equal(t, b.Key(), rb.Key)
-	assert.Equal(t, w.ep.InstanceID(), a.Instance())
+	assert.Equal(t, w.EP.InstanceID(), a.Instance())
 	a.Kill()
-	require.True(t, closedWithin(ra.Ctx.Killed()))
+	require.True(t, planetest.ClosedWithin(ra.Ctx.Killed()))
 	assert.False(t, rb.Ctx.IsKilled(), "killing one request killed the other with the same id")
 	b.Kill()
-	require.True(t, closedWithin(rb.Ctx.Killed()))
+	require.True(t, planetest.ClosedWithin(rb.Ctx.Killed()))
 
 	// Migration: the first attempt goes to an instance that does not exist
 	// (no responders), the retry to the worker, with the same key.
 	m, err := c.GenerateMigrating([]byte(`"m"`), ctxtree.New("mig"), plane.Direct, 12345, 2)
 	require.NoError(t, err)
-	rm := recv(t, got, "the migrated request")
+	rm := planetest.Recv(t, got, "the migrated request")
 	assert.Equal(t, m.Key(), rm.Key)
 	assert.Equal(t, "mig", rm.ID)
-	assert.Equal(t, w.ep.InstanceID(), m.Instance(), "Instance is the current attempt's")
+	assert.Equal(t, w.EP.InstanceID(), m.Instance(), "Instance is the current attempt's")
 	m.Kill()
-	require.True(t, closedWithin(rm.Ctx.Killed()))
+	require.True(t, planetest.ClosedWithin(rm.Ctx.Killed()))
 }
 
 // TestErrTooLarge: a request the NATS server could not carry is refused
 // before anything is sent, with and without migration.
 func TestErrTooLarge(t *testing.T) {
 	const path = "test.large.generate"
-	host := startEmbedded(t)
 	got := make(chan *plane.Request, 1)
-	serve(t, join(t, host), path, func(req *plane.Request) { got <- req })
-	c := newClient(t, host, path)
-	waitInstances(t, c, 1)
+	host, _, c := planetest.ServeAndConnect(t, path, func(w *planetest.Worker, req *plane.Request) { got <- req })
 	max := int(host.Bus().Conn().MaxPayload())
 	big := []byte(`"` + strings.Repeat("x", max) + `"`)
 	_, err := c.Generate(big, nil, plane.RoundRobin, 0)
@@ -113,9 +104,9 @@ func TestErrTooLarge(t *testing.T) {
 	case <-time.After(50 * time.Millisecond):
 	}
 	// A request just under the limit goes through.
-	s := generate(t, c, `"`+strings.Repeat("y", max/2)+`"`, nil)
-	recv(t, got, "the request under the limit")
-	_, _, err = drain(s, 0)
+	s := planetest.Generate(t, c, `"`+strings.Repeat("y", max/2)+`"`, nil)
+	planetest.Recv(t, got, "the request under the limit")
+	_, _, err = planetest.Drain(s, 0)
 	assert.Equal(t, io.EOF, err)
 }
 
@@ -123,18 +114,17 @@ func TestErrTooLarge(t *testing.T) {
 // token) sends a worker malformed or forged envelopes. Each is refused with
 // an acknowledgement naming it malformed (or ignored, without a reply
 // subject); no handler runs, nothing panics, no goroutine is left behind
-// (startEmbedded checks).
+// (planetest.Embedded checks).
 func TestForgedEnvelopes(t *testing.T) {
 	const path = "test.forged.generate"
-	host := startEmbedded(t)
 	got := make(chan *plane.Request, 4)
-	w := serve(t, join(t, host), path, func(req *plane.Request) { got <- req })
+	host, w, c := planetest.ServeAndConnect(t, path, func(w *planetest.Worker, req *plane.Request) { got <- req })
 	opts, err := natsbus.ClientAuth(host.Bus().URL())
 	require.NoError(t, err)
 	nc, err := nats.Connect(host.Bus().URL(), opts...)
 	require.NoError(t, err)
 	defer nc.Close()
-	subject := discovery.RequestSubject(path, w.ep.InstanceID())
+	subject := discovery.RequestSubject(path, w.EP.InstanceID())
 
 	key, token := plane.NewKey(), plane.NewKey()
 	env := func(mut func(m map[string]any)) []byte {
@@ -164,7 +154,7 @@ func TestForgedEnvelopes(t *testing.T) {
 		"no request":     env(func(m map[string]any) { delete(m, "request") }),
 	}
 	for name, data := range cases {
-		msg, err := nc.Request(subject, data, waitLimit)
+		msg, err := nc.Request(subject, data, planetest.WaitLimit)
 		require.NoError(t, err, name)
 		assert.Contains(t, string(msg.Data), "malformed request envelope", name)
 	}
@@ -174,7 +164,7 @@ func TestForgedEnvelopes(t *testing.T) {
 	require.NoError(t, nc.Flush())
 	// Well formed, pointing at an address where no caller listens: the
 	// worker acknowledges, fails to connect and drops it; no handler runs.
-	msg, err := nc.Request(subject, env(func(map[string]any) {}), waitLimit)
+	msg, err := nc.Request(subject, env(func(map[string]any) {}), planetest.WaitLimit)
 	require.NoError(t, err)
 	assert.NotContains(t, string(msg.Data), "malformed")
 	select {
@@ -183,11 +173,9 @@ func TestForgedEnvelopes(t *testing.T) {
 	case <-time.After(200 * time.Millisecond):
 	}
 	// The worker still serves.
-	c := newClient(t, host, path)
-	waitInstances(t, c, 1)
-	s := generate(t, c, `1`, nil)
-	recv(t, got, "a real request")
-	_, _, err = drain(s, 0)
+	s := planetest.Generate(t, c, `1`, nil)
+	planetest.Recv(t, got, "a real request")
+	_, _, err = planetest.Drain(s, 0)
 	assert.Equal(t, io.EOF, err)
 }
 
@@ -196,32 +184,29 @@ func TestForgedEnvelopes(t *testing.T) {
 // nothing: the frontend does not count it); a killed one is not.
 func TestCompletedBeforeTaken(t *testing.T) {
 	const path = "test.completed.generate"
-	host := startEmbedded(t)
-	serve(t, join(t, host), path, func(req *plane.Request) {
+	_, _, c := planetest.ServeAndConnect(t, path, func(w *planetest.Worker, req *plane.Request) {
 		if string(req.Payload) == "2" { // until killed
 			<-req.Ctx.Killed()
 			return
 		}
 		for i := range 3 {
-			if !send(req, num(i)) {
+			if !w.Send(req, num(i)) {
 				return
 			}
 		}
 	})
-	c := newClient(t, host, path)
-	waitInstances(t, c, 1)
 
-	s := generate(t, c, `1`, nil)
-	require.Eventually(t, s.Completed, waitLimit, time.Millisecond, "the final frame arrives")
-	items, _, err := drain(s, 0)
+	s := planetest.Generate(t, c, `1`, nil)
+	require.Eventually(t, s.Completed, planetest.WaitLimit, time.Millisecond, "the final frame arrives")
+	items, _, err := planetest.Drain(s, 0)
 	assert.Equal(t, io.EOF, err)
 	requireSeq(t, items, 0, 3)
 	assert.True(t, s.Completed())
 
 	parent := ctxtree.New("completed-killed")
-	s = generate(t, c, `2`, parent)
-	require.NoError(t, waitStarted(s))
+	s = planetest.Generate(t, c, `2`, parent)
+	require.NoError(t, planetest.WaitStarted(s))
 	parent.Cancel(ctxtree.Killed, ctxtree.ReasonKill)
-	_, _, _ = drain(s, 0)
+	_, _, _ = planetest.Drain(s, 0)
 	assert.False(t, s.Completed(), "a killed stream did not complete")
 }

@@ -1,0 +1,37 @@
+package plane
+
+// Unexported state the external tests (package plane_test) reach, for the
+// situations they set up by hand. They are external because the harness they
+// share with the other packages' tests, go/internal/planetest, imports plane
+// (see its package comment).
+
+// SetRoundRobin makes c's next round-robin pick its i-th instance (in the
+// order of InstanceIDs).
+func SetRoundRobin(c *Client, i int) { c.rr.Store(uint64(i)) }
+
+// Serving reports whether e still serves req: its response stream is open.
+func Serving(e *Endpoint, req *Request) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	_, ok := e.active[req]
+	return ok
+}
+
+// NumServing is the number of requests e serves.
+func NumServing(e *Endpoint) int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return len(e.active)
+}
+
+// SetClosing sets the mark Endpoint.Close sets first: while it is set, e
+// refuses new requests although it is still subscribed and listed.
+func SetClosing(e *Endpoint, closing bool) {
+	e.mu.Lock()
+	e.closed = closing
+	e.mu.Unlock()
+}
+
+// StopReceiving unsubscribes e from its requests while its lease still
+// lists it: a worker that died before its lease expired.
+func StopReceiving(e *Endpoint) error { return e.sub.Unsubscribe() }

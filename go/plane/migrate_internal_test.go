@@ -1,0 +1,82 @@
+package plane
+
+import (
+	"encoding/json"
+	"slices"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// The continuation of a token request: token_ids extended by the tokens
+// received, max_tokens reduced by their number (top level and under
+// stop_conditions, never below 0), other fields kept; a payload that is not
+// an object is resent unchanged.
+func TestMigrationContinuation(t *testing.T) {
+	three := []json.RawMessage{json.RawMessage("7"), json.RawMessage("8"), json.RawMessage("9")}
+	for _, tc := range []struct {
+		name     string
+		payload  string
+		received []json.RawMessage
+		want     string // JSON; "" when an error is expected
+	}{
+		{name: "top-level max_tokens",
+			payload: `{"token_ids":[1,2],"max_tokens":10}`, received: three,
+			want: `{"token_ids":[1,2,7,8,9],"max_tokens":7}`},
+		{name: "stop_conditions max_tokens, other fields kept",
+			payload:  `{"token_ids":[1],"stop_conditions":{"max_tokens":5,"stop":["x"]},"sampling_options":{"temperature":0.5},"model":"m"}`,
+			received: three[:1],
+			want:     `{"token_ids":[1,7],"stop_conditions":{"max_tokens":4,"stop":["x"]},"sampling_options":{"temperature":0.5},"model":"m"}`},
+		{name: "both places reduced",
+			payload: `{"token_ids":[],"max_tokens":4,"stop_conditions":{"max_tokens":6}}`, received: three,
+			want: `{"token_ids":[7,8,9],"max_tokens":1,"stop_conditions":{"max_tokens":3}}`},
+		{name: "never below zero",
+			payload: `{"token_ids":[1],"max_tokens":2,"stop_conditions":{"max_tokens":1}}`, received: three,
+			want: `{"token_ids":[1,7,8,9],"max_tokens":0,"stop_conditions":{"max_tokens":0}}`},
+		{name: "exactly zero left",
+			payload: `{"token_ids":[1],"max_tokens":3}`, received: three,
+			want: `{"token_ids":[1,7,8,9],"max_tokens":0}`},
+		{name: "no max_tokens",
+			payload: `{"token_ids":[1,2]}`, received: three[:2],
+			want: `{"token_ids":[1,2,7,8]}`},
+		{name: "no token_ids yet",
+			payload: `{"max_tokens":5}`, received: three[:1],
+			want: `{"token_ids":[7],"max_tokens":4}`},
+		{name: "large token ids kept exactly",
+			payload:  `{"token_ids":[151643,128000],"max_tokens":100}`,
+			received: []json.RawMessage{json.RawMessage("4294967295"), json.RawMessage("151645")},
+			want:     `{"token_ids":[151643,128000,4294967295,151645],"max_tokens":98}`},
+		{name: "non-integer max_tokens unchanged",
+			payload: `{"token_ids":[1],"max_tokens":"ten"}`, received: three[:1],
+			want: `{"token_ids":[1,7],"max_tokens":"ten"}`},
+		{name: "null stop_conditions unchanged",
+			payload: `{"token_ids":[1],"stop_conditions":null}`, received: three[:1],
+			want: `{"token_ids":[1,7],"stop_conditions":null}`},
+		{name: "array payload unchanged", payload: `[1,2,3]`, received: three, want: `[1,2,3]`},
+		{name: "string payload unchanged", payload: `"hello"`, received: three, want: `"hello"`},
+		{name: "number payload unchanged", payload: `42`, received: three, want: `42`},
+		{name: "token_ids not an array is an error",
+			payload: `{"token_ids":"abc","max_tokens":3}`, received: three, want: ""},
+		{name: "null max_tokens (no limit) stays null",
+			payload: `{"token_ids":[1],"stop_conditions":{"max_tokens":null}}`, received: three,
+			want: `{"token_ids":[1,7,8,9],"stop_conditions":{"max_tokens":null}}`},
+		{name: "null payload unchanged",
+			payload: `null`, received: three, want: `null`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			in := []byte(tc.payload)
+			orig := slices.Clone(in)
+			var got []byte
+			var err error
+			require.NotPanics(t, func() { got, err = continuation(in, tc.received) })
+			assert.Equal(t, orig, in, "the original payload is not modified")
+			if tc.want == "" {
+				assert.Error(t, err)
+				return
+			}
+			require.NoError(t, err)
+			assert.JSONEq(t, tc.want, string(got))
+		})
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/dynamo-ctx/dynamo-ctx/go/ctxtree"
+	"github.com/dynamo-ctx/dynamo-ctx/go/internal/planetest"
 	"github.com/dynamo-ctx/dynamo-ctx/go/plane"
 )
 
@@ -22,11 +23,7 @@ func TestKillOutcomeMatchesConfirmations(t *testing.T) {
 	for _, migrating := range []bool{false, true} {
 		t.Run(fmt.Sprintf("migrating=%v", migrating), func(t *testing.T) {
 			path := fmt.Sprintf("test.killoutcome%v.generate", migrating)
-			host := startEmbedded(t)
-			wrt := join(t, host)
-			serve(t, wrt, path, countHandler)
-			c := newClient(t, host, path)
-			waitInstances(t, c, 1)
+			host, _, c := planetest.ServeAndConnect(t, path, countHandler)
 			if migrating {
 				c.SetMigrationLimit(2)
 			}
@@ -44,9 +41,9 @@ func TestKillOutcomeMatchesConfirmations(t *testing.T) {
 			outcomes := make(chan [2]any, iterations)
 			for i := range iterations {
 				parent := ctxtree.New(fmt.Sprintf("outcome-%d", i))
-				s := generate(t, c, fmt.Sprintf(`{"n":%d}`, n), parent)
+				s := planetest.Generate(t, c, fmt.Sprintf(`{"n":%d}`, n), parent)
 				k := n - 1 - i%3 // kill after item n-3, n-2 or n-1
-				_, err := take(s, k)
+				_, err := planetest.Take(s, k)
 				require.NoError(t, err)
 				if i%4 == 0 {
 					time.Sleep(time.Duration(i%5) * 50 * time.Microsecond)
@@ -60,7 +57,7 @@ func TestKillOutcomeMatchesConfirmations(t *testing.T) {
 				select {
 				case o := <-outcomes:
 					aborted[o[0].(string)] = o[1].(bool)
-				case <-time.After(waitLimit):
+				case <-time.After(planetest.WaitLimit):
 					t.Fatalf("%d kill outcomes of %d", len(aborted), iterations)
 				}
 			}
@@ -70,7 +67,7 @@ func TestKillOutcomeMatchesConfirmations(t *testing.T) {
 					want++
 				}
 			}
-			deadline := time.Now().Add(waitLimit)
+			deadline := time.Now().Add(planetest.WaitLimit)
 			for {
 				mu.Lock()
 				got := len(confirmed)

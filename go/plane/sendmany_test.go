@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/dynamo-ctx/dynamo-ctx/go/internal/planetest"
 	"github.com/dynamo-ctx/dynamo-ctx/go/plane"
 )
 
@@ -15,9 +16,8 @@ import (
 // item that is not JSON; the caller receives exactly the items queued.
 func TestSendMany(t *testing.T) {
 	const path = "test.sendmany.generate"
-	host := startEmbedded(t)
 	results := make(chan [3]any, 1)
-	serve(t, host, path, func(req *plane.Request) {
+	_, _, c := planetest.ServeAndConnect(t, path, func(_ *planetest.Worker, req *plane.Request) {
 		var batch [][]byte
 		for i := range 300 { // more than the send buffer holds
 			batch = append(batch, num(i))
@@ -25,7 +25,7 @@ func TestSendMany(t *testing.T) {
 		n1, err1 := req.SendMany(batch)
 		// The rest after the buffer drained (Arm), then a bad item in the middle.
 		for n := n1; n < len(batch); {
-			f, ch := armed()
+			f, ch := planetest.Armed()
 			req.Arm(f)
 			<-ch
 			k, err := req.SendMany(batch[n:])
@@ -37,13 +37,11 @@ func TestSendMany(t *testing.T) {
 		n2, err2 := req.SendMany([][]byte{num(300), []byte("{not json"), num(301)})
 		results <- [3]any{n1, err1, [2]any{n2, err2}}
 	})
-	c := newClient(t, host, path)
-	waitInstances(t, c, 1)
-	s := generate(t, c, `{}`, nil)
-	items, _, err := drain(s, 0)
+	s := planetest.Generate(t, c, `{}`, nil)
+	items, _, err := planetest.Drain(s, 0)
 	require.Equal(t, io.EOF, err)
 	requireSeq(t, items, 0, 301)
-	r := recv(t, results, "the handler's results")
+	r := planetest.Recv(t, results, "the handler's results")
 	assert.Less(t, r[0].(int), 300, "the first call cannot take all 300")
 	assert.ErrorIs(t, r[1].(error), plane.ErrFull)
 	second := r[2].([2]any)

@@ -73,6 +73,7 @@ import (
 
 	"github.com/dynamo-ctx/dynamo-ctx/go/ctxtree"
 	"github.com/dynamo-ctx/dynamo-ctx/go/plane"
+	"github.com/dynamo-ctx/dynamo-ctx/go/tokens"
 )
 
 // Options configures New.
@@ -618,10 +619,8 @@ func detokenize(ids []int) string {
 	return b.String()
 }
 
-type workerItem struct {
-	TokenIDs     []int   `json:"token_ids"`
-	FinishReason *string `json:"finish_reason"`
-}
+// workerItem is a worker's response item (the token schema: go/tokens).
+type workerItem = tokens.Item
 
 // choice is one worker request of an HTTP request (one choice of the
 // response) and what it has produced.
@@ -942,9 +941,9 @@ func next(ctx context.Context, s *plane.Stream) (workerItem, error) {
 	if err != nil {
 		return workerItem{}, err
 	}
-	var it workerItem
-	if err := json.Unmarshal(raw, &it); err != nil {
-		return workerItem{}, fmt.Errorf("worker sent a malformed item: %w", err)
+	it, err := tokens.ParseItem(raw)
+	if err != nil {
+		return workerItem{}, fmt.Errorf("worker sent a %w", err)
 	}
 	return it, nil
 }

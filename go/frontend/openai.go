@@ -29,6 +29,8 @@ import (
 	"math"
 	"math/rand/v2"
 	"strings"
+
+	"github.com/dynamo-ctx/dynamo-ctx/go/tokens"
 )
 
 // Bounds of the request parameters.
@@ -374,16 +376,11 @@ func (p *plan) maxTokens(promptLen, limit, defaultMax int) (int, error) {
 	return n, nil
 }
 
-// payload is the token request for one choice.
-func (p *plan) payload(model string, tokens []int, maxTokens, choice int) []byte {
+// payload is the token request for one choice (go/tokens: the schema).
+func (p *plan) payload(model string, ids []int, maxTokens, choice int) []byte {
 	req := p.req
-	stop := map[string]any{"max_tokens": maxTokens}
-	if len(req.StopTokenIDs) > 0 {
-		stop["stop_token_ids"] = req.StopTokenIDs
-	}
-	if req.IgnoreEOS != nil {
-		stop["ignore_eos"] = *req.IgnoreEOS
-	}
+	out := tokens.Outgoing{Model: model, TokenIDs: ids, StopConditions: tokens.StopConditions{
+		MaxTokens: maxTokens, StopTokenIDs: req.StopTokenIDs, IgnoreEOS: req.IgnoreEOS}}
 	sampling := map[string]any{}
 	if p.seed != nil {
 		sampling["seed"] = *p.seed + int64(choice%p.n)
@@ -394,12 +391,10 @@ func (p *plan) payload(model string, tokens []int, maxTokens, choice int) []byte
 			sampling[k] = *v
 		}
 	}
-	body := map[string]any{"model": model, "token_ids": tokens, "stop_conditions": stop}
 	if len(sampling) > 0 {
-		body["sampling_options"] = sampling
+		out.SamplingOptions = sampling
 	}
-	b, _ := json.Marshal(body)
-	return b
+	return out.Encode()
 }
 
 // stopper finds stop strings in a choice's text as it streams: text that

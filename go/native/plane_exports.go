@@ -19,6 +19,7 @@ import (
 	"github.com/dynamo-ctx/dynamo-ctx/go/discovery"
 	"github.com/dynamo-ctx/dynamo-ctx/go/handle"
 	"github.com/dynamo-ctx/dynamo-ctx/go/plane"
+	"github.com/dynamo-ctx/dynamo-ctx/go/tokens"
 )
 
 const (
@@ -96,8 +97,9 @@ func dc_runtime_new(url *C.char, urlLen C.size_t, out *C.uint64_t) (rc C.int) {
 	ctx, cancel := context.WithTimeout(context.Background(), connectTimeout)
 	defer cancel()
 	rt, err := plane.New(ctx, plane.Options{
-		NATS:       plane.NATSOptions{URL: string(goBytes(url, urlLen))},
-		NewContext: newContext,
+		NATS:         plane.NATSOptions{URL: string(goBytes(url, urlLen))},
+		NewContext:   newContext,
+		Continuation: func() plane.Continuation { return tokens.New() },
 	})
 	if err != nil {
 		return fail(C.DC_ECONNECT, "dc_runtime_new: %v", err)

@@ -2,7 +2,6 @@ package plane
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"io"
 	"log/slog"
@@ -38,12 +37,14 @@ import (
 //     the request's context with the same id, linked before it is sent, so a
 //     stop or kill that lands during or between attempts reaches the current
 //     attempt's worker.
-//   - Continuity: token ids received so far are appended to the request's
-//     "token_ids" and its "max_tokens" (top level, or under
-//     "stop_conditions") is reduced by their number, so the next worker
-//     continues where the last stopped; the caller sees one stream, with no
-//     token lost or repeated (items of a broken attempt that arrived are
-//     passed on once, nothing is replayed).
+//   - Continuity: the runtime's Continuation hook (Options.Continuation)
+//     sees every item passed to the caller and rewrites the request for the
+//     next worker, so that it continues where the last stopped; the caller
+//     sees one stream, nothing lost or repeated (items of a broken attempt
+//     that arrived are passed on once, nothing is replayed). The plane knows
+//     no schema: the library installs the token schema's (go/tokens:
+//     "token_ids" extended by the tokens received, "max_tokens" reduced by
+//     their number). Without a hook the request is sent again unchanged.
 
 // GenerateMigrating is Generate with migration: up to limit retries. The
 // returned stream's context is the request's context (a child of parent, or
@@ -96,8 +97,12 @@ func (s *Stream) backoff(n int) bool {
 }
 
 func (s *Stream) migrate(c *Client, payload []byte, route Route, instance uint64, limit int, o generateOptions) {
-	var received []json.RawMessage // token ids passed to the caller so far
-	exclude := map[uint64]bool{}   // instances that failed this request
+	var cont Continuation // what carries the request to the next attempt (nil: resent unchanged)
+	if c.rt != nil && c.rt.opts.Continuation != nil {
+		cont = c.rt.opts.Continuation()
+	}
+	passed := 0                  // items passed to the caller so far
+	exclude := map[uint64]bool{} // instances that failed this request
 	for attempt := 0; ; attempt++ {
 		if attempt > 0 && (s.ctx.IsStopped() || !s.backoff(attempt)) {
 			// Cancelled: no new attempt starts. (The first one always goes
@@ -107,9 +112,9 @@ func (s *Stream) migrate(c *Client, payload []byte, route Route, instance uint64
 			return
 		}
 		p := payload
-		if len(received) > 0 {
+		if passed > 0 && cont != nil {
 			var err error
-			if p, err = continuation(payload, received); err != nil {
+			if p, err = cont.Next(payload); err != nil {
 				s.end(err)
 				return
 			}
@@ -122,7 +127,7 @@ func (s *Stream) migrate(c *Client, payload []byte, route Route, instance uint64
 		s.attempt.Store(inner)
 		if err = inner.waitStarted(); err == nil {
 			s.markStarted()
-			err = s.relay(inner, &received)
+			err = s.relay(inner, cont, &passed)
 		}
 		inner.Kill() // no-op if it ended; releases it otherwise
 		switch {
@@ -141,7 +146,7 @@ func (s *Stream) migrate(c *Client, payload []byte, route Route, instance uint64
 				route = RoundRobin // the instance it was sent to just failed
 			}
 			slog.Debug("migrating request", "request_id", s.ctx.ID(), "attempt", attempt+1,
-				"migration_limit", limit, "tokens_so_far", len(received),
+				"migration_limit", limit, "items_so_far", passed,
 				"failed_instance", inner.instance, "error", err.Error())
 			continue
 		default:
@@ -151,56 +156,17 @@ func (s *Stream) migrate(c *Client, payload []byte, route Route, instance uint64
 	}
 }
 
-// relay passes one attempt's items to the caller, recording their token ids.
-func (s *Stream) relay(inner *Stream, received *[]json.RawMessage) error {
+// relay passes one attempt's items to the caller, showing each to cont.
+func (s *Stream) relay(inner *Stream, cont Continuation, passed *int) error {
 	for {
 		item, err := inner.Next(context.Background())
 		if err != nil {
 			return err
 		}
-		var tok struct {
-			TokenIDs []json.RawMessage `json:"token_ids"`
+		if cont != nil {
+			cont.Observe(item)
 		}
-		if json.Unmarshal(item, &tok) == nil {
-			*received = append(*received, tok.TokenIDs...)
-		}
+		*passed++
 		s.push(item)
 	}
-}
-
-// continuation rewrites the request for the next worker: token_ids extended
-// by the tokens received, max_tokens reduced by their number.
-func continuation(payload []byte, received []json.RawMessage) ([]byte, error) {
-	var req map[string]json.RawMessage
-	if err := json.Unmarshal(payload, &req); err != nil || req == nil {
-		return payload, nil // not a token request (or null): resend as is
-	}
-	var ids []json.RawMessage
-	if raw, ok := req["token_ids"]; ok {
-		if err := json.Unmarshal(raw, &ids); err != nil {
-			return nil, err
-		}
-	}
-	ids = append(ids, received...)
-	req["token_ids"] = mustJSON(ids)
-	reduce := func(m map[string]json.RawMessage) {
-		var n int64
-		// null (no limit) stays null: Unmarshal of null leaves n at 0.
-		if raw, ok := m["max_tokens"]; ok && string(raw) != "null" && json.Unmarshal(raw, &n) == nil {
-			n -= int64(len(received))
-			if n < 0 {
-				n = 0
-			}
-			m["max_tokens"] = mustJSON(n)
-		}
-	}
-	reduce(req)
-	if raw, ok := req["stop_conditions"]; ok {
-		var sc map[string]json.RawMessage
-		if json.Unmarshal(raw, &sc) == nil {
-			reduce(sc)
-			req["stop_conditions"] = mustJSON(sc)
-		}
-	}
-	return json.Marshal(req)
 }

@@ -165,6 +165,20 @@ type Options struct {
 	// an outgoing request's). Nil means ctxtree.New; the native library
 	// passes one that keeps the state word outside the Go heap.
 	NewContext func(id string) *ctxtree.Context
+	// Continuation makes, for each migrating request, what carries it from
+	// one attempt to the next (see Continuation). Nil means the request is
+	// sent again unchanged: the plane knows no schema of its own. The native
+	// library passes tokens.New, the token schema's.
+	Continuation func() Continuation
+}
+
+// Continuation carries one migrating request across its attempts (a hook:
+// the plane itself only moves JSON). Observe sees every item passed to the
+// caller, in order; Next returns the request to send to the next worker,
+// given the original one, so that it continues where the last stopped.
+type Continuation interface {
+	Observe(item []byte)
+	Next(payload []byte) ([]byte, error)
 }
 
 // Runtime is one process's membership in the request plane.

@@ -39,6 +39,7 @@ import (
 	"github.com/dynamo-ctx/dynamo-ctx/go/ctxtree"
 	"github.com/dynamo-ctx/dynamo-ctx/go/natsbus"
 	"github.com/dynamo-ctx/dynamo-ctx/go/plane"
+	"github.com/dynamo-ctx/dynamo-ctx/go/tokens"
 )
 
 // WaitLimit bounds every wait of the tests, so that a bug shows up as a
@@ -123,7 +124,8 @@ func Join(tb testing.TB, host *plane.Runtime, opts ...Option) *plane.Runtime {
 
 func start(tb testing.TB, url string, opts ...Option) *plane.Runtime {
 	tb.Helper()
-	o := plane.Options{NATS: natsbus.Options{URL: url, Logger: Quiet}}
+	// As the library does: migration continues token requests (go/tokens).
+	o := plane.Options{NATS: natsbus.Options{URL: url, Logger: Quiet}, Continuation: func() plane.Continuation { return tokens.New() }}
 	for _, f := range opts {
 		f(&o)
 	}
@@ -287,36 +289,11 @@ func Hold(got chan<- *plane.Request) Handler {
 
 // --- tokens ------------------------------------------------------------------
 
-// TokenRequest is a token request as a worker reads it: the prompt's (or
-// the sequence so far's) token ids, and how many more to produce.
-type TokenRequest struct {
-	TokenIDs []int
-	// MaxTokens is stop_conditions.max_tokens, else max_tokens, else -1.
-	MaxTokens int
-}
+// TokenRequest is a token request as a worker reads it (go/tokens).
+type TokenRequest = tokens.Request
 
-// ParseTokenRequest reads {"token_ids": [...], "max_tokens": N} or
-// {"token_ids": [...], "stop_conditions": {"max_tokens": N}} (Dynamo's shape).
-func ParseTokenRequest(payload []byte) (TokenRequest, error) {
-	var p struct {
-		TokenIDs       []int `json:"token_ids"`
-		MaxTokens      *int  `json:"max_tokens"`
-		StopConditions *struct {
-			MaxTokens *int `json:"max_tokens"`
-		} `json:"stop_conditions"`
-	}
-	if err := json.Unmarshal(payload, &p); err != nil {
-		return TokenRequest{}, err
-	}
-	r := TokenRequest{TokenIDs: p.TokenIDs, MaxTokens: -1}
-	switch {
-	case p.StopConditions != nil && p.StopConditions.MaxTokens != nil:
-		r.MaxTokens = *p.StopConditions.MaxTokens
-	case p.MaxTokens != nil:
-		r.MaxTokens = *p.MaxTokens
-	}
-	return r, nil
-}
+// ParseTokenRequest reads a token request (tokens.ParseRequest).
+func ParseTokenRequest(payload []byte) (TokenRequest, error) { return tokens.ParseRequest(payload) }
 
 // TokenItem is the response item of the token at position k of the sequence:
 // {"token_ids": [k], "finish_reason": finish}, finish null when "".

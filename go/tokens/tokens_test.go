@@ -1,4 +1,4 @@
-package plane
+package tokens
 
 import (
 	"encoding/json"
@@ -7,6 +7,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
 )
 
 // The continuation of a token request: token_ids extended by the tokens
@@ -79,4 +80,52 @@ func TestMigrationContinuation(t *testing.T) {
 			assert.JSONEq(t, tc.want, string(got))
 		})
 	}
+}
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// A Continuation observes the items passed on and rewrites the request
+// with what it saw; without tokens the request is unchanged.
+func TestContinuation(t *testing.T) {
+	c := New()
+	payload := []byte(`{"token_ids":[1],"max_tokens":5}`)
+	got, err := c.Next(payload)
+	require.NoError(t, err)
+	assert.Equal(t, string(payload), string(got))
+	c.Observe([]byte(`{"token_ids":[7,8],"finish_reason":null}`))
+	c.Observe([]byte(`{"text":"no tokens"}`))
+	c.Observe([]byte(`42`))
+	c.Observe([]byte(`{"token_ids":[9],"finish_reason":"length"}`))
+	assert.Equal(t, 3, c.Count())
+	got, err = c.Next(payload)
+	require.NoError(t, err)
+	assert.JSONEq(t, `{"token_ids":[1,7,8,9],"max_tokens":2}`, string(got))
+}
+
+func TestParseItem(t *testing.T) {
+	it, err := ParseItem([]byte(`{"token_ids":[3,4],"finish_reason":"stop"}`))
+	require.NoError(t, err)
+	assert.Equal(t, []int{3, 4}, it.TokenIDs)
+	require.NotNil(t, it.FinishReason)
+	assert.Equal(t, "stop", *it.FinishReason)
+	it, err = ParseItem([]byte(`{"token_ids":[5],"finish_reason":null}`))
+	require.NoError(t, err)
+	assert.Nil(t, it.FinishReason)
+	_, err = ParseItem([]byte(`{"token_ids":"x"}`))
+	assert.Error(t, err)
+}
+
+func TestParseRequest(t *testing.T) {
+	for payload, want := range map[string]Request{
+		`{"token_ids":[1,2],"max_tokens":5}`:                                  {TokenIDs: []int{1, 2}, MaxTokens: 5},
+		`{"token_ids":[1],"stop_conditions":{"max_tokens":3},"max_tokens":9}`: {TokenIDs: []int{1}, MaxTokens: 3},
+		`{"token_ids":[4]}`: {TokenIDs: []int{4}, MaxTokens: -1},
+		`{"token_ids":[],"stop_conditions":{"max_tokens":null}}`: {TokenIDs: []int{}, MaxTokens: -1},
+	} {
+		got, err := ParseRequest([]byte(payload))
+		require.NoError(t, err, payload)
+		assert.Equal(t, want, got, payload)
+	}
+	_, err := ParseRequest([]byte(`{"token_ids":"x"}`))
+	assert.Error(t, err)
 }

@@ -1,0 +1,163 @@
+// Package tokens is the one Go statement of the token schema that LLM
+// requests and their response items follow (Dynamo's preprocessed request,
+// the subset this project reads):
+//
+//   - a request carries "token_ids" (the prompt, then the tokens generated
+//     so far) and "max_tokens", at the top level or under
+//     "stop_conditions" (null: no limit);
+//   - a response item carries "token_ids" (the new tokens) and
+//     "finish_reason" (null until the last).
+//
+// The request plane stays generic JSON: it migrates a request through a
+// hook (plane.Options.Continuation), and a Continuation of this package is
+// what the library installs. The frontend reads items with ParseItem.
+// Python's own reader of the schema is dynamo_ctx/backends/vllm.py.
+package tokens
+
+import (
+	"encoding/json"
+	"fmt"
+)
+
+// Item is a response item as the schema defines it.
+type Item struct {
+	TokenIDs     []int   `json:"token_ids"`
+	FinishReason *string `json:"finish_reason"`
+}
+
+// Request is a token request as a worker reads it.
+type Request struct {
+	TokenIDs []int // the prompt's (or the sequence so far's) token ids
+	// MaxTokens is stop_conditions.max_tokens, else max_tokens, else -1 (no limit).
+	MaxTokens int
+}
+
+// ParseRequest reads a token request.
+func ParseRequest(payload []byte) (Request, error) {
+	var p struct {
+		TokenIDs       []int `json:"token_ids"`
+		MaxTokens      *int  `json:"max_tokens"`
+		StopConditions *struct {
+			MaxTokens *int `json:"max_tokens"`
+		} `json:"stop_conditions"`
+	}
+	if err := json.Unmarshal(payload, &p); err != nil {
+		return Request{}, err
+	}
+	r := Request{TokenIDs: p.TokenIDs, MaxTokens: -1}
+	switch {
+	case p.StopConditions != nil && p.StopConditions.MaxTokens != nil:
+		r.MaxTokens = *p.StopConditions.MaxTokens
+	case p.MaxTokens != nil:
+		r.MaxTokens = *p.MaxTokens
+	}
+	return r, nil
+}
+
+// Outgoing is a token request as a frontend writes it.
+type Outgoing struct {
+	Model           string         `json:"model"`
+	TokenIDs        []int          `json:"token_ids"`
+	StopConditions  StopConditions `json:"stop_conditions"`
+	SamplingOptions map[string]any `json:"sampling_options,omitempty"` // seed, temperature, top_p, ...
+}
+
+// StopConditions says when the engine stops.
+type StopConditions struct {
+	MaxTokens    int   `json:"max_tokens"`
+	StopTokenIDs []int `json:"stop_token_ids,omitempty"`
+	IgnoreEOS    *bool `json:"ignore_eos,omitempty"`
+}
+
+// Encode is the request's JSON.
+func (r *Outgoing) Encode() []byte { return mustJSON(r) }
+
+// ParseItem reads a response item.
+func ParseItem(raw []byte) (Item, error) {
+	var it Item
+	if err := json.Unmarshal(raw, &it); err != nil {
+		return Item{}, fmt.Errorf("malformed item: %w", err)
+	}
+	return it, nil
+}
+
+// Continuation carries a token request across migration attempts: it
+// records the token ids of the items passed to the caller (Observe), and
+// rewrites the request for the next worker so that it continues where the
+// last one stopped (Next): "token_ids" extended by those tokens,
+// "max_tokens" (top level and under "stop_conditions") reduced by their
+// number, never below 0. One Continuation serves one request.
+type Continuation struct {
+	received []json.RawMessage // token ids passed to the caller so far, as they were written
+}
+
+// New returns the Continuation of one request (plane.Options.Continuation).
+func New() *Continuation { return &Continuation{} }
+
+// Observe records an item passed to the caller. Items without token ids
+// (or not objects) add nothing.
+func (c *Continuation) Observe(item []byte) {
+	var tok struct {
+		TokenIDs []json.RawMessage `json:"token_ids"`
+	}
+	if json.Unmarshal(item, &tok) == nil {
+		c.received = append(c.received, tok.TokenIDs...)
+	}
+}
+
+// Count is the number of tokens observed.
+func (c *Continuation) Count() int { return len(c.received) }
+
+// Next returns payload rewritten for the next attempt (payload itself is
+// not modified). Without tokens observed, or for a payload that is not a
+// JSON object, it is payload unchanged; "token_ids" that is not an array
+// is an error.
+func (c *Continuation) Next(payload []byte) ([]byte, error) {
+	if len(c.received) == 0 {
+		return payload, nil
+	}
+	return continuation(payload, c.received)
+}
+
+func continuation(payload []byte, received []json.RawMessage) ([]byte, error) {
+	var req map[string]json.RawMessage
+	if err := json.Unmarshal(payload, &req); err != nil || req == nil {
+		return payload, nil // not a token request (or null): resend as is
+	}
+	var ids []json.RawMessage
+	if raw, ok := req["token_ids"]; ok {
+		if err := json.Unmarshal(raw, &ids); err != nil {
+			return nil, err
+		}
+	}
+	ids = append(ids, received...)
+	req["token_ids"] = mustJSON(ids)
+	reduce := func(m map[string]json.RawMessage) {
+		var n int64
+		// null (no limit) stays null: Unmarshal of null leaves n at 0.
+		if raw, ok := m["max_tokens"]; ok && string(raw) != "null" && json.Unmarshal(raw, &n) == nil {
+			n -= int64(len(received))
+			if n < 0 {
+				n = 0
+			}
+			m["max_tokens"] = mustJSON(n)
+		}
+	}
+	reduce(req)
+	if raw, ok := req["stop_conditions"]; ok {
+		var sc map[string]json.RawMessage
+		if json.Unmarshal(raw, &sc) == nil {
+			reduce(sc)
+			req["stop_conditions"] = mustJSON(sc)
+		}
+	}
+	return json.Marshal(req)
+}
+
+func mustJSON(v any) json.RawMessage {
+	b, err := json.Marshal(v)
+	if err != nil {
+		panic(err) // only values that always encode are passed
+	}
+	return b
+}

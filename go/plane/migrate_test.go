@@ -58,10 +58,10 @@ type migEnv struct {
 	byReq    sync.Map // *plane.Request -> its *migAttempt, from the accept loop to the handler
 }
 
-func migSetup(t *testing.T) *migEnv {
+func migSetup(t *testing.T, opts ...planetest.Option) *migEnv {
 	t.Helper()
 	e := &migEnv{t: t, attempts: make(chan *migAttempt, 64)}
-	e.host = planetest.Embedded(t, func(o *plane.Options) {
+	e.host = planetest.Embedded(t, append([]planetest.Option{func(o *plane.Options) {
 		o.NewContext = func(id string) *ctxtree.Context {
 			c := ctxtree.New(id)
 			n := e.made.Add(1)
@@ -70,7 +70,7 @@ func migSetup(t *testing.T) *migEnv {
 			}
 			return c
 		}
-	})
+	}}, opts...)...)
 	return e
 }
 
@@ -418,6 +418,24 @@ func TestMigrationOngoingContinuesOnSecondWorker(t *testing.T) {
 			e.noMoreAttempts()
 		})
 	}
+}
+
+// The plane knows no schema: without a continuation hook (the library
+// installs the token schema's), a retry resends the request as it was.
+func TestMigrationWithoutHookResendsUnchanged(t *testing.T) {
+	e := migSetup(t, func(o *plane.Options) { o.Continuation = nil })
+	w1, w2 := e.worker("w1", migSendThenHang(3)), e.worker("w2", (*migAttempt).finish)
+	c := e.connect(w1, w2)
+	migPin(t, c, w1)
+	s := e.generate(c, migPayload(false), nil, plane.RoundRobin, 0, 1)
+	require.Equal(t, "w1", e.attempt().w.Name)
+	migTake(t, s, 3)
+	w1.RT.Close()
+	_, err := planetest.DrainTokens(t, s)
+	require.ErrorIs(t, err, io.EOF)
+	a2 := e.attempt()
+	require.Equal(t, "w2", a2.w.Name)
+	assert.JSONEq(t, string(migPayload(false)), string(a2.req.Payload))
 }
 
 // The crash comes while the caller is not reading: whatever part of the

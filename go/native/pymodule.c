@@ -104,24 +104,31 @@ static int check_fork(void) {
     return 0;
 }
 
+// python_function returns (and caches in *cache) the function name of the
+// package module mod, importing it on first use; NULL with the error
+// cleared if it cannot (the caller falls back). The module keeps it alive.
+static PyObject* python_function(PyObject** cache, const char* mod, const char* name) {
+    if (*cache == NULL) {
+        PyObject* m = PyImport_ImportModule(mod);
+        if (m != NULL) {
+            *cache = PyObject_GetAttrString(m, name);
+            Py_DECREF(m);
+        }
+        if (*cache == NULL) PyErr_Clear();
+    }
+    return *cache;
+}
+
 // Raises the exception for error code rc with the calling thread's last error
 // message. Which exception is Python's business: the one table is
 // dynamo_ctx.runtime._exception_for(code, message).
 static PyObject* raise_rc(int rc) {
     char msg[1024];
     dc_last_error(msg, sizeof msg);
-    static PyObject* exception_for = NULL; // the module keeps it alive
-    if (exception_for == NULL) {
-        PyObject* mod = PyImport_ImportModule("dynamo_ctx.runtime");
-        if (mod != NULL) {
-            exception_for = PyObject_GetAttrString(mod, "_exception_for");
-            Py_DECREF(mod);
-        }
-        if (exception_for == NULL) {
-            PyErr_Clear();
-            PyErr_Format(PyExc_RuntimeError, "%s (code %d)", msg, rc);
-            return NULL;
-        }
+    static PyObject* exception_for = NULL;
+    if (python_function(&exception_for, "dynamo_ctx.runtime", "_exception_for") == NULL) {
+        PyErr_Format(PyExc_RuntimeError, "%s (code %d)", msg, rc);
+        return NULL;
     }
     PyObject* exc = PyObject_CallFunction(exception_for, "is", rc, msg);
     if (exc == NULL) return NULL; // the table itself raised
@@ -137,18 +144,8 @@ static PyObject* raise_rc(int rc) {
 // loop (an in-process handler, a waiter), rather than after the loop's next
 // poll of its fd. It returns None and never raises.
 static PyObject* flush_local(void) {
-    static PyObject* flush = NULL; // the module keeps it alive
-    if (flush == NULL) {
-        PyObject* mod = PyImport_ImportModule("dynamo_ctx._aio");
-        if (mod != NULL) {
-            flush = PyObject_GetAttrString(mod, "_flush_local");
-            Py_DECREF(mod);
-        }
-        if (flush == NULL) {
-            PyErr_Clear(); // the fd delivers it anyway
-            Py_RETURN_NONE;
-        }
-    }
+    static PyObject* flush = NULL;
+    if (python_function(&flush, "dynamo_ctx._aio", "_flush_local") == NULL) Py_RETURN_NONE; // the fd delivers it
     return PyObject_CallFunctionObjArgs(flush, NULL);
 }
 

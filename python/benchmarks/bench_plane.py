@@ -323,74 +323,75 @@ async def kill_breakdown() -> None:
         killtrace.report(path, "trace-local", "handler in this process")
 
 
+class Bench:
+    """This process's runtime (hosting NATS on a free port) serving the handler
+    in process, plus the worker process serving it too, and a client of each."""
+
+    async def __aenter__(self) -> "Bench":
+        global _inproc_events
+        _inproc_events = asyncio.Queue()
+        self.host = DistributedRuntime(nats_url="nats://127.0.0.1:0")
+        self.url = self.host.nats_url
+        # The worker process starts (imports, connects) while this one sets up.
+        self.remote_path = f"bench{uuid.uuid4().hex[:8]}.worker.generate"
+        self.worker = await Helper.start(self.url, "serve", self.remote_path)
+        self.serve_task = None
+        try:
+            local = self.host.endpoint(f"bench{uuid.uuid4().hex[:8]}.local.generate")
+            self.serve_task = asyncio.ensure_future(local.serve_endpoint(handler))
+            await local.serving()
+            self.local_client = await local.client()
+            await self.local_client.wait_for_instances()
+            self.remote_ready = await self.worker.event("ready")
+            self.remote_client = await self.host.endpoint(self.remote_path).client()
+            await self.remote_client.wait_for_instances()
+        except BaseException:
+            await self.__aexit__()
+            raise
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.worker.stop()
+        self.host.shutdown()
+        if self.serve_task is not None:
+            await asyncio.gather(self.serve_task, return_exceptions=True)
+
+    async def kills(self, remote: bool, n: int, prefix: str = "bench-kill") -> list:
+        if remote:
+            return await kill_latencies(self.remote_client, n, lambda: self.worker.event("killed"), prefix)
+        return await kill_latencies(self.local_client, n, _inproc_events.get, prefix)
+
+
 async def traced_kills() -> None:
     """The traced run: kills only, its worker inheriting the trace file."""
-    global _inproc_events
-    _inproc_events = asyncio.Queue()
     killtrace.patch_loop()
-    host = DistributedRuntime(nats_url="nats://127.0.0.1:0")
-    remote_path = f"bench{uuid.uuid4().hex[:8]}.worker.generate"
-    worker = await Helper.start(host.nats_url, "serve", remote_path)
-    serve_task = None
-    try:
-        local = host.endpoint(f"bench{uuid.uuid4().hex[:8]}.local.generate")
-        serve_task = asyncio.ensure_future(local.serve_endpoint(handler))
-        await local.serving()
-        local_client = await local.client()
-        await local_client.wait_for_instances()
-        await worker.event("ready")
-        remote_client = await host.endpoint(remote_path).client()
-        await remote_client.wait_for_instances()
-        await kill_latencies(remote_client, WARMUP_KILLS, lambda: worker.event("killed"), "warmup")
-        await kill_latencies(remote_client, KILL_REQUESTS, lambda: worker.event("killed"), "trace-remote")
-        await kill_latencies(local_client, WARMUP_KILLS, _inproc_events.get, "warmup")
-        await kill_latencies(local_client, KILL_REQUESTS, _inproc_events.get, "trace-local")
+    async with Bench() as b:
+        for remote, label in ((True, "trace-remote"), (False, "trace-local")):
+            await b.kills(remote, WARMUP_KILLS, "warmup")
+            await b.kills(remote, KILL_REQUESTS, label)
         await asyncio.sleep(0.2)  # the library writes its marks every 50 ms
-    finally:
-        await worker.stop()
-        host.shutdown()
-        if serve_task is not None:
-            await asyncio.gather(serve_task, return_exceptions=True)
 
 
 # ---------------------------------------------------------------- main
 async def main() -> None:
-    global _inproc_events
-    _inproc_events = asyncio.Queue()
     t_start = time.perf_counter()
-
-    host = DistributedRuntime(nats_url="nats://127.0.0.1:0")
-    url = host.nats_url
-    print(f"dynamo-ctx request-plane benchmark: ephemeral embedded NATS at {url}, {os.cpu_count()} CPUs, Python {sys.version.split()[0]}")
-
-    # The worker process starts (imports, connects) while we measure in-process.
-    remote_path = f"bench{uuid.uuid4().hex[:8]}.worker.generate"
-    worker = await Helper.start(url, "serve", remote_path)
-    serve_task = None
-    try:
-        local = host.endpoint(f"bench{uuid.uuid4().hex[:8]}.local.generate")
-        serve_task = asyncio.ensure_future(local.serve_endpoint(handler))
-        await local.serving()
-        local_client = await local.client()
-        await local_client.wait_for_instances()
-
-        remote_ready = await worker.event("ready")
-        remote_client = await host.endpoint(remote_path).client()
-        await remote_client.wait_for_instances()
-        print(f"  worker process ready (instance {remote_ready['instance']:#x})")
+    async with Bench() as b:
+        print(
+            f"dynamo-ctx request-plane benchmark: ephemeral embedded NATS at {b.url}, {os.cpu_count()} CPUs, "
+            f"Python {sys.version.split()[0]}"
+        )
+        print(f"  worker process ready (instance {b.remote_ready['instance']:#x})")
 
         print("\n(a) streaming, worker -> client, small JSON items (ints), annotated=False")
-        await report_stream("one process", local_client)
-        await report_stream("worker in another process", remote_client)
+        await report_stream("one process", b.local_client)
+        await report_stream("worker in another process", b.remote_client)
 
         print("\n(b) remote kill: caller ctx.kill() -> handler's `await context.killed()` resolves")
-        await kill_latencies(remote_client, WARMUP_KILLS, lambda: worker.event("killed"))
-        lat = await kill_latencies(remote_client, KILL_REQUESTS, lambda: worker.event("killed"))
-        report_kill("handler in another process (loopback)", lat, TARGET_LOOPBACK_P50_US, TARGET_LOOPBACK_P99_US)
-
-        await kill_latencies(local_client, WARMUP_KILLS, _inproc_events.get)
-        lat = await kill_latencies(local_client, KILL_REQUESTS, _inproc_events.get)
-        report_kill("handler in this process", lat, TARGET_INPROC_P50_US)
+        await b.kills(True, WARMUP_KILLS)
+        report_kill("handler in another process (loopback)", await b.kills(True, KILL_REQUESTS), TARGET_LOOPBACK_P50_US,
+                    TARGET_LOOPBACK_P99_US)
+        await b.kills(False, WARMUP_KILLS)
+        report_kill("handler in this process", await b.kills(False, KILL_REQUESTS), TARGET_INPROC_P50_US)
         await local_kill_reference()
         await kill_breakdown()
 
@@ -400,12 +401,7 @@ async def main() -> None:
             mark = "" if ok is None else verdict(ok)
             print(f"  {name:<{w}}  {value:>12}  target {target:<14} {mark}")
 
-        await failure_detection(host, url, worker, remote_client, remote_path, remote_ready["instance"])
-    finally:
-        await worker.stop()
-        host.shutdown()
-        if serve_task is not None:
-            await asyncio.gather(serve_task, return_exceptions=True)
+        await failure_detection(b.host, b.url, b.worker, b.remote_client, b.remote_path, b.remote_ready["instance"])
     print(f"\ntotal run time {time.perf_counter() - t_start:.1f} s")
 
 

@@ -114,3 +114,55 @@ def test_seed_and_stop_token_ids():
         assert e.stats.running_requests == 0 and e.stats.kv_blocks_in_use == 0 and e.stats.aborts_confirmed == 0
 
     run(main())
+
+
+def test_one_step_loop_for_all_requests():
+    """Fifty requests share the engine's steps: one decode step emits a token
+    for each (6 steps for 5 tokens: a prefill step, then 5 decode steps), not
+    one timer per request per token."""
+
+    async def main():
+        e = MockAsyncLLM(MockEngineArgs(prefill_time_per_token=0.0001, decode_time_per_token=0.002, block_size=4))
+
+        async def one(i):
+            return [o async for o in e.generate([i, i + 1], SamplingParams(max_tokens=5), f"r{i}")]
+
+        results = await asyncio.gather(*[one(i) for i in range(50)])
+        for i, outs in enumerate(results):
+            assert [len(o.outputs[0].token_ids) for o in outs] == [1, 2, 3, 4, 5]
+            assert outs[-1].outputs[0].token_ids == [(1000 + 2 + k) % 32000 for k in range(5)]
+        assert e.stats.steps <= 8, e.stats.steps
+        assert e.stats.running_requests == 0 and e.stats.kv_blocks_in_use == 0
+        await asyncio.sleep(0)
+        assert e._stepper is None or e._stepper.done(), "the step loop stops when idle"
+
+    run(main())
+
+
+def test_abort_of_the_last_request_ends_a_long_step():
+    """An abort takes effect at once, and the step loop (sleeping an hour-long
+    prefill step) stops when no request is left: no task outlives the work."""
+
+    async def main():
+        e = MockAsyncLLM(MockEngineArgs(prefill_time_per_token=10.0, prefill_chunk_tokens=400))
+        gen = e.generate(list(range(400)), SamplingParams(max_tokens=2), "long")
+        nxt = asyncio.ensure_future(gen.__anext__())
+        await asyncio.sleep(0.01)
+        assert e.phase("long") == "prefill" and e._stepper is not None and not e._stepper.done()
+        await e.abort("long")
+        assert (await nxt).outputs[0].finish_reason == "abort"
+        await asyncio.wait_for(asyncio.shield(e._stepper), 1.0)
+        assert e.stats.steps == 1 and e.stats.prefill_aborts == 1
+
+    run(main())
+
+
+def test_zero_max_tokens_and_decode_only_requests():
+    async def main():
+        e = engine()
+        assert [o async for o in e.generate([1, 2, 3], SamplingParams(max_tokens=0), "z")] == []
+        outs = [o async for o in e.generate([1, 2, 3], SamplingParams(max_tokens=2), "d", kv_transfer_params={"x": 1})]
+        assert [len(o.outputs[0].token_ids) for o in outs] == [1, 2]
+        assert e.stats.running_requests == 0 and e.stats.kv_blocks_in_use == 0
+
+    run(main())

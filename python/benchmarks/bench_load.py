@@ -1,7 +1,14 @@
-"""Under load (issue 13, goal 4): 1,000 concurrent streams through the frontend.
+"""End to end and under load (issue 13, goals 4 and 5), through the frontend.
 
-    python python/benchmarks/bench_load.py [--streams 1000] [--cancel 200]
+    python python/benchmarks/bench_load.py [--streams 1000] [--cancel 200] [--only e2e|load]
 
+End to end: 64 streams of 200 tokens at once (``--e2e-streams``,
+``--e2e-tokens``) on one mock worker stepping every 1 ms (``--step``; a prompt token costs
+1/100 of it):
+tokens/s, time between tokens (p50 against the step), time to the first
+token, CPU per token of the frontend and of the worker.
+
+Under load:
 Runs the stack as processes (the fault-tolerance harness: frontend, mock
 workers, NATS host), opens ``--streams`` streaming completions at once on raw
 sockets and keeps them all reading. Once every stream has its first token,
@@ -67,6 +74,8 @@ class Client:
     def __init__(self, rid: str, prompt: str, max_tokens: int) -> None:
         self.rid, self.prompt, self.max_tokens = rid, prompt, max_tokens
         self.tokens = 0
+        self.stamps: List[float] = []  # arrival time of each token's event (monotonic)
+        self.sent_at = 0.0
         self.first = asyncio.get_running_loop().create_future()
         self.closed_at: Optional[float] = None
         self.done = False
@@ -75,6 +84,7 @@ class Client:
     async def run(self, host: str, port: int, model: str) -> None:
         body = json.dumps({"model": model, "prompt": self.prompt, "max_tokens": self.max_tokens, "stream": True}).encode()
         reader, self.writer = await asyncio.open_connection(host, port)
+        self.sent_at = time.monotonic()
         self.writer.write(
             b"POST /v1/completions HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n"
             + f"x-request-id: {self.rid}\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body
@@ -88,6 +98,8 @@ class Client:
                 if n and not self.first.done():
                     self.first.set_result(None)
                 self.tokens += n
+                if n:
+                    self.stamps.extend([time.monotonic()] * n)
                 if b"data: [DONE]" in chunk:
                     self.done = True
                     break
@@ -198,6 +210,48 @@ def run(name: str, workers: List[dict], args, disagg: bool) -> bool:
     return ok
 
 
+async def end_to_end(stack: Stack, n: int, max_tokens: int) -> dict:
+    """n streams of max_tokens at once, all read to the end: throughput, time
+    between tokens and to the first, CPU per token of the frontend and worker."""
+    fe = stack.frontend
+    host, port = fe.host_port
+    pids = {"frontend": fe.proc.pid, "worker": stack.workers[0].proc.pid}
+    cpu0 = {k: cpu_seconds(p) for k, p in pids.items()}
+    t0 = time.monotonic()
+    streams = [Client(f"e2e-{i}-{os.getpid()}", f"e2e {i}", max_tokens) for i in range(n)]
+    await asyncio.wait_for(asyncio.gather(*[c.run(host, port, stack.model) for c in streams]), 300)
+    took = time.monotonic() - t0
+    cpu = {k: cpu_seconds(p) - cpu0[k] for k, p in pids.items()}
+    tokens = sum(c.tokens for c in streams)
+    # Time between tokens as benchmarking tools define it per request (inter-token
+    # latency): (last token - first token) / (tokens - 1); tokens that arrive
+    # in one read share a timestamp, so per-token gaps would say little.
+    tbt = [(c.stamps[-1] - c.stamps[0]) * 1000 / (len(c.stamps) - 1) for c in streams if len(c.stamps) > 1]
+    ttft = [(c.stamps[0] - c.sent_at) * 1000 for c in streams if c.stamps]
+    return {
+        "tokens": tokens, "complete": sum(c.done for c in streams), "tokens_per_s": tokens / took,
+        "tbt_p50": pct(tbt, 50), "tbt_p99": pct(tbt, 99), "ttft_p50": pct(ttft, 50), "ttft_p99": pct(ttft, 99),
+        "frontend_us_per_token": cpu["frontend"] / tokens * 1e6, "worker_us_per_token": cpu["worker"] / tokens * 1e6,
+    }
+
+
+def run_e2e(args) -> None:
+    stack = Stack()
+    try:
+        stack.start([{"decode": args.step, "prefill": args.step / 100}])
+        asyncio.run(end_to_end(stack, 8, 20))  # warm-up
+        f = asyncio.run(end_to_end(stack, args.e2e_streams, args.e2e_tokens))
+    finally:
+        stack.close()
+    print(
+        f"end to end: {args.e2e_streams} streams x {args.e2e_tokens} tokens, mock step {args.step * 1000:g} ms: "
+        f"{f['tokens_per_s']:,.0f} tokens/s ({f['complete']}/{args.e2e_streams} complete); time between tokens "
+        f"p50 {f['tbt_p50']:.2f} ms ({f['tbt_p50'] / (args.step * 1000):.2f}x the step), p99 {f['tbt_p99']:.2f} ms; "
+        f"TTFT p50 {f['ttft_p50']:.1f} ms, p99 {f['ttft_p99']:.1f} ms; CPU per token: frontend "
+        f"{f['frontend_us_per_token']:.1f} us, worker {f['worker_us_per_token']:.1f} us"
+    )
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--streams", type=int, default=1000)
@@ -205,12 +259,20 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=120)
     ap.add_argument("--decode", type=float, default=0.1, help="mock seconds per token")
     ap.add_argument("--seed", type=int, default=int(time.time()))
+    ap.add_argument("--e2e-streams", type=int, default=64)
+    ap.add_argument("--e2e-tokens", type=int, default=200)
+    ap.add_argument("--step", type=float, default=0.001, help="mock step (s) of the end-to-end run")
+    ap.add_argument("--only", choices=["e2e", "load"], help="run one part")
     args = ap.parse_args()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # children inherit it
     if hard < 4 * args.streams:
         print(f"NOFILE is {hard}: too few for {args.streams} streams (a client socket and the frontend's per stream)")
         return 1
+    if args.only != "load":
+        run_e2e(args)
+    if args.only == "e2e":
+        return 0
     print(f"load: seed {args.seed}, {args.max_tokens} tokens per stream at {args.decode} s per token, {os.cpu_count()} CPUs")
     run("aggregated, cancelled in decode", [{"decode": args.decode}] * 2, args, disagg=False)
     run(

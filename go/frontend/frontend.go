@@ -397,6 +397,7 @@ func (f *Frontend) killOutcome(key string, p *pendingAbort, aborted bool) {
 	}
 	f.mu.Unlock()
 	if aborted {
+		slog.Debug("cancellation counted, waiting for its confirmation", "request_key", key, "model", p.model)
 		f.metrics.cancellation(p.model)
 	} else {
 		slog.Debug("client disconnected after the worker had finished: nothing cancelled", "request_key", key, "model", p.model)

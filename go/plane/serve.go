@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"log/slog"
 	"sync"
 	"time"
 
@@ -531,6 +532,8 @@ func (r *Request) confirmAbort() {
 	case <-r.ep.closedCh:
 		return
 	case <-time.After(abortConfirmTimeout):
+		slog.Warn("killed handler did not return: abort not confirmed", "request_id", r.ID, "request_key", r.Key,
+			"waited", abortConfirmTimeout.String())
 		return
 	}
 	reason := r.Ctx.Reason()
@@ -538,7 +541,11 @@ func (r *Request) confirmAbort() {
 		reason = ctxtree.ReasonKill // the Kill overtook the end frame (see run)
 	}
 	msg := AbortConfirmation{ID: r.ID, Key: r.Key, Path: r.ep.path, Instance: r.ep.instanceID, Reason: reason.String()}
-	_ = r.ep.rt.nc().Publish(AbortedSubject, mustJSON(msg))
+	if err := r.ep.rt.nc().Publish(AbortedSubject, mustJSON(msg)); err != nil {
+		slog.Warn("abort confirmation not published", "request_id", r.ID, "request_key", r.Key, "error", err)
+		return
+	}
+	slog.Debug("abort confirmed", "request_id", r.ID, "request_key", r.Key)
 }
 
 // OnAbortConfirmed calls f for every abort confirmation any worker

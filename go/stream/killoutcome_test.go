@@ -85,21 +85,26 @@ func TestKillOutcome(t *testing.T) {
 		in.Kill()
 		wantOutcome(t, ch, false)
 	})
-	t.Run("before the worker connected", func(t *testing.T) {
+	t.Run("no worker ever connected", func(t *testing.T) {
 		s := listen(t)
 		in := s.Expect("tok", WithConnectTimeout(50*time.Millisecond))
 		defer in.Close()
 		in.Kill()
-		wantOutcome(t, outcomeOf(in), true) // at the connect timeout
+		wantOutcome(t, outcomeOf(in), false) // at the connect timeout: no worker had it
 	})
 	t.Run("closed before the worker connected", func(t *testing.T) {
 		s := listen(t)
 		in := s.Expect("tok")
 		ch := outcomeOf(in)
 		require.NoError(t, in.Close())
-		wantOutcome(t, ch, true)
+		select {
+		case <-ch:
+			t.Fatal("the outcome waits for the worker's connection")
+		case <-time.After(20 * time.Millisecond):
+		}
 		o := dial(t, s, "tok") // the worker still reads the Kill
 		waitClosed(t, o.Killed(), "Killed")
+		wantOutcome(t, ch, true)
 	})
 	t.Run("worker connects after the kill", func(t *testing.T) {
 		s := listen(t)

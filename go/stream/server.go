@@ -286,12 +286,13 @@ const (
 )
 
 // KillOutcome calls f once, when it is known, with what a Kill of this
-// stream achieved: false if the stream had ended before the Kill, or if the
+// stream achieved: false if the stream had ended before the Kill, if the
 // worker's Final, Error or Incomplete frame arrived after the Kill (the
-// worker ended the request before it read the Kill: nothing was aborted);
-// true otherwise, that is when the worker closed the connection without
-// ending the stream (it read the Kill), the connection broke, the linger
-// expired, or the worker never connected. A worker that reads a Kill before
+// worker ended the request before it read the Kill: nothing was aborted),
+// or if no worker ever connected (none had the request running: a Kill
+// before the worker's connection waits for it, or for the connect
+// timeout); true when a worker's connection closed without ending the
+// stream (it read the Kill), broke, or outlived the linger. A worker that reads a Kill before
 // it ends the stream sends no end frame, so the two sides agree on whether
 // the Kill aborted the request. f runs at once if the outcome is already
 // known, else on the stream's reader goroutine (it must not block); it is
@@ -342,7 +343,9 @@ func (in *Incoming) end(err error) {
 	}
 	var settled func()
 	if in.killed {
-		settled = in.settle(outcomeAborted) // killed before the worker connected
+		// Killed, and no worker ever connected (the connect timeout, the
+		// Server closed): no worker was reached, so nothing was aborted.
+		settled = in.settle(outcomeTooLate)
 	}
 	in.mu.Unlock()
 	in.signal()
@@ -491,14 +494,11 @@ func (in *Incoming) Close() error {
 	in.closed = true
 	in.q.reset()
 	var settled func()
-	switch {
-	case in.killed && in.conn == nil:
-		// Released before the worker connected: whatever it does with
-		// the request, this side will not see it.
-		settled = in.settle(outcomeAborted)
-	case !in.killed && in.err != nil:
+	if !in.killed && in.err != nil {
 		settled = in.settle(outcomeTooLate)
 	}
+	// Killed before a worker connected: the outcome waits for the worker's
+	// connection (it reads the Kill) or the connect timeout (none came).
 	in.mu.Unlock()
 	in.signal()
 	call(settled)

@@ -61,6 +61,7 @@ bench-py: build
 	$(PY) python/benchmarks/bench_frontend.py
 	ulimit -n 8192 2>/dev/null; $(PY) python/benchmarks/bench_frontend_memory.py
 	$(PY) python/benchmarks/bench_vs_dynamo.py
+	ulimit -n 8192 2>/dev/null; $(PY) python/benchmarks/bench_load.py
 
 bench: bench-go bench-py
 

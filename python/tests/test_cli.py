@@ -24,7 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from dynamo_ctx import DistributedRuntime, HandlerError, _cli
+from dynamo_ctx import DistributedRuntime, HandlerError
+from dynamo_ctx.cli import _common as _cli
 from helpers import HANG
 
 HERE = Path(__file__).resolve().parent

@@ -128,7 +128,7 @@ def test_one_step_loop_for_all_requests():
             return [o async for o in e.generate([i, i + 1], SamplingParams(max_tokens=5), f"r{i}")]
 
         results = await asyncio.gather(*[one(i) for i in range(50)])
-        for i, outs in enumerate(results):
+        for outs in results:
             assert [len(o.outputs[0].token_ids) for o in outs] == [1, 2, 3, 4, 5]
             assert outs[-1].outputs[0].token_ids == [(1000 + 2 + k) % 32000 for k in range(5)]
         assert e.stats.steps <= 8, e.stats.steps

@@ -147,7 +147,7 @@ def sampling_params_for(engine: Any, max_tokens: int, options: Optional[Dict[str
             return SamplingParams(max_tokens=max_tokens, **opts)
     except ImportError:
         pass
-    from ..mocker import SamplingParams as MockSamplingParams
+    from .mocker import SamplingParams as MockSamplingParams
 
     return MockSamplingParams(max_tokens=max_tokens, **opts)
 

@@ -21,7 +21,7 @@ import sys
 import traceback
 from typing import Any, Callable, Coroutine, List, NoReturn, Optional, Sequence
 
-from ._lib import native
+from .._lib import native
 
 #: Environment variables read by every command (Dynamo's names).
 ENV_LOG = "DYN_LOG"

@@ -1,0 +1,365 @@
+"""A mock LLM engine with the interface of vLLM's ``AsyncLLM`` (SPEC section 7).
+
+It runs like a real engine: one step loop for all running requests. Each
+step decodes one token for every request in decode and prefills a chunk of
+the waiting prompts (at most ``prefill_chunk_tokens`` tokens a step, first
+come first served); a step lasts ``decode_time_per_token`` when anything
+decodes, plus ``prefill_time_per_token`` for each prompt token it prefills.
+So a lone request takes as long as before, and many requests cost one timer
+a step, not one per request per token. It tracks running requests and the
+KV-cache blocks they hold and counts aborts, so a test can check that an
+abort really freed everything. An abort takes effect at once: the request
+leaves the batch, its resources are freed and its ``generate`` ends, during
+a long prefill step as well as between tokens; a step left with no request
+ends early.
+
+Tokens are deterministic: the token after a sequence of length ``n`` is
+``(seed + n) % vocab_size``, so a stream that is migrated to another engine
+continues exactly where it stopped. ``seed`` is the request's
+``SamplingParams.seed`` when it gives one, else the engine's
+(``MockEngineArgs.seed``). A token in ``stop_token_ids`` ends the request
+with finish reason "stop" (the token is part of the output, as in vLLM).
+``temperature`` and ``top_p`` are accepted and have no effect: the mock does
+not sample.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import math
+from dataclasses import dataclass, field
+from typing import Any, AsyncGenerator, Deque, Dict, List, Optional, Tuple, Union
+
+__all__ = ["SamplingParams", "CompletionOutput", "RequestOutput", "MockEngineArgs", "MockAsyncLLM", "EngineStats"]
+
+
+@dataclass
+class SamplingParams:
+    """The subset of vLLM's SamplingParams the mock honours."""
+
+    max_tokens: int = 16
+    min_tokens: int = 0
+    ignore_eos: bool = True
+    temperature: float = 0.0
+    top_p: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: Optional[int] = None
+    stop_token_ids: List[int] = field(default_factory=list)
+
+
+@dataclass
+class CompletionOutput:
+    """One completion of a request; ``token_ids`` are cumulative, as vLLM's default."""
+
+    index: int
+    token_ids: List[int]
+    text: str = ""
+    finish_reason: Optional[str] = None
+
+
+@dataclass
+class RequestOutput:
+    """What ``generate`` yields, shaped like vLLM's RequestOutput."""
+
+    request_id: str
+    prompt_token_ids: List[int]
+    outputs: List[CompletionOutput]
+    finished: bool = False
+
+
+@dataclass
+class MockEngineArgs:
+    """Engine configuration. Times are seconds."""
+
+    prefill_time_per_token: float = 0.0002
+    decode_time_per_token: float = 0.002  # the time of one decode step, for the whole batch
+    prefill_chunk_tokens: int = 512  # prompt tokens prefilled in one step, at most
+    block_size: int = 16
+    num_kv_blocks: int = 16384
+    vocab_size: int = 32000
+    seed: int = 1000
+
+
+@dataclass
+class EngineStats:
+    """Counters a worker reports (all cumulative except the first two)."""
+
+    running_requests: int = 0
+    kv_blocks_in_use: int = 0
+    requests_total: int = 0
+    aborts_requested: int = 0
+    aborts_confirmed: int = 0
+    kv_blocks_freed_by_aborts: int = 0
+    prefill_aborts: int = 0
+    steps: int = 0  # engine steps run (one decode token per request in decode, a prefill chunk)
+
+
+@dataclass
+class _Request:
+    request_id: str
+    prompt: List[int]
+    params: SamplingParams
+    blocks: int = 0
+    phase: str = "prefill"  # prefill (waiting or in progress), decode, done
+    aborted: bool = False
+    prefilled: int = 0  # prompt tokens prefilled so far
+    out: List[int] = field(default_factory=list)  # tokens generated
+    outputs: Deque[RequestOutput] = field(default_factory=collections.deque)  # not yet taken by generate
+    waiter: "Optional[asyncio.Future[None]]" = None  # generate waiting for an output
+
+
+class MockAsyncLLM:
+    """``generate(prompt, sampling_params, request_id)`` and ``abort(request_id)`` like vLLM's AsyncLLM."""
+
+    def __init__(self, args: Optional[MockEngineArgs] = None, **overrides: Any) -> None:
+        self.args = args or MockEngineArgs()
+        for k, v in overrides.items():
+            setattr(self.args, k, v)
+        self.stats = EngineStats()
+        self._running: Dict[str, _Request] = {}
+        # request id -> KV blocks its abort freed (the most recent ones only)
+        self.confirmed_aborts: "collections.OrderedDict[str, int]" = collections.OrderedDict()
+        # Aborts that happened without abort() (a consumer cancelled): the KV
+        # blocks freed, reported by the next abort() of that id.
+        self._unreported: "collections.OrderedDict[str, int]" = collections.OrderedDict()
+        # The step loop's queues: prompts to prefill (first come first served)
+        # and requests in decode. Requests that ended are dropped lazily.
+        self._prefilling: Deque[_Request] = collections.deque()
+        self._decoding: List[_Request] = []
+        self._stepper: "Optional[asyncio.Task[None]]" = None
+        self._step_wake: "Optional[asyncio.Future[None]]" = None  # the step's sleep, cut short when it empties
+
+    # -------------------------------------------------------------- introspection
+
+    def running_request_ids(self) -> List[str]:
+        """Ids of the requests currently holding engine resources."""
+        return list(self._running)
+
+    def phase(self, request_id: str) -> Optional[str]:
+        """"prefill", "decode", or None when the request is not running."""
+        r = self._running.get(request_id)
+        return r.phase if r else None
+
+
+    # -------------------------------------------------------------- engine API
+
+    @staticmethod
+    def _prompt_tokens(prompt: Union[str, List[int], Dict[str, Any]]) -> List[int]:
+        if isinstance(prompt, dict):
+            if "prompt_token_ids" in prompt:
+                return list(prompt["prompt_token_ids"])
+            prompt = prompt.get("prompt", "")
+        if isinstance(prompt, str):
+            return [ord(c) % 256 for c in prompt]  # one token per character: enough for a mock
+        return list(prompt)  # type: ignore[arg-type]  # token ids (a dict was handled above)
+
+    def _next_token(self, seq_len: int, seed: Optional[int] = None) -> int:
+        return ((self.args.seed if seed is None else seed) + seq_len) % self.args.vocab_size
+
+    def _blocks_for(self, n_tokens: int) -> int:
+        return math.ceil(n_tokens / self.args.block_size) if n_tokens else 0
+
+    async def generate(
+        self,
+        prompt: Union[str, List[int], Dict[str, Any]],
+        sampling_params: Union[SamplingParams, Dict[str, Any], None],
+        request_id: str,
+        kv_transfer_params: Optional[Dict[str, Any]] = None,
+    ) -> AsyncGenerator[RequestOutput, None]:
+        """Prefill the prompt, then decode up to ``max_tokens`` tokens, yielding cumulative outputs.
+
+        With ``kv_transfer_params`` (a disaggregated decode whose prompt was
+        prefilled elsewhere) the prefill costs nothing here.
+        """
+        if request_id in self._running:
+            raise ValueError(f"request {request_id!r} is already running")
+        params = sampling_params if isinstance(sampling_params, SamplingParams) else SamplingParams(**(sampling_params or {}))
+        tokens = self._prompt_tokens(prompt)
+        req = _Request(request_id, tokens, params)
+        req.blocks = self._blocks_for(len(tokens))
+        if self.stats.kv_blocks_in_use + req.blocks > self.args.num_kv_blocks:
+            raise RuntimeError("out of KV cache blocks")
+        self._running[request_id] = req
+        self.stats.kv_blocks_in_use += req.blocks
+        self.stats.running_requests = len(self._running)
+        self.stats.requests_total += 1
+        if kv_transfer_params:
+            req.prefilled = len(tokens)
+            req.phase = "decode"
+            self._decoding.append(req)
+        else:
+            self._prefilling.append(req)
+        self._start_stepper()
+        try:
+            while True:
+                while not req.outputs:
+                    if req.phase == "done":
+                        return  # ended without an output (max_tokens 0)
+                    req.waiter = asyncio.get_running_loop().create_future()
+                    await req.waiter
+                out = req.outputs.popleft()
+                yield out
+                if out.finished:
+                    return
+        except (asyncio.CancelledError, GeneratorExit):
+            # As vLLM's AsyncLLM.generate does: a consumer cancelled while it
+            # awaits this stream, or one that drops it unfinished, aborts the
+            # request (whichever of that and an explicit abort comes first).
+            self._mark_aborted(req)
+            raise
+        finally:
+            self._release(req, req.aborted)
+
+    # -------------------------------------------------------------- the step loop
+
+    def _start_stepper(self) -> None:
+        if self._stepper is None or self._stepper.done():
+            self._stepper = asyncio.get_running_loop().create_task(self._step_loop())
+
+    async def _step_loop(self) -> None:
+        """Steps while any request runs: each decodes a token for every request
+        in decode and prefills a chunk of the waiting prompts."""
+        loop = asyncio.get_running_loop()
+        while True:
+            while self._prefilling and self._prefilling[0].phase != "prefill":
+                self._prefilling.popleft()  # ended while waiting
+            self._decoding = [r for r in self._decoding if r.phase == "decode"]
+            if not self._prefilling and not self._decoding:
+                return
+            decoding = list(self._decoding)
+            chunks: List[Tuple[_Request, int]] = []
+            budget = max(1, self.args.prefill_chunk_tokens)
+            for r in self._prefilling:
+                if budget <= 0:
+                    break
+                if r.phase != "prefill":
+                    continue
+                n = min(budget, len(r.prompt) - r.prefilled)
+                chunks.append((r, n))
+                budget -= n
+            step = (self.args.decode_time_per_token if decoding else 0.0) + self.args.prefill_time_per_token * sum(n for _, n in chunks)
+            await self._sleep_until(loop.time() + step)
+            self.stats.steps += 1
+            for r, n in chunks:
+                if r.phase != "prefill":
+                    continue  # aborted during the step
+                r.prefilled += n
+                if r.prefilled >= len(r.prompt):
+                    r.phase = "decode"
+                    self._decoding.append(r)
+                    if r.params.max_tokens <= 0:
+                        self._release(r, False)
+                        self._wake(r)
+            for r in decoding:
+                if r.phase == "decode":
+                    self._decode_one(r)
+
+    async def _sleep_until(self, deadline: float) -> None:
+        """Sleep until ``deadline``, or until no request is left to step (an abort
+        of the last one); always yields to the loop once."""
+        loop = asyncio.get_running_loop()
+        if deadline <= loop.time():
+            await asyncio.sleep(0)
+            return
+        while self._running:
+            fut: "asyncio.Future[None]" = loop.create_future()
+            self._step_wake = fut
+            timer = loop.call_at(deadline, _resolve, fut)
+            try:
+                await fut
+            finally:
+                timer.cancel()
+                self._step_wake = None
+            if loop.time() >= deadline:
+                return
+
+    def _decode_one(self, req: _Request) -> None:
+        """One decode step of ``req``: its next token, as an output."""
+        params = req.params
+        token = self._next_token(len(req.prompt) + len(req.out), params.seed)
+        req.out.append(token)
+        need = self._blocks_for(len(req.prompt) + len(req.out))
+        if need > req.blocks:
+            self.stats.kv_blocks_in_use += need - req.blocks
+            req.blocks = need
+        finish: Optional[str] = None
+        if token in params.stop_token_ids and len(req.out) >= params.min_tokens:
+            finish = "stop"
+        elif len(req.out) >= params.max_tokens:
+            finish = "length"
+        if finish is not None:
+            self._release(req, False)  # finished: resources go back before the last output
+        output = CompletionOutput(0, list(req.out), finish_reason=finish)
+        req.outputs.append(RequestOutput(req.request_id, req.prompt, [output], finished=finish is not None))
+        self._wake(req)
+
+    @staticmethod
+    def _wake(req: _Request) -> None:
+        w = req.waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+        req.waiter = None
+
+    def _mark_aborted(self, req: _Request) -> bool:
+        """Count an abort of a running request once; False if it was not running."""
+        if self._running.get(req.request_id) is not req or req.aborted:
+            return False
+        self.stats.aborts_requested += 1
+        if req.phase == "prefill":
+            self.stats.prefill_aborts += 1
+        req.aborted = True
+        return True
+
+    def _release(self, req: _Request, aborted: bool, reported: bool = False) -> None:
+        if self._running.pop(req.request_id, None) is None:
+            return
+        freed = req.blocks
+        self.stats.kv_blocks_in_use -= freed
+        self.stats.running_requests = len(self._running)
+        req.phase = "done"  # the step loop drops it
+        if not self._running and self._step_wake is not None and not self._step_wake.done():
+            self._step_wake.set_result(None)  # nothing left to step: end the step now
+        if aborted:
+            self.stats.aborts_confirmed += 1
+            self.stats.kv_blocks_freed_by_aborts += freed
+            self.confirmed_aborts[req.request_id] = freed
+            while len(self.confirmed_aborts) > 10000:
+                self.confirmed_aborts.popitem(last=False)
+            if not reported:
+                self._unreported[req.request_id] = freed
+                while len(self._unreported) > 10000:
+                    self._unreported.popitem(last=False)
+
+    async def abort(self, request_id: Union[str, List[str]]) -> int:
+        """Abort requests: their ``generate`` ends at once and their resources are freed.
+
+        Returns the number of KV blocks freed (vLLM's returns None).
+        """
+        ids = [request_id] if isinstance(request_id, str) else list(request_id)
+        freed = 0
+        for rid in ids:
+            req = self._running.get(rid)
+            if req is None:
+                # Already aborted by its consumer's cancellation (see
+                # generate): report what that abort freed, once.
+                freed += self._unreported.pop(rid, 0)
+                continue
+            if not self._mark_aborted(req):
+                continue
+            # Like a real engine, the abort frees the request's resources
+            # whether or not anyone is still iterating its generator, and its
+            # generate ends with an "abort" output.
+            freed += req.blocks
+            self._release(req, True, reported=True)
+            req.outputs.append(
+                RequestOutput(rid, req.prompt, [CompletionOutput(0, list(req.out), finish_reason="abort")], finished=True)
+            )
+            self._wake(req)
+        return freed
+
+
+def _resolve(fut: "asyncio.Future[None]") -> None:
+    if not fut.done():
+        fut.set_result(None)

@@ -1,0 +1,131 @@
+"""The OpenAI-compatible HTTP frontend: ``python -m dynamo_ctx.frontend --http-port 8000``.
+
+The frontend runs inside the shared library (Go's net/http): ``POST
+/v1/completions``, ``POST /v1/chat/completions`` (streaming and not), ``GET
+/v1/models``, ``GET /health``, ``GET /metrics``. A client that disconnects kills
+its request with reason ``client_disconnected``; the workers' abort
+confirmations are counted per model, with the time from disconnect to
+confirmed abort. See docs/request-cancellation.md.
+
+Bounds: a body over ``--max-body-bytes`` (4 MiB) gets 413, an ``x-request-id``
+that is not 1 to 256 bytes of printable UTF-8 gets 400, prompt tokens +
+``max_tokens`` over the model's context length get 400; the listener has
+read, idle and write-stall deadlines (README, "Listeners").
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+from typing import List, Optional
+
+from . import _common as _cli
+from .._lib import native
+from ..runtime import DistributedRuntime
+
+logger = logging.getLogger("dynamo_ctx.frontend")
+
+
+class HttpFrontend:
+    """A running frontend; ``close()`` stops it."""
+
+    def __init__(
+        self,
+        runtime: DistributedRuntime,
+        host: str = "127.0.0.1",
+        port: int = 8000,
+        namespace: str = "dynamo",
+        migration_limit: Optional[int] = None,
+    ) -> None:
+        self._lib = native()
+        limit = -1 if migration_limit is None else int(migration_limit)
+        self._handle: Optional[int] = self._lib.frontend_start(runtime._h(), f"{host}:{port}", namespace, limit)
+
+    @property
+    def address(self) -> str:
+        """``host:port`` the frontend listens on."""
+        return self._lib.frontend_addr(self._handle)
+
+    def close(self) -> None:
+        """Stop serving (requests in flight get up to 5 s)."""
+        h, self._handle = self._handle, None
+        if h is not None:
+            self._lib.frontend_free(h)
+
+
+DESCRIPTION = """\
+The OpenAI-compatible HTTP frontend: POST /v1/completions, POST
+/v1/chat/completions (streaming and not), GET /v1/models, GET /health,
+GET /metrics. A client that disconnects cancels its request on the worker.
+"""
+
+EPILOG = """\
+environment: NATS_SERVER (NATS address), DYN_HTTP_HOST, DYN_HTTP_PORT,
+DYN_NAMESPACE, DYN_MIGRATION_LIMIT, DYNAMO_CTX_MAX_BODY_BYTES, DYN_LOG (log
+level), DYN_LOGGING_JSONL=1 (JSON lines). A flag given wins over its variable.
+"""
+
+PROG = "python -m dynamo_ctx.frontend"
+
+
+def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
+    p = _cli.ArgumentParser(PROG, DESCRIPTION, EPILOG)
+    p.add("--http-port", type=_cli.port, default=8000, env="DYN_HTTP_PORT", help="HTTP port (0: any free port)")
+    p.add("--http-host", default="0.0.0.0", env="DYN_HTTP_HOST", help="HTTP address")
+    p.add("--namespace", default="dynamo", env="DYN_NAMESPACE", help="namespace whose models are served")
+    p.add(
+        "--migration-limit",
+        type=_cli.non_negative_int,
+        env="DYN_MIGRATION_LIMIT",
+        help="retries of a broken stream (default: as the workers declare)",
+    )
+    p.add("--nats-url", help="NATS address (default: $NATS_SERVER, else nats://127.0.0.1:4222)")
+    p.add(
+        "--max-body-bytes",
+        type=_cli.positive_int,
+        env="DYNAMO_CTX_MAX_BODY_BYTES",
+        help="largest request body accepted, in bytes (default: 4 MiB); larger ones get 413",
+    )
+    p.add_logging()
+    return p.parse_args(argv)
+
+
+async def run(args: argparse.Namespace) -> None:
+    if args.max_body_bytes is not None:
+        os.environ["DYNAMO_CTX_MAX_BODY_BYTES"] = str(args.max_body_bytes)  # read by the frontend when it starts
+    loop = asyncio.get_running_loop()
+    try:
+        runtime = await loop.run_in_executor(None, lambda: DistributedRuntime(nats_url=args.nats_url))
+    except (RuntimeError, OSError, ValueError) as e:
+        if getattr(e, "code_name", "") == "ECONNECT":
+            raise _cli.connect_error(e, args.nats_url) from None
+        raise
+    try:
+        fe = await loop.run_in_executor(
+            None, lambda: HttpFrontend(runtime, args.http_host, args.http_port, args.namespace, args.migration_limit)
+        )
+    except OSError as e:
+        runtime.shutdown()
+        raise _cli.listen_error(e, args.http_host, args.http_port, "--http-port", "--http-host") from None
+    logger.info("frontend listening on http://%s (namespace %s)", fe.address, args.namespace)
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await loop.run_in_executor(None, fe.close)
+        runtime.shutdown()
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    args = parse_args(argv)
+    _cli.setup_logging(args.log_level, args.log_format)
+    _cli.run_command(PROG, lambda: run(args), args.log_level == "debug")
+
+
+if __name__ == "__main__":
+    main()

@@ -48,12 +48,7 @@ func TestTokenSharedByRacersAndTakeover(t *testing.T) {
 	require.NoError(t, err)
 	a := connect(t, Options{URL: url, EmbedIfAbsent: true})
 	b := connect(t, Options{URL: url})
-	old := first.Conn().ConnectedServerId()
-	first.Close()
-	require.Eventually(t, func() bool {
-		ida, idb := a.Conn().ConnectedServerId(), b.Conn().ConnectedServerId()
-		return a.Conn().IsConnected() && b.Conn().IsConnected() && ida == idb && ida != old
-	}, 5*time.Second, 5*time.Millisecond)
+	closeAndWaitTakeover(t, first, a, b)
 	roundTrip(t, a, b)
 	_, err = nats.Connect(url, nats.Timeout(2*time.Second))
 	assert.ErrorIs(t, err, nats.ErrAuthorization, "the replacement requires the token too")

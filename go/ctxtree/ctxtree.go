@@ -373,29 +373,25 @@ func (c *Context) NumChildren() int {
 var closedCh = func() chan struct{} { ch := make(chan struct{}); close(ch); return ch }()
 
 // Stopped returns a channel that is closed when c becomes Stopped or Killed.
-func (c *Context) Stopped() <-chan struct{} {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.IsStopped() {
-		return closedCh
-	}
-	if c.stopCh == nil {
-		c.stopCh = make(chan struct{})
-	}
-	return c.stopCh
-}
+func (c *Context) Stopped() <-chan struct{} { return c.stateCh(Stopped, &c.stopCh) }
 
 // Killed returns a channel that is closed when c becomes Killed.
-func (c *Context) Killed() <-chan struct{} {
+func (c *Context) Killed() <-chan struct{} { return c.stateCh(Killed, &c.killCh) }
+
+// stateCh returns a channel that is closed once c has reached state at
+// (States are ordered): closedCh if it has already, else *ch, made on first
+// use and closed by transition. The check and the making happen under c.mu, as
+// transition's close does, so no transition falls between them.
+func (c *Context) stateCh(at State, ch *chan struct{}) <-chan struct{} {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.IsKilled() {
+	if State(c.word.Load()&0xff) >= at {
 		return closedCh
 	}
-	if c.killCh == nil {
-		c.killCh = make(chan struct{})
+	if *ch == nil {
+		*ch = make(chan struct{})
 	}
-	return c.killCh
+	return *ch
 }
 
 // Notify arranges for f to run exactly once when c reaches target (Stopped

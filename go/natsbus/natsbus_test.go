@@ -47,18 +47,6 @@ func connect(t *testing.T, opts Options) *Bus {
 
 // roundTrip checks that a message published by one bus reaches the other,
 // which proves they share a server.
-// closeAndWaitTakeover closes host, the Bus whose embedded server a and b
-// use, and waits until both are connected to one replacement.
-func closeAndWaitTakeover(t *testing.T, host, a, b *Bus) {
-	t.Helper()
-	old := host.Conn().ConnectedServerId()
-	host.Close()
-	require.Eventually(t, func() bool {
-		ida, idb := a.Conn().ConnectedServerId(), b.Conn().ConnectedServerId()
-		return a.Conn().IsConnected() && b.Conn().IsConnected() && ida == idb && ida != old
-	}, 5*time.Second, 5*time.Millisecond)
-}
-
 func roundTrip(t *testing.T, from, to *Bus) {
 	t.Helper()
 	subj := nats.NewInbox()
@@ -70,6 +58,54 @@ func roundTrip(t *testing.T, from, to *Bus) {
 	msg, err := sub.NextMsg(2 * time.Second)
 	require.NoError(t, err)
 	assert.Equal(t, "ping", string(msg.Data))
+}
+
+// closeAndWaitTakeover closes host and waits until a and b are connected
+// again, both to one server that is not host's.
+func closeAndWaitTakeover(t *testing.T, host, a, b *Bus) {
+	t.Helper()
+	old := host.Conn().ConnectedServerId()
+	host.Close()
+	require.Eventually(t, func() bool {
+		ida, idb := a.Conn().ConnectedServerId(), b.Conn().ConnectedServerId()
+		return a.Conn().IsConnected() && b.Conn().IsConnected() && ida == idb && ida != old
+	}, 5*time.Second, 5*time.Millisecond)
+}
+
+// portHolder occupies a free port with something that is not a NATS server
+// and returns its address: each connection it accepts is closed at once or,
+// when silent, held open without a word. All is released at the end of the
+// test.
+func portHolder(t *testing.T, silent bool) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	var mu sync.Mutex
+	var conns []net.Conn
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			if !silent {
+				c.Close()
+				continue
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+		}
+	})
+	t.Cleanup(func() {
+		l.Close()
+		wg.Wait()
+		for _, c := range conns {
+			c.Close()
+		}
+	})
+	return l.Addr().String()
 }
 
 func TestEphemeralEmbeddedAndClients(t *testing.T) {
@@ -234,73 +270,35 @@ func TestNoTakeoverOfStandaloneServer(t *testing.T) {
 	b.Close() // before the server, so the Bus never sees it vanish again
 }
 
-// notNATS holds a free loopback port with a process that is not a NATS
-// server: it accepts every connection and closes it at once or, with
-// silent, keeps it open without a word. It returns the port's URL; all is
-// released at cleanup.
-func notNATS(t *testing.T, silent bool) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	var mu sync.Mutex
-	var conns []net.Conn
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			if !silent {
-				c.Close()
-				continue
-			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-		}
-	})
-	t.Cleanup(func() {
-		l.Close()
-		wg.Wait()
-		for _, c := range conns {
-			c.Close()
-		}
-	})
-	return "nats://" + l.Addr().String()
-}
-
-// tryEmbed connects to url, embedding a server if none answers, and returns
-// how long it took and the error; a Bus it makes is closed.
-func tryEmbed(ctx context.Context, url string) (time.Duration, error) {
-	start := time.Now()
-	b, err := Connect(ctx, Options{URL: url, EmbedIfAbsent: true, Logger: quiet})
-	if err == nil {
-		b.Close()
-	}
-	return time.Since(start), err
-}
-
-func TestPortHeldByNonNATSFails(t *testing.T) {
-	took, err := tryEmbed(context.Background(), notNATS(t, false))
-	require.Error(t, err)
-	assert.Contains(t, err.Error(), "does not answer as a NATS server")
-	assert.Less(t, took, 3*time.Second)
-}
-
-// A holder that accepts and never speaks (not a NATS server) costs one
+// A port held by something that is not a NATS server fails Connect with an
+// error that says so. A holder that accepts and never speaks costs one
 // connect timeout, not five, and the error says what to do.
-func TestPortHeldBySilentProcessFailsFast(t *testing.T) {
-	took, err := tryEmbed(context.Background(), notNATS(t, true))
-	require.Error(t, err)
-	assert.Contains(t, err.Error(), "set NATS_SERVER to another address")
-	assert.Less(t, took, connectTimeout+time.Second)
+func TestPortHeldByNonNATSFails(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		silent bool
+		want   string
+		within time.Duration
+	}{
+		{"closes at once", false, "does not answer as a NATS server", 3 * time.Second},
+		{"silent", true, "set NATS_SERVER to another address", connectTimeout + time.Second},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			addr := portHolder(t, tc.silent)
+			start := time.Now()
+			_, err := Connect(context.Background(), Options{URL: "nats://" + addr, EmbedIfAbsent: true, Logger: quiet})
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), tc.want)
+			assert.Less(t, time.Since(start), tc.within)
+		})
+	}
 }
 
 func TestConnectContextCancelled(t *testing.T) {
+	addr := portHolder(t, false)
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	_, err := tryEmbed(ctx, notNATS(t, false))
+	_, err := Connect(ctx, Options{URL: "nats://" + addr, EmbedIfAbsent: true, Logger: quiet})
 	require.ErrorIs(t, err, context.Canceled)
 }
 

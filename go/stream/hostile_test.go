@@ -25,29 +25,43 @@ func heapInUse() uint64 {
 	return m.HeapInuse + m.StackInuse
 }
 
+// helloConns opens n connections to s that each send a Hello header
+// announcing size bytes, then body; they are closed at the end of the test.
+func helloConns(t *testing.T, s *Server, n int, size uint32, body []byte) []net.Conn {
+	t.Helper()
+	conns := make([]net.Conn, n)
+	for i := range conns {
+		c, err := net.Dial("tcp", s.Addr().String())
+		require.NoError(t, err)
+		t.Cleanup(func() { c.Close() })
+		var hdr [frame.HeaderSize]byte
+		hdr[0] = byte(frame.Hello)
+		binary.BigEndian.PutUint32(hdr[1:], size)
+		_, err = c.Write(append(hdr[:], body...))
+		require.NoError(t, err)
+		conns[i] = c
+	}
+	return conns
+}
+
+// requireClosedByServer waits for each of conns to be closed by the server
+// (a read fails before waitFor, not for its deadline).
+func requireClosedByServer(t *testing.T, conns []net.Conn) {
+	t.Helper()
+	for i, c := range conns {
+		_ = c.SetReadDeadline(time.Now().Add(waitFor))
+		_, err := c.Read(make([]byte, 1))
+		require.Error(t, err, "conn %d", i)
+		require.NotErrorIs(t, err, os.ErrDeadlineExceeded, "conn %d is closed by the server, not left open", i)
+	}
+}
+
 // A Hello that announces 16 MiB is refused from its header: 100 of them
 // hold no memory and are closed at once.
 func TestOversizedHelloRefused(t *testing.T) {
 	s := listen(t)
 	before := heapInUse()
-	conns := make([]net.Conn, 100)
-	for i := range conns {
-		c, err := net.Dial("tcp", s.Addr().String())
-		require.NoError(t, err)
-		defer c.Close()
-		var hdr [frame.HeaderSize]byte
-		hdr[0] = byte(frame.Hello)
-		binary.BigEndian.PutUint32(hdr[1:], 16<<20)
-		_, err = c.Write(append(hdr[:], make([]byte, 4096)...))
-		require.NoError(t, err)
-		conns[i] = c
-	}
-	for i, c := range conns {
-		_ = c.SetReadDeadline(time.Now().Add(waitFor))
-		_, err := c.Read(make([]byte, 1))
-		require.Error(t, err, "conn %d", i)
-		assert.NotErrorIs(t, err, os.ErrDeadlineExceeded, "conn %d is closed by the server, not left open", i)
-	}
+	requireClosedByServer(t, helloConns(t, s, 100, 16<<20, make([]byte, 4096)))
 	grew := int64(heapInUse()) - int64(before)
 	t.Logf("heap growth for 100 oversized Hellos: %d bytes", grew)
 	assert.Less(t, grew, int64(2<<20))
@@ -92,18 +106,10 @@ func TestSilentConnectionsBounded(t *testing.T) {
 	assert.GreaterOrEqual(t, closedEarly, n-MaxPendingConns)
 	assert.Less(t, closedEarly, n-MaxPendingConns+20)
 	// After it, all of them.
-	for _, c := range conns {
-		_ = c.SetReadDeadline(time.Now().Add(waitFor))
-		_, err := c.Read(make([]byte, 1))
-		require.Error(t, err)
-		require.NotErrorIs(t, err, os.ErrDeadlineExceeded, "released by the server's deadline")
-	}
+	requireClosedByServer(t, conns)
 	in := s.Expect("tok")
 	o := dial(t, s, "tok")
-	require.NoError(t, o.Finish())
-	_, err := recvAll(t, in)
-	assert.Equal(t, "EOF", err.Error())
-	waitClosed(t, o.Done(), "Done")
+	finishAndRead(t, in, o, nil)
 }
 
 // Half-open connections (a Hello header announcing a token, then nothing)
@@ -112,26 +118,10 @@ func TestSilentConnectionsBounded(t *testing.T) {
 func TestHalfOpenHellosHoldLittle(t *testing.T) {
 	s := listen(t, WithConnectTimeout(2*time.Second))
 	before := heapInUse()
-	conns := make([]net.Conn, 100)
-	for i := range conns {
-		c, err := net.Dial("tcp", s.Addr().String())
-		require.NoError(t, err)
-		defer c.Close()
-		var hdr [frame.HeaderSize]byte
-		hdr[0] = byte(frame.Hello)
-		binary.BigEndian.PutUint32(hdr[1:], 32)
-		_, err = c.Write(append(hdr[:], "half"...)) // 4 of the 32 bytes announced
-		require.NoError(t, err)
-		conns[i] = c
-	}
-	time.Sleep(200 * time.Millisecond) // every connection accepted and waiting
+	conns := helloConns(t, s, 100, 32, []byte("half")) // 4 of the 32 bytes announced
+	time.Sleep(200 * time.Millisecond)                 // every connection accepted and waiting
 	grew := int64(heapInUse()) - int64(before)
 	t.Logf("heap and stacks held by 100 half-open stream connections: %d bytes (%d per connection)", grew, grew/100)
 	assert.Less(t, grew, int64(4<<20))
-	for i, c := range conns {
-		_ = c.SetReadDeadline(time.Now().Add(waitFor))
-		_, err := c.Read(make([]byte, 1))
-		require.Error(t, err, "conn %d", i)
-		require.NotErrorIs(t, err, os.ErrDeadlineExceeded, "conn %d released by the server's deadline", i)
-	}
+	requireClosedByServer(t, conns) // by the connect timeout
 }

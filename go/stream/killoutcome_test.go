@@ -37,13 +37,8 @@ func wantOutcome(t *testing.T, ch <-chan bool, want bool) {
 func TestKillOutcome(t *testing.T) {
 	ctx := context.Background()
 	t.Run("aborted", func(t *testing.T) {
-		s := listen(t)
-		in := s.Expect("tok")
-		defer in.Close()
-		o := dial(t, s, "tok")
-		require.NoError(t, o.Send(ctx, item(0)))
-		_, err := in.Recv(ctx)
-		require.NoError(t, err)
+		_, in, o := connect(t)
+		attach(t, in, o)
 		ch := outcomeOf(in) // registered before the kill: called at the worker's close
 		in.Kill()
 		waitClosed(t, o.Killed(), "Killed")
@@ -52,10 +47,7 @@ func TestKillOutcome(t *testing.T) {
 	})
 	for _, end := range []string{"final", "error", "incomplete"} {
 		t.Run("crossed "+end, func(t *testing.T) {
-			s := listen(t)
-			in := s.Expect("tok")
-			defer in.Close()
-			o := dial(t, s, "tok")
+			_, in, o := connect(t)
 			require.NoError(t, o.Send(ctx, item(0)))
 			// The worker ends the stream; the caller kills before its reader
 			// has seen the end frame (it is not consumed yet: the item
@@ -74,10 +66,7 @@ func TestKillOutcome(t *testing.T) {
 		})
 	}
 	t.Run("after the end", func(t *testing.T) {
-		s := listen(t)
-		in := s.Expect("tok")
-		defer in.Close()
-		o := dial(t, s, "tok")
+		_, in, o := connect(t)
 		require.NoError(t, o.Finish())
 		_, err := recvAll(t, in)
 		require.Equal(t, io.EOF, err)
@@ -108,8 +97,7 @@ func TestKillOutcome(t *testing.T) {
 	})
 	t.Run("worker connects after the kill", func(t *testing.T) {
 		s := listen(t)
-		in := s.Expect("tok")
-		defer in.Close()
+		in := expect(t, s, "tok")
 		in.Kill()
 		ch := outcomeOf(in)
 		o := dial(t, s, "tok")
@@ -118,8 +106,7 @@ func TestKillOutcome(t *testing.T) {
 	})
 	t.Run("worker crashed", func(t *testing.T) {
 		s := listen(t)
-		in := s.Expect("tok")
-		defer in.Close()
+		in := expect(t, s, "tok")
 		c, _, _ := rawWorker(t, s, "tok")
 		time.Sleep(10 * time.Millisecond)
 		in.Kill()
@@ -133,15 +120,12 @@ func TestKillOutcome(t *testing.T) {
 // outcome is true exactly when the worker's end failed with ErrKilled.
 func TestKillOutcomeRace(t *testing.T) {
 	s := listen(t)
-	ctx := context.Background()
 	mismatch, aborted := 0, 0
 	const runs = 500
 	for i := 0; i < runs; i++ {
 		in := s.Expect("tok")
 		o := dial(t, s, "tok")
-		require.NoError(t, o.Send(ctx, item(0)))
-		_, err := in.Recv(ctx)
-		require.NoError(t, err)
+		attach(t, in, o)
 		ch := outcomeOf(in)
 		endErr := make(chan error, 1)
 		go func() {
@@ -160,7 +144,7 @@ func TestKillOutcomeRace(t *testing.T) {
 		case <-time.After(waitFor):
 			t.Fatalf("run %d: no kill outcome", i)
 		}
-		err = <-endErr
+		err := <-endErr
 		if err != nil {
 			// Whatever made the end frame fail, it was the Kill.
 			require.ErrorIs(t, err, ErrKilled, "run %d", i)

@@ -2,14 +2,12 @@ package stream
 
 import (
 	"context"
-	"net"
 	"testing"
 	"time"
 
 	"github.com/dynamo-ctx/dynamo-ctx/go/frame"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/goleak"
 )
 
 const testIdle = 300 * time.Millisecond
@@ -18,8 +16,7 @@ const testIdle = 300 * time.Millisecond
 // a partition) ends the caller's stream with ErrPeerSilent, an ErrIncomplete.
 func TestSilentWorkerDetected(t *testing.T) {
 	s := listen(t, WithIdleTimeout(testIdle))
-	in := s.Expect("tok")
-	defer in.Close()
+	in := expect(t, s, "tok")
 	c, w, _ := rawWorker(t, s, "tok")
 	_, err := w.WriteBatch([][]byte{item(0)})
 	require.NoError(t, err)
@@ -43,48 +40,25 @@ func TestQuietWorkerKept(t *testing.T) {
 	// hundred milliseconds.
 	const idle = time.Second
 	s := listen(t, WithIdleTimeout(idle))
-	in := s.Expect("tok")
-	defer in.Close()
-	o, err := Dial(context.Background(), s.Addr().String(), "tok", WithIdleTimeout(idle))
-	require.NoError(t, err)
+	in := expect(t, s, "tok")
+	o := dial(t, s, "tok", WithIdleTimeout(idle))
 	time.Sleep(2500 * time.Millisecond)
 	require.NoError(t, o.Send(context.Background(), item(0)))
 	time.Sleep(2500 * time.Millisecond)
-	require.NoError(t, o.Finish())
-	got, err := recvAll(t, in)
-	assert.Equal(t, items(0, 1), got)
-	assert.Equal(t, "EOF", err.Error())
-	waitClosed(t, o.Done(), "Done")
+	finishAndRead(t, in, o, items(0, 1))
 }
 
 // A caller that holds its connection open and says nothing (stopped
 // process) is lost to the worker after the idle timeout, so the handler is
 // killed instead of waiting for credit forever.
 func TestSilentCallerLost(t *testing.T) {
-	t.Cleanup(func() { goleak.VerifyNone(t) })
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer ln.Close()
-	accepted := make(chan net.Conn, 1)
-	go func() {
-		c, err := ln.Accept()
-		if err == nil {
-			accepted <- c
-		}
-		close(accepted)
-	}()
-	o, err := Dial(context.Background(), ln.Addr().String(), "tok", WithIdleTimeout(testIdle))
-	require.NoError(t, err)
-	c := <-accepted
-	require.NotNil(t, c)
-	defer c.Close()
+	o, c := rawCaller(t, WithIdleTimeout(testIdle))
 	w := frame.NewWriter(c)
 	require.NoError(t, w.WriteCredit(1))
 	require.NoError(t, w.Flush())
 	require.NoError(t, o.Send(context.Background(), item(0)))
 	// No more credit, no heartbeat: Send blocks until the caller is lost.
-	err = o.Send(context.Background(), item(1))
-	assert.ErrorIs(t, err, ErrLost)
+	assert.ErrorIs(t, o.Send(context.Background(), item(1)), ErrLost)
 	waitClosed(t, o.Lost(), "Lost")
 	waitClosed(t, o.Done(), "Done")
 }
@@ -93,10 +67,8 @@ func TestSilentCallerLost(t *testing.T) {
 // its heartbeats keep the worker waiting.
 func TestQuietCallerKept(t *testing.T) {
 	s := listen(t, WithIdleTimeout(testIdle), WithWindow(1))
-	in := s.Expect("tok")
-	defer in.Close()
-	o, err := Dial(context.Background(), s.Addr().String(), "tok", WithIdleTimeout(testIdle))
-	require.NoError(t, err)
+	in := expect(t, s, "tok")
+	o := dial(t, s, "tok", WithIdleTimeout(testIdle))
 	require.NoError(t, o.Send(context.Background(), item(0)))
 	sent := make(chan error, 1)
 	go func() { sent <- o.Send(context.Background(), item(1)) }()
@@ -106,18 +78,13 @@ func TestQuietCallerKept(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, string(item(0)), string(b))
 	require.NoError(t, <-sent)
-	require.NoError(t, o.Finish())
-	got, err := recvAll(t, in)
-	assert.Equal(t, items(1, 2), got)
-	assert.Equal(t, "EOF", err.Error())
-	waitClosed(t, o.Done(), "Done")
+	finishAndRead(t, in, o, items(1, 2))
 }
 
 // Heartbeats are real frames on the wire, and only when nothing else is sent.
 func TestHeartbeatsOnWire(t *testing.T) {
 	s := listen(t, WithIdleTimeout(testIdle))
-	in := s.Expect("tok")
-	defer in.Close()
+	expect(t, s, "tok")
 	c, _, r := rawWorker(t, s, "tok")
 	_ = c.SetReadDeadline(time.Now().Add(waitFor))
 	f, err := r.ReadFrame()

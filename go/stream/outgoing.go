@@ -413,10 +413,10 @@ func (o *Outgoing) readLoop(r *frame.Reader) {
 					close(o.stopped)
 					first = true
 				}
-				h := o.onControl
-				o.mu.Unlock()
-				if first && h != nil {
-					h(EventStop)
+				if first {
+					o.unlockNotify(EventStop)
+				} else {
+					o.mu.Unlock()
 				}
 				continue
 			case frame.Kill:
@@ -425,22 +425,24 @@ func (o *Outgoing) readLoop(r *frame.Reader) {
 				}
 				o.isKilled = true
 				close(o.killed)
-				h := o.onControl
-				o.mu.Unlock()
-				if h != nil {
-					h(EventKill)
-				}
+				o.unlockNotify(EventKill)
 				return
 			}
 		}
 		// Read error or protocol violation: the caller is gone.
 		o.isLost = true
 		close(o.lost)
-		h := o.onControl
-		o.mu.Unlock()
-		if h != nil {
-			h(EventLost)
-		}
+		o.unlockNotify(EventLost)
 		return
+	}
+}
+
+// unlockNotify releases o.mu, then tells the OnControl handler, if one is
+// set, of ev (outside the lock: the handler may call back into o).
+func (o *Outgoing) unlockNotify(ev Event) {
+	h := o.onControl
+	o.mu.Unlock()
+	if h != nil {
+		h(ev)
 	}
 }

@@ -33,11 +33,75 @@ func listen(t *testing.T, opts ...Option) *Server {
 	return s
 }
 
-func dial(t *testing.T, s *Server, token string) *Outgoing {
+func dial(t *testing.T, s *Server, token string, opts ...Option) *Outgoing {
 	t.Helper()
-	o, err := Dial(context.Background(), s.Addr().String(), token)
+	o, err := Dial(context.Background(), s.Addr().String(), token, opts...)
 	require.NoError(t, err)
 	return o
+}
+
+// expect is s.Expect(token), closed at the end of the test.
+func expect(t *testing.T, s *Server, token string) *Incoming {
+	t.Helper()
+	in := s.Expect(token)
+	t.Cleanup(func() { in.Close() })
+	return in
+}
+
+// connect makes the two ends of one stream: a Server (listen, with opts),
+// the caller's Incoming (closed at the end of the test) and the worker's
+// Outgoing, dialled with token "tok".
+func connect(t *testing.T, opts ...Option) (*Server, *Incoming, *Outgoing) {
+	t.Helper()
+	s := listen(t, opts...)
+	in := expect(t, s, "tok")
+	return s, in, dial(t, s, "tok")
+}
+
+// finishAndRead ends o's stream with Finish and checks that in reads want,
+// then io.EOF, and that o is Done.
+func finishAndRead(t *testing.T, in *Incoming, o *Outgoing, want []string, msg ...any) {
+	t.Helper()
+	require.NoError(t, o.Finish())
+	got, err := recvAll(t, in)
+	assert.Equal(t, io.EOF, err)
+	assert.Equal(t, want, got, msg...)
+	waitClosed(t, o.Done(), "Done")
+}
+
+// attach sends one item from o to in and reads it: the stream is connected
+// at both ends.
+func attach(t *testing.T, in *Incoming, o *Outgoing) {
+	t.Helper()
+	require.NoError(t, o.Send(context.Background(), item(0)))
+	b, err := in.Recv(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, string(item(0)), string(b))
+}
+
+// rawCaller dials a worker's Outgoing (with opts, token "tok") to a bare
+// socket that plays the caller, and returns the caller's end of the
+// connection (closed at the end of the test); nothing has been sent on it.
+func rawCaller(t *testing.T, opts ...Option) (*Outgoing, net.Conn) {
+	t.Helper()
+	t.Cleanup(func() { goleak.VerifyNone(t) })
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err == nil {
+			accepted <- c
+		}
+		close(accepted)
+	}()
+	o, err := Dial(context.Background(), ln.Addr().String(), "tok", opts...)
+	require.NoError(t, err)
+	c := <-accepted
+	require.NotNil(t, c)
+	t.Cleanup(func() { c.Close() })
+	return o, c
 }
 
 func item(i int) []byte { return []byte(fmt.Sprintf(`{"i":%d}`, i)) }
@@ -91,20 +155,13 @@ func TestErrIncompleteText(t *testing.T) {
 }
 
 func TestNormalStream(t *testing.T) {
-	s := listen(t)
-	in := s.Expect("tok")
-	defer in.Close()
-	o := dial(t, s, "tok")
+	_, in, o := connect(t)
 	ctx := context.Background()
 	for i := 0; i < 100; i++ {
 		require.NoError(t, o.Send(ctx, item(i)))
 	}
-	require.NoError(t, o.Finish())
-
-	got, err := recvAll(t, in)
-	assert.Equal(t, io.EOF, err)
-	assert.Equal(t, items(0, 100), got)
-	_, err = in.Recv(ctx)
+	finishAndRead(t, in, o, items(0, 100))
+	_, err := in.Recv(ctx)
 	assert.Equal(t, io.EOF, err, "the end is sticky")
 
 	waitClosed(t, o.Done(), "Done")
@@ -118,8 +175,7 @@ func TestNormalStream(t *testing.T) {
 
 func TestSendBatch(t *testing.T) {
 	s := listen(t, WithWindow(16)) // batches larger than the window must wait for credit
-	in := s.Expect("tok")
-	defer in.Close()
+	in := expect(t, s, "tok")
 	o := dial(t, s, "tok")
 	var batch [][]byte
 	for i := 0; i < 1000; i++ {
@@ -144,10 +200,7 @@ func TestSendBatch(t *testing.T) {
 }
 
 func TestStop(t *testing.T) {
-	s := listen(t)
-	in := s.Expect("tok")
-	defer in.Close()
-	o := dial(t, s, "tok")
+	_, in, o := connect(t)
 	ctx := context.Background()
 	for i := 0; i < 10; i++ {
 		require.NoError(t, o.Send(ctx, item(i)))
@@ -164,21 +217,13 @@ func TestStop(t *testing.T) {
 	for i := 10; i < 15; i++ {
 		require.NoError(t, o.Send(ctx, item(i)))
 	}
-	require.NoError(t, o.Finish())
-
-	got, err := recvAll(t, in)
-	assert.Equal(t, io.EOF, err)
-	assert.Equal(t, items(3, 15), got, "items already sent still arrive")
-	waitClosed(t, o.Done(), "Done")
+	finishAndRead(t, in, o, items(3, 15), "items already sent still arrive")
 	assert.False(t, closed(o.Killed()), "Stop is not Kill")
 	assert.False(t, closed(o.Lost()))
 }
 
 func TestKill(t *testing.T) {
-	s := listen(t)
-	in := s.Expect("tok")
-	defer in.Close()
-	o := dial(t, s, "tok")
+	_, in, o := connect(t)
 	ctx := context.Background()
 
 	// The worker produces until the stream refuses.
@@ -214,25 +259,18 @@ func TestKill(t *testing.T) {
 }
 
 func TestCloseKillsUnfinished(t *testing.T) {
-	s := listen(t)
-	in := s.Expect("tok")
-	o := dial(t, s, "tok")
-	require.NoError(t, o.Send(context.Background(), item(0)))
-	_, err := in.Recv(context.Background())
-	require.NoError(t, err)
+	_, in, o := connect(t)
+	attach(t, in, o)
 	require.NoError(t, in.Close())
 	require.NoError(t, in.Close())
 	waitClosed(t, o.Killed(), "Killed")
 	waitClosed(t, o.Done(), "Done")
-	_, err = in.Recv(context.Background())
+	_, err := in.Recv(context.Background())
 	assert.Equal(t, ErrClosed, err)
 }
 
 func TestKillAfterEndIsNoop(t *testing.T) {
-	s := listen(t)
-	in := s.Expect("tok")
-	defer in.Close()
-	o := dial(t, s, "tok")
+	_, in, o := connect(t)
 	require.NoError(t, o.Send(context.Background(), item(0)))
 	require.NoError(t, o.Finish())
 	waitClosed(t, o.Done(), "Done") // the caller has received Final
@@ -244,32 +282,23 @@ func TestKillAfterEndIsNoop(t *testing.T) {
 }
 
 func TestServerCloseLosesWorker(t *testing.T) {
-	s := listen(t)
-	in := s.Expect("tok")
-	o := dial(t, s, "tok")
-	require.NoError(t, o.Send(context.Background(), item(0)))
-	_, err := in.Recv(context.Background())
-	require.NoError(t, err)
+	s, in, o := connect(t)
+	attach(t, in, o)
 
 	require.NoError(t, s.Close())
 	waitClosed(t, o.Lost(), "Lost")
 	waitClosed(t, o.Done(), "Done")
 	assert.False(t, closed(o.Killed()), "the caller died: Lost, not Killed")
 	assert.ErrorIs(t, o.Send(context.Background(), item(1)), ErrLost)
-	_, err = in.Recv(context.Background())
+	_, err := in.Recv(context.Background())
 	assert.Equal(t, ErrServerClosed, err)
 	assert.Equal(t, ErrServerClosed, func() error { _, err := s.Expect("late").Recv(context.Background()); return err }())
 }
 
 // The caller's raw connection breaking (its process dying) is a loss.
 func TestCallerConnDroppedLosesWorker(t *testing.T) {
-	s := listen(t)
-	in := s.Expect("tok")
-	defer in.Close()
-	o := dial(t, s, "tok")
-	require.NoError(t, o.Send(context.Background(), item(0)))
-	_, err := in.Recv(context.Background())
-	require.NoError(t, err)
+	_, in, o := connect(t)
+	attach(t, in, o)
 
 	in.mu.Lock()
 	conn := in.conn
@@ -279,29 +308,14 @@ func TestCallerConnDroppedLosesWorker(t *testing.T) {
 	waitClosed(t, o.Lost(), "Lost")
 	waitClosed(t, o.Done(), "Done")
 	assert.False(t, closed(o.Killed()))
-	_, err = in.Recv(context.Background())
+	_, err := in.Recv(context.Background())
 	assert.ErrorIs(t, err, ErrIncomplete)
 }
 
 // A caller that is just a socket: it accepts, reads Hello, grants credit and
 // disappears with data unread (an RST, as when a process is killed).
 func TestRawCallerVanishes(t *testing.T) {
-	t.Cleanup(func() { goleak.VerifyNone(t) })
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer ln.Close()
-	accepted := make(chan net.Conn, 1)
-	go func() {
-		c, err := ln.Accept()
-		if err == nil {
-			accepted <- c
-		}
-		close(accepted)
-	}()
-	o, err := Dial(context.Background(), ln.Addr().String(), "tok")
-	require.NoError(t, err)
-	c := <-accepted
-	require.NotNil(t, c)
+	o, c := rawCaller(t)
 	w := frame.NewWriter(c)
 	require.NoError(t, w.WriteCredit(10))
 	require.NoError(t, w.Flush())
@@ -314,10 +328,7 @@ func TestRawCallerVanishes(t *testing.T) {
 }
 
 func TestWorkerCloseMidStream(t *testing.T) {
-	s := listen(t)
-	in := s.Expect("tok")
-	defer in.Close()
-	o := dial(t, s, "tok")
+	_, in, o := connect(t)
 	for i := 0; i < 20; i++ {
 		require.NoError(t, o.Send(context.Background(), item(i)))
 	}
@@ -352,8 +363,7 @@ func TestWorkerCrashMidStream(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := listen(t)
-			in := s.Expect("tok")
-			defer in.Close()
+			in := expect(t, s, "tok")
 			c, w, _ := rawWorker(t, s, "tok")
 			for i := 0; i < 3; i++ {
 				require.NoError(t, w.WriteData(item(i)))
@@ -383,8 +393,7 @@ func TestProtocolViolations(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := listen(t, WithWindow(2))
-			in := s.Expect("tok")
-			defer in.Close()
+			in := expect(t, s, "tok")
 			_, w, _ := rawWorker(t, s, "tok")
 			require.NoError(t, tc.write(w))
 			require.NoError(t, w.Flush())
@@ -403,10 +412,7 @@ func TestProtocolViolations(t *testing.T) {
 }
 
 func TestHandlerError(t *testing.T) {
-	s := listen(t)
-	in := s.Expect("tok")
-	defer in.Close()
-	o := dial(t, s, "tok")
+	_, in, o := connect(t)
 	require.NoError(t, o.Send(context.Background(), item(0)))
 	msg := "a python exception was caught while processing the async generator: ValueError: boom"
 	require.NoError(t, o.Fail(msg))
@@ -422,10 +428,7 @@ func TestHandlerError(t *testing.T) {
 }
 
 func TestIncompleteOnPurpose(t *testing.T) {
-	s := listen(t)
-	in := s.Expect("tok")
-	defer in.Close()
-	o := dial(t, s, "tok")
+	_, in, o := connect(t)
 	require.NoError(t, o.Send(context.Background(), item(0)))
 	require.NoError(t, o.Incomplete("the handler stopped the request"))
 	got, err := recvAll(t, in)
@@ -437,10 +440,7 @@ func TestIncompleteOnPurpose(t *testing.T) {
 }
 
 func TestKillCause(t *testing.T) {
-	s := listen(t)
-	in := s.Expect("tok")
-	defer in.Close()
-	o := dial(t, s, "tok")
+	_, in, o := connect(t)
 	in.KillCause(3)
 	waitClosed(t, o.Killed(), "Killed")
 	assert.Equal(t, byte(3), o.KillCause())
@@ -448,10 +448,7 @@ func TestKillCause(t *testing.T) {
 }
 
 func TestOnControl(t *testing.T) {
-	s := listen(t)
-	in := s.Expect("tok")
-	defer in.Close()
-	o := dial(t, s, "tok")
+	_, in, o := connect(t)
 	events := make(chan Event, 4)
 	in.Stop()
 	waitClosed(t, o.Stopped(), "Stopped")
@@ -509,17 +506,12 @@ func TestUnknownTokenRejected(t *testing.T) {
 
 func TestStopBeforeConnect(t *testing.T) {
 	s := listen(t)
-	in := s.Expect("tok")
-	defer in.Close()
+	in := expect(t, s, "tok")
 	in.Stop()
 	o := dial(t, s, "tok")
 	waitClosed(t, o.Stopped(), "Stopped")
 	require.NoError(t, o.Send(context.Background(), item(0)), "credit was granted too")
-	require.NoError(t, o.Finish())
-	got, err := recvAll(t, in)
-	assert.Equal(t, io.EOF, err)
-	assert.Equal(t, items(0, 1), got)
-	waitClosed(t, o.Done(), "Done")
+	finishAndRead(t, in, o, items(0, 1))
 	assert.False(t, closed(o.Killed()))
 }
 
@@ -606,8 +598,7 @@ func TestNoConnection(t *testing.T) {
 
 func TestDuplicateToken(t *testing.T) {
 	s := listen(t)
-	in := s.Expect("tok")
-	defer in.Close()
+	expect(t, s, "tok")
 	dup := s.Expect("tok")
 	_, err := dup.Recv(context.Background())
 	assert.Equal(t, ErrDuplicateToken, err)
@@ -615,28 +606,18 @@ func TestDuplicateToken(t *testing.T) {
 }
 
 func TestRecvContext(t *testing.T) {
-	s := listen(t)
-	in := s.Expect("tok")
-	defer in.Close()
-	o := dial(t, s, "tok")
+	_, in, o := connect(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
 	defer cancel()
 	_, err := in.Recv(ctx)
 	assert.ErrorIs(t, err, context.DeadlineExceeded)
 	// The stream is unaffected.
 	require.NoError(t, o.Send(context.Background(), item(7)))
-	require.NoError(t, o.Finish())
-	got, err := recvAll(t, in)
-	assert.Equal(t, io.EOF, err)
-	assert.Equal(t, items(7, 8), got)
-	waitClosed(t, o.Done(), "Done")
+	finishAndRead(t, in, o, items(7, 8))
 }
 
 func TestSendBlocksWithoutCredit(t *testing.T) {
-	s := listen(t, WithWindow(1))
-	in := s.Expect("tok")
-	defer in.Close()
-	o := dial(t, s, "tok")
+	_, in, o := connect(t, WithWindow(1))
 	require.NoError(t, o.Send(context.Background(), item(0)))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Millisecond)
 	defer cancel()
@@ -655,10 +636,7 @@ func TestSendBlocksWithoutCredit(t *testing.T) {
 
 func TestFlowControl(t *testing.T) {
 	const window, total = 8, 200
-	s := listen(t, WithWindow(window))
-	in := s.Expect("tok")
-	defer in.Close()
-	o := dial(t, s, "tok")
+	_, in, o := connect(t, WithWindow(window))
 
 	var sent atomic.Int64
 	errc := make(chan error, 1)

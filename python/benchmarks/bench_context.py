@@ -18,22 +18,27 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from dynamo_ctx import Context  # noqa: E402
 
 
+def best_times(timers: dict, number: int, rounds: int) -> dict:
+    """Each timer's best time for ``number`` calls over ``rounds`` rounds. The
+    timers alternate so that load from elsewhere hits all alike; the minimum
+    of each is its cost."""
+    best = {k: float("inf") for k in timers}
+    for _ in range(rounds):
+        for k, t in timers.items():
+            best[k] = min(best[k], t.timeit(number))
+    return best
+
+
 def poll_ratio(number: int = 1_000_000, rounds: int = 15) -> None:
     ctx = Context()
     ev = threading.Event()
     # Exactly what a handler writes once per token: attribute lookup and call.
-    # The timers alternate so that load from elsewhere hits both alike; the
-    # minimum of each is its cost.
     timers = {
         "is_stopped": timeit.Timer("ctx.is_stopped()", globals={"ctx": ctx}),
         "is_killed": timeit.Timer("ctx.is_killed()", globals={"ctx": ctx}),
         "event": timeit.Timer("ev.is_set()", globals={"ev": ev}),
     }
-    best = {k: float("inf") for k in timers}
-    for _ in range(rounds):
-        for k, t in timers.items():
-            best[k] = min(best[k], t.timeit(number))
-    ns = {k: v / number * 1e9 for k, v in best.items()}
+    ns = {k: v / number * 1e9 for k, v in best_times(timers, number, rounds).items()}
     print(f"is_stopped():             {ns['is_stopped']:6.1f} ns/call")
     print(f"is_killed():              {ns['is_killed']:6.1f} ns/call")
     print(f"threading.Event.is_set(): {ns['event']:6.1f} ns/call")
@@ -47,11 +52,7 @@ def create_cost(number: int = 200_000, rounds: int = 9) -> None:
         "Context()": timeit.Timer("Context()", globals={"Context": Context}),
         "Context(id=...)": timeit.Timer("Context('req-1')", globals={"Context": Context}),
     }
-    best = {k: float("inf") for k in timers}
-    for _ in range(rounds):
-        for k, t in timers.items():
-            best[k] = min(best[k], t.timeit(number))
-    for k, v in best.items():
+    for k, v in best_times(timers, number, rounds).items():
         print(f"{k + ' create + free:':32s}{v / number * 1e9:6.0f} ns  (SPEC: <= 500 ns)")
 
 

@@ -34,8 +34,10 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))  # plane_bench_worker
 
 from dynamo_ctx import Context, DistributedRuntime, NoResponders, StreamIncomplete  # noqa: E402
+from plane_bench_worker import make_handler  # noqa: E402
 
 sys.path.insert(0, str(HERE))
 import killtrace  # noqa: E402
@@ -71,30 +73,11 @@ def verdict(ok: bool) -> str:
 
 
 # ---------------------------------------------------------------- the handler
-# The same handler as plane_bench_worker.py, for the in-process runs; its
-# "killed" events go to a queue instead of stdout.
+# plane_bench_worker.py's handler, for the in-process runs; its "killed"
+# events go to a queue instead of stdout.
 _inproc_events: "asyncio.Queue[dict]"
 
-
-async def handler(request, context):
-    mode = request.get("mode")
-    if mode == "count":
-        for i in range(request["n"]):
-            yield i
-    elif mode == "wait_kill":
-        yield 0
-        woke = 0
-        try:
-            await context.killed()
-            woke = now_ns()
-            killtrace.mark("worker.handler_woke", context.id())
-        finally:
-            # The dispatcher cancels a killed handler's task: whichever of the
-            # two wakes the handler first, this is when it learned of the kill.
-            if not woke:
-                woke = now_ns()
-                killtrace.mark("worker.handler_woke", context.id())
-            _inproc_events.put_nowait({"event": "killed", "t_ns": woke, "reason": context.reason()})
+handler = make_handler(lambda event: _inproc_events.put_nowait(event))
 
 
 # ---------------------------------------------------------------- the worker process

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import json
 import os
 import statistics
@@ -72,9 +73,14 @@ class Lib:
     """What differs between the two libraries, behind one shape."""
 
     name = ""
+    module = ""  # the module that has its Context and DistributedRuntime
+
+    def __init__(self) -> None:
+        m = importlib.import_module(self.module)
+        self.Context, self.DistributedRuntime = m.Context, m.DistributedRuntime
 
     def context(self, id: Optional[str] = None) -> Any:  # noqa: A002
-        raise NotImplementedError
+        return self.Context(id) if id else self.Context()
 
     def runtime(self, loop: asyncio.AbstractEventLoop) -> Any:
         raise NotImplementedError
@@ -89,14 +95,7 @@ class Lib:
 
 class Ours(Lib):
     name = "dynamo_ctx"
-
-    def __init__(self) -> None:
-        from dynamo_ctx import Context, DistributedRuntime
-
-        self.Context, self.DistributedRuntime = Context, DistributedRuntime
-
-    def context(self, id=None):  # noqa: A002
-        return self.Context(id) if id else self.Context()
+    module = "dynamo_ctx"
 
     def runtime(self, loop):
         return self.DistributedRuntime(nats_url=os.environ.get("NATS_SERVER"))
@@ -107,14 +106,7 @@ class Ours(Lib):
 
 class Theirs(Lib):
     name = "Dynamo"
-
-    def __init__(self) -> None:
-        from dynamo._core import Context, DistributedRuntime
-
-        self.Context, self.DistributedRuntime = Context, DistributedRuntime
-
-    def context(self, id=None):  # noqa: A002
-        return self.Context(id) if id else self.Context()
+    module = "dynamo._core"
 
     def runtime(self, loop):
         return self.DistributedRuntime(loop, "file", "tcp")

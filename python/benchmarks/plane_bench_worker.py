@@ -28,6 +28,7 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -44,31 +45,41 @@ def record(**event):
     sys.stdout.flush()
 
 
-async def handler(request, context):
-    mode = request.get("mode")
-    if mode == "count":
-        for i in range(request["n"]):
-            yield i
-    elif mode == "forever":
-        i = 0
-        while True:
-            yield i
-            i += 1
-            await asyncio.sleep(0.001)
-    elif mode == "wait_kill":
-        yield 0
-        woke = 0
-        try:
-            await context.killed()
-            woke = time.clock_gettime_ns(MONO)
-            killtrace.mark("worker.handler_woke", context.id())
-        finally:
-            # The dispatcher cancels a killed handler's task; whichever of the
-            # two wakes it first, this is when the handler learned of the kill.
-            if not woke:
+def make_handler(emit: Callable[[dict], None]):
+    """The benchmark's handler (the modes above); its "killed" events go to
+    emit. bench_plane.py uses it for its in-process runs too."""
+
+    async def handler(request, context):
+        mode = request.get("mode")
+        if mode == "count":
+            for i in range(request["n"]):
+                yield i
+        elif mode == "forever":
+            i = 0
+            while True:
+                yield i
+                i += 1
+                await asyncio.sleep(0.001)
+        elif mode == "wait_kill":
+            yield 0
+            woke = 0
+            try:
+                await context.killed()
                 woke = time.clock_gettime_ns(MONO)
                 killtrace.mark("worker.handler_woke", context.id())
-            record(event="killed", t_ns=woke, reason=context.reason())
+            finally:
+                # The dispatcher cancels a killed handler's task; whichever of
+                # the two wakes it first, this is when the handler learned of
+                # the kill.
+                if not woke:
+                    woke = time.clock_gettime_ns(MONO)
+                    killtrace.mark("worker.handler_woke", context.id())
+                emit({"event": "killed", "t_ns": woke, "reason": context.reason()})
+
+    return handler
+
+
+handler = make_handler(lambda event: record(**event))
 
 
 async def serve(path: str) -> None:

@@ -162,6 +162,19 @@ def test_dropped_children_are_released():
     parent.kill()
 
 
+def kill_under_threads(ctx, target, ready) -> None:
+    """Runs target in 4 threads, waits on ready (an Event they set, a Barrier
+    they meet at), kills ctx and checks that every thread ends."""
+    threads = [threading.Thread(target=target) for _ in range(4)]
+    for t in threads:
+        t.start()
+    ready.wait(HANG)
+    ctx.kill()
+    for t in threads:
+        t.join(HANG)
+        assert not t.is_alive()
+
+
 def test_poll_from_other_threads():
     ctx = Context()
     ready = threading.Event()
@@ -173,14 +186,7 @@ def test_poll_from_other_threads():
             pass
         seen.append((ctx.is_stopped(), ctx.is_killed()))
 
-    threads = [threading.Thread(target=poller) for _ in range(4)]
-    for t in threads:
-        t.start()
-    ready.wait(HANG)
-    ctx.kill()
-    for t in threads:
-        t.join(HANG)
-        assert not t.is_alive()
+    kill_under_threads(ctx, poller, ready)
     assert seen == [(True, True)] * 4
 
 
@@ -294,13 +300,7 @@ def test_several_loops_in_several_threads():
 
         results.append(asyncio.run(asyncio.wait_for(main(), HANG)))
 
-    threads = [threading.Thread(target=worker) for _ in range(4)]
-    for t in threads:
-        t.start()
-    started.wait(HANG)
-    ctx.kill()
-    for t in threads:
-        t.join(HANG)
+    kill_under_threads(ctx, worker, started)
     assert results == [True] * 4
 
 

@@ -4,6 +4,7 @@ the way Dynamo's own Python tests exercise it, with dynamo_ctx's imports."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import json
 import logging
@@ -106,6 +107,21 @@ async def serve_mock(runtime, ns):
 async def stop_serving(task):
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
+
+
+@contextlib.asynccontextmanager
+async def mock_served(nats_url, *args):
+    """A runtime made as Dynamo's tests make one (``args`` after the loop)
+    serving a MockServer on a fresh namespace; yields (handler, client). The
+    endpoint stops at the end (when the body succeeded) and the runtime shuts
+    down."""
+    runtime = DistributedRuntime(asyncio.get_running_loop(), *args, nats_url=nats_url)
+    try:
+        handler, task, client = await serve_mock(runtime, unique_ns())
+        yield handler, client
+        await stop_serving(task)
+    finally:
+        runtime.shutdown()
 
 
 # --- constructors and names -------------------------------------------------
@@ -263,9 +279,7 @@ def test_metadata_reaches_handler_and_survives_stop(nats_url):
     # sees the caller's metadata, mutates its own copy, and still has it
     # when it sees the stop.
     async def main():
-        runtime = DistributedRuntime(asyncio.get_running_loop(), "etcd", "nats", nats_url=nats_url)
-        try:
-            handler, task, client = await serve_mock(runtime, unique_ns())
+        async with mock_served(nats_url, "etcd", "nats") as (handler, client):
             ctx = Context(metadata={"tenant": "alpha", "region": "us-west"})
             stream = await client.generate("with_metadata", context=ctx)
             n = 0
@@ -283,9 +297,6 @@ def test_metadata_reaches_handler_and_survives_stop(nats_url):
                 await client.generate("with_metadata", context=Context(metadata={"k": "x" * 20000}))
             with pytest.raises(TypeError, match="JSON"):
                 await client.generate("with_metadata", context=Context(metadata={"k": object()}))
-            await stop_serving(task)
-        finally:
-            runtime.shutdown()
 
     run(main())
 
@@ -382,9 +393,7 @@ def test_handler_raising_after_callers_stop_is_not_surfaced(nats_url, behaviour)
     # Dynamo's handlers raise asyncio.CancelledError once they see the stop;
     # the caller, who stopped, keeps iterating and sees a clean end.
     async def main():
-        runtime = DistributedRuntime(asyncio.get_running_loop(), True, nats_url=nats_url)
-        try:
-            handler, task, client = await serve_mock(runtime, unique_ns())
+        async with mock_served(nats_url, True) as (handler, client):
             ctx = Context()
             stream = await client.generate(behaviour, context=ctx)
             got = []
@@ -395,27 +404,19 @@ def test_handler_raising_after_callers_stop_is_not_surfaced(nats_url, behaviour)
             assert got[:2] == [0, 1]
             await asyncio.wait_for(handler.done.wait(), HANG)
             assert handler.stopped and not handler.killed
-            await stop_serving(task)
-        finally:
-            runtime.shutdown()
 
     run(main())
 
 
 def test_handler_raising_after_callers_kill_is_not_surfaced(nats_url):
     async def main():
-        runtime = DistributedRuntime(asyncio.get_running_loop(), True, nats_url=nats_url)
-        try:
-            handler, task, client = await serve_mock(runtime, unique_ns())
+        async with mock_served(nats_url, True) as (handler, client):
             ctx = Context()
             stream = await client.generate("until_stopped_then_raise_error", context=ctx)
             async for item in stream:
                 if item.data() == 1:
                     ctx.kill()
             await asyncio.wait_for(handler.done.wait(), HANG)
-            await stop_serving(task)
-        finally:
-            runtime.shutdown()
 
     run(main())
 
@@ -426,9 +427,7 @@ def test_context_stopped_early_ends_the_stream_silently(nats_url, when):
     # test_client_context_cancel_before_await_request: no items, no error;
     # the handler's context is stopped, not killed.
     async def main():
-        runtime = DistributedRuntime(asyncio.get_running_loop(), "mem", "tcp", nats_url=nats_url)
-        try:
-            handler, task, client = await serve_mock(runtime, unique_ns())
+        async with mock_served(nats_url, "mem", "tcp") as (handler, client):
             ctx = Context()
             if when == "before_the_call":
                 ctx.stop_generating()
@@ -445,9 +444,6 @@ def test_context_stopped_early_ends_the_stream_silently(nats_url, when):
                 assert items == []
             await asyncio.wait_for(handler.done.wait(), HANG)
             assert handler.stopped and not handler.killed
-            await stop_serving(task)
-        finally:
-            runtime.shutdown()
 
     run(main())
 
@@ -456,9 +452,7 @@ def test_errors_have_stable_codes(nats_url):
     # Where Dynamo 1.x words these differently ("Disconnected: Stream ended
     # ...", "BackendCancelled"), callers match the class or code, not text.
     async def main():
-        runtime = DistributedRuntime(asyncio.get_running_loop(), "etcd", "tcp", nats_url=nats_url)
-        try:
-            handler, task, client = await serve_mock(runtime, unique_ns())
+        async with mock_served(nats_url, "etcd", "tcp") as (handler, client):
             with pytest.raises(StreamIncomplete) as ei:
                 async for _ in await client.generate("stop_itself"):
                     pass
@@ -471,9 +465,6 @@ def test_errors_have_stable_codes(nats_url):
             assert isinstance(ei.value, ValueError) and not isinstance(ei.value, BackendCancelled)
             assert (ei.value.code, ei.value.error_type) == ("handler_error", "RuntimeError")
             assert str(ei.value) == "a python exception was caught while processing the async generator: RuntimeError: boom"
-            await stop_serving(task)
-        finally:
-            runtime.shutdown()
 
     run(main())
 

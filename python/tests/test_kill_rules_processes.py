@@ -10,6 +10,7 @@ second, where the caller kills it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -53,6 +54,21 @@ class Worker:
         await self.proc.wait()
 
 
+@contextlib.asynccontextmanager
+async def worker_and_runtime(nats_url, prefix):
+    """A kill_worker.py process serving a fresh path (prefix + a random
+    suffix) and a runtime to call it: yields (worker, runtime, path). The
+    runtime shuts down and the worker is SIGKILLed at the end."""
+    path = f"{prefix}{uuid.uuid4().hex[:8]}.worker.generate"
+    worker = await Worker.start(nats_url, path)
+    rt = DistributedRuntime(nats_url=nats_url)
+    try:
+        yield worker, rt, path
+    finally:
+        rt.shutdown()
+        await worker.kill()
+
+
 async def kill_at(stream, ctx, k, how):
     """Iterate, kill at item k by ``how``, keep iterating; return (before, after)."""
     before, after, killed = [], [], False
@@ -80,10 +96,7 @@ def test_kill_race_across_processes(nats_url, migration_limit):
     iterations = 200
 
     async def main():
-        path = f"killp{uuid.uuid4().hex[:8]}.worker.generate"
-        worker = await Worker.start(nats_url, path)
-        rt = DistributedRuntime(nats_url=nats_url)
-        try:
+        async with worker_and_runtime(nats_url, "killp") as (worker, rt, path):
             client = await rt.endpoint(path).client(migration_limit=migration_limit)
             await client.wait_for_instances()
             late = []
@@ -98,19 +111,13 @@ def test_kill_race_across_processes(nats_url, migration_limit):
             assert late == [], f"{len(late)} of {iterations} streams returned items after the kill: {late[:5]}"
             # The worker is still serving normally.
             assert [x async for x in await client.generate({"n": 5}, annotated=False)] == list(range(5))
-        finally:
-            rt.shutdown()
-            await worker.kill()
 
     run(main())
 
 
 def test_kill_during_migrated_stream_across_processes(nats_url):
     async def main():
-        path = f"killm{uuid.uuid4().hex[:8]}.worker.generate"
-        steady = await Worker.start(nats_url, path)
-        rt = DistributedRuntime(nats_url=nats_url)
-        try:
+        async with worker_and_runtime(nats_url, "killm") as (steady, rt, path):
             client = await rt.endpoint(path).client(migration_limit=2)
             for i in range(3):
                 doomed = await Worker.start(nats_url, path, "--hang-after", "3")
@@ -124,19 +131,13 @@ def test_kill_during_migrated_stream_across_processes(nats_url):
                 before, after = await kill_at(stream, ctx, k, ("kill", "aclose")[i % 2])
                 assert before == list(range(k + 1)), "the steady worker starts over (not a token stream)"
                 assert after == []
-        finally:
-            rt.shutdown()
-            await steady.kill()
 
     run(main())
 
 
 def test_handler_cancelled_error_across_processes(nats_url):
     async def main():
-        path = f"killc{uuid.uuid4().hex[:8]}.worker.generate"
-        worker = await Worker.start(nats_url, path)
-        rt = DistributedRuntime(nats_url=nats_url)
-        try:
+        async with worker_and_runtime(nats_url, "killc") as (worker, rt, path):
             client = await rt.endpoint(path).client()
             await client.wait_for_instances()
             stream = await client.generate({"raise": "cancelled"}, annotated=False)
@@ -148,8 +149,5 @@ def test_handler_cancelled_error_across_processes(nats_url):
             )
             # The worker keeps serving.
             assert [x async for x in await client.generate({"n": 3}, annotated=False)] == [0, 1, 2]
-        finally:
-            rt.shutdown()
-            await worker.kill()
 
     run(main())

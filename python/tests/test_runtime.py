@@ -37,6 +37,12 @@ class Harness:
         self.runtime.shutdown()
         await asyncio.wait_for(self.serve_task, HANG)
 
+    async def open(self):
+        """A plain (not annotated) stream of an empty request, with a fresh
+        Context of its own: (ctx, stream)."""
+        ctx = Context()
+        return ctx, await self.client.generate({}, annotated=False, context=ctx)
+
 
 async def collect(stream):
     return [item async for item in stream]
@@ -122,8 +128,7 @@ def test_client_stop_stops_handler_and_stream_ends_cleanly(nats_url):
 
     async def main():
         async with Harness(nats_url, handler) as h:
-            ctx = Context()
-            stream = await h.client.generate({}, annotated=False, context=ctx)
+            ctx, stream = await h.open()
             got = []
             async for item in stream:
                 got.append(item)
@@ -148,8 +153,7 @@ def test_client_kill_kills_handler(nats_url):
     async def main():
         seen["done"] = asyncio.Event()
         async with Harness(nats_url, handler) as h:
-            ctx = Context()
-            stream = await h.client.generate({}, annotated=False, context=ctx)
+            ctx, stream = await h.open()
             assert await stream.__anext__() == 0
             ctx.kill()
             await seen["done"].wait()
@@ -227,6 +231,16 @@ def test_aclose_and_garbage_collection_kill(nats_url):
     assert reasons == ["kill", "kill"]
 
 
+async def error_after_first_item(h, expected):
+    """Opens a stream whose handler yields 1 and then ends badly; returns the
+    error (an ``expected``) that the second item raises."""
+    stream = await h.client.generate({}, annotated=False)
+    assert await stream.__anext__() == 1
+    with pytest.raises(expected) as err:
+        await stream.__anext__()
+    return err.value
+
+
 def test_handler_stopping_itself_is_incomplete(nats_url):
     seen = []
 
@@ -237,12 +251,9 @@ def test_handler_stopping_itself_is_incomplete(nats_url):
 
     async def main():
         async with Harness(nats_url, handler) as h:
-            stream = await h.client.generate({}, annotated=False)
-            assert await stream.__anext__() == 1
-            with pytest.raises(StreamIncomplete) as err:
-                await stream.__anext__()
-            assert str(err.value).startswith("Stream ended before generation completed")
-            assert isinstance(err.value, ValueError)
+            err = await error_after_first_item(h, StreamIncomplete)
+            assert str(err).startswith("Stream ended before generation completed")
+            assert isinstance(err, ValueError)
 
     run(main())
     assert seen == [(True, False)]
@@ -258,14 +269,9 @@ def test_handler_exception_becomes_value_error(nats_url):
 
     async def main():
         async with Harness(nats_url, handler) as h:
-            stream = await h.client.generate({}, annotated=False)
-            assert await stream.__anext__() == 1
-            with pytest.raises(ValueError) as err:
-                await stream.__anext__()
-            assert str(err.value) == (
-                "a python exception was caught while processing the async generator: RuntimeError: boom"
-            )
-            assert not isinstance(err.value, StreamIncomplete)
+            err = await error_after_first_item(h, ValueError)
+            assert str(err) == "a python exception was caught while processing the async generator: RuntimeError: boom"
+            assert not isinstance(err, StreamIncomplete)
 
     run(main())
     assert not seen[0].is_stopped() and not seen[0].is_killed()
@@ -292,8 +298,7 @@ def test_handler_ignoring_cancellation_is_closed(nats_url):
     async def main():
         state["closed"] = asyncio.Event()
         async with Harness(nats_url, handler) as h:
-            ctx = Context()
-            stream = await h.client.generate({}, annotated=False, context=ctx)
+            ctx, stream = await h.open()
             await stream.__anext__()
             ctx.kill()
             await state["closed"].wait()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -52,12 +53,22 @@ def unique_path():
     return f"proc{uuid.uuid4().hex[:8]}.worker.generate"
 
 
+@contextlib.asynccontextmanager
+async def ready_worker(nats_url):
+    """plane_worker.py serving a fresh path, once it is ready: yields
+    (worker, path); the worker is SIGKILLed at the end."""
+    path = unique_path()
+    worker = await Proc.start(nats_url, "plane_worker.py", path)
+    try:
+        await worker.event("ready")
+        yield worker, path
+    finally:
+        await worker.kill()
+
+
 def test_remote_kill_and_stop(nats_url):
     async def main():
-        path = unique_path()
-        worker = await Proc.start(nats_url, "plane_worker.py", path)
-        try:
-            await worker.event("ready")
+        async with ready_worker(nats_url) as (worker, path):
             rt = DistributedRuntime(nats_url=nats_url)
             client = await rt.endpoint(path).client()
             await client.wait_for_instances()
@@ -71,25 +82,18 @@ def test_remote_kill_and_stop(nats_url):
             ev = await worker.event("killed")
             assert (ev["id"], ev["reason"], ev["stopped"]) == ("remote-kill", "kill", True)
             rt.shutdown()
-        finally:
-            await worker.kill()
 
     run(main())
 
 
 def test_caller_death_kills_handler_with_connection_lost(nats_url):
     async def main():
-        path = unique_path()
-        worker = await Proc.start(nats_url, "plane_worker.py", path)
-        try:
-            await worker.event("ready")
+        async with ready_worker(nats_url) as (worker, path):
             caller = await Proc.start(nats_url, "plane_caller.py", path, json.dumps({"mode": "wait_kill"}))
             await caller.event("item")
             await caller.kill()
             ev = await worker.event("killed")
             assert (ev["id"], ev["reason"]) == ("caller-req", "connection_lost")
-        finally:
-            await worker.kill()
 
     run(main())
 

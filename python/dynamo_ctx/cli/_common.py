@@ -19,9 +19,14 @@ import logging
 import os
 import sys
 import traceback
-from typing import Any, Callable, Coroutine, List, NoReturn, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Coroutine, List, NoReturn, Optional, Sequence, TypeVar
 
 from .._lib import native
+
+if TYPE_CHECKING:
+    from .runtime import DistributedRuntime
+
+_N = TypeVar("_N", int, float)
 
 #: Environment variables read by every command (Dynamo's names).
 ENV_LOG = "DYN_LOG"
@@ -137,28 +142,6 @@ def _int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
 
 
-def port(text: str) -> int:
-    """A TCP port, 0 (any free port) to 65535."""
-    n = _int(text)
-    if not 0 <= n <= 65535:
-        raise argparse.ArgumentTypeError(f"{n} is not a port (0 to 65535)")
-    return n
-
-
-def non_negative_int(text: str) -> int:
-    n = _int(text)
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"{n} is negative (0 or more)")
-    return n
-
-
-def positive_int(text: str) -> int:
-    n = _int(text)
-    if n <= 0:
-        raise argparse.ArgumentTypeError(f"{n} is not positive (1 or more)")
-    return n
-
-
 def _float(text: str) -> float:
     try:
         x = float(text)
@@ -169,18 +152,26 @@ def _float(text: str) -> float:
     return x
 
 
-def positive_float(text: str) -> float:
-    x = _float(text)
-    if x <= 0:
-        raise argparse.ArgumentTypeError(f"{text} is not positive")
-    return x
+def _checked(name: str, parse: Callable[[str], _N], ok: Callable[[_N], bool], why: str, doc: str) -> Callable[[str], _N]:
+    """An argparse value type: text parsed by parse, refused unless ok. why
+    is the refusal, formatted with the parsed value and the text given."""
+
+    def check(text: str) -> _N:
+        value = parse(text)
+        if not ok(value):
+            raise argparse.ArgumentTypeError(why.format(value=value, text=text))
+        return value
+
+    check.__name__ = check.__qualname__ = name
+    check.__doc__ = doc
+    return check
 
 
-def non_negative_float(text: str) -> float:
-    x = _float(text)
-    if x < 0:
-        raise argparse.ArgumentTypeError(f"{text} is negative")
-    return x
+port = _checked("port", _int, lambda n: 0 <= n <= 65535, "{value} is not a port (0 to 65535)", "A TCP port, 0 (any free port) to 65535.")
+non_negative_int = _checked("non_negative_int", _int, lambda n: n >= 0, "{value} is negative (0 or more)", "A whole number, 0 or more.")
+positive_int = _checked("positive_int", _int, lambda n: n > 0, "{value} is not positive (1 or more)", "A whole number, 1 or more.")
+positive_float = _checked("positive_float", _float, lambda x: x > 0, "{text} is not positive", "A finite number above 0.")
+non_negative_float = _checked("non_negative_float", _float, lambda x: x >= 0, "{text} is negative", "A finite number, 0 or more.")
 
 
 def log_level(text: str) -> str:
@@ -271,6 +262,20 @@ def connect_error(e: BaseException, nats_url: Optional[str], flag: Optional[str]
         f"cannot reach NATS at {where} ({_reason(e)}); start a NATS server there, or set NATS_SERVER{also} "
         "to one that runs (nats://127.0.0.1:0 runs one inside this process)"
     )
+
+
+async def connect_runtime(nats_url: Optional[str]) -> "DistributedRuntime":
+    """A DistributedRuntime on nats_url, made off the event loop (connecting
+    blocks); one that cannot connect is the one-line connect_error."""
+    from .runtime import DistributedRuntime
+
+    loop = asyncio.get_running_loop()
+    try:
+        return await loop.run_in_executor(None, lambda: DistributedRuntime(nats_url=nats_url))
+    except (RuntimeError, OSError, ValueError) as e:
+        if getattr(e, "code_name", "") == "ECONNECT":
+            raise connect_error(e, nats_url) from None
+        raise
 
 
 def listen_error(e: BaseException, host: str, port_: int, flag: str, host_flag: str) -> CommandError:

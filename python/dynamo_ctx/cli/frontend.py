@@ -97,12 +97,7 @@ async def run(args: argparse.Namespace) -> None:
     if args.max_body_bytes is not None:
         os.environ["DYNAMO_CTX_MAX_BODY_BYTES"] = str(args.max_body_bytes)  # read by the frontend when it starts
     loop = asyncio.get_running_loop()
-    try:
-        runtime = await loop.run_in_executor(None, lambda: DistributedRuntime(nats_url=args.nats_url))
-    except (RuntimeError, OSError, ValueError) as e:
-        if getattr(e, "code_name", "") == "ECONNECT":
-            raise _cli.connect_error(e, args.nats_url) from None
-        raise
+    runtime = await _cli.connect_runtime(args.nats_url)
     try:
         fe = await loop.run_in_executor(
             None, lambda: HttpFrontend(runtime, args.http_host, args.http_port, args.namespace, args.migration_limit)

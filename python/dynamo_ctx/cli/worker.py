@@ -221,12 +221,7 @@ async def run(args: argparse.Namespace) -> None:
     runtime: Optional[DistributedRuntime] = None
     handler: Any
     try:
-        try:
-            runtime = await loop.run_in_executor(None, lambda: DistributedRuntime(nats_url=args.nats_url))
-        except (RuntimeError, OSError, ValueError) as e:
-            if getattr(e, "code_name", "") == "ECONNECT":
-                raise _cli.connect_error(e, args.nats_url) from None
-            raise
+        runtime = await _cli.connect_runtime(args.nats_url)
         logger.info("migration_limit=%d for model %s", args.migration_limit, args.model)
         if args.mode == "prefill":
             component, handler = "prefill", PrefillHandler(engine, args.model, metrics)

@@ -3,6 +3,7 @@
 HTTP/1.0 makes the Go server send the body unchunked and close the connection at
 its end, so the client needs no chunked decoding; hundreds or thousands of these
 run concurrently on one event loop (the soak test, the fault tests).
+streams_through_fault is the fault tests' run of many streams across one fault.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import asyncio
 import json
 import time
 from dataclasses import dataclass, field
-from typing import List, Optional, Tuple
+from typing import Callable, List, Optional, Tuple
 
 
 @dataclass
@@ -105,3 +106,33 @@ async def stream_completion(
             await writer.wait_closed()
         except OSError:
             pass
+
+
+async def streams_through_fault(
+    stack, fault: Callable[[], None], prompts: List[str], max_tokens: int, tag: str, after: str
+) -> Tuple[List[Result], Optional[float], float]:
+    """Streams one completion of each prompt through the stack's frontend and
+    calls ``fault()`` (in a thread) once they flow (0.7 s in, none finished),
+    then requests ``after`` (3 tokens, not streamed) until one succeeds
+    token-exact. Returns (the streams' results, seconds from the fault to that
+    success or None within stack.hang, seconds from the start until every
+    stream ended)."""
+    hp = stack.frontend.host_port
+    tasks = [
+        asyncio.ensure_future(stream_completion(hp, stack.model, prompt, max_tokens, stack.new_id(f"{tag}{i}")))
+        for i, prompt in enumerate(prompts)
+    ]
+    t0 = time.monotonic()
+    await asyncio.sleep(0.7)
+    assert not any(t.done() for t in tasks), "streams ended before the fault: the mock is too fast"
+    t_fault = time.monotonic()
+    await asyncio.get_running_loop().run_in_executor(None, fault)
+    recovered = None
+    while recovered is None and time.monotonic() - t_fault < stack.hang:
+        r = await stream_completion(hp, stack.model, after, 3, stack.new_id("after"), stream=False)
+        if r.status == 200 and r.text == stack.expected_text(after, 3):
+            recovered = time.monotonic() - t_fault
+        else:
+            await asyncio.sleep(0.01)
+    results = await asyncio.wait_for(asyncio.gather(*tasks), stack.hang)
+    return results, recovered, time.monotonic() - t0

@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sse import stream_completion  # noqa: E402
+from sse import stream_completion, streams_through_fault  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -39,23 +38,8 @@ def cluster(nats_server_bin):
 
 
 async def _traffic(stack, fault):
-    hp = stack.frontend.host_port
-    tasks = [
-        asyncio.ensure_future(stream_completion(hp, stack.model, prompt_of(i), MAX_TOKENS, stack.new_id(f"cl{i}")))
-        for i in range(STREAMS)
-    ]
-    await asyncio.sleep(0.7)
-    assert not any(t.done() for t in tasks), "streams ended before the fault"
-    t_fault = time.monotonic()
-    await asyncio.get_running_loop().run_in_executor(None, fault)
-    recovered = None
-    while recovered is None and time.monotonic() - t_fault < stack.hang:
-        r = await stream_completion(hp, stack.model, "after the node", 3, stack.new_id("after"), stream=False)
-        if r.status == 200 and r.text == stack.expected_text("after the node", 3):
-            recovered = time.monotonic() - t_fault
-        else:
-            await asyncio.sleep(0.01)
-    results = await asyncio.wait_for(asyncio.gather(*tasks), stack.hang)
+    prompts = [prompt_of(i) for i in range(STREAMS)]
+    results, recovered, _ = await streams_through_fault(stack, fault, prompts, MAX_TOKENS, "cl", "after the node")
     return results, recovered
 
 

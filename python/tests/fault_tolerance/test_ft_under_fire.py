@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sse import stream_completion  # noqa: E402
+from sse import streams_through_fault  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -39,31 +39,11 @@ def prompt_of(i: int) -> str:
 
 
 async def _under_fire(stack, fault):
-    """Run STREAMS streams, call ``fault()`` once a third of them are a few tokens in, then
-    request until one succeeds; returns (results, seconds from the fault to that success)."""
-    fe = stack.frontend
-    hp = fe.host_port
-    tasks = [
-        asyncio.ensure_future(stream_completion(hp, stack.model, prompt_of(i), MAX_TOKENS, stack.new_id(f"fire{i}")))
-        for i in range(STREAMS)
-    ]
-    # Wait (bounded) until streams are flowing; the results fill in as items arrive.
-    t0 = time.monotonic()
-    await asyncio.sleep(0.7)
-    assert not any(t.done() for t in tasks), "streams ended before the fault: the mock is too fast"
-    loop = asyncio.get_running_loop()
-    t_fault = time.monotonic()
-    await loop.run_in_executor(None, fault)
-    # The next request that succeeds after the fault.
-    recovered = None
-    while recovered is None and time.monotonic() - t_fault < stack.hang:
-        r = await stream_completion(hp, stack.model, "after the fault", 3, stack.new_id("after"), stream=False)
-        if r.status == 200 and r.text == stack.expected_text("after the fault", 3):
-            recovered = time.monotonic() - t_fault
-        else:
-            await asyncio.sleep(0.01)
-    results = await asyncio.wait_for(asyncio.gather(*tasks), stack.hang)
-    return results, recovered, time.monotonic() - t0
+    """Run STREAMS streams, call ``fault()`` once they are a few tokens in, then request
+    until one succeeds; returns (results, seconds from the fault to that success, seconds
+    until every stream ended)."""
+    prompts = [prompt_of(i) for i in range(STREAMS)]
+    return await streams_through_fault(stack, fault, prompts, MAX_TOKENS, "fire", "after the fault")
 
 
 def _check(stack, results, recovered, label):

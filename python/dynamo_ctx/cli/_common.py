@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Callable, Coroutine, List, NoReturn, Opti
 from .._lib import native
 
 if TYPE_CHECKING:
-    from .runtime import DistributedRuntime
+    from ..runtime import DistributedRuntime
 
 _N = TypeVar("_N", int, float)
 
@@ -267,7 +267,7 @@ def connect_error(e: BaseException, nats_url: Optional[str], flag: Optional[str]
 async def connect_runtime(nats_url: Optional[str]) -> "DistributedRuntime":
     """A DistributedRuntime on nats_url, made off the event loop (connecting
     blocks); one that cannot connect is the one-line connect_error."""
-    from .runtime import DistributedRuntime
+    from ..runtime import DistributedRuntime
 
     loop = asyncio.get_running_loop()
     try:

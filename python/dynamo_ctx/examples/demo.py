@@ -129,7 +129,7 @@ def main() -> int:
             raise _cli.connect_error(e, given, None) from None
         raise
     print(f"NATS at {runtime.nats_url} ({'NATS_SERVER' if given else 'embedded here'})")
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     env["NATS_SERVER"] = runtime.nats_url
     run = uuid.uuid4().hex[:8]
     namespace = f"demo-{run}"

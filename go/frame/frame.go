@@ -64,7 +64,7 @@ const (
 	Incomplete Type = 8
 	// Heartbeat: either direction, empty. Sent by a side that has written
 	// nothing for a while, so that its peer can tell a quiet stream from a
-	// dead one (see package stream, Liveness).
+	// dead one (see package transport, Liveness).
 	Heartbeat Type = 9
 )
 

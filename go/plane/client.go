@@ -16,7 +16,7 @@ import (
 	"github.com/dynamo-ctx/dynamo-ctx/go/ctxtree"
 	"github.com/dynamo-ctx/dynamo-ctx/go/discovery"
 	"github.com/dynamo-ctx/dynamo-ctx/go/killtrace"
-	"github.com/dynamo-ctx/dynamo-ctx/go/stream"
+	"github.com/dynamo-ctx/dynamo-ctx/go/transport"
 )
 
 // Route chooses the instance a request goes to.
@@ -339,7 +339,7 @@ func (c *Client) generateOnce(payload []byte, parent *ctxtree.Context, route Rou
 	local := c.rt.servesInstance(id)
 	// The connect timeout covers the dispatch too (it restarts at the
 	// acknowledgement: see run).
-	in := c.rt.srv.Expect(token, stream.WithConnectTimeout(dispatchBudget+stream.DefaultConnectTimeout))
+	in := c.rt.srv.Expect(token, transport.WithConnectTimeout(dispatchBudget+transport.DefaultConnectTimeout))
 	s.in = in
 	// Cancellation of the request's context reaches the worker through the
 	// stream's control frames. Hooks must not block: the frames are written
@@ -395,7 +395,7 @@ type Stream struct {
 	key       string        // the logical request's key (see NewKey)
 	ctx       *ctxtree.Context
 	parent    *ctxtree.Context // the caller's context (nil for none): see Killed
-	in        *stream.Incoming
+	in        *transport.Incoming
 	attempt   atomic.Pointer[Stream] // a migrating stream's current attempt (see KillOutcome)
 	stopHooks []func() bool
 	wake      chan struct{} // buffered(1): the consumer took items
@@ -589,11 +589,11 @@ func (s *Stream) classify(err error) error {
 	switch {
 	case errors.Is(err, io.EOF):
 		return io.EOF
-	case errors.Is(err, stream.ErrKilled):
+	case errors.Is(err, transport.ErrKilled):
 		return io.EOF
-	case s.ctx.IsStopped() && errors.Is(err, stream.ErrIncomplete):
+	case s.ctx.IsStopped() && errors.Is(err, transport.ErrIncomplete):
 		return io.EOF
-	case s.ctx.IsStopped() && errors.As(err, new(*stream.HandlerError)):
+	case s.ctx.IsStopped() && errors.As(err, new(*transport.HandlerError)):
 		// Whatever the handler raised after the caller stopped or killed
 		// the request is not the caller's concern: the stream ends as the
 		// stop or kill ends it.

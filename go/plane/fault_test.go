@@ -153,7 +153,7 @@ func TestSilentWorkerStreamMigrates(t *testing.T) {
 }
 
 // Without migration, the silent worker's stream ends with ErrIncomplete
-// (stream.ErrPeerSilent) instead of hanging.
+// (transport.ErrPeerSilent) instead of hanging.
 func TestSilentWorkerStreamIncomplete(t *testing.T) {
 	const path = "test.silent1.generate"
 	_, c := silentWorker(t, path, 2, shortIdle)

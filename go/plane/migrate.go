@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/dynamo-ctx/dynamo-ctx/go/ctxtree"
-	"github.com/dynamo-ctx/dynamo-ctx/go/stream"
+	"github.com/dynamo-ctx/dynamo-ctx/go/transport"
 )
 
 // Migration retries a token stream on another worker when the first one
@@ -24,7 +24,7 @@ import (
 //     connection, a worker silent past the stream idle timeout).
 //   - Never retried: a cancelled request (once the request's context is
 //     stopped or killed no attempt starts), a handler error, a worker that
-//     stopped the request on purpose (stream.ErrStoppedByHandler), a request
+//     stopped the request on purpose (transport.ErrStoppedByHandler), a request
 //     the worker refused as malformed, or a runtime shutting down.
 //   - Where: a retry avoids every instance that already failed this request,
 //     and the client avoids an instance that failed any request for a few
@@ -68,7 +68,7 @@ func (c *Client) GenerateMigrating(payload []byte, parent *ctxtree.Context, rout
 
 // retryable reports whether an attempt that ended with err may be retried.
 func retryable(err error) bool {
-	if errors.Is(err, stream.ErrStoppedByHandler) {
+	if errors.Is(err, transport.ErrStoppedByHandler) {
 		return false
 	}
 	return errors.Is(err, ErrNoResponders) || errors.Is(err, ErrIncomplete) || errors.Is(err, ErrNotAcknowledged)

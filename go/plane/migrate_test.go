@@ -31,7 +31,7 @@ import (
 	"github.com/dynamo-ctx/dynamo-ctx/go/discovery"
 	"github.com/dynamo-ctx/dynamo-ctx/go/internal/planetest"
 	"github.com/dynamo-ctx/dynamo-ctx/go/plane"
-	"github.com/dynamo-ctx/dynamo-ctx/go/stream"
+	"github.com/dynamo-ctx/dynamo-ctx/go/transport"
 )
 
 const (
@@ -318,7 +318,7 @@ func TestMigrationLimitZeroSurfacesBrokenStream(t *testing.T) {
 			toks, err := planetest.DrainTokens(t, s)
 			assert.Empty(t, toks)
 			require.ErrorIs(t, err, plane.ErrIncomplete)
-			assert.NotErrorIs(t, err, stream.ErrStoppedByHandler)
+			assert.NotErrorIs(t, err, transport.ErrStoppedByHandler)
 			assert.Equal(t, "Stream ended before generation completed", err.Error())
 
 			migState(t, a.req.Ctx, ctxtree.Killed, ctxtree.ReasonShutdown, "crashed worker's request")
@@ -514,7 +514,7 @@ func TestMigrationLimitExhausted(t *testing.T) {
 	const limit = 2
 	e, _, toks, err := migCrashing(t, nil, limit, limit+1)
 	require.ErrorIs(t, err, plane.ErrIncomplete)
-	assert.NotErrorIs(t, err, stream.ErrStoppedByHandler)
+	assert.NotErrorIs(t, err, transport.ErrStoppedByHandler)
 	assert.Equal(t, planetest.Seq(migPrompt, limit+1), toks)
 	assert.Equal(t, limit+1, e.callerAttempts())
 	e.noMoreAttempts()
@@ -601,7 +601,7 @@ func migEndedByHandler(t *testing.T, end func(a *migAttempt)) (e *migEnv, a *mig
 func TestMigrationHandlerErrorNotRetried(t *testing.T) {
 	e, a, toks, err := migEndedByHandler(t, func(a *migAttempt) { a.req.Fail("ValueError: boom") })
 	assert.Equal(t, planetest.Seq(migPrompt, 2), toks)
-	var he *stream.HandlerError
+	var he *transport.HandlerError
 	require.ErrorAs(t, err, &he)
 	assert.Equal(t, plane.HandlerErrorPrefix+"ValueError: boom", he.Message)
 	assert.NotErrorIs(t, err, plane.ErrIncomplete)
@@ -621,7 +621,7 @@ func TestMigrationHandlerStopNotRetried(t *testing.T) {
 		a.req.Complete()
 	})
 	assert.Equal(t, planetest.Seq(migPrompt, 2), toks)
-	require.ErrorIs(t, err, stream.ErrStoppedByHandler)
+	require.ErrorIs(t, err, transport.ErrStoppedByHandler)
 	assert.ErrorIs(t, err, plane.ErrIncomplete, "it is reported as an incomplete stream")
 	assert.True(t, strings.HasPrefix(err.Error(), "Stream ended before generation completed"), err.Error())
 	assert.Equal(t, 1, e.callerAttempts(), "a deliberate stop is not retried")
@@ -777,7 +777,7 @@ func TestMigrationKeepsItemsOfAttemptEndedBeforeRelay(t *testing.T) {
 	const id = 0xfa4e
 	var (
 		mu   sync.Mutex
-		outs []*stream.Outgoing
+		outs []*transport.Outgoing
 	)
 	sub, err := wrt.Bus().Conn().Subscribe(discovery.RequestSubject(migPath, id), func(m *nats.Msg) {
 		var env struct{ Addr, Token string }
@@ -786,7 +786,7 @@ func TestMigrationKeepsItemsOfAttemptEndedBeforeRelay(t *testing.T) {
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), planetest.WaitLimit)
 		defer cancel()
-		out, err := stream.Dial(ctx, env.Addr, env.Token)
+		out, err := transport.Dial(ctx, env.Addr, env.Token)
 		if err != nil {
 			t.Errorf("dial: %v", err)
 			return
@@ -818,7 +818,7 @@ func TestMigrationKeepsItemsOfAttemptEndedBeforeRelay(t *testing.T) {
 		s, err := c.Generate(migPayload(false), nil, plane.Direct, id)
 		require.NoError(t, err)
 		toks, err := planetest.DrainTokens(t, s)
-		var he *stream.HandlerError
+		var he *transport.HandlerError
 		require.ErrorAs(t, err, &he)
 		require.Equal(t, planetest.Seq(migPrompt, 2), toks, "without migration, request %d", i)
 	}
@@ -827,7 +827,7 @@ func TestMigrationKeepsItemsOfAttemptEndedBeforeRelay(t *testing.T) {
 		s, err := c.GenerateMigrating(migPayload(false), nil, plane.Direct, id, 1)
 		require.NoError(t, err)
 		toks, err := planetest.DrainTokens(t, s)
-		var he *stream.HandlerError
+		var he *transport.HandlerError
 		require.ErrorAs(t, err, &he)
 		if len(toks) != 2 {
 			lost++

@@ -7,7 +7,7 @@
 //
 // Wire. Requests travel over NATS to the subject of one instance
 // (discovery.RequestSubject); the instance acknowledges, then dials the
-// caller's stream server and sends the response as frames (package stream).
+// caller's stream server and sends the response as frames (package transport).
 // Control flows back on the same connection: Stop at most once (data keeps
 // flowing), Kill (the stream ends).
 //
@@ -30,7 +30,7 @@
 //     is Killed with ReasonConnectionLost.
 //   - Handler stopped itself and returned: the caller's stream fails with
 //     ErrIncomplete ("Stream ended before generation completed").
-//   - Handler failed: the caller's stream fails with a *stream.HandlerError
+//   - Handler failed: the caller's stream fails with a *transport.HandlerError
 //     whose message is HandlerErrorPrefix followed by the handler's text.
 //   - Worker lost (process died): the caller's stream fails with ErrIncomplete,
 //     unless the caller had cancelled, in which case it just ends.
@@ -64,12 +64,12 @@ import (
 	"github.com/dynamo-ctx/dynamo-ctx/go/ctxtree"
 	"github.com/dynamo-ctx/dynamo-ctx/go/discovery"
 	"github.com/dynamo-ctx/dynamo-ctx/go/natsbus"
-	"github.com/dynamo-ctx/dynamo-ctx/go/stream"
+	"github.com/dynamo-ctx/dynamo-ctx/go/transport"
 )
 
 // HandlerError is a handler's failure as the caller's stream reports it
 // (Message starts with HandlerErrorPrefix).
-type HandlerError = stream.HandlerError
+type HandlerError = transport.HandlerError
 
 // NATSOptions says where a runtime connects (Options.NATS).
 type NATSOptions = natsbus.Options
@@ -98,7 +98,7 @@ var (
 	// ErrAgain: nothing to take now; Arm and retry.
 	ErrAgain = errors.New("plane: nothing ready")
 	// ErrIncomplete is the stream's "Stream ended before generation completed".
-	ErrIncomplete = stream.ErrIncomplete
+	ErrIncomplete = transport.ErrIncomplete
 	// ErrNotAcknowledged: the worker did not acknowledge the request within
 	// the acknowledgement timeout (stopped, or gone before the server noticed).
 	// Migration retries it.
@@ -154,7 +154,7 @@ type Options struct {
 	// silent (no item, no heartbeat) before it is declared gone: a stopped or
 	// partitioned worker's streams then migrate or end with ErrIncomplete, a
 	// silent caller's handlers are killed with ReasonConnectionLost. Zero
-	// means DYNAMO_CTX_STREAM_IDLE_TIMEOUT, else stream.DefaultIdleTimeout
+	// means DYNAMO_CTX_STREAM_IDLE_TIMEOUT, else transport.DefaultIdleTimeout
 	// (2.5 s: detection within 2.75 s). Every process of a deployment should
 	// use the same value.
 	StreamIdleTimeout time.Duration
@@ -184,7 +184,7 @@ type Continuation interface {
 // Runtime is one process's membership in the request plane.
 type Runtime struct {
 	bus  *natsbus.Bus
-	srv  *stream.Server
+	srv  *transport.Server
 	opts Options
 	log  *slog.Logger
 
@@ -286,7 +286,7 @@ func New(ctx context.Context, opts Options) (*Runtime, error) {
 	if err != nil {
 		return nil, err
 	}
-	srv, err := stream.Listen(opts.StreamAddr, opts.streamOpts()...)
+	srv, err := transport.Listen(opts.StreamAddr, opts.streamOpts()...)
 	if err != nil {
 		bus.Close()
 		return nil, err
@@ -320,11 +320,11 @@ func (r *Runtime) reannounce() {
 }
 
 // streamOpts are the stream options of both sides of this runtime's streams.
-func (o *Options) streamOpts() []stream.Option {
+func (o *Options) streamOpts() []transport.Option {
 	if o.StreamIdleTimeout == 0 {
 		return nil
 	}
-	return []stream.Option{stream.WithIdleTimeout(o.StreamIdleTimeout)}
+	return []transport.Option{transport.WithIdleTimeout(o.StreamIdleTimeout)}
 }
 
 // NewContext makes a context the way the plane makes its own (see
@@ -518,7 +518,7 @@ func call(f func()) {
 	}
 }
 
-func newToken() string { return stream.NewToken() }
+func newToken() string { return transport.NewToken() }
 
 // nc returns the NATS connection.
 func (r *Runtime) nc() *nats.Conn { return r.bus.Conn() }

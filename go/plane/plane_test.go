@@ -19,7 +19,7 @@ import (
 	"github.com/dynamo-ctx/dynamo-ctx/go/discovery"
 	"github.com/dynamo-ctx/dynamo-ctx/go/internal/planetest"
 	"github.com/dynamo-ctx/dynamo-ctx/go/plane"
-	"github.com/dynamo-ctx/dynamo-ctx/go/stream"
+	"github.com/dynamo-ctx/dynamo-ctx/go/transport"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -341,7 +341,7 @@ func TestHandlerStopsItselfIsIncomplete(t *testing.T) {
 	requireSeq(t, items, 0, 3)
 	require.ErrorIs(t, err, plane.ErrIncomplete)
 	// Deliberate, so that migration can tell it from a crashed worker.
-	assert.ErrorIs(t, err, stream.ErrStoppedByHandler)
+	assert.ErrorIs(t, err, transport.ErrStoppedByHandler)
 	assert.True(t, strings.HasPrefix(err.Error(), "Stream ended before generation completed"), err.Error())
 	assert.Equal(t, ctxState{stopped: true, reason: ctxtree.ReasonStopGenerating}, planetest.Recv(t, final, "the handler"))
 	assert.False(t, s.Context().IsStopped(), "the caller's context is not cancelled by the worker's stop")
@@ -369,7 +369,7 @@ func TestHandlerFail(t *testing.T) {
 			s := planetest.Generate(t, c, `{}`, ctxtree.New("fails"))
 			items, _, err := planetest.Drain(s, 0)
 			requireSeq(t, items, 0, 2)
-			var he *stream.HandlerError
+			var he *transport.HandlerError
 			require.ErrorAs(t, err, &he)
 			assert.Equal(t, plane.HandlerErrorPrefix+tc.want, he.Message)
 			assert.Equal(t, plane.HandlerErrorPrefix+tc.want, err.Error())
@@ -423,7 +423,7 @@ func TestCallerRuntimeCloseIsConnectionLost(t *testing.T) {
 
 	// The caller's own stream ends with the stream server's closing error.
 	_, _, err := planetest.Drain(s, 0)
-	assert.ErrorIs(t, err, stream.ErrServerClosed)
+	assert.ErrorIs(t, err, transport.ErrServerClosed)
 	assert.NotErrorIs(t, err, plane.ErrIncomplete)
 
 	_, err = c.Generate([]byte(`{}`), nil, plane.RoundRobin, 0)

@@ -13,7 +13,7 @@ import (
 	"github.com/dynamo-ctx/dynamo-ctx/go/ctxtree"
 	"github.com/dynamo-ctx/dynamo-ctx/go/discovery"
 	"github.com/dynamo-ctx/dynamo-ctx/go/killtrace"
-	"github.com/dynamo-ctx/dynamo-ctx/go/stream"
+	"github.com/dynamo-ctx/dynamo-ctx/go/transport"
 )
 
 // Endpoint is one served instance of an endpoint path. Incoming requests
@@ -286,7 +286,7 @@ func (r *Request) run(addr, token string) {
 	}()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	out, err := stream.Dial(ctx, addr, token, r.ep.rt.opts.streamOpts()...)
+	out, err := transport.Dial(ctx, addr, token, r.ep.rt.opts.streamOpts()...)
 	if err != nil {
 		r.Ctx.Cancel(ctxtree.Killed, ctxtree.ReasonConnectionLost)
 		return
@@ -300,21 +300,21 @@ func (r *Request) run(addr, token string) {
 
 	// Control frames -> context, on the stream's reader goroutine as each
 	// frame is read (no goroutine of our own: one hop less for a kill).
-	out.OnControl(func(ev stream.Event) {
+	out.OnControl(func(ev transport.Event) {
 		switch ev {
-		case stream.EventStop:
+		case transport.EventStop:
 			r.mu.Lock()
 			r.clientStopped = true
 			r.mu.Unlock()
 			r.Ctx.Cancel(ctxtree.Stopped, ctxtree.ReasonStopGenerating)
-		case stream.EventKill:
+		case transport.EventKill:
 			if r.Ctx.IsKilled() {
 				break // in-process callers killed it already (followLocalCaller)
 			}
 			killtrace.Mark("worker.frame_read", r.ID)
 			r.Ctx.Cancel(ctxtree.Killed, remoteKillReason(ctxtree.Reason(out.KillCause())))
 			killtrace.Mark("worker.ctx_killed", r.ID) // its watchers (the host's fd) signalled
-		case stream.EventLost:
+		case transport.EventLost:
 			r.Ctx.Cancel(ctxtree.Killed, ctxtree.ReasonConnectionLost)
 		}
 	})
@@ -366,7 +366,7 @@ func (r *Request) run(addr, token string) {
 			var err error
 			switch {
 			case r.Ctx.IsKilled():
-				err = stream.ErrKilled
+				err = transport.ErrKilled
 			case failMsg != "":
 				err = out.Fail(HandlerErrorPrefix + failMsg)
 			case r.Ctx.IsStopped() && !clientStopped:
@@ -376,7 +376,7 @@ func (r *Request) run(addr, token string) {
 			default:
 				err = out.Finish()
 			}
-			if errors.Is(err, stream.ErrKilled) {
+			if errors.Is(err, transport.ErrKilled) {
 				go r.confirmAbort()
 			}
 			return

@@ -1,4 +1,4 @@
-// Package stream is the response-stream transport of the dynamo-ctx request
+// Package transport is the response-stream transport of the dynamo-ctx request
 // plane: a direct TCP connection from the worker that runs a request to the
 // caller that awaits its items, carrying frames (package frame) both ways.
 //
@@ -59,7 +59,7 @@
 //   - Latency: TCP_NODELAY is set and every Send, SendBatch, Stop, Kill and
 //     credit grant is flushed before it returns, so no frame waits for a later
 //     one; SendBatch puts many items in one write for throughput.
-package stream
+package transport
 
 import (
 	"crypto/rand"

@@ -736,13 +736,7 @@ func (s *Stream) Take(max int) ([][]byte, error) {
 // Arm runs f once when Take or Started may return something new.
 func (s *Stream) Arm(f func()) {
 	s.mu.Lock()
-	if len(s.items) > 0 || s.err != nil || (s.started && !s.startSeen) {
-		s.mu.Unlock()
-		f()
-		return
-	}
-	s.ready.f = f
-	s.mu.Unlock()
+	s.ready.setLocked(&s.mu, len(s.items) > 0 || s.err != nil || (s.started && !s.startSeen), f)
 }
 
 // waitStarted blocks until the request reached a worker (nil) or failed
@@ -765,13 +759,7 @@ func (s *Stream) waitStarted() error {
 // armData is Arm for a consumer that does not care about the start.
 func (s *Stream) armData(f func()) {
 	s.mu.Lock()
-	if len(s.items) > 0 || s.err != nil {
-		s.mu.Unlock()
-		f()
-		return
-	}
-	s.ready.f = f
-	s.mu.Unlock()
+	s.ready.setLocked(&s.mu, len(s.items) > 0 || s.err != nil, f)
 }
 
 // Kill kills the request (its context, and so the worker's) and ends the

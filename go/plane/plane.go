@@ -490,6 +490,18 @@ func (a *arm) take() func() {
 	return f
 }
 
+// setLocked is the body of every Arm method, called with mu held: it
+// releases mu, then runs f at once if ready, else keeps f for take.
+func (a *arm) setLocked(mu *sync.Mutex, ready bool, f func()) {
+	if !ready {
+		a.f = f
+	}
+	mu.Unlock()
+	if ready {
+		f()
+	}
+}
+
 // waitArmed blocks until arm runs the callback it is given (see the Arm
 // methods), or ctx ends: how Go consumers wait on the non-blocking API.
 func waitArmed(ctx context.Context, arm func(func())) error {

@@ -209,13 +209,7 @@ func (e *Endpoint) Next(ctx context.Context) (*Request, error) {
 // closes; at once if that is already so. f must not block.
 func (e *Endpoint) Arm(f func()) {
 	e.mu.Lock()
-	if len(e.pending) > 0 || e.closed {
-		e.mu.Unlock()
-		f()
-		return
-	}
-	e.ready.f = f
-	e.mu.Unlock()
+	e.ready.setLocked(&e.mu, len(e.pending) > 0 || e.closed, f)
 }
 
 // Close stops serving: the instance leaves discovery, new requests are
@@ -471,13 +465,7 @@ func (r *Request) sendMany(items [][]byte) (int, error) {
 // Arm runs f once when Send may succeed again (or the request ended).
 func (r *Request) Arm(f func()) {
 	r.mu.Lock()
-	if len(r.items) < sendBuffer || r.finished {
-		r.mu.Unlock()
-		f()
-		return
-	}
-	r.writable.f = f
-	r.mu.Unlock()
+	r.writable.setLocked(&r.mu, len(r.items) < sendBuffer || r.finished, f)
 }
 
 // Complete ends the request normally: queued items are sent, then the final

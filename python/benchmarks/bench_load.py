@@ -211,15 +211,19 @@ def run(name: str, workers: List[dict], args, disagg: bool) -> bool:
 
 
 async def end_to_end(stack: Stack, n: int, max_tokens: int) -> dict:
+    """n streams of max_tokens at once through this project's stack."""
+    pids = {"frontend": stack.frontend.proc.pid, "worker": stack.workers[0].proc.pid}
+    return await end_to_end_at(stack.frontend.host_port, stack.model, pids, n, max_tokens)
+
+
+async def end_to_end_at(addr, model: str, pids: Dict[str, int], n: int, max_tokens: int) -> dict:
     """n streams of max_tokens at once, all read to the end: throughput, time
     between tokens and to the first, CPU per token of the frontend and worker."""
-    fe = stack.frontend
-    host, port = fe.host_port
-    pids = {"frontend": fe.proc.pid, "worker": stack.workers[0].proc.pid}
+    host, port = addr
     cpu0 = {k: cpu_seconds(p) for k, p in pids.items()}
     t0 = time.monotonic()
-    streams = [Client(f"e2e-{i}-{os.getpid()}", f"e2e {i}", max_tokens) for i in range(n)]
-    await asyncio.wait_for(asyncio.gather(*[c.run(host, port, stack.model) for c in streams]), 300)
+    streams = [Client(f"e2e-{i}-{os.getpid()}-{time.monotonic_ns()}", f"e2e {i}", max_tokens) for i in range(n)]
+    await asyncio.wait_for(asyncio.gather(*[c.run(host, port, model) for c in streams]), 300)
     took = time.monotonic() - t0
     cpu = {k: cpu_seconds(p) - cpu0[k] for k, p in pids.items()}
     tokens = sum(c.tokens for c in streams)
@@ -235,7 +239,17 @@ async def end_to_end(stack: Stack, n: int, max_tokens: int) -> dict:
     }
 
 
+def e2e_line(name: str, f: dict, args) -> str:
+    return (
+        f"  {name}: {f['tokens_per_s']:,.0f} tokens/s ({f['complete']}/{args.e2e_streams} complete); time between tokens "
+        f"p50 {f['tbt_p50']:.2f} ms ({f['tbt_p50'] / (args.step * 1000):.2f}x the step), p99 {f['tbt_p99']:.2f} ms; "
+        f"TTFT p50 {f['ttft_p50']:.1f} ms, p99 {f['ttft_p99']:.1f} ms; CPU per token: frontend "
+        f"{f['frontend_us_per_token']:.1f} us, worker {f['worker_us_per_token']:.1f} us"
+    )
+
+
 def run_e2e(args) -> None:
+    print(f"end to end: {args.e2e_streams} streams x {args.e2e_tokens} tokens, mock step {args.step * 1000:g} ms, same client")
     stack = Stack()
     try:
         stack.start([{"decode": args.step, "prefill": args.step / 100}])
@@ -243,13 +257,101 @@ def run_e2e(args) -> None:
         f = asyncio.run(end_to_end(stack, args.e2e_streams, args.e2e_tokens))
     finally:
         stack.close()
+    print(e2e_line("dynamo_ctx frontend + mock worker", f, args))
+    py = dynamo_python()
+    if py is None:
+        print("  Dynamo's frontend + mocker: skipped (ai-dynamo is not importable here; set DYNAMO_PYTHON to a Python that has it:"
+              " pip install ai-dynamo==1.6.1 --no-deps plus its dependencies but aisimulate)")
+        return
+    d = asyncio.run(dynamo_end_to_end(py, args.e2e_streams, args.e2e_tokens, args.dynamo_speedup_ratio))
+    if d is None:
+        print("  Dynamo's frontend + mocker: did not start")
+        return
+    print(e2e_line(f"Dynamo 1.6.1 frontend + mocker (--speedup-ratio {args.dynamo_speedup_ratio:g})", d, args))
     print(
-        f"end to end: {args.e2e_streams} streams x {args.e2e_tokens} tokens, mock step {args.step * 1000:g} ms: "
-        f"{f['tokens_per_s']:,.0f} tokens/s ({f['complete']}/{args.e2e_streams} complete); time between tokens "
-        f"p50 {f['tbt_p50']:.2f} ms ({f['tbt_p50'] / (args.step * 1000):.2f}x the step), p99 {f['tbt_p99']:.2f} ms; "
-        f"TTFT p50 {f['ttft_p50']:.1f} ms, p99 {f['ttft_p99']:.1f} ms; CPU per token: frontend "
-        f"{f['frontend_us_per_token']:.1f} us, worker {f['worker_us_per_token']:.1f} us"
+        f"  ratio dynamo_ctx/Dynamo: tokens/s {f['tokens_per_s'] / d['tokens_per_s']:.2f}, time between tokens "
+        f"{f['tbt_p50'] / d['tbt_p50']:.2f}, frontend CPU per token {f['frontend_us_per_token'] / d['frontend_us_per_token']:.2f}"
     )
+
+
+# ---------------------------------------------------------------- Dynamo's frontend + mocker, same client
+
+MODEL_DIR_CODE = r"""
+import json, sys
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+d = sys.argv[1]
+words = ["<unk>", "<s>", "</s>"] + [f"w{i}" for i in range(2000)] + ["e2e"]
+tok = Tokenizer(models.WordLevel(vocab={w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+tok.pre_tokenizer = pre_tokenizers.Whitespace()
+tok.decoder = decoders.WordPiece(prefix="##")
+tok.save(d + "/tokenizer.json")
+json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
+           "model_max_length": 4096, "chat_template": "{% for m in messages %}{{ m['content'] }} {% endfor %}"},
+          open(d + "/tokenizer_config.json", "w"))
+json.dump({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": len(words),
+           "max_position_embeddings": 4096, "hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2,
+           "num_key_value_heads": 4, "intermediate_size": 128, "eos_token_id": 2, "bos_token_id": 1},
+          open(d + "/config.json", "w"))
+json.dump({"eos_token_id": 2, "bos_token_id": 1}, open(d + "/generation_config.json", "w"))
+"""
+
+
+def dynamo_python() -> Optional[str]:
+    """A Python that runs Dynamo's frontend and mocker (``ai-dynamo``): $DYNAMO_PYTHON, else this one."""
+    import subprocess
+
+    py = os.environ.get("DYNAMO_PYTHON", sys.executable)
+    ok = subprocess.run([py, "-c", "import dynamo.frontend, dynamo.mocker, tokenizers"], capture_output=True).returncode == 0
+    return py if ok else None
+
+
+async def dynamo_end_to_end(py: str, n: int, max_tokens: int, speedup: float) -> Optional[dict]:
+    """The end-to-end run against ``python -m dynamo.frontend`` + ``python -m dynamo.mocker``
+    (file discovery, TCP request plane, a generated word-level tokenizer)."""
+    import socket
+    import subprocess
+    import tempfile
+    import urllib.request
+
+    with tempfile.TemporaryDirectory() as tmp:
+        model, kv = os.path.join(tmp, "model"), os.path.join(tmp, "kv")
+        os.makedirs(model)
+        subprocess.run([py, "-c", MODEL_DIR_CODE, model], check=True)
+        with socket.socket() as sk:
+            sk.bind(("127.0.0.1", 0))
+            port = sk.getsockname()[1]
+        env = dict(os.environ, DYN_FILE_KV=kv)
+        env.pop("DYN_SYSTEM_PORT", None)
+        common = ["--discovery-backend", "file", "--request-plane", "tcp"]
+        procs = [
+            subprocess.Popen([py, "-m", "dynamo.mocker", "--model-path", model, "--model-name", "e2e", "--speedup-ratio", str(speedup)]
+                             + common, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL),
+            subprocess.Popen([py, "-m", "dynamo.frontend", "--http-port", str(port)] + common,
+                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL),
+        ]
+        try:
+            deadline = time.monotonic() + 120
+            while True:
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=2) as r:
+                        if b'"e2e"' in r.read():
+                            break
+                except OSError:
+                    pass
+                if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
+                    return None
+                await asyncio.sleep(0.5)
+            pids = {"frontend": procs[1].pid, "worker": procs[0].pid}
+            await end_to_end_at(("127.0.0.1", port), "e2e", pids, 8, 20)  # warm-up
+            return await end_to_end_at(("127.0.0.1", port), "e2e", pids, n, max_tokens)
+        finally:
+            for p in procs:
+                p.terminate()
+            for p in procs:
+                try:
+                    p.wait(10)
+                except subprocess.TimeoutExpired:
+                    p.kill()
 
 
 def main() -> int:
@@ -263,6 +365,8 @@ def main() -> int:
     ap.add_argument("--e2e-tokens", type=int, default=200)
     ap.add_argument("--step", type=float, default=0.001, help="mock step (s) of the end-to-end run")
     ap.add_argument("--only", choices=["e2e", "load"], help="run one part")
+    ap.add_argument("--dynamo-speedup-ratio", type=float, default=6.0,
+                    help="Dynamo mocker's --speedup-ratio (6: ~1 ms per decode step on the project's machine)")
     args = ap.parse_args()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # children inherit it

@@ -6,6 +6,7 @@ import asyncio
 
 import pytest
 
+from dynamo_ctx.backends.mocker import RequestOutputKind
 from dynamo_ctx.mocker import MockAsyncLLM, MockEngineArgs, SamplingParams
 from helpers import run
 
@@ -27,6 +28,27 @@ def test_generates_deterministic_cumulative_tokens():
         assert more[-1].outputs[0].token_ids == final.outputs[0].token_ids[2:]
         assert e.stats.running_requests == 0 and e.stats.kv_blocks_in_use == 0
         assert e.stats.requests_total == 2
+
+    run(main())
+
+
+def test_output_kinds_delta_and_final_only():
+    async def main():
+        e = engine()
+        full = [o.outputs[0].token_ids async for o in e.generate([1, 2, 3], SamplingParams(max_tokens=5), "c")]
+        delta = [o async for o in e.generate([1, 2, 3], SamplingParams(max_tokens=5, output_kind=RequestOutputKind.DELTA), "d")]
+        assert [o.outputs[0].token_ids for o in delta] == [[t] for t in full[-1]]
+        assert [o.finished for o in delta] == [False] * 4 + [True]
+        final = [o async for o in e.generate([1, 2, 3], SamplingParams(max_tokens=5, output_kind=RequestOutputKind.FINAL_ONLY), "f")]
+        assert len(final) == 1 and final[0].finished and final[0].outputs[0].token_ids == full[-1]
+        # An aborted DELTA request ends with an "abort" output carrying no new token.
+        gen = e.generate([1, 2, 3], SamplingParams(max_tokens=1000, output_kind=RequestOutputKind.DELTA), "a")
+        first = await gen.__anext__()
+        assert len(first.outputs[0].token_ids) == 1
+        await e.abort("a")
+        rest = [o async for o in gen]
+        assert rest[-1].outputs[0].finish_reason == "abort" and rest[-1].outputs[0].token_ids == []
+        assert e.stats.running_requests == 0 and e.stats.kv_blocks_in_use == 0
 
     run(main())
 

@@ -179,3 +179,36 @@ def test_request_options_reach_the_engine_params():
     params = sampling_params_for(MockAsyncLLM(), 4, opts)
     assert (params.max_tokens, params.seed, params.stop_token_ids, params.top_p) == (4, 3, [5], 0.9)
     assert request_options({"token_ids": [1]}) == {}
+
+
+@pytest.mark.parametrize("kind", ["mock", "other engine"])
+def test_items_carry_new_tokens_whatever_the_output_kind(nats_url, kind):
+    """The mock (and vLLM) are asked for DELTA outputs; an engine of another
+    class gets the default params (CUMULATIVE outputs): the items are the same."""
+    from dynamo_ctx.backends.mocker import RequestOutputKind
+    from dynamo_ctx.backends.vllm import sampling_params_for
+
+    class OtherEngine:  # AsyncLLM's interface over the mock, but not the mock's class
+        def __init__(self):
+            self.inner = MockAsyncLLM(MockEngineArgs(decode_time_per_token=0.0, prefill_time_per_token=0.0))
+
+        def generate(self, prompt, params, request_id, **kw):
+            return self.inner.generate(prompt, params, request_id, **kw)
+
+        async def abort(self, request_id):
+            return await self.inner.abort(request_id)
+
+    async def main():
+        engine = MockAsyncLLM(MockEngineArgs(decode_time_per_token=0.0, prefill_time_per_token=0.0)) if kind == "mock" else OtherEngine()
+        want = RequestOutputKind.DELTA if kind == "mock" else RequestOutputKind.CUMULATIVE
+        assert sampling_params_for(engine, 3).output_kind is want
+        w = await Served(nats_url, AggregatedHandler(engine, "m"), f"{ns()}.backend.generate").start()
+        client = await w.client()
+        items = [x.data() async for x in await client.generate({"token_ids": [5, 6], "max_tokens": 9})]
+        assert [len(it["token_ids"]) for it in items] == [1] * 9
+        ref = MockAsyncLLM(MockEngineArgs(decode_time_per_token=0.0, prefill_time_per_token=0.0))
+        expect = [o async for o in ref.generate([5, 6], {"max_tokens": 9}, "ref")][-1].outputs[0].token_ids
+        assert [t for it in items for t in it["token_ids"]] == expect
+        await w.stop()
+
+    run(main())

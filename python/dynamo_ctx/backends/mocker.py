@@ -27,11 +27,22 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import enum
 import math
 from dataclasses import dataclass, field
 from typing import Any, AsyncGenerator, Deque, Dict, List, Optional, Tuple, Union
 
-__all__ = ["SamplingParams", "CompletionOutput", "RequestOutput", "MockEngineArgs", "MockAsyncLLM", "EngineStats"]
+__all__ = ["RequestOutputKind", "SamplingParams", "CompletionOutput", "RequestOutput", "MockEngineArgs", "MockAsyncLLM", "EngineStats"]
+
+
+class RequestOutputKind(enum.Enum):
+    """What each output of ``generate`` carries, as vLLM's enum of that name:
+    every token so far (the default), only the tokens new since the last
+    output, or one output when the request finishes."""
+
+    CUMULATIVE = 0
+    DELTA = 1
+    FINAL_ONLY = 2
 
 
 @dataclass
@@ -47,11 +58,13 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     seed: Optional[int] = None
     stop_token_ids: List[int] = field(default_factory=list)
+    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
 
 
 @dataclass
 class CompletionOutput:
-    """One completion of a request; ``token_ids`` are cumulative, as vLLM's default."""
+    """One completion of a request; ``token_ids`` are every token so far
+    (vLLM's default), or only the new ones with ``RequestOutputKind.DELTA``."""
 
     index: int
     token_ids: List[int]
@@ -222,6 +235,7 @@ class MockAsyncLLM:
         """Steps while any request runs: each decodes a token for every request
         in decode and prefills a chunk of the waiting prompts."""
         loop = asyncio.get_running_loop()
+        deadline = loop.time()
         while True:
             while self._prefilling and self._prefilling[0].phase != "prefill":
                 self._prefilling.popleft()  # ended while waiting
@@ -240,7 +254,11 @@ class MockAsyncLLM:
                 chunks.append((r, n))
                 budget -= n
             step = (self.args.decode_time_per_token if decoding else 0.0) + self.args.prefill_time_per_token * sum(n for _, n in chunks)
-            await self._sleep_until(loop.time() + step)
+            # Steps run back to back at the engine's pace, as a GPU's do while
+            # the host processes the last step's outputs: the next step is due
+            # ``step`` after the last one was due, or now if the host is behind.
+            deadline = max(deadline + step, loop.time())
+            await self._sleep_until(deadline)
             self.stats.steps += 1
             for r, n in chunks:
                 if r.phase != "prefill":
@@ -291,8 +309,14 @@ class MockAsyncLLM:
             finish = "length"
         if finish is not None:
             self._release(req, False)  # finished: resources go back before the last output
-        output = CompletionOutput(0, list(req.out), finish_reason=finish)
-        req.outputs.append(RequestOutput(req.request_id, req.prompt, [output], finished=finish is not None))
+        kind = params.output_kind
+        if kind is RequestOutputKind.DELTA:
+            ids = [token]
+        elif kind is RequestOutputKind.FINAL_ONLY and finish is None:
+            return
+        else:
+            ids = list(req.out)
+        req.outputs.append(RequestOutput(req.request_id, req.prompt, [CompletionOutput(0, ids, finish_reason=finish)], finished=finish is not None))
         self._wake(req)
 
     @staticmethod
@@ -353,9 +377,8 @@ class MockAsyncLLM:
             # generate ends with an "abort" output.
             freed += req.blocks
             self._release(req, True, reported=True)
-            req.outputs.append(
-                RequestOutput(rid, req.prompt, [CompletionOutput(0, list(req.out), finish_reason="abort")], finished=True)
-            )
+            ids = [] if req.params.output_kind is RequestOutputKind.DELTA else list(req.out)
+            req.outputs.append(RequestOutput(rid, req.prompt, [CompletionOutput(0, ids, finish_reason="abort")], finished=True))
             self._wake(req)
         return freed
 

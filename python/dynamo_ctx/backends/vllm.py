@@ -137,18 +137,25 @@ def sampling_params_for(engine: Any, max_tokens: int, options: Optional[Dict[str
     """Sampling parameters for ``engine``: vLLM's class when it is vLLM, the mock's otherwise.
 
     ``options`` are more keyword arguments (see ``request_options``). vLLM stops at
-    EOS unless ``ignore_eos`` is given true.
+    EOS unless ``ignore_eos`` is given true. vLLM's and the mock's outputs carry
+    only the new tokens (``RequestOutputKind.DELTA``), as Dynamo's vLLM handler
+    asks, unless ``options`` names another ``output_kind``.
     """
     opts = dict(options or {})
-    try:
-        from vllm import SamplingParams  # type: ignore[import-not-found]
+    if type(engine).__module__.startswith("vllm"):  # only then: a failed import per request is slow
+        try:
+            from vllm import SamplingParams  # type: ignore[import-not-found]
+            from vllm.sampling_params import RequestOutputKind as VllmOutputKind  # type: ignore[import-not-found]
 
-        if type(engine).__module__.startswith("vllm"):
+            opts.setdefault("output_kind", VllmOutputKind.DELTA)
             return SamplingParams(max_tokens=max_tokens, **opts)
-    except ImportError:
-        pass
+        except ImportError:
+            pass
+    from .mocker import MockAsyncLLM, RequestOutputKind
     from .mocker import SamplingParams as MockSamplingParams
 
+    if isinstance(engine, MockAsyncLLM):  # another engine may not know output kinds: it gets the default
+        opts.setdefault("output_kind", RequestOutputKind.DELTA)
     return MockSamplingParams(max_tokens=max_tokens, **opts)
 
 
@@ -221,6 +228,8 @@ class BaseWorkerHandler:
         logger.debug("%sRequest ID %s runs in the engine as %s", self.label, request_id, engine_id)
         monitor = asyncio.ensure_future(self._monitor(context, engine_id, request_id))
         params = sampling_params_for(self.engine, max_tokens, options)
+        # Outputs carry the new tokens only (DELTA), or every token so far.
+        cumulative = getattr(getattr(params, "output_kind", None), "name", "CUMULATIVE") != "DELTA"
         kwargs = {"kv_transfer_params": kv_transfer_params} if kv_transfer_params else {}
         seen = 0
         outputs = self.engine.generate(prompt, params, engine_id, **kwargs)
@@ -229,8 +238,11 @@ class BaseWorkerHandler:
                 if context.is_stopped():
                     break  # the monitor aborts the engine
                 o = out.outputs[0]
-                delta = list(o.token_ids[seen:])
-                seen = len(o.token_ids)
+                if cumulative:
+                    delta = list(o.token_ids[seen:])
+                    seen = len(o.token_ids)
+                else:
+                    delta = list(o.token_ids)
                 item: Dict[str, Any] = {"token_ids": delta}
                 if o.finish_reason is not None:
                     item["finish_reason"] = o.finish_reason

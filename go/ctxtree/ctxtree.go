@@ -157,6 +157,16 @@ type hook struct {
 	f      func()
 }
 
+// killCount, when set (CountKills), counts transitions of any context to Killed.
+var killCount atomic.Pointer[atomic.Uint64]
+
+// CountKills makes every later transition of any context to Killed add one to
+// *n, after that context's state word shows Killed. So a reader that finds n
+// unchanged since it last found a context not killed may take it as still not
+// killed without reading it again. (The library keeps n where C code reads it
+// without calling into Go.) nil stops the counting.
+func CountKills(n *atomic.Uint64) { killCount.Store(n) }
+
 // Option configures New.
 type Option func(*Context)
 
@@ -251,6 +261,11 @@ func (c *Context) transition(target State, reason, cause Reason) ([]*Context, []
 		return nil, nil, false
 	}
 	c.word.Store(packCause(target, reason, cause))
+	if target == Killed {
+		if n := killCount.Load(); n != nil {
+			n.Add(1)
+		}
+	}
 	if c.stopCh != nil && old < Stopped {
 		close(c.stopCh)
 	}

@@ -559,3 +559,37 @@ func TestCauseFollowsPropagation(t *testing.T) {
 	assert.Equal(t, Killed, st)
 	assert.Equal(t, ReasonKill, r)
 }
+
+func TestCountKills(t *testing.T) {
+	var n atomic.Uint64
+	CountKills(&n)
+	defer CountKills(nil)
+	root := New("r")
+	kid := root.Child()
+	grandkid := kid.Child()
+	root.StopGenerating()
+	assert.Zero(t, n.Load(), "a stop is not a kill")
+	before := n.Load()
+	root.Kill()
+	// Counted by the time Kill returns: once per context that became Killed.
+	assert.Equal(t, before+3, n.Load())
+	root.Kill()
+	grandkid.Kill()
+	assert.Equal(t, before+3, n.Load(), "a context is killed once")
+
+	// Concurrent kills: every one is counted, whichever goroutine makes it.
+	var wg sync.WaitGroup
+	base := n.Load()
+	for i := 0; i < 100; i++ {
+		c := New("c")
+		wg.Add(2)
+		go func() { defer wg.Done(); c.Kill() }()
+		go func() { defer wg.Done(); c.Kill() }()
+	}
+	wg.Wait()
+	assert.Equal(t, base+100, n.Load())
+
+	CountKills(nil)
+	New("x").Kill()
+	assert.Equal(t, base+100, n.Load(), "not counted once CountKills(nil)")
+}

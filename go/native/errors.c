@@ -2,7 +2,13 @@
 // the same OS thread that called the exported function (a cgo callback stays
 // on its thread), so the message a caller reads is the one of its own call.
 #include <stddef.h>
+#include <stdint.h>
 #include <string.h>
+
+// How many contexts have been killed so far in this process (Go adds to it:
+// ctxtree.CountKills). A reader that sees it unchanged since it found a
+// stream not killed need not ask Go again (pymodule.c's kill_epoch).
+_Alignas(8) uint64_t dc_kill_epoch;
 
 #define DC_ERRMSG_MAX 1024
 static __thread char dc_errmsg[DC_ERRMSG_MAX];

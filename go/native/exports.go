@@ -12,6 +12,7 @@ package main
 // Implemented in errors.c.
 void dc_set_error(const char* msg, size_t len);
 size_t dc_copy_error(char* buf, size_t cap);
+extern uint64_t dc_kill_epoch;
 */
 import "C"
 
@@ -31,6 +32,12 @@ import (
 	"github.com/dynamo-ctx/dynamo-ctx/go/plane"
 	"github.com/dynamo-ctx/dynamo-ctx/go/wake"
 )
+
+func init() {
+	// Kills are counted where C reads the count without calling into Go
+	// (pymodule.c's kill_epoch).
+	ctxtree.CountKills((*atomic.Uint64)(unsafe.Pointer(&C.dc_kill_epoch)))
+}
 
 const (
 	kindContext handle.Kind = 1

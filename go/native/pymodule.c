@@ -950,6 +950,15 @@ static PyObject* mod_stream_context(PyObject* m, PyObject* args) {
 static PyObject* mod_stream_kill(PyObject* m, PyObject* arg) { return call_h(arg, dc_stream_kill, 1); }
 static PyObject* mod_stream_free(PyObject* m, PyObject* arg) { return call_h(arg, dc_stream_free, 1); }
 
+extern uint64_t dc_kill_epoch; // errors.c
+
+// kill_epoch() -> int: how many contexts this process has killed so far. A
+// stream that stream_killed found not killed is still not killed while this
+// has not changed since (read it before asking). Reads memory only.
+static PyObject* mod_kill_epoch(PyObject* m, PyObject* unused) {
+    return PyLong_FromUnsignedLongLong(__atomic_load_n(&dc_kill_epoch, __ATOMIC_ACQUIRE));
+}
+
 static PyObject* mod_stream_killed(PyObject* m, PyObject* arg) {
     uint64_t h;
     if (parse_u64(arg, &h) < 0 || check_fork() < 0) return NULL;
@@ -1058,6 +1067,7 @@ static PyMethodDef module_methods[] = {
     {"stream_context", mod_stream_context, METH_VARARGS, "stream_context(s, cls) -> Context"},
     {"stream_kill", mod_stream_kill, METH_O, "stream_kill(s)"},
     {"stream_killed", mod_stream_killed, METH_O, "stream_killed(s) -> bool"},
+    {"kill_epoch", mod_kill_epoch, METH_NOARGS, "kill_epoch() -> how many contexts were killed so far"},
     {"stream_free", mod_stream_free, METH_O, "stream_free(s)"},
     {"frontend_start", mod_frontend_start, METH_VARARGS, "frontend_start(rt, addr, namespace=None, migration_limit=-1) -> handle"},
     {"frontend_addr", mod_frontend_addr, METH_O, "frontend_addr(fe) -> 'host:port'"},

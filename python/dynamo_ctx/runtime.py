@@ -700,6 +700,7 @@ class ResponseStream:
         self._buf: Deque[Any] = collections.deque()  # items taken, decoded
         self._ended = False
         self._closed = False
+        self._epoch = -1  # lib.kill_epoch() when the library last found the request not killed
 
     async def _wait_started(self) -> None:
         while True:
@@ -727,10 +728,14 @@ class ResponseStream:
                 # Checked before every item, not once per batch: a kill (or
                 # aclose) between two items drops the rest of the batch.
                 # Whether the request counts as killed is the library's rule
-                # (plane.Stream.Killed, which its takes apply too).
-                if not (self._closed or self._handle is None or lib.stream_killed(self._handle)):
-                    data = self._buf.popleft()
-                    return Annotated(data) if self._annotated else data
+                # (plane.Stream.Killed, which its takes apply too); it is asked
+                # again only when some context was killed since it last said no.
+                if not (self._closed or self._handle is None):
+                    epoch = lib.kill_epoch()
+                    if epoch == self._epoch or not lib.stream_killed(self._handle):
+                        self._epoch = epoch
+                        data = self._buf.popleft()
+                        return Annotated(data) if self._annotated else data
                 self._buf.clear()  # a kill is a hard abort: buffered items are dropped
             if self._closed or self._handle is None:
                 raise StopAsyncIteration

@@ -460,3 +460,21 @@ def test_cancel_on_the_loop_thread_is_delivered_at_once():
             assert waiter.done() and waiter.result() is True
 
     asyncio.run(main())
+
+
+def test_kill_epoch_counts_kills():
+    """The library counts kills where Python reads them without calling into Go
+    (ResponseStream asks the library whether it is killed only after a change)."""
+    from dynamo_ctx._lib import native
+
+    lib = native()
+    parent = Context()
+    child = Context()
+    parent.link_child(child)
+    e0 = lib.kill_epoch()
+    parent.stop_generating()
+    assert lib.kill_epoch() == e0  # a stop is not a kill
+    parent.kill()
+    assert lib.kill_epoch() == e0 + 2  # parent and child, counted when kill() returns
+    parent.kill()
+    assert lib.kill_epoch() == e0 + 2

@@ -753,16 +753,19 @@ static PyObject* mod_request_send(PyObject* m, PyObject* args) {
     return raise_rc(rc);
 }
 
-// request_send_many(req, [bytes, ...]) -> how many were queued (fewer than
-// given: the buffer is full; arm, then send the rest). Pointers into the
-// bytes objects go to Go as they are: Go copies them before returning.
-static PyObject* mod_request_send_many(PyObject* m, PyObject* args) {
-    unsigned long long h;
-    PyObject* list;
-    if (!PyArg_ParseTuple(args, "KO:request_send_many", &h, &list)) return NULL;
-    if (check_fork() < 0) return NULL;
+// send_list queues the bytes in list for request h (dc_request_send_many),
+// storing how many were taken in *sent. Returns the library's code, or -1
+// with a Python exception set when list is not a list of bytes. Pointers
+// into the bytes objects go to Go as they are: Go copies them before
+// returning.
+static int send_list(uint64_t h, PyObject* list, size_t* sent) {
+    *sent = 0;
+    if (!PyList_Check(list)) {
+        PyErr_SetString(PyExc_TypeError, "items must be a list of bytes");
+        return -1;
+    }
     Py_ssize_t count = PyList_Size(list);
-    if (count < 0) return NULL; // not a list: TypeError set
+    if (count < 0) return -1;
     enum { SMALL = 64 };
     const char* small_items[SMALL];
     size_t small_lens[SMALL];
@@ -774,10 +777,11 @@ static PyObject* mod_request_send_many(PyObject* m, PyObject* args) {
         if (items == NULL || lens == NULL) {
             PyMem_Free((void*)items);
             PyMem_Free(lens);
-            return PyErr_NoMemory();
+            PyErr_NoMemory();
+            return -1;
         }
     }
-    PyObject* result = NULL;
+    int rc = -1;
     for (Py_ssize_t i = 0; i < count; i++) {
         char* p;
         Py_ssize_t n;
@@ -786,19 +790,62 @@ static PyObject* mod_request_send_many(PyObject* m, PyObject* args) {
         items[i] = p;
         lens[i] = (size_t)n;
     }
-    size_t sent = 0;
-    int rc = dc_request_send_many(h, items, lens, (size_t)count, &sent);
-    if (rc == DC_OK || rc == DC_EAGAIN) {
-        result = PyLong_FromSize_t(sent);
-    } else {
-        result = raise_rc(rc);
-    }
+    rc = dc_request_send_many(h, items, lens, (size_t)count, sent);
 done:
     if (items != small_items) {
         PyMem_Free((void*)items);
         PyMem_Free(lens);
     }
-    return result;
+    return rc;
+}
+
+// request_send_many(req, [bytes, ...]) -> how many were queued (fewer than
+// given: the buffer is full; arm, then send the rest).
+static PyObject* mod_request_send_many(PyObject* m, PyObject* args) {
+    unsigned long long h;
+    PyObject* list;
+    if (!PyArg_ParseTuple(args, "KO:request_send_many", &h, &list)) return NULL;
+    if (check_fork() < 0) return NULL;
+    size_t sent = 0;
+    int rc = send_list(h, list, &sent);
+    if (rc == DC_OK || rc == DC_EAGAIN) return PyLong_FromSize_t(sent);
+    if (rc == -1) return NULL;
+    return raise_rc(rc);
+}
+
+// request_send_multi([req, ...], [[bytes, ...], ...]) -> [taken, ...]: the
+// items of several requests in one call (the worker's loop hands over what
+// every handler produced in one turn). Entry i is how many of batches[i]
+// request reqs[i] took, or minus the library's error code for that request
+// (the others are unaffected; sending to it again raises the error).
+static PyObject* mod_request_send_multi(PyObject* m, PyObject* args) {
+    PyObject *reqs, *batches;
+    if (!PyArg_ParseTuple(args, "O!O!:request_send_multi", &PyList_Type, &reqs, &PyList_Type, &batches)) return NULL;
+    if (check_fork() < 0) return NULL;
+    Py_ssize_t n = PyList_Size(reqs);
+    if (PyList_Size(batches) != n) {
+        PyErr_SetString(PyExc_ValueError, "request_send_multi: as many batches as requests");
+        return NULL;
+    }
+    PyObject* out = PyList_New(n);
+    if (out == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject* r = PyList_GetItem(reqs, i); // borrowed
+        PyObject* batch = PyList_GetItem(batches, i);
+        if (r == NULL || batch == NULL) goto fail;
+        unsigned long long h = PyLong_AsUnsignedLongLong(r);
+        if (h == (unsigned long long)-1 && PyErr_Occurred()) goto fail;
+        size_t sent = 0;
+        int rc = send_list(h, batch, &sent);
+        if (rc == -1) goto fail;
+        PyObject* v = (rc == DC_OK || rc == DC_EAGAIN) ? PyLong_FromSize_t(sent) : PyLong_FromLong(-(long)rc);
+        if (v == NULL) goto fail;
+        if (PyList_SetItem(out, i, v) < 0) goto fail; // steals v
+    }
+    return out;
+fail:
+    Py_DECREF(out);
+    return NULL;
 }
 
 static PyObject* mod_request_complete(PyObject* m, PyObject* arg) { return call_h(arg, dc_request_complete, 0); }
@@ -1054,6 +1101,7 @@ static PyMethodDef module_methods[] = {
     {"request_context", mod_request_context, METH_VARARGS, "request_context(req, cls) -> Context"},
     {"request_send", mod_request_send, METH_VARARGS, "request_send(req, data) -> False if the buffer is full"},
     {"request_send_many", mod_request_send_many, METH_VARARGS, "request_send_many(req, [data, ...]) -> how many were queued"},
+    {"request_send_multi", mod_request_send_multi, METH_VARARGS, "request_send_multi([req, ...], [[data, ...], ...]) -> [taken or -code, ...]"},
     {"request_complete", mod_request_complete, METH_O, "request_complete(req)"},
     {"request_fail", mod_request_fail, METH_VARARGS, "request_fail(req, message)"},
     {"request_free", mod_request_free, METH_O, "request_free(req)"},

@@ -18,7 +18,7 @@ import inspect
 import json
 import logging
 import os
-import types
+import threading
 from typing import Any, AsyncIterator, Awaitable, Callable, Deque, Dict, List, Optional, Set, Tuple, TypeVar
 
 from ._aio import arm, cancel_on_kill, cancel_requested, handler_task
@@ -448,35 +448,66 @@ def _log_handler_error(ctx: Context, e: BaseException) -> None:
     logger.error("request %s: handler raised %s: %s", rid, type(e).__name__, e, exc_info=e, extra={"request_id": rid})
 
 
-#: Items a handler may yield without suspending before they are handed to the
-#: library (one crossing and one wake-up of the stream's writer per batch).
+#: Items a request may hold back before they are handed to the library at
+#: once, without waiting for the end of the loop's turn.
 _SEND_BATCH = 64
 
 
-@types.coroutine
-def _resume(step: Any, first: Any) -> Any:
-    """Await the rest of ``step``, an awaitable's iterator that has already
-    run up to its first suspension and yielded ``first``: the task gets
-    ``first`` and then every later yield, and its sends and throws (a
-    cancellation included) go to ``step``, exactly as if the task had
-    awaited ``step`` from the start."""
-    value = first
-    while True:
+class _Sends:
+    """The items every handler on one event loop yielded during a turn of it,
+    handed to the library together at the end of the turn: one crossing for
+    all requests (a decode step's tokens), however many items each has.
+
+    A request's ``batch`` is its own list of encoded items, shared with its
+    task: anything that sends it directly (``_send_all``) empties it first,
+    so items keep their order whoever sends them.
+    """
+
+    __slots__ = ("lib", "loop", "pending")
+
+    def __init__(self, lib: Any, loop: asyncio.AbstractEventLoop) -> None:
+        self.lib = lib
+        self.loop = loop
+        self.pending: Dict[int, List[bytes]] = {}
+
+    def defer(self, req: int, batch: List[bytes]) -> None:
+        """Send ``batch`` of request ``req`` at the end of this turn of the loop."""
+        if not self.pending:
+            self.loop.call_soon(self.flush)
+        self.pending[req] = batch
+
+    def drop(self, req: int) -> None:
+        """Forget ``req`` (before its handle is freed)."""
+        self.pending.pop(req, None)
+
+    def flush(self) -> None:
+        pending, self.pending = self.pending, {}
+        reqs = [r for r, b in pending.items() if b]
+        if not reqs:
+            return
+        batches = [pending[r] for r in reqs]
         try:
-            sent = yield value
-        except GeneratorExit:
-            step.close()
-            raise
-        except BaseException as e:  # noqa: BLE001 - delivered where the handler awaits
-            try:
-                value = step.throw(e)
-            except StopIteration as stop:
-                return stop.value
-        else:
-            try:
-                value = step.send(sent)
-            except StopIteration as stop:
-                return stop.value
+            taken = self.lib.request_send_multi(reqs, batches)
+        except Exception as e:  # noqa: BLE001 - left in the batches: the next direct send raises it
+            logger.debug("handing items to the library failed: %r", e)
+            return
+        for batch, n in zip(batches, taken):
+            if n > 0:
+                del batch[:n]
+        # What a full buffer refused stays in its batch, sent with the
+        # request's next item or at its end (which waits for room).
+
+
+_local = threading.local()
+
+
+def _sends_of_loop(lib: Any) -> _Sends:
+    """The running loop's ``_Sends``."""
+    loop = asyncio.get_running_loop()
+    s: Optional[_Sends] = getattr(_local, "sends", None)
+    if s is None or s.loop is not loop:
+        s = _local.sends = _Sends(lib, loop)
+    return s
 
 
 def _send_some(lib: Any, req: int, batch: List[bytes]) -> None:
@@ -496,40 +527,21 @@ async def _send_all(lib: Any, req: int, ctx: Context, batch: List[bytes]) -> Non
     batch.clear()
 
 
-async def _relay(lib: Any, req: int, ctx: Context, gen: Any, batch: List[bytes]) -> None:
-    """Pass the handler's items to the library. Items it yields without
-    suspending are batched (at most ``_SEND_BATCH``) and handed over the
-    moment it suspends, on an engine or anything else, so a lone item is not
-    delayed; nothing is awaited while the handler is suspended in a step of
-    ours, so a cancellation always lands in the handler. The caller counts
-    as killed before every item."""
-    if not inspect.isasyncgen(gen):  # another async iterator: an item at a time
-        async for item in gen:
-            if ctx.is_killed():
-                return
-            batch.append(_dumps(item))
-            await _send_all(lib, req, ctx, batch)
-        return
-    anext = gen.__anext__
-    while True:
-        if len(batch) >= _SEND_BATCH:
-            await _send_all(lib, req, ctx, batch)
-        step = anext()
-        try:
-            first = step.send(None)
-        except StopIteration as done:  # an item, without suspending
-            item = done.value
-        except StopAsyncIteration:
-            break
-        else:  # the handler suspends: what it produced so far goes out now
-            _send_some(lib, req, batch)
-            try:
-                item = await _resume(step, first)
-            except StopAsyncIteration:
-                break
+async def _relay(lib: Any, req: int, ctx: Context, gen: Any, batch: List[bytes], sends: _Sends) -> None:
+    """Pass the handler's items to the library: each goes out at the end of
+    the loop's turn in which the handler yielded it, with every other
+    request's (a lone item waits for nothing else), or at once when
+    ``_SEND_BATCH`` piled up. The task awaits the handler directly, so a
+    cancellation always lands in it. The caller counts as killed before
+    every item."""
+    async for item in gen:
         if ctx.is_killed():
             return
         batch.append(_dumps(item))
+        if len(batch) >= _SEND_BATCH:
+            await _send_all(lib, req, ctx, batch)
+        else:
+            sends.defer(req, batch)
     await _send_all(lib, req, ctx, batch)
 
 
@@ -549,6 +561,7 @@ async def _serve_one(lib: Any, req: int, handler: Callable[..., Any], pass_conte
     """
     ctx = lib.request_context(req, _real_class(Context))
     task = asyncio.current_task()
+    sends = _sends_of_loop(lib)
     release = cancel_on_kill(ctx)
     gen: Any = None
     batch: List[bytes] = []  # encoded items not yet handed to the library
@@ -560,7 +573,7 @@ async def _serve_one(lib: Any, req: int, handler: Callable[..., Any], pass_conte
         gen = handler(request, context=ctx) if pass_context else handler(request)
         if not hasattr(gen, "__anext__"):
             raise TypeError(f"handler returned {type(gen).__name__}, not an async generator")
-        await _relay(lib, req, ctx, gen, batch)
+        await _relay(lib, req, ctx, gen, batch, sends)
         lib.request_complete(req)
     except asyncio.CancelledError as e:
         if ctx.is_killed():
@@ -583,6 +596,7 @@ async def _serve_one(lib: Any, req: int, handler: Callable[..., Any], pass_conte
                 if not isinstance(e, (RuntimeError, asyncio.CancelledError, GeneratorExit, StopAsyncIteration)):
                     logger.debug("closing the handler of request %s raised %r", ctx.id(), e)
         release()
+        sends.drop(req)
         lib.request_free(req)
 
 

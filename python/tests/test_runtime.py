@@ -492,3 +492,66 @@ def test_items_yielded_without_suspending_are_batched_but_never_held(nats_url):
             assert await collect(stream) == [1, 2, 3, 4, 5]
 
     run(main())
+
+
+def test_items_of_many_requests_cross_together(nats_url):
+    """What every handler yields in one turn of the worker's loop goes to the
+    library in one call (request_send_multi), each request's items in order;
+    a request whose handler keeps yielding gets its items, interleaved with
+    the others', complete."""
+    from dynamo_ctx import runtime as rt_mod
+
+    go = asyncio.Event()
+    calls = []
+
+    async def handler(request, context):
+        await go.wait()
+        for i in range(request["n"]):
+            yield [request["k"], i]
+            if i % 7 == 0:
+                await asyncio.sleep(0)
+
+    async def main():
+        async with Harness(nats_url, handler) as h:
+            real = rt_mod._Sends.flush
+
+            def counting(self):
+                calls.append(len([b for b in self.pending.values() if b]))
+                real(self)
+
+            rt_mod._Sends.flush = counting
+            try:
+                streams = [await h.client.generate({"k": k, "n": 1 if k < 40 else 300}, annotated=False) for k in range(50)]
+                await asyncio.sleep(0.2)  # every request is waiting in its handler
+                go.set()
+                got = await asyncio.wait_for(asyncio.gather(*[collect(s) for s in streams]), HANG)
+            finally:
+                rt_mod._Sends.flush = real
+        for k, items in enumerate(got):
+            assert items == [[k, i] for i in range(1 if k < 40 else 300)]
+        assert max(calls) >= 40  # the 40 lone items (and the first of the others) crossed together
+
+    run(main())
+
+
+def test_send_multi_rejects_bad_input():
+    """request_send_multi: a clear error for what is not a list of handles and
+    a list of lists of bytes; a bad handle is an error code for its own entry."""
+    from dynamo_ctx._lib import native
+
+    lib = native()
+    assert lib.request_send_multi([], []) == []
+    assert lib.request_send_multi([0, 2**64 - 1], [[b"1"], []]) == [-lib.EBADF, -lib.EBADF]
+    for reqs, batches, exc in [
+        ((0,), [[b"1"]], TypeError),
+        ([0], ([b"1"],), TypeError),
+        ([0], [[b"1"], [b"2"]], ValueError),
+        (["x"], [[b"1"]], TypeError),
+        ([-1], [[b"1"]], OverflowError),
+        ([0], [[1]], TypeError),
+        ([0], [b"1"], TypeError),
+    ]:
+        with pytest.raises(exc):
+            lib.request_send_multi(reqs, batches)
+    with pytest.raises(TypeError):
+        lib.request_send_many(0, (b"1",))

@@ -316,7 +316,8 @@ class MockAsyncLLM:
             return
         else:
             ids = list(req.out)
-        req.outputs.append(RequestOutput(req.request_id, req.prompt, [CompletionOutput(0, ids, finish_reason=finish)], finished=finish is not None))
+        output = CompletionOutput(0, ids, finish_reason=finish)
+        req.outputs.append(RequestOutput(req.request_id, req.prompt, [output], finished=finish is not None))
         self._wake(req)
 
     @staticmethod
@@ -377,8 +378,8 @@ class MockAsyncLLM:
             # generate ends with an "abort" output.
             freed += req.blocks
             self._release(req, True, reported=True)
-            ids = [] if req.params.output_kind is RequestOutputKind.DELTA else list(req.out)
-            req.outputs.append(RequestOutput(rid, req.prompt, [CompletionOutput(0, ids, finish_reason="abort")], finished=True))
+            tokens: List[int] = [] if req.params.output_kind is RequestOutputKind.DELTA else list(req.out)
+            req.outputs.append(RequestOutput(rid, req.prompt, [CompletionOutput(0, tokens, finish_reason="abort")], finished=True))
             self._wake(req)
         return freed
 

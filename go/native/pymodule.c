@@ -990,6 +990,56 @@ static PyObject* mod_stream_take(PyObject* m, PyObject* arg) {
     return out;
 }
 
+// stream_take_json(s) -> (code, str): stream_take with the items taken as
+// the text of one JSON array, ready for a single json.loads: no object per
+// item. Each item is a JSON value the library checked, so joined with
+// commas inside brackets they are an array.
+static PyObject* mod_stream_take_json(PyObject* m, PyObject* arg) {
+    uint64_t h;
+    if (parse_u64(arg, &h) < 0 || check_fork() < 0) return NULL;
+    char small[16384];
+    char* buf = small;
+    size_t cap = sizeof small, used = 0, count = 0;
+    int rc = dc_stream_take(h, buf, cap, &used, &count);
+    if (rc == DC_ERANGE) {
+        cap = used;
+        buf = PyMem_Malloc(cap);
+        if (buf == NULL) return PyErr_NoMemory();
+        rc = dc_stream_take(h, buf, cap, &used, &count);
+    }
+    PyObject* out = NULL;
+    if (rc == DC_OK) {
+        // In place: each 4-byte length becomes the separator before its
+        // item ('[' for the first, ',' after), then a ']' after the last.
+        // The text is at most used + 2 bytes ("[]" when nothing was taken).
+        char* text = PyMem_Malloc(used + 2);
+        if (text == NULL) {
+            out = PyErr_NoMemory();
+        } else {
+            size_t off = 0, w = 0;
+            for (size_t i = 0; i < count; i++) {
+                uint32_t n = (uint32_t)(unsigned char)buf[off] | (uint32_t)(unsigned char)buf[off + 1] << 8 |
+                             (uint32_t)(unsigned char)buf[off + 2] << 16 | (uint32_t)(unsigned char)buf[off + 3] << 24;
+                text[w++] = i == 0 ? '[' : ',';
+                memcpy(text + w, buf + off + 4, n);
+                w += n;
+                off += 4 + (size_t)n;
+            }
+            if (count == 0) text[w++] = '[';
+            text[w++] = ']';
+            PyObject* str = PyUnicode_DecodeUTF8(text, (Py_ssize_t)w, NULL);
+            PyMem_Free(text);
+            if (str != NULL) out = Py_BuildValue("(iN)", rc, str);
+        }
+    } else if (rc == DC_EBADF || rc == DC_EINTERNAL || rc == DC_EINVAL) {
+        raise_rc(rc);
+    } else {
+        out = code_and_message(rc);
+    }
+    if (buf != small) PyMem_Free(buf);
+    return out;
+}
+
 static PyObject* mod_stream_context(PyObject* m, PyObject* args) {
     return wrap_context_from(args, (int (*)(uint64_t, uint64_t*))dc_stream_context, "KO:stream_context");
 }
@@ -1114,6 +1164,7 @@ static PyMethodDef module_methods[] = {
     {"stream_take", mod_stream_take, METH_O, "stream_take(s) -> (0, [bytes]) or (code, message)"},
     {"stream_context", mod_stream_context, METH_VARARGS, "stream_context(s, cls) -> Context"},
     {"stream_kill", mod_stream_kill, METH_O, "stream_kill(s)"},
+    {"stream_take_json", mod_stream_take_json, METH_O, "stream_take_json(s) -> (code, '[item,...]' | message)"},
     {"stream_killed", mod_stream_killed, METH_O, "stream_killed(s) -> bool"},
     {"kill_epoch", mod_kill_epoch, METH_NOARGS, "kill_epoch() -> how many contexts were killed so far"},
     {"stream_free", mod_stream_free, METH_O, "stream_free(s)"},

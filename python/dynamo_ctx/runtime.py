@@ -450,7 +450,7 @@ def _log_handler_error(ctx: Context, e: BaseException) -> None:
 
 #: Items a request may hold back before they are handed to the library at
 #: once, without waiting for the end of the loop's turn.
-_SEND_BATCH = 64
+_SEND_BATCH = 128
 
 
 class _Sends:
@@ -459,16 +459,20 @@ class _Sends:
     all requests (a decode step's tokens), however many items each has.
 
     A request's ``batch`` is its own list of encoded items, shared with its
-    task: anything that sends it directly (``_send_all``) empties it first,
-    so items keep their order whoever sends them.
+    task: whoever sends from it (this, ``_send_all``) takes from the front
+    and deletes what the library took before anything else runs, so items
+    keep their order whoever sends them. What a full buffer refuses is sent
+    when the request can take more, even while its handler waits on
+    something else.
     """
 
-    __slots__ = ("lib", "loop", "pending")
+    __slots__ = ("lib", "loop", "pending", "draining")
 
     def __init__(self, lib: Any, loop: asyncio.AbstractEventLoop) -> None:
         self.lib = lib
         self.loop = loop
         self.pending: Dict[int, List[bytes]] = {}
+        self.draining: Dict[int, "asyncio.Task[None]"] = {}  # requests whose buffer was full
 
     def defer(self, req: int, batch: List[bytes]) -> None:
         """Send ``batch`` of request ``req`` at the end of this turn of the loop."""
@@ -479,6 +483,9 @@ class _Sends:
     def drop(self, req: int) -> None:
         """Forget ``req`` (before its handle is freed)."""
         self.pending.pop(req, None)
+        task = self.draining.pop(req, None)
+        if task is not None:
+            task.cancel()
 
     def flush(self) -> None:
         pending, self.pending = self.pending, {}
@@ -491,11 +498,26 @@ class _Sends:
         except Exception as e:  # noqa: BLE001 - left in the batches: the next direct send raises it
             logger.debug("handing items to the library failed: %r", e)
             return
-        for batch, n in zip(batches, taken):
+        for req, batch, n in zip(reqs, batches, taken):
             if n > 0:
                 del batch[:n]
-        # What a full buffer refused stays in its batch, sent with the
-        # request's next item or at its end (which waits for room).
+            if n >= 0 and batch and req not in self.draining:
+                self.draining[req] = self.loop.create_task(self._drain(req, batch))
+
+    async def _drain(self, req: int, batch: List[bytes]) -> None:
+        """Send what a full buffer refused as room frees up (after a kill the
+        library takes everything, so this ends then too)."""
+        try:
+            while batch:
+                await arm(req)
+                _send_some(self.lib, req, batch)
+        except asyncio.CancelledError:
+            pass  # dropped: the request ended
+        except Exception as e:  # noqa: BLE001 - the request's own next send raises it
+            logger.debug("sending the rest of request %d's items failed: %r", req, e)
+        finally:
+            if self.draining.get(req) is asyncio.current_task():
+                del self.draining[req]
 
 
 _local = threading.local()
@@ -753,12 +775,9 @@ class ResponseStream:
                 self._buf.clear()  # a kill is a hard abort: buffered items are dropped
             if self._closed or self._handle is None:
                 raise StopAsyncIteration
-            code, value = lib.stream_take(self._handle)
+            code, value = lib.stream_take_json(self._handle)
             if code == lib.OK:
-                # One parse for the whole batch: each item is a JSON value
-                # (the library checked it), so joined they are an array.
-                # str: skips encoding detection.
-                self._buf.extend(json.loads((b"[" + b",".join(value) + b"]").decode()))
+                self._buf.extend(json.loads(value))  # one parse for the whole batch
             elif code == lib.EAGAIN:
                 await arm(self._handle)
             elif code == lib.EOF:

@@ -556,14 +556,19 @@ async def _relay(lib: Any, req: int, ctx: Context, gen: Any, batch: List[bytes],
     ``_SEND_BATCH`` piled up. The task awaits the handler directly, so a
     cancellation always lands in it. The caller counts as killed before
     every item."""
+    killed, encode, defer = ctx.is_killed, _encode_fast, sends.defer  # per item: no lookups
     async for item in gen:
-        if ctx.is_killed():
+        if killed():
             return
-        batch.append(_dumps(item))
+        try:
+            data = encode(item).encode()
+        except (TypeError, ValueError, RecursionError):
+            data = _dumps(item)  # raises what the caller gets
+        batch.append(data)
         if len(batch) >= _SEND_BATCH:
             await _send_all(lib, req, ctx, batch)
-        else:
-            sends.defer(req, batch)
+        elif len(batch) == 1:  # else it is already handed over this turn, or being drained
+            defer(req, batch)
     await _send_all(lib, req, ctx, batch)
 
 

@@ -42,6 +42,7 @@
 #pragma weak PyList_Append
 #pragma weak PyList_New
 #pragma weak PyList_SetItem
+#pragma weak PyList_Type
 #pragma weak PyList_Size
 #pragma weak PyList_GetItem
 #pragma weak PyLong_AsLong

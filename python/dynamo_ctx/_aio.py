@@ -13,11 +13,13 @@ from __future__ import annotations
 import asyncio
 import itertools
 import threading
+import types
 import weakref
 from typing import Any, Callable, Coroutine, Dict, Set, Tuple
 
 from ._lib import native
 
+STOPPED = 1
 KILLED = 2
 
 _wakers: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopWaker]" = weakref.WeakKeyDictionary()
@@ -152,6 +154,55 @@ def _waker() -> _LoopWaker:
 async def arm(handle: int) -> None:
     """Wait until the object behind a plane handle may have progressed."""
     await _waker().arm(handle)
+
+
+def on_stopped(ctx: Any, callback: Callable[[], object]) -> Callable[[], None]:
+    """Run ``callback`` on the running loop, in the callback that learns of it
+    (no task to wake first), once ``ctx`` is stopped or killed; return the
+    function that cancels this. ``callback`` must not raise."""
+    return _waker().on_state(ctx, STOPPED, callback)
+
+
+@types.coroutine
+def _resume(coro: Any, first: Any) -> Any:
+    """The rest of ``coro``, which has already run up to its first suspension
+    and yielded ``first``: the task gets ``first`` and every later yield, and
+    its sends and throws (a cancellation included) go to ``coro``."""
+    value = first
+    while True:
+        try:
+            sent = yield value
+        except GeneratorExit:
+            coro.close()
+            raise
+        except BaseException as e:  # noqa: BLE001 - delivered where coro awaits
+            try:
+                value = coro.throw(e)
+            except StopIteration as stop:
+                return stop.value
+        else:
+            try:
+                value = coro.send(sent)
+            except StopIteration as stop:
+                return stop.value
+
+
+def eager_task(coro: "Coroutine[Any, Any, Any]") -> "asyncio.Future[Any]":
+    """Run ``coro`` now, up to its first suspension, then as a task: a future
+    of its result, done already when it never suspended (Python 3.12's eager
+    tasks, on every version)."""
+    loop = asyncio.get_running_loop()
+    try:
+        first = coro.send(None)
+    except StopIteration as stop:
+        fut: "asyncio.Future[Any]" = loop.create_future()
+        fut.set_result(stop.value)
+        return fut
+    except BaseException as e:  # noqa: BLE001 - the future carries it
+        fut = loop.create_future()
+        fut.set_exception(e)
+        return fut
+    return asyncio.ensure_future(_resume(coro, first))
 
 
 async def wait_for_state(ctx: Any, state: int) -> bool:

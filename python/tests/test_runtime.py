@@ -642,3 +642,45 @@ def test_items_refused_by_a_full_buffer_go_out_while_the_handler_waits(monkeypat
         assert not sends.draining and len(lib.sent) == 7
 
     run(main())
+
+
+def test_eager_task():
+    """eager_task runs a coroutine at once up to its first suspension: done
+    already when it never suspends, a task for the rest otherwise (sends,
+    results, exceptions and cancellation reach the coroutine as in a task)."""
+    from dynamo_ctx._aio import eager_task
+
+    log = []
+
+    async def sync(x):
+        log.append(("sync", x))
+        return x * 2
+
+    async def boom():
+        raise KeyError("k")
+
+    async def suspends():
+        log.append("start")
+        try:
+            await asyncio.sleep(0.01)
+            log.append("resumed")
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            log.append("cancelled")
+            raise
+
+    async def main():
+        f = eager_task(sync(3))
+        assert f.done() and f.result() == 6 and log == [("sync", 3)]
+        f = eager_task(boom())
+        assert f.done() and isinstance(f.exception(), KeyError)
+        t = eager_task(suspends())
+        assert log[-1] == "start" and not t.done()
+        await asyncio.sleep(0.05)
+        assert log[-1] == "resumed"
+        t.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await t
+        assert log[-1] == "cancelled"
+
+    run(main())

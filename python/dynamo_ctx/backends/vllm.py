@@ -10,11 +10,13 @@ everywhere.
 - ``DecodeHandler``: calls a prefill worker first (with ``context=``, so cancelling the
   decode request cancels the prefill, before the first token too), then decodes.
 
-Each request runs a monitor task that awaits the request's context and aborts the
-engine as soon as it is stopped or killed, even while the engine is busy (a per-token
-check alone would wait for the next token, and prefill yields none). The abort is
-idempotent and also done on the way out, so it happens whichever of the monitor and
-the dispatcher's cancellation runs first.
+Each request has a monitor on its context that aborts the engine as soon as it is
+stopped or killed: it runs in the event loop's callback that learns of it, before
+any task wakes, and even while the engine is busy (a per-token check alone would
+wait for the next token, and prefill yields none). The abort runs at once up to its
+first suspension (all of it with the mock), is idempotent and is also done on the
+way out, so it happens whichever of the monitor and the dispatcher's cancellation
+runs first.
 
 Requests are Dynamo-style token requests: ``{"token_ids": [...], "stop_conditions":
 {"max_tokens": N, "stop_token_ids": [...], "ignore_eos": bool}, "sampling_options": {"seed",
@@ -31,6 +33,7 @@ import logging
 import secrets
 from typing import Any, AsyncIterator, Callable, Dict, List, Optional
 
+from .._aio import eager_task, on_stopped
 from ..context import Context
 
 logger = logging.getLogger("dynamo_ctx.backends.vllm")
@@ -178,17 +181,32 @@ class BaseWorkerHandler:
         #: Called with (request_id, kv_blocks_freed) after each confirmed abort.
         self.abort_listeners: List[Callable[[str, int], None]] = []
 
-    async def _abort(self, engine_id: str, request_id: str) -> None:
-        """Abort ``engine_id`` in the engine once, and count the confirmation.
+    def _start_abort(self, engine_id: str, request_id: str) -> "asyncio.Future[None]":
+        """Abort ``engine_id`` in the engine once, and count the confirmation:
+        the abort runs now, up to its first suspension (all of it with the
+        mock), and the returned future ends with it.
 
         The monitor and the handler's ``finally`` may both call it; they share
-        one shielded task, so neither cancelling the monitor nor a second call
-        can cut the abort short. ``request_id`` (the context's id) is for logs.
+        one future, so nothing can cut the abort short or repeat it.
+        ``request_id`` (the context's id) is for logs.
         """
-        task = self._aborting.get(engine_id)
-        if task is None:
-            task = self._aborting[engine_id] = asyncio.ensure_future(self._do_abort(engine_id, request_id))
-        await asyncio.shield(task)
+        fut = self._aborting.get(engine_id)
+        if fut is None:
+            fut = self._aborting[engine_id] = eager_task(self._do_abort(engine_id, request_id))
+        return fut
+
+    async def _abort(self, engine_id: str, request_id: str) -> None:
+        await asyncio.shield(self._start_abort(engine_id, request_id))
+
+    def _monitor(self, engine_id: str, request_id: str) -> None:
+        """The context was stopped or killed: abort at once (this runs in the
+        event loop's callback that learned it, before any task wakes)."""
+        try:
+            fut = self._start_abort(engine_id, request_id)
+            # Awaited by the handler's finally; a failure is reported there.
+            fut.add_done_callback(lambda f: f.cancelled() or f.exception())
+        except Exception:  # noqa: BLE001 - the callback must not raise; the handler's finally retries
+            logger.exception("aborting request %s failed", request_id)
 
     async def _do_abort(self, engine_id: str, request_id: str) -> None:
         self.metrics.cancellations_received_total += 1
@@ -201,10 +219,6 @@ class BaseWorkerHandler:
         logger.info("Aborted %sRequest ID: %s", self.label, request_id)
         for listener in list(self.abort_listeners):
             listener(request_id, freed)
-
-    async def _monitor(self, context: Context, engine_id: str, request_id: str) -> None:
-        await context.async_killed_or_stopped()
-        await self._abort(engine_id, request_id)
 
     async def _engine_stream(
         self,
@@ -226,7 +240,7 @@ class BaseWorkerHandler:
         engine_id = f"{request_id}-{secrets.token_hex(16)}"
         logger.info("New %sRequest ID: %s", self.label, request_id)
         logger.debug("%sRequest ID %s runs in the engine as %s", self.label, request_id, engine_id)
-        monitor = asyncio.ensure_future(self._monitor(context, engine_id, request_id))
+        stop_monitor = on_stopped(context, lambda: self._monitor(engine_id, request_id))
         params = sampling_params_for(self.engine, max_tokens, options)
         # Outputs carry the new tokens only (DELTA), or every token so far.
         cumulative = getattr(getattr(params, "output_kind", None), "name", "CUMULATIVE") != "DELTA"
@@ -250,7 +264,7 @@ class BaseWorkerHandler:
                 if out.finished:
                     break
         finally:
-            monitor.cancel()
+            stop_monitor()
             if context.is_stopped():
                 # Whichever ran first (the monitor, or the dispatcher cancelling
                 # this handler on kill), the engine is aborted exactly once.

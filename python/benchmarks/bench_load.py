@@ -21,6 +21,11 @@ are this machine's wall clock). Two set-ups:
   sent with a long prompt while the others stream, and closed while their
   remote prefill runs (the prefill worker's abort is what is timed).
 
+With ``--trace`` the stack's processes record the library's kill trace and
+each set-up also prints where the disconnects' time went, hop by hop
+(client close, frontend kill, Kill frame written and read, the worker's
+context killed, the engine abort logged).
+
 Printed per set-up: disconnect -> engine abort confirmed p50/p99/max (SPEC
 section 8: p99 <= 5 ms), tokens/s delivered to the clients, the frontend's
 CPU per 1k tokens/s (cores) and its RSS per in-flight request (KiB).
@@ -37,6 +42,7 @@ import re
 import resource
 import socket
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
@@ -188,17 +194,72 @@ async def load(stack: Stack, n: int, cancel: int, max_tokens: int, disagg: bool,
         "rss_per_request_kib": (loaded_rss - idle_rss) / n,
         "idle_rss_mib": idle_rss / 1024,
         "loaded_rss_mib": loaded_rss / 1024,
+        # For the hop breakdown (--trace): each victim's close and its worker's abort.
+        "closes": {v.rid: v.closed_at for v in victims if v.closed_at},
+        "aborts": aborts,
     }
     return lat, figures
 
 
+#: The hops of a disconnect, in order (the library's kill trace marks the middle ones).
+HOPS = [
+    ("closed", "client: socket shut down"),
+    ("caller.kill_hook", "frontend: the request's context killed (disconnect seen)"),
+    ("caller.frame_written", "frontend: Kill frame written"),
+    ("worker.frame_read", "worker: Kill frame read"),
+    ("worker.ctx_killed", "worker: handler's context killed, its fd signalled"),
+    ("aborted", "worker: engine abort logged (Python)"),
+]
+
+
+def print_breakdown(trace_path: str, closes: Dict[str, float], aborts: Dict[str, float], disagg: bool) -> None:
+    """Per hop of the timed disconnects: p50/p90/p99 of the time since the
+    previous hop. Disaggregated, the worker hops are the decode worker's (the
+    first a kill reaches) and the last includes its kill of the prefill."""
+    marks: Dict[str, Dict[str, float]] = {}
+    try:
+        with open(trace_path) as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) >= 3:
+                    marks.setdefault(parts[2], {}).setdefault(parts[1], int(parts[0]) / 1e9)
+    except FileNotFoundError:
+        print("  (no kill trace written)")
+        return
+    rows = []
+    for rid, t in closes.items():
+        m = dict(marks.get(rid, {}), closed=t)
+        if rid in aborts:
+            m["aborted"] = aborts[rid]
+        if all(h in m for h, _ in HOPS):
+            rows.append(m)
+    if not rows:
+        print("  (no disconnect has every hop in the trace)")
+        return
+    print(f"  per hop, ms since the previous one ({len(rows)} disconnects): p50 / p90 / p99")
+    for (a, _), (b, what) in zip(HOPS, HOPS[1:]):
+        d = [(r[b] - r[a]) * 1000 for r in rows]
+        if disagg and b == "aborted":
+            what = "prefill worker: engine abort logged (after the decode worker's kill of it)"
+        print(f"    {b:22s} {pct(d, 50):7.2f} {pct(d, 90):7.2f} {pct(d, 99):7.2f}   {what}")
+
+
 def run(name: str, workers: List[dict], args, disagg: bool) -> bool:
+    trace = None
+    if args.trace:
+        from dynamo_ctx._lib import native
+
+        env_name = native().KILL_TRACE_ENV
+        trace = f"{tempfile.gettempdir()}/bench-load-trace-{os.getpid()}-{int(disagg)}.txt"
+        os.environ[env_name] = trace  # the stack's processes inherit it
     stack = Stack()
     try:
         stack.start(workers)
         lat, f = asyncio.run(load(stack, args.streams, args.cancel, args.max_tokens, disagg, args.seed))
     finally:
         stack.close()
+        if trace:
+            del os.environ[env_name]
     ok = bool(lat) and pct(lat, 99) <= 5.0
     print(f"{name}: {args.streams} streams, {f['victims']} disconnected")
     if lat:
@@ -208,6 +269,12 @@ def run(name: str, workers: List[dict], args, disagg: bool) -> bool:
         )
     else:
         print("  no abort was confirmed in the workers' logs")
+    if trace:
+        print_breakdown(trace, f["closes"], f["aborts"], disagg)
+        try:
+            os.unlink(trace)
+        except OSError:
+            pass
     print(
         f"  {f['tokens_per_s']:,.0f} tokens/s to the clients while disconnecting; frontend {f['frontend_cores']:.2f} cores "
         f"= {f['cores_per_1k_tok_s']:.3f} cores per 1k tokens/s"
@@ -374,6 +441,7 @@ def main() -> int:
     ap.add_argument("--e2e-tokens", type=int, default=200)
     ap.add_argument("--step", type=float, default=0.001, help="mock step (s) of the end-to-end run")
     ap.add_argument("--only", choices=["e2e", "load"], help="run one part")
+    ap.add_argument("--trace", action="store_true", help="print where each timed disconnect's time went, hop by hop")
     ap.add_argument("--dynamo-speedup-ratio", type=float, default=6.0,
                     help="Dynamo mocker's --speedup-ratio (6: ~1 ms per decode step on the project's machine)")
     args = ap.parse_args()

@@ -205,12 +205,13 @@ class MockAsyncLLM:
         else:
             self._prefilling.append(req)
         self._start_stepper()
+        loop = asyncio.get_running_loop()  # once: on Python < 3.12 each call is a getpid()
         try:
             while True:
                 while not req.outputs:
                     if req.phase == "done":
                         return  # ended without an output (max_tokens 0)
-                    req.waiter = asyncio.get_running_loop().create_future()
+                    req.waiter = loop.create_future()
                     await req.waiter
                 out = req.outputs.popleft()
                 yield out

@@ -556,14 +556,13 @@ async def _relay(lib: Any, req: int, ctx: Context, gen: Any, batch: List[bytes],
     ``_SEND_BATCH`` piled up. The task awaits the handler directly, so a
     cancellation always lands in it. The caller counts as killed before
     every item."""
-    killed, encode, defer = ctx.is_killed, _encode_fast, sends.defer  # per item: no lookups
+    killed, encode, defer = ctx.is_killed, lib.encode_json, sends.defer  # per item: no lookups
     async for item in gen:
         if killed():
             return
-        try:
-            data = encode(item).encode()
-        except (TypeError, ValueError, RecursionError):
-            data = _dumps(item)  # raises what the caller gets
+        data = encode(item)  # the common items, in C
+        if data is None:
+            data = _dumps(item)  # the rest, by Python's encoder (and its errors)
         batch.append(data)
         if len(batch) >= _SEND_BATCH:
             await _send_all(lib, req, ctx, batch)

@@ -684,3 +684,55 @@ def test_eager_task():
         assert log[-1] == "cancelled"
 
     run(main())
+
+
+def test_native_item_encoder_matches_json_dumps():
+    """encode_json (the C encoder of common items) gives json.dumps's bytes
+    exactly, and None (Python's encoder then) for what it does not cover:
+    random values, nested, with the strings, numbers and subclasses that
+    json.dumps treats specially."""
+    import enum
+    import json as _json
+    import random
+
+    from dynamo_ctx._lib import native
+
+    enc = native().encode_json
+
+    class IE(enum.IntEnum):
+        A = 1
+
+    class S(str):
+        pass
+
+    rng = random.Random(13)
+    scalars = [None, True, False, 0, -1, 2**63 - 1, -(2**63), 2**63, 2**70, 1.5, 1e300, "", "abc", 'a"b', "a\\b", "é", "\n",
+               "\x7f", "~ ", IE.A, S("s"), "x" * 300]
+
+    def rand(d=0):
+        r = rng.random()
+        if d > 5 or r < 0.3:
+            return rng.choice(scalars + [rng.randrange(-10**6, 10**6), "".join(chr(rng.randrange(0x20, 0x7F)) for _ in range(8))])
+        if r < 0.55:
+            return [rand(d + 1) for _ in range(rng.randrange(5))]
+        if r < 0.7:
+            return tuple(rand(d + 1) for _ in range(rng.randrange(4)))
+        return {rng.choice(["a", "token_ids", "é", 'q"', 1, S("k")]): rand(d + 1) for _ in range(rng.randrange(5))}
+
+    fast = 0
+    for _ in range(20000):
+        v = rand()
+        got = enc(v)
+        if got is not None:
+            fast += 1
+            assert got == _json.dumps(v, separators=(",", ":"), allow_nan=False).encode(), v
+    assert fast > 5000
+    assert enc({"token_ids": [1, 2], "finish_reason": None}) == b'{"token_ids":[1,2],"finish_reason":null}'
+    cyclic: list = []
+    cyclic.append(cyclic)
+    deep: list = []
+    cur = deep
+    for _ in range(100):
+        cur.append([])
+        cur = cur[0]
+    assert enc(cyclic) is None and enc(deep) is None and enc(1.5) is None and enc(object()) is None

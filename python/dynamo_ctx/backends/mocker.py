@@ -297,10 +297,11 @@ class MockAsyncLLM:
     def _decode_one(self, req: _Request) -> None:
         """One decode step of ``req``: its next token, as an output."""
         params = req.params
-        token = self._next_token(len(req.prompt) + len(req.out), params.seed)
+        n = len(req.prompt) + len(req.out)  # the sequence so far
+        token = ((self.args.seed if params.seed is None else params.seed) + n) % self.args.vocab_size  # _next_token
         req.out.append(token)
-        need = self._blocks_for(len(req.prompt) + len(req.out))
-        if need > req.blocks:
+        if n + 1 > req.blocks * self.args.block_size:  # the new token needs another block
+            need = self._blocks_for(n + 1)
             self.stats.kv_blocks_in_use += need - req.blocks
             req.blocks = need
         finish: Optional[str] = None

@@ -964,8 +964,52 @@ static PyObject* mod_stream_started(PyObject* m, PyObject* arg) {
     return code_and_message(rc);
 }
 
-// Returns (DC_OK, [bytes, ...]) or (code, message).
-static PyObject* mod_stream_take(PyObject* m, PyObject* arg) {
+// The items a take stored in buf: 4-byte little-endian length, then the bytes.
+static uint32_t item_len(const char* p) {
+    return (uint32_t)(unsigned char)p[0] | (uint32_t)(unsigned char)p[1] << 8 | (uint32_t)(unsigned char)p[2] << 16 |
+           (uint32_t)(unsigned char)p[3] << 24;
+}
+
+// A list of bytes, one per item.
+static PyObject* items_as_list(const char* buf, size_t used, size_t count) {
+    PyObject* items = PyList_New((Py_ssize_t)count);
+    size_t off = 0;
+    for (size_t i = 0; items != NULL && i < count; i++) {
+        uint32_t n = item_len(buf + off);
+        PyObject* b = PyBytes_FromStringAndSize(buf + off + 4, (Py_ssize_t)n);
+        if (b == NULL) {
+            Py_CLEAR(items);
+            break;
+        }
+        PyList_SetItem(items, (Py_ssize_t)i, b);
+        off += 4 + (size_t)n;
+    }
+    return items;
+}
+
+// The text of one JSON array of the items: each item is a JSON value the
+// library checked, so joined with commas inside brackets they are an array.
+// At most used + 2 bytes ("[]" when nothing was taken).
+static PyObject* items_as_json(const char* buf, size_t used, size_t count) {
+    char* text = PyMem_Malloc(used + 2);
+    if (text == NULL) return PyErr_NoMemory();
+    size_t off = 0, w = 0;
+    for (size_t i = 0; i < count; i++) {
+        uint32_t n = item_len(buf + off);
+        text[w++] = i == 0 ? '[' : ',';
+        memcpy(text + w, buf + off + 4, n);
+        w += n;
+        off += 4 + (size_t)n;
+    }
+    if (count == 0) text[w++] = '[';
+    text[w++] = ']';
+    PyObject* str = PyUnicode_DecodeUTF8(text, (Py_ssize_t)w, NULL);
+    PyMem_Free(text);
+    return str;
+}
+
+// Takes what the stream has: (DC_OK, convert(items)) or (code, message).
+static PyObject* stream_take_as(PyObject* arg, PyObject* (*convert)(const char*, size_t, size_t)) {
     uint64_t h;
     if (parse_u64(arg, &h) < 0 || check_fork() < 0) return NULL;
     char small[16384];
@@ -980,20 +1024,8 @@ static PyObject* mod_stream_take(PyObject* m, PyObject* arg) {
     }
     PyObject* out = NULL;
     if (rc == DC_OK) {
-        PyObject* items = PyList_New((Py_ssize_t)count);
-        size_t off = 0;
-        for (size_t i = 0; items != NULL && i < count; i++) {
-            uint32_t n = (uint32_t)(unsigned char)buf[off] | (uint32_t)(unsigned char)buf[off + 1] << 8 |
-                         (uint32_t)(unsigned char)buf[off + 2] << 16 | (uint32_t)(unsigned char)buf[off + 3] << 24;
-            PyObject* b = PyBytes_FromStringAndSize(buf + off + 4, (Py_ssize_t)n);
-            if (b == NULL) {
-                Py_CLEAR(items);
-                break;
-            }
-            PyList_SetItem(items, (Py_ssize_t)i, b);
-            off += 4 + (size_t)n;
-        }
-        if (items != NULL) out = Py_BuildValue("(iN)", rc, items);
+        PyObject* v = convert(buf, used, count);
+        if (v != NULL) out = Py_BuildValue("(iN)", rc, v);
     } else if (rc == DC_EBADF || rc == DC_EINTERNAL || rc == DC_EINVAL) {
         raise_rc(rc);
     } else {
@@ -1003,55 +1035,12 @@ static PyObject* mod_stream_take(PyObject* m, PyObject* arg) {
     return out;
 }
 
-// stream_take_json(s) -> (code, str): stream_take with the items taken as
-// the text of one JSON array, ready for a single json.loads: no object per
-// item. Each item is a JSON value the library checked, so joined with
-// commas inside brackets they are an array.
-static PyObject* mod_stream_take_json(PyObject* m, PyObject* arg) {
-    uint64_t h;
-    if (parse_u64(arg, &h) < 0 || check_fork() < 0) return NULL;
-    char small[16384];
-    char* buf = small;
-    size_t cap = sizeof small, used = 0, count = 0;
-    int rc = dc_stream_take(h, buf, cap, &used, &count);
-    if (rc == DC_ERANGE) {
-        cap = used;
-        buf = PyMem_Malloc(cap);
-        if (buf == NULL) return PyErr_NoMemory();
-        rc = dc_stream_take(h, buf, cap, &used, &count);
-    }
-    PyObject* out = NULL;
-    if (rc == DC_OK) {
-        // In place: each 4-byte length becomes the separator before its
-        // item ('[' for the first, ',' after), then a ']' after the last.
-        // The text is at most used + 2 bytes ("[]" when nothing was taken).
-        char* text = PyMem_Malloc(used + 2);
-        if (text == NULL) {
-            out = PyErr_NoMemory();
-        } else {
-            size_t off = 0, w = 0;
-            for (size_t i = 0; i < count; i++) {
-                uint32_t n = (uint32_t)(unsigned char)buf[off] | (uint32_t)(unsigned char)buf[off + 1] << 8 |
-                             (uint32_t)(unsigned char)buf[off + 2] << 16 | (uint32_t)(unsigned char)buf[off + 3] << 24;
-                text[w++] = i == 0 ? '[' : ',';
-                memcpy(text + w, buf + off + 4, n);
-                w += n;
-                off += 4 + (size_t)n;
-            }
-            if (count == 0) text[w++] = '[';
-            text[w++] = ']';
-            PyObject* str = PyUnicode_DecodeUTF8(text, (Py_ssize_t)w, NULL);
-            PyMem_Free(text);
-            if (str != NULL) out = Py_BuildValue("(iN)", rc, str);
-        }
-    } else if (rc == DC_EBADF || rc == DC_EINTERNAL || rc == DC_EINVAL) {
-        raise_rc(rc);
-    } else {
-        out = code_and_message(rc);
-    }
-    if (buf != small) PyMem_Free(buf);
-    return out;
-}
+// stream_take(s) -> (DC_OK, [bytes, ...]) or (code, message).
+static PyObject* mod_stream_take(PyObject* m, PyObject* arg) { return stream_take_as(arg, items_as_list); }
+
+// stream_take_json(s) -> (code, str): stream_take with the items as the text
+// of one JSON array, ready for a single json.loads: no object per item.
+static PyObject* mod_stream_take_json(PyObject* m, PyObject* arg) { return stream_take_as(arg, items_as_json); }
 
 static PyObject* mod_stream_context(PyObject* m, PyObject* args) {
     return wrap_context_from(args, (int (*)(uint64_t, uint64_t*))dc_stream_context, "KO:stream_context");

@@ -298,7 +298,7 @@ class MockAsyncLLM:
         """One decode step of ``req``: its next token, as an output."""
         params = req.params
         n = len(req.prompt) + len(req.out)  # the sequence so far
-        token = ((self.args.seed if params.seed is None else params.seed) + n) % self.args.vocab_size  # _next_token
+        token = self._next_token(n, params.seed)
         req.out.append(token)
         if n + 1 > req.blocks * self.args.block_size:  # the new token needs another block
             need = self._blocks_for(n + 1)

@@ -18,9 +18,7 @@ import weakref
 from typing import Any, Callable, Coroutine, Dict, Set, Tuple
 
 from ._lib import native
-
-STOPPED = 1
-KILLED = 2
+from .context import KILLED, STOPPED
 
 _wakers: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopWaker]" = weakref.WeakKeyDictionary()
 _wakers_lock = threading.Lock()

@@ -81,7 +81,6 @@
 #pragma weak PyLong_AsLongLongAndOverflow
 #pragma weak PyLong_Type
 #pragma weak PyMem_Realloc
-#pragma weak PyObject_Str
 #pragma weak PyTuple_GetItem
 #pragma weak PyTuple_Type
 #pragma weak PyUnicode_GetLength
@@ -1114,19 +1113,17 @@ static int jenc(jbuf* b, PyObject* o, int depth) {
         if (jb_put(b, chunk, k) < 0 || jb_put(b, "\"", 1) < 0) return -1;
         return 1;
     }
+    // Items, keys and values are borrowed: nothing here runs Python code, so
+    // no container can change while it is encoded.
     if (t == &PyList_Type || t == &PyTuple_Type) {
         int list = t == &PyList_Type;
-        if (jb_put(b, "[", 1) < 0) return -1;
-        for (Py_ssize_t i = 0;; i++) {
-            Py_ssize_t len = list ? PyList_Size(o) : PyTuple_Size(o); // a list may change while encoded
-            if (len < 0) return -1;
-            if (i >= len) break;
+        Py_ssize_t len = list ? PyList_Size(o) : PyTuple_Size(o);
+        if (len < 0 || jb_put(b, "[", 1) < 0) return -1;
+        for (Py_ssize_t i = 0; i < len; i++) {
             if (i > 0 && jb_put(b, ",", 1) < 0) return -1;
-            PyObject* item = list ? PyList_GetItem(o, i) : PyTuple_GetItem(o, i); // borrowed
+            PyObject* item = list ? PyList_GetItem(o, i) : PyTuple_GetItem(o, i);
             if (item == NULL) return -1;
-            Py_INCREF(item);
             int r = jenc(b, item, depth + 1);
-            Py_DECREF(item);
             if (r <= 0) return r;
         }
         return jb_put(b, "]", 1) < 0 ? -1 : 1;
@@ -1136,7 +1133,7 @@ static int jenc(jbuf* b, PyObject* o, int depth) {
         PyObject *k, *v;
         int first = 1;
         if (jb_put(b, "{", 1) < 0) return -1;
-        while (PyDict_Next(o, &pos, &k, &v)) { // borrowed; nothing below runs Python code
+        while (PyDict_Next(o, &pos, &k, &v)) {
             if (Py_TYPE(k) != &PyUnicode_Type) return 0;
             if (!first && jb_put(b, ",", 1) < 0) return -1;
             first = 0;

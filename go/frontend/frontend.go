@@ -243,16 +243,7 @@ func (f *Frontend) Close() error {
 		_ = f.srv.Close()
 	}
 	<-f.serveErr
-	f.mu.Lock()
-	cls := make([]*plane.Client, 0, len(f.clients))
-	for _, c := range f.clients {
-		cls = append(cls, c)
-	}
-	f.mu.Unlock()
-	for _, c := range cls {
-		c.Close()
-	}
-	f.client.Close()
+	f.client.Close() // and the per-model clients made from it
 	f.unsubscribe()
 	return err
 }
@@ -269,29 +260,20 @@ func parseMeta(b []byte) instanceMeta {
 	return m
 }
 
-// modelClient returns the client that routes to the instances of model.
+// modelClient returns the client that routes to the instances of model. It
+// shares the frontend's one view of the instances (the one /health and
+// /v1/models show), so a model listed there is routable at once.
 func (f *Frontend) modelClient(model string) (*plane.Client, error) {
 	f.mu.Lock()
-	c := f.clients[model]
-	f.mu.Unlock()
-	if c != nil {
+	defer f.mu.Unlock()
+	if c := f.clients[model]; c != nil {
 		return c, nil
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	c, err := f.rt.Client(ctx, f.opts.Namespace+".backend.generate")
+	c, err := f.client.Filtered(func(meta []byte) bool { return parseMeta(meta).Model == model })
 	if err != nil {
 		return nil, err
 	}
-	c.SetInstanceFilter(func(meta []byte) bool { return parseMeta(meta).Model == model })
-	f.mu.Lock()
-	if existing := f.clients[model]; existing != nil {
-		f.mu.Unlock()
-		c.Close()
-		return existing, nil
-	}
 	f.clients[model] = c
-	f.mu.Unlock()
 	return c, nil
 }
 

@@ -25,6 +25,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -432,6 +433,46 @@ func TestHealthAndModels(t *testing.T) {
 	r = e.post("/v1/completions", completion("gamma", "hi", 2, false), nil)
 	assert.Equal(t, http.StatusNotFound, r.status, "body %s", r.body)
 	assert.Empty(t, gamma.Reqs)
+}
+
+// A model /health and /v1/models list is routable at once: the first
+// requests for it, many at the same moment (a load balancer that waited for
+// health), are served, none refused as an unknown model. The routing view
+// and the listed view are one.
+func TestListedModelIsRoutableAtOnce(t *testing.T) {
+	e := newEnv(t)
+	e.worker("w1", "dynamo", "m", 0, planetest.Tokens)
+	e.worker("w2", "dynamo", "m", 0, planetest.Tokens)
+	e.start()
+	for {
+		h := e.do(http.MethodGet, "/health", "", nil).json(t)
+		if models, _ := h["models"].([]any); len(models) == 1 {
+			break
+		}
+	}
+	const n = 400 // enough that, when each first request started its own discovery query, most were refused
+	statuses := make(chan string, n)
+	var wg sync.WaitGroup
+	for range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			req := e.request(http.MethodPost, "/v1/completions", completion("m", "hi", 2, false), nil)
+			resp, err := e.hc.Do(req)
+			if err != nil {
+				statuses <- err.Error()
+				return
+			}
+			b, _ := io.ReadAll(resp.Body)
+			_ = resp.Body.Close()
+			statuses <- fmt.Sprintf("%d %.200s", resp.StatusCode, b)
+		}()
+	}
+	wg.Wait()
+	close(statuses)
+	for st := range statuses {
+		assert.True(t, strings.HasPrefix(st, "200 "), "a first request got %s", st)
+	}
 }
 
 func TestRoutesOnlyToRequestedModel(t *testing.T) {

@@ -38,8 +38,10 @@ type Client struct {
 	migrationLimit atomic.Int64
 	filter         atomic.Pointer[func([]byte) bool]
 
+	parent   *Client // set on a client made by Filtered: it shares parent's watcher
 	mu       sync.Mutex
 	closed   bool
+	children map[*Client]struct{} // clients made by Filtered, closed with this one
 	waiting  []func()
 	suspects map[uint64]time.Time // instance -> until when it is avoided (see suspect)
 	stop     chan struct{}
@@ -72,6 +74,43 @@ func (r *Runtime) Client(ctx context.Context, path string) (*Client, error) {
 	c.wg.Add(1)
 	go c.watchChanges()
 	return c, nil
+}
+
+// Filtered returns a client of the same endpoint that routes only to the
+// instances whose metadata f accepts (for example those serving one model),
+// with its own round robin, suspects and migration limit. It shares c's view
+// of the instances instead of starting its own watch: whatever c lists that
+// f accepts, the new client lists too, from the moment it exists (a watch of
+// its own would start from a fresh query and miss, for a while, instances c
+// already knows). It is closed when c closes, or by its own Close, which
+// leaves c alone. f must not be nil; SetInstanceFilter on the new client
+// replaces f.
+func (c *Client) Filtered(f func(meta []byte) bool) (*Client, error) {
+	if f == nil {
+		return nil, errors.New("plane: Filtered needs a filter")
+	}
+	if c.parent != nil {
+		return nil, errors.New("plane: Filtered on a filtered client")
+	}
+	d := &Client{rt: c.rt, path: c.path, watcher: c.watcher, parent: c, stop: make(chan struct{}), suspects: map[uint64]time.Time{}}
+	d.filter.Store(&f)
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil, ErrClosed
+	}
+	if c.children == nil {
+		c.children = map[*Client]struct{}{}
+	}
+	c.children[d] = struct{}{}
+	c.mu.Unlock()
+	if err := c.rt.track(func() { c.rt.clients[d] = struct{}{} }); err != nil {
+		d.Close()
+		return nil, err
+	}
+	d.wg.Add(1)
+	go d.watchChanges()
+	return d, nil
 }
 
 // watchChanges runs the functions armed with ArmInstances when instances
@@ -162,7 +201,8 @@ func (c *Client) ArmInstances(f func()) {
 	}
 }
 
-// Close stops watching; streams already open continue.
+// Close stops watching (and closes the clients made from this one by
+// Filtered); streams already open continue.
 func (c *Client) Close() {
 	c.mu.Lock()
 	if c.closed {
@@ -172,10 +212,21 @@ func (c *Client) Close() {
 	c.closed = true
 	fs := c.waiting
 	c.waiting = nil
+	children := c.children
+	c.children = nil
 	c.mu.Unlock()
+	for d := range children {
+		d.Close()
+	}
 	close(c.stop)
 	c.wg.Wait()
-	c.watcher.Close()
+	if c.parent == nil {
+		c.watcher.Close()
+	} else {
+		c.parent.mu.Lock()
+		delete(c.parent.children, c)
+		c.parent.mu.Unlock()
+	}
 	c.rt.mu.Lock()
 	delete(c.rt.clients, c)
 	c.rt.mu.Unlock()

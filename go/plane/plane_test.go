@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
@@ -994,4 +995,57 @@ func TestEndpointNext(t *testing.T) {
 	ep.Close()
 	_, err = ep.Next(context.Background())
 	assert.ErrorIs(t, err, plane.ErrClosed)
+}
+
+// A client made by Filtered lists, from the moment it exists, the instances
+// its parent knows that the filter accepts: it asks discovery nothing (no
+// query whose replies could come late), routes only to them, and closes with
+// its parent; closing it leaves the parent working.
+func TestFilteredSharesParentsView(t *testing.T) {
+	const path = "test.filtered.generate"
+	host := planetest.Embedded(t)
+	a := planetest.Serve(t, planetest.Join(t, host), path, countHandler, planetest.WithMetadata([]byte(`{"model":"a"}`)))
+	b := planetest.Serve(t, planetest.Join(t, host), path, countHandler, planetest.WithMetadata([]byte(`{"model":"b"}`)))
+	parent := planetest.Client(t, host, path)
+	planetest.WaitWorkers(t, parent, a, b)
+
+	var queries atomic.Int64
+	sub, err := host.Bus().Conn().Subscribe("dc.query.>", func(*nats.Msg) { queries.Add(1) })
+	require.NoError(t, err)
+	defer func() { _ = sub.Unsubscribe() }()
+	require.NoError(t, host.Bus().Conn().Flush())
+
+	isB := func(meta []byte) bool { return string(meta) == `{"model":"b"}` }
+	onlyB, err := parent.Filtered(isB)
+	require.NoError(t, err)
+	assert.Equal(t, []uint64{b.EP.InstanceID()}, onlyB.InstanceIDs(), "the parent's instances, filtered, at once")
+	for range 4 {
+		s := planetest.Generate(t, onlyB, `{"n":1}`, nil)
+		require.NoError(t, planetest.WaitStarted(s))
+		assert.Equal(t, b.EP.InstanceID(), s.Instance())
+		s.Kill()
+	}
+	require.NoError(t, host.Bus().Conn().Flush())
+	assert.Zero(t, queries.Load(), "a filtered client must not query discovery")
+
+	// Closing the filtered client leaves its parent routing.
+	onlyB.Close()
+	onlyB.Close() // idempotent
+	assert.Len(t, parent.InstanceIDs(), 2)
+	s := planetest.Generate(t, parent, `{"n":1}`, nil)
+	require.NoError(t, planetest.WaitStarted(s))
+	s.Kill()
+
+	// Closing the parent closes what was made from it (goleak checks its
+	// goroutine is gone); a filtered client cannot be made from a closed one.
+	again, err := parent.Filtered(isB)
+	require.NoError(t, err)
+	armed, fired := planetest.Armed()
+	parent.Close()
+	again.ArmInstances(armed) // runs at once on a closed client
+	<-fired
+	_, err = parent.Filtered(isB)
+	assert.ErrorIs(t, err, plane.ErrClosed)
+	_, err = parent.Filtered(nil)
+	assert.Error(t, err)
 }

@@ -26,8 +26,11 @@ const (
 // reach the port can open them, so each costs O(1) memory (the Hello is
 // read into a fixed array, before any buffer is allocated), is refused as
 // soon as its Hello is longer than a token, is dropped after the connect
-// timeout, and there are at most MaxPendingConns of them (more are closed
-// at once).
+// timeout, and there are at most MaxPendingConns of them. At the bound the
+// Server stops accepting until one presents its Hello or is dropped: later
+// connections wait in the kernel's listen queue instead of being refused,
+// so a burst of real workers (a thousand streams starting at once, faster
+// than their Hellos are read) loses none of them.
 const (
 	// MaxTokenLen is the longest Hello payload accepted; NewToken makes 32.
 	MaxTokenLen = 64
@@ -47,6 +50,7 @@ type Server struct {
 	pending map[string]*Incoming  // expected, not yet connected
 	conns   map[net.Conn]struct{} // accepted, not yet released
 	unhello int                   // accepted connections still without a Hello
+	room    sync.Cond             // on mu: unhello fell below MaxPendingConns, or closed
 	wg      sync.WaitGroup        // accept loop + one goroutine per connection
 }
 
@@ -63,6 +67,7 @@ func Listen(addr string, opts ...Option) (*Server, error) {
 		pending: make(map[string]*Incoming),
 		conns:   make(map[net.Conn]struct{}),
 	}
+	s.room.L = &s.mu
 	s.wg.Add(1)
 	go s.acceptLoop()
 	return s, nil
@@ -84,6 +89,7 @@ func (s *Server) Close() error {
 	s.closed = true
 	pending, conns := s.pending, s.conns
 	s.pending, s.conns = nil, nil
+	s.room.Broadcast()
 	s.mu.Unlock()
 
 	err := s.ln.Close()
@@ -108,6 +114,17 @@ func (s *Server) acceptLoop() {
 	defer s.wg.Done()
 	var backoff time.Duration
 	for {
+		// Only this loop adds to unhello: after the wait there is room for
+		// the connection Accept returns.
+		s.mu.Lock()
+		for s.unhello >= MaxPendingConns && !s.closed {
+			s.room.Wait()
+		}
+		closed := s.closed
+		s.mu.Unlock()
+		if closed {
+			return
+		}
 		c, err := s.ln.Accept()
 		if err != nil {
 			if s.isClosed() || errors.Is(err, net.ErrClosed) {
@@ -125,11 +142,6 @@ func (s *Server) acceptLoop() {
 			s.mu.Unlock()
 			_ = c.Close()
 			return
-		}
-		if s.unhello >= MaxPendingConns {
-			s.mu.Unlock()
-			_ = c.Close() // a flood of silent connections: refuse, never queue
-			continue
 		}
 		s.unhello++
 		s.conns[c] = struct{}{}
@@ -152,6 +164,7 @@ func (s *Server) serveConn(c net.Conn) {
 	token, ok := readHello(c)
 	s.mu.Lock()
 	s.unhello--
+	s.room.Signal()
 	var in *Incoming
 	if ok {
 		if in = s.pending[token]; in != nil {

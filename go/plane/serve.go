@@ -282,6 +282,7 @@ func (r *Request) run(addr, token string) {
 	defer cancel()
 	out, err := transport.Dial(ctx, addr, token, r.ep.rt.opts.streamOpts()...)
 	if err != nil {
+		slog.Warn("could not connect the response stream to the caller", "request_id", r.ID, "caller", addr, "error", err)
 		r.Ctx.Cancel(ctxtree.Killed, ctxtree.ReasonConnectionLost)
 		return
 	}

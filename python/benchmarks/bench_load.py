@@ -74,6 +74,55 @@ def pct(xs: List[float], p: float) -> float:
     return xs[min(len(xs) - 1, int(p / 100 * len(xs)))]
 
 
+#: Bytes of a stream's end kept: enough for an error event's text.
+TAIL = 400
+
+
+def count_new(tail: bytes, chunk: bytes, pattern: bytes) -> int:
+    """Occurrences of ``pattern`` that end inside ``chunk``, counting those that
+    began in ``tail`` (the bytes before it): none is counted twice, none missed."""
+    return (tail[-(len(pattern) - 1) :] + chunk).count(pattern)
+
+
+class Dechunk:
+    """The body of an HTTP/1.1 response, from the bytes read: headers dropped,
+    chunked transfer coding undone (the frontend streams with it), so that no
+    chunk header sits inside an event."""
+
+    def __init__(self) -> None:
+        self.buf = b""
+        self.headers = True
+        self.chunked = False
+        self.left = 0  # bytes of the current chunk still to come
+
+    def feed(self, data: bytes) -> bytes:
+        self.buf += data
+        out = b""
+        if self.headers:
+            end = self.buf.find(b"\r\n\r\n")
+            if end < 0:
+                return out
+            self.chunked = b"transfer-encoding: chunked" in self.buf[:end].lower()
+            self.buf, self.headers = self.buf[end + 4 :], False
+        if not self.chunked:
+            out, self.buf = self.buf, b""
+            return out
+        while self.buf:
+            if self.left:
+                take = self.buf[: self.left]
+                out += take
+                self.left -= len(take)
+                self.buf = self.buf[len(take) :]
+                continue
+            line_end = self.buf.find(b"\r\n", 2 if self.buf.startswith(b"\r\n") else 0)
+            if line_end < 0:
+                break
+            line = self.buf[:line_end].strip()  # the CRLF ending the previous chunk, then the size
+            self.buf = self.buf[line_end + 2 :]
+            self.left = int(line.split(b";")[0], 16) if line else 0
+        return out
+
+
 class Client:
     """One streaming completion on a raw socket: counts tokens (SSE events) until
     the end or until it is closed, and records when it closed."""
@@ -86,6 +135,8 @@ class Client:
         self.first = asyncio.get_running_loop().create_future()
         self.closed_at: Optional[float] = None
         self.done = False
+        self.end = ""  # why the stream ended without [DONE]
+        self.last = b""  # its last bytes
         self.writer: Optional[asyncio.StreamWriter] = None
 
     async def run(self, host: str, port: int, model: str) -> None:
@@ -96,23 +147,29 @@ class Client:
             b"POST /v1/completions HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n"
             + f"x-request-id: {self.rid}\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body
         )
+        body = Dechunk()
+        tail = b""  # the body's last bytes: an event may be split across reads
         try:
             while True:
-                chunk = await reader.read(65536)
-                if not chunk:
+                raw = await reader.read(65536)
+                if not raw:
+                    self.end = "closed by the server"
                     break
-                n = chunk.count(b"data: {")
+                chunk = body.feed(raw)
+                before, tail = tail, (tail + chunk)[-TAIL:]
+                n = count_new(before, chunk, b"data: {")
                 if n and not self.first.done():
                     self.first.set_result(None)
                 self.tokens += n
                 if n:
                     self.stamps.extend([time.monotonic()] * n)
-                if b"data: [DONE]" in chunk:
+                if count_new(before, chunk, b"data: [DONE]"):
                     self.done = True
                     break
-        except (ConnectionError, OSError):
-            pass
+        except (ConnectionError, OSError) as e:
+            self.end = f"{type(e).__name__}: {e}"
         finally:
+            self.last = tail
             if not self.first.done():
                 self.first.set_result(None)
             if self.closed_at is None:
@@ -181,6 +238,7 @@ async def load(stack: Stack, n: int, cancel: int, max_tokens: int, disagg: bool,
     aborts = aborted_at(logs, "Prefill " if disagg else "")
     lat = [(aborts[v.rid] - v.closed_at) * 1000 for v in victims if v.rid in aborts and v.closed_at]
     done = sum(c.done for c in streams if c not in victims)
+    lost = [c for c in streams if c not in victims and not c.done]
     tok_s = (tok1 - tok0) / (t1 - t0)
     cores = (cpu1 - cpu0) / (t1 - t0)
     figures = {
@@ -197,6 +255,7 @@ async def load(stack: Stack, n: int, cancel: int, max_tokens: int, disagg: bool,
         # For the hop breakdown (--trace): each victim's close and its worker's abort.
         "closes": {v.rid: v.closed_at for v in victims if v.closed_at},
         "aborts": aborts,
+        "lost": lost,
     }
     return lat, figures
 
@@ -258,13 +317,23 @@ def run(name: str, workers: List[dict], args, disagg: bool) -> bool:
         lat, f = asyncio.run(load(stack, args.streams, args.cancel, args.max_tokens, disagg, args.seed))
     finally:
         stack.close()
+    if f["lost"]:
+        # A stream that did not complete is a lost request: show what it got
+        # and what the stack logged about it.
+        print(f"{name}: {len(f['lost'])} streams did not complete:")
+        for c in f["lost"][:5]:
+            print(f"  {c.rid}: {c.tokens} tokens, {c.end or 'no end'}; its last bytes: {c.last[-200:]!r}")
+            for p in [stack.frontend, *stack.workers]:
+                for line in p.lines:
+                    if c.rid in line:
+                        print(f"    {p.name}: {line.rstrip()[:300]}")
         if trace:
             del os.environ[env_name]
-    ok = bool(lat) and pct(lat, 99) <= 5.0
+    ok = bool(lat) and pct(lat, 99) <= 5.0 and not f["lost"]
     print(f"{name}: {args.streams} streams, {f['victims']} disconnected")
     if not f["tokens_per_s"]:
-        # Seen in the second and later of several runs back to back (cause
-        # not found yet: not ports in TIME_WAIT, ~1,400-4,400 of them).
+        # Seen in runs back to back, before the frontend's per-model clients
+        # shared its view of the instances (every first request got 404).
         print("  WARNING: no token reached the clients: this run measured nothing")
     if lat:
         print(

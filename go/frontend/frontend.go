@@ -254,11 +254,32 @@ type instanceMeta struct {
 	MaxModelLen    int    `json:"max_model_len"`
 }
 
+// parseMeta reads an instance's metadata. Every request reads every
+// instance's (routing, limits), so the parsed form is kept, by the bytes, for
+// as many distinct metadata as maxParsedMetas; past that the memo starts over.
 func parseMeta(b []byte) instanceMeta {
-	var m instanceMeta
+	parsedMetas.RLock()
+	m, ok := parsedMetas.m[string(b)]
+	parsedMetas.RUnlock()
+	if ok {
+		return m
+	}
 	_ = json.Unmarshal(b, &m)
+	parsedMetas.Lock()
+	if len(parsedMetas.m) >= maxParsedMetas {
+		clear(parsedMetas.m)
+	}
+	parsedMetas.m[string(b)] = m
+	parsedMetas.Unlock()
 	return m
 }
+
+const maxParsedMetas = 1024
+
+var parsedMetas = struct {
+	sync.RWMutex
+	m map[string]instanceMeta
+}{m: map[string]instanceMeta{}}
 
 // modelClient returns the client that routes to the instances of model. It
 // shares the frontend's one view of the instances (the one /health and

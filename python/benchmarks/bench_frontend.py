@@ -4,7 +4,9 @@ Run with `make bench-py` or `python python/benchmarks/bench_frontend.py`.
 Starts the embedded stack twice (aggregated; disaggregated prefill + decode),
 disconnects raw-socket clients mid-request and prints p50/p99 of the time from
 the client closing its socket to the worker logging the confirmed abort (both
-clocks are this machine's wall clock), next to the SPEC target (p99 <= 5 ms).
+clocks are this machine's wall clock), next to the SPEC section 8 target for
+one request alone (p50 <= 0.5 ms, p99 <= 1 ms; the 5 ms bound is for 1,000
+concurrent streams, measured by bench_load.py).
 """
 
 from __future__ import annotations
@@ -102,10 +104,10 @@ def main() -> None:
         ):
             ms = [x * 1000 for x in run(disagg, env)]
             p50, p99 = pct(ms, 50), pct(ms, 99)
-            verdict = "meets" if p99 <= 5 else "misses"
+            verdict = "meets" if p50 <= 0.5 and p99 <= 1 else "misses"
             print(
                 f"client disconnect -> engine abort confirmed, {name}: p50 {p50:.2f} ms, p99 {p99:.2f} ms, "
-                f"max {max(ms):.2f} ms (n={len(ms)}); target p99 <= 5 ms: {verdict}"
+                f"max {max(ms):.2f} ms (n={len(ms)}); target alone p50 <= 0.5 ms, p99 <= 1 ms: {verdict}"
             )
     finally:
         rt.shutdown()

@@ -281,6 +281,31 @@ func TestNotify(t *testing.T) {
 	assert.False(t, stop())
 }
 
+func TestHooksRunBeforeChannelsClose(t *testing.T) {
+	parent := New("x")
+	child := parent.Child()
+	for _, c := range []*Context{parent, child} {
+		stopped, killed := c.Stopped(), c.Killed()
+		var open int
+		c.Notify(Killed, func() {
+			if !closedNow(stopped) {
+				open++
+			}
+			if !closedNow(killed) {
+				open++
+			}
+			assert.True(t, c.IsKilled(), "the word moves first")
+			assert.True(t, closedNow(c.Killed()), "a channel asked for from now on is closed")
+		})
+		defer func() { assert.Equal(t, 2, open, "both channels were still open in the hook") }()
+	}
+	parent.Kill()
+	for _, c := range []*Context{parent, child} {
+		assert.True(t, closedNow(c.Stopped()))
+		assert.True(t, closedNow(c.Killed()), "closed when Cancel returns")
+	}
+}
+
 func TestNotifyCanReenter(t *testing.T) {
 	c := New("x")
 	var seen Reason
@@ -592,4 +617,14 @@ func TestCountKills(t *testing.T) {
 	CountKills(nil)
 	New("x").Kill()
 	assert.Equal(t, base+100, n.Load(), "not counted once CountKills(nil)")
+}
+
+// closedNow reports whether ch is closed, without waiting.
+func closedNow(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
 }

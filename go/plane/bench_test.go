@@ -84,9 +84,21 @@ func BenchmarkStreamItems(b *testing.B) {
 // this process). One op is a whole request (send, accept, kill, end); the
 // latency metrics cover the kill only.
 func BenchmarkKillLatency(b *testing.B) {
-	const path = "bench.kill.generate"
 	reqs := make(chan *plane.Request, 1)
-	_, _, c := planetest.ServeAndConnect(b, path, planetest.Hold(reqs))
+	_, _, c := planetest.ServeAndConnect(b, "bench.kill.generate", planetest.Hold(reqs))
+	benchKill(b, c, reqs)
+}
+
+// BenchmarkKillLatencyLocal is BenchmarkKillLatency with the worker serving
+// on the caller's runtime: the kill reaches it through the context tree
+// (Request.followLocalCaller), the stream's Kill frame follows.
+func BenchmarkKillLatencyLocal(b *testing.B) {
+	reqs := make(chan *plane.Request, 1)
+	_, _, c := planetest.ServeOnHost(b, "bench.killlocal.generate", planetest.Hold(reqs))
+	benchKill(b, c, reqs)
+}
+
+func benchKill(b *testing.B, c *plane.Client, reqs chan *plane.Request) {
 
 	lat := make([]time.Duration, 0, b.N)
 	b.ResetTimer()

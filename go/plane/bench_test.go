@@ -132,3 +132,41 @@ func benchKill(b *testing.B, c *plane.Client, reqs chan *plane.Request) {
 	b.ReportMetric(pct(0.50), "p50-µs")
 	b.ReportMetric(pct(0.99), "p99-µs")
 }
+
+// BenchmarkBurstAck sends 1,000 requests of 10 kB (a prompt of 2,000
+// tokens) at once to one worker runtime and reports how long the last one
+// waited for its acknowledgement (last-ack-ms; the default acknowledgement
+// timeout is 1 s). One op is the whole burst.
+func BenchmarkBurstAck(b *testing.B) {
+	const n = 1000
+	reqs := make(chan *plane.Request, n)
+	_, _, c := planetest.ServeAndConnect(b, "bench.burst.generate", planetest.Hold(reqs))
+	payload := []byte(`{"token_ids":[` + strings.Repeat("1234,", 2000) + `1]}`)
+	var worst time.Duration
+	for range b.N {
+		start := time.Now()
+		streams := make([]*plane.Stream, n)
+		errs := make(chan error, n)
+		for i := range streams {
+			go func() {
+				s, err := c.Generate(payload, nil, plane.RoundRobin, 0)
+				if err == nil {
+					streams[i] = s
+					err = planetest.WaitStarted(s)
+				}
+				errs <- err
+			}()
+		}
+		for range n {
+			if err := <-errs; err != nil {
+				b.Fatal(err)
+			}
+		}
+		worst = max(worst, time.Since(start))
+		for _, s := range streams {
+			s.Kill()
+			<-reqs
+		}
+	}
+	b.ReportMetric(float64(worst.Microseconds())/1e3, "last-ack-ms")
+}

@@ -424,7 +424,7 @@ func (c *Client) generateOnce(payload []byte, parent *ctxtree.Context, route Rou
 	c.rt.trackStream(s)
 	c.rt.setLocal(token, reqCtx) // until acknowledged: see Request.followLocalCaller
 	st, _ := reqCtx.State()
-	env := mustJSON(envelope{ID: reqCtx.ID(), Key: key, Addr: c.rt.streamAddr(), Token: token, State: st, Request: payload, Metadata: o.metadata})
+	env := (&envelope{ID: reqCtx.ID(), Key: key, Addr: c.rt.streamAddr(), Token: token, State: st, Request: payload, Metadata: o.metadata}).encode()
 	if len(env) > int(c.rt.nc().MaxPayload()) {
 		// A continuation grew past the limit: refused here, never sent.
 		c.rt.setLocal(token, nil)

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"log/slog"
+	"runtime"
 	"sync"
 	"time"
 
@@ -31,6 +32,7 @@ type Endpoint struct {
 	active   map[*Request]struct{}
 	ready    arm
 	closedCh chan struct{}
+	readers  chan struct{} // one token per goroutine reading an envelope (see onMsg)
 }
 
 // Serve registers a new instance of path and starts receiving its requests.
@@ -45,6 +47,7 @@ func (r *Runtime) Serve(path string, meta []byte) (*Endpoint, error) {
 	e := &Endpoint{
 		rt: r, path: path, instanceID: discovery.NewInstanceID(),
 		active: map[*Request]struct{}{}, closedCh: make(chan struct{}),
+		readers: make(chan struct{}, envelopeReaders),
 	}
 	sub, err := r.nc().Subscribe(discovery.RequestSubject(path, e.instanceID), e.onMsg)
 	if err != nil {
@@ -80,12 +83,30 @@ func (e *Endpoint) Path() string { return e.path }
 // Done is closed when the endpoint is closed.
 func (e *Endpoint) Done() <-chan struct{} { return e.closedCh }
 
+// onMsg receives the endpoint's requests, one at a time (NATS delivers a
+// subscription's messages in order on one goroutine). Reading an envelope
+// means checking its JSON, 0.1 ms for 10 kB, so a burst of a few thousand
+// long prompts would keep the last callers waiting for their acknowledgement
+// past its timeout: envelopes are read on up to envelopeReaders goroutines,
+// and a burst beyond that waits in the subscription's buffer.
 func (e *Endpoint) onMsg(m *nats.Msg) {
 	if m.Reply == "" {
 		return // not sent by a plane (every request waits for its acknowledgement)
 	}
-	var env envelope
-	if err := json.Unmarshal(m.Data, &env); err != nil || env.check() != nil {
+	e.readers <- struct{}{}
+	go func() {
+		defer func() { <-e.readers }()
+		e.receive(m)
+	}()
+}
+
+// envelopeReaders bounds the goroutines reading envelopes (see onMsg).
+var envelopeReaders = max(2, runtime.GOMAXPROCS(0))
+
+// receive reads one request envelope, acknowledges it and starts serving it.
+func (e *Endpoint) receive(m *nats.Msg) {
+	env, err := readEnvelope(m.Data)
+	if err != nil || env.check() != nil {
 		_ = m.Respond(mustJSON(ack{Error: "malformed request envelope"}))
 		return
 	}

@@ -240,14 +240,16 @@ class BaseWorkerHandler:
         engine_id = f"{request_id}-{secrets.token_hex(16)}"
         logger.info("New %sRequest ID: %s", self.label, request_id)
         logger.debug("%sRequest ID %s runs in the engine as %s", self.label, request_id, engine_id)
-        stop_monitor = on_stopped(context, lambda: self._monitor(engine_id, request_id))
         params = sampling_params_for(self.engine, max_tokens, options)
         # Outputs carry the new tokens only (DELTA), or every token so far.
         cumulative = getattr(getattr(params, "output_kind", None), "name", "CUMULATIVE") != "DELTA"
         kwargs = {"kv_transfer_params": kv_transfer_params} if kv_transfer_params else {}
         seen = 0
-        outputs = self.engine.generate(prompt, params, engine_id, **kwargs)
+        finished = False  # the engine gave its last output: nothing left to abort
+        outputs: Any = None
+        stop_monitor = on_stopped(context, lambda: self._monitor(engine_id, request_id))
         try:
+            outputs = self.engine.generate(prompt, params, engine_id, **kwargs)
             async for out in outputs:
                 if context.is_stopped():
                     break  # the monitor aborts the engine
@@ -260,21 +262,29 @@ class BaseWorkerHandler:
                 item: Dict[str, Any] = {"token_ids": delta}
                 if o.finish_reason is not None:
                     item["finish_reason"] = o.finish_reason
-                yield item
                 if out.finished:
+                    # Done in the engine: a stop from now on aborts nothing.
+                    finished = True
+                    stop_monitor()
+                yield item
+                if finished:
                     break
         finally:
             stop_monitor()
-            if context.is_stopped():
-                # Whichever ran first (the monitor, or the dispatcher cancelling
-                # this handler on kill), the engine is aborted exactly once.
-                await self._abort(engine_id, request_id)
-            # Close the engine's stream now: breaking out of async-for leaves
-            # an async generator suspended (holding the request) until GC.
-            aclose = getattr(outputs, "aclose", None)
-            if aclose is not None:
-                await asyncio.shield(aclose())
-            self._aborting.pop(engine_id, None)
+            try:
+                if engine_id in self._aborting or (context.is_stopped() and not finished):
+                    # Whichever ran first (the monitor, or the dispatcher cancelling
+                    # this handler on kill), the engine is aborted exactly once.
+                    await self._abort(engine_id, request_id)
+            finally:
+                try:
+                    # Close the engine's stream now: breaking out of async-for leaves
+                    # an async generator suspended (holding the request) until GC.
+                    aclose = getattr(outputs, "aclose", None)
+                    if aclose is not None:
+                        await asyncio.shield(aclose())
+                finally:
+                    self._aborting.pop(engine_id, None)
 
 
 class AggregatedHandler(BaseWorkerHandler):

@@ -608,7 +608,7 @@ async def _serve_one(lib: Any, req: int, handler: Callable[..., Any], pass_conte
             raise  # cancelled from outside: the endpoint's or the loop's own teardown
         else:  # the handler raised it itself
             _log_handler_error(ctx, e)
-            _send_some(lib, req, batch)
+            await _send_all(lib, req, ctx, batch)  # what it yielded before, as for any other error
             lib.request_fail(req, f"{type(e).__name__}: {e}")
     except Exception as e:  # noqa: BLE001 - every handler error goes to the caller
         _log_handler_error(ctx, e)

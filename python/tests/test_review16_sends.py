@@ -1,0 +1,100 @@
+"""Review 16: _Sends / the relay under a handler's own errors."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from dynamo_ctx import Context
+from dynamo_ctx import runtime as rt_mod
+from dynamo_ctx._aio import handler_task
+from dynamo_ctx._lib import native
+from helpers import run
+
+
+class FakeLib:
+    """The request half of the library, with a send buffer of ``room`` items
+    that the caller drains when told to."""
+
+    def __init__(self, room):
+        self.room = room
+        self.sent = []
+        self.end = None
+        self.ctx = Context("fake")
+        self.encode_json = native().encode_json
+
+    def request_context(self, req, cls):
+        return self.ctx
+
+    def request_payload(self, req):
+        return b"{}"
+
+    def request_metadata(self, req):
+        return None
+
+    def _take(self, batch):
+        if self.end is not None:  # finished: dropped silently, all taken
+            return len(batch)
+        n = min(len(batch), self.room)
+        self.room -= n
+        self.sent += batch[:n]
+        return n
+
+    def request_send_multi(self, reqs, batches):
+        return [self._take(b) for b in batches]
+
+    def request_send_many(self, req, batch):
+        return self._take(batch)
+
+    def request_complete(self, req):
+        self.end = ("complete",)
+
+    def request_fail(self, req, msg):
+        self.end = ("fail", msg)
+
+    def request_free(self, req):
+        pass
+
+
+@pytest.mark.parametrize("exc", [RuntimeError, asyncio.CancelledError])
+def test_items_yielded_before_a_handler_error_all_go_out(monkeypatch, exc):
+    """Whatever the handler raises, what it yielded before goes out before
+    the error: the RuntimeError path waits for room (_send_all); the path of
+    a CancelledError the handler raised itself only sends what fits now and
+    drops the rest (and cancels the drain that would have sent it)."""
+    armed = []
+
+    async def arm(req):
+        fut = asyncio.get_running_loop().create_future()
+        armed.append(fut)
+        await fut
+
+    monkeypatch.setattr(rt_mod, "arm", arm)
+    lib = FakeLib(room=4)
+
+    async def handler(request):
+        for i in range(10):
+            yield i
+        await asyncio.sleep(0)  # end of the turn: 4 taken, 6 left to drain
+        if exc is asyncio.CancelledError:
+            fut = asyncio.get_running_loop().create_future()
+            fut.cancel()
+            await fut  # an inner future was cancelled: the handler's own CancelledError
+        raise exc("boom")
+
+    async def main():
+        task = handler_task(rt_mod._serve_one(lib, 1, handler, False))
+        for _ in range(20):
+            await asyncio.sleep(0)
+            if armed:  # the caller reads: room for everything
+                lib.room = 100
+                for f in armed:
+                    if not f.done():
+                        f.set_result(None)
+                armed.clear()
+        await asyncio.wait_for(task, 2)
+
+    run(main())
+    assert lib.end and lib.end[0] == "fail"
+    assert [int(x) for x in lib.sent] == list(range(10)), f"sent {lib.sent} before {lib.end}"

@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import threading
+import weakref
 from typing import Any, AsyncIterator, Awaitable, Callable, Deque, Dict, List, Optional, Set, Tuple, TypeVar
 
 from ._aio import arm, cancel_on_kill, cancel_requested, handler_task
@@ -466,18 +467,20 @@ class _Sends:
     something else.
     """
 
-    __slots__ = ("lib", "loop", "pending", "draining")
+    __slots__ = ("lib", "loop_ref", "pending", "draining")
 
     def __init__(self, lib: Any, loop: asyncio.AbstractEventLoop) -> None:
         self.lib = lib
-        self.loop = loop
+        # Weak: the thread-local that holds this must not keep a finished
+        # loop (and its event queue's fd) alive until the thread's next loop.
+        self.loop_ref = weakref.ref(loop)
         self.pending: Dict[int, List[bytes]] = {}
         self.draining: Dict[int, "asyncio.Task[None]"] = {}  # requests whose buffer was full
 
     def defer(self, req: int, batch: List[bytes]) -> None:
         """Send ``batch`` of request ``req`` at the end of this turn of the loop."""
         if not self.pending:
-            self.loop.call_soon(self.flush)
+            asyncio.get_running_loop().call_soon(self.flush)
         self.pending[req] = batch
 
     def drop(self, req: int) -> None:
@@ -502,7 +505,7 @@ class _Sends:
             if n > 0:
                 del batch[:n]
             if n >= 0 and batch and req not in self.draining:
-                self.draining[req] = self.loop.create_task(self._drain(req, batch))
+                self.draining[req] = asyncio.get_running_loop().create_task(self._drain(req, batch))
 
     async def _drain(self, req: int, batch: List[bytes]) -> None:
         """Send what a full buffer refused as room frees up (after a kill the
@@ -527,7 +530,7 @@ def _sends_of_loop(lib: Any) -> _Sends:
     """The running loop's ``_Sends``."""
     loop = asyncio.get_running_loop()
     s: Optional[_Sends] = getattr(_local, "sends", None)
-    if s is None or s.loop is not loop:
+    if s is None or s.loop_ref() is not loop:
         s = _local.sends = _Sends(lib, loop)
     return s
 

@@ -98,3 +98,23 @@ def test_items_yielded_before_a_handler_error_all_go_out(monkeypatch, exc):
     run(main())
     assert lib.end and lib.end[0] == "fail"
     assert [int(x) for x in lib.sent] == list(range(10)), f"sent {lib.sent} before {lib.end}"
+
+
+def test_a_finished_loop_is_not_kept_alive_by_the_sends_of_its_thread():
+    """_local.sends held its loop strongly: a finished loop, its event queue
+    and fd lived on until the thread ran another loop."""
+    import gc
+    import weakref
+
+    from dynamo_ctx import _aio
+
+    refs = []
+
+    async def main():
+        refs.append(weakref.ref(asyncio.get_running_loop()))
+        rt_mod._sends_of_loop(native())
+        _aio._waker()
+
+    asyncio.run(main())
+    gc.collect()
+    assert refs[0]() is None

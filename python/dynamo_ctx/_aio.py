@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import sys
 import threading
 import types
 import weakref
@@ -161,6 +162,9 @@ def on_stopped(ctx: Any, callback: Callable[[], object]) -> Callable[[], None]:
     return _waker().on_state(ctx, STOPPED, callback)
 
 
+_EAGER_START = sys.version_info >= (3, 12)
+
+
 @types.coroutine
 def _resume(coro: Any, first: Any) -> Any:
     """The rest of ``coro``, which has already run up to its first suspension
@@ -188,8 +192,15 @@ def _resume(coro: Any, first: Any) -> Any:
 def eager_task(coro: "Coroutine[Any, Any, Any]") -> "asyncio.Future[Any]":
     """Run ``coro`` now, up to its first suspension, then as a task: a future
     of its result, done already when it never suspended (Python 3.12's eager
-    tasks, on every version)."""
+    tasks, on every version).
+
+    On 3.12+ it is one: the task is current while ``coro`` runs, so what
+    needs a task there (``asyncio.timeout``, ``wait_for``) works even when
+    this is called from a plain loop callback. Before 3.12 the first step
+    runs in the caller's task (or none)."""
     loop = asyncio.get_running_loop()
+    if _EAGER_START:
+        return asyncio.Task(coro, loop=loop, eager_start=True)  # type: ignore[call-arg]
     try:
         first = coro.send(None)
     except StopIteration as stop:

@@ -4,6 +4,7 @@ directly, without a request plane."""
 from __future__ import annotations
 
 import asyncio
+import sys
 
 import pytest
 
@@ -128,3 +129,30 @@ def test_stop_before_the_monitor_is_registered_aborts_once():
 
     items, rec, conf, leaked, aborting = run(main())
     assert items == [] and rec == 1 and conf == 1 and leaked == 0 and not aborting
+
+
+@pytest.mark.skipif(sys.version_info < (3, 12), reason="before 3.12 eager_task runs the first step in the caller's task (or none)")
+def test_an_engine_abort_that_needs_a_task_works_from_the_monitor():
+    """The monitor runs in the loop's reader callback and eager_task runs the
+    abort there up to its first suspension, with no current task: an
+    engine.abort using asyncio.wait_for / asyncio.timeout (which need one)
+    fails there, unlike under Python 3.12's eager tasks."""
+
+    class Engine(MockAsyncLLM):
+        async def abort(self, request_id):
+            async with asyncio.timeout(5):  # asyncio.wait_for too, on 3.12+
+                return await super().abort(request_id)
+
+    async def main():
+        engine = Engine(MockEngineArgs(decode_time_per_token=0.001, prefill_time_per_token=0.0))
+        h = AggregatedHandler(engine, "m")
+        ctx = Context("needs-a-task")
+        n = 0
+        async for item in h._engine_stream(ctx, ctx.id(), {"prompt_token_ids": [1]}, 10_000):
+            n += 1
+            if n == 3:
+                asyncio.get_running_loop().call_soon(ctx.stop_generating)  # stopped from elsewhere
+                await asyncio.sleep(0.01)  # the monitor runs
+        return h.metrics.aborts_confirmed_total
+
+    assert run(main()) == 1

@@ -82,7 +82,7 @@ def test_a_failed_abort_still_closes_the_engine_stream_and_forgets_it():
         ctx = Context("abort-fails")
         err = None
         try:
-            async for item in h._engine_stream(ctx, ctx.id(), {"prompt_token_ids": [1]}, 10_000):
+            async for _item in h._engine_stream(ctx, ctx.id(), {"prompt_token_ids": [1]}, 10_000):
                 ctx.stop_generating()
         except RuntimeError as e:
             err = e
@@ -148,7 +148,7 @@ def test_an_engine_abort_that_needs_a_task_works_from_the_monitor():
         h = AggregatedHandler(engine, "m")
         ctx = Context("needs-a-task")
         n = 0
-        async for item in h._engine_stream(ctx, ctx.id(), {"prompt_token_ids": [1]}, 10_000):
+        async for _item in h._engine_stream(ctx, ctx.id(), {"prompt_token_ids": [1]}, 10_000):
             n += 1
             if n == 3:
                 asyncio.get_running_loop().call_soon(ctx.stop_generating)  # stopped from elsewhere

@@ -1,4 +1,4 @@
-"""Review 16: _Sends / the relay under a handler's own errors."""
+"""Items a handler yielded before it failed, and the loop _Sends keeps (batched sends)."""
 
 from __future__ import annotations
 

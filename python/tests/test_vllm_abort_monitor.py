@@ -1,4 +1,4 @@
-"""Review 16: the vLLM handler's abort monitor (on_stopped + eager_task), driven
+"""The vLLM handler's abort monitor (on_stopped + eager_task), driven
 directly, without a request plane."""
 
 from __future__ import annotations

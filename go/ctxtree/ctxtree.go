@@ -33,9 +33,10 @@
 //     parent. A long-lived parent does not grow with the requests it served.
 //   - Notification: Stopped and Killed return channels closed on the transition;
 //     Notify runs a function exactly once when the context reaches a state.
-//     A context's Notify functions run before its channels close, so what
-//     they signal (an event loop's fd, a Kill frame) does not wait for the
-//     wake-up of the goroutines blocked on those channels.
+//     A context's Notify functions run in the order they were registered,
+//     before its channels close, so what they signal (an event loop's fd, a
+//     Kill frame) does not wait for the wake-up of the goroutines blocked on
+//     those channels.
 //
 // A context's state word (state in bits 0-7, reason in bits 8-15) can live in
 // memory supplied by the caller (WithStateWord), for readers outside Go that
@@ -46,6 +47,7 @@ import (
 	"context"
 	"crypto/rand"
 	"errors"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -288,11 +290,16 @@ func (c *Context) transition(target State, reason, cause Reason) ([]*Context, af
 	if c.killCh != nil && target == Killed {
 		f.chans[1] = c.killCh
 	}
+	var keys []uint64
 	for k, h := range c.hooks {
 		if h.target <= target {
-			f.hooks = append(f.hooks, h.f)
-			delete(c.hooks, k)
+			keys = append(keys, k)
 		}
+	}
+	slices.Sort(keys) // in the order they were registered
+	for _, k := range keys {
+		f.hooks = append(f.hooks, c.hooks[k].f)
+		delete(c.hooks, k)
 	}
 	kids := make([]*Context, 0, len(c.children))
 	for wp := range c.children {

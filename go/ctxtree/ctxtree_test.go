@@ -306,6 +306,26 @@ func TestHooksRunBeforeChannelsClose(t *testing.T) {
 	}
 }
 
+func TestNotifyRunsInRegistrationOrder(t *testing.T) {
+	for range 50 { // map order would differ between runs
+		c := New("x")
+		var got []int
+		for i := range 20 {
+			target := Stopped
+			if i%2 == 1 {
+				target = Killed
+			}
+			c.Notify(target, func() { got = append(got, i) })
+		}
+		c.Kill()
+		want := make([]int, 20)
+		for i := range want {
+			want[i] = i
+		}
+		require.Equal(t, want, got)
+	}
+}
+
 func TestNotifyCanReenter(t *testing.T) {
 	c := New("x")
 	var seen Reason

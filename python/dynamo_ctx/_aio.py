@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import select
 import sys
 import threading
 import types
@@ -37,6 +38,8 @@ class _LoopWaker:
         self._armed: Dict[int, "asyncio.Future[bool]"] = {}  # handle -> pending arm
         self._tokens = itertools.count(1)
         loop.add_reader(self._fd, self._on_ready)
+        self._poll = select.poll()  # see deliver_pending
+        self._poll.register(self._fd, select.POLLIN)
         # When the loop is collected its selector is gone; free the queue (and fd) then.
         weakref.finalize(loop, _free_queue, lib, self._queue)
 
@@ -137,6 +140,26 @@ def _flush_local() -> None:
         waker._on_ready()
     except Exception as e:  # noqa: BLE001 - the caller's cancel succeeded; report, do not raise
         loop.call_exception_handler({"message": "dynamo_ctx: delivering a cancellation failed", "exception": e})
+
+
+def deliver_pending() -> None:
+    """Deliver now what the library has queued for the running loop (kills,
+    stops, arms), if anything: for code that runs many callbacks in one
+    turn of the loop, so that a kill arriving in a long turn takes effect
+    (an in-process handler's monitor aborts its engine, futures resolve)
+    within it, not after every callback queued before its fd is polled.
+    One ``poll`` system call; never raises."""
+    loop = asyncio._get_running_loop()
+    if loop is None:
+        return
+    waker = _wakers.get(loop)
+    if waker is None:
+        return
+    try:
+        if waker._poll.poll(0):
+            waker._on_ready()
+    except Exception as e:  # noqa: BLE001 - the fd's callback delivers it at the latest
+        loop.call_exception_handler({"message": "dynamo_ctx: delivering queued events failed", "exception": e})
 
 
 def _waker() -> _LoopWaker:

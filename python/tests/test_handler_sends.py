@@ -118,3 +118,51 @@ def test_a_finished_loop_is_not_kept_alive_by_the_sends_of_its_thread():
     asyncio.run(main())
     gc.collect()
     assert refs[0]() is None
+
+
+def test_deliver_pending_runs_what_a_kill_queued_within_the_turn():
+    """A kill from another thread, while the loop is busy in one callback,
+    reaches an on_stopped callback when that code calls deliver_pending,
+    not only after the loop next polls its fd."""
+    import threading
+
+    from dynamo_ctx import _aio
+
+    async def main():
+        ctx = Context("deliver-pending")
+        seen = []
+        _aio.on_stopped(ctx, lambda: seen.append(ctx.reason()))
+        _aio.deliver_pending()  # nothing queued: nothing runs
+        assert seen == []
+        t = threading.Thread(target=ctx.kill)
+        t.start()
+        t.join()
+        assert seen == []  # queued for the loop, which has not polled since
+        _aio.deliver_pending()
+        assert seen == ["kill"]
+        _aio.deliver_pending()  # delivered once
+        assert seen == ["kill"]
+
+    run(main())
+
+
+def test_sends_deliver_pending_every_so_many_requests_of_a_turn(monkeypatch):
+    """_Sends.defer calls deliver_pending every DELIVER_EVERY requests it
+    defers in one turn of the loop (a decode step's tokens of many streams)."""
+    calls = []
+    monkeypatch.setattr(rt_mod, "deliver_pending", lambda: calls.append(1))
+    every = rt_mod._Sends.DELIVER_EVERY
+
+    async def main():
+        sends = rt_mod._Sends(FakeLib(room=10**6), asyncio.get_running_loop())
+        for req in range(every * 3 - 1):
+            sends.defer(req, [b"1"])
+        assert len(calls) == 2
+        await asyncio.sleep(0)  # the turn ends: flushed, the count starts again
+        for req in range(every - 1):
+            sends.defer(req, [b"1"])
+        assert len(calls) == 2
+        sends.defer(every, [b"1"])
+        assert len(calls) == 3
+
+    run(main())

@@ -288,21 +288,21 @@ func TestHooksRunBeforeChannelsClose(t *testing.T) {
 		stopped, killed := c.Stopped(), c.Killed()
 		var open int
 		c.Notify(Killed, func() {
-			if !closedNow(stopped) {
+			if !isClosed(stopped) {
 				open++
 			}
-			if !closedNow(killed) {
+			if !isClosed(killed) {
 				open++
 			}
 			assert.True(t, c.IsKilled(), "the word moves first")
-			assert.True(t, closedNow(c.Killed()), "a channel asked for from now on is closed")
+			assert.True(t, isClosed(c.Killed()), "a channel asked for from now on is closed")
 		})
 		defer func() { assert.Equal(t, 2, open, "both channels were still open in the hook") }()
 	}
 	parent.Kill()
 	for _, c := range []*Context{parent, child} {
-		assert.True(t, closedNow(c.Stopped()))
-		assert.True(t, closedNow(c.Killed()), "closed when Cancel returns")
+		assert.True(t, isClosed(c.Stopped()))
+		assert.True(t, isClosed(c.Killed()), "closed when Cancel returns")
 	}
 }
 
@@ -637,14 +637,4 @@ func TestCountKills(t *testing.T) {
 	CountKills(nil)
 	New("x").Kill()
 	assert.Equal(t, base+100, n.Load(), "not counted once CountKills(nil)")
-}
-
-// closedNow reports whether ch is closed, without waiting.
-func closedNow(ch <-chan struct{}) bool {
-	select {
-	case <-ch:
-		return true
-	default:
-		return false
-	}
 }

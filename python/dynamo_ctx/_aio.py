@@ -130,16 +130,7 @@ def _flush_local() -> None:
     cancellation woke there (the futures and callbacks of an in-process
     handler or waiter) is delivered now instead of after the loop's next poll
     of the fd: one wake-up less for an in-process kill. Never raises."""
-    loop = asyncio._get_running_loop()
-    if loop is None:
-        return
-    waker = _wakers.get(loop)
-    if waker is None:
-        return
-    try:
-        waker._on_ready()
-    except Exception as e:  # noqa: BLE001 - the caller's cancel succeeded; report, do not raise
-        loop.call_exception_handler({"message": "dynamo_ctx: delivering a cancellation failed", "exception": e})
+    _deliver(check_fd=False)
 
 
 def deliver_pending() -> None:
@@ -149,6 +140,13 @@ def deliver_pending() -> None:
     (an in-process handler's monitor aborts its engine, futures resolve)
     within it, not after every callback queued before its fd is polled.
     One ``poll`` system call; never raises."""
+    _deliver(check_fd=True)
+
+
+def _deliver(check_fd: bool) -> None:
+    """Drain the running loop's event queue now (only if its fd is readable
+    when ``check_fd``); an error goes to the loop's exception handler (the
+    fd's callback would deliver what is left)."""
     loop = asyncio._get_running_loop()
     if loop is None:
         return
@@ -156,9 +154,9 @@ def deliver_pending() -> None:
     if waker is None:
         return
     try:
-        if waker._poll.poll(0):
+        if not check_fd or waker._poll.poll(0):
             waker._on_ready()
-    except Exception as e:  # noqa: BLE001 - the fd's callback delivers it at the latest
+    except Exception as e:  # noqa: BLE001 - whatever called this must not fail for it
         loop.call_exception_handler({"message": "dynamo_ctx: delivering queued events failed", "exception": e})
 
 

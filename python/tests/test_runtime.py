@@ -592,58 +592,6 @@ def test_stream_take_json_is_stream_take_as_one_array(nats_url):
     run(main())
 
 
-def test_items_refused_by_a_full_buffer_go_out_while_the_handler_waits(monkeypatch):
-    """What a full buffer refused at the end of a turn goes out as soon as
-    the request can take more, not with the handler's next item (which may
-    never come); once the request ends (drop) nothing more is sent for it."""
-    from dynamo_ctx import runtime as rt_mod
-
-    class Lib:
-        room = 4
-        sent: list = []
-
-        def take(self, batch):
-            n = min(len(batch), self.room)
-            self.room -= n
-            self.sent += batch[:n]
-            return n
-
-        def request_send_multi(self, reqs, batches):
-            return [self.take(b) for b in batches]
-
-        def request_send_many(self, req, batch):
-            return self.take(batch)
-
-    lib = Lib()
-    writable = []
-
-    async def arm(req):  # the library's "may take more now"
-        fut = asyncio.get_running_loop().create_future()
-        writable.append(fut)
-        await fut
-
-    monkeypatch.setattr(rt_mod, "arm", arm)
-
-    async def main():
-        sends = rt_mod._Sends(lib, asyncio.get_running_loop())
-        batch = [b"%d" % i for i in range(10)]
-        sends.defer(7, batch)
-        await asyncio.sleep(0)  # the end of the turn: 4 taken, 6 refused
-        await asyncio.sleep(0)
-        assert lib.sent == [b"0", b"1", b"2", b"3"] and len(batch) == 6 and 7 in sends.draining
-        lib.room = 3
-        writable.pop().set_result(None)
-        for _ in range(3):
-            await asyncio.sleep(0)
-        assert len(lib.sent) == 7 and len(batch) == 3  # still waiting for room
-        sends.drop(7)  # the request ended
-        for _ in range(3):
-            await asyncio.sleep(0)
-        assert not sends.draining and len(lib.sent) == 7
-
-    run(main())
-
-
 def test_eager_task():
     """eager_task runs a coroutine at once up to its first suspension: done
     already when it never suspends, a task for the rest otherwise (sends,

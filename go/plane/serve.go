@@ -162,6 +162,12 @@ func (r *Request) followLocalCaller(token string) {
 	}
 	r.localHooks = []func() bool{
 		caller.Notify(ctxtree.Stopped, func() {
+			if caller.IsKilled() {
+				// A kill fires Stopped hooks too (before the Killed ones,
+				// in registration order): the handler must see the kill,
+				// not a stop_generating on the way to it.
+				return
+			}
 			r.mu.Lock()
 			r.clientStopped = true
 			r.mu.Unlock()

@@ -275,11 +275,14 @@ async def _raise_if_killed_handler() -> None:
     ctx = _serving.get(task) if task is not None else None  # type: ignore[arg-type]
     if ctx is None or not ctx.is_killed():
         return
-    if _cancel_for_kill(task):  # type: ignore[arg-type]
-        # The kill got here before its wake-up did: cancel now, and let the
-        # cancellation land at this await (the task's pending cancel is
-        # consumed here, so awaits in the handler's cleanup are not hit).
-        await asyncio.sleep(0)
+    # Either the kill got here before its wake-up did (cancel now), or the
+    # wake-up cancelled this task from within its own step (deliver_pending,
+    # called by _Sends.defer): either way a cancel may be pending on this
+    # task. Let it land at this await, so that it is consumed here and awaits
+    # in the handler's cleanup are not hit; when none is pending this await
+    # returns and raises anyway.
+    _cancel_for_kill(task)  # type: ignore[arg-type]
+    await asyncio.sleep(0)
     raise asyncio.CancelledError()  # already cancelled once: this await raises too
 
 

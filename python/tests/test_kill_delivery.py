@@ -1,3 +1,5 @@
+"""A kill delivered to a handler from within its own step of the loop."""
+
 import asyncio
 import threading
 

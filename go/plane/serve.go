@@ -32,7 +32,8 @@ type Endpoint struct {
 	active   map[*Request]struct{}
 	ready    arm
 	closedCh chan struct{}
-	readers  chan struct{} // one token per goroutine reading an envelope (see onMsg)
+	readers  chan struct{}  // one token per goroutine reading an envelope (see onMsg)
+	reading  sync.WaitGroup // those goroutines: Close waits for them
 }
 
 // Serve registers a new instance of path and starts receiving its requests.
@@ -94,7 +95,17 @@ func (e *Endpoint) onMsg(m *nats.Msg) {
 		return // not sent by a plane (every request waits for its acknowledgement)
 	}
 	e.readers <- struct{}{}
+	e.mu.Lock()
+	if e.closed {
+		e.mu.Unlock()
+		<-e.readers
+		_ = m.Respond(mustJSON(ack{Error: ackShuttingDown}))
+		return
+	}
+	e.reading.Add(1)
+	e.mu.Unlock()
 	go func() {
+		defer e.reading.Done()
 		defer func() { <-e.readers }()
 		e.receive(m)
 	}()
@@ -260,6 +271,9 @@ func (e *Endpoint) Close() {
 	if e.sub != nil {
 		_ = e.sub.Unsubscribe()
 	}
+	// An envelope being read when the endpoint closed is refused (receive
+	// sees closed); its goroutine must not outlive Close.
+	e.reading.Wait()
 	for _, r := range active {
 		r.Ctx.Cancel(ctxtree.Killed, ctxtree.ReasonShutdown)
 	}

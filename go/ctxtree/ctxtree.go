@@ -153,8 +153,12 @@ type Context struct {
 	finished bool
 	stopCh   chan struct{}
 	killCh   chan struct{}
-	hooks    map[uint64]hook
-	nextHook uint64
+	// stopClosed: stopCh was closed. A kill that finds c Stopped closes it
+	// too, if the stop's own canceller has not yet (it may still be running
+	// hooks): Killed's channel never closes before Stopped's.
+	stopClosed atomic.Bool
+	hooks      map[uint64]hook
+	nextHook   uint64
 }
 
 type hook struct {
@@ -262,8 +266,9 @@ func (c *Context) cancel(target State, reason, cause Reason) bool {
 // of microseconds when the CPUs are idle; the hooks (which signal event
 // loops, write Kill frames) do not wait for that.
 type afterUnlock struct {
-	hooks []func()
-	chans [2]chan struct{}
+	hooks      []func()
+	chans      [2]chan struct{}
+	stopClosed *atomic.Bool // chans[0] is closed by whoever sets it first
 }
 
 // transition moves one node under its lock and returns what the caller must
@@ -284,8 +289,8 @@ func (c *Context) transition(target State, reason, cause Reason) ([]*Context, af
 	}
 	// A channel made from now on is closedCh (stateCh reads the word under
 	// mu); the ones made before are closed by runHooks, before Cancel returns.
-	if c.stopCh != nil && old < Stopped {
-		f.chans[0] = c.stopCh
+	if c.stopCh != nil && (old < Stopped || target == Killed) {
+		f.chans[0], f.stopClosed = c.stopCh, &c.stopClosed
 	}
 	if c.killCh != nil && target == Killed {
 		f.chans[1] = c.killCh
@@ -319,10 +324,11 @@ func runHooks(f afterUnlock) {
 	for _, h := range f.hooks {
 		h()
 	}
-	for _, ch := range f.chans {
-		if ch != nil {
-			close(ch)
-		}
+	if f.chans[0] != nil && f.stopClosed.CompareAndSwap(false, true) {
+		close(f.chans[0])
+	}
+	if f.chans[1] != nil {
+		close(f.chans[1])
 	}
 }
 

@@ -218,10 +218,15 @@ def eager_task(coro: "Coroutine[Any, Any, Any]") -> "asyncio.Future[Any]":
     On 3.12+ it is one: the task is current while ``coro`` runs, so what
     needs a task there (``asyncio.timeout``, ``wait_for``) works even when
     this is called from a plain loop callback. Before 3.12 the first step
-    runs in the caller's task (or none)."""
+    runs with no current task, even when this is called from inside one (a
+    kill delivered within another request's step: ``deliver_pending``), so
+    that what it starts (a timeout) cannot act on that other task."""
     loop = asyncio.get_running_loop()
     if _EAGER_START:
         return asyncio.Task(coro, loop=loop, eager_start=True)  # type: ignore[call-arg]
+    caller = asyncio.current_task(loop)
+    if caller is not None:
+        asyncio.tasks._leave_task(loop, caller)  # type: ignore[attr-defined]
     try:
         first = coro.send(None)
     except StopIteration as stop:
@@ -232,6 +237,9 @@ def eager_task(coro: "Coroutine[Any, Any, Any]") -> "asyncio.Future[Any]":
         fut = loop.create_future()
         fut.set_exception(e)
         return fut
+    finally:
+        if caller is not None:
+            asyncio.tasks._enter_task(loop, caller)  # type: ignore[attr-defined]
     return asyncio.ensure_future(_resume(coro, first))
 
 

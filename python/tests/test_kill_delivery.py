@@ -42,3 +42,27 @@ def test_kill_delivered_inside_the_handlers_own_step_is_delivered_once():
         return out
 
     assert asyncio.run(main()) == ["raised", "cleanup ok"]
+
+
+def test_eager_task_first_step_never_runs_in_the_callers_task():
+    """A kill delivered inside another request's step (deliver_pending) may
+    start an engine abort with eager_task: its first step must not run as
+    that other request's task (a timeout it starts would cancel the wrong
+    task). On 3.12+ it is its own task; before, it runs with none."""
+    seen = []
+
+    async def first_step():
+        seen.append(asyncio.current_task())
+        await asyncio.sleep(0)
+        seen.append(asyncio.current_task())
+        return 7
+
+    async def caller():
+        me = asyncio.current_task()
+        fut = _aio.eager_task(first_step())
+        assert asyncio.current_task() is me  # the caller's task is current again
+        assert await fut == 7
+        return me
+
+    me = asyncio.run(caller())
+    assert seen[0] is not me and seen[1] is not me and seen[1] is not None

@@ -131,7 +131,7 @@ def test_stop_before_the_monitor_is_registered_aborts_once():
     assert items == [] and rec == 1 and conf == 1 and leaked == 0 and not aborting
 
 
-@pytest.mark.skipif(sys.version_info < (3, 12), reason="before 3.12 eager_task runs the first step in the caller's task (or none)")
+@pytest.mark.skipif(sys.version_info < (3, 12), reason="before 3.12 eager_task runs the first step with no current task")
 def test_an_engine_abort_that_needs_a_task_works_from_the_monitor():
     """The monitor runs in the loop's reader callback and eager_task runs the
     abort there up to its first suspension, with no current task: an

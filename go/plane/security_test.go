@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -119,12 +120,7 @@ func TestForgedEnvelopes(t *testing.T) {
 	const path = "test.forged.generate"
 	got := make(chan *plane.Request, 4)
 	host, w, c := planetest.ServeAndConnect(t, path, func(w *planetest.Worker, req *plane.Request) { got <- req })
-	opts, err := natsbus.ClientAuth(host.Bus().URL())
-	require.NoError(t, err)
-	nc, err := nats.Connect(host.Bus().URL(), opts...)
-	require.NoError(t, err)
-	defer nc.Close()
-	subject := discovery.RequestSubject(path, w.EP.InstanceID())
+	nc, subject := strangerOnBus(t, host, path, w)
 
 	key, token := plane.NewKey(), plane.NewKey()
 	env := func(mut func(m map[string]any)) []byte {
@@ -209,4 +205,34 @@ func TestCompletedBeforeTaken(t *testing.T) {
 	parent.Cancel(ctxtree.Killed, ctxtree.ReasonKill)
 	_, _, _ = planetest.Drain(s, 0)
 	assert.False(t, s.Completed(), "a killed stream did not complete")
+}
+
+// strangerOnBus connects a plain NATS client to host's bus (with the
+// embedded server's token) and returns it with the subject of w's requests.
+func strangerOnBus(t *testing.T, host *plane.Runtime, path string, w *planetest.Worker) (*nats.Conn, string) {
+	t.Helper()
+	opts, err := natsbus.ClientAuth(host.Bus().URL())
+	require.NoError(t, err)
+	nc, err := nats.Connect(host.Bus().URL(), opts...)
+	require.NoError(t, err)
+	t.Cleanup(nc.Close)
+	return nc, discovery.RequestSubject(path, w.EP.InstanceID())
+}
+
+// No goroutine reading an envelope outlives Endpoint.Close (envelopes are
+// read on several goroutines, not on the subscription's).
+func TestEndpointCloseWaitsForEnvelopeReaders(t *testing.T) {
+	const path = "test.closereaders.generate"
+	host, w, _ := planetest.ServeAndConnect(t, path, func(w *planetest.Worker, req *plane.Request) {})
+	nc, subject := strangerOnBus(t, host, path, w)
+	big := strings.Repeat("x", 1<<20)
+	env, _ := json.Marshal(map[string]any{"id": "r", "key": plane.NewKey(), "addr": "127.0.0.1:1", "token": plane.NewKey(), "request": big})
+	for range 32 {
+		require.NoError(t, nc.PublishRequest(subject, nats.NewInbox(), env))
+	}
+	require.NoError(t, nc.Flush())
+	w.EP.Close()
+	buf := make([]byte, 1<<20)
+	stacks := string(buf[:runtime.Stack(buf, true)])
+	require.NotContains(t, stacks, "(*Endpoint).receive")
 }

@@ -99,7 +99,6 @@ func BenchmarkKillLatencyLocal(b *testing.B) {
 }
 
 func benchKill(b *testing.B, c *plane.Client, reqs chan *plane.Request) {
-
 	lat := make([]time.Duration, 0, b.N)
 	b.ResetTimer()
 	for range b.N {

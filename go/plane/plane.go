@@ -423,16 +423,15 @@ type envelope struct {
 // copied as they are instead of scanned and compacted again. Every request
 // pays it, once per attempt.
 func (env *envelope) encode() []byte {
-	str := func(s string) []byte { return mustJSON(s) } // the id may hold any printable UTF-8
 	b := make([]byte, 0, len(env.Request)+len(env.Metadata)+len(env.ID)+len(env.Addr)+128)
 	b = append(b, `{"id":`...)
-	b = append(b, str(env.ID)...)
+	b = append(b, mustJSON(env.ID)...) // the id may hold any printable UTF-8
 	b = append(b, `,"key":`...)
-	b = append(b, str(env.Key)...)
+	b = append(b, mustJSON(env.Key)...)
 	b = append(b, `,"addr":`...)
-	b = append(b, str(env.Addr)...)
+	b = append(b, mustJSON(env.Addr)...)
 	b = append(b, `,"token":`...)
-	b = append(b, str(env.Token)...)
+	b = append(b, mustJSON(env.Token)...)
 	if env.State != 0 {
 		b = append(b, `,"state":`...)
 		b = strconv.AppendUint(b, uint64(env.State), 10)
@@ -451,17 +450,17 @@ func (env *envelope) encode() []byte {
 // worker uses is checked before it allocates anything for the request.
 func (env *envelope) check() error {
 	if ValidateID(env.ID) != nil || !ValidKey(env.Key) || !ValidKey(env.Token) {
-		return errors.New("malformed request envelope")
+		return errMalformedEnvelope
 	}
 	if host, port, err := net.SplitHostPort(env.Addr); err != nil || host == "" || port == "" {
-		return errors.New("malformed request envelope")
+		return errMalformedEnvelope
 	}
 	// readEnvelope checked the whole message, so a request that is there is JSON.
 	if env.State > ctxtree.Killed || len(env.Request) == 0 {
-		return errors.New("malformed request envelope")
+		return errMalformedEnvelope
 	}
 	if len(env.Metadata) > 0 && checkMetadata(env.Metadata) != nil {
-		return errors.New("malformed request envelope")
+		return errMalformedEnvelope
 	}
 	return nil
 }

@@ -118,7 +118,7 @@ var envelopeReaders = max(2, runtime.GOMAXPROCS(0))
 func (e *Endpoint) receive(m *nats.Msg) {
 	env, err := readEnvelope(m.Data)
 	if err != nil || env.check() != nil {
-		_ = m.Respond(mustJSON(ack{Error: "malformed request envelope"}))
+		_ = m.Respond(mustJSON(ack{Error: errMalformedEnvelope.Error()}))
 		return
 	}
 	req := &Request{

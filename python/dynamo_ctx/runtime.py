@@ -467,7 +467,7 @@ class _Sends:
     something else.
     """
 
-    __slots__ = ("lib", "loop_ref", "pending", "draining", "deferred")
+    __slots__ = ("lib", "loop_ref", "pending", "draining")
 
     #: Every this many requests deferred in one turn, what the library queued
     #: for the loop is delivered (``deliver_pending``): with a thousand
@@ -482,16 +482,13 @@ class _Sends:
         self.loop_ref = weakref.ref(loop)
         self.pending: Dict[int, List[bytes]] = {}
         self.draining: Dict[int, "asyncio.Task[None]"] = {}  # requests whose buffer was full
-        self.deferred = 0  # requests deferred this turn
 
     def defer(self, req: int, batch: List[bytes]) -> None:
         """Send ``batch`` of request ``req`` at the end of this turn of the loop."""
         if not self.pending:
             asyncio.get_running_loop().call_soon(self.flush)
-            self.deferred = 0
         self.pending[req] = batch
-        self.deferred += 1
-        if self.deferred % self.DELIVER_EVERY == 0:
+        if len(self.pending) % self.DELIVER_EVERY == 0:  # the requests deferred this turn
             deliver_pending()
 
     def drop(self, req: int) -> None:

@@ -143,3 +143,34 @@ func TestLocalKillDoesNotPassThroughStop(t *testing.T) {
 		_, _, _ = planetest.Drain(s, 0)
 	}
 }
+
+// Once a handler has ended and its caller has seen the end, nothing cancels
+// the handler's context any more: not a kill of the in-process caller's
+// context, not the endpoint's shutdown (the request left the endpoint
+// before its end frame was written).
+func TestEndedRequestIsNotCancelledAfterward(t *testing.T) {
+	reqs := make(chan *plane.Request, 1)
+	_, w, c := planetest.ServeOnHost(t, "test.endedlocal.generate", planetest.Hold(reqs))
+	var ended []*plane.Request
+	for i := range 100 {
+		parent := ctxtree.New(fmt.Sprintf("ended-%d", i))
+		s := planetest.Generate(t, c, `{}`, parent)
+		require.NoError(t, planetest.WaitStarted(s))
+		req := planetest.Recv(t, reqs, "the request")
+		if i%2 == 0 {
+			req.Complete()
+		} else {
+			req.Fail("boom")
+		}
+		_, _, _ = planetest.Drain(s, 0) // the caller has seen the end
+		parent.Kill()
+		st, r := req.Ctx.State()
+		require.Equal(t, ctxtree.Live, st, "request %d: %s after its caller saw the end", i, r)
+		ended = append(ended, req)
+	}
+	w.EP.Close()
+	for i, req := range ended {
+		st, r := req.Ctx.State()
+		require.Equal(t, ctxtree.Live, st, "request %d: %s by the endpoint's shutdown", i, r)
+	}
+}

@@ -191,6 +191,13 @@ func (r *Request) followLocalCaller(token string) {
 	}
 }
 
+// unfollowLocalCaller undoes followLocalCaller (idempotent).
+func (r *Request) unfollowLocalCaller() {
+	for _, stop := range r.localHooks {
+		stop()
+	}
+}
+
 // publish makes req visible to Accept once its stream is connected.
 func (e *Endpoint) publish(req *Request) {
 	e.mu.Lock()
@@ -314,11 +321,7 @@ type Request struct {
 // and writes the handler's items until the end.
 func (r *Request) run(addr, token string) {
 	defer r.ep.forget(r)
-	defer func() {
-		for _, stop := range r.localHooks {
-			stop()
-		}
-	}()
+	defer r.unfollowLocalCaller()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	out, err := transport.Dial(ctx, addr, token, r.ep.rt.opts.streamOpts()...)
@@ -394,6 +397,11 @@ func (r *Request) run(addr, token string) {
 			}
 		}
 		if finished {
+			// The handler is done: from here on neither the endpoint's
+			// shutdown nor an in-process caller cancels its context, so
+			// nothing moves it after the caller has seen the end frame.
+			r.ep.forget(r)
+			r.unfollowLocalCaller()
 			// A killed request gets no end frame, and a confirmation once
 			// the handler has returned; so does one whose end frame the
 			// Kill overtook (the write fails with ErrKilled). The caller

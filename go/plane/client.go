@@ -393,21 +393,26 @@ func (c *Client) generateOnce(payload []byte, parent *ctxtree.Context, route Rou
 	in := c.rt.srv.Expect(token, transport.WithConnectTimeout(dispatchBudget+transport.DefaultConnectTimeout))
 	s.in = in
 	// Cancellation of the request's context reaches the worker through the
-	// stream's control frames. Hooks must not block: the frames are written
-	// by the stream, off this goroutine.
+	// stream's control frames. To a remote worker they are written on the
+	// cancelling goroutine: a tiny write that the worker's reader always
+	// takes, where a goroutine would first cost the canceller (often the
+	// host's thread) a thread's wake-up. A worker in this runtime was
+	// already cancelled synchronously (followLocalCaller), so its frames
+	// can wait for a goroutine.
 	s.stopHooks = append(s.stopHooks,
 		// A kill also fires Stopped hooks; it must not send a Stop first,
 		// which could let the handler finish cleanly before the Kill lands.
 		reqCtx.Notify(ctxtree.Stopped, func() {
-			if !reqCtx.IsKilled() {
+			if reqCtx.IsKilled() {
+				return
+			}
+			if local {
 				go in.Stop()
+			} else {
+				in.Stop()
 			}
 		}),
 		reqCtx.Notify(ctxtree.Killed, func() {
-			// To a remote worker the Kill frame is the kill: write it now,
-			// on the cancelling goroutine (a tiny write; the worker always
-			// reads). A worker in this runtime was already killed
-			// synchronously (followLocalCaller), so the frame can wait.
 			// The frame carries the cancellation's cause, so the worker's
 			// handler sees why (client_disconnected, shutdown, ...).
 			cause := byte(reqCtx.Cause())

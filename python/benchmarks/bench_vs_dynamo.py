@@ -392,6 +392,42 @@ def main() -> None:
         ratio = f"{meds[0] / meds[1]:.2f}" if meds[0] and meds[1] else ""
         print(f"{label:<70} {cols[0]:>24} {cols[1]:>22} {ratio:>6}")
     print(f"\n{args.runs} runs each, libraries alternating; ratio = dynamo_ctx median / Dynamo median")
+    print_goals(results)
+
+
+def print_goals(results: Dict[str, List[Dict[str, float]]]) -> None:
+    """Issue 13's goals 1 and 2 against this run: each run's figure over the
+    floor measured in the same run (its spread), then the verdict on the
+    medians."""
+    ours, floors, dyn = results["dynamo_ctx"], results["floor"], results.get("Dynamo", [])
+    if not ours:
+        return
+    print("\ngoals (issue 13), per run and on the medians:")
+
+    def med(rows: List[Dict[str, float]], key: str) -> Optional[float]:
+        vals = [x[key] for x in rows if key in x]
+        return statistics.median(vals) if vals else None
+
+    def verdict(ok: bool) -> str:
+        return "meets" if ok else "misses"
+
+    create, create_dyn = med(ours, "create_ns"), med(dyn, "create_ns")
+    if create is not None:
+        line = f"  Context() create + free: {create:.0f} ns (<= 500 ns"
+        ok = create <= 500
+        if create_dyn:
+            line += f" and <= 0.7x Dynamo's: {create / create_dyn:.2f}x"
+            ok = ok and create / create_dyn <= 0.7
+        print(f"{line}): {verdict(ok)}")
+    for what in ("kill", "stop"):
+        per_run = [o[f"{what}_p50_us"] / f["floor_p50_us"] for o, f in zip(ours, floors) if f"{what}_p50_us" in o and "floor_p50_us" in f]
+        p50, fl, p99 = med(ours, f"{what}_p50_us"), med(floors, "floor_p50_us"), med(ours, f"{what}_p99_us")
+        if p50 is None or fl is None or p99 is None:
+            continue
+        spread = ", ".join(f"{r:.2f}x" for r in per_run)
+        ok = p50 / fl <= 2 and p99 <= 1000
+        print(f"  client {what} -> remote handler wakes: p50 {p50 / fl:.2f}x the floor (runs: {spread}; <= 2x), "
+              f"p99 {p99:.0f} us (<= 1000 us): {verdict(ok)}")
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ HOPS = [
     ("worker.frame_read", "worker: its reader read the Kill frame"),
     ("worker.ctx_killed", "worker: the handler's context killed, its fd signalled"),
     ("worker.loop_woke", "worker: the event loop ran the fd's callback"),
+    ("worker.drained", "worker: its call into Go returned the tokens (waits for a free P)"),
     ("worker.handler_woke", "worker: the handler's await resumed"),
 ]
 
@@ -60,8 +61,23 @@ def _write() -> None:
         _marks.clear()
 
 
+class _MarkDrain:
+    """The library, with a mark after each ``queue_drain`` (``worker.drained``):
+    a call into Go that must first get a P, which Go's own goroutines may all
+    hold at that moment."""
+
+    def __init__(self, lib) -> None:  # type: ignore[no-untyped-def]
+        self._lib = lib
+
+    def queue_drain(self, queue):  # type: ignore[no-untyped-def]
+        tokens = self._lib.queue_drain(queue)
+        mark("worker.drained", "-")
+        return tokens
+
+
 def patch_loop() -> None:
-    """Mark every run of the event loop's fd callback (``worker.loop_woke``)."""
+    """Mark every run of the event loop's fd callback (``worker.loop_woke``)
+    and the return of its call into Go (``worker.drained``)."""
     if not enabled():
         return
     from dynamo_ctx import _aio
@@ -70,7 +86,12 @@ def patch_loop() -> None:
 
     def on_ready(self):  # type: ignore[no-untyped-def]
         mark("worker.loop_woke", "-")
-        original(self)
+        lib = self._lib
+        self._lib = _MarkDrain(lib)
+        try:
+            original(self)
+        finally:
+            self._lib = lib
 
     _aio._LoopWaker._on_ready = on_ready  # type: ignore[method-assign]
 
@@ -85,7 +106,9 @@ def report(path: str, prefix: str, label: str) -> None:
                 events.append((int(parts[0]), parts[1], parts[2]))
     events.sort()
     # One kill at a time: each kill's hops are the first of each name after
-    # its py.kill and before the next one ("-": the loop's, without an id).
+    # its py.kill and before the next one. The loop's marks ("-", without an
+    # id) are the last before the handler woke: the loop may wake for other
+    # reasons first, and the wake-up that delivered the kill is the last one.
     kills: List[Dict[str, int]] = []
     current: Optional[Dict[str, int]] = None
     for t, hop, rid in events:
@@ -93,7 +116,9 @@ def report(path: str, prefix: str, label: str) -> None:
             current = {"py.kill": t} if rid.startswith(prefix) else None
             if current is not None:
                 kills.append(current)
-        elif current is not None and (rid == "-" or rid.startswith(prefix)) and hop not in current:
+        elif current is None or "worker.handler_woke" in current:
+            continue
+        elif rid == "-" or (rid.startswith(prefix) and hop not in current):
             current[hop] = t
     hops = [h for h, _ in HOPS if any(h in k for k in kills)]
     print(f"  {label}: {len(kills)} kills, per hop the time since the previous hop (p50 / p99, us)")

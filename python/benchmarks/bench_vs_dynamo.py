@@ -49,6 +49,8 @@ sys.path.insert(0, str(HERE.parents[1]))
 MONO = time.CLOCK_MONOTONIC
 ITEMS = 10_000
 REMOTE_N = 200  # stop/kill samples per run
+LONE_N = 200  # lone items timed per run
+FIRST_N = 100  # requests timed to their first item per run
 
 
 def now_ns() -> int:
@@ -190,6 +192,11 @@ async def serve(L: Lib, path: str) -> None:
             for i in range(request["n"]):
                 yield i
             return
+        if request["mode"] == "stamps":  # lone items, each the time it was yielded
+            for _ in range(request["n"]):
+                await asyncio.sleep(request["gap"])
+                yield now_ns()
+            return
         yield 0
         woke = 0
         try:
@@ -243,6 +250,28 @@ async def remote(L: Lib, path: str, env: Dict[str, str]) -> Dict[str, float]:
             if i:
                 best = min(best, time.perf_counter() - t0)
         out["items_ms"] = best * 1e3
+        # A lone item (issue 13, goal 3: batching must not hold it): the
+        # handler yields one item every 2 ms, each timed from its yield to
+        # its arrival here (one clock, the machine's monotonic one).
+        s = await L.generate(client, {"mode": "stamps", "n": LONE_N + 10, "gap": 0.002}, L.context())
+        lone: List[float] = []
+        async for item in s:
+            t = now_ns()
+            lone.append((t - L.data(item)) / 1e3)
+        lone = lone[10:]
+        out["lone_p50_us"], out["lone_p99_us"] = pct(lone, 50), pct(lone, 99)
+        # The first item of a request: generate() called -> the item here
+        # (the request's dispatch and the stream's set-up included).
+        first: List[float] = []
+        for i in range(FIRST_N + 5):
+            await asyncio.sleep(0.002)
+            t0 = now_ns()
+            s = await L.generate(client, {"mode": "count", "n": 1}, L.context())
+            async for _ in s:
+                if len(first) < i + 1:
+                    first.append((now_ns() - t0) / 1e3)
+        first = first[5:]
+        out["first_p50_us"], out["first_p99_us"] = pct(first, 50), pct(first, 99)
         kinds = ["stop", "kill"] if L.name == "dynamo_ctx" else ["stop"]
         for kind in kinds:
             lat: List[float] = []
@@ -335,6 +364,10 @@ ROWS = [
     ("Context() create + free", "create_ns", "{:.0f} ns"),
     ("stop on another thread -> awaiting coroutine resumes, p50", "thread_wake_p50_us", "{:.1f} us"),
     (f"{ITEMS // 1000}k items, worker in another process", "items_ms", "{:.1f} ms"),
+    ("lone item (one every 2 ms): handler yields -> caller has it, p50", "lone_p50_us", "{:.0f} us"),
+    ("lone item, p99", "lone_p99_us", "{:.0f} us"),
+    ("first item: generate() called -> caller has it, p50", "first_p50_us", "{:.0f} us"),
+    ("first item, p99", "first_p99_us", "{:.0f} us"),
     ("client stop -> remote handler wakes, p50", "stop_p50_us", "{:.0f} us"),
     ("client stop -> remote handler wakes, p99", "stop_p99_us", "{:.0f} us"),
     ("client kill -> remote handler wakes, p50", "kill_p50_us", "{:.0f} us"),

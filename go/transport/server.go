@@ -283,7 +283,10 @@ type Incoming struct {
 	onKill   func(aborted bool)
 
 	wmu sync.Mutex // serialises writes of control frames; taken after mu
-	w   *frame.Writer
+	// killSent: the Kill is written (wmu). Nothing follows it: a frame the
+	// worker never reads would turn its close into a reset.
+	killSent bool
+	w        *frame.Writer
 }
 
 // Token returns the stream's token.
@@ -507,7 +510,10 @@ func (in *Incoming) writeKill() {
 	live := in.live
 	in.mu.Unlock()
 	live.stop() // nothing may follow the Kill
-	in.writeControl(func(w *frame.Writer) error { return w.WriteKillCause(cause) })
+	in.writeControl(func(w *frame.Writer) error {
+		in.killSent = true
+		return w.WriteKillCause(cause)
+	})
 }
 
 // finishKill half-closes after the Kill and bounds the drain by the linger.
@@ -540,11 +546,15 @@ func (in *Incoming) Close() error {
 	return nil
 }
 
-// writeControl writes and flushes one control frame. Errors are ignored: a
-// broken connection is reported by the reader, which sees it too.
+// writeControl writes and flushes one control frame, unless the Kill was
+// written (nothing follows it). Errors are ignored: a broken connection is
+// reported by the reader, which sees it too.
 func (in *Incoming) writeControl(write func(*frame.Writer) error) {
 	in.wmu.Lock()
 	defer in.wmu.Unlock()
+	if in.killSent {
+		return // nothing follows the Kill (a credit a Recv computed just before it)
+	}
 	if write(in.w) == nil && in.w.Flush() == nil {
 		in.live.didWrite()
 	}

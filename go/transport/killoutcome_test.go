@@ -3,7 +3,6 @@ package transport
 import (
 	"context"
 	"io"
-	"net"
 	"testing"
 	"time"
 
@@ -173,13 +172,7 @@ func TestKillOutcomeRace(t *testing.T) {
 func TestNothingFollowsTheKill(t *testing.T) {
 	s := listen(t)
 	in := expect(t, s, "tok")
-	c, err := net.Dial("tcp", s.Addr().String())
-	require.NoError(t, err)
-	defer c.Close()
-	w := frame.NewWriter(c)
-	require.NoError(t, w.WriteHello([]byte("tok")))
-	require.NoError(t, w.Flush())
-	r := frame.NewReaderSize(c, 1024, 1024)
+	c, _, r := rawWorker(t, s, "tok")
 	_ = c.SetReadDeadline(time.Now().Add(waitFor))
 	f, err := r.ReadFrame()
 	require.NoError(t, err)

@@ -104,6 +104,22 @@ func (s *Server) Close() error {
 	return err
 }
 
+// spawn runs f on a goroutine of the Server (one that Close waits for),
+// unless the Server is closed: Close has dropped every connection then.
+func (s *Server) spawn(f func()) {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return
+	}
+	s.wg.Add(1) // under mu, so never after Close's Wait has started
+	s.mu.Unlock()
+	go func() {
+		defer s.wg.Done()
+		f()
+	}()
+}
+
 func (s *Server) isClosed() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -479,7 +495,7 @@ func (in *Incoming) afterKill(attached bool, settled func()) {
 	in.signal()
 	call(settled)
 	if attached {
-		go in.finishKill()
+		in.srv.spawn(in.finishKill)
 	}
 }
 

@@ -3,6 +3,7 @@ package transport
 import (
 	"context"
 	"fmt"
+	"io"
 	"sync"
 	"testing"
 	"time"
@@ -10,6 +11,31 @@ import (
 	"github.com/dynamo-ctx/dynamo-ctx/go/frame"
 	"github.com/stretchr/testify/require"
 )
+
+// TestNothingFollowsTheKill: once the Kill is written, no control frame the
+// caller had under way (a credit computed by a Recv just before the kill)
+// is written after it. The worker stops reading at the Kill and closes; a
+// frame left unread would turn its close into a reset, which can destroy
+// the worker's last frames on their way to the caller.
+func TestNothingFollowsTheKill(t *testing.T) {
+	s := listen(t)
+	in := expect(t, s, "tok")
+	c, _, r := rawWorker(t, s, "tok")
+	_ = c.SetReadDeadline(time.Now().Add(waitFor))
+	f, err := r.ReadFrame()
+	require.NoError(t, err)
+	require.Equal(t, frame.Credit, f.Type, "the initial credit")
+
+	in.Kill()
+	// What a Recv that took an item just before the kill then writes.
+	in.writeControl(func(w *frame.Writer) error { return w.WriteCredit(7) })
+
+	f, err = r.ReadFrame()
+	require.NoError(t, err)
+	require.Equal(t, frame.Kill, f.Type)
+	f, err = r.ReadFrame()
+	require.ErrorIs(t, err, io.EOF, "the caller's FIN follows the Kill, nothing else (got %v)", f.Type)
+}
 
 // The Kill is the last frame the caller sends (writeKill): a Stop that
 // races with it must either go first or not at all. Stop checks killed

@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dynamo-ctx/dynamo-ctx/go/frame"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -162,29 +161,4 @@ func TestKillOutcomeRace(t *testing.T) {
 	}
 	assert.Zero(t, mismatch, "outcomes that disagree with the worker (of %d; %d aborted)", runs, aborted)
 	t.Logf("%d of %d kills aborted the request", aborted, runs)
-}
-
-// TestNothingFollowsTheKill: once the Kill is written, no control frame the
-// caller had under way (a credit computed by a Recv just before the kill)
-// is written after it. The worker stops reading at the Kill and closes; a
-// frame left unread would turn its close into a reset, which can destroy
-// the worker's last frames on their way to the caller.
-func TestNothingFollowsTheKill(t *testing.T) {
-	s := listen(t)
-	in := expect(t, s, "tok")
-	c, _, r := rawWorker(t, s, "tok")
-	_ = c.SetReadDeadline(time.Now().Add(waitFor))
-	f, err := r.ReadFrame()
-	require.NoError(t, err)
-	require.Equal(t, frame.Credit, f.Type, "the initial credit")
-
-	in.Kill()
-	// What a Recv that took an item just before the kill then writes.
-	in.writeControl(func(w *frame.Writer) error { return w.WriteCredit(7) })
-
-	f, err = r.ReadFrame()
-	require.NoError(t, err)
-	require.Equal(t, frame.Kill, f.Type)
-	f, err = r.ReadFrame()
-	require.ErrorIs(t, err, io.EOF, "the caller's FIN follows the Kill, nothing else (got %v)", f.Type)
 }

@@ -106,11 +106,11 @@ func (s *Server) Close() error {
 
 // spawn runs f on a goroutine of the Server (one that Close waits for),
 // unless the Server is closed: Close has dropped every connection then.
-func (s *Server) spawn(f func()) {
+func (s *Server) spawn(f func()) bool {
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
-		return
+		return false
 	}
 	s.wg.Add(1) // under mu, so never after Close's Wait has started
 	s.mu.Unlock()
@@ -118,6 +118,7 @@ func (s *Server) spawn(f func()) {
 		defer s.wg.Done()
 		f()
 	}()
+	return true
 }
 
 func (s *Server) isClosed() bool {
@@ -284,6 +285,7 @@ type Incoming struct {
 	notify    chan struct{} // cap 1: "queue or end changed", for the one Recv
 	live      *liveness     // set at attach; nil when disabled
 	silent    atomic.Bool   // the worker was declared gone by the liveness check
+	deaf      atomic.Bool   // the worker left our control frames unread (see ctlWriter)
 
 	mu       sync.Mutex
 	q        ring
@@ -302,7 +304,17 @@ type Incoming struct {
 	// killSent: the Kill is written (wmu). Nothing follows it: a frame the
 	// worker never reads would turn its close into a reset.
 	killSent bool
-	w        *frame.Writer
+	w        *frame.Writer // over ctl: writing never waits for the worker
+	ctl      *ctlWriter
+}
+
+// ctlLimit is how long control frames may wait for a worker that does not
+// read them: the idle timeout, after which a silent worker is gone too.
+func (in *Incoming) ctlLimit() time.Duration {
+	if in.idle > 0 {
+		return in.idle
+	}
+	return DefaultIdleTimeout
 }
 
 // Token returns the stream's token.
@@ -534,6 +546,7 @@ func (in *Incoming) writeKill() {
 
 // finishKill half-closes after the Kill and bounds the drain by the linger.
 func (in *Incoming) finishKill() {
+	<-in.ctl.flushed() // the FIN after the Kill, never before: bounded by ctlLimit
 	if tc, ok := in.conn.(*net.TCPConn); ok {
 		_ = tc.CloseWrite()
 	}
@@ -599,7 +612,12 @@ func (in *Incoming) serve(c net.Conn, r *frame.Reader) {
 		return
 	}
 	in.conn = c
-	in.w = frame.NewWriterSize(c, callerWriteBuf)
+	in.ctl = newCtlWriter(c, in.srv.spawn, in.ctlLimit(), func() {
+		// The worker stopped reading: fail the reader (see brokenErr).
+		in.deaf.Store(true)
+		_ = c.SetReadDeadline(time.Unix(1, 0))
+	})
+	in.w = frame.NewWriterSize(in.ctl, callerWriteBuf)
 	killed := in.killed
 	if !killed {
 		in.live = startLiveness(in.idle, in.heartbeat, func() {
@@ -691,6 +709,8 @@ func (in *Incoming) brokenErr(err error) error {
 		return ErrServerClosed
 	case in.silent.Load():
 		return ErrPeerSilent
+	case in.deaf.Load():
+		return ErrPeerNotReading
 	case errors.Is(err, frame.ErrInvalid):
 		return fmt.Errorf("%w: %v", ErrIncomplete, err)
 	}

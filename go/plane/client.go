@@ -507,11 +507,23 @@ func (s *Stream) dispatch(nc *nats.Conn, subject string, env []byte) (*nats.Msg,
 		// acknowledgement may have taken the request with it (the server
 		// died), so it is sent again after the reconnection rather than
 		// waited for until the acknowledgement timeout.
-		ctx, cancel := context.WithTimeout(s.rt.bus.Session(), s.rt.ackTimeout(len(env)))
+		// The worker connects back right after it acknowledges: its Hello
+		// proves it has the request as well as the acknowledgement does,
+		// and arrives first when the bus is slower than the direct
+		// connection (a NATS host starved of CPU), where the timeout would
+		// otherwise fail a request that runs and kill it by migrating.
+		sctx, attached := context.WithCancelCause(s.rt.bus.Session())
+		ctx, cancel := context.WithTimeout(sctx, s.rt.ackTimeout(len(env)))
+		s.in.OnAttach(func() { attached(errAttached) })
 		msg, err := nc.RequestWithContext(ctx, subject, env)
+		s.in.OnAttach(nil)
 		cancel()
+		attached(nil)
 		if err == nil {
 			return msg, nil
+		}
+		if errors.Is(context.Cause(sctx), errAttached) {
+			return &nats.Msg{Data: ackOK}, nil
 		}
 		transient := errors.Is(err, nats.ErrNoResponders) || errors.Is(err, context.DeadlineExceeded) ||
 			errors.Is(err, nats.ErrTimeout) || errors.Is(err, context.Canceled)
@@ -526,6 +538,13 @@ func (s *Stream) dispatch(nc *nats.Conn, subject string, env []byte) (*nats.Msg,
 		}
 	}
 }
+
+// errAttached ends the wait for an acknowledgement when the worker's
+// connection arrives first; ackOK is the acknowledgement it stands for.
+var (
+	errAttached = errors.New("the worker connected back")
+	ackOK       = []byte(`{}`)
+)
 
 // ackTimeout is the wait for the acknowledgement of an envelope of n bytes:
 // AckTimeout, plus a second per MiB, since the worker receives and checks

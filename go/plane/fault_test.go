@@ -3,6 +3,7 @@ package plane_test
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"sync"
 	"testing"
@@ -215,4 +216,60 @@ func TestNATSHostDeathRiddenOut(t *testing.T) {
 		require.Less(t, time.Since(died), planetest.WaitLimit, "no request succeeded after the host died: %v", err)
 	}
 	t.Logf("host died -> next request succeeded: %s", recovered)
+}
+
+// lateAcker registers an instance of path that connects back at once,
+// streams the request's k tokens and ends the stream, but acknowledges only
+// after delay (or never, for a negative delay): a worker whose
+// acknowledgement the bus delivers late (its NATS host starved of CPU).
+func lateAcker(t *testing.T, host *plane.Runtime, path string, k int, delay time.Duration) {
+	t.Helper()
+	var wg sync.WaitGroup
+	t.Cleanup(wg.Wait)
+	handInstance(t, host, path, func(m *nats.Msg) {
+		var env struct{ Addr, Token string }
+		if json.Unmarshal(m.Data, &env) != nil {
+			return
+		}
+		wg.Go(func() {
+			c, err := net.Dial("tcp", env.Addr)
+			if err != nil {
+				return
+			}
+			defer c.Close()
+			w := frame.NewWriter(c)
+			_ = w.WriteHello([]byte(env.Token))
+			for i := range k {
+				_ = w.WriteData(fmt.Appendf(nil, `{"token_ids":[%d]}`, i))
+			}
+			_ = w.WriteFinal()
+			_ = w.Flush()
+			if delay >= 0 {
+				time.Sleep(delay)
+				_ = m.Respond([]byte(`{}`))
+			}
+			_, _ = io.Copy(io.Discard, c) // until the caller closes
+		})
+	})
+}
+
+// A worker that connected back has the request, whether or not its
+// acknowledgement has come: the acknowledgement timeout does not fail the
+// request (which migration would then kill and send elsewhere).
+func TestConnectedWorkerNeedsNoTimelyAck(t *testing.T) {
+	const path = "test.lateack.generate"
+	ackWithin := func(o *plane.Options) { o.AckTimeout = 200 * time.Millisecond }
+	host := planetest.Embedded(t, ackWithin)
+	for _, delay := range []time.Duration{time.Second, -1} {
+		p := fmt.Sprintf("%s%d", path, delay)
+		lateAcker(t, host, p, 4, delay)
+		c := planetest.Client(t, host, p)
+		planetest.WaitInstances(t, c, 1)
+		c.SetMigrationLimit(0)
+		for i := range 3 {
+			got, err := planetest.DrainTokens(t, planetest.Generate(t, c, string(tokenRequest(4)), nil))
+			require.Equal(t, "EOF", fmt.Sprint(err), "ack after %s, request %d", delay, i)
+			assert.Equal(t, planetest.Seq(0, 4), got)
+		}
+	}
 }

@@ -299,6 +299,7 @@ type Incoming struct {
 	consumed int      // items received since the last grant
 	outcome  outcome  // what the Kill achieved: see KillOutcome
 	onKill   func(aborted bool)
+	onAttach func() // see OnAttach
 
 	wmu sync.Mutex // serialises writes of control frames; taken after mu
 	// killSent: the Kill is written (wmu). Nothing follows it: a frame the
@@ -636,12 +637,32 @@ func (in *Incoming) serve(c net.Conn, r *frame.Reader) {
 		})
 	}
 	live := in.live
+	onAttach := in.onAttach
+	in.onAttach = nil
 	in.mu.Unlock()
 	defer live.stop()
+	call(onAttach)
 	if killed {
 		in.sendKill() // Kill and no credit: not a single item may follow
 	}
 	in.readLoop(r, live)
+}
+
+// OnAttach calls f once, when the worker's Hello attaches the stream (at
+// once if it has), on the goroutine that attached it; f must not block.
+// Only the worker that received the stream's token can attach it, so this
+// proves that the worker has the request. One f per stream: a later call
+// replaces an earlier one not yet called, and nil removes it.
+func (in *Incoming) OnAttach(f func()) {
+	in.mu.Lock()
+	attached := in.conn != nil
+	if !attached {
+		in.onAttach = f
+	}
+	in.mu.Unlock()
+	if attached {
+		call(f)
+	}
 }
 
 func (in *Incoming) readLoop(r *frame.Reader, live *liveness) {

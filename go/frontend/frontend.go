@@ -54,6 +54,7 @@
 package frontend
 
 import (
+	"container/list"
 	"context"
 	"encoding/json"
 	"errors"
@@ -162,12 +163,15 @@ type Frontend struct {
 	mu       sync.Mutex
 	clients  map[string]*plane.Client // per model
 	pending  map[string]*pendingAbort // request key -> disconnect waiting for its confirmation
+	byAge    list.List                // the same entries (*pendingAbort), oldest first: expiry
 	serveErr chan error
 }
 
 type pendingAbort struct {
+	key     string
 	model   string
 	at      time.Time
+	age     *list.Element // in Frontend.byAge
 	stream  *plane.Stream // whose current attempt's instance must confirm
 	counted bool          // counted as a cancellation (mu held)
 }
@@ -364,7 +368,7 @@ func (f *Frontend) onAbortConfirmed(a plane.AbortConfirmation) {
 	ok := known && a.Instance != 0 && a.Instance == p.stream.Instance()
 	countCancel := false
 	if ok {
-		delete(f.pending, a.Key)
+		f.forget(p)
 		countCancel = !p.counted
 		p.counted = true
 	}
@@ -395,8 +399,8 @@ func (f *Frontend) killOutcome(key string, p *pendingAbort, aborted bool) {
 	}
 	if aborted {
 		p.counted = true
-	} else if f.pending[key] == p {
-		delete(f.pending, key)
+	} else {
+		f.forget(p)
 	}
 	f.mu.Unlock()
 	if aborted {
@@ -911,21 +915,14 @@ func (f *Frontend) disconnected(reqCtx *ctxtree.Context, s *plane.Stream, id, mo
 	if reqCtx.IsKilled() {
 		return
 	}
-	now := time.Now()
 	key := s.Key()
 	f.mu.Lock()
 	// Registered before the kill, so that no confirmation can arrive first.
-	p := &pendingAbort{model: model, at: now, stream: s}
-	f.pending[key] = p
-	for k, q := range f.pending {
-		if now.Sub(q.at) > pendingTTL {
-			delete(f.pending, k) // never confirmed (the worker finished first, or died)
-		}
-	}
+	p := f.remember(&pendingAbort{key: key, model: model, at: time.Now(), stream: s})
 	f.mu.Unlock()
 	if !reqCtx.Cancel(ctxtree.Killed, ctxtree.ReasonClientDisconnected) {
 		f.mu.Lock()
-		delete(f.pending, key)
+		f.forget(p)
 		f.mu.Unlock()
 		return
 	}
@@ -933,6 +930,31 @@ func (f *Frontend) disconnected(reqCtx *ctxtree.Context, s *plane.Stream, id, mo
 	// Counted as a cancellation when the kill's outcome is known: at the
 	// worker's close (or its confirmation), about one round trip from now.
 	s.KillOutcome(func(aborted bool) { f.killOutcome(key, p, aborted) })
+}
+
+// remember puts p in the pending table (mu held) and returns it. Entries
+// never confirmed (the worker finished first, or died) are forgotten after
+// pendingTTL, oldest first, as later ones arrive: O(1) per disconnect.
+func (f *Frontend) remember(p *pendingAbort) *pendingAbort {
+	for e := f.byAge.Front(); e != nil && p.at.Sub(e.Value.(*pendingAbort).at) > pendingTTL; e = f.byAge.Front() {
+		f.forget(e.Value.(*pendingAbort))
+	}
+	f.forget(f.pending[p.key]) // keys are the plane's, unique; a second entry replaces the first
+	f.pending[p.key] = p
+	p.age = f.byAge.PushBack(p)
+	return p
+}
+
+// forget drops p from the pending table (mu held); p may be nil or gone.
+func (f *Frontend) forget(p *pendingAbort) {
+	if p == nil || p.age == nil {
+		return
+	}
+	f.byAge.Remove(p.age)
+	p.age = nil
+	if f.pending[p.key] == p {
+		delete(f.pending, p.key)
+	}
 }
 
 // pendingTTL bounds how long a disconnect waits for its confirmation before

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"sync"
 	"syscall"
 	"time"
@@ -141,13 +142,20 @@ func (w *ctlWriter) drain() {
 	}
 }
 
+// failLocked makes err sticky and drops the backlog. Only a worker that does
+// not read (a backlog past maxCtlBacklog, a drain past its deadline) is
+// reported through fail: any other write error (a reset, a closed
+// connection, a closing Server) is the reader's to find, after the frames
+// that arrived before it (a worker's Final, then its reset).
 func (w *ctlWriter) failLocked(err error) {
 	if w.err != nil {
 		return
 	}
 	w.err = err
 	w.backlog = nil
-	w.fail() // fails the reader: quick, and takes none of w's locks
+	if err == errCtlBacklog || errors.Is(err, os.ErrDeadlineExceeded) {
+		w.fail() // fails the reader: quick, and takes none of w's locks
+	}
 }
 
 // flushed is closed once nothing waits in the backlog.

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"sync"
 	"syscall"
 	"time"
@@ -40,10 +41,18 @@ type ctlWriter struct {
 	backlog []byte
 	busy    chan struct{} // non-nil while a goroutine writes the backlog; closed when it stops
 	err     error         // sticky: the connection failed
+
+	// tryWrite's state (mu). rawFn is w.rawWrite, made once: a Write, often
+	// a Kill on the host's thread, allocates nothing.
+	rawFn func(uintptr) bool
+	tb    []byte
+	tn    int
+	terr  error
 }
 
 func newCtlWriter(c net.Conn, spawn func(func()) bool, limit time.Duration, fail func()) *ctlWriter {
 	w := &ctlWriter{conn: c, spawn: spawn, limit: limit, fail: fail}
+	w.rawFn = w.rawWrite
 	if sc, ok := c.(syscall.Conn); ok {
 		if raw, err := sc.SyscallConn(); err == nil {
 			w.raw = raw
@@ -93,28 +102,34 @@ func (w *ctlWriter) Write(b []byte) (int, error) {
 	return len(b), nil
 }
 
-// tryWrite writes what the socket takes without waiting.
-func (w *ctlWriter) tryWrite(b []byte) (n int, err error) {
-	rerr := w.raw.Write(func(fd uintptr) bool {
-		for n < len(b) {
-			m, e := syscall.Write(int(fd), b[n:])
-			if e == syscall.EINTR {
-				continue
-			}
-			if e != nil || m <= 0 {
-				if e != syscall.EAGAIN {
-					err = e
-				}
-				break
-			}
-			n += m
-		}
-		return true // done either way: never wait here
-	})
+// tryWrite writes what the socket takes without waiting (mu held).
+func (w *ctlWriter) tryWrite(b []byte) (int, error) {
+	w.tb, w.tn, w.terr = b, 0, nil
+	rerr := w.raw.Write(w.rawFn)
+	n, err := w.tn, w.terr
+	w.tb, w.terr = nil, nil
 	if err == nil {
 		err = rerr
 	}
 	return n, err
+}
+
+// rawWrite is tryWrite's callback: it writes w.tb from w.tn on.
+func (w *ctlWriter) rawWrite(fd uintptr) bool {
+	for w.tn < len(w.tb) {
+		m, e := syscall.Write(int(fd), w.tb[w.tn:])
+		if e == syscall.EINTR {
+			continue
+		}
+		if e != nil || m <= 0 {
+			if e != syscall.EAGAIN {
+				w.terr = e
+			}
+			break
+		}
+		w.tn += m
+	}
+	return true // done either way: never wait here
 }
 
 // drain writes the backlog until it is empty, each write within the limit.
@@ -141,13 +156,20 @@ func (w *ctlWriter) drain() {
 	}
 }
 
+// failLocked makes err sticky and drops the backlog. Only a worker that does
+// not read (a backlog past maxCtlBacklog, a drain past its deadline) is
+// reported through fail: any other write error (a reset, a closed
+// connection, a closing Server) is the reader's to find, after the frames
+// that arrived before it (a worker's Final, then its reset).
 func (w *ctlWriter) failLocked(err error) {
 	if w.err != nil {
 		return
 	}
 	w.err = err
 	w.backlog = nil
-	w.fail() // fails the reader: quick, and takes none of w's locks
+	if err == errCtlBacklog || errors.Is(err, os.ErrDeadlineExceeded) {
+		w.fail() // fails the reader: quick, and takes none of w's locks
+	}
 }
 
 // flushed is closed once nothing waits in the backlog.

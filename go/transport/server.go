@@ -547,7 +547,10 @@ func (in *Incoming) writeKill() {
 
 // finishKill half-closes after the Kill and bounds the drain by the linger.
 func (in *Incoming) finishKill() {
-	<-in.ctl.flushed() // the FIN after the Kill, never before: bounded by ctlLimit
+	// The FIN after the Kill, never before. Bounded by twice ctlLimit: the
+	// write in progress and the backlog behind it (the Kill last) each have
+	// ctlLimit; a Server's Close ends the wait at once.
+	<-in.ctl.flushed()
 	if tc, ok := in.conn.(*net.TCPConn); ok {
 		_ = tc.CloseWrite()
 	}

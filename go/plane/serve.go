@@ -379,6 +379,7 @@ func (r *Request) run(addr, token string) {
 		select {
 		case <-r.wake:
 		case <-killed:
+			time.Sleep(transport.KillSettle) // the host's thread first: see KillSettle
 			r.release()
 			go r.confirmAbort()
 			return

@@ -95,14 +95,17 @@ func Dial(ctx context.Context, addr string, token string, opts ...Option) (*Outg
 	return o, nil
 }
 
-// KillSettle is how long a worker's stream waits after a Kill before it
-// tears itself down (closes its connection; the plane's request releases
-// its buffers and confirms the abort). The Kill's handler has just woken
-// the host's event loop, and on a machine with few CPUs the teardown's
-// system calls and wake-ups competed with that thread for a CPU: measured
-// on two CPUs, kill -> the remote handler wakes took 10-15% longer at the
-// median without the wait. Nothing waits for the teardown meanwhile: the
-// caller's outcome of the Kill comes at the close, a millisecond later.
+// KillSettle is how long each side of a stream waits after a Kill before
+// it tears down: the worker before it closes its connection (and the
+// plane's request before it releases its buffers and confirms the abort),
+// the caller before it half-closes. The Kill has just woken the worker's
+// host (its event loop), and on a machine with few CPUs the teardown's
+// system calls and wake-ups, on either side, competed with that thread for
+// a CPU. Measured on two CPUs (bench_plane.py (b), five alternating pairs
+// each): the worker's wait took kill -> the remote handler wakes from
+// 240-297 to 223-276 us at the median, the caller's from there to
+// 196-229 us. Nothing waits for the teardown meanwhile: the caller learns
+// the Kill's outcome at the worker's close, a millisecond later.
 const KillSettle = time.Millisecond
 
 // heartbeat writes a Heartbeat frame unless a write is in progress (which

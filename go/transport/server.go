@@ -508,7 +508,10 @@ func (in *Incoming) afterKill(attached bool, settled func()) {
 	in.signal()
 	call(settled)
 	if attached {
-		in.srv.spawn(in.finishKill)
+		in.srv.spawn(func() {
+			time.Sleep(KillSettle) // the worker's host first: see KillSettle
+			in.finishKill()
+		})
 	}
 }
 

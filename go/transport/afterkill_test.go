@@ -20,17 +20,13 @@ import (
 func TestNothingFollowsTheKill(t *testing.T) {
 	s := listen(t)
 	in := expect(t, s, "tok")
-	c, _, r := rawWorker(t, s, "tok")
-	_ = c.SetReadDeadline(time.Now().Add(waitFor))
-	f, err := r.ReadFrame()
-	require.NoError(t, err)
-	require.Equal(t, frame.Credit, f.Type, "the initial credit")
+	_, _, r := attachedWorker(t, s, "tok")
 
 	in.Kill()
 	// What a Recv that took an item just before the kill then writes.
 	in.writeControl(func(w *frame.Writer) error { return w.WriteCredit(7) })
 
-	f, err = r.ReadFrame()
+	f, err := r.ReadFrame()
 	require.NoError(t, err)
 	require.Equal(t, frame.Kill, f.Type)
 	f, err = r.ReadFrame()

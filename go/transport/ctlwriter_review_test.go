@@ -24,11 +24,7 @@ import (
 func TestControlWriteErrorKeepsWhatArrived(t *testing.T) {
 	s := listen(t)
 	in := expect(t, s, "tok")
-	c, w, r := rawWorker(t, s, "tok")
-	_ = c.SetReadDeadline(time.Now().Add(waitFor))
-	f, err := r.ReadFrame()
-	require.NoError(t, err)
-	require.Equal(t, frame.Credit, f.Type, "the initial credit")
+	c, w, _ := attachedWorker(t, s, "tok")
 
 	require.NoError(t, w.WriteData(item(0)))
 	require.NoError(t, w.Flush())
@@ -59,11 +55,7 @@ func TestControlWriteErrorKeepsWhatArrived(t *testing.T) {
 // waits in the backlog of a deaf worker (the drain and the half-close
 // waiting for it end with the connection), whatever the idle timeout.
 func TestServerCloseWithControlBacklog(t *testing.T) {
-	s := listen(t)
-	in := s.Expect("tok", WithIdleTimeout(time.Minute))
-	defer in.Close()
-	deafWorker(t, s, "tok")
-	fillControl(t, in)
+	in, _, _, _ := deafStream(t, time.Minute)
 	in.Stop()
 	in.Kill()
 	select {
@@ -72,7 +64,7 @@ func TestServerCloseWithControlBacklog(t *testing.T) {
 	default:
 	}
 	t0 := time.Now()
-	require.NoError(t, s.Close())
+	require.NoError(t, in.srv.Close())
 	assert.Less(t, time.Since(t0), time.Second, "Close waited for a deaf worker")
 	_, err := in.Recv(context.Background())
 	assert.ErrorIs(t, err, ErrKilled)
@@ -81,11 +73,7 @@ func TestServerCloseWithControlBacklog(t *testing.T) {
 // TestDrainDeadlineDoesNotLeak: the write deadline of a drained backlog is
 // cleared, so a direct write long after it still goes out.
 func TestDrainDeadlineDoesNotLeak(t *testing.T) {
-	s := listen(t)
-	in := s.Expect("tok", WithIdleTimeout(500*time.Millisecond))
-	defer in.Close()
-	c, r, _ := deafWorker(t, s, "tok")
-	fillControl(t, in)
+	in, c, r, _ := deafStream(t, 500*time.Millisecond)
 	// The worker reads again, at once.
 	types := make(chan frame.Type, 1<<16)
 	go func() {
@@ -130,11 +118,7 @@ func TestDrainDeadlineDoesNotLeak(t *testing.T) {
 func TestControlOrderWithBacklog(t *testing.T) {
 	for i := 0; i < 20 && !t.Failed(); i++ {
 		t.Run("", func(t *testing.T) {
-			s := listen(t)
-			in := s.Expect("tok", WithIdleTimeout(time.Minute))
-			defer in.Close()
-			c, r, beat := deafWorker(t, s, "tok")
-			fillControl(t, in)
+			in, c, r, beat := deafStream(t, time.Minute)
 			var wg sync.WaitGroup
 			start := make(chan struct{})
 			for g := 0; g < 3; g++ {
@@ -153,16 +137,7 @@ func TestControlOrderWithBacklog(t *testing.T) {
 			close(start)
 			beat(false)
 			wg.Wait()
-			_ = c.SetReadDeadline(time.Now().Add(waitFor))
-			var got []frame.Type
-			for {
-				f, err := r.ReadFrame()
-				if err == io.EOF {
-					break
-				}
-				require.NoError(t, err, "iteration %d after %d frames", i, len(got))
-				got = append(got, f.Type)
-			}
+			got := framesUntilEOF(t, c, r)
 			require.NotEmpty(t, got)
 			require.Equal(t, frame.Kill, got[len(got)-1], "iteration %d", i)
 			var stops, kills int

@@ -102,11 +102,7 @@ func fillControl(t *testing.T, in *Incoming) {
 // keeps the stream alive but stops reading it must not block them: they
 // queue behind what the socket could not take.
 func TestKillNeverWaitsForADeafWorker(t *testing.T) {
-	s := listen(t)
-	in := s.Expect("tok", WithIdleTimeout(time.Minute))
-	defer in.Close()
-	c, r, beat := deafWorker(t, s, "tok")
-	fillControl(t, in)
+	in, c, r, beat := deafStream(t, time.Minute)
 
 	t0 := time.Now()
 	in.Stop()
@@ -116,16 +112,7 @@ func TestKillNeverWaitsForADeafWorker(t *testing.T) {
 	// The worker reads at last: the frames come in order, the Kill last,
 	// then the caller's FIN (the half-close waited for the backlog).
 	beat(false)
-	_ = c.SetReadDeadline(time.Now().Add(waitFor))
-	var types []frame.Type
-	for {
-		f, err := r.ReadFrame()
-		if err == io.EOF {
-			break
-		}
-		require.NoError(t, err)
-		types = append(types, f.Type)
-	}
+	types := framesUntilEOF(t, c, r)
 	require.GreaterOrEqual(t, len(types), 2)
 	for _, ty := range types[:len(types)-2] {
 		require.Equal(t, frame.Heartbeat, ty)
@@ -137,11 +124,7 @@ func TestKillNeverWaitsForADeafWorker(t *testing.T) {
 // end the stream (ErrPeerNotReading, an ErrIncomplete, so migration retries
 // it), although the worker keeps sending heartbeats.
 func TestDeafWorkerIsGone(t *testing.T) {
-	s := listen(t)
-	in := s.Expect("tok", WithIdleTimeout(300*time.Millisecond))
-	defer in.Close()
-	deafWorker(t, s, "tok")
-	fillControl(t, in)
+	in, _, _, _ := deafStream(t, 300*time.Millisecond)
 	for i := 0; i < 2000; i++ { // 10 kB more than the socket took
 		in.writeControl(func(w *frame.Writer) error { return w.WriteHeartbeat() })
 	}
@@ -156,11 +139,7 @@ func TestDeafWorkerIsGone(t *testing.T) {
 // more than twice maxCtlBacklog bytes for it; past that the stream ends at
 // once.
 func TestControlBacklogIsBounded(t *testing.T) {
-	s := listen(t)
-	in := s.Expect("tok", WithIdleTimeout(time.Minute))
-	defer in.Close()
-	deafWorker(t, s, "tok")
-	fillControl(t, in)
+	in, _, _, _ := deafStream(t, time.Minute)
 	// The backlog counts what waits behind the write in progress, which
 	// holds at most as much again.
 	for i := 0; i <= 2*maxCtlBacklog/frame.HeaderSize; i++ {
@@ -170,4 +149,45 @@ func TestControlBacklogIsBounded(t *testing.T) {
 	defer cancel()
 	_, err := in.Recv(ctx)
 	require.ErrorIs(t, err, ErrPeerNotReading)
+}
+
+// attachedWorker is rawWorker after the caller's initial credit: the stream
+// is attached. Its reads have a deadline of waitFor.
+func attachedWorker(t *testing.T, s *Server, token string) (net.Conn, *frame.Writer, *frame.Reader) {
+	t.Helper()
+	c, w, r := rawWorker(t, s, token)
+	_ = c.SetReadDeadline(time.Now().Add(waitFor))
+	f, err := r.ReadFrame()
+	require.NoError(t, err)
+	require.Equal(t, frame.Credit, f.Type, "the initial credit")
+	return c, w, r
+}
+
+// framesUntilEOF reads the types of the frames the caller sends until its
+// FIN (waitFor at most).
+func framesUntilEOF(t *testing.T, c net.Conn, r *frame.Reader) []frame.Type {
+	t.Helper()
+	_ = c.SetReadDeadline(time.Now().Add(waitFor))
+	var types []frame.Type
+	for {
+		f, err := r.ReadFrame()
+		if err == io.EOF {
+			return types
+		}
+		require.NoError(t, err, "after %d frames", len(types))
+		types = append(types, f.Type)
+	}
+}
+
+// deafStream is a stream whose worker stopped reading (deafWorker) after the
+// caller's control frames filled the sockets' buffers (fillControl), with
+// the given idle timeout; it is closed at the end of the test.
+func deafStream(t *testing.T, idle time.Duration) (*Incoming, net.Conn, *frame.Reader, func(bool)) {
+	t.Helper()
+	s := listen(t)
+	in := s.Expect("tok", WithIdleTimeout(idle))
+	t.Cleanup(func() { in.Close() })
+	c, r, beat := deafWorker(t, s, "tok")
+	fillControl(t, in)
+	return in, c, r, beat
 }

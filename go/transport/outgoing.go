@@ -86,11 +86,8 @@ func Dial(ctx context.Context, addr string, token string, opts ...Option) (*Outg
 		_ = c.Close()
 		return nil, err
 	}
-	o.live = startLiveness(cfg.idleTimeout, o.heartbeat, func() {
-		// The caller went silent: fail the reader, which reports it Lost.
-		o.silent.Store(true)
-		_ = o.conn.SetReadDeadline(time.Unix(1, 0))
-	})
+	// The caller went silent: fail the reader, which reports it Lost.
+	o.live = startLiveness(cfg.idleTimeout, o.heartbeat, failReader(c, &o.silent))
 	go o.readLoop(frame.NewReaderSize(c, workerReadBuf, workerMaxPayload))
 	return o, nil
 }

@@ -619,19 +619,13 @@ func (in *Incoming) serve(c net.Conn, r *frame.Reader) {
 		return
 	}
 	in.conn = c
-	in.ctl = newCtlWriter(c, in.srv.spawn, in.ctlLimit(), func() {
-		// The worker stopped reading: fail the reader (see brokenErr).
-		in.deaf.Store(true)
-		_ = c.SetReadDeadline(time.Unix(1, 0))
-	})
+	// The worker stopped reading: fail the reader (see brokenErr).
+	in.ctl = newCtlWriter(c, in.srv.spawn, in.ctlLimit(), failReader(c, &in.deaf))
 	in.w = frame.NewWriterSize(in.ctl, callerWriteBuf)
 	killed := in.killed
 	if !killed {
-		in.live = startLiveness(in.idle, in.heartbeat, func() {
-			// The worker went silent: fail the reader (see brokenErr).
-			in.silent.Store(true)
-			_ = c.SetReadDeadline(time.Unix(1, 0))
-		})
+		// The worker went silent: fail the reader (see brokenErr).
+		in.live = startLiveness(in.idle, in.heartbeat, failReader(c, &in.silent))
 		// Writing under mu orders these frames before any Stop, Kill or
 		// credit that another goroutine sends once it sees conn set.
 		in.credit = in.window
@@ -742,6 +736,16 @@ func (in *Incoming) brokenErr(err error) error {
 		return fmt.Errorf("%w: %v", ErrIncomplete, err)
 	}
 	return ErrIncomplete // EOF, reset, timeout: the worker is gone
+}
+
+// failReader returns the function that ends a stream's reader for a reason
+// the reader then reports: it records why, and makes the connection's
+// pending and next reads fail at once.
+func failReader(c net.Conn, why *atomic.Bool) func() {
+	return func() {
+		why.Store(true)
+		_ = c.SetReadDeadline(time.Unix(1, 0))
+	}
 }
 
 // call runs f unless it is nil.

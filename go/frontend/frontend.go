@@ -391,7 +391,7 @@ func (f *Frontend) onAbortConfirmed(a plane.AbortConfirmation) {
 // knows it aborted something (see plane.Stream.KillOutcome): a kill that
 // crossed the worker's end frame cancelled nothing, and its worker sends no
 // confirmation, so it is forgotten.
-func (f *Frontend) killOutcome(key string, p *pendingAbort, aborted bool) {
+func (f *Frontend) killOutcome(p *pendingAbort, aborted bool) {
 	f.mu.Lock()
 	if p.counted {
 		f.mu.Unlock()
@@ -404,10 +404,10 @@ func (f *Frontend) killOutcome(key string, p *pendingAbort, aborted bool) {
 	}
 	f.mu.Unlock()
 	if aborted {
-		slog.Debug("cancellation counted, waiting for its confirmation", "request_key", key, "model", p.model)
+		slog.Debug("cancellation counted, waiting for its confirmation", "request_key", p.key, "model", p.model)
 		f.metrics.cancellation(p.model)
 	} else {
-		slog.Debug("client disconnected after the worker had finished: nothing cancelled", "request_key", key, "model", p.model)
+		slog.Debug("client disconnected after the worker had finished: nothing cancelled", "request_key", p.key, "model", p.model)
 	}
 }
 
@@ -929,7 +929,7 @@ func (f *Frontend) disconnected(reqCtx *ctxtree.Context, s *plane.Stream, id, mo
 	slog.Info("client disconnected: request killed", "request_id", id, "request_key", key, "model", model)
 	// Counted as a cancellation when the kill's outcome is known: at the
 	// worker's close (or its confirmation), about one round trip from now.
-	s.KillOutcome(func(aborted bool) { f.killOutcome(key, p, aborted) })
+	s.KillOutcome(func(aborted bool) { f.killOutcome(p, aborted) })
 }
 
 // remember puts p in the pending table (mu held) and returns it. Entries

@@ -28,10 +28,15 @@ const maxCredit = 1 << 62
 // Outgoing is the worker's side of one stream. All methods are safe for
 // concurrent use; concurrent Sends are serialised, each item written whole.
 type Outgoing struct {
-	conn   net.Conn
+	conn   net.Conn // replaced only by redial, before the caller's first frame (mu and wmu held)
 	linger time.Duration
-	live   *liveness   // nil when liveness is disabled
-	silent atomic.Bool // the caller was declared gone by the liveness check
+	addr   string
+	token  string
+	// redialBy and redials bound redial: see redialLimit.
+	redialBy time.Time
+	redials  int
+	live     *liveness   // nil when liveness is disabled
+	silent   atomic.Bool // the caller was declared gone by the liveness check
 
 	stopped chan struct{} // closed on Stop
 	killed  chan struct{} // closed on Kill
@@ -39,6 +44,9 @@ type Outgoing struct {
 	ended   chan struct{} // closed by Finish, Fail or Close: wakes blocked Sends
 	done    chan struct{} // closed when the reader has exited and conn is closed
 	credits chan struct{} // cap 1: "credit arrived", for blocked Sends
+	// attached is closed when the caller's first frame arrives: the caller
+	// has read the Hello and serves the stream on this connection.
+	attached chan struct{}
 
 	mu         sync.Mutex
 	credit     int64
@@ -55,41 +63,109 @@ type Outgoing struct {
 }
 
 // Dial connects to the caller's Server at addr and sends Hello with token.
-// ctx bounds the connection attempt only. Of the options, WithLinger and
-// WithIdleTimeout apply.
+// ctx bounds the connection attempt only. Of the options, WithLinger,
+// WithIdleTimeout and WithConnectTimeout apply; the last bounds redials:
+// a caller that closes the connection before its first frame has not
+// served the stream on it (its Server dropped the connection before it read
+// the Hello, see MaxPendingConns), so the Outgoing dials again, a few times
+// within the connect timeout, before it reports the caller Lost.
 // The Outgoing may Send as soon as the caller's first credit arrives.
 func Dial(ctx context.Context, addr string, token string, opts ...Option) (*Outgoing, error) {
 	cfg := newConfig(nil, opts)
+	start := time.Now()
+	c, w, err := dialHello(ctx, addr, token)
+	if err != nil {
+		return nil, err
+	}
+	o := &Outgoing{
+		conn:     c,
+		linger:   cfg.linger,
+		addr:     addr,
+		token:    token,
+		redialBy: start.Add(cfg.connectTimeout),
+		stopped:  make(chan struct{}),
+		killed:   make(chan struct{}),
+		lost:     make(chan struct{}),
+		ended:    make(chan struct{}),
+		done:     make(chan struct{}),
+		credits:  make(chan struct{}, 1),
+		attached: make(chan struct{}),
+		w:        w,
+	}
+	// The caller went silent: fail the reader, which reports it Lost.
+	o.live = startLiveness(cfg.idleTimeout, o.heartbeat, func() {
+		o.mu.Lock()
+		c := o.conn
+		o.mu.Unlock()
+		failReader(c, &o.silent)()
+	})
+	go o.readLoop(frame.NewReaderSize(c, workerReadBuf, workerMaxPayload))
+	return o, nil
+}
+
+// dialHello connects to addr and writes the Hello with token.
+func dialHello(ctx context.Context, addr, token string) (net.Conn, *frame.Writer, error) {
 	var d net.Dialer // keepalive on by default: detects a vanished caller host
 	c, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if tc, ok := c.(*net.TCPConn); ok {
 		_ = tc.SetNoDelay(true) // Go's default, made explicit: items must not wait
 	}
-	o := &Outgoing{
-		conn:    c,
-		linger:  cfg.linger,
-		stopped: make(chan struct{}),
-		killed:  make(chan struct{}),
-		lost:    make(chan struct{}),
-		ended:   make(chan struct{}),
-		done:    make(chan struct{}),
-		credits: make(chan struct{}, 1),
-		w:       frame.NewWriterSize(c, workerWriteBuf),
-	}
-	if err := o.w.WriteHello([]byte(token)); err == nil {
-		err = o.w.Flush()
+	w := frame.NewWriterSize(c, workerWriteBuf)
+	if err := w.WriteHello([]byte(token)); err == nil {
+		err = w.Flush()
 	}
 	if err != nil {
 		_ = c.Close()
-		return nil, err
+		return nil, nil, err
 	}
-	// The caller went silent: fail the reader, which reports it Lost.
-	o.live = startLiveness(cfg.idleTimeout, o.heartbeat, failReader(c, &o.silent))
-	go o.readLoop(frame.NewReaderSize(c, workerReadBuf, workerMaxPayload))
-	return o, nil
+	return c, w, nil
+}
+
+// redialLimit bounds redials of one stream: at most this many, the first at
+// once, then after 1, 2, 4... ms, all within the connect timeout of Dial.
+// A caller that no longer expects the token (its wait expired) closes every
+// redial after reading its Hello, so this also bounds what that costs.
+const redialLimit = 8
+
+// redial replaces a connection the caller closed before its first frame
+// (see Dial) and returns the reader of the new one; false if the stream
+// must end instead: the limit is reached, the caller cannot be reached, or
+// the stream was ended locally meanwhile.
+func (o *Outgoing) redial() (*frame.Reader, bool) {
+	o.mu.Lock()
+	ok := !o.isEnded && !o.silent.Load() && o.redials < redialLimit
+	n := o.redials
+	o.redials++
+	o.mu.Unlock()
+	if !ok {
+		return nil, false
+	}
+	if n > 0 {
+		time.Sleep(time.Duration(1<<(n-1)) * time.Millisecond)
+	}
+	ctx, cancel := context.WithDeadline(context.Background(), o.redialBy)
+	defer cancel()
+	c, w, err := dialHello(ctx, o.addr, o.token)
+	if err != nil {
+		return nil, false
+	}
+	o.wmu.Lock()
+	o.mu.Lock()
+	if o.isEnded {
+		o.mu.Unlock()
+		o.wmu.Unlock()
+		_ = c.Close()
+		return nil, false
+	}
+	old := o.conn
+	o.conn, o.w = c, w
+	o.mu.Unlock()
+	o.wmu.Unlock()
+	_ = old.Close()
+	return frame.NewReaderSize(c, workerReadBuf, workerMaxPayload), true
 }
 
 // KillSettle is how long each side of a stream waits after a Kill before
@@ -273,6 +349,15 @@ func (o *Outgoing) Incomplete(msg string) error {
 }
 
 func (o *Outgoing) end(write func(*frame.Writer) error) error {
+	// Nothing but the Hello goes out before the caller's first frame: a
+	// connection that the caller drops unread (see Dial) must not take the
+	// end frame with it. The caller sends its credit as it reads the Hello.
+	select {
+	case <-o.attached:
+	case <-o.lost:
+	case <-o.done:
+	case <-o.ended:
+	}
 	o.mu.Lock()
 	err := o.stateErr()
 	if !o.isEnded {
@@ -290,8 +375,9 @@ func (o *Outgoing) end(write func(*frame.Writer) error) error {
 		err = o.w.Flush()
 	}
 	o.wShut = true
+	c := o.conn
 	o.wmu.Unlock()
-	o.halfClose()
+	o.halfClose(c)
 	if err != nil {
 		return o.writeErr(err)
 	}
@@ -302,11 +388,11 @@ func (o *Outgoing) end(write func(*frame.Writer) error) error {
 // caller's last control frames until the caller closes, at most the linger
 // timeout. Closing outright could reset the connection (unread control
 // frames make the kernel send RST), destroying a Final still in flight.
-func (o *Outgoing) halfClose() {
-	if tc, ok := o.conn.(*net.TCPConn); ok {
+func (o *Outgoing) halfClose(c net.Conn) {
+	if tc, ok := c.(*net.TCPConn); ok {
 		_ = tc.CloseWrite()
 	}
-	_ = o.conn.SetReadDeadline(time.Now().Add(o.linger))
+	_ = c.SetReadDeadline(time.Now().Add(o.linger))
 }
 
 // Close ends the stream without a final marker, so the caller's Recv returns
@@ -320,6 +406,7 @@ func (o *Outgoing) Close() error {
 		o.isEnded = true
 		close(o.ended)
 	}
+	c := o.conn // the last: no redial after the end
 	o.mu.Unlock()
 	if wasEnded {
 		return nil
@@ -327,8 +414,8 @@ func (o *Outgoing) Close() error {
 	o.live.stop()
 	// A Send blocked in a write holds wmu: the past write deadline releases it,
 	// (its frame may be cut, which the caller sees as ErrIncomplete too).
-	_ = o.conn.SetWriteDeadline(time.Unix(1, 0))
-	o.halfClose()
+	_ = c.SetWriteDeadline(time.Unix(1, 0))
+	o.halfClose(c)
 	return nil
 }
 
@@ -379,12 +466,23 @@ func (o *Outgoing) OnControl(f func(Event)) {
 
 func (o *Outgoing) readLoop(r *frame.Reader) {
 	defer close(o.done)
-	defer o.conn.Close()
+	defer func() { _ = o.conn.Close() }() // only this goroutine replaces o.conn
 	defer o.live.stop()
+	attached := false
 	for {
 		f, err := r.ReadFrame()
 		if err == nil {
 			o.live.sawFrame()
+			if !attached {
+				attached = true
+				close(o.attached)
+			}
+		} else if !attached {
+			// Closed before the caller's first frame: not served here.
+			if nr, ok := o.redial(); ok {
+				r = nr
+				continue
+			}
 		}
 		o.mu.Lock()
 		if o.isEnded {

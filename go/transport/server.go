@@ -1,6 +1,7 @@
 package transport
 
 import (
+	"container/list"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -26,17 +27,49 @@ const (
 // reach the port can open them, so each costs O(1) memory (the Hello is
 // read into a fixed array, before any buffer is allocated), is refused as
 // soon as its Hello is longer than a token, is dropped after the connect
-// timeout, and there are at most MaxPendingConns of them. At the bound the
-// Server stops accepting until one presents its Hello or is dropped: later
-// connections wait in the kernel's listen queue instead of being refused,
-// so a burst of real workers (a thousand streams starting at once, faster
-// than their Hellos are read) loses none of them.
+// timeout, and there are at most MaxPendingConns of them.
+//
+// At the bound, a new connection takes the place of a silent one: the
+// oldest of those from the source host (IPv4 address, IPv6 /64) that holds
+// the most, once it has been silent for EvictAfter; until then the new one
+// waits, and those behind it wait in the kernel's listen queue. So a flood
+// of silent connections (a few hundred a second from anyone who can reach
+// the port) cannot keep workers out, and costs the flooder its own
+// connections first. A worker whose connection is dropped that way, before
+// its Hello was read (a burst of real workers larger than the bound, slow
+// to write their Hellos), dials again: see Dial.
 const (
 	// MaxTokenLen is the longest Hello payload accepted; NewToken makes 32.
 	MaxTokenLen = 64
 	// MaxPendingConns bounds connections accepted and still without a Hello.
 	MaxPendingConns = 512
+	// EvictAfter is how long a connection without a Hello is safe from
+	// eviction at the bound: far above how long a worker takes to write
+	// its Hello on a machine that is not starved of CPU.
+	EvictAfter = 100 * time.Millisecond
 )
+
+// pendingConn is an accepted connection whose Hello has not been read.
+type pendingConn struct {
+	c       net.Conn
+	host    string
+	since   time.Time
+	elem    *list.Element // in Server.silent[host] until the Hello is read or it is evicted
+	evicted bool
+}
+
+// hostOf is the key by which eviction groups connections: the IPv4
+// address, or the IPv6 /64 (one host may hold a whole /64).
+func hostOf(a net.Addr) string {
+	ta, ok := a.(*net.TCPAddr)
+	if !ok {
+		return a.String()
+	}
+	if ip4 := ta.IP.To4(); ip4 != nil {
+		return string(ip4)
+	}
+	return string(ta.IP.Mask(net.CIDRMask(64, 128)))
+}
 
 // Server accepts the connections of workers on behalf of a caller and routes
 // each to the Incoming stream registered with the token of its Hello.
@@ -50,7 +83,9 @@ type Server struct {
 	pending map[string]*Incoming  // expected, not yet connected
 	conns   map[net.Conn]struct{} // accepted, not yet released
 	unhello int                   // accepted connections still without a Hello
-	room    sync.Cond             // on mu: unhello fell below MaxPendingConns, or closed
+	silent  map[string]*list.List // by host: those of them not evicted, oldest first
+	evicted int                   // of unhello: evicted, not yet released
+	room    sync.Cond             // on mu: unhello fell, or closed (or an eviction is due)
 	wg      sync.WaitGroup        // accept loop + one goroutine per connection
 }
 
@@ -66,6 +101,7 @@ func Listen(addr string, opts ...Option) (*Server, error) {
 		cfg:     newConfig(nil, opts),
 		pending: make(map[string]*Incoming),
 		conns:   make(map[net.Conn]struct{}),
+		silent:  make(map[string]*list.List),
 	}
 	s.room.L = &s.mu
 	s.wg.Add(1)
@@ -131,17 +167,6 @@ func (s *Server) acceptLoop() {
 	defer s.wg.Done()
 	var backoff time.Duration
 	for {
-		// Only this loop adds to unhello: after the wait there is room for
-		// the connection Accept returns.
-		s.mu.Lock()
-		for s.unhello >= MaxPendingConns && !s.closed {
-			s.room.Wait()
-		}
-		closed := s.closed
-		s.mu.Unlock()
-		if closed {
-			return
-		}
 		c, err := s.ln.Accept()
 		if err != nil {
 			if s.isClosed() || errors.Is(err, net.ErrClosed) {
@@ -154,39 +179,120 @@ func (s *Server) acceptLoop() {
 			continue
 		}
 		backoff = 0
+		p := &pendingConn{c: c, host: hostOf(c.RemoteAddr())}
 		s.mu.Lock()
-		if s.closed {
+		if !s.makeRoom() {
 			s.mu.Unlock()
 			_ = c.Close()
 			return
 		}
 		s.unhello++
+		p.since = time.Now()
+		l := s.silent[p.host]
+		if l == nil {
+			l = list.New()
+			s.silent[p.host] = l
+		}
+		p.elem = l.PushBack(p)
 		s.conns[c] = struct{}{}
 		s.wg.Add(1) // under mu, so never after Close's Wait has started
 		s.mu.Unlock()
-		go s.serveConn(c)
+		go s.serveConn(p)
+	}
+}
+
+// makeRoom waits (mu held) until there is room for one more connection
+// without a Hello, evicting a silent one when one is due (see EvictAfter).
+// It returns false if the Server closed.
+func (s *Server) makeRoom() bool {
+	for s.unhello >= MaxPendingConns && !s.closed {
+		if s.unhello-s.evicted < MaxPendingConns {
+			s.room.Wait() // an evicted connection is on its way out
+			continue
+		}
+		v, wait := s.victim(time.Now())
+		if v == nil {
+			t := time.AfterFunc(wait, func() {
+				s.mu.Lock()
+				s.room.Broadcast()
+				s.mu.Unlock()
+			})
+			s.room.Wait()
+			t.Stop()
+			continue
+		}
+		s.unlist(v)
+		v.evicted = true
+		s.evicted++
+		s.mu.Unlock()
+		_ = v.c.Close() // its serveConn's read fails at once
+		s.mu.Lock()
+	}
+	return !s.closed
+}
+
+// victim (mu held) is the connection to evict: the oldest of the host
+// holding the most silent connections, if it is due; otherwise nil and how
+// long until it is.
+func (s *Server) victim(now time.Time) (*pendingConn, time.Duration) {
+	var most *list.List
+	for _, l := range s.silent {
+		if most == nil || l.Len() > most.Len() ||
+			l.Len() == most.Len() && l.Front().Value.(*pendingConn).since.Before(most.Front().Value.(*pendingConn).since) {
+			most = l
+		}
+	}
+	if most == nil {
+		return nil, EvictAfter // unreachable: the caller holds MaxPendingConns of them
+	}
+	v := most.Front().Value.(*pendingConn)
+	if age := now.Sub(v.since); age < EvictAfter {
+		return nil, EvictAfter - age
+	}
+	return v, 0
+}
+
+// unlist removes p from the silent connections (mu held).
+func (s *Server) unlist(p *pendingConn) {
+	l := s.silent[p.host]
+	l.Remove(p.elem)
+	p.elem = nil
+	if l.Len() == 0 {
+		delete(s.silent, p.host)
 	}
 }
 
 // serveConn is the one goroutine of an accepted connection: it reads the
 // Hello, attaches the connection to its Incoming and then is that stream's
 // reader until the stream ends.
-func (s *Server) serveConn(c net.Conn) {
+func (s *Server) serveConn(p *pendingConn) {
+	c := p.c
 	defer s.wg.Done()
 	defer s.release(c)
 	if tc, ok := c.(*net.TCPConn); ok {
 		_ = tc.SetNoDelay(true) // Go's default, made explicit: control frames must not wait
 	}
-	_ = c.SetReadDeadline(time.Now().Add(s.cfg.connectTimeout))
+	_ = c.SetReadDeadline(p.since.Add(s.cfg.connectTimeout))
 	token, ok := readHello(c)
 	s.mu.Lock()
 	s.unhello--
+	if p.evicted {
+		// Evicted (closed) as, or before, its Hello was read: its worker
+		// dials again, and finds its stream still expected.
+		s.evicted--
+		ok = false
+	} else if s.silent != nil {
+		s.unlist(p)
+	}
 	s.room.Signal()
 	var in *Incoming
 	if ok {
 		if in = s.pending[token]; in != nil {
 			delete(s.pending, in.token) // one connection per token
 		}
+	}
+	if in == nil && s.conns != nil {
+		delete(s.conns, c) // before room is used: conns stays within the bound too
 	}
 	s.mu.Unlock()
 	if in == nil {

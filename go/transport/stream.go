@@ -159,6 +159,8 @@ func newConfig(base *config, opts []Option) config {
 // for its worker, and how long an accepted connection may take to send its
 // Hello. Default 3 s: a worker dials as soon as it acknowledged the request,
 // so a longer wait only delays noticing a worker that stalled in between.
+// On the worker's side (Dial) it bounds the redials of a connection the
+// caller dropped before reading its Hello.
 func WithConnectTimeout(d time.Duration) Option {
 	return func(c *config) {
 		if d > 0 {

@@ -6,6 +6,8 @@
 - Connections to a worker's metrics port that never finish their request are released
   by the read deadline, and past the connection cap new ones are closed at once.
 - The body limit is taken from the environment when the frontend starts.
+- A flood of silent connections to the frontend's stream port (where workers
+  connect their response streams) keeps no request from completing.
 """
 
 from __future__ import annotations
@@ -194,6 +196,72 @@ def test_metrics_half_open_released(stack):
     assert held <= cap
     # The listener still serves.
     assert "dynamo_ctx_worker" in " ".join(worker.metrics())
+
+
+class SilentFlood:
+    """Connections to ``port`` that never send a byte: ``n`` at once, then ``rate`` a second on a
+    thread until ``stop()``, keeping at most ``keep`` of its own ends open (the oldest are closed)."""
+
+    def __init__(self, port: int, n: int, rate: float, keep: int) -> None:
+        self.port, self.rate, self.keep = port, rate, keep
+        self.socks: List[socket.socket] = []
+        self.opened = 0
+        for _ in range(n):
+            self._open()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="silent-flood")
+        self._thread.start()
+
+    def _open(self) -> None:
+        try:
+            s = socket.create_connection(("127.0.0.1", self.port), timeout=1.0)
+        except OSError:
+            return  # the listen queue is full: the flood goes on
+        self.opened += 1
+        self.socks.append(s)
+        while len(self.socks) > self.keep:
+            self.socks.pop(0).close()
+
+    def _run(self) -> None:
+        while not self._stop.wait(1.0 / self.rate):
+            self._open()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+        for s in self.socks:
+            s.close()
+
+
+def test_stream_port_flood(stack):
+    """Anyone on the machine can reach a caller's stream port. While one process holds more
+    silent connections there than the frontend keeps without a Hello (512) and opens 300
+    more a second, for longer than the connect timeout (3 s), every request still completes
+    token-exact: before eviction, the workers' stream connections waited behind the flood
+    until the connect timeout failed them."""
+    stack.start([{"mode": "agg"}], frontend=False)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        stream_port = s.getsockname()[1]
+    stack.env["DYNAMO_CTX_STREAM_ADDR"] = f"127.0.0.1:{stream_port}"
+    stack.start([])  # the frontend alone listens on that stream port
+    fe = stack.frontend
+    client = fe.openai()
+    client.completions.create(model=stack.model, prompt="warm", max_tokens=2)
+    flood = SilentFlood(stream_port, 600, rate=300, keep=1500)
+    try:
+        t0 = time.monotonic()
+        done = 0
+        while time.monotonic() - t0 < 4.0:
+            prompt = f"through the flood {done}"
+            out = client.completions.create(model=stack.model, prompt=prompt, max_tokens=8)
+            assert out.choices[0].text == stack.expected_text(prompt, 8)
+            done += 1
+    finally:
+        flood.stop()
+    assert done >= 3
+    assert flood.opened > 600
+    assert stack.worker("agg").log_count(r"could not connect the response stream") == 0
 
 
 def test_body_limit_from_environment(monkeypatch):

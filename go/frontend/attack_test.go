@@ -1,0 +1,108 @@
+package frontend_test
+
+// Findings of the 2026-12-04 security review (branch attack): each test
+// fails on main a8a1fec.
+
+import (
+	"bytes"
+	"fmt"
+	"net"
+	"net/http"
+	"runtime"
+	"strings"
+	"testing"
+	"sync/atomic"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/dynamo-ctx/dynamo-ctx/go/internal/planetest"
+	"github.com/dynamo-ctx/dynamo-ctx/go/plane"
+)
+
+// TestChatContentPartsCostLinear: a chat message whose content is a list of
+// many short text parts is refused (400, the prompt is over the context
+// length) in time linear in the body. chatText concatenates the parts with
+// `text += p.Text`, which copies the whole text for every part: a 4 MiB body
+// of 12-byte parts costs ~P^2*L/2 byte copies.
+func TestChatContentPartsCostLinear(t *testing.T) {
+	e, _ := one(t)
+	e.slow = true
+	const budget = 3 << 20
+	part := `{"type":"text","text":"aaaaaaaaaaaa"},`
+	n := budget / len(part)
+	var b bytes.Buffer
+	b.WriteString(`{"model":"m","max_tokens":1,"messages":[{"role":"user","content":[`)
+	b.WriteString(strings.Repeat(part, n-1))
+	b.WriteString(`{"type":"text","text":"aaaaaaaaaaaa"}]}]}`)
+	var ms0, ms1 runtime.MemStats
+	runtime.ReadMemStats(&ms0)
+	start := time.Now()
+	r := e.post("/v1/chat/completions", b.String(), nil)
+	took := time.Since(start)
+	runtime.ReadMemStats(&ms1)
+	t.Logf("%d parts, %d bytes: status %d in %v, allocated %d MiB", n, b.Len(), r.status, took, (ms1.TotalAlloc-ms0.TotalAlloc)>>20)
+	assert.Equal(t, http.StatusBadRequest, r.status)
+	assert.Less(t, took, 2*time.Second, "one request of %d bytes took %v of frontend CPU", b.Len(), took)
+	assert.Less(t, ms1.TotalAlloc-ms0.TotalAlloc, uint64(512<<20), "allocated %d MiB", (ms1.TotalAlloc-ms0.TotalAlloc)>>20)
+}
+
+// TestDeclaredLengthIsNotAllocatedUpFront: a client that sends only the
+// headers of a request declaring a body of the limit (4 MiB) and then
+// nothing makes the frontend allocate the whole 4 MiB at once (readBody's
+// make([]byte, ContentLength)) and hold it for the read timeout (30 s):
+// ~150 bytes sent cost 4 MiB, with no bound on such connections.
+func TestDeclaredLengthIsNotAllocatedUpFront(t *testing.T) {
+	e, _ := one(t)
+	heap := func() uint64 {
+		runtime.GC()
+		var ms runtime.MemStats
+		runtime.ReadMemStats(&ms)
+		return ms.HeapAlloc
+	}
+	before := heap()
+	const conns = 64
+	var open []net.Conn
+	defer func() {
+		for _, c := range open {
+			_ = c.Close()
+		}
+	}()
+	for i := 0; i < conns; i++ {
+		c, err := net.DialTimeout("tcp", e.fe.Addr(), planetest.WaitLimit)
+		require.NoError(t, err)
+		open = append(open, c)
+		_, err = fmt.Fprintf(c, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n{", 4<<20)
+		require.NoError(t, err)
+	}
+	time.Sleep(500 * time.Millisecond)
+	after := heap()
+	grew := int64(after) - int64(before)
+	t.Logf("%d connections that sent headers and 1 byte of body: heap grew by %d MiB", conns, grew>>20)
+	assert.Less(t, grew, int64(conns*64<<10), "each silent body holds %d KiB", grew/conns>>10)
+}
+
+// TestStopTokenIDsNotAmplified: stop_token_ids has no bound but the body's,
+// and it is copied into each of the n (up to 128) worker requests, so one
+// 1 MiB request becomes 128 MiB of envelopes on the bus and in the workers
+// (measured with the Python mock worker and a 4 MiB body: the worker's RSS
+// peaked at 4.7 GiB and stayed at 1.2 GiB, and another client's request to
+// the same worker waited 49 s). The most a request within the documented
+// limits can otherwise send is 128 prompts of the context length (~25 MiB).
+func TestStopTokenIDsNotAmplified(t *testing.T) {
+	e := newEnv(t)
+	e.slow = true
+	var total atomic.Int64
+	e.worker("w", "dynamo", "m", 0, func(w *planetest.Worker, req *plane.Request) {
+		total.Add(int64(len(req.Payload)))
+		planetest.Tokens(w, req)
+	})
+	e.start()
+	e.waitModels("m")
+	ids := strings.TrimSuffix(strings.Repeat("1,", 500_000), ",")
+	body := `{"model":"m","prompt":"hi","max_tokens":1,"n":128,"stop_token_ids":[` + ids + `]}`
+	r := e.post("/v1/completions", body, nil)
+	t.Logf("body %d bytes: status %d, %d MiB sent to the worker", len(body), r.status, total.Load()>>20)
+	assert.Less(t, total.Load(), int64(32<<20), "a %d-byte request sent %d MiB to workers", len(body), total.Load()>>20)
+}

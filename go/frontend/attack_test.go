@@ -10,8 +10,8 @@ import (
 	"net/http"
 	"runtime"
 	"strings"
-	"testing"
 	"sync/atomic"
+	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"

@@ -5,6 +5,7 @@ package frontend_test
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"net"
 	"net/http"
@@ -17,6 +18,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/dynamo-ctx/dynamo-ctx/go/frontend"
 	"github.com/dynamo-ctx/dynamo-ctx/go/internal/planetest"
 	"github.com/dynamo-ctx/dynamo-ctx/go/plane"
 )
@@ -105,4 +107,34 @@ func TestStopTokenIDsNotAmplified(t *testing.T) {
 	r := e.post("/v1/completions", body, nil)
 	t.Logf("body %d bytes: status %d, %d MiB sent to the worker", len(body), r.status, total.Load()>>20)
 	assert.Less(t, total.Load(), int64(32<<20), "a %d-byte request sent %d MiB to workers", len(body), total.Load()>>20)
+}
+
+// TestLongStopStringCostLinear: stop strings have no length bound, and the
+// stop matcher holds back text that could start a stop string by
+// concatenating it (s.pending += text) and rescanning it per token. A client
+// who can predict the output (the mock engine's is deterministic; a real
+// model told to repeat a word is close) gives as stop string the expected
+// text plus one more character: every token then copies and rescans all the
+// text so far, O(tokens^2) per choice, times n choices.
+func TestLongStopStringCostLinear(t *testing.T) {
+	e, _ := one(t)
+	e.slow = true
+	const tokens, n = 30000, 4
+	plain := func(stop string) (time.Duration, int) {
+		body, _ := json.Marshal(map[string]any{"model": "m", "prompt": "hi", "max_tokens": tokens, "n": n, "stop": []string{stop}})
+		start := time.Now()
+		r := e.post("/v1/completions", string(body), nil)
+		return time.Since(start), r.status
+	}
+	ids := make([]int, tokens)
+	for i := range ids {
+		ids[i] = 2 + i // planetest.Tokens continues the prompt's 2 tokens
+	}
+	expected := frontend.Detokenize(ids)
+	base, st := plain("\x00never")
+	require.Equal(t, http.StatusOK, st)
+	slow, st := plain(expected + "X")
+	require.Equal(t, http.StatusOK, st)
+	t.Logf("%d tokens x %d choices: %v with a short stop string, %v with a %d-byte one", tokens, n, base, slow, len(expected)+1)
+	assert.Less(t, slow, 4*base+time.Second, "the stop string made the request %.0fx slower", float64(slow)/float64(base))
 }

@@ -138,3 +138,26 @@ func TestLongStopStringCostLinear(t *testing.T) {
 	t.Logf("%d tokens x %d choices: %v with a short stop string, %v with a %d-byte one", tokens, n, base, slow, len(expected)+1)
 	assert.Less(t, slow, 4*base+time.Second, "the stop string made the request %.0fx slower", float64(slow)/float64(base))
 }
+
+// TestJSONKeysMatchExactly: encoding/json matches object keys without regard
+// to case, with Unicode folding (the Kelvin sign K matches k, the long s
+// matches s), the last match winning. A gateway in front of the frontend
+// (docs/security.md tells deployments to put one there for authentication
+// and rate limits) that reads the body with an exact-key parser (Python's
+// json, most others) and enforces, say, max_tokens <= 1 sees
+// {"max_tokens": 1, "MAX_TOKENS": 7} as max_tokens 1; the frontend runs 7
+// tokens. The same holds for model (routing, per-model policy), n and stream.
+func TestJSONKeysMatchExactly(t *testing.T) {
+	e, _ := one(t)
+	for _, body := range []string{
+		`{"model":"m","prompt":"hi","max_tokens":1,"MAX_TOKENS":7}`,
+		`{"model":"m","prompt":"hi","max_tokens":1,"max_to` + "\u212a" + `ens":7}`,
+	} {
+		r := e.post("/v1/completions", body, nil)
+		if r.status != http.StatusOK {
+			continue // refusing the ambiguous body is fine too
+		}
+		usage := r.json(t)["usage"].(map[string]any)
+		assert.EqualValues(t, 1, usage["completion_tokens"], "body %s: max_tokens is 1 to an exact-key reader", body)
+	}
+}

@@ -1,7 +1,8 @@
 package frontend_test
 
 // Findings of the 2026-12-04 security review (branch attack): each test
-// fails on main a8a1fec.
+// fails on main a8a1fec (TestChatContentPartsCostLinear passes after the
+// chatText fix on this branch).
 
 import (
 	"bytes"

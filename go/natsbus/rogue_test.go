@@ -5,6 +5,7 @@ import (
 	"net"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -71,4 +72,74 @@ func TestRogueServerOnEmbeddableAddress(t *testing.T) {
 			hook.mu.Unlock()
 		}
 	}
+}
+
+// TestTakeoverRaceWithRogue (review finding, 2026-12-04): when the process
+// hosting the embedded server exits, its port is free until a survivor binds
+// it again. Another user who keeps trying to bind it gets there first some of
+// the time; the survivors then reconnect to that listener (nats.go redials
+// the same URL) and present the user's token in their CONNECT line.
+func TestTakeoverRaceWithRogue(t *testing.T) {
+	t.Setenv(EnvRuntimeDir, filepath.Join(t.TempDir(), "rt"))
+	const trials = 10
+	won := 0
+	for i := 0; i < trials; i++ {
+		addr := "127.0.0.1:" + freePort(t)
+		url := "nats://" + addr
+		host, err := Connect(context.Background(), Options{URL: url, EmbedIfAbsent: true, Logger: quiet})
+		require.NoError(t, err)
+		require.True(t, host.Embedded())
+		a, err := Connect(context.Background(), Options{URL: url, EmbedIfAbsent: true, Logger: quiet})
+		require.NoError(t, err)
+		secret, err := readToken("127.0.0.1", addr[len("127.0.0.1:"):])
+		require.NoError(t, err)
+
+		stop := make(chan struct{})
+		tokens := make(chan string, 16)
+		bound := make(chan net.Listener, 1)
+		go func() { // the rogue: binds the port the moment it is free
+			for {
+				select {
+				case <-stop:
+					bound <- nil
+					return
+				default:
+				}
+				if l, err := net.Listen("tcp", addr); err == nil {
+					bound <- l
+					for {
+						c, err := l.Accept()
+						if err != nil {
+							return
+						}
+						go func() {
+							defer c.Close()
+							_, _ = c.Write([]byte(`INFO {"server_id":"rogue","version":"2.10.0","proto":1,"max_payload":1048576,"auth_required":true}` + "\r\n"))
+							buf := make([]byte, 4096)
+							_ = c.SetReadDeadline(time.Now().Add(2 * time.Second))
+							n, _ := c.Read(buf)
+							tokens <- string(buf[:n])
+						}()
+					}
+				}
+			}
+		}()
+		host.Close()
+		time.Sleep(300 * time.Millisecond)
+		close(stop)
+		l := <-bound
+		if l != nil {
+			select {
+			case line := <-tokens:
+				if strings.Contains(line, secret) {
+					won++
+				}
+			case <-time.After(2 * time.Second):
+			}
+			l.Close()
+		}
+		a.Close()
+	}
+	t.Logf("the rogue bound the port and received the user's token in %d of %d takeovers", won, trials)
+	assert.Zero(t, won, "the user's token went to a listener that is not the user's server")
 }

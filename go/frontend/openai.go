@@ -331,9 +331,12 @@ func chatText(messages []chatMessage) (string, error) {
 	}
 	var b strings.Builder
 	for _, m := range messages {
+		b.WriteString(m.Role)
+		b.WriteString(": ")
 		var text string
 		if err := json.Unmarshal(m.Content, &text); err != nil {
-			// Content parts: concatenate the text parts.
+			// Content parts: concatenate the text parts (into b: adding
+			// them to a string would copy it once per part).
 			var parts []struct {
 				Type string `json:"type"`
 				Text string `json:"text"`
@@ -342,10 +345,11 @@ func chatText(messages []chatMessage) (string, error) {
 				return "", errors.New("message content must be a string or a list of parts")
 			}
 			for _, p := range parts {
-				text += p.Text
+				b.WriteString(p.Text)
 			}
 		}
-		fmt.Fprintf(&b, "%s: %s\n", m.Role, text)
+		b.WriteString(text)
+		b.WriteByte('\n')
 	}
 	return b.String(), nil
 }

@@ -21,13 +21,17 @@ import (
 // only its user can read, in the user's runtime directory:
 //
 //	$DYNAMO_CTX_RUNTIME_DIR, else $XDG_RUNTIME_DIR/dynamo-ctx, else
-//	<temp dir>/dynamo-ctx-<uid>; the directory mode 0700, the file
+//	<temp dir>/dynamo-ctx-<uid> (<cache dir>/dynamo-ctx-run if another
+//	user took that name first); the directory mode 0700, the file
 //	nats-<host>-<port>.token mode 0600.
 //
 // Every process of that user that connects to the address reads the token
 // from there, so the user's processes join (and take over) each other's
 // servers, and other users' processes cannot connect: they cannot read the
-// file. A directory or file that others could read or write is refused, not
+// file. The other way round, a server of another user that holds the
+// address (it bound it first, or while the user's host was being replaced)
+// is refused before anything is sent to it, the token included: see
+// ownerDialer. A directory or file that others could read or write is refused, not
 // used. NATS_TOKEN (or Options.Token) overrides the file on both sides: the
 // embedded server then requires that token.
 //
@@ -137,16 +141,39 @@ func ClientAuth(url string) ([]nats.Option, error) {
 // RuntimeDir returns the directory of the token files, creating it (mode
 // 0700) if needed. It refuses a directory that is not the user's own or
 // that others may read or write.
+//
+// Without DYNAMO_CTX_RUNTIME_DIR and XDG_RUNTIME_DIR it is
+// <temp dir>/dynamo-ctx-<uid>, a name another user can take first in a
+// shared temp dir; when that name is another user's, the user's cache
+// directory is used instead (<cache dir>/dynamo-ctx-run), which every
+// process of the user then finds the same way.
 func RuntimeDir() (string, error) {
-	d := os.Getenv(EnvRuntimeDir)
-	if d == "" {
-		if x := os.Getenv("XDG_RUNTIME_DIR"); x != "" {
-			d = filepath.Join(x, "dynamo-ctx")
-		} else {
-			d = filepath.Join(os.TempDir(), fmt.Sprintf("dynamo-ctx-%d", os.Getuid()))
-		}
+	if d := os.Getenv(EnvRuntimeDir); d != "" {
+		return privateDir(d)
 	}
+	if x := os.Getenv("XDG_RUNTIME_DIR"); x != "" {
+		return privateDir(filepath.Join(x, "dynamo-ctx"))
+	}
+	d := filepath.Join(os.TempDir(), fmt.Sprintf("dynamo-ctx-%d", os.Getuid()))
+	got, err := privateDir(d)
+	if !errors.Is(err, errNotOurs) {
+		return got, err
+	}
+	cache, cerr := os.UserCacheDir()
+	if cerr != nil {
+		return "", fmt.Errorf("%w; and no cache directory to use instead (%v): set %s", err, cerr, EnvRuntimeDir)
+	}
+	return privateDir(filepath.Join(cache, "dynamo-ctx-run"))
+}
+
+// privateDir creates d (mode 0700) if needed and checks it is private.
+func privateDir(d string) (string, error) {
 	if err := os.MkdirAll(d, 0o700); err != nil {
+		if fi, lerr := os.Lstat(d); lerr == nil {
+			if st, ok := fi.Sys().(*syscall.Stat_t); ok && int(st.Uid) != os.Getuid() {
+				return "", fmt.Errorf("natsbus: %s belongs to another user: %w", d, errNotOurs)
+			}
+		}
 		return "", fmt.Errorf("natsbus: runtime directory: %w", err)
 	}
 	if err := private(d, true); err != nil {
@@ -155,17 +182,20 @@ func RuntimeDir() (string, error) {
 	return d, nil
 }
 
+// errNotOurs: the path is another user's (or a link another user made).
+var errNotOurs = errors.New("not the user's own")
+
 // private checks that path is the user's own and closed to others.
 func private(path string, dir bool) error {
 	fi, err := os.Lstat(path)
 	if err != nil {
 		return err
 	}
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok && int(st.Uid) != os.Getuid() {
+		return fmt.Errorf("natsbus: %s belongs to another user: %w", path, errNotOurs)
+	}
 	if fi.Mode()&fs.ModeSymlink != 0 || fi.IsDir() != dir {
 		return fmt.Errorf("natsbus: %s is not a plain %s", path, map[bool]string{true: "directory", false: "file"}[dir])
-	}
-	if st, ok := fi.Sys().(*syscall.Stat_t); ok && int(st.Uid) != os.Getuid() {
-		return fmt.Errorf("natsbus: %s belongs to another user", path)
 	}
 	if fi.Mode().Perm()&0o077 != 0 {
 		return fmt.Errorf("natsbus: %s is open to other users (mode %v); it must be private (0700 for the directory, 0600 for token files)", path, fi.Mode().Perm())

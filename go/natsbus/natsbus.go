@@ -154,6 +154,11 @@ type Bus struct {
 	// are where a replacement server would listen.
 	takeover   bool
 	host, port string
+	// pin: the address is on loopback and reached without explicit
+	// credentials, so only a server of this user is joined (ownerDialer);
+	// foreign is the uid of the last other user's server refused (-1: none).
+	pin        bool
+	foreign    atomic.Int64
 	kick       chan struct{} // buffered(1): "we are disconnected, try to host"
 	onEmbedded atomic.Bool   // the server last connected to was embedded
 	stop       chan struct{} // closed by Close to end the takeover loop
@@ -208,6 +213,8 @@ func Connect(ctx context.Context, opts Options) (*Bus, error) {
 
 	b.auth = opts.Auth.withEnv()
 	host, port, single := splitAddr(raw)
+	b.pin = single && isLoopback(host) && !b.auth.explicit() && !urlHasUser(raw)
+	b.foreign.Store(-1)
 	if single && port == "0" {
 		// Ephemeral: nothing to join, always embed.
 		b.srvAuth = serverAuth{token: b.auth.Token, user: b.auth.User, password: b.auth.Password}
@@ -242,6 +249,9 @@ func Connect(ctx context.Context, opts Options) (*Bus, error) {
 	// an embedded one: see takeoverLoop).
 	b.takeover, b.host, b.port = single, host, port
 	err := b.dialSingle(name)
+	if err != nil && b.foreign.Load() >= 0 {
+		return nil, b.foreignErr(raw)
+	}
 	if errors.Is(err, nats.ErrAuthorization) {
 		return nil, fmt.Errorf("natsbus: the NATS server at %s refused our credentials (%s): %w", redact(raw), b.credentialsHint(), err)
 	}
@@ -288,6 +298,9 @@ func Connect(ctx context.Context, opts Options) (*Bus, error) {
 		if err = b.dialSingle(name); err == nil {
 			break
 		}
+		if b.foreign.Load() >= 0 {
+			return nil, b.foreignErr(raw)
+		}
 		if errors.Is(err, nats.ErrAuthorization) {
 			return nil, fmt.Errorf("natsbus: the NATS server at %s refused our credentials (%s): %w", redact(raw), b.credentialsHint(), err)
 		}
@@ -305,6 +318,13 @@ func Connect(ctx context.Context, opts Options) (*Bus, error) {
 	}
 	b.start()
 	return b, nil
+}
+
+// foreignErr is Connect's error when the server at raw runs as another user.
+func (b *Bus) foreignErr(raw string) error {
+	return fmt.Errorf("natsbus: %s is served by a process of another user (uid %d), which got there first; "+
+		"it was sent neither the token nor any request. Stop it, or set %s to another address: %w",
+		redact(raw), b.foreign.Load(), EnvURL, ErrForeignServer)
 }
 
 // dialSingle dials a single address with the credentials of loadServerAuth.
@@ -496,6 +516,16 @@ func (b *Bus) dial(name string) error {
 	authOpts, err := b.auth.options(token)
 	if err != nil {
 		return err
+	}
+	if b.pin {
+		authOpts = append(authOpts, nats.SetCustomDialer(ownerDialer{
+			timeout: connectTimeout,
+			refused: func(uid int) {
+				if b.foreign.Swap(int64(uid)) != int64(uid) {
+					b.log.Error("refused a NATS server of another user: it is sent neither our token nor any request", "url", redact(b.url), "uid", uid)
+				}
+			},
+		}))
 	}
 	nc, err := nats.Connect(b.url, append(authOpts,
 		nats.Name(name),

@@ -33,8 +33,11 @@ func TestSquattedRuntimeDirDoesNotBlock(t *testing.T) {
 	squat := filepath.Join(tmp, fmt.Sprintf("dynamo-ctx-%d", os.Getuid()))
 	require.NoError(t, os.Mkdir(squat, 0o700))
 	require.NoError(t, os.Chown(squat, 65534, 65534)) // nobody got there first
-	_, err := RuntimeDir()
+	cache := t.TempDir()
+	t.Setenv("XDG_CACHE_HOME", cache)
+	d, err := RuntimeDir()
 	assert.NoError(t, err, "another user's directory at the predictable path blocks this user")
+	assert.Equal(t, filepath.Join(cache, "dynamo-ctx-run"), d)
 	if err == nil {
 		b, err := Connect(context.Background(), Options{URL: "nats://127.0.0.1:0", Logger: quiet})
 		if assert.NoError(t, err) {

@@ -140,10 +140,21 @@ func TestLongStopStringCostLinear(t *testing.T) {
 	expected := frontend.Detokenize(ids)
 	base, st := plain("\x00never")
 	require.Equal(t, http.StatusOK, st)
-	slow, st := plain(expected + "X")
-	require.Equal(t, http.StatusOK, st)
-	t.Logf("%d tokens x %d choices: %v with a short stop string, %v with a %d-byte one", tokens, n, base, slow, len(expected)+1)
-	assert.Less(t, slow, 4*base+time.Second, "the stop string made the request %.0fx slower", float64(slow)/float64(base))
+	// Longer than MaxStopLen: refused.
+	_, st = plain(expected + "X")
+	require.Equal(t, http.StatusBadRequest, st)
+	// The longest allowed: one the output almost matches, one it never
+	// starts, one whose every prefix it keeps matching (a run of one byte).
+	for _, stop := range []string{
+		expected[:frontend.MaxStopLen-1] + "\x00",
+		"\x00" + strings.Repeat("y", frontend.MaxStopLen-1),
+		strings.Repeat(expected[len(expected)-1:], frontend.MaxStopLen),
+	} {
+		slow, st := plain(stop)
+		require.Equal(t, http.StatusOK, st)
+		t.Logf("%d tokens x %d choices: %v with a short stop string, %v with a %d-byte one", tokens, n, base, slow, len(stop))
+		assert.Less(t, slow, 4*base+time.Second, "the stop string made the request %.0fx slower", float64(slow)/float64(base))
+	}
 }
 
 // TestJSONKeysMatchExactly: encoding/json matches object keys without regard

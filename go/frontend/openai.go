@@ -29,6 +29,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"strings"
+	"unicode"
 
 	"github.com/dynamo-ctx/dynamo-ctx/go/tokens"
 )
@@ -40,6 +41,12 @@ const (
 	MaxChoices = 128
 	// MaxStop is how many stop strings a request may give (OpenAI's limit).
 	MaxStop = 4
+	// MaxStopLen bounds each stop string, in bytes: the text a choice holds
+	// back while it could be the start of one.
+	MaxStopLen = 1024
+	// MaxStopTokenIDs bounds stop_token_ids, which every worker request of
+	// the HTTP request (up to MaxChoices) carries.
+	MaxStopTokenIDs = 1024
 )
 
 // completionRequest holds the fields of both OpenAI request kinds that the
@@ -139,6 +146,9 @@ func (p *plan) check() error {
 		return err
 	}
 	p.stops = stops
+	if len(req.StopTokenIDs) > MaxStopTokenIDs {
+		return invalid("stop_token_ids", "invalid_stop", "stop_token_ids may have at most %d ids", MaxStopTokenIDs)
+	}
 	for _, id := range req.StopTokenIDs {
 		if id < 0 {
 			return invalid("stop_token_ids", "invalid_stop", "stop_token_ids must be non-negative token ids")
@@ -204,6 +214,9 @@ func parseStop(raw json.RawMessage) ([]string, error) {
 	}
 	var one string
 	if json.Unmarshal(raw, &one) == nil {
+		if len(one) > MaxStopLen {
+			return nil, invalid("stop", "invalid_stop", "a stop string may have at most %d bytes", MaxStopLen)
+		}
 		if one == "" {
 			return nil, nil
 		}
@@ -218,6 +231,9 @@ func parseStop(raw json.RawMessage) ([]string, error) {
 	}
 	out := list[:0]
 	for _, s := range list {
+		if len(s) > MaxStopLen {
+			return nil, invalid("stop", "invalid_stop", "a stop string may have at most %d bytes", MaxStopLen)
+		}
 		if s != "" {
 			out = append(out, s)
 		}
@@ -331,6 +347,11 @@ func chatText(messages []chatMessage) (string, error) {
 	}
 	var b strings.Builder
 	for _, m := range messages {
+		// A role is a word: one with a line break or another control
+		// character could forge lines of the rendered conversation.
+		if strings.IndexFunc(m.Role, unicode.IsControl) >= 0 {
+			return "", errors.New("a message's role must not contain control characters")
+		}
 		b.WriteString(m.Role)
 		b.WriteString(": ")
 		var text string
@@ -403,44 +424,86 @@ func (p *plan) payload(model string, ids []int, maxTokens, choice int) []byte {
 
 // stopper finds stop strings in a choice's text as it streams: text that
 // could be the start of a stop string is held back until it is known not to
-// be one.
+// be one. Each stop string has a matcher (Knuth-Morris-Pratt) that reads
+// each byte once, so a choice's cost is linear in its text, whatever the
+// stop strings (a long one that the output almost matches made it
+// quadratic: the held text was copied and searched again per token).
 type stopper struct {
 	stops   []string
-	pending string
-	hit     bool // a stop string was found
+	fail    [][]int32 // per stop: its failure function, made on first use
+	state   []int     // per stop: the longest suffix of the text read that is a proper prefix of it
+	pending string    // held back: the longest of those suffixes
+	hit     bool      // a stop string was found
 }
 
 // feed adds text and returns what may be sent, and whether a stop string
-// was found (then nothing after it is ever sent).
+// was found (then nothing after it is ever sent). Of the stop strings found
+// in the held text and text, the one that starts first wins.
 func (s *stopper) feed(text string) (string, bool) {
 	if len(s.stops) == 0 {
 		return text, false
 	}
-	s.pending += text
-	at := -1
-	for _, stop := range s.stops {
-		if i := strings.Index(s.pending, stop); i >= 0 && (at < 0 || i < at) {
-			at = i
+	if s.fail == nil {
+		s.fail = make([][]int32, len(s.stops))
+		s.state = make([]int, len(s.stops))
+		for i, stop := range s.stops {
+			s.fail[i] = kmpFailure(stop)
 		}
 	}
-	if at >= 0 {
-		out := s.pending[:at]
-		s.pending = ""
-		s.hit = true
-		return out, true
-	}
+	held := len(s.pending)
+	at := -1 // where the first stop found starts, in pending+text
 	hold := 0
-	for _, stop := range s.stops {
-		for k := min(len(stop)-1, len(s.pending)); k > hold; k-- {
-			if strings.HasSuffix(s.pending, stop[:k]) {
-				hold = k
-				break
+	for i, stop := range s.stops {
+		f, st := s.fail[i], s.state[i]
+		for j := 0; j < len(text); j++ {
+			c := text[j]
+			for st > 0 && stop[st] != c {
+				st = int(f[st-1])
+			}
+			if stop[st] == c {
+				st++
+			}
+			if st == len(stop) {
+				if start := held + j + 1 - len(stop); at < 0 || start < at {
+					at = start
+				}
+				break // this stop's first occurrence: later ones start later
 			}
 		}
+		s.state[i] = st
+		hold = max(hold, st)
 	}
-	out := s.pending[:len(s.pending)-hold]
-	s.pending = s.pending[len(s.pending)-hold:]
+	if at >= 0 {
+		all := s.pending + text
+		s.pending, s.hit = "", true
+		return all[:at], true
+	}
+	// Hold back the longest suffix that may start a stop string.
+	if hold >= len(text) {
+		out := s.pending[:held+len(text)-hold]
+		s.pending = s.pending[held+len(text)-hold:] + text
+		return out, false
+	}
+	out := s.pending + text[:len(text)-hold]
+	s.pending = text[len(text)-hold:]
 	return out, false
+}
+
+// kmpFailure is the failure function of p: f[i] is the length of the
+// longest proper prefix of p[:i+1] that is also its suffix.
+func kmpFailure(p string) []int32 {
+	f := make([]int32, len(p))
+	k := 0
+	for i := 1; i < len(p); i++ {
+		for k > 0 && p[k] != p[i] {
+			k = int(f[k-1])
+		}
+		if p[k] == p[i] {
+			k++
+		}
+		f[i] = int32(k)
+	}
+	return f
 }
 
 // flush returns the text held back, at the end of the choice.

@@ -92,12 +92,13 @@ func Dial(ctx context.Context, addr string, token string, opts ...Option) (*Outg
 		attached: make(chan struct{}),
 		w:        w,
 	}
-	// The caller went silent: fail the reader, which reports it Lost.
+	// The caller went silent: fail the reader, which reports it Lost. Under
+	// mu, so that a redial either sees silent and gives up, or has swapped
+	// the connection first and this fails the new one.
 	o.live = startLiveness(cfg.idleTimeout, o.heartbeat, func() {
 		o.mu.Lock()
-		c := o.conn
-		o.mu.Unlock()
-		failReader(c, &o.silent)()
+		defer o.mu.Unlock()
+		failReader(o.conn, &o.silent)()
 	})
 	go o.readLoop(frame.NewReaderSize(c, workerReadBuf, workerMaxPayload))
 	return o, nil
@@ -154,7 +155,7 @@ func (o *Outgoing) redial() (*frame.Reader, bool) {
 	}
 	o.wmu.Lock()
 	o.mu.Lock()
-	if o.isEnded {
+	if o.isEnded || o.silent.Load() { // silent: see Dial
 		o.mu.Unlock()
 		o.wmu.Unlock()
 		_ = c.Close()

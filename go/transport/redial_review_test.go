@@ -1,0 +1,97 @@
+package transport
+
+import (
+	"context"
+	"net"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/dynamo-ctx/dynamo-ctx/go/frame"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+)
+
+// fakeCaller listens on loopback and closes the first drop connections at
+// once (as an eviction does); it hands later ones to serve, after reading
+// their Hello.
+func fakeCaller(t *testing.T, drop int, serve func(c net.Conn)) (string, *atomic.Int64) {
+	t.Helper()
+	t.Cleanup(func() { goleak.VerifyNone(t) })
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	var accepted atomic.Int64
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var conns []net.Conn
+	t.Cleanup(func() {
+		_ = ln.Close()
+		mu.Lock()
+		for _, c := range conns {
+			_ = c.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	})
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			if accepted.Add(1) <= int64(drop) {
+				_ = c.Close()
+				continue
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if _, ok := readHello(c); ok {
+					serve(c)
+				}
+			}()
+		}
+	}()
+	return ln.Addr().String(), &accepted
+}
+
+// The worker's liveness declares the caller silent while a redial is under
+// way (here during its back-off sleep: the caller dropped 8 connections, the
+// 9th is served). The stream must end Lost, as it does without a redial;
+// it must not go on over the new connection with its liveness stopped (no
+// heartbeats sent, a silent caller never noticed).
+func TestSilentDuringRedialIsLost(t *testing.T) {
+	served := make(chan struct{}, 1)
+	addr, accepted := fakeCaller(t, redialLimit, func(c net.Conn) {
+		w := frame.NewWriter(c)
+		_ = w.WriteCredit(10)
+		_ = w.Flush()
+		served <- struct{}{}
+		// Then say nothing, like a stopped caller; read what comes.
+		buf := make([]byte, 64)
+		for {
+			if _, err := c.Read(buf); err != nil {
+				return
+			}
+		}
+	})
+	// Redials sleep 0, 1, 2 ... 64 ms: the 8th sleeps from ~63 to ~127 ms,
+	// and the idle timeout of 80 ms expires during that sleep.
+	o, err := Dial(context.Background(), addr, "tok",
+		WithIdleTimeout(80*time.Millisecond), WithConnectTimeout(5*time.Second))
+	require.NoError(t, err)
+	defer o.Close()
+	select {
+	case <-o.Lost():
+	case <-time.After(2 * time.Second):
+		t.Fatalf("not Lost 2 s after the idle timeout expired (accepted %d, served: %v)",
+			accepted.Load(), len(served) > 0)
+	}
+	waitClosed(t, o.Done(), "Done")
+}

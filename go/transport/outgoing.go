@@ -353,11 +353,19 @@ func (o *Outgoing) end(write func(*frame.Writer) error) error {
 	// Nothing but the Hello goes out before the caller's first frame: a
 	// connection that the caller drops unread (see Dial) must not take the
 	// end frame with it. The caller sends its credit as it reads the Hello.
-	select {
-	case <-o.attached:
-	case <-o.lost:
-	case <-o.done:
-	case <-o.ended:
+	// The wait ends with the connect timeout too: no redial can follow it
+	// (a caller that never reads, with liveness disabled, must not hold the
+	// end forever); the end frame is then written as it was before redials.
+	if wait := time.Until(o.redialBy); wait > 0 {
+		t := time.NewTimer(wait)
+		select {
+		case <-o.attached:
+		case <-o.lost:
+		case <-o.done:
+		case <-o.ended:
+		case <-t.C:
+		}
+		t.Stop()
 	}
 	o.mu.Lock()
 	err := o.stateErr()

@@ -95,3 +95,30 @@ func TestSilentDuringRedialIsLost(t *testing.T) {
 	}
 	waitClosed(t, o.Done(), "Done")
 }
+
+// A caller that never reads the Hello (a stopped process: the kernel
+// accepts the connection) and a worker with liveness disabled: Finish must
+// not wait for the caller's first frame forever. Before redial it returned
+// at once; waiting is only useful while a redial could still happen
+// (within the connect timeout).
+func TestFinishBeforeAttachBounded(t *testing.T) {
+	t.Cleanup(func() { goleak.VerifyNone(t) })
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err) // never accepts
+	defer ln.Close()
+	o, err := Dial(context.Background(), ln.Addr().String(), "tok",
+		WithIdleTimeout(-1), WithConnectTimeout(200*time.Millisecond), WithLinger(100*time.Millisecond))
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() { done <- o.Finish() }()
+	select {
+	case err := <-done:
+		t.Logf("Finish: %v", err)
+	case <-time.After(3 * time.Second):
+		_ = o.Close() // what a handler cannot do: it is blocked in Finish
+		<-done
+		t.Fatal("Finish still waiting for the caller's first frame 3 s after the connect timeout")
+	}
+	_ = ln.Close()
+	waitClosed(t, o.Done(), "Done")
+}

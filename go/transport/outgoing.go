@@ -144,11 +144,26 @@ func (o *Outgoing) redial() (*frame.Reader, bool) {
 	if !ok {
 		return nil, false
 	}
-	if n > 0 {
-		time.Sleep(time.Duration(1<<(n-1)) * time.Millisecond)
-	}
+	// The back-off and the dial end when the stream is ended locally (Close,
+	// or an end frame written after the connect timeout): Done follows.
 	ctx, cancel := context.WithDeadline(context.Background(), o.redialBy)
 	defer cancel()
+	go func() {
+		select {
+		case <-o.ended:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	if n > 0 {
+		t := time.NewTimer(time.Duration(1<<(n-1)) * time.Millisecond)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return nil, false
+		}
+	}
 	c, w, err := dialHello(ctx, o.addr, o.token)
 	if err != nil {
 		return nil, false

@@ -2,6 +2,7 @@ package transport
 
 import (
 	"context"
+	"errors"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -121,4 +122,57 @@ func TestFinishBeforeAttachBounded(t *testing.T) {
 	}
 	_ = ln.Close()
 	waitClosed(t, o.Done(), "Done")
+}
+
+// Close during a redial's dial: Done follows Close at once; the dial (to a
+// caller whose listen queue is full, so the SYN goes unanswered) does not
+// hold the reader until the connect timeout.
+func TestCloseDuringRedialDoesNotWaitForDial(t *testing.T) {
+	t.Cleanup(func() { goleak.VerifyNone(t) })
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	addr := ln.Addr().String()
+	acc := make(chan net.Conn, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err == nil {
+			acc <- c
+		}
+	}()
+	o, err := Dial(context.Background(), addr, "tok",
+		WithIdleTimeout(-1), WithConnectTimeout(3*time.Second))
+	require.NoError(t, err)
+	first := <-acc
+	// Fill the listen queue (never accepted) until a dial times out.
+	var fill []net.Conn
+	defer func() {
+		for _, c := range fill {
+			_ = c.Close()
+		}
+	}()
+	for {
+		c, err := net.DialTimeout("tcp", addr, 50*time.Millisecond)
+		if err != nil {
+			var ne net.Error
+			if !errors.As(err, &ne) || !ne.Timeout() {
+				_ = o.Close()
+				_ = first.Close()
+				<-o.Done()
+				t.Skipf("could not fill the listen queue: %v after %d", err, len(fill))
+			}
+			break
+		}
+		fill = append(fill, c)
+	}
+	_ = first.Close() // dropped before the first frame: the worker redials
+	time.Sleep(30 * time.Millisecond)
+	t0 := time.Now()
+	require.NoError(t, o.Close())
+	select {
+	case <-o.Done():
+	case <-time.After(time.Second):
+		<-o.Done()
+		t.Fatalf("Done %v after Close: the redial's dial went on", time.Since(t0))
+	}
 }

@@ -167,3 +167,67 @@ func TestHelloRacesEviction(t *testing.T) {
 	}
 	t.Logf("attached on the raced connection %d times, evicted %d", attachedFirst, evicted)
 }
+
+// fromHost is a connection that claims to come from ip (see hostOf).
+type fromHost struct {
+	net.Conn
+	ip net.IP
+}
+
+func (c *fromHost) RemoteAddr() net.Addr { return &net.TCPAddr{IP: c.ip, Port: 40000} }
+
+// A peer with many source addresses (any local user has all of
+// 127.0.0.0/8) holds one silent connection from each of 510 of them and
+// keeps its two newest ones on one more address X, which then holds the
+// most. Every silent connection of the 510 is due for eviction, yet the
+// Server waits for X's oldest to be due before it makes room: two
+// admissions per EvictAfter. A stream of a few dozen silent connections a
+// second from X then keeps the connections behind them (workers') in the
+// listen queue, as a flood of 200 a second did before eviction.
+func TestEvictionNotThrottledByBusiestHost(t *testing.T) {
+	ln := &chanListener{ch: make(chan net.Conn), closed: make(chan struct{})}
+	s := serverOn(t, ln, WithConnectTimeout(time.Minute), WithIdleTimeout(-1))
+	var clients []net.Conn
+	defer func() {
+		for _, c := range clients {
+			_ = c.Close()
+		}
+	}()
+	push := func(ip net.IP) {
+		srv, cl := net.Pipe()
+		clients = append(clients, cl)
+		ln.ch <- &fromHost{srv, ip}
+	}
+	x := net.IPv4(127, 0, 0, 2)
+	for i := range MaxPendingConns - 2 {
+		push(net.IPv4(127, 1, byte(i>>8), byte(i)))
+	}
+	push(x)
+	push(x)
+	require.Eventually(t, func() bool { _, u := held(s); return u == MaxPendingConns }, waitFor, time.Millisecond)
+	time.Sleep(EvictAfter + 10*time.Millisecond)
+	// 20 more from X, then a worker's connection: 510 connections are due.
+	t0 := time.Now()
+	for range 20 {
+		push(x)
+	}
+	srv, cl := net.Pipe()
+	clients = append(clients, cl)
+	in := s.Expect("tok")
+	defer in.Close()
+	go func() {
+		w := frame.NewWriter(cl)
+		_ = w.WriteHello([]byte("tok"))
+		_ = w.Flush()
+	}()
+	ln.ch <- &fromHost{srv, net.IPv4(127, 0, 0, 1)}
+	_ = cl.SetReadDeadline(time.Now().Add(waitFor))
+	f, err := frame.NewReader(cl).ReadFrame()
+	took := time.Since(t0)
+	_ = cl.Close() // a pipe: the Kill of in.Close would wait for a reader
+	require.NoError(t, err)
+	require.Equal(t, frame.Credit, f.Type)
+	t.Logf("21 connections admitted at the bound in %v", took)
+	require.Less(t, took, EvictAfter, "the Server waited for the busiest host's connections while 510 others were due")
+	checkCounts(t, s)
+}

@@ -176,3 +176,39 @@ func TestCloseDuringRedialDoesNotWaitForDial(t *testing.T) {
 		t.Fatalf("Done %v after Close: the redial's dial went on", time.Since(t0))
 	}
 }
+
+// A Kill or a Stop the caller sent before the worker's Hello reaches the
+// worker over its redial, once: the dropped connection took nothing with it.
+func TestKillAndStopBeforeHelloSurviveRedial(t *testing.T) {
+	s := listen(t)
+	addr, accepted := dropFirst(t, s, 1)
+
+	in := expect(t, s, "killed")
+	in.KillCause(7)
+	outcome := make(chan bool, 1)
+	in.KillOutcome(func(aborted bool) { outcome <- aborted })
+	o, err := Dial(context.Background(), addr, "killed")
+	require.NoError(t, err)
+	waitClosed(t, o.Killed(), "Killed")
+	require.Equal(t, byte(7), o.KillCause())
+	require.False(t, closed(o.Lost()))
+	require.ErrorIs(t, o.Finish(), ErrKilled)
+	waitClosed(t, o.Done(), "Done")
+	select {
+	case aborted := <-outcome:
+		require.True(t, aborted)
+	case <-time.After(waitFor):
+		t.Fatal("no kill outcome")
+	}
+	require.EqualValues(t, 2, accepted.Load())
+
+	addr, accepted = dropFirst(t, s, 1)
+	in = expect(t, s, "stopped")
+	in.Stop()
+	o, err = Dial(context.Background(), addr, "stopped")
+	require.NoError(t, err)
+	waitClosed(t, o.Stopped(), "Stopped")
+	require.NoError(t, o.Send(context.Background(), item(1)))
+	finishAndRead(t, in, o, []string{string(item(1))})
+	require.EqualValues(t, 2, accepted.Load())
+}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/dynamo-ctx/dynamo-ctx/go/frame"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 )
@@ -230,4 +231,72 @@ func TestEvictionNotThrottledByBusiestHost(t *testing.T) {
 	t.Logf("21 connections admitted at the bound in %v", took)
 	require.Less(t, took, EvictAfter, "the Server waited for the busiest host's connections while 510 others were due")
 	checkCounts(t, s)
+}
+
+// Close while the accept loop waits at the bound for a connection to be
+// due, and while it evicts: Close returns at once, and leaves no
+// connection, goroutine or host entry behind.
+func TestCloseWhileMakingRoom(t *testing.T) {
+	for _, due := range []bool{false, true} {
+		ln := &chanListener{ch: make(chan net.Conn), closed: make(chan struct{})}
+		s := serverOn(t, ln, WithConnectTimeout(time.Minute), WithIdleTimeout(-1))
+		var clients []net.Conn
+		for i := range MaxPendingConns {
+			srv, cl := net.Pipe()
+			clients = append(clients, cl)
+			ln.ch <- &fromHost{srv, net.IPv4(127, 1, byte(i>>8), byte(i%7))}
+		}
+		require.Eventually(t, func() bool { _, u := held(s); return u == MaxPendingConns }, waitFor, time.Millisecond)
+		if due {
+			time.Sleep(EvictAfter + 10*time.Millisecond)
+		}
+		pushed := make(chan struct{})
+		go func() { // evicting (due) or waiting (not due) when Close comes
+			defer close(pushed)
+			for range 64 {
+				srv, cl := net.Pipe()
+				select {
+				case ln.ch <- srv:
+					clients = append(clients, cl)
+				case <-ln.closed:
+					_ = srv.Close()
+					_ = cl.Close()
+					return
+				}
+			}
+		}()
+		time.Sleep(time.Millisecond)
+		t0 := time.Now()
+		require.NoError(t, s.Close())
+		require.Less(t, time.Since(t0), EvictAfter/2, "due %v", due)
+		<-pushed
+		s.mu.Lock()
+		assert.Empty(t, s.silent, "due %v", due)
+		assert.Zero(t, s.unhello, "due %v", due)
+		assert.Zero(t, s.evicted, "due %v", due)
+		s.mu.Unlock()
+		for _, c := range clients {
+			_ = c.Close()
+		}
+	}
+}
+
+// victim looks at every host: with MaxPendingConns hosts (the most there
+// can be) it costs what one admission at the bound may cost.
+func BenchmarkVictimManyHosts(b *testing.B) {
+	s := &Server{silent: make(map[string]*list.List)}
+	old := time.Now().Add(-time.Second)
+	for i := range MaxPendingConns {
+		p := &pendingConn{host: string([]byte{127, 1, byte(i >> 8), byte(i)}), since: old.Add(time.Duration(i))}
+		l := list.New()
+		p.elem = l.PushBack(p)
+		s.silent[p.host] = l
+	}
+	now := time.Now()
+	b.ResetTimer()
+	for range b.N {
+		if v, _ := s.victim(now); v == nil {
+			b.Fatal("no victim")
+		}
+	}
 }

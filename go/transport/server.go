@@ -33,10 +33,10 @@ const (
 // oldest of those from the source host (IPv4 address, IPv6 /64) that holds
 // the most, among the hosts whose oldest has been silent for EvictAfter;
 // until one has, the new one waits, and those behind it wait in the
-// kernel's listen queue. So a flood
-// of silent connections (a few hundred a second from anyone who can reach
-// the port) cannot keep workers out, and costs the flooder its own
-// connections first. A worker whose connection is dropped that way, before
+// kernel's listen queue. So a flood of silent connections (a few hundred a
+// second from anyone who can reach the port, from one source address or
+// many) cannot keep workers out, and costs the flooder its own connections
+// first. A worker whose connection is dropped that way, before
 // its Hello was read (a burst of real workers larger than the bound, slow
 // to write their Hellos), dials again: see Dial.
 const (

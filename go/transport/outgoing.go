@@ -92,12 +92,13 @@ func Dial(ctx context.Context, addr string, token string, opts ...Option) (*Outg
 		attached: make(chan struct{}),
 		w:        w,
 	}
-	// The caller went silent: fail the reader, which reports it Lost.
+	// The caller went silent: fail the reader, which reports it Lost. Under
+	// mu, so that a redial either sees silent and gives up, or has swapped
+	// the connection first and this fails the new one.
 	o.live = startLiveness(cfg.idleTimeout, o.heartbeat, func() {
 		o.mu.Lock()
-		c := o.conn
-		o.mu.Unlock()
-		failReader(c, &o.silent)()
+		defer o.mu.Unlock()
+		failReader(o.conn, &o.silent)()
 	})
 	go o.readLoop(frame.NewReaderSize(c, workerReadBuf, workerMaxPayload))
 	return o, nil
@@ -143,18 +144,33 @@ func (o *Outgoing) redial() (*frame.Reader, bool) {
 	if !ok {
 		return nil, false
 	}
-	if n > 0 {
-		time.Sleep(time.Duration(1<<(n-1)) * time.Millisecond)
-	}
+	// The back-off and the dial end when the stream is ended locally (Close,
+	// or an end frame written after the connect timeout): Done follows.
 	ctx, cancel := context.WithDeadline(context.Background(), o.redialBy)
 	defer cancel()
+	go func() {
+		select {
+		case <-o.ended:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	if n > 0 {
+		t := time.NewTimer(time.Duration(1<<(n-1)) * time.Millisecond)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return nil, false
+		}
+	}
 	c, w, err := dialHello(ctx, o.addr, o.token)
 	if err != nil {
 		return nil, false
 	}
 	o.wmu.Lock()
 	o.mu.Lock()
-	if o.isEnded {
+	if o.isEnded || o.silent.Load() { // silent: see Dial
 		o.mu.Unlock()
 		o.wmu.Unlock()
 		_ = c.Close()
@@ -352,11 +368,19 @@ func (o *Outgoing) end(write func(*frame.Writer) error) error {
 	// Nothing but the Hello goes out before the caller's first frame: a
 	// connection that the caller drops unread (see Dial) must not take the
 	// end frame with it. The caller sends its credit as it reads the Hello.
-	select {
-	case <-o.attached:
-	case <-o.lost:
-	case <-o.done:
-	case <-o.ended:
+	// The wait ends with the connect timeout too: no redial can follow it
+	// (a caller that never reads, with liveness disabled, must not hold the
+	// end forever); the end frame is then written as it was before redials.
+	if wait := time.Until(o.redialBy); wait > 0 {
+		t := time.NewTimer(wait)
+		select {
+		case <-o.attached:
+		case <-o.lost:
+		case <-o.done:
+		case <-o.ended:
+		case <-t.C:
+		}
+		t.Stop()
 	}
 	o.mu.Lock()
 	err := o.stateErr()

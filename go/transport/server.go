@@ -31,11 +31,12 @@ const (
 //
 // At the bound, a new connection takes the place of a silent one: the
 // oldest of those from the source host (IPv4 address, IPv6 /64) that holds
-// the most, once it has been silent for EvictAfter; until then the new one
-// waits, and those behind it wait in the kernel's listen queue. So a flood
-// of silent connections (a few hundred a second from anyone who can reach
-// the port) cannot keep workers out, and costs the flooder its own
-// connections first. A worker whose connection is dropped that way, before
+// the most, among the hosts whose oldest has been silent for EvictAfter;
+// until one has, the new one waits, and those behind it wait in the
+// kernel's listen queue. So a flood of silent connections (a few hundred a
+// second from anyone who can reach the port, from one source address or
+// many) cannot keep workers out, and costs the flooder its own connections
+// first. A worker whose connection is dropped that way, before
 // its Hello was read (a burst of real workers larger than the bound, slow
 // to write their Hellos), dials again: see Dial.
 const (
@@ -232,24 +233,29 @@ func (s *Server) makeRoom() bool {
 }
 
 // victim (mu held) is the connection to evict: the oldest of the host
-// holding the most silent connections, if it is due; otherwise nil and how
-// long until it is.
+// holding the most silent connections, among the hosts whose oldest is due;
+// otherwise nil and how long until one is. Hosts whose connections are all
+// recent are passed over, not waited for: else a peer with many source
+// addresses (one silent connection on each, two recent ones on another)
+// would hold the Server to two admissions per EvictAfter.
 func (s *Server) victim(now time.Time) (*pendingConn, time.Duration) {
 	var most *list.List
+	wait := EvictAfter
 	for _, l := range s.silent {
+		front := l.Front().Value.(*pendingConn)
+		if age := now.Sub(front.since); age < EvictAfter {
+			wait = min(wait, EvictAfter-age)
+			continue
+		}
 		if most == nil || l.Len() > most.Len() ||
-			l.Len() == most.Len() && l.Front().Value.(*pendingConn).since.Before(most.Front().Value.(*pendingConn).since) {
+			l.Len() == most.Len() && front.since.Before(most.Front().Value.(*pendingConn).since) {
 			most = l
 		}
 	}
 	if most == nil {
-		return nil, EvictAfter // unreachable: the caller holds MaxPendingConns of them
+		return nil, wait
 	}
-	v := most.Front().Value.(*pendingConn)
-	if age := now.Sub(v.since); age < EvictAfter {
-		return nil, EvictAfter - age
-	}
-	return v, 0
+	return most.Front().Value.(*pendingConn), 0
 }
 
 // unlist removes p from the silent connections (mu held).

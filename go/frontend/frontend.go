@@ -850,20 +850,38 @@ func (f *Frontend) serve(w http.ResponseWriter, r *http.Request, chat bool) {
 }
 
 // readBody reads at most limit bytes of body (a *http.MaxBytesError past
-// that). A declared length within the limit is read into one buffer of that
-// size, so the largest accepted body costs its size once, not the garbage of
-// a growing buffer.
+// that). The buffer grows as bytes arrive, never past a declared length
+// within the limit: a client that declares a large body and sends little of
+// it holds little (firstBodyChunk), and the largest accepted body costs at
+// most 1.5 times its size at the last doubling, then its size.
 func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, error) {
 	body := http.MaxBytesReader(w, r.Body, limit)
-	if n := r.ContentLength; n >= 0 && n <= limit {
-		buf := make([]byte, n)
-		if _, err := io.ReadFull(body, buf); err != nil {
+	n := r.ContentLength
+	if n < 0 || n > limit {
+		return io.ReadAll(body)
+	}
+	buf := make([]byte, 0, min(n, firstBodyChunk))
+	for int64(len(buf)) < n {
+		if len(buf) == cap(buf) {
+			grown := make([]byte, len(buf), min(n, 2*int64(cap(buf))))
+			copy(grown, buf)
+			buf = grown
+		}
+		m, err := body.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+m]
+		if err == io.EOF && int64(len(buf)) < n {
+			err = io.ErrUnexpectedEOF
+		}
+		if err != nil && err != io.EOF {
 			return nil, err
 		}
-		return buf, nil
 	}
-	return io.ReadAll(body)
+	return buf, nil
 }
+
+// firstBodyChunk is the buffer a body starts with (its declared length if
+// smaller): what a connection that declared a body and sent none holds.
+const firstBodyChunk = 16 << 10
 
 // stallWriter writes a response with a deadline on every write: a client
 // that stops reading for the stall timeout is treated as gone.

@@ -19,3 +19,7 @@ func StopText(stops, pieces []string) (string, bool) {
 	}
 	return out + s.flush(), false
 }
+
+// IdleConnections returns how many connections the frontend holds that are
+// not serving a request, and how many it closed for its bound.
+func IdleConnections(f *Frontend) (held int, closed int64) { return f.idle.counts() }

@@ -19,6 +19,9 @@
 //     context_length_exceeded).
 //   - Deadlines: see Options; a response write that stalls for
 //     Options.WriteStallTimeout counts as a disconnect.
+//   - Connections: at most Options.MaxIdleConnections are held that are not
+//     serving a request; past that the oldest of them is closed (see
+//     idleConns). Connections serving a request are not bounded here.
 //   - Confirmations: an abort confirmation counts only if it carries the
 //     Key of a request waiting for one and comes from the instance that
 //     request's current attempt went to.
@@ -95,6 +98,11 @@ type Options struct {
 	// instances declares one ("max_model_len" in their metadata); 0 means
 	// DefaultMaxModelLen.
 	DefaultMaxModelLen int
+	// MaxIdleConnections bounds the connections not serving a request (new
+	// ones before their first request's headers, kept-alive ones between
+	// requests); past it the oldest is closed (0:
+	// DYNAMO_CTX_MAX_IDLE_CONNECTIONS, else DefaultMaxIdleConnections).
+	MaxIdleConnections int
 	// Deadlines (0: the defaults below). ReadTimeout bounds reading the
 	// headers and body; it is lifted once the body is read, so long streams
 	// are not cut.
@@ -113,6 +121,11 @@ const (
 	MaxHeaderBytes = 64 << 10
 	// EnvMaxBodyBytes overrides DefaultMaxBodyBytes (a number of bytes).
 	EnvMaxBodyBytes = "DYNAMO_CTX_MAX_BODY_BYTES"
+	// DefaultMaxIdleConnections is the default of
+	// Options.MaxIdleConnections.
+	DefaultMaxIdleConnections = 1024
+	// EnvMaxIdleConnections overrides DefaultMaxIdleConnections.
+	EnvMaxIdleConnections = "DYNAMO_CTX_MAX_IDLE_CONNECTIONS"
 )
 
 func (o *Options) defaults() error {
@@ -130,6 +143,16 @@ func (o *Options) defaults() error {
 				return fmt.Errorf("%s=%q: want a positive number of bytes", EnvMaxBodyBytes, v)
 			}
 			o.MaxBodyBytes = n
+		}
+	}
+	if o.MaxIdleConnections <= 0 {
+		o.MaxIdleConnections = DefaultMaxIdleConnections
+		if v := os.Getenv(EnvMaxIdleConnections); v != "" {
+			n, err := strconv.Atoi(v)
+			if err != nil || n <= 0 {
+				return fmt.Errorf("%s=%q: want a positive number of connections", EnvMaxIdleConnections, v)
+			}
+			o.MaxIdleConnections = n
 		}
 	}
 	if o.DefaultMaxModelLen <= 0 {
@@ -157,6 +180,7 @@ type Frontend struct {
 	srv     *http.Server
 	ln      net.Listener
 	metrics *metrics
+	idle    *idleConns // bounds the connections not serving a request
 
 	unsubscribe func() // from abort confirmations
 
@@ -187,7 +211,7 @@ func New(ctx context.Context, rt *plane.Runtime, opts Options) (*Frontend, error
 		return nil, err
 	}
 	f := &Frontend{
-		rt: rt, opts: opts, client: client, metrics: newMetrics(),
+		rt: rt, opts: opts, client: client, metrics: newMetrics(), idle: newIdleConns(opts.MaxIdleConnections),
 		clients: map[string]*plane.Client{}, pending: map[string]*pendingAbort{},
 		serveErr: make(chan error, 1),
 	}
@@ -226,7 +250,7 @@ func New(ctx context.Context, rt *plane.Runtime, opts Options) (*Frontend, error
 	})
 	f.srv = &http.Server{
 		Handler: handler, ReadHeaderTimeout: opts.ReadHeaderTimeout, ReadTimeout: opts.ReadTimeout,
-		IdleTimeout: opts.IdleTimeout, MaxHeaderBytes: MaxHeaderBytes,
+		IdleTimeout: opts.IdleTimeout, MaxHeaderBytes: MaxHeaderBytes, ConnState: f.idle.connState,
 		// net/http's own complaints go to the library's log, never stderr.
 		ErrorLog: slog.NewLogLogger(slog.Default().Handler(), slog.LevelDebug),
 	}

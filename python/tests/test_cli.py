@@ -80,6 +80,7 @@ def held_port() -> socket.socket:
         (FRONTEND, ["--http-port", "-1"], {}, "argument --http-port: -1 is not a port"),
         (FRONTEND, ["--migration-limit", "-5"], {}, "argument --migration-limit: -5 is negative"),
         (FRONTEND, ["--max-body-bytes", "0"], {}, "argument --max-body-bytes: 0 is not positive"),
+        (FRONTEND, ["--max-idle-connections", "0"], {}, "argument --max-idle-connections: 0 is not positive"),
         (FRONTEND, [], {"DYN_HTTP_PORT": "70000"}, "DYN_HTTP_PORT='70000': 70000 is not a port"),
     ],
 )

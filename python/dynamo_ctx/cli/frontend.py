@@ -10,7 +10,9 @@ confirmed abort. See docs/request-cancellation.md.
 Bounds: a body over ``--max-body-bytes`` (4 MiB) gets 413, an ``x-request-id``
 that is not 1 to 256 bytes of printable UTF-8 gets 400, prompt tokens +
 ``max_tokens`` over the model's context length get 400; the listener has
-read, idle and write-stall deadlines (README, "Listeners").
+read, idle and write-stall deadlines and holds at most
+``--max-idle-connections`` (1024) connections not serving a request, closing
+the oldest past that (README, "Listeners").
 """
 
 from __future__ import annotations
@@ -89,6 +91,13 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         env="DYNAMO_CTX_MAX_BODY_BYTES",
         help="largest request body accepted, in bytes (default: 4 MiB); larger ones get 413",
     )
+    p.add(
+        "--max-idle-connections",
+        type=_cli.positive_int,
+        env="DYNAMO_CTX_MAX_IDLE_CONNECTIONS",
+        help="connections held that are not serving a request (new or kept alive; default: 1024); "
+        "past it the oldest of them is closed",
+    )
     p.add_logging()
     return p.parse_args(argv)
 
@@ -96,6 +105,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
 async def run(args: argparse.Namespace) -> None:
     if args.max_body_bytes is not None:
         os.environ["DYNAMO_CTX_MAX_BODY_BYTES"] = str(args.max_body_bytes)  # read by the frontend when it starts
+    if args.max_idle_connections is not None:
+        os.environ["DYNAMO_CTX_MAX_IDLE_CONNECTIONS"] = str(args.max_idle_connections)  # likewise
     loop = asyncio.get_running_loop()
     runtime = await _cli.connect_runtime(args.nats_url)
     try:

@@ -1,0 +1,109 @@
+package frontend_test
+
+import (
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/dynamo-ctx/dynamo-ctx/go/frontend"
+	"github.com/dynamo-ctx/dynamo-ctx/go/internal/planetest"
+	"github.com/dynamo-ctx/dynamo-ctx/go/plane"
+)
+
+// TestIdleConnectionsBounded: a flood of silent connections (some with half
+// their headers sent) past Options.MaxIdleConnections costs the flooder its
+// oldest connections; at most the bound are held; a stream in progress
+// before the flood is not touched; a new client's request succeeds at once.
+func TestIdleConnectionsBounded(t *testing.T) {
+	const bound, extra = 50, 150
+	e := newEnv(t)
+	e.worker("w", "dynamo", "m", 0, func(w *planetest.Worker, req *plane.Request) {
+		n := parse(req).StopConditions.MaxTokens // 10: the stream, 1: the new client
+		for i := 0; i < n; i++ {
+			if n > 1 {
+				time.Sleep(100 * time.Millisecond)
+			}
+			if !w.SendTokens(req, i, 1, map[bool]string{true: "length"}[i == n-1]) {
+				return
+			}
+		}
+	})
+	e.startWith(frontend.Options{Addr: "127.0.0.1:0", MigrationLimit: -1, MaxIdleConnections: bound})
+	e.waitModels("m")
+	resp := e.open("/v1/completions", completion("m", "hi", 10, true), nil)
+	ev := newEvents(resp)
+	ev.chunk(t)
+
+	var conns []net.Conn
+	defer func() {
+		for _, c := range conns {
+			_ = c.Close()
+		}
+	}()
+	for i := 0; i < bound+extra; i++ {
+		c, err := net.DialTimeout("tcp", e.fe.Addr(), planetest.WaitLimit)
+		require.NoError(t, err)
+		conns = append(conns, c)
+		if i%2 == 0 {
+			_, err = io.WriteString(c, "POST /v1/completions HTTP/1.1\r\nHost: x\r\n")
+			require.NoError(t, err)
+		}
+	}
+	require.Eventually(t, func() bool {
+		_, closed := frontend.IdleConnections(e.fe)
+		return closed >= extra
+	}, planetest.WaitLimit, 10*time.Millisecond)
+	held, closed := frontend.IdleConnections(e.fe)
+	t.Logf("%d silent connections, bound %d: %d held, %d closed", bound+extra, bound, held, closed)
+	assert.LessOrEqual(t, held, bound)
+
+	// The oldest were closed, the newest are open.
+	open := func(c net.Conn) bool {
+		require.NoError(t, c.SetReadDeadline(time.Now().Add(50*time.Millisecond)))
+		_, err := c.Read(make([]byte, 1))
+		var ne net.Error
+		return errors.As(err, &ne) && ne.Timeout()
+	}
+	for i, c := range conns {
+		if i < extra {
+			assert.False(t, open(c), "connection %d (of the oldest) is still open", i)
+		} else if i >= extra+5 { // the last few may have been in the accept queue
+			assert.True(t, open(c), "connection %d (of the newest) was closed", i)
+		}
+	}
+
+	// A new client gets through at once.
+	start := time.Now()
+	hc := &http.Client{Timeout: planetest.WaitLimit}
+	r, err := hc.Post(e.base+"/v1/completions", "application/json", strings.NewReader(completion("m", "hi", 1, false)))
+	require.NoError(t, err)
+	_, _ = io.Copy(io.Discard, r.Body)
+	_ = r.Body.Close()
+	hc.CloseIdleConnections()
+	assert.Equal(t, http.StatusOK, r.StatusCode)
+	assert.Less(t, time.Since(start), time.Second)
+	t.Logf("a new client's request, behind the flood: %v", time.Since(start))
+
+	// The stream started before the flood is whole.
+	for i := 1; i < 10; i++ {
+		ev.chunk(t)
+	}
+	ev.done(t)
+	_ = resp.Body.Close()
+	assert.Zero(t, e.metrics()[key(mCancellations, "m")])
+}
+
+// An invalid DYNAMO_CTX_MAX_IDLE_CONNECTIONS fails New.
+func TestMaxIdleConnectionsFromEnvironment(t *testing.T) {
+	e := newEnv(t)
+	t.Setenv(frontend.EnvMaxIdleConnections, "none")
+	_, err := frontend.New(t.Context(), e.host, frontend.Options{Addr: "127.0.0.1:0"})
+	require.ErrorContains(t, err, frontend.EnvMaxIdleConnections)
+}

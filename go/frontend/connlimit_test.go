@@ -1,10 +1,12 @@
 package frontend_test
 
 import (
+	"bufio"
 	"errors"
 	"io"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -20,7 +22,8 @@ import (
 // TestIdleConnectionsBounded: a flood of silent connections (some with half
 // their headers sent) past Options.MaxIdleConnections costs the flooder its
 // oldest connections; at most the bound are held; a stream in progress
-// before the flood is not touched; a new client's request succeeds at once.
+// before the flood is not touched; a new client's request succeeds at once
+// (within about frontend.EvictAfter).
 func TestIdleConnectionsBounded(t *testing.T) {
 	const bound, extra = 50, 150
 	e := newEnv(t)
@@ -64,18 +67,19 @@ func TestIdleConnectionsBounded(t *testing.T) {
 	t.Logf("%d silent connections, bound %d: %d held, %d closed", bound+extra, bound, held, closed)
 	assert.LessOrEqual(t, held, bound)
 
-	// The oldest were closed, the newest are open.
-	open := func(c net.Conn) bool {
-		require.NoError(t, c.SetReadDeadline(time.Now().Add(50*time.Millisecond)))
+	// The oldest were closed (the client's kept-alive connection may have
+	// been one of the first closed), the newest are open.
+	open := func(c net.Conn, wait time.Duration) bool {
+		require.NoError(t, c.SetReadDeadline(time.Now().Add(wait)))
 		_, err := c.Read(make([]byte, 1))
 		var ne net.Error
 		return errors.As(err, &ne) && ne.Timeout()
 	}
 	for i, c := range conns {
-		if i < extra {
-			assert.False(t, open(c), "connection %d (of the oldest) is still open", i)
-		} else if i >= extra+5 { // the last few may have been in the accept queue
-			assert.True(t, open(c), "connection %d (of the newest) was closed", i)
+		if i < extra-1 {
+			assert.False(t, open(c, 2*frontend.EvictAfter), "connection %d (of the oldest) is still open", i)
+		} else if i > extra {
+			assert.True(t, open(c, 50*time.Millisecond), "connection %d (of the newest) was closed", i)
 		}
 	}
 
@@ -106,4 +110,44 @@ func TestMaxIdleConnectionsFromEnvironment(t *testing.T) {
 	t.Setenv(frontend.EnvMaxIdleConnections, "none")
 	_, err := frontend.New(t.Context(), e.host, frontend.Options{Addr: "127.0.0.1:0"})
 	require.ErrorContains(t, err, frontend.EnvMaxIdleConnections)
+}
+
+// TestBurstPastBoundIsServed: clients that open five times the bound of
+// connections at once, and only then each send a request, are all served:
+// a connection is closed for the bound only once it has waited
+// frontend.EvictAfter, and the rest wait to be accepted meanwhile.
+func TestBurstPastBoundIsServed(t *testing.T) {
+	const bound, clients = 20, 100
+	e := newEnv(t)
+	e.worker("w", "dynamo", "m", 0, planetest.Tokens)
+	e.startWith(frontend.Options{Addr: "127.0.0.1:0", MigrationLimit: -1, MaxIdleConnections: bound})
+	e.waitModels("m")
+	conns := make([]net.Conn, clients)
+	for i := range conns {
+		c, err := net.DialTimeout("tcp", e.fe.Addr(), planetest.WaitLimit)
+		require.NoError(t, err)
+		defer c.Close()
+		conns[i] = c
+	}
+	body := completion("m", "hi", 2, false)
+	for _, c := range conns {
+		_, err := io.WriteString(c, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"+
+			"Content-Length: "+strconv.Itoa(len(body))+"\r\n\r\n"+body)
+		require.NoError(t, err)
+	}
+	ok := 0
+	for i, c := range conns {
+		require.NoError(t, c.SetReadDeadline(time.Now().Add(planetest.WaitLimit)))
+		r, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if !assert.NoError(t, err, "client %d", i) {
+			continue
+		}
+		_, _ = io.Copy(io.Discard, r.Body)
+		_ = r.Body.Close()
+		if assert.Equal(t, http.StatusOK, r.StatusCode, "client %d", i) {
+			ok++
+		}
+	}
+	_, closed := frontend.IdleConnections(e.fe)
+	t.Logf("%d clients, bound %d: %d served, %d connections closed for the bound", clients, bound, ok, closed)
 }

@@ -20,8 +20,9 @@
 //   - Deadlines: see Options; a response write that stalls for
 //     Options.WriteStallTimeout counts as a disconnect.
 //   - Connections: at most Options.MaxIdleConnections are held that are not
-//     serving a request; past that the oldest of them is closed (see
-//     idleConns). Connections serving a request are not bounded here.
+//     serving a request; past that a new one takes the place of the oldest
+//     once it has waited EvictAfter (see idleConns). Connections serving a
+//     request are not bounded here.
 //   - Confirmations: an abort confirmation counts only if it carries the
 //     Key of a request waiting for one and comes from the instance that
 //     request's current attempt went to.
@@ -254,7 +255,9 @@ func New(ctx context.Context, rt *plane.Runtime, opts Options) (*Frontend, error
 		// net/http's own complaints go to the library's log, never stderr.
 		ErrorLog: slog.NewLogLogger(slog.Default().Handler(), slog.LevelDebug),
 	}
-	go func() { f.serveErr <- f.srv.Serve(ln) }()
+	go func() {
+		f.serveErr <- f.srv.Serve(&admitListener{Listener: ln, idle: f.idle, done: make(chan struct{})})
+	}()
 	return f, nil
 }
 

@@ -12,7 +12,7 @@ that is not 1 to 256 bytes of printable UTF-8 gets 400, prompt tokens +
 ``max_tokens`` over the model's context length get 400; the listener has
 read, idle and write-stall deadlines and holds at most
 ``--max-idle-connections`` (1024) connections not serving a request, closing
-the oldest past that (README, "Listeners").
+the oldest (waiting 1 s or more) past that (README, "Listeners").
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         type=_cli.positive_int,
         env="DYNAMO_CTX_MAX_IDLE_CONNECTIONS",
         help="connections held that are not serving a request (new or kept alive; default: 1024); "
-        "past it the oldest of them is closed",
+        "past it a new one takes the place of the oldest once that has waited 1 s",
     )
     p.add_logging()
     return p.parse_args(argv)

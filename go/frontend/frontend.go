@@ -45,7 +45,9 @@
 //     strings (matched here), stop_token_ids, seed and sampling options
 //     (passed to the engine); string, batch and token prompts; what the
 //     engine does not carry (logprobs, ...) is refused with 400 naming the
-//     param. Response ids are "cmpl-"/"chatcmpl-" + the request id. Every
+//     param. Keys are matched exactly (jsonkeys.go): a key that differs
+//     from a field name only in case, or a field name given twice, is
+//     refused (400). Response ids are "cmpl-"/"chatcmpl-" + the request id. Every
 //     error, on every path (404, 405, 413, 500), has OpenAI's shape, and
 //     each failed request is logged once (see recorder).
 //   - Migration: requests are retried on another worker up to the migration
@@ -747,6 +749,10 @@ func (f *Frontend) serve(w http.ResponseWriter, r *http.Request, chat bool) {
 	var req completionRequest
 	if err := json.Unmarshal(body, &req); err != nil {
 		badRequest(w, "the request body is not valid JSON: "+err.Error(), "", "invalid_json")
+		return
+	}
+	if re := checkKeys(body); re != nil {
+		badRequest(w, re.msg, re.param, re.code)
 		return
 	}
 	body = nil

@@ -257,7 +257,6 @@ func TestRefusedParameters(t *testing.T) {
 		{`"response_format":{"type":"json_object"}`, "response_format"},
 		{`"n":0`, "n"},
 		{`"n":129`, "n"},
-		{`"n":100,"prompt":["a","b"]`, "n"},
 		{`"temperature":2.5`, "temperature"},
 		{`"top_p":0`, "top_p"},
 		{`"presence_penalty":3`, "presence_penalty"},
@@ -273,8 +272,12 @@ func TestRefusedParameters(t *testing.T) {
 		assert.Equal(t, tc.param, errObj["param"], tc.extra)
 		assert.Equal(t, "invalid_request_error", errObj["type"], tc.extra)
 	}
+	// prompts times n over MaxChoices (its own body: a key given twice is refused).
+	r := e.post("/v1/completions", `{"model":"m","prompt":["a","b"],"max_tokens":2,"n":100}`, nil)
+	require.Equal(t, http.StatusBadRequest, r.status, "body %s", r.body)
+	assert.Equal(t, "n", r.json(t)["error"].(map[string]any)["param"])
 	// Neutral values pass: chat's logprobs false, best_of = n, text format, no tools.
-	r := e.post("/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":1,
+	r = e.post("/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":1,
 		"logprobs":false,"top_logprobs":0,"response_format":{"type":"text"},"tools":[],"logit_bias":{},"presence_penalty":0}`, nil)
 	require.Equal(t, http.StatusOK, r.status, "body %s", r.body)
 	w.NextReq(t)

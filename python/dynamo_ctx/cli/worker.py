@@ -16,6 +16,7 @@ import asyncio
 import json
 import logging
 import signal
+from collections import OrderedDict
 from typing import Any, Dict, List, Optional, Tuple
 
 from .. import DistributedRuntime
@@ -41,8 +42,9 @@ DYN_LOGGING_JSONL=1 (JSON lines). A flag given wins over its variable.
 """
 
 #: Defaults of the metrics listener's bounds: a client has this long to send
-#: its request line and headers, at most this many connections are served at
-#: once (more are closed at once), and a request's head is at most this long.
+#: its request line and headers, at most this many connections are held at
+#: once (one more closes the oldest still sending its request), and a
+#: request's head is at most this long.
 METRICS_READ_TIMEOUT = 10.0
 METRICS_MAX_CONNECTIONS = 64
 METRICS_MAX_HEAD = 16 * 1024
@@ -66,7 +68,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     )
     p.add(
         "--metrics-max-connections", type=_cli.positive_int, default=METRICS_MAX_CONNECTIONS,
-        help="metrics connections served at once; more are closed at once",
+        help="metrics connections held at once; one more closes the oldest still sending its request",
     )
     p.add(
         "--max-model-len", type=_cli.positive_int,
@@ -151,25 +153,37 @@ async def serve_metrics(
     when serving, 503 with what it waits for otherwise).
 
     Each connection gets ``read_timeout`` seconds to send its request line and
-    headers (at most ``METRICS_MAX_HEAD`` bytes), else it is closed; beyond
-    ``max_connections`` connections at once, new ones are closed unanswered.
-    So a client that opens connections and sends nothing holds nothing for
-    long.
+    headers (at most ``METRICS_MAX_HEAD`` bytes), else it is closed. At most
+    ``max_connections`` are held at once: one more closes the oldest that is
+    still sending its request (so silent connections cannot keep probes out:
+    a probe sends its request at once, and is closed only if that many newer
+    connections arrive before it has); when every one is being answered, the
+    new one is closed unanswered. So a client that opens connections and
+    sends nothing holds nothing for long.
     """
     active = 0
+    reading: "OrderedDict[asyncio.StreamWriter, None]" = OrderedDict()  # still sending their request, oldest first
     ready = readiness or Readiness(None)
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         nonlocal active
         if active >= max_connections:
-            writer.close()
-            return
+            if not reading:
+                writer.close()
+                return
+            oldest, _ = reading.popitem(last=False)
+            oldest.transport.abort()  # its handler sees the connection end and returns
         active += 1
+        reading[writer] = None
         try:
             try:
                 request_line = await asyncio.wait_for(_read_head(reader), read_timeout)
             except (asyncio.TimeoutError, ValueError, ConnectionError, asyncio.LimitOverrunError, asyncio.IncompleteReadError):
                 return
+            finally:
+                reading.pop(writer, None)
+            if writer.transport.is_closing():
+                return  # closed to make room for a newer connection: its request is cut, not answered
             parts = request_line.decode("latin-1").split()
             method = parts[0] if parts else ""
             path = parts[1].split("?")[0] if len(parts) >= 2 else ""

@@ -6,8 +6,11 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
+	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -150,4 +153,73 @@ func TestBurstPastBoundIsServed(t *testing.T) {
 	}
 	_, closed := frontend.IdleConnections(e.fe)
 	t.Logf("%d clients, bound %d: %d served, %d connections closed for the bound", clients, bound, ok, closed)
+}
+
+// TestMeasureIdleFlood (FLOOD_RATE=N go test -run MeasureIdleFlood -v
+// ./go/frontend): silent connections dialled N times a second for 6 s at the
+// default bound, while a client posts a request every 50 ms on a new
+// connection; logs the requests' latency. Skipped without FLOOD_RATE.
+func TestMeasureIdleFlood(t *testing.T) {
+	rate, _ := strconv.Atoi(os.Getenv("FLOOD_RATE"))
+	if rate == 0 {
+		t.Skip("FLOOD_RATE not set")
+	}
+	e := newEnv(t)
+	e.worker("w", "dynamo", "m", 0, planetest.Tokens)
+	e.startWith(frontend.Options{Addr: "127.0.0.1:0", MigrationLimit: -1})
+	e.waitModels("m")
+	stop := make(chan struct{})
+	var mu sync.Mutex
+	var conns []net.Conn
+	dialler := make(chan struct{})
+	go func() {
+		defer close(dialler)
+		tick := time.NewTicker(time.Second / time.Duration(rate))
+		defer tick.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+				c, err := net.DialTimeout("tcp", e.fe.Addr(), 100*time.Millisecond)
+				if err == nil {
+					mu.Lock()
+					conns = append(conns, c)
+					mu.Unlock()
+				}
+			}
+		}
+	}()
+	var lat []time.Duration
+	failed := 0
+	deadline := time.Now().Add(6 * time.Second)
+	for time.Now().Before(deadline) {
+		hc := &http.Client{Timeout: 10 * time.Second}
+		start := time.Now()
+		r, err := hc.Post(e.base+"/v1/completions", "application/json", strings.NewReader(completion("m", "hi", 1, false)))
+		if err != nil || r.StatusCode != 200 {
+			failed++
+		} else {
+			r.Body.Close()
+			lat = append(lat, time.Since(start))
+		}
+		hc.CloseIdleConnections()
+		time.Sleep(50 * time.Millisecond)
+	}
+	close(stop)
+	<-dialler
+	held, closed := frontend.IdleConnections(e.fe)
+	mu.Lock()
+	n := len(conns)
+	for _, c := range conns {
+		c.Close()
+	}
+	mu.Unlock()
+	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
+	if len(lat) > 0 {
+		t.Logf("rate %d/s: %d silent dialled, held %d, closed %d; requests ok %d failed %d; p50 %v p99 %v max %v",
+			rate, n, held, closed, len(lat), failed, lat[len(lat)/2], lat[len(lat)*99/100], lat[len(lat)-1])
+	} else {
+		t.Logf("rate %d/s: all %d requests failed", rate, failed)
+	}
 }

@@ -44,16 +44,7 @@ func (l *chanListener) Addr() net.Addr { return &net.TCPAddr{IP: net.IPv4(127, 0
 func serverOn(t *testing.T, ln net.Listener, opts ...Option) *Server {
 	t.Helper()
 	t.Cleanup(func() { goleak.VerifyNone(t) })
-	s := &Server{
-		ln:      ln,
-		cfg:     newConfig(nil, opts),
-		pending: make(map[string]*Incoming),
-		conns:   make(map[net.Conn]struct{}),
-		silent:  make(map[string]*list.List),
-	}
-	s.room.L = &s.mu
-	s.wg.Add(1)
-	go s.acceptLoop()
+	s := serve(ln, opts)
 	t.Cleanup(func() { require.NoError(t, s.Close()) })
 	return s
 }

@@ -97,6 +97,11 @@ func Listen(addr string, opts ...Option) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
+	return serve(ln, opts), nil
+}
+
+// serve runs a Server that accepts on ln.
+func serve(ln net.Listener, opts []Option) *Server {
 	s := &Server{
 		ln:      ln,
 		cfg:     newConfig(nil, opts),
@@ -107,7 +112,7 @@ func Listen(addr string, opts ...Option) (*Server, error) {
 	s.room.L = &s.mu
 	s.wg.Add(1)
 	go s.acceptLoop()
-	return s, nil
+	return s
 }
 
 // Addr returns the address workers must dial.

@@ -171,17 +171,28 @@ func TestBurstBehindSilentFloodConnectsEveryStream(t *testing.T) {
 	}
 }
 
-// dropFirst listens on loopback and closes the first drop connections as
+// fakeCaller listens on loopback and closes the first drop connections as
 // soon as it accepts them (without reading their Hello, as an eviction
-// does); later ones are relayed to s. It returns its address and the count
-// of connections accepted.
-func dropFirst(t *testing.T, s *Server, drop int) (string, *atomic.Int64) {
+// does); it hands each later one to handle, on a goroutine of its own (nil:
+// closes it too), and closes it when the test ends. It returns its address
+// and the count of connections accepted.
+func fakeCaller(t *testing.T, drop int, handle func(c net.Conn)) (string, *atomic.Int64) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	var accepted atomic.Int64
 	var wg sync.WaitGroup
-	t.Cleanup(func() { _ = ln.Close(); wg.Wait() })
+	var mu sync.Mutex
+	var conns []net.Conn
+	t.Cleanup(func() {
+		_ = ln.Close()
+		mu.Lock()
+		for _, c := range conns {
+			_ = c.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	})
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
@@ -190,29 +201,45 @@ func dropFirst(t *testing.T, s *Server, drop int) (string, *atomic.Int64) {
 			if err != nil {
 				return
 			}
-			if accepted.Add(1) <= int64(drop) || s == nil {
+			if accepted.Add(1) <= int64(drop) || handle == nil {
 				_ = c.Close()
 				continue
 			}
-			up, err := net.Dial("tcp", s.Addr().String())
-			if !assert.NoError(t, err) {
-				_ = c.Close()
-				continue
-			}
-			wg.Add(2)
-			relay := func(dst, src net.Conn) {
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+			wg.Add(1)
+			go func() {
 				defer wg.Done()
-				_, _ = io.Copy(dst, src)
-				if tc, ok := dst.(*net.TCPConn); ok {
-					_ = tc.CloseWrite()
-				}
-			}
-			go relay(up, c)
-			go relay(c, up)
-			t.Cleanup(func() { _ = c.Close(); _ = up.Close() })
+				handle(c)
+			}()
 		}
 	}()
 	return ln.Addr().String(), &accepted
+}
+
+// relayTo is a fakeCaller handler that relays the connection to s, each
+// direction's end (FIN) passed on.
+func relayTo(t *testing.T, s *Server) func(net.Conn) {
+	return func(c net.Conn) {
+		up, err := net.Dial("tcp", s.Addr().String())
+		if !assert.NoError(t, err) {
+			return
+		}
+		t.Cleanup(func() { _ = up.Close() })
+		var wg sync.WaitGroup
+		relay := func(dst, src net.Conn) {
+			defer wg.Done()
+			_, _ = io.Copy(dst, src)
+			if tc, ok := dst.(*net.TCPConn); ok {
+				_ = tc.CloseWrite()
+			}
+		}
+		wg.Add(2)
+		go relay(up, c)
+		go relay(c, up)
+		wg.Wait()
+	}
 }
 
 // A worker whose connection the caller drops before reading its Hello
@@ -220,7 +247,7 @@ func dropFirst(t *testing.T, s *Server, drop int) (string, *atomic.Int64) {
 // of the stream, at once) is not lost with the dropped connection.
 func TestDroppedBeforeHelloRedials(t *testing.T) {
 	s := listen(t)
-	addr, accepted := dropFirst(t, s, 2)
+	addr, accepted := fakeCaller(t, 2, relayTo(t, s))
 	in := expect(t, s, "tok")
 	o, err := Dial(context.Background(), addr, "tok")
 	require.NoError(t, err)
@@ -241,7 +268,7 @@ func TestDroppedBeforeHelloRedials(t *testing.T) {
 // Redials are bounded: a caller that drops every connection (or no longer
 // expects the token) is reported Lost after redialLimit more dials, soon.
 func TestRedialsAreBounded(t *testing.T) {
-	addr, accepted := dropFirst(t, nil, 0)
+	addr, accepted := fakeCaller(t, 0, nil)
 	t0 := time.Now()
 	o, err := Dial(context.Background(), addr, "tok")
 	require.NoError(t, err)

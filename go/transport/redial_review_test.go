@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"net"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -14,54 +12,6 @@ import (
 	"go.uber.org/goleak"
 )
 
-// fakeCaller listens on loopback and closes the first drop connections at
-// once (as an eviction does); it hands later ones to serve, after reading
-// their Hello.
-func fakeCaller(t *testing.T, drop int, serve func(c net.Conn)) (string, *atomic.Int64) {
-	t.Helper()
-	t.Cleanup(func() { goleak.VerifyNone(t) })
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	var accepted atomic.Int64
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	var conns []net.Conn
-	t.Cleanup(func() {
-		_ = ln.Close()
-		mu.Lock()
-		for _, c := range conns {
-			_ = c.Close()
-		}
-		mu.Unlock()
-		wg.Wait()
-	})
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			if accepted.Add(1) <= int64(drop) {
-				_ = c.Close()
-				continue
-			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				if _, ok := readHello(c); ok {
-					serve(c)
-				}
-			}()
-		}
-	}()
-	return ln.Addr().String(), &accepted
-}
-
 // The worker's liveness declares the caller silent while a redial is under
 // way (here during its back-off sleep: the caller dropped 8 connections, the
 // 9th is served). The stream must end Lost, as it does without a redial;
@@ -69,7 +19,11 @@ func fakeCaller(t *testing.T, drop int, serve func(c net.Conn)) (string, *atomic
 // heartbeats sent, a silent caller never noticed).
 func TestSilentDuringRedialIsLost(t *testing.T) {
 	served := make(chan struct{}, 1)
+	t.Cleanup(func() { goleak.VerifyNone(t) })
 	addr, accepted := fakeCaller(t, redialLimit, func(c net.Conn) {
+		if _, ok := readHello(c); !ok {
+			return
+		}
 		w := frame.NewWriter(c)
 		_ = w.WriteCredit(10)
 		_ = w.Flush()
@@ -181,7 +135,7 @@ func TestCloseDuringRedialDoesNotWaitForDial(t *testing.T) {
 // worker over its redial, once: the dropped connection took nothing with it.
 func TestKillAndStopBeforeHelloSurviveRedial(t *testing.T) {
 	s := listen(t)
-	addr, accepted := dropFirst(t, s, 1)
+	addr, accepted := fakeCaller(t, 1, relayTo(t, s))
 
 	in := expect(t, s, "killed")
 	in.KillCause(7)
@@ -202,7 +156,7 @@ func TestKillAndStopBeforeHelloSurviveRedial(t *testing.T) {
 	}
 	require.EqualValues(t, 2, accepted.Load())
 
-	addr, accepted = dropFirst(t, s, 1)
+	addr, accepted = fakeCaller(t, 1, relayTo(t, s))
 	in = expect(t, s, "stopped")
 	in.Stop()
 	o, err = Dial(context.Background(), addr, "stopped")

@@ -292,7 +292,7 @@ func (s *Server) serveConn(p *pendingConn) {
 		// dials again, and finds its stream still expected.
 		s.evicted--
 		ok = false
-	} else if s.silent != nil {
+	} else {
 		s.unlist(p)
 	}
 	s.room.Signal()
@@ -302,8 +302,8 @@ func (s *Server) serveConn(p *pendingConn) {
 			delete(s.pending, in.token) // one connection per token
 		}
 	}
-	if in == nil && s.conns != nil {
-		delete(s.conns, c) // before room is used: conns stays within the bound too
+	if in == nil {
+		delete(s.conns, c) // before room is used: conns stays within the bound too (nil after Close: no-op)
 	}
 	s.mu.Unlock()
 	if in == nil {

@@ -169,10 +169,8 @@ func RuntimeDir() (string, error) {
 // privateDir creates d (mode 0700) if needed and checks it is private.
 func privateDir(d string) (string, error) {
 	if err := os.MkdirAll(d, 0o700); err != nil {
-		if fi, lerr := os.Lstat(d); lerr == nil {
-			if st, ok := fi.Sys().(*syscall.Stat_t); ok && int(st.Uid) != os.Getuid() {
-				return "", fmt.Errorf("natsbus: %s belongs to another user: %w", d, errNotOurs)
-			}
+		if perr := private(d, true); errors.Is(perr, errNotOurs) {
+			return "", perr // another user's file or link where the directory goes
 		}
 		return "", fmt.Errorf("natsbus: runtime directory: %w", err)
 	}

@@ -207,18 +207,20 @@ func rawPost(t *testing.T, addr string, size int64) (*http.Response, []byte) {
 	return resp, body
 }
 
+// heapAlloc is the Go heap in use after a collection.
+func heapAlloc() uint64 {
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return ms.HeapAlloc
+}
+
 // TestOversizedBody: a body over the limit gets 413 request_too_large, and
 // neither it nor a few at once make the frontend hold more than the limit
 // each (the 64 MiB bodies are never buffered).
 func TestOversizedBody(t *testing.T) {
 	e, w := one(t)
-	heap := func() uint64 {
-		runtime.GC()
-		var ms runtime.MemStats
-		runtime.ReadMemStats(&ms)
-		return ms.HeapAlloc
-	}
-	before := heap()
+	before := heapAlloc()
 	var ms0 runtime.MemStats
 	runtime.ReadMemStats(&ms0)
 	resp, body := rawPost(t, e.fe.Addr(), 64<<20)
@@ -247,7 +249,7 @@ func TestOversizedBody(t *testing.T) {
 	// client allocates a little too), far from 64 MiB each.
 	allocated := ms1.TotalAlloc - ms0.TotalAlloc
 	assert.Less(t, allocated, uint64(5*32<<20), "allocated %d MiB for five oversized bodies", allocated>>20)
-	after := heap()
+	after := heapAlloc()
 	assert.Less(t, int64(after)-int64(before), int64(8<<20), "heap grew from %d to %d", before, after)
 	assert.Empty(t, w.Reqs)
 

@@ -75,10 +75,130 @@ func (r *Outgoing) Encode() []byte { return mustJSON(r) }
 // ParseItem reads a response item.
 func ParseItem(raw []byte) (Item, error) {
 	var it Item
+	ids := make([]int, 0, 4)
+	if finish, ok := scanItem(raw, func(v int, _ []byte) { ids = append(ids, v) }); ok {
+		return Item{TokenIDs: ids, FinishReason: finish}, nil
+	}
 	if err := json.Unmarshal(raw, &it); err != nil {
 		return Item{}, fmt.Errorf("malformed item: %w", err)
 	}
 	return it, nil
+}
+
+// scanItem reads an item of the shape workers write, with the cost of one
+// pass over its bytes (it is read for every token): an object of
+// "token_ids", an array of integers of at most 18 digits, and optionally
+// then "finish_reason", null or a string of printable ASCII without
+// escapes, with JSON whitespace anywhere between. It calls id with each
+// token id's value and literal, in order, and returns the finish reason.
+// For anything else (other members, another order, escapes, big numbers,
+// malformed JSON) it returns false, having perhaps called id already:
+// the caller then reads the item with encoding/json, which decides what
+// it means or whether it is an error. For what it accepts, the result is
+// the one encoding/json gives.
+func scanItem(b []byte, id func(v int, lit []byte)) (finish *string, ok bool) {
+	i := skipWS(b, 0)
+	if !hasAt(b, i, `{`) {
+		return nil, false
+	}
+	i = skipWS(b, i+1)
+	if !hasAt(b, i, `"token_ids"`) {
+		return nil, false
+	}
+	i = skipWS(b, i+len(`"token_ids"`))
+	if !hasAt(b, i, `:`) {
+		return nil, false
+	}
+	i = skipWS(b, i+1)
+	if !hasAt(b, i, `[`) {
+		return nil, false
+	}
+	i = skipWS(b, i+1)
+	if hasAt(b, i, `]`) {
+		i++
+	} else {
+		for {
+			start := i
+			neg := hasAt(b, i, `-`)
+			if neg {
+				i++
+			}
+			digits := i
+			v := 0
+			for i < len(b) && b[i] >= '0' && b[i] <= '9' {
+				v = v*10 + int(b[i]-'0')
+				i++
+			}
+			n := i - digits
+			if n == 0 || n > 18 || (n > 1 && b[digits] == '0') {
+				return nil, false
+			}
+			if i < len(b) && (b[i] == '.' || b[i] == 'e' || b[i] == 'E') {
+				return nil, false // encoding/json refuses these for an int
+			}
+			if neg {
+				v = -v
+			}
+			id(v, b[start:i])
+			i = skipWS(b, i)
+			if hasAt(b, i, `]`) {
+				i++
+				break
+			}
+			if !hasAt(b, i, `,`) {
+				return nil, false
+			}
+			i = skipWS(b, i+1)
+		}
+	}
+	i = skipWS(b, i)
+	if hasAt(b, i, `,`) {
+		i = skipWS(b, i+1)
+		if !hasAt(b, i, `"finish_reason"`) {
+			return nil, false
+		}
+		i = skipWS(b, i+len(`"finish_reason"`))
+		if !hasAt(b, i, `:`) {
+			return nil, false
+		}
+		i = skipWS(b, i+1)
+		switch {
+		case hasAt(b, i, `null`):
+			i += len(`null`)
+		case hasAt(b, i, `"`):
+			start := i + 1
+			i = start
+			for i < len(b) && b[i] != '"' {
+				if b[i] < 0x20 || b[i] > 0x7e || b[i] == '\\' {
+					return nil, false
+				}
+				i++
+			}
+			if i == len(b) {
+				return nil, false
+			}
+			f := string(b[start:i])
+			finish = &f
+			i++
+		default:
+			return nil, false
+		}
+		i = skipWS(b, i)
+	}
+	if !hasAt(b, i, `}`) || skipWS(b, i+1) != len(b) {
+		return nil, false
+	}
+	return finish, true
+}
+
+func hasAt(b []byte, i int, s string) bool { return len(b)-i >= len(s) && string(b[i:i+len(s)]) == s }
+
+// skipWS returns the index of the first byte at or after i that is not JSON whitespace.
+func skipWS(b []byte, i int) int {
+	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
+		i++
+	}
+	return i
 }
 
 // Continuation carries a token request across migration attempts: it
@@ -97,6 +217,11 @@ func New() *Continuation { return &Continuation{} }
 // Observe records an item passed to the caller. Items without token ids
 // (or not objects) add nothing.
 func (c *Continuation) Observe(item []byte) {
+	n := len(c.received)
+	if _, ok := scanItem(item, func(_ int, lit []byte) { c.received = append(c.received, append(json.RawMessage(nil), lit...)) }); ok {
+		return
+	}
+	c.received = c.received[:n] // what the scan added before it gave up
 	var tok struct {
 		TokenIDs []json.RawMessage `json:"token_ids"`
 	}

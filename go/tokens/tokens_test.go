@@ -129,3 +129,87 @@ func TestParseRequest(t *testing.T) {
 	_, err := ParseRequest([]byte(`{"token_ids":"x"}`))
 	assert.Error(t, err)
 }
+
+// referenceItem is what encoding/json makes of an item: what ParseItem and
+// Observe must agree with, whichever way they read it.
+func referenceItem(raw []byte) (Item, []json.RawMessage, error) {
+	var it Item
+	err := json.Unmarshal(raw, &it)
+	var tok struct {
+		TokenIDs []json.RawMessage `json:"token_ids"`
+	}
+	if json.Unmarshal(raw, &tok) != nil {
+		tok.TokenIDs = nil
+	}
+	return it, tok.TokenIDs, err
+}
+
+func checkItemAgrees(t *testing.T, raw []byte) {
+	t.Helper()
+	want, wantIDs, wantErr := referenceItem(raw)
+	got, err := ParseItem(raw)
+	if wantErr != nil {
+		require.Error(t, err, "%q", raw)
+	} else {
+		require.NoError(t, err, "%q", raw)
+		assert.Equal(t, len(want.TokenIDs), len(got.TokenIDs), "%q", raw)
+		for i := range want.TokenIDs {
+			assert.Equal(t, want.TokenIDs[i], got.TokenIDs[i], "%q", raw)
+		}
+		assert.Equal(t, want.FinishReason, got.FinishReason, "%q", raw)
+	}
+	c := New()
+	c.Observe([]byte(`{"token_ids":[1]}`))
+	c.Observe(raw)
+	require.Len(t, c.received, 1+len(wantIDs), "%q", raw)
+	for i, id := range wantIDs {
+		assert.Equal(t, string(id), string(c.received[1+i]), "%q", raw)
+	}
+}
+
+// Items are read for every token without encoding/json when they have the
+// shape workers write; whatever shape they have, ParseItem and Observe give
+// what encoding/json gives.
+func TestItemFastPathAgreesWithEncodingJSON(t *testing.T) {
+	for _, raw := range itemSeeds {
+		checkItemAgrees(t, []byte(raw))
+	}
+	// The fast path took the usual shapes (the seeds above would pass without it).
+	for _, raw := range []string{`{"token_ids":[5,6]}`, `{"token_ids":[5],"finish_reason":"length"}`, ` { "token_ids" : [ -0 , 12 ] , "finish_reason" : null } `} {
+		_, ok := scanItem([]byte(raw), func(int, []byte) {})
+		assert.True(t, ok, raw)
+	}
+}
+
+var itemSeeds = []string{
+	`{"token_ids":[5,6]}`, `{"token_ids":[]}`, `{"token_ids":[5],"finish_reason":"length"}`,
+	`{"token_ids":[5],"finish_reason":null}`, "\t{\n\"token_ids\"\r:[ 1 ,2 ] ,\"finish_reason\": \"stop\" }\n",
+	`{"token_ids":[-0,-7]}`, `{"token_ids":[01]}`, `{"token_ids":[1.0]}`, `{"token_ids":[1e3]}`, `{"token_ids":[-]}`,
+	`{"token_ids":[123456789012345678]}`, `{"token_ids":[1234567890123456789]}`, `{"token_ids":[99999999999999999999]}`,
+	`{"token_ids":[1],}`, `{"token_ids":[1,]}`, `{"token_ids":[1]} x`, `{"token_ids":[1]`, `{"token_ids":[1]}}`,
+	`{"TOKEN_IDS":[1]}`, `{"token_ids":[1],"token_ids":[2]}`, `{"finish_reason":"stop","token_ids":[3]}`,
+	`{"token_ids":[1],"finish_reason":"st\u006fp"}`, `{"token_ids":[1],"finish_reason":"stöp"}`,
+	`{"token_ids":[1],"finish_reason":"a` + "\x01" + `"}`, `{"token_ids":[1],"finish_reason":"\xff"}`,
+	`{"token_ids":[1],"finish_reason":7}`, `{"token_ids":[1],"finish_reason":nul}`, `{"token_ids":[1],"finish_reason":"x}`,
+	`{"token_ids":null}`, `{"token_ids":"x"}`, `{"token_ids":[1],"text":"a"}`, `{}`, `42`, `[1]`, ``, `{"token_ids":[1]}` + "\x00",
+	`{"token_ids":[1,2],"finish_reason":"stop"}`, `{"token_ids":[ -1 ]}`, `{"token_ids":[--1]}`, `{"token_ids":[+1]}`,
+}
+
+func FuzzItemAgreesWithEncodingJSON(f *testing.F) {
+	for _, s := range itemSeeds {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, raw []byte) { checkItemAgrees(t, raw) })
+}
+
+func BenchmarkParseItem(b *testing.B) {
+	raw := []byte(`{"token_ids":[1234],"finish_reason":null}`)
+	c := New()
+	for b.Loop() {
+		if _, err := ParseItem(raw); err != nil {
+			b.Fatal(err)
+		}
+		c.Observe(raw)
+		c.received = c.received[:0]
+	}
+}

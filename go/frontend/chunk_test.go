@@ -2,6 +2,7 @@ package frontend
 
 import (
 	"encoding/json"
+	"fmt"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -28,7 +29,7 @@ func TestChunkBytesUnchanged(t *testing.T) {
 		for _, usage := range []bool{false, true} {
 			p := &response{id: "chatcmpl-x", model: "m<&>", created: 1700000000,
 				plan: &plan{chat: chat, includeUsage: usage, req: &completionRequest{Stream: true}}}
-			for _, text := range []string{"", "hé <b>&\"\\\n\u2028"} {
+			for _, text := range []string{"", "plain text", "hé <b>&\"\\\n\u2028", "\x00\x7f\xff\b\f"} {
 				for _, first := range []bool{false, true} {
 					for _, finish := range []string{"", "length"} {
 						ch := chunkChoice{Index: 2}
@@ -52,6 +53,7 @@ func TestChunkBytesUnchanged(t *testing.T) {
 							m["text"] = text
 						}
 						assert.Equal(t, string(asMap(p, m, nil, true)), string(p.chunk([]chunkChoice{ch}, nil)))
+						assert.Equal(t, string(p.chunk([]chunkChoice{ch}, nil)), string(p.appendChunk([]byte("x"), ch)[1:]))
 					}
 				}
 			}
@@ -59,4 +61,49 @@ func TestChunkBytesUnchanged(t *testing.T) {
 			assert.Equal(t, string(asMap(p, nil, u, false)), string(p.chunk([]chunkChoice{}, u)))
 		}
 	}
+}
+
+// The per-token encoding (appendChunk) gives encoding/json's bytes for any
+// text and finish reason, chat or not, whatever the response's id and model.
+func FuzzAppendChunkAgreesWithEncodingJSON(f *testing.F) {
+	f.Add("hello", "length", "m", true, false, 0)
+	f.Add("a\u2028<b>&\"\\\x00\xff", "", "mo<&>del\xfe", false, true, 3)
+	f.Fuzz(func(t *testing.T, text, finish, model string, chat, first bool, index int) {
+		p := &response{id: "cmpl-" + model, model: model, created: 1700000000,
+			plan: &plan{chat: chat, includeUsage: first, req: &completionRequest{Stream: true}}}
+		ch := chunkChoice{Index: index}
+		if finish != "" {
+			ch.FinishReason = &finish
+		}
+		if chat {
+			ch.Delta = &chunkDelta{Content: text}
+			if first {
+				ch.Delta.Role = "assistant"
+			}
+		} else {
+			ch.Text = &text
+		}
+		want := p.chunk([]chunkChoice{ch}, nil)
+		assert.Equal(t, string(want), string(p.appendChunk(nil, ch)))
+		assert.Equal(t, string(want), string(p.appendChunk(nil, ch)), "the second chunk of a response")
+	})
+}
+
+func BenchmarkChunk(b *testing.B) {
+	p := &response{id: "cmpl-0123456789", model: "mock-model", created: 1700000000,
+		plan: &plan{req: &completionRequest{Stream: true}}}
+	text := " w12"
+	ch := chunkChoice{Text: &text}
+	b.Run("encoding/json", func(b *testing.B) {
+		for b.Loop() {
+			_ = fmt.Appendf(nil, "data: %s\n\n", p.chunk([]chunkChoice{ch}, nil))
+		}
+	})
+	b.Run("appendChunk", func(b *testing.B) {
+		var buf []byte
+		for b.Loop() {
+			buf = append(buf[:0], "data: "...)
+			buf = append(p.appendChunk(buf, ch), "\n\n"...)
+		}
+	})
 }

@@ -1041,6 +1041,7 @@ type response struct {
 	id, model    string
 	created      int64
 	promptTokens int
+	chunkTail    []byte // what follows the choice in each chunk (appendChunk)
 }
 
 func (p *response) object() string {
@@ -1181,6 +1182,54 @@ func (p *response) chunk(choices []chunkChoice, usage any) []byte {
 	return b
 }
 
+// appendChunk appends the bytes of p.chunk([]chunkChoice{ch}, nil), one
+// token's event, without encoding/json's reflection: everything after the
+// choice is the same for every chunk of the response and encoded once.
+func (p *response) appendChunk(b []byte, ch chunkChoice) []byte {
+	if p.chunkTail == nil {
+		p.chunkTail = p.chunk([]chunkChoice{}, nil)[len(`{"choices":[`):] // `],"created":...}`
+	}
+	b = append(b, `{"choices":[{`...)
+	if ch.Delta != nil {
+		b = append(b, `"delta":{"content":`...)
+		b = appendJSONString(b, ch.Delta.Content)
+		if ch.Delta.Role != "" {
+			b = append(b, `,"role":`...)
+			b = appendJSONString(b, ch.Delta.Role)
+		}
+		b = append(b, `},`...)
+	}
+	b = append(b, `"finish_reason":`...)
+	if ch.FinishReason == nil {
+		b = append(b, `null`...)
+	} else {
+		b = appendJSONString(b, *ch.FinishReason)
+	}
+	b = append(b, `,"index":`...)
+	b = strconv.AppendInt(b, int64(ch.Index), 10)
+	if ch.Text != nil {
+		b = append(b, `,"text":`...)
+		b = appendJSONString(b, *ch.Text)
+	}
+	b = append(b, '}')
+	return append(b, p.chunkTail...)
+}
+
+// appendJSONString appends s as encoding/json encodes a string: as it is
+// when it is printable ASCII that needs no escape (HTML's <, > and & are
+// escaped by encoding/json), else by encoding/json itself.
+func appendJSONString(b []byte, s string) []byte {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c > 0x7e || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' {
+			q, _ := json.Marshal(s)
+			return append(b, q...)
+		}
+	}
+	b = append(b, '"')
+	b = append(b, s...)
+	return append(b, '"')
+}
+
 func (p *response) stream() {
 	w := p.w
 	w.w.Header().Set("Content-Type", "text/event-stream")
@@ -1189,6 +1238,7 @@ func (p *response) stream() {
 	if !w.Flush() {
 		return
 	}
+	var buf []byte // one event, reused
 	err := p.run(func(c *choice, text string, finished bool) error {
 		if text == "" && !finished && c.started {
 			return nil
@@ -1206,7 +1256,9 @@ func (p *response) stream() {
 			ch.Text = &text
 		}
 		c.started = true
-		if _, err := fmt.Fprintf(w, "data: %s\n\n", p.chunk([]chunkChoice{ch}, nil)); err != nil {
+		buf = append(buf[:0], "data: "...)
+		buf = append(p.appendChunk(buf, ch), "\n\n"...)
+		if _, err := w.Write(buf); err != nil {
 			return err // the client is gone or stalled: serve kills the request
 		}
 		if !w.Flush() {

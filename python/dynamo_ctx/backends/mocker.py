@@ -29,10 +29,15 @@ import asyncio
 import collections
 import enum
 import math
+import sys
 from dataclasses import dataclass, field
 from typing import Any, AsyncGenerator, Deque, Dict, List, Optional, Tuple, Union
 
 __all__ = ["RequestOutputKind", "SamplingParams", "CompletionOutput", "RequestOutput", "MockEngineArgs", "MockAsyncLLM", "EngineStats"]
+
+
+#: Outputs are made per token: with slots where dataclasses have them (3.10+).
+_SLOTS: Dict[str, Any] = {"slots": True} if sys.version_info >= (3, 10) else {}
 
 
 class RequestOutputKind(enum.Enum):
@@ -61,7 +66,7 @@ class SamplingParams:
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
 
 
-@dataclass
+@dataclass(**_SLOTS)
 class CompletionOutput:
     """One completion of a request; ``token_ids`` are every token so far
     (vLLM's default), or only the new ones with ``RequestOutputKind.DELTA``."""
@@ -72,7 +77,7 @@ class CompletionOutput:
     finish_reason: Optional[str] = None
 
 
-@dataclass
+@dataclass(**_SLOTS)
 class RequestOutput:
     """What ``generate`` yields, shaped like vLLM's RequestOutput."""
 
@@ -167,9 +172,6 @@ class MockAsyncLLM:
         if isinstance(prompt, str):
             return [ord(c) % 256 for c in prompt]  # one token per character: enough for a mock
         return list(prompt)  # type: ignore[arg-type]  # token ids (a dict was handled above)
-
-    def _next_token(self, seq_len: int, seed: Optional[int] = None) -> int:
-        return ((self.args.seed if seed is None else seed) + seq_len) % self.args.vocab_size
 
     def _blocks_for(self, n_tokens: int) -> int:
         return math.ceil(n_tokens / self.args.block_size) if n_tokens else 0
@@ -271,9 +273,7 @@ class MockAsyncLLM:
                     if r.params.max_tokens <= 0:
                         self._release(r, False)
                         self._wake(r)
-            for r in decoding:
-                if r.phase == "decode":
-                    self._decode_one(r)
+            self._decode(decoding)
 
     async def _sleep_until(self, deadline: float) -> None:
         """Sleep until ``deadline``, or until no request is left to step (an abort
@@ -294,33 +294,44 @@ class MockAsyncLLM:
             if loop.time() >= deadline:
                 return
 
-    def _decode_one(self, req: _Request) -> None:
-        """One decode step of ``req``: its next token, as an output."""
-        params = req.params
-        n = len(req.prompt) + len(req.out)  # the sequence so far
-        token = self._next_token(n, params.seed)
-        req.out.append(token)
-        if n + 1 > req.blocks * self.args.block_size:  # the new token needs another block
-            need = self._blocks_for(n + 1)
-            self.stats.kv_blocks_in_use += need - req.blocks
-            req.blocks = need
-        finish: Optional[str] = None
-        if token in params.stop_token_ids and len(req.out) >= params.min_tokens:
-            finish = "stop"
-        elif len(req.out) >= params.max_tokens:
-            finish = "length"
-        if finish is not None:
-            self._release(req, False)  # finished: resources go back before the last output
-        kind = params.output_kind
-        if kind is RequestOutputKind.DELTA:
-            ids = [token]
-        elif kind is RequestOutputKind.FINAL_ONLY and finish is None:
-            return
-        else:
-            ids = list(req.out)
-        output = CompletionOutput(0, ids, finish_reason=finish)
-        req.outputs.append(RequestOutput(req.request_id, req.prompt, [output], finished=finish is not None))
-        self._wake(req)
+    def _decode(self, batch: List[_Request]) -> None:
+        """One decode step of every request in ``batch`` still in decode: its
+        next token, as an output. (Per token, so written for speed: what the
+        mock costs is what a benchmark of the stack measures.)"""
+        args = self.args
+        seed0, vocab, block_size = args.seed, args.vocab_size, args.block_size
+        stats = self.stats
+        delta, final_only = RequestOutputKind.DELTA, RequestOutputKind.FINAL_ONLY
+        wake = self._wake
+        for req in batch:
+            if req.phase != "decode":
+                continue
+            params = req.params
+            out = req.out
+            n = len(req.prompt) + len(out)  # the sequence so far
+            seed = params.seed
+            token = ((seed0 if seed is None else seed) + n) % vocab
+            out.append(token)
+            if n >= req.blocks * block_size:  # the new token needs another block
+                need = self._blocks_for(n + 1)
+                stats.kv_blocks_in_use += need - req.blocks
+                req.blocks = need
+            finish: Optional[str] = None
+            if len(out) >= params.max_tokens:
+                finish = "length"
+            if params.stop_token_ids and token in params.stop_token_ids and len(out) >= params.min_tokens:
+                finish = "stop"
+            if finish is not None:
+                self._release(req, False)  # finished: resources go back before the last output
+            kind = params.output_kind
+            if kind is delta:
+                ids = [token]
+            elif kind is final_only and finish is None:
+                continue
+            else:
+                ids = list(out)
+            req.outputs.append(RequestOutput(req.request_id, req.prompt, [CompletionOutput(0, ids, "", finish)], finish is not None))
+            wake(req)
 
     @staticmethod
     def _wake(req: _Request) -> None:

@@ -34,6 +34,8 @@ func TestNilPointersAreInvalid(t *testing.T) {
 	assert.EqualValues(t, 22, dc_context_state(1, nil))
 	assert.EqualValues(t, 22, dc_log_fd(nil))
 	assert.EqualValues(t, 22, dc_log_next(nil, nil, 0, nil))
+	assert.EqualValues(t, 22, dc_request_send_multi(nil, nil, 1, nil, nil, nil, nil))
+	assert.EqualValues(t, 0, dc_request_send_multi(nil, nil, 0, nil, nil, nil, nil), "nothing to send")
 }
 
 func TestPanicIsRecovered(t *testing.T) {

@@ -301,33 +301,83 @@ func dc_request_send_many(h C.uint64_t, items **C.char, lens *C.size_t, count C.
 		return fail(C.DC_EINVAL, "dc_request_send_many: items, lens and sent must not be NULL")
 	}
 	*sent = 0
-	req, rc := get(requests, "dc_request_send_many", h)
-	if rc != C.DC_OK {
-		return rc
-	}
 	if count > maxSendMany {
 		return fail(C.DC_EINVAL, "dc_request_send_many: %d items, at most %d per call", count, maxSendMany)
 	}
-	ptrs := unsafe.Slice(items, int(count))
-	ns := unsafe.Slice(lens, int(count))
-	batch := make([][]byte, count)
+	n, rc := sendMany("dc_request_send_many", h, unsafe.Slice(items, int(count)), unsafe.Slice(lens, int(count)))
+	*sent = C.size_t(n)
+	return rc
+}
+
+// sendMany queues items (ptrs[i] is ns[i] bytes) for request h: how many
+// were taken, and the code (DC_EAGAIN when fewer than all).
+func sendMany(name string, h C.uint64_t, ptrs []*C.char, ns []C.size_t) (int, C.int) {
+	req, rc := get(requests, name, h)
+	if rc != C.DC_OK {
+		return 0, rc
+	}
+	batch := make([][]byte, len(ptrs))
 	for i := range batch {
 		if ptrs[i] == nil && ns[i] > 0 {
-			return fail(C.DC_EINVAL, "dc_request_send_many: item %d is NULL", i)
+			return 0, fail(C.DC_EINVAL, "%s: item %d is NULL", name, i)
 		}
 		batch[i] = goBytes(ptrs[i], ns[i])
 	}
 	n, err := req.SendMany(batch)
-	*sent = C.size_t(n)
 	if err != nil {
-		return planeError("dc_request_send_many", err)
+		return n, planeError(name, err)
+	}
+	return n, C.DC_OK
+}
+
+// maxSendMany bounds one dc_request_send_many call, and the items of one
+// dc_request_send_multi call (the send buffer holds fewer: the rest is
+// refused with DC_EAGAIN anyway).
+const maxSendMany = 1 << 16
+
+// maxSendMulti bounds the requests of one dc_request_send_multi call.
+const maxSendMulti = 1 << 16
+
+// dc_request_send_multi: see dynamo_ctx.h, the reference.
+//
+//export dc_request_send_multi
+func dc_request_send_multi(hs *C.uint64_t, counts *C.size_t, n C.size_t, items **C.char, lens *C.size_t, sent *C.size_t, rcs *C.int) (rc C.int) {
+	defer guard("dc_request_send_multi", &rc)
+	if n == 0 {
+		return C.DC_OK
+	}
+	if hs == nil || counts == nil || sent == nil || rcs == nil {
+		return fail(C.DC_EINVAL, "dc_request_send_multi: hs, counts, sent and rcs must not be NULL")
+	}
+	if n > maxSendMulti {
+		return fail(C.DC_EINVAL, "dc_request_send_multi: %d requests, at most %d per call", n, maxSendMulti)
+	}
+	handles, cs := unsafe.Slice(hs, int(n)), unsafe.Slice(counts, int(n))
+	total := 0
+	for _, c := range cs {
+		if c > maxSendMany || total+int(c) > maxSendMany {
+			return fail(C.DC_EINVAL, "dc_request_send_multi: more than %d items in one call", maxSendMany)
+		}
+		total += int(c)
+	}
+	if total > 0 && (items == nil || lens == nil) {
+		return fail(C.DC_EINVAL, "dc_request_send_multi: items and lens must not be NULL")
+	}
+	var ptrs []*C.char
+	var ns []C.size_t
+	if total > 0 {
+		ptrs, ns = unsafe.Slice(items, total), unsafe.Slice(lens, total)
+	}
+	outN, outRC := unsafe.Slice(sent, int(n)), unsafe.Slice(rcs, int(n))
+	off := 0
+	for i, h := range handles {
+		c := int(cs[i])
+		taken, code := sendMany("dc_request_send_multi", h, ptrs[off:off+c], ns[off:off+c])
+		outN[i], outRC[i] = C.size_t(taken), code
+		off += c
 	}
 	return C.DC_OK
 }
-
-// maxSendMany bounds one dc_request_send_many call (the send buffer holds
-// fewer: the rest is refused with DC_EAGAIN anyway).
-const maxSendMany = 1 << 16
 
 // dc_request_complete: see dynamo_ctx.h, the reference.
 //

@@ -826,10 +826,12 @@ static PyObject* mod_request_send_many(PyObject* m, PyObject* args) {
 }
 
 // request_send_multi([req, ...], [[bytes, ...], ...]) -> [taken, ...]: the
-// items of several requests in one call (the worker's loop hands over what
-// every handler produced in one turn). Entry i is how many of batches[i]
-// request reqs[i] took, or minus the library's error code for that request
-// (the others are unaffected; sending to it again raises the error).
+// items of several requests in one call into the library
+// (dc_request_send_multi), however many requests: the worker's loop hands
+// over what every handler produced in one turn. Entry i is how many of
+// batches[i] request reqs[i] took, or minus the library's error code for that
+// request (the others are unaffected; sending to it again raises the error).
+// A malformed argument raises before anything is queued.
 static PyObject* mod_request_send_multi(PyObject* m, PyObject* args) {
     PyObject *reqs, *batches;
     if (!PyArg_ParseTuple(args, "O!O!:request_send_multi", &PyList_Type, &reqs, &PyList_Type, &batches)) return NULL;
@@ -839,25 +841,62 @@ static PyObject* mod_request_send_multi(PyObject* m, PyObject* args) {
         PyErr_SetString(PyExc_ValueError, "request_send_multi: as many batches as requests");
         return NULL;
     }
-    PyObject* out = PyList_New(n);
-    if (out == NULL) return NULL;
+    Py_ssize_t total = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject* r = PyList_GetItem(reqs, i); // borrowed
         PyObject* batch = PyList_GetItem(batches, i);
-        if (r == NULL || batch == NULL) goto fail;
-        unsigned long long h = PyLong_AsUnsignedLongLong(r);
-        if (h == (unsigned long long)-1 && PyErr_Occurred()) goto fail;
-        size_t sent = 0;
-        int rc = send_list(h, batch, &sent);
-        if (rc == -1) goto fail;
-        PyObject* v = (rc == DC_OK || rc == DC_EAGAIN) ? PyLong_FromSize_t(sent) : PyLong_FromLong(-(long)rc);
-        if (v == NULL) goto fail;
-        if (PyList_SetItem(out, i, v) < 0) goto fail; // steals v
+        if (!PyList_Check(batch)) {
+            PyErr_SetString(PyExc_TypeError, "items must be a list of bytes");
+            return NULL;
+        }
+        total += PyList_Size(batch);
     }
+    // One allocation for the handles, counts, results and item pointers and
+    // lengths; the pointers go to Go as they are (Go copies them before
+    // returning, and the GIL is held throughout, so no list changes).
+    size_t bytes = (size_t)n * (sizeof(uint64_t) + 2 * sizeof(size_t) + sizeof(int)) + (size_t)total * (sizeof(char*) + sizeof(size_t));
+    char* mem = PyMem_Malloc(bytes ? bytes : 1);
+    if (mem == NULL) return PyErr_NoMemory();
+    uint64_t* hs = (uint64_t*)mem;
+    size_t* counts = (size_t*)(hs + n);
+    size_t* sent = counts + n;
+    size_t* lens = sent + n;
+    const char** items = (const char**)(lens + total);
+    int* rcs = (int*)(items + total);
+    PyObject* out = NULL;
+    Py_ssize_t k = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        unsigned long long h = PyLong_AsUnsignedLongLong(PyList_GetItem(reqs, i));
+        if (h == (unsigned long long)-1 && PyErr_Occurred()) goto done;
+        hs[i] = h;
+        PyObject* batch = PyList_GetItem(batches, i);
+        Py_ssize_t c = PyList_Size(batch);
+        counts[i] = (size_t)c;
+        for (Py_ssize_t j = 0; j < c; j++, k++) {
+            char* p;
+            Py_ssize_t len;
+            if (PyBytes_AsStringAndSize(PyList_GetItem(batch, j), &p, &len) < 0) goto done;
+            items[k] = p;
+            lens[k] = (size_t)len;
+        }
+    }
+    int rc = dc_request_send_multi(hs, counts, (size_t)n, items, lens, sent, rcs);
+    if (rc != DC_OK) {
+        raise_rc(rc);
+        goto done;
+    }
+    out = PyList_New(n);
+    if (out == NULL) goto done;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject* v = (rcs[i] == DC_OK || rcs[i] == DC_EAGAIN) ? PyLong_FromSize_t(sent[i]) : PyLong_FromLong(-(long)rcs[i]);
+        if (v == NULL) {
+            Py_CLEAR(out);
+            goto done;
+        }
+        PyList_SetItem(out, i, v); // steals v (cannot fail: i is in range)
+    }
+done:
+    PyMem_Free(mem);
     return out;
-fail:
-    Py_DECREF(out);
-    return NULL;
 }
 
 static PyObject* mod_request_complete(PyObject* m, PyObject* arg) { return call_h(arg, dc_request_complete, 0); }

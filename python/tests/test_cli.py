@@ -77,6 +77,8 @@ def held_port() -> socket.socket:
         (WORKER, [], {"DYN_SYSTEM_PORT": "x"}, "DYN_SYSTEM_PORT='x': 'x' is not a whole number"),
         (WORKER, [], {"DYN_LOG": "loud"}, "DYN_LOG='loud': 'loud' is not a log level"),
         (WORKER, ["--bogus"], {}, "unrecognized arguments: --bogus"),
+        (WORKER, ["--event-loop", "trio"], {}, "argument --event-loop: 'trio' is not one of auto, uvloop, asyncio"),
+        (FRONTEND, [], {"DYNAMO_CTX_EVENT_LOOP": "x"}, "DYNAMO_CTX_EVENT_LOOP='x': 'x' is not one of auto, uvloop, asyncio"),
         (FRONTEND, ["--http-port", "-1"], {}, "argument --http-port: -1 is not a port"),
         (FRONTEND, ["--migration-limit", "-5"], {}, "argument --migration-limit: -5 is negative"),
         (FRONTEND, ["--max-body-bytes", "0"], {}, "argument --max-body-bytes: 0 is not positive"),
@@ -89,6 +91,23 @@ def test_bad_arguments_exit_2_with_one_line(prog, args, env, expected):
     assert r.returncode == 2, r.stderr
     line = one_line(r, prog)
     assert expected in line and line.endswith(f"see {prog} --help"), line
+
+
+def test_event_loop_choice(monkeypatch):
+    """--event-loop: asyncio's own loop when asked; uvloop when asked or, with
+    auto, when it is installed; asked for but missing, a usage error (exit 2)."""
+    assert _cli.loop_runner("asyncio") is asyncio.run
+    try:
+        import uvloop
+    except ImportError:
+        pass
+    else:
+        assert _cli.loop_runner("auto") is uvloop.run
+        assert _cli.loop_runner("uvloop") is uvloop.run
+    monkeypatch.setitem(sys.modules, "uvloop", None)  # as if not installed
+    assert _cli.loop_runner("auto") is asyncio.run
+    with pytest.raises(_cli.UsageError, match="uvloop is not installed"):
+        _cli.loop_runner("uvloop")
 
 
 def test_engine_vllm_without_vllm_exits_2():

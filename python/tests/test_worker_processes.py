@@ -12,6 +12,8 @@ import uuid
 from pathlib import Path
 
 
+import pytest
+
 from dynamo_ctx import Context, DistributedRuntime
 from helpers import HANG, run
 
@@ -145,5 +147,39 @@ def test_decode_cancel_during_prefill_aborts_remote_prefill(nats_url):
         finally:
             await decode.kill()
             await prefill.kill()
+
+    run(main())
+
+
+@pytest.mark.parametrize("event_loop", ["asyncio", "uvloop"])
+def test_worker_serves_and_aborts_on_either_event_loop(nats_url, event_loop):
+    """The worker command runs on uvloop (the default when it is installed,
+    as Dynamo's workers do) or on asyncio's own loop: a stream arrives whole,
+    and a kill mid-stream aborts the engine, on both."""
+    if event_loop == "uvloop":
+        pytest.importorskip("uvloop")
+
+    async def main():
+        space = f"w{uuid.uuid4().hex[:8]}"
+        args = ["--mode", "agg", "--model", "mock", "--decode-time-per-token", "0.005", "--event-loop", event_loop]
+        worker = await Worker.start(nats_url, space, *args, "--log-level", "debug")
+        try:
+            await worker.wait_log("runs on " + ("uvloop" if event_loop == "uvloop" else "asyncio's event loop"))
+            rt = DistributedRuntime(nats_url=nats_url)
+            client = await rt.endpoint(f"{space}.backend.generate").client()
+            await client.wait_for_instances()
+            whole = [t async for item in await client.generate({"token_ids": [1, 2], "max_tokens": 20}) for t in item.data()["token_ids"]]
+            assert whole == expected_tokens(2, 20)
+            ctx = Context(f"kill-on-{event_loop}")
+            stream = await client.generate({"token_ids": [1, 2], "max_tokens": 10_000}, context=ctx)
+            async for _ in stream:
+                ctx.kill()
+            await worker.wait_log(rf"Aborted Request ID: kill-on-{event_loop}")
+            m = await worker.metrics()
+            assert m["dynamo_ctx_worker_aborts_confirmed_total"] == 1
+            assert m["dynamo_ctx_worker_running_requests"] == 0
+            rt.shutdown()
+        finally:
+            await worker.kill()
 
     run(main())

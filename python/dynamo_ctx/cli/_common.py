@@ -32,6 +32,10 @@ _N = TypeVar("_N", int, float)
 ENV_LOG = "DYN_LOG"
 ENV_LOGGING_JSONL = "DYN_LOGGING_JSONL"
 
+#: The event loops a command can run on (--event-loop; env ENV_EVENT_LOOP).
+EVENT_LOOPS = ("auto", "uvloop", "asyncio")
+ENV_EVENT_LOOP = "DYNAMO_CTX_EVENT_LOOP"
+
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 LOG_FORMATS = ("text", "json")
 
@@ -106,6 +110,15 @@ class ArgumentParser(argparse.ArgumentParser):
             type=log_format,
             default=log_format_default(),
             help="text, or json for one JSON object per line (also env DYN_LOGGING_JSONL=1)",
+        )
+
+
+    def add_event_loop(self) -> None:
+        """--event-loop, shared by the commands that serve (worker, frontend)."""
+        self.add(
+            "--event-loop", choices=EVENT_LOOPS, default="auto", env=ENV_EVENT_LOOP,
+            help="the event loop: uvloop (as Dynamo's workers run; less CPU per token), asyncio's own, "
+            "or auto: uvloop when it is installed",
         )
 
 
@@ -297,11 +310,28 @@ def _reason(e: BaseException) -> str:
     return text.rsplit(": ", 1)[-1] if text.startswith("dc_") else text
 
 
-def run_command(prog: str, main: Callable[[], Coroutine[Any, Any, None]], debug: bool) -> None:
-    """Run ``main()`` to completion; every failure ends the process with one
-    line on stderr (and, with ``debug``, the traceback in the log first)."""
+def loop_runner(choice: str) -> Callable[[Coroutine[Any, Any, None]], None]:
+    """What runs a command's main coroutine for ``--event-loop choice``:
+    ``uvloop.run`` or ``asyncio.run``."""
+    if choice == "asyncio":
+        return asyncio.run
     try:
-        asyncio.run(main())
+        import uvloop
+    except ImportError:
+        if choice == "uvloop":
+            raise UsageError("--event-loop uvloop: uvloop is not installed; install it or choose --event-loop asyncio") from None
+        return asyncio.run
+    return uvloop.run
+
+
+def run_command(prog: str, main: Callable[[], Coroutine[Any, Any, None]], debug: bool, event_loop: str = "auto") -> None:
+    """Run ``main()`` to completion on ``event_loop`` (see ``loop_runner``);
+    every failure ends the process with one line on stderr (and, with
+    ``debug``, the traceback in the log first)."""
+    try:
+        runner = loop_runner(event_loop)
+        logger.debug("%s runs on %s", prog, "uvloop" if runner is not asyncio.run else "asyncio's event loop")
+        runner(main())
     except CommandError as e:
         fail(prog, str(e), e.status)
     except KeyboardInterrupt:

@@ -98,6 +98,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         help="connections held that are not serving a request (new or kept alive; default: 1024); "
         "past it a new one takes the place of the oldest once that has waited 1 s",
     )
+    p.add_event_loop()
     p.add_logging()
     return p.parse_args(argv)
 
@@ -130,7 +131,7 @@ async def run(args: argparse.Namespace) -> None:
 def main(argv: Optional[List[str]] = None) -> None:
     args = parse_args(argv)
     _cli.setup_logging(args.log_level, args.log_format)
-    _cli.run_command(PROG, lambda: run(args), args.log_level == "debug")
+    _cli.run_command(PROG, lambda: run(args), args.log_level == "debug", args.event_loop)
 
 
 if __name__ == "__main__":

@@ -87,6 +87,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         default=MockEngineArgs.decode_time_per_token,
         help="mock engine: seconds per output token",
     )
+    p.add_event_loop()
     p.add_logging()
     args = p.parse_args(argv)
     if args.engine == "vllm" and not _cli.engine_available("vllm"):
@@ -270,7 +271,7 @@ async def run(args: argparse.Namespace) -> None:
 def main(argv: Optional[List[str]] = None) -> None:
     args = parse_args(argv)
     _cli.setup_logging(args.log_level, args.log_format)
-    _cli.run_command("python -m dynamo_ctx.worker", lambda: run(args), args.log_level == "debug")
+    _cli.run_command("python -m dynamo_ctx.worker", lambda: run(args), args.log_level == "debug", args.event_loop)
 
 
 if __name__ == "__main__":

@@ -356,8 +356,8 @@ int dc_request_send_many(uint64_t h, const char *const *items, const size_t *len
    in order). Stores in sent[i] how many it took and in rcs[i] its code, as
    dc_request_send_many's (DC_OK, DC_EAGAIN, DC_EBADF for a stale handle...);
    one request's error leaves the others unaffected. Returns DC_EINVAL (and
-   queues nothing) for a NULL pointer, more than 65536 requests or more than
-   65536 items in all. One call into the library however many requests: the
+   queues nothing) for a NULL pointer, more than 65536 requests, more than
+   65536 items for one request or more than 16777216 in all. One call into the library however many requests: the
    worker's event loop hands over a decode step's items with it. */
 int dc_request_send_multi(const uint64_t *hs, const size_t *counts, size_t n, const char *const *items, const size_t *lens,
                           size_t *sent, int *rcs);

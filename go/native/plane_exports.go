@@ -330,13 +330,19 @@ func sendMany(name string, h C.uint64_t, ptrs []*C.char, ns []C.size_t) (int, C.
 	return n, C.DC_OK
 }
 
-// maxSendMany bounds one dc_request_send_many call, and the items of one
-// dc_request_send_multi call (the send buffer holds fewer: the rest is
+// maxSendMany bounds one dc_request_send_many call, and each request's items
+// in a dc_request_send_multi call (the send buffer holds fewer: the rest is
 // refused with DC_EAGAIN anyway).
 const maxSendMany = 1 << 16
 
-// maxSendMulti bounds the requests of one dc_request_send_multi call.
-const maxSendMulti = 1 << 16
+// maxSendMulti bounds the requests of one dc_request_send_multi call, and
+// maxSendMultiItems their items in all: far above what one turn of a
+// worker's loop hands over (a thousand streams of up to 128 items each), so
+// that the bound only refuses counts that cannot be real.
+const (
+	maxSendMulti      = 1 << 16
+	maxSendMultiItems = 1 << 24
+)
 
 // dc_request_send_multi: see dynamo_ctx.h, the reference.
 //
@@ -354,11 +360,13 @@ func dc_request_send_multi(hs *C.uint64_t, counts *C.size_t, n C.size_t, items *
 	}
 	handles, cs := unsafe.Slice(hs, int(n)), unsafe.Slice(counts, int(n))
 	total := 0
-	for _, c := range cs {
-		if c > maxSendMany || total+int(c) > maxSendMany {
-			return fail(C.DC_EINVAL, "dc_request_send_multi: more than %d items in one call", maxSendMany)
+	for i, c := range cs {
+		if c > maxSendMany {
+			return fail(C.DC_EINVAL, "dc_request_send_multi: %d items for request %d, at most %d", c, i, maxSendMany)
 		}
-		total += int(c)
+		if total += int(c); total > maxSendMultiItems {
+			return fail(C.DC_EINVAL, "dc_request_send_multi: more than %d items in one call", maxSendMultiItems)
+		}
 	}
 	if total > 0 && (items == nil || lens == nil) {
 		return fail(C.DC_EINVAL, "dc_request_send_multi: items and lens must not be NULL")

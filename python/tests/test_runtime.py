@@ -556,6 +556,9 @@ def test_send_multi_rejects_bad_input():
             lib.request_send_multi(reqs, batches)
     with pytest.raises(TypeError):
         lib.request_send_many(0, (b"1",))
+    # A turn of a busy loop: more items in all than one request may send in
+    # one call is fine (each entry here is its own stale handle's error).
+    assert lib.request_send_multi([0] * 600, [[b"1"] * 128] * 600) == [-lib.EBADF] * 600
 
 
 def test_stream_take_json_is_stream_take_as_one_array(nats_url):

@@ -687,3 +687,59 @@ def test_native_item_encoder_matches_json_dumps():
         cur.append([])
         cur = cur[0]
     assert enc(cyclic) is None and enc(deep) is None and enc(1.5) is None and enc(object()) is None
+
+
+def test_send_multi_has_no_limit_across_requests():
+    """request_send_multi: the library's bounds on one call (65536 requests,
+    65536 items a request) are bounds per request, as they were when each
+    request crossed on its own: many requests are not an error of the whole
+    call, and a request of too many items is its own entry's error (an error
+    of the call leaves every request's items unsent)."""
+    from dynamo_ctx._lib import native
+
+    lib = native()
+    # 2 x 40000 items: each request's count is within the bound, the sum is not.
+    assert lib.request_send_multi([0, 0], [[b"1"] * 40000, [b"1"] * 40000]) == [-lib.EBADF, -lib.EBADF]
+    # A request of 65537 items, beside another.
+    assert lib.request_send_multi([0, 0], [[b"1"] * 65537, [b"1"]]) == [-lib.EINVAL, -lib.EBADF]
+    # 65537 requests of one item each.
+    n = (1 << 16) + 1
+    assert lib.request_send_multi([0] * n, [[b"1"]] * n) == [-lib.EBADF] * n
+
+
+def test_a_busy_turn_still_sends_every_request(nats_url):
+    """When the handlers of one turn of the loop yield more than 65536 items
+    in all (here 520 requests of 127 items, each below _SEND_BATCH), every
+    request's items still go out at the end of the turn: none waits for its
+    handler's next item or its end."""
+    k, per = 520, 127
+    go = asyncio.Event()
+    got_all = asyncio.Event()
+
+    async def handler(request, context):
+        await go.wait()
+        for i in range(per):
+            yield i
+        await got_all.wait()  # the items must not wait for the handler to end
+
+    async def main():
+        async with Harness(nats_url, handler) as h:
+            streams = [await h.client.generate({"k": j}, annotated=False) for j in range(k)]
+            await asyncio.sleep(0.5)  # every request is waiting in its handler
+            go.set()
+
+            async def first_items(s):
+                out = []
+                async for item in s:
+                    out.append(item)
+                    if len(out) == per:
+                        return out
+                return out
+
+            try:
+                got = await asyncio.wait_for(asyncio.gather(*[first_items(s) for s in streams]), 20)
+            finally:
+                got_all.set()
+            assert all(g == list(range(per)) for g in got)
+
+    run(main())

@@ -95,3 +95,72 @@ func BenchmarkWatchKill(b *testing.B) {
 		call1(dc_context_free, h)
 	}
 }
+
+// sendMulti calls dc_request_send_multi (f) with Go slices for its arrays.
+func sendMulti[H ~uint64, Z ~uint64, Ch any, R ~int32](f func(*H, *Z, Z, **Ch, *Z, *Z, *R) R, hs, counts []uint64, items [][]byte) (R, []Z, []R) {
+	n := len(hs)
+	sent, rcs := make([]Z, n+1), make([]R, n+1) // one more: nothing is written past n
+	for i := range rcs {
+		sent[i], rcs[i] = 777, 777
+	}
+	var ptrs []*Ch
+	var lens []Z
+	for _, it := range items {
+		var p *Ch
+		if len(it) > 0 {
+			p = (*Ch)(unsafe.Pointer(&it[0]))
+		}
+		ptrs, lens = append(ptrs, p), append(lens, Z(len(it)))
+	}
+	ptr := func(s []uint64) *H {
+		if len(s) == 0 {
+			return nil
+		}
+		return (*H)(unsafe.Pointer(&s[0]))
+	}
+	var pi **Ch
+	var pl *Z
+	if len(ptrs) > 0 {
+		pi, pl = &ptrs[0], &lens[0]
+	}
+	rc := f(ptr(hs), (*Z)(unsafe.Pointer(ptr(counts))), Z(n), pi, pl, &sent[0], &rcs[0])
+	if sent[n] != 777 || rcs[n] != 777 {
+		panic("dc_request_send_multi wrote past n")
+	}
+	return rc, sent[:n], rcs[:n]
+}
+
+// The bounds of dc_request_send_multi (dynamo_ctx.h): a whole call is
+// refused for more than 65536 requests, more than 65536 items for one
+// request or 2^24 in all, counts that do not fit however large, NULL arrays
+// with items to send; a stale handle is its own entry's error.
+func TestSendMultiBounds(t *testing.T) {
+	one := [][]byte{[]byte("1")}
+	rc, sent, rcs := sendMulti(dc_request_send_multi, []uint64{0, ^uint64(0)}, []uint64{1, 0}, one)
+	assert.EqualValues(t, 0, rc)
+	assert.EqualValues(t, []int32{9, 9}, []int32{int32(rcs[0]), int32(rcs[1])})
+	assert.EqualValues(t, []uint64{0, 0}, []uint64{uint64(sent[0]), uint64(sent[1])})
+
+	for name, counts := range map[string][]uint64{
+		"a count past 2^63": {^uint64(0), 1},
+		"counts that wrap":  {1 << 63, 1 << 63, 1},
+		"65537 for one":     {1, 1<<16 + 1},
+	} {
+		rc, _, rcs := sendMulti(dc_request_send_multi, make([]uint64, len(counts)), counts, one)
+		assert.EqualValues(t, 22, rc, name)
+		assert.EqualValues(t, 777, rcs[0], "%s: nothing stored", name)
+	}
+	many := make([]uint64, 257) // 257 x 65536 items: more than 2^24 in all
+	for i := range many {
+		many[i] = 1 << 16
+	}
+	rc, _, _ = sendMulti(dc_request_send_multi, make([]uint64, 257), many, one)
+	assert.EqualValues(t, 22, rc, "more than 2^24 items in all")
+	rc, _, _ = sendMulti(dc_request_send_multi, make([]uint64, 1<<16+1), make([]uint64, 1<<16+1), nil)
+	assert.EqualValues(t, 22, rc, "65537 requests")
+	rc, _, _ = sendMulti(dc_request_send_multi, []uint64{0}, []uint64{1}, nil)
+	assert.EqualValues(t, 22, rc, "an item and no items array")
+	rc, _, rcs = sendMulti(dc_request_send_multi, make([]uint64, 1<<16), make([]uint64, 1<<16), nil)
+	assert.EqualValues(t, 0, rc, "65536 requests of no item")
+	assert.EqualValues(t, 9, rcs[1<<16-1])
+}

@@ -72,6 +72,11 @@ enum { DC_ROUTE_ROUND_ROBIN = 0, DC_ROUTE_RANDOM = 1, DC_ROUTE_DIRECT = 2 };
 /* The longest context id, in bytes of UTF-8. */
 enum { DC_MAX_ID_LEN = 4096 };
 
+/* Bounds of one call: the items of dc_request_send_many, and of each request
+   of dc_request_send_multi; the requests of dc_request_send_multi, and their
+   items in all. */
+enum { DC_SEND_MANY_MAX = 65536, DC_SEND_MULTI_MAX_REQUESTS = 65536, DC_SEND_MULTI_MAX_ITEMS = 16777216 };
+
 /* The library's own cgo preambles include this file for the enums only:
    cgo declares the functions itself, with char* where const char* is meant. */
 #ifndef DC_ENUMS_ONLY
@@ -356,8 +361,10 @@ int dc_request_send_many(uint64_t h, const char *const *items, const size_t *len
    in order). Stores in sent[i] how many it took and in rcs[i] its code, as
    dc_request_send_many's (DC_OK, DC_EAGAIN, DC_EBADF for a stale handle...);
    one request's error leaves the others unaffected. Returns DC_EINVAL (and
-   queues nothing) for a NULL pointer, more than 65536 requests, more than
-   65536 items for one request or more than 16777216 in all. One call into the library however many requests: the
+   queues nothing, and stores nothing in sent and rcs) for a NULL pointer, or
+   more requests (DC_SEND_MULTI_MAX_REQUESTS), items for one request
+   (DC_SEND_MANY_MAX) or items in all (DC_SEND_MULTI_MAX_ITEMS) than its
+   bounds. One call into the library however many requests: the
    worker's event loop hands over a decode step's items with it. */
 int dc_request_send_multi(const uint64_t *hs, const size_t *counts, size_t n, const char *const *items, const size_t *lens,
                           size_t *sent, int *rcs);

@@ -330,18 +330,14 @@ func sendMany(name string, h C.uint64_t, ptrs []*C.char, ns []C.size_t) (int, C.
 	return n, C.DC_OK
 }
 
-// maxSendMany bounds one dc_request_send_many call, and each request's items
-// in a dc_request_send_multi call (the send buffer holds fewer: the rest is
-// refused with DC_EAGAIN anyway).
-const maxSendMany = 1 << 16
-
-// maxSendMulti bounds the requests of one dc_request_send_multi call, and
-// maxSendMultiItems their items in all: far above what one turn of a
-// worker's loop hands over (a thousand streams of up to 128 items each), so
-// that the bound only refuses counts that cannot be real.
+// The bounds of one call (dynamo_ctx.h: DC_SEND_MANY_MAX and the two
+// DC_SEND_MULTI_MAX_*): far above what a turn of a worker's loop hands over
+// (the send buffer holds fewer items; the rest is refused with DC_EAGAIN
+// anyway), so that they only refuse counts that cannot be real.
 const (
-	maxSendMulti      = 1 << 16
-	maxSendMultiItems = 1 << 24
+	maxSendMany       = C.DC_SEND_MANY_MAX
+	maxSendMulti      = C.DC_SEND_MULTI_MAX_REQUESTS
+	maxSendMultiItems = C.DC_SEND_MULTI_MAX_ITEMS
 )
 
 // dc_request_send_multi: see dynamo_ctx.h, the reference.

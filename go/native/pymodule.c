@@ -885,7 +885,7 @@ static PyObject* mod_request_send_multi(PyObject* m, PyObject* args) {
     // takes, each within the bounds, so that the bound stays one per request
     // (dc_request_send_many's). A request of more items than that is refused
     // on its own, as dc_request_send_many refuses it.
-    enum { CALL_REQUESTS = 1 << 16, REQUEST_ITEMS = 1 << 16, CALL_ITEMS = 1 << 24 };
+    enum { CALL_REQUESTS = DC_SEND_MULTI_MAX_REQUESTS, REQUEST_ITEMS = DC_SEND_MANY_MAX, CALL_ITEMS = DC_SEND_MULTI_MAX_ITEMS };
     Py_ssize_t i0 = 0;
     size_t k0 = 0;
     while (i0 < n) {

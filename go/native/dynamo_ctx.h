@@ -183,21 +183,33 @@ int dc_reason_name(uint32_t reason, char *buf, size_t cap, size_t *len);
    Event queues
    ------------------------------------------------------------------ */
 
-/* Creates an event queue: a FIFO of 64-bit tokens and a file descriptor that is
-   readable whenever the queue is not empty (watch it with poll, epoll, or an
-   event loop's add_reader; never read it yourself, dc_queue_drain does).
-   Stores the handle in *out and the fd in *fd; the fd belongs to the queue and
-   is closed by dc_queue_free. Errors: DC_EINVAL for NULL pointers, DC_EIO. */
+/* Creates an event queue: a FIFO of 64-bit tokens and a file descriptor, the
+   read end of a non-blocking pipe, that carries them: each token is written
+   to it as 8 bytes in native byte order, so it is readable whenever tokens
+   wait (watch it with poll, epoll, or an event loop's add_reader). Take the
+   tokens with dc_queue_drain, or read them from the fd yourself, in reads of
+   a multiple of 8 bytes, without calling the library: a token that finds the
+   pipe full waits in the library, with every later one, until
+   dc_queue_drain; so a reader that read more than dc_queue_drain_after's
+   bytes since it last found the pipe empty must then call dc_queue_drain too
+   (oldest first: the pipe's tokens are older). Stores the handle in *out and
+   the fd in *fd; the fd belongs to the queue and is closed by dc_queue_free.
+   Errors: DC_EINVAL for NULL pointers, DC_EIO. */
 int dc_queue_new(uint64_t *out, int *fd);
+
+/* Stores in *bytes the rule of dc_queue_new for a reader of the fd: past this
+   many bytes read since the pipe was last found empty, call dc_queue_drain
+   (0: after any read). It does not change. Errors: DC_EBADF, DC_EINVAL. */
+int dc_queue_drain_after(uint64_t q, size_t *bytes);
 
 /* Frees an event queue: unregisters its pending watches and closes its fd
    (remove the fd from your event loop first). Errors: DC_EBADF. */
 int dc_queue_free(uint64_t q);
 
-/* Moves up to cap tokens, oldest first, into buf and stores their number in
-   *n. When the queue becomes empty its fd stops being readable; if tokens
-   remain (*n == cap) it stays readable. Errors: DC_EBADF, DC_EINVAL for NULL
-   pointers. */
+/* Moves up to cap tokens, oldest first (from the fd's pipe, then those that
+   wait in the library), into buf and stores their number in *n. When the
+   queue becomes empty its fd stops being readable; if tokens remain (*n ==
+   cap) call again. Errors: DC_EBADF, DC_EINVAL for NULL pointers. */
 int dc_queue_drain(uint64_t q, uint64_t *buf, size_t cap, size_t *n);
 
 /* Arranges for token to be pushed onto queue q once, when the context reaches

@@ -373,6 +373,22 @@ func dc_queue_new(out *C.uint64_t, fd *C.int) (rc C.int) {
 	return C.DC_OK
 }
 
+// dc_queue_drain_after: see dynamo_ctx.h, the reference.
+//
+//export dc_queue_drain_after
+func dc_queue_drain_after(h C.uint64_t, bytes *C.size_t) (rc C.int) {
+	defer guard("dc_queue_drain_after", &rc)
+	if bytes == nil {
+		return fail(C.DC_EINVAL, "dc_queue_drain_after: bytes must not be NULL")
+	}
+	e, rc := getQueue("dc_queue_drain_after", h)
+	if rc != C.DC_OK {
+		return rc
+	}
+	*bytes = C.size_t(max(e.DrainAfter(), 0))
+	return C.DC_OK
+}
+
 // dc_queue_free: see dynamo_ctx.h, the reference.
 //
 //export dc_queue_free

@@ -15,6 +15,7 @@
 #define PY_SSIZE_T_CLEAN
 #define Py_LIMITED_API 0x03090000
 #include <Python.h>
+#include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
@@ -31,6 +32,7 @@
 #pragma weak PyErr_Format
 #pragma weak PyErr_NoMemory
 #pragma weak PyErr_Occurred
+#pragma weak PyErr_SetFromErrno
 #pragma weak PyErr_SetObject
 #pragma weak PyErr_SetString
 #pragma weak PyEval_RestoreThread
@@ -503,6 +505,79 @@ static PyObject* mod_queue_drain(PyObject* m, PyObject* arg) {
         }
         if (n < 256) return out;
     }
+}
+
+// queue_drain_after(handle) -> bytes: dc_queue_drain_after, for queue_read.
+static PyObject* mod_queue_drain_after(PyObject* m, PyObject* arg) {
+    uint64_t h;
+    if (parse_u64(arg, &h) < 0 || check_fork() < 0) return NULL;
+    size_t bytes = 0;
+    int rc = dc_queue_drain_after(h, &bytes);
+    if (rc != DC_OK) return raise_rc(rc);
+    return PyLong_FromSize_t(bytes);
+}
+
+// append_tokens appends n tokens to the list out; -1 with an exception set.
+static int append_tokens(PyObject* out, const uint64_t* toks, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        PyObject* v = PyLong_FromUnsignedLongLong(toks[i]);
+        if (v == NULL || PyList_Append(out, v) < 0) {
+            Py_XDECREF(v);
+            return -1;
+        }
+        Py_DECREF(v);
+    }
+    return 0;
+}
+
+// queue_read(handle, fd, drain_after) -> list of tokens: what the event
+// queue's pipe carries, read here without calling into Go (an event loop's
+// wake-up then never waits for a Go P), oldest first; then, only when more
+// than drain_after bytes were read (queue_drain_after: tokens may wait in the
+// library because the pipe was full), what dc_queue_drain gives too.
+static PyObject* mod_queue_read(PyObject* m, PyObject* args) {
+    unsigned long long h;
+    int fd;
+    Py_ssize_t drain_after;
+    if (!PyArg_ParseTuple(args, "Kin:queue_read", &h, &fd, &drain_after)) return NULL;
+    if (check_fork() < 0) return NULL;
+    PyObject* out = PyList_New(0);
+    if (out == NULL) return NULL;
+    uint64_t buf[512];
+    size_t total = 0;
+    for (;;) {
+        ssize_t r = read(fd, buf, sizeof buf);
+        if (r < 0) {
+            if (errno == EINTR) continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK) break; // empty
+            PyErr_SetFromErrno(PyExc_OSError);
+            Py_DECREF(out);
+            return NULL;
+        }
+        if (r == 0) break; // the write end is closed: the queue was freed
+        total += (size_t)r;
+        if (append_tokens(out, buf, (size_t)r / 8) < 0) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        if ((size_t)r < sizeof buf) break; // short: the pipe was emptied
+    }
+    if (total > 0 && (drain_after <= 0 || total > (size_t)drain_after)) {
+        for (;;) {
+            size_t n = 0;
+            int rc = dc_queue_drain(h, buf, 512, &n);
+            if (rc != DC_OK) {
+                Py_DECREF(out);
+                return raise_rc(rc);
+            }
+            if (append_tokens(out, buf, n) < 0) {
+                Py_DECREF(out);
+                return NULL;
+            }
+            if (n < 512) break;
+        }
+    }
+    return out;
 }
 
 static PyObject* mod_watch(PyObject* m, PyObject* args) {
@@ -1307,6 +1382,8 @@ static PyMethodDef module_methods[] = {
     {"queue_new", mod_queue_new, METH_NOARGS, "queue_new() -> (handle, fd)"},
     {"queue_free", mod_queue_free, METH_O, "queue_free(handle)"},
     {"queue_drain", mod_queue_drain, METH_O, "queue_drain(handle) -> list of tokens"},
+    {"queue_drain_after", mod_queue_drain_after, METH_O, "queue_drain_after(handle) -> bytes (see queue_read)"},
+    {"queue_read", mod_queue_read, METH_VARARGS, "queue_read(handle, fd, drain_after) -> list of tokens, read from the fd"},
     {"watch", mod_watch, METH_VARARGS, "watch(context, queue, state, token)"},
     {"unwatch", mod_unwatch, METH_VARARGS, "unwatch(queue, token) -> bool (False if not pending)"},
     {"handle_counts", mod_handle_counts, METH_NOARGS, "handle_counts() -> {'contexts': n, 'queues': n}"},

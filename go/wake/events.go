@@ -16,11 +16,11 @@ var (
 )
 
 // EventQueue is the readiness channel between a library and one foreign event
-// loop: a Queue of 64-bit tokens plus the registrations (watches) that push a
+// loop: a TokenQueue of 64-bit tokens plus the registrations (watches) that push a
 // token once when something happens. The loop, woken by Fd, drains the
 // tokens and looks up what each one stands for.
 //
-// It guarantees, besides those of Queue:
+// It guarantees, besides those of TokenQueue:
 //
 //   - Once: a watch pushes its token at most once, and never after Unwatch
 //     or Close returned for it.
@@ -29,7 +29,7 @@ var (
 //   - No lock held while calling register or a stop function, so they may
 //     fire synchronously or take their own locks.
 type EventQueue struct {
-	q       *Queue[uint64]
+	q       *TokenQueue
 	mu      sync.Mutex
 	closed  bool
 	pending map[uint64]*watch
@@ -42,20 +42,23 @@ type watch struct {
 
 // NewEventQueue creates an empty EventQueue with its own pipe.
 func NewEventQueue() (*EventQueue, error) {
-	q, err := New[uint64]()
+	q, err := NewTokenQueue()
 	if err != nil {
 		return nil, err
 	}
 	return &EventQueue{q: q, pending: map[uint64]*watch{}}, nil
 }
 
-// Fd is the descriptor that is readable while tokens are queued.
+// Fd is the descriptor that carries the tokens (see TokenQueue).
 func (e *EventQueue) Fd() int { return e.q.Fd() }
+
+// DrainAfter is the rule for a reader of Fd (see TokenQueue.DrainAfter).
+func (e *EventQueue) DrainAfter() int { return e.q.DrainAfter() }
 
 // Push queues tok directly (no watch involved); ErrClosed after Close.
 func (e *EventQueue) Push(tok uint64) error { return e.q.Push(tok) }
 
-// Drain moves up to len(dst) tokens, oldest first, into dst (see Queue.Drain).
+// Drain moves up to len(dst) tokens, oldest first, into dst (see TokenQueue.Drain).
 func (e *EventQueue) Drain(dst []uint64) (n int, more bool) { return e.q.Drain(dst) }
 
 // Watch registers tok: register is called once, without locks held, with a

@@ -24,7 +24,7 @@ HOPS = [
     ("worker.frame_read", "worker: its reader read the Kill frame"),
     ("worker.ctx_killed", "worker: the handler's context killed, its fd signalled"),
     ("worker.loop_woke", "worker: the event loop ran the fd's callback"),
-    ("worker.drained", "worker: its call into Go returned the tokens (waits for a free P)"),
+    ("worker.drained", "worker: its tokens read from the pipe (in C: no call into Go)"),
     ("worker.handler_woke", "worker: the handler's await resumed"),
 ]
 
@@ -62,22 +62,25 @@ def _write() -> None:
 
 
 class _MarkDrain:
-    """The library, with a mark after each ``queue_drain`` (``worker.drained``):
-    a call into Go that must first get a P, which Go's own goroutines may all
-    hold at that moment."""
+    """The library, with a mark after each ``queue_read`` (``worker.drained``):
+    the tokens read from the event queue's pipe (in C; a call into Go, which
+    must first get a P, only when the pipe overflowed)."""
 
     def __init__(self, lib) -> None:  # type: ignore[no-untyped-def]
         self._lib = lib
 
-    def queue_drain(self, queue):  # type: ignore[no-untyped-def]
-        tokens = self._lib.queue_drain(queue)
+    def queue_read(self, queue, fd, drain_after):  # type: ignore[no-untyped-def]
+        tokens = self._lib.queue_read(queue, fd, drain_after)
         mark("worker.drained", "-")
         return tokens
+
+    def __getattr__(self, name):  # type: ignore[no-untyped-def]
+        return getattr(self._lib, name)
 
 
 def patch_loop() -> None:
     """Mark every run of the event loop's fd callback (``worker.loop_woke``)
-    and the return of its call into Go (``worker.drained``)."""
+    and the return of its read of the tokens (``worker.drained``)."""
     if not enabled():
         return
     from dynamo_ctx import _aio

@@ -3,9 +3,10 @@
 Each running loop that awaits a context gets one event queue in the library
 and watches its fd with ``loop.add_reader``. An await registers a watch (a
 token) on the context; when Go moves the context to the awaited state it
-pushes the token and the fd becomes readable; the loop's reader drains the
-tokens and resolves the matching futures. No polling, no Python code on a Go
-thread, and any number of waiters, contexts, loops and threads.
+writes the token into the fd's pipe; the loop's reader reads the tokens (in
+C, without calling into Go) and resolves the matching futures. No polling, no
+Python code on a Go thread, and any number of waiters, contexts, loops and
+threads.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ class _LoopWaker:
         lib = native()
         self._lib = lib
         self._queue, self._fd = lib.queue_new()
+        self._drain_after = lib.queue_drain_after(self._queue)  # queue_read's rule
         self._futures: Dict[int, "asyncio.Future[bool]"] = {}
         self._callbacks: Dict[int, Callable[[], object]] = {}  # token -> run when it fires
         self._armed: Dict[int, "asyncio.Future[bool]"] = {}  # handle -> pending arm
@@ -44,7 +46,10 @@ class _LoopWaker:
         weakref.finalize(loop, _free_queue, lib, self._queue)
 
     def _on_ready(self) -> None:
-        for token in self._lib.queue_drain(self._queue):
+        # The tokens come from the fd's pipe, read in C: no call into Go
+        # (which from this thread may first wait for a Go P) unless the pipe
+        # overflowed.
+        for token in self._lib.queue_read(self._queue, self._fd, self._drain_after):
             fut = self._futures.pop(token, None)
             if fut is not None:
                 if not fut.done():

@@ -581,6 +581,7 @@ def test_null_out_pointers(lib):
         ("dc_queue_new", lambda: lib.dc_queue_new(ffi.new("uint64_t *"), ffi.NULL)),
         ("dc_queue_drain", lambda: lib.dc_queue_drain(q, ffi.new("uint64_t[4]"), 4, ffi.NULL)),
         ("dc_queue_drain", lambda: lib.dc_queue_drain(q, ffi.NULL, 4, ffi.new("size_t *"))),
+        ("dc_queue_drain_after", lambda: lib.dc_queue_drain_after(q, ffi.NULL)),
         ("dc_log_fd", lambda: lib.dc_log_fd(ffi.NULL)),
         ("dc_log_next", lambda: lib.dc_log_next(ffi.NULL, ffi.new("char[64]"), 64, ffi.new("size_t *"))),
         ("dc_log_next", lambda: lib.dc_log_next(ffi.new("int *"), ffi.new("char[64]"), 64, ffi.NULL)),
@@ -773,6 +774,37 @@ def test_freed_handle_context_keeps_propagating(lib):
 # ---------------------------------------------------------------------------
 # Event queues
 # ---------------------------------------------------------------------------
+
+
+def test_the_fd_carries_the_tokens(lib):
+    """A reader may take the tokens from the fd itself (8 bytes each, native
+    byte order) without calling the library, and must call dc_queue_drain
+    after reading more than dc_queue_drain_after's bytes: a token that found
+    the pipe full waits in the library, oldest after the pipe's."""
+    import struct
+
+    q, fd = new_queue(lib)
+    after = ffi.new("size_t *")
+    ok(lib, lib.dc_queue_drain_after(q, after))
+    assert after[0] == 64 * 1024 - os.sysconf("SC_PAGE_SIZE")
+    expect(lib, lib.dc_queue_drain_after(0, after), DC_EBADF, "dc_queue_drain_after")
+    hs = [new_ctx(lib) for _ in range(8192 + 3)]  # a 64 KiB pipe's worth, and 3 more
+    for i, h in enumerate(hs):
+        ok(lib, lib.dc_context_watch(h, q, DC_KILLED, 1000 + i))
+    for h in hs:
+        ok(lib, lib.dc_context_kill(h))
+    data = b""
+    while readable(fd):
+        data += os.read(fd, 4096)
+    assert len(data) == 8192 * 8 > after[0]
+    assert list(struct.unpack(f"={8192}Q", data)) == list(range(1000, 1000 + 8192))
+    assert drain(lib, q) == [1000 + 8192, 1000 + 8193, 1000 + 8194]
+    h = new_ctx(lib)
+    ok(lib, lib.dc_context_watch(h, q, DC_KILLED, 7))
+    ok(lib, lib.dc_context_kill(h))
+    assert os.read(fd, 4096) == struct.pack("=Q", 7)  # the pipe carries the next ones again
+    free_all(lib, h, *hs)
+    ok(lib, lib.dc_queue_free(q))
 
 
 def test_watch_fires_once_and_fd_follows_the_queue(lib):

@@ -66,3 +66,29 @@ def test_eager_task_first_step_never_runs_in_the_callers_task():
 
     me = asyncio.run(caller())
     assert seen[0] is not me and seen[1] is not me and seen[1] is not None
+
+
+def test_more_wake_ups_than_the_pipe_holds_all_arrive_in_order():
+    """The event queue carries its tokens in its pipe (64 KiB: 8,192 of them);
+    beyond that they wait in the library. 20,000 contexts killed at once on
+    another thread: every waiter wakes, in the order of the kills, with the
+    tokens read from the pipe and the rest taken from the library."""
+    n = 20_000
+
+    async def main():
+        ctxs = [Context(f"many-{i}") for i in range(n)]
+        woke = []
+
+        async def waiter(i):
+            await ctxs[i].killed()
+            woke.append(i)
+
+        tasks = [asyncio.ensure_future(waiter(i)) for i in range(n)]
+        await asyncio.sleep(0)  # every waiter is registered
+        t = threading.Thread(target=lambda: [c.kill() for c in ctxs])
+        t.start()
+        t.join()
+        await asyncio.wait_for(asyncio.gather(*tasks), 60)
+        assert woke == list(range(n))
+
+    asyncio.run(main())

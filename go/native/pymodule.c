@@ -480,43 +480,6 @@ static PyObject* mod_queue_free(PyObject* m, PyObject* arg) {
     Py_RETURN_NONE;
 }
 
-static PyObject* mod_queue_drain(PyObject* m, PyObject* arg) {
-    uint64_t h;
-    if (parse_u64(arg, &h) < 0) return NULL;
-    if (check_fork() < 0) return NULL;
-    PyObject* out = PyList_New(0);
-    if (out == NULL) return NULL;
-    uint64_t buf[256];
-    for (;;) {
-        size_t n = 0;
-        int rc = dc_queue_drain(h, buf, 256, &n);
-        if (rc != DC_OK) {
-            Py_DECREF(out);
-            return raise_rc(rc);
-        }
-        for (size_t i = 0; i < n; i++) {
-            PyObject* v = PyLong_FromUnsignedLongLong(buf[i]);
-            if (v == NULL || PyList_Append(out, v) < 0) {
-                Py_XDECREF(v);
-                Py_DECREF(out);
-                return NULL;
-            }
-            Py_DECREF(v);
-        }
-        if (n < 256) return out;
-    }
-}
-
-// queue_drain_after(handle) -> bytes: dc_queue_drain_after, for queue_read.
-static PyObject* mod_queue_drain_after(PyObject* m, PyObject* arg) {
-    uint64_t h;
-    if (parse_u64(arg, &h) < 0 || check_fork() < 0) return NULL;
-    size_t bytes = 0;
-    int rc = dc_queue_drain_after(h, &bytes);
-    if (rc != DC_OK) return raise_rc(rc);
-    return PyLong_FromSize_t(bytes);
-}
-
 // append_tokens appends n tokens to the list out; -1 with an exception set.
 static int append_tokens(PyObject* out, const uint64_t* toks, size_t n) {
     for (size_t i = 0; i < n; i++) {
@@ -528,6 +491,42 @@ static int append_tokens(PyObject* out, const uint64_t* toks, size_t n) {
         Py_DECREF(v);
     }
     return 0;
+}
+
+// drain_into appends what dc_queue_drain takes from queue h to out, until it
+// takes nothing more; -1 with an exception set.
+static int drain_into(uint64_t h, PyObject* out) {
+    uint64_t buf[256];
+    for (;;) {
+        size_t n = 0;
+        int rc = dc_queue_drain(h, buf, 256, &n);
+        if (rc != DC_OK) {
+            raise_rc(rc);
+            return -1;
+        }
+        if (append_tokens(out, buf, n) < 0) return -1;
+        if (n < 256) return 0;
+    }
+}
+
+static PyObject* mod_queue_drain(PyObject* m, PyObject* arg) {
+    uint64_t h;
+    if (parse_u64(arg, &h) < 0) return NULL;
+    if (check_fork() < 0) return NULL;
+    PyObject* out = PyList_New(0);
+    if (out == NULL) return NULL;
+    if (drain_into(h, out) < 0) Py_CLEAR(out);
+    return out;
+}
+
+// queue_drain_after(handle) -> bytes: dc_queue_drain_after, for queue_read.
+static PyObject* mod_queue_drain_after(PyObject* m, PyObject* arg) {
+    uint64_t h;
+    if (parse_u64(arg, &h) < 0 || check_fork() < 0) return NULL;
+    size_t bytes = 0;
+    int rc = dc_queue_drain_after(h, &bytes);
+    if (rc != DC_OK) return raise_rc(rc);
+    return PyLong_FromSize_t(bytes);
 }
 
 // queue_read(handle, fd, drain_after) -> list of tokens: what the event
@@ -562,21 +561,7 @@ static PyObject* mod_queue_read(PyObject* m, PyObject* args) {
         }
         if ((size_t)r < sizeof buf) break; // short: the pipe was emptied
     }
-    if (total > 0 && (drain_after <= 0 || total > (size_t)drain_after)) {
-        for (;;) {
-            size_t n = 0;
-            int rc = dc_queue_drain(h, buf, 512, &n);
-            if (rc != DC_OK) {
-                Py_DECREF(out);
-                return raise_rc(rc);
-            }
-            if (append_tokens(out, buf, n) < 0) {
-                Py_DECREF(out);
-                return NULL;
-            }
-            if (n < 512) break;
-        }
-    }
+    if (total > 0 && (drain_after <= 0 || total > (size_t)drain_after) && drain_into(h, out) < 0) Py_CLEAR(out);
     return out;
 }
 

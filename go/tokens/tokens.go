@@ -97,23 +97,10 @@ func ParseItem(raw []byte) (Item, error) {
 // it means or whether it is an error. For what it accepts, the result is
 // the one encoding/json gives.
 func scanItem(b []byte, id func(v int, lit []byte)) (finish *string, ok bool) {
-	i := skipWS(b, 0)
-	if !hasAt(b, i, `{`) {
+	i, ok := expect(b, 0, `{`, `"token_ids"`, `:`, `[`)
+	if !ok {
 		return nil, false
 	}
-	i = skipWS(b, i+1)
-	if !hasAt(b, i, `"token_ids"`) {
-		return nil, false
-	}
-	i = skipWS(b, i+len(`"token_ids"`))
-	if !hasAt(b, i, `:`) {
-		return nil, false
-	}
-	i = skipWS(b, i+1)
-	if !hasAt(b, i, `[`) {
-		return nil, false
-	}
-	i = skipWS(b, i+1)
 	if hasAt(b, i, `]`) {
 		i++
 	} else {
@@ -153,15 +140,9 @@ func scanItem(b []byte, id func(v int, lit []byte)) (finish *string, ok bool) {
 	}
 	i = skipWS(b, i)
 	if hasAt(b, i, `,`) {
-		i = skipWS(b, i+1)
-		if !hasAt(b, i, `"finish_reason"`) {
+		if i, ok = expect(b, i, `,`, `"finish_reason"`, `:`); !ok {
 			return nil, false
 		}
-		i = skipWS(b, i+len(`"finish_reason"`))
-		if !hasAt(b, i, `:`) {
-			return nil, false
-		}
-		i = skipWS(b, i+1)
 		switch {
 		case hasAt(b, i, `null`):
 			i += len(`null`)
@@ -189,6 +170,19 @@ func scanItem(b []byte, id func(v int, lit []byte)) (finish *string, ok bool) {
 		return nil, false
 	}
 	return finish, true
+}
+
+// expect reads each of lits in turn from i, with JSON whitespace around
+// each: the index after the last (and its whitespace), or false.
+func expect(b []byte, i int, lits ...string) (int, bool) {
+	for _, s := range lits {
+		i = skipWS(b, i)
+		if !hasAt(b, i, s) {
+			return i, false
+		}
+		i = skipWS(b, i+len(s))
+	}
+	return i, true
 }
 
 func hasAt(b []byte, i int, s string) bool { return len(b)-i >= len(s) && string(b[i:i+len(s)]) == s }

@@ -101,20 +101,11 @@ func (q *TokenQueue) Push(tok uint64) error {
 	}
 	var b [8]byte
 	binary.NativeEndian.PutUint64(b[:], tok)
-	for {
-		_, err := syscall.Write(q.wfd, b[:])
-		switch err {
-		case nil:
-			return nil
-		case syscall.EINTR:
-			continue
-		case syscall.EAGAIN:
-			q.over = append(q.over, tok)
-			return nil
-		default:
-			return err
-		}
+	full, err := write(q.wfd, b[:]) // 8 bytes: the pipe takes them whole or refuses
+	if full {
+		q.over = append(q.over, tok)
 	}
+	return err
 }
 
 // Drain moves up to len(dst) tokens, oldest first, into dst: those in the

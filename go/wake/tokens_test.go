@@ -37,17 +37,21 @@ func readLikeALoop(t *testing.T, q *TokenQueue) (got []uint64, drained bool) {
 		n += r
 	}
 	if n > q.DrainAfter() {
-		drained = true
-		dst := make([]uint64, 256)
-		for {
-			k, more := q.Drain(dst)
-			got = append(got, dst[:k]...)
-			if !more {
-				break
-			}
+		return append(got, drainTokens(q, 256)...), true
+	}
+	return got, false
+}
+
+// drainTokens takes everything with Drain, cap tokens a call.
+func drainTokens(q *TokenQueue, cap int) (got []uint64) {
+	dst := make([]uint64, cap)
+	for {
+		k, more := q.Drain(dst)
+		got = append(got, dst[:k]...)
+		if !more {
+			return got
 		}
 	}
-	return got, drained
 }
 
 func newTokens(t *testing.T) *TokenQueue {
@@ -94,14 +98,7 @@ func TestTokensBeyondThePipeKeepTheirOrder(t *testing.T) {
 		}
 		var got []uint64
 		if byDrain {
-			dst := make([]uint64, 333)
-			for {
-				k, more := q.Drain(dst)
-				got = append(got, dst[:k]...)
-				if !more {
-					break
-				}
-			}
+			got = drainTokens(q, 333)
 		} else {
 			var drained bool
 			got, drained = readLikeALoop(t, q)

@@ -101,21 +101,27 @@ func (q *Queue[T]) Push(v T) error {
 
 // signal writes the wake-up byte. Caller holds mu.
 func (q *Queue[T]) signal() error {
-	b := [1]byte{1}
+	// A full pipe (unreachable while the one-byte invariant holds) is
+	// readable already: the wake-up is delivered either way.
+	_, err := write(q.wfd, []byte{1})
+	return err
+}
+
+// write writes b to the non-blocking descriptor fd in one system call,
+// retried when interrupted; full reports that the pipe had no room (EAGAIN),
+// and b was not written.
+func write(fd int, b []byte) (full bool, err error) {
 	for {
-		_, err := syscall.Write(q.wfd, b[:])
+		_, err := syscall.Write(fd, b)
 		switch err {
 		case nil:
-			return nil
+			return false, nil
 		case syscall.EINTR:
 			continue
 		case syscall.EAGAIN:
-			// The pipe is full, so the descriptor is already readable: the
-			// wake-up is delivered. Unreachable while the one-byte invariant
-			// holds, but harmless if it does not.
-			return nil
+			return true, nil
 		default:
-			return err
+			return false, err
 		}
 	}
 }

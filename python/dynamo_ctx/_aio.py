@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import select
 import sys
 import threading
 import types
@@ -40,8 +39,6 @@ class _LoopWaker:
         self._armed: Dict[int, "asyncio.Future[bool]"] = {}  # handle -> pending arm
         self._tokens = itertools.count(1)
         loop.add_reader(self._fd, self._on_ready)
-        self._poll = select.poll()  # see deliver_pending
-        self._poll.register(self._fd, select.POLLIN)
         # When the loop is collected its selector is gone; free the queue (and fd) then.
         weakref.finalize(loop, _free_queue, lib, self._queue)
 
@@ -135,7 +132,7 @@ def _flush_local() -> None:
     cancellation woke there (the futures and callbacks of an in-process
     handler or waiter) is delivered now instead of after the loop's next poll
     of the fd: one wake-up less for an in-process kill. Never raises."""
-    _deliver(check_fd=False)
+    deliver_pending()
 
 
 def deliver_pending() -> None:
@@ -144,14 +141,9 @@ def deliver_pending() -> None:
     turn of the loop, so that a kill arriving in a long turn takes effect
     (an in-process handler's monitor aborts its engine, futures resolve)
     within it, not after every callback queued before its fd is polled.
-    One ``poll`` system call; never raises."""
-    _deliver(check_fd=True)
-
-
-def _deliver(check_fd: bool) -> None:
-    """Drain the running loop's event queue now (only if its fd is readable
-    when ``check_fd``); an error goes to the loop's exception handler (the
-    fd's callback would deliver what is left)."""
+    One ``read`` of the fd when nothing is queued; never raises (an error
+    goes to the loop's exception handler, and the fd's callback delivers
+    what is left)."""
     loop = asyncio._get_running_loop()
     if loop is None:
         return
@@ -159,8 +151,7 @@ def _deliver(check_fd: bool) -> None:
     if waker is None:
         return
     try:
-        if not check_fd or waker._poll.poll(0):
-            waker._on_ready()
+        waker._on_ready()
     except Exception as e:  # noqa: BLE001 - whatever called this must not fail for it
         loop.call_exception_handler({"message": "dynamo_ctx: delivering queued events failed", "exception": e})
 

@@ -53,6 +53,18 @@ from conftest import Stack  # noqa: E402
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
+#: What runs the clients' event loop: uvloop when installed (a dependency of
+#: the package, as for its commands), so that the clients take less of the
+#: CPUs they share with the stacks they measure; asyncio's with
+#: BENCH_CLIENT_LOOP=asyncio.
+CLIENT_LOOP = os.environ.get("BENCH_CLIENT_LOOP", "auto")
+
+
+def run_clients(main):  # type: ignore[no-untyped-def]
+    from dynamo_ctx.cli._common import loop_runner
+
+    return loop_runner(CLIENT_LOOP)(main)
+
 
 def cpu_seconds(pid: int) -> float:
     """utime + stime of a process, in seconds."""
@@ -96,6 +108,10 @@ class Dechunk:
         self.left = 0  # bytes of the current chunk still to come
 
     def feed(self, data: bytes) -> bytes:
+        if not self.headers and self.chunked and not self.buf and not self.left:
+            out = self._whole(data)
+            if out is not None:
+                return out
         self.buf += data
         out = b""
         if self.headers:
@@ -122,72 +138,130 @@ class Dechunk:
             self.left = int(line.split(b";")[0], 16) if line else 0
         return out
 
+    @staticmethod
+    def _whole(data: bytes) -> Optional[bytes]:
+        """The payload of ``data`` when it is whole chunks (the usual read:
+        one event per chunk, each written and flushed alone), else None."""
+        parts = []
+        i, n = 0, len(data)
+        while i < n:
+            j = data.find(b"\r\n", i)
+            if j < 0:
+                return None
+            try:
+                size = int(data[i:j], 16)
+            except ValueError:
+                return None
+            end = j + 2 + size
+            if end + 2 > n or data[end : end + 2] != b"\r\n":
+                return None
+            parts.append(data[j + 2 : end])
+            i = end + 2
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
 
 class Client:
     """One streaming completion on a raw socket: counts tokens (SSE events) until
-    the end or until it is closed, and records when it closed."""
+    the end or until it is closed, and records when it closed.
+
+    It reads with a bare protocol (no stream reader, no task woken per read):
+    the client shares the machine's CPUs with the stack it measures, so what
+    it spends per token is taken from the frontend and the worker."""
 
     def __init__(self, rid: str, prompt: str, max_tokens: int) -> None:
         self.rid, self.prompt, self.max_tokens = rid, prompt, max_tokens
         self.tokens = 0
         self.stamps: List[float] = []  # arrival time of each token's event (monotonic)
         self.sent_at = 0.0
-        self.first = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        self.first = loop.create_future()
         self.closed_at: Optional[float] = None
         self.done = False
         self.end = ""  # why the stream ended without [DONE]
         self.last = b""  # its last bytes
-        self.writer: Optional[asyncio.StreamWriter] = None
+        self.transport: Optional[asyncio.Transport] = None
+        self._body = Dechunk()
+        self._finished = loop.create_future()
 
     async def run(self, host: str, port: int, model: str) -> None:
         body = json.dumps({"model": model, "prompt": self.prompt, "max_tokens": self.max_tokens, "stream": True}).encode()
-        reader, self.writer = await asyncio.open_connection(host, port)
-        self.sent_at = time.monotonic()
-        self.writer.write(
-            b"POST /v1/completions HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n"
-            + f"x-request-id: {self.rid}\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body
-        )
-        body = Dechunk()
-        tail = b""  # the body's last bytes: an event may be split across reads
+        loop = asyncio.get_running_loop()
         try:
-            while True:
-                raw = await reader.read(65536)
-                if not raw:
-                    self.end = "closed by the server"
-                    break
-                chunk = body.feed(raw)
-                before, tail = tail, (tail + chunk)[-TAIL:]
-                n = count_new(before, chunk, b"data: {")
-                if n and not self.first.done():
-                    self.first.set_result(None)
-                self.tokens += n
-                if n:
-                    self.stamps.extend([time.monotonic()] * n)
-                if count_new(before, chunk, b"data: [DONE]"):
-                    self.done = True
-                    break
+            self.transport, _ = await loop.create_connection(lambda: _ClientProtocol(self), host, port)
+            self.sent_at = time.monotonic()
+            self.transport.write(
+                b"POST /v1/completions HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n"
+                + f"x-request-id: {self.rid}\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body
+            )
+            await self._finished
         except (ConnectionError, OSError) as e:
             self.end = f"{type(e).__name__}: {e}"
         finally:
-            self.last = tail
             if not self.first.done():
                 self.first.set_result(None)
-            if self.closed_at is None:
-                self.writer.close()
+            if self.closed_at is None and self.transport is not None:
+                self.transport.close()
+
+    def _feed(self, raw: bytes) -> None:
+        chunk = self._body.feed(raw)
+        if not chunk:
+            return
+        before = self.last
+        self.last = (before + chunk)[-TAIL:]
+        n = count_new(before, chunk, b"data: {")
+        if n:
+            if not self.first.done():
+                self.first.set_result(None)
+            self.tokens += n
+            now = time.monotonic()
+            if n == 1:
+                self.stamps.append(now)
+            else:
+                self.stamps.extend([now] * n)
+        if count_new(before, chunk, b"data: [DONE]"):
+            self.done = True
+            self._finish("")
+
+    def _finish(self, why: str) -> None:
+        if not self._finished.done():
+            if not self.done:
+                self.end = why
+            self._finished.set_result(None)
 
     def close(self) -> None:
         """Hang up now (the disconnect that is timed)."""
-        if self.writer is not None and self.closed_at is None:
+        if self.transport is not None and self.closed_at is None:
             self.closed_at = time.time()
             # The FIN leaves now: transport.abort() alone closes the socket
             # on the loop's next turn, which 1,000 busy streams delay.
-            sock = self.writer.get_extra_info("socket")
+            # (uvloop's transports hide their socket behind one that cannot
+            # shut down: the shutdown goes through a duplicate of its fd.)
+            sock = self.transport.get_extra_info("socket")
             if sock is not None:
                 try:
-                    sock.shutdown(socket.SHUT_RDWR)
+                    with socket.socket(fileno=os.dup(sock.fileno())) as dup:
+                        dup.shutdown(socket.SHUT_RDWR)
                 except OSError:
                     pass
-            self.writer.transport.abort()
+            self.transport.abort()
+
+
+class _ClientProtocol(asyncio.Protocol):
+    """Hands a Client the bytes it reads, and tells it when the connection ends."""
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+
+    def data_received(self, data: bytes) -> None:
+        if not self.client._finished.done():
+            self.client._feed(data)
+
+    def eof_received(self) -> bool:
+        self.client._finish("closed by the server")
+        return False
+
+    def connection_lost(self, exc: Optional[Exception]) -> None:
+        self.client._finish(f"{type(exc).__name__}: {exc}" if exc else "closed by the server")
 
 
 def aborted_at(lines: List[str], label: str) -> Dict[str, float]:
@@ -314,7 +388,7 @@ def run(name: str, workers: List[dict], args, disagg: bool) -> bool:
     stack = Stack()
     try:
         stack.start(workers)
-        lat, f = asyncio.run(load(stack, args.streams, args.cancel, args.max_tokens, disagg, args.seed))
+        lat, f = run_clients(load(stack, args.streams, args.cancel, args.max_tokens, disagg, args.seed))
     finally:
         stack.close()
     if f["lost"]:
@@ -370,11 +444,13 @@ async def end_to_end_at(addr, model: str, pids: Dict[str, int], n: int, max_toke
     between tokens and to the first, CPU per token of the frontend and worker."""
     host, port = addr
     cpu0 = {k: cpu_seconds(p) for k, p in pids.items()}
+    client0 = time.process_time()
     t0 = time.monotonic()
     streams = [Client(f"e2e-{i}-{os.getpid()}-{time.monotonic_ns()}", f"e2e {i}", max_tokens) for i in range(n)]
     await asyncio.wait_for(asyncio.gather(*[c.run(host, port, model) for c in streams]), 300)
     took = time.monotonic() - t0
     cpu = {k: cpu_seconds(p) - cpu0[k] for k, p in pids.items()}
+    client_cpu = time.process_time() - client0
     tokens = sum(c.tokens for c in streams)
     # Time between tokens as benchmarking tools define it per request (inter-token
     # latency): (last token - first token) / (tokens - 1); tokens that arrive
@@ -385,6 +461,7 @@ async def end_to_end_at(addr, model: str, pids: Dict[str, int], n: int, max_toke
         "tokens": tokens, "complete": sum(c.done for c in streams), "tokens_per_s": tokens / took,
         "tbt_p50": pct(tbt, 50), "tbt_p99": pct(tbt, 99), "ttft_p50": pct(ttft, 50), "ttft_p99": pct(ttft, 99),
         "frontend_us_per_token": cpu["frontend"] / tokens * 1e6, "worker_us_per_token": cpu["worker"] / tokens * 1e6,
+        "client_us_per_token": client_cpu / tokens * 1e6,
     }
 
 
@@ -393,7 +470,8 @@ def e2e_line(name: str, f: dict, args) -> str:
         f"  {name}: {f['tokens_per_s']:,.0f} tokens/s ({f['complete']}/{args.e2e_streams} complete); time between tokens "
         f"p50 {f['tbt_p50']:.2f} ms ({f['tbt_p50'] / (args.step * 1000):.2f}x the step), p99 {f['tbt_p99']:.2f} ms; "
         f"TTFT p50 {f['ttft_p50']:.1f} ms, p99 {f['ttft_p99']:.1f} ms; CPU per token: frontend "
-        f"{f['frontend_us_per_token']:.1f} us, worker {f['worker_us_per_token']:.1f} us"
+        f"{f['frontend_us_per_token']:.1f} us, worker {f['worker_us_per_token']:.1f} us, client (this process) "
+        f"{f['client_us_per_token']:.1f} us"
     )
 
 
@@ -402,8 +480,8 @@ def run_e2e(args) -> None:
     stack = Stack()
     try:
         stack.start([{"decode": args.step, "prefill": args.step / 100}])
-        asyncio.run(end_to_end(stack, 8, 20))  # warm-up
-        f = asyncio.run(end_to_end(stack, args.e2e_streams, args.e2e_tokens))
+        run_clients(end_to_end(stack, 8, 20))  # warm-up
+        f = run_clients(end_to_end(stack, args.e2e_streams, args.e2e_tokens))
     finally:
         stack.close()
     print(e2e_line("dynamo_ctx frontend + mock worker", f, args))
@@ -412,7 +490,7 @@ def run_e2e(args) -> None:
         print("  Dynamo's frontend + mocker: skipped (ai-dynamo is not importable here; set DYNAMO_PYTHON to a Python that has it:"
               " pip install ai-dynamo==1.6.1 --no-deps plus its dependencies but aisimulate)")
         return
-    d = asyncio.run(dynamo_end_to_end(py, args.e2e_streams, args.e2e_tokens, args.dynamo_speedup_ratio))
+    d = run_clients(dynamo_end_to_end(py, args.e2e_streams, args.e2e_tokens, args.dynamo_speedup_ratio))
     if d is None:
         print("  Dynamo's frontend + mocker: did not start")
         return

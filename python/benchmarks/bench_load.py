@@ -355,7 +355,12 @@ def print_breakdown(trace_path: str, closes: Dict[str, float], aborts: Dict[str,
             for line in f:
                 parts = line.split()
                 if len(parts) >= 3:
-                    marks.setdefault(parts[2], {}).setdefault(parts[1], int(parts[0]) / 1e9)
+                    # The earliest of each hop: each process appends its
+                    # marks every 50 ms, so the file is not in time order,
+                    # and disaggregated both workers mark the same id.
+                    hops = marks.setdefault(parts[2], {})
+                    t = int(parts[0]) / 1e9
+                    hops[parts[1]] = min(t, hops.get(parts[1], t))
     except FileNotFoundError:
         print("  (no kill trace written)")
         return

@@ -845,8 +845,18 @@ func (f *Frontend) serve(w http.ResponseWriter, r *http.Request, chat bool) {
 	// streams are killed. A choice whose stream is complete (written out, or
 	// ended by the worker) cancelled nothing.
 	out := &stallWriter{w: w, ctl: ctl, stall: f.opts.WriteStallTimeout}
+	// The response loop's context: r.Context(), and also cancelled by the
+	// disconnect handler before it kills anything. A stream that the
+	// handler killed ends as cleanly as a finished one; the loop must see
+	// the client gone first, or it answers the killed request as finished
+	// (finish_reason, [DONE]) to a client that half-closed and still reads.
+	// r.Context() alone does not order them: the AfterFunc's goroutine may
+	// run before net/http's cancel reaches the loop's context.
+	respCtx, clientGone := context.WithCancel(r.Context())
+	defer clientGone()
 	var once sync.Once
 	onDisconnect := func() {
+		clientGone()
 		once.Do(func() {
 			for _, c := range choices {
 				// Complete as the client saw it, or as the worker ended it
@@ -864,7 +874,7 @@ func (f *Frontend) serve(w http.ResponseWriter, r *http.Request, chat bool) {
 		prefix = "chatcmpl-"
 	}
 	resp := &response{
-		f: f, w: out, r: r, plan: p, choices: choices, id: prefix + id, model: req.Model,
+		f: f, w: out, ctx: respCtx, plan: p, choices: choices, id: prefix + id, model: req.Model,
 		created: time.Now().Unix(), promptTokens: promptTokens,
 	}
 	if req.Stream {
@@ -876,7 +886,9 @@ func (f *Frontend) serve(w http.ResponseWriter, r *http.Request, chat bool) {
 	// request's context) before the AfterFunc ran, or a write may have
 	// failed or stalled: count it either way, once.
 	stopWatching()
-	if r.Context().Err() != nil || out.failed {
+	// respCtx done: a run of onDisconnect started (it may still be
+	// registering the pending aborts): wait for it (once) before killAll.
+	if respCtx.Err() != nil || r.Context().Err() != nil || out.failed {
 		onDisconnect()
 	}
 	killAll()
@@ -1035,7 +1047,7 @@ func next(ctx context.Context, s *plane.Stream) (workerItem, error) {
 type response struct {
 	f            *Frontend
 	w            *stallWriter
-	r            *http.Request
+	ctx          context.Context // the request's, also done when its client is gone (serve)
 	plan         *plan
 	choices      []*choice
 	id, model    string
@@ -1066,7 +1078,7 @@ func (p *response) usage() map[string]any {
 // item of a choice still running; it returns the first error (io.EOF when
 // all ended normally, the request's context's error on a disconnect).
 func (p *response) run(on func(c *choice, text string, finished bool) error) error {
-	ctx, cancel := context.WithCancel(p.r.Context())
+	ctx, cancel := context.WithCancel(p.ctx)
 	var recv func() (event, bool) // false: ctx is done
 	if len(p.choices) == 1 {
 		// One choice (n=1, the usual case): read it here, without a pump
@@ -1096,7 +1108,9 @@ func (p *response) run(on func(c *choice, text string, finished bool) error) err
 	running := len(p.choices)
 	for running > 0 {
 		ev, ok := recv()
-		if !ok {
+		if !ok || ctx.Err() != nil {
+			// Gone: a pump's event can win the select over ctx.Done(), and
+			// a stream the disconnect killed ends as cleanly as a finished one.
 			return ctx.Err()
 		}
 		c := ev.c
@@ -1116,8 +1130,8 @@ func (p *response) run(on func(c *choice, text string, finished bool) error) err
 			continue
 		}
 		if ev.err != nil {
-			if p.r.Context().Err() != nil {
-				return p.r.Context().Err()
+			if p.ctx.Err() != nil {
+				return p.ctx.Err()
 			}
 			return ev.err
 		}
@@ -1267,7 +1281,7 @@ func (p *response) stream() {
 		return nil
 	})
 	if err != io.EOF {
-		if p.r.Context().Err() == nil && !w.failed {
+		if p.ctx.Err() == nil && !w.failed {
 			msg := err.Error()
 			failed(w.w, http.StatusInternalServerError, msg)
 			b, _ := json.Marshal(map[string]any{"error": map[string]any{"message": msg, "type": "internal_error", "param": nil, "code": "internal_error"}})
@@ -1289,7 +1303,7 @@ func (p *response) unary() {
 		return nil
 	})
 	if err != io.EOF {
-		if p.r.Context().Err() != nil {
+		if p.ctx.Err() != nil {
 			return // disconnected: nobody to answer
 		}
 		status, code := http.StatusInternalServerError, "internal_error"

@@ -2,11 +2,9 @@ package frontend
 
 import (
 	"container/list"
-	"context"
 	"net"
 	"net/http"
 	"sync"
-	"sync/atomic"
 	"time"
 )
 
@@ -140,71 +138,7 @@ func (l *admitListener) Accept() (net.Conn, error) {
 		_ = c.Close()
 		return nil, net.ErrClosed
 	}
-	return &clientConn{Conn: c}, nil
-}
-
-// clientConn is an accepted connection that tells the request it serves,
-// on the goroutine that reads it, when the client has gone: net/http learns
-// it there too (its background read of a request being served gets EOF)
-// and cancels the request's context, but a context.AfterFunc on that
-// context runs in a new goroutine, whose start costs the disconnect a
-// thread wake-up and a turn of the scheduler before the kill leaves.
-type clientConn struct {
-	net.Conn
-	gone atomic.Pointer[func()] // the request's disconnect handler, while it is served
-}
-
-// onGone makes f run (on the reading goroutine) when a read of the
-// connection fails other than by a deadline, until the returned function is
-// called; a run that started before that call may still finish after it
-// (serve's handler is idempotent and skips what completed). One request at
-// a time: net/http serves a connection's requests one after another, and
-// reads ahead only while one is served.
-func (c *clientConn) onGone(f func()) (stop func()) {
-	c.gone.Store(&f)
-	return func() { c.gone.CompareAndSwap(&f, nil) }
-}
-
-func (c *clientConn) Read(b []byte) (int, error) {
-	n, err := c.Conn.Read(b)
-	if err != nil {
-		// A deadline is net/http's own doing (its timeouts, or ending the
-		// read ahead after a response): the client is not gone for that.
-		if ne, ok := err.(net.Error); !ok || !ne.Timeout() {
-			if f := c.gone.Load(); f != nil {
-				(*f)()
-			}
-		}
-	}
-	return n, err
-}
-
-// CloseWrite lets net/http close the connection gracefully (it half-closes
-// a TCP connection before closing it), as it would without the wrapper.
-func (c *clientConn) CloseWrite() error {
-	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
-		return cw.CloseWrite()
-	}
-	return c.Close()
-}
-
-type connKey struct{}
-
-// withConn is the http.Server's ConnContext: each request's context
-// carries its connection, for onClientGone.
-func withConn(ctx context.Context, c net.Conn) context.Context {
-	return context.WithValue(ctx, connKey{}, c)
-}
-
-// onClientGone runs f, on the goroutine that reads r's connection, as soon
-// as a read finds the client gone, until the returned function is called
-// (which r's handler must do before it returns). A no-op for a connection
-// this package did not accept.
-func onClientGone(r *http.Request, f func()) (stop func()) {
-	if c, ok := r.Context().Value(connKey{}).(*clientConn); ok {
-		return c.onGone(f)
-	}
-	return func() {}
+	return c, nil
 }
 
 func (l *admitListener) Close() error {

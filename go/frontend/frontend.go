@@ -253,7 +253,7 @@ func New(ctx context.Context, rt *plane.Runtime, opts Options) (*Frontend, error
 	})
 	f.srv = &http.Server{
 		Handler: handler, ReadHeaderTimeout: opts.ReadHeaderTimeout, ReadTimeout: opts.ReadTimeout,
-		IdleTimeout: opts.IdleTimeout, MaxHeaderBytes: MaxHeaderBytes, ConnState: f.idle.connState, ConnContext: withConn,
+		IdleTimeout: opts.IdleTimeout, MaxHeaderBytes: MaxHeaderBytes, ConnState: f.idle.connState,
 		// net/http's own complaints go to the library's log, never stderr.
 		ErrorLog: slog.NewLogLogger(slog.Default().Handler(), slog.LevelDebug),
 	}
@@ -867,10 +867,6 @@ func (f *Frontend) serve(w http.ResponseWriter, r *http.Request, chat bool) {
 			}
 		})
 	}
-	// Both watch for the client going: the read of its connection (at once,
-	// on the reading goroutine) and the request's context (net/http cancels
-	// it then too, and for other reasons).
-	stopGone := onClientGone(r, onDisconnect)
 	stopWatching := context.AfterFunc(r.Context(), onDisconnect)
 
 	prefix := "cmpl-"
@@ -889,7 +885,6 @@ func (f *Frontend) serve(w http.ResponseWriter, r *http.Request, chat bool) {
 	// The response loop may have seen the disconnect (its reads use the
 	// request's context) before the AfterFunc ran, or a write may have
 	// failed or stalled: count it either way, once.
-	stopGone()
 	stopWatching()
 	// respCtx done: a run of onDisconnect started (it may still be
 	// registering the pending aborts): wait for it (once) before killAll.

@@ -23,3 +23,11 @@ func StopText(stops, pieces []string) (string, bool) {
 // IdleConnections returns how many connections the frontend holds that are
 // not serving a request, and how many it closed for its bound.
 func IdleConnections(f *Frontend) (held int, closed int64) { return f.idle.counts() }
+
+// PanicBeforeResponse makes every completion request panic once its worker
+// requests are sent, until the returned function is called: a stand-in for
+// a bug in the response code.
+func PanicBeforeResponse() (restore func()) {
+	testHookBeforeResponse = func() { panic("test: a bug in the response code") }
+	return func() { testHookBeforeResponse = nil }
+}

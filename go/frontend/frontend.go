@@ -868,6 +868,20 @@ func (f *Frontend) serve(w http.ResponseWriter, r *http.Request, chat bool) {
 		})
 	}
 	stopWatching := context.AfterFunc(r.Context(), onDisconnect)
+	// A panic from here on (a bug; recoverPanic answers it) must neither
+	// leave the watcher to take net/http's cancel of the request's context,
+	// after the handler, for a client's disconnect (counted, logged, the
+	// workers told client_disconnected), nor leave the streams to it.
+	defer func() {
+		if p := recover(); p != nil {
+			stopWatching()
+			killAll()
+			panic(p)
+		}
+	}()
+	if testHookBeforeResponse != nil {
+		testHookBeforeResponse()
+	}
 
 	prefix := "cmpl-"
 	if chat {
@@ -893,6 +907,10 @@ func (f *Frontend) serve(w http.ResponseWriter, r *http.Request, chat bool) {
 	}
 	killAll()
 }
+
+// testHookBeforeResponse, when set (by tests only), runs in serve once the
+// worker requests are sent, before the response is written.
+var testHookBeforeResponse func()
 
 // readBody reads at most limit bytes of body (a *http.MaxBytesError past
 // that). The buffer grows as bytes arrive, never past a declared length

@@ -406,6 +406,19 @@ func one(t *testing.T) (*env, *planetest.Worker) {
 	return e, w
 }
 
+// holding starts the frontend with one worker for model "m" that yields
+// nothing and holds each request until it is killed (then returns, which
+// confirms the abort); the requests arrive on the returned channel.
+func holding(t *testing.T, buffer int) (*env, chan *plane.Request) {
+	t.Helper()
+	e := newEnv(t)
+	got := make(chan *plane.Request, buffer)
+	e.worker("w", "dynamo", "m", 0, planetest.Hold(got))
+	e.start()
+	e.waitModels("m")
+	return e, got
+}
+
 // ================================================================================
 // Tests
 // ================================================================================
@@ -847,11 +860,7 @@ func TestClientDisconnectStreaming(t *testing.T) {
 // disconnect's AfterFunc sees it first, and every abort is confirmed, also by
 // a handler that returns at once when killed (see lateRegistration).
 func TestEveryDisconnectCounted(t *testing.T) {
-	e := newEnv(t)
-	got := make(chan *plane.Request, 1)
-	e.worker("w", "dynamo", "m", 0, planetest.Hold(got)) // killed: returns at once, which confirms the abort
-	e.start()
-	e.waitModels("m")
+	e, got := holding(t, 1)
 	const n = 20
 	for i := 1; i <= n; i++ {
 		ctx, cancel := context.WithCancel(context.Background())

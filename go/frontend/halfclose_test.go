@@ -12,7 +12,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/dynamo-ctx/dynamo-ctx/go/internal/planetest"
-	"github.com/dynamo-ctx/dynamo-ctx/go/plane"
 )
 
 // A client that half-closes its connection (shutdown(SHUT_WR)) while its
@@ -27,11 +26,7 @@ import (
 // may run and kill before the cancel reaches the loop's own context, and a
 // select may take a pump's end event over ctx.Done().
 func TestHalfClosedClientGetsNoMadeUpEnd(t *testing.T) {
-	e := newEnv(t)
-	got := make(chan *plane.Request, 2)
-	e.worker("w", "dynamo", "m", 0, planetest.Hold(got)) // no tokens; returns when killed
-	e.start()
-	e.waitModels("m")
+	e, got := holding(t, 2)
 	addr := strings.TrimPrefix(e.base, "http://")
 
 	const rounds = 20

@@ -12,18 +12,13 @@ import (
 	"github.com/dynamo-ctx/dynamo-ctx/go/ctxtree"
 	"github.com/dynamo-ctx/dynamo-ctx/go/frontend"
 	"github.com/dynamo-ctx/dynamo-ctx/go/internal/planetest"
-	"github.com/dynamo-ctx/dynamo-ctx/go/plane"
 )
 
 // A panic in the response code (a bug) answers 500, kills the worker
 // requests it had sent (nothing keeps generating for nobody), and is not
 // counted as a client's disconnect.
 func TestPanicKillsItsRequestsAndCountsNoDisconnect(t *testing.T) {
-	e := newEnv(t)
-	got := make(chan *plane.Request, 4)
-	e.worker("w", "dynamo", "m", 0, planetest.Hold(got))
-	e.start()
-	e.waitModels("m")
+	e, got := holding(t, 4)
 	defer frontend.PanicBeforeResponse()()
 
 	for _, stream := range []bool{true, false} {

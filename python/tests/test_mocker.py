@@ -183,8 +183,95 @@ def test_zero_max_tokens_and_decode_only_requests():
     async def main():
         e = engine()
         assert [o async for o in e.generate([1, 2, 3], SamplingParams(max_tokens=0), "z")] == []
-        outs = [o async for o in e.generate([1, 2, 3], SamplingParams(max_tokens=2), "d", kv_transfer_params={"x": 1})]
+        decode = SamplingParams(max_tokens=2, extra_args={"kv_transfer_params": {"do_remote_prefill": True}})
+        outs = [o async for o in e.generate([1, 2, 3], decode, "d")]
         assert [len(o.outputs[0].token_ids) for o in outs] == [1, 2]
         assert e.stats.running_requests == 0 and e.stats.kv_blocks_in_use == 0
+
+    run(main())
+
+
+def test_kv_transfer_as_vllm_does_it():
+    """A prefill asked for do_remote_decode ends with the parameters a decode
+    engine pulls from (as vLLM's connector returns them); a decode that brings
+    them skips its prefill and continues with the same tokens; both engines
+    record what they received."""
+
+    async def main():
+        prefill = MockAsyncLLM(MockEngineArgs(prefill_time_per_token=0.0, decode_time_per_token=0.0, block_size=4))
+        decode = MockAsyncLLM(MockEngineArgs(prefill_time_per_token=10.0, decode_time_per_token=0.0, block_size=4))
+        ask = SamplingParams(max_tokens=1, extra_args={"kv_transfer_params": {"do_remote_decode": True}})
+        outs = [o async for o in prefill.generate({"prompt_token_ids": list(range(10))}, ask, "p")]
+        params = outs[-1].kv_transfer_params
+        assert params["do_remote_prefill"] is True and params["remote_engine_id"] == prefill.engine_id
+        assert params["remote_block_ids"] == [0, 1, 2]
+        assert prefill.kv_transfer_params_received["p"] == {"do_remote_decode": True}
+        assert all(o.kv_transfer_params is None for o in outs[:-1])
+        take = SamplingParams(max_tokens=3, output_kind=RequestOutputKind.DELTA, extra_args={"kv_transfer_params": params})
+        # A prefill of 10 tokens at 10 s each would take 100 s: the decode skips it.
+        got = await asyncio.wait_for(_collect(decode.generate({"prompt_token_ids": list(range(10))}, take, "d")), 5)
+        assert got[0] == outs[-1].outputs[0].token_ids[0]  # the token the prefill engine made
+        assert decode.kv_transfer_params_received["d"] == params
+        plain = [o async for o in prefill.generate({"prompt_token_ids": list(range(10))}, SamplingParams(max_tokens=1), "q")]
+        assert plain[-1].kv_transfer_params is None
+
+    run(main())
+
+
+async def _collect(gen):
+    out = []
+    async for o in gen:
+        out.extend(o.outputs[0].token_ids)
+    return out
+
+
+def test_vocabulary():
+    """With token_ids, the mock produces only those ids, deterministically."""
+
+    async def main():
+        vocab = [5, 17, 99]
+        e = MockAsyncLLM(MockEngineArgs(prefill_time_per_token=0.0, decode_time_per_token=0.0, token_ids=vocab))
+        got = await _collect(e.generate([1, 2], SamplingParams(max_tokens=7, output_kind=RequestOutputKind.DELTA), "v"))
+        assert set(got) <= set(vocab) and len(got) == 7
+        again = await _collect(e.generate([1, 2], SamplingParams(max_tokens=7, output_kind=RequestOutputKind.DELTA), "w"))
+        assert again == got
+
+    run(main())
+
+
+def test_die_ends_running_and_later_requests():
+    """die(): a running generate raises EngineDeadError, as do later calls and
+    abort; errored turns true; resources are released."""
+    from dynamo_ctx.backends.mocker import EngineDeadError
+
+    async def main():
+        e = MockAsyncLLM(MockEngineArgs(prefill_time_per_token=0.0, decode_time_per_token=0.01))
+        got = []
+
+        async def consume():
+            async for o in e.generate([1, 2], SamplingParams(max_tokens=1000), "x"):
+                got.append(o)
+
+        task = asyncio.ensure_future(consume())
+        while not got:
+            await asyncio.sleep(0.005)
+        assert not e.errored
+        e.die("core process exited")
+        try:
+            await asyncio.wait_for(task, 5)
+            raise AssertionError("generate did not raise")
+        except EngineDeadError as err:
+            assert "core process exited" in str(err)
+        assert e.errored and e.stats.running_requests == 0 and e.stats.kv_blocks_in_use == 0
+        try:
+            await e.generate([1], SamplingParams(max_tokens=1), "y").__anext__()
+            raise AssertionError("generate on a dead engine did not raise")
+        except EngineDeadError:
+            pass
+        try:
+            await e.abort("x")
+            raise AssertionError("abort on a dead engine did not raise")
+        except EngineDeadError:
+            pass
 
     run(main())

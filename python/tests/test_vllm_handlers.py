@@ -135,6 +135,84 @@ def test_disaggregated_cancel_reaches_prefill(nats_url, phase, caplog):
         assert f"Aborted Request ID: disagg-{phase}" in messages
 
 
+def test_disaggregated_kv_transfer_as_vllm(nats_url):
+    """The prefill runs with max_tokens=1 and asks do_remote_decode; the decode engine gets
+    the prefill engine's own kv_transfer_params in SamplingParams.extra_args, runs the same
+    prompt, and produces every token: the stream is the aggregated one, token for token."""
+
+    async def main():
+        space = ns()
+        prefill_engine = MockAsyncLLM(MockEngineArgs(prefill_time_per_token=0.0, decode_time_per_token=0.0))
+        decode_engine = MockAsyncLLM(MockEngineArgs(prefill_time_per_token=0.0, decode_time_per_token=0.0))
+        prefill = await Served(nats_url, PrefillHandler(prefill_engine, "m"), f"{space}.prefill.generate").start()
+        prefill_client = await prefill.client()
+        decode = await Served(nats_url, DecodeHandler(decode_engine, prefill_client, "m"), f"{space}.backend.generate").start()
+        client = await decode.client()
+        request = {"token_ids": list(range(40)), "stop_conditions": {"max_tokens": 9}}
+        items = [x.data() async for x in await client.generate(request)]
+        tokens = [t for it in items for t in it["token_ids"]]
+        ref = MockAsyncLLM(MockEngineArgs(prefill_time_per_token=0.0, decode_time_per_token=0.0))
+        agg = await Served(nats_url, AggregatedHandler(ref, "m"), f"{ns()}.backend.generate").start()
+        want = [t async for x in await (await agg.client()).generate(request) for t in x.data()["token_ids"]]
+        assert tokens == want and len(tokens) == 9
+        [(prefill_key, asked)] = prefill_engine.kv_transfer_params_received.items()
+        assert asked == {"do_remote_decode": True}
+        [(decode_key, given)] = decode_engine.kv_transfer_params_received.items()
+        assert given["remote_engine_id"] == prefill_engine.engine_id and given["do_remote_prefill"] is True
+        assert given["remote_request_id"] == prefill_key
+        assert prefill_engine.stats.requests_total == 1 and decode_engine.stats.requests_total == 1
+        for e in (prefill_engine, decode_engine):
+            assert e.stats.running_requests == 0 and e.stats.kv_blocks_in_use == 0
+        await agg.stop()
+        await decode.stop()
+        await prefill.stop()
+
+    run(main())
+
+
+def test_engine_death_calls_the_hook_and_ends_nothing_itself(nats_url):
+    """An engine that dies under a request calls the handler's engine_dead hook once, and the
+    handler sends neither an error nor an end: the worker's shutdown ends the stream (without
+    its final marker, a migratable end). Without the hook, the caller gets the error."""
+
+    async def main():
+        engine = MockAsyncLLM(MockEngineArgs(prefill_time_per_token=0.0, decode_time_per_token=0.005))
+        handler = AggregatedHandler(engine, "m")
+        deaths = []
+        handler.engine_dead = deaths.append
+        path = f"{ns()}.backend.generate"
+        w = await Served(nats_url, handler, path).start()
+        caller = DistributedRuntime(nats_url=nats_url)  # another process's, as a frontend's
+        client = await caller.endpoint(path).client()
+        await client.wait_for_instances()
+        stream = await client.generate({"token_ids": [1, 2, 3], "max_tokens": 10_000})
+        await stream.__anext__()
+        engine.die("the core process exited")
+        for _ in range(200):
+            if deaths:
+                break
+            await asyncio.sleep(0.01)
+        assert len(deaths) == 1 and type(deaths[0]).__name__ == "EngineDeadError"
+        w.runtime.shutdown()  # as the worker does on engine death
+        with pytest.raises(ValueError, match="Stream ended before generation completed"):
+            async for _ in stream:
+                pass
+        await w.task
+        caller.shutdown()
+
+        engine2 = MockAsyncLLM(MockEngineArgs(prefill_time_per_token=0.0, decode_time_per_token=0.005))
+        w2 = await Served(nats_url, AggregatedHandler(engine2, "m"), f"{ns()}.backend.generate").start()
+        stream = await (await w2.client()).generate({"token_ids": [1, 2, 3], "max_tokens": 10_000})
+        await stream.__anext__()
+        engine2.die("gone")
+        with pytest.raises(ValueError, match="EngineDeadError: gone"):
+            async for _ in stream:
+                pass
+        await w2.stop()
+
+    run(main())
+
+
 def test_same_request_id_runs_side_by_side(nats_url):
     """Two requests with one context id run in the engine side by side (its key is the id plus
     random bits), and killing one aborts only that one."""

@@ -14,13 +14,29 @@ a long prefill step as well as between tokens; a step left with no request
 ends early.
 
 Tokens are deterministic: the token after a sequence of length ``n`` is
-``(seed + n) % vocab_size``, so a stream that is migrated to another engine
-continues exactly where it stopped. ``seed`` is the request's
+``vocabulary[(seed + n) % len(vocabulary)]``, so a stream that is migrated to
+another engine continues exactly where it stopped. The vocabulary is
+``MockEngineArgs.token_ids`` when given (a worker serving a model directory
+gives its tokenizer's text tokens, so the output is the model's text), else
+the ids below ``vocab_size``. ``seed`` is the request's
 ``SamplingParams.seed`` when it gives one, else the engine's
 (``MockEngineArgs.seed``). A token in ``stop_token_ids`` ends the request
 with finish reason "stop" (the token is part of the output, as in vLLM).
 ``temperature`` and ``top_p`` are accepted and have no effect: the mock does
 not sample.
+
+Its signatures are vLLM's (``generate(prompt, sampling_params, request_id)``,
+``abort(request_id)``, ``SamplingParams`` fields by vLLM's names), so a call the
+real engine would refuse fails against the mock too; ``make test-vllm`` checks
+them against vLLM itself. KV transfer works as vLLM's does: a request whose
+``SamplingParams.extra_args["kv_transfer_params"]`` asks ``do_remote_decode``
+(a disaggregated prefill) ends with ``RequestOutput.kv_transfer_params`` (the
+engine id, block ids, host and port a decode engine pulls from), and a request
+that brings such parameters with ``do_remote_prefill`` (a disaggregated decode)
+skips its prefill. Every request's parameters are recorded
+(``kv_transfer_params_received``). ``die(reason)`` makes the engine dead as
+vLLM's is when its core process fails: running and later requests raise
+``EngineDeadError``, and ``errored`` is true.
 """
 
 from __future__ import annotations
@@ -33,7 +49,15 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, AsyncGenerator, Deque, Dict, List, Optional, Tuple, Union
 
-__all__ = ["RequestOutputKind", "SamplingParams", "CompletionOutput", "RequestOutput", "MockEngineArgs", "MockAsyncLLM", "EngineStats"]
+__all__ = [
+    "RequestOutputKind", "SamplingParams", "CompletionOutput", "RequestOutput", "MockEngineArgs", "MockAsyncLLM", "EngineStats",
+    "EngineDeadError",
+]
+
+
+class EngineDeadError(Exception):
+    """The engine died (vLLM's exception of that name): every request running
+    on it failed, and it takes no more."""
 
 
 #: Outputs are made per token: with slots where dataclasses have them (3.10+).
@@ -52,7 +76,9 @@ class RequestOutputKind(enum.Enum):
 
 @dataclass
 class SamplingParams:
-    """The subset of vLLM's SamplingParams the mock honours."""
+    """A subset of vLLM's SamplingParams, by its names: the mock honours the
+    token counts, seed, stop token ids, output kind and ``extra_args``
+    (``kv_transfer_params``); the rest is accepted and has no effect."""
 
     max_tokens: int = 16
     min_tokens: int = 0
@@ -64,6 +90,9 @@ class SamplingParams:
     seed: Optional[int] = None
     stop_token_ids: List[int] = field(default_factory=list)
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
+    detokenize: bool = True  # the mock makes no text either way
+    skip_special_tokens: bool = True
+    extra_args: Optional[Dict[str, Any]] = None
 
 
 @dataclass(**_SLOTS)
@@ -85,6 +114,7 @@ class RequestOutput:
     prompt_token_ids: List[int]
     outputs: List[CompletionOutput]
     finished: bool = False
+    kv_transfer_params: Optional[Dict[str, Any]] = None
 
 
 @dataclass
@@ -98,6 +128,11 @@ class MockEngineArgs:
     num_kv_blocks: int = 16384
     vocab_size: int = 32000
     seed: int = 1000
+    #: The ids the mock produces (None: those below vocab_size).
+    token_ids: Optional[List[int]] = None
+    #: The engine dies (``die``) after this many steps: a rehearsal of engine
+    #: death for fault tests (None: never).
+    die_after_steps: Optional[int] = None
 
 
 @dataclass
@@ -126,6 +161,8 @@ class _Request:
     out: List[int] = field(default_factory=list)  # tokens generated
     outputs: Deque[RequestOutput] = field(default_factory=collections.deque)  # not yet taken by generate
     waiter: "Optional[asyncio.Future[None]]" = None  # generate waiting for an output
+    remote_decode: bool = False  # a disaggregated prefill: its last output carries kv_transfer_params
+    error: Optional[BaseException] = None  # the engine died under it
 
 
 class MockAsyncLLM:
@@ -148,6 +185,14 @@ class MockAsyncLLM:
         self._decoding: List[_Request] = []
         self._stepper: "Optional[asyncio.Task[None]]" = None
         self._step_wake: "Optional[asyncio.Future[None]]" = None  # the step's sleep, cut short when it empties
+        #: This engine's id in the KV transfer parameters it returns.
+        self.engine_id = f"mock-{id(self):x}"
+        #: request id -> the kv_transfer_params its SamplingParams.extra_args
+        #: brought (the most recent requests only).
+        self.kv_transfer_params_received: "collections.OrderedDict[str, Any]" = collections.OrderedDict()
+        self.dead_error: Optional[EngineDeadError] = None
+        vocab = self.args.token_ids
+        self._vocab: Optional[List[int]] = list(vocab) if vocab else None
 
     # -------------------------------------------------------------- introspection
 
@@ -159,6 +204,26 @@ class MockAsyncLLM:
         """"prefill", "decode", or None when the request is not running."""
         r = self._running.get(request_id)
         return r.phase if r else None
+
+    @property
+    def errored(self) -> bool:
+        """True once the engine is dead (as vLLM's ``AsyncLLM.errored``)."""
+        return self.dead_error is not None
+
+    @property
+    def is_running(self) -> bool:
+        return self.dead_error is None
+
+    def die(self, reason: str = "the mock engine was made to die") -> None:
+        """Kill the engine, as a dead engine core does: every running
+        ``generate`` raises ``EngineDeadError``, and so does every later call."""
+        if self.dead_error is not None:
+            return
+        self.dead_error = EngineDeadError(reason)
+        for req in list(self._running.values()):
+            req.error = self.dead_error
+            self._release(req, False)
+            self._wake(req)
 
 
     # -------------------------------------------------------------- engine API
@@ -181,18 +246,29 @@ class MockAsyncLLM:
         prompt: Union[str, List[int], Dict[str, Any]],
         sampling_params: Union[SamplingParams, Dict[str, Any], None],
         request_id: str,
-        kv_transfer_params: Optional[Dict[str, Any]] = None,
     ) -> AsyncGenerator[RequestOutput, None]:
-        """Prefill the prompt, then decode up to ``max_tokens`` tokens, yielding cumulative outputs.
+        """Prefill the prompt, then decode up to ``max_tokens`` tokens, yielding
+        outputs (cumulative unless ``output_kind`` says otherwise).
 
-        With ``kv_transfer_params`` (a disaggregated decode whose prompt was
-        prefilled elsewhere) the prefill costs nothing here.
+        KV transfer (``sampling_params.extra_args["kv_transfer_params"]``):
+        ``do_remote_decode`` makes the last output carry the parameters a
+        decode engine needs; ``do_remote_prefill`` (a decode whose prompt was
+        prefilled elsewhere) makes the prefill cost nothing here.
         """
+        if self.dead_error is not None:
+            raise self.dead_error
         if request_id in self._running:
             raise ValueError(f"request {request_id!r} is already running")
         params = sampling_params if isinstance(sampling_params, SamplingParams) else SamplingParams(**(sampling_params or {}))
+        kv_transfer_params = (params.extra_args or {}).get("kv_transfer_params")
+        if kv_transfer_params is not None:
+            self.kv_transfer_params_received[request_id] = kv_transfer_params
+            while len(self.kv_transfer_params_received) > 10000:
+                self.kv_transfer_params_received.popitem(last=False)
+        remote_prefill = isinstance(kv_transfer_params, dict) and bool(kv_transfer_params.get("do_remote_prefill"))
         tokens = self._prompt_tokens(prompt)
         req = _Request(request_id, tokens, params)
+        req.remote_decode = isinstance(kv_transfer_params, dict) and bool(kv_transfer_params.get("do_remote_decode"))
         req.blocks = self._blocks_for(len(tokens))
         if self.stats.kv_blocks_in_use + req.blocks > self.args.num_kv_blocks:
             raise RuntimeError("out of KV cache blocks")
@@ -200,7 +276,7 @@ class MockAsyncLLM:
         self.stats.kv_blocks_in_use += req.blocks
         self.stats.running_requests = len(self._running)
         self.stats.requests_total += 1
-        if kv_transfer_params:
+        if remote_prefill:
             req.prefilled = len(tokens)
             req.phase = "decode"
             self._decoding.append(req)
@@ -211,6 +287,8 @@ class MockAsyncLLM:
         try:
             while True:
                 while not req.outputs:
+                    if req.error is not None:
+                        raise req.error
                     if req.phase == "done":
                         return  # ended without an output (max_tokens 0)
                     req.waiter = loop.create_future()
@@ -262,7 +340,12 @@ class MockAsyncLLM:
             # ``step`` after the last one was due, or now if the host is behind.
             deadline = max(deadline + step, loop.time())
             await self._sleep_until(deadline)
+            if self.dead_error is not None:
+                return
             self.stats.steps += 1
+            if self.args.die_after_steps is not None and self.stats.steps >= self.args.die_after_steps:
+                self.die(f"the mock engine died after {self.stats.steps} steps (die_after_steps)")
+                return
             for r, n in chunks:
                 if r.phase != "prefill":
                     continue  # aborted during the step
@@ -299,7 +382,9 @@ class MockAsyncLLM:
         next token, as an output. (Per token, so written for speed: what the
         mock costs is what a benchmark of the stack measures.)"""
         args = self.args
-        seed0, vocab, block_size = args.seed, args.vocab_size, args.block_size
+        seed0, block_size = args.seed, args.block_size
+        vocab = self._vocab
+        size = len(vocab) if vocab is not None else args.vocab_size
         stats = self.stats
         delta, final_only = RequestOutputKind.DELTA, RequestOutputKind.FINAL_ONLY
         wake = self._wake
@@ -310,7 +395,9 @@ class MockAsyncLLM:
             out = req.out
             n = len(req.prompt) + len(out)  # the sequence so far
             seed = params.seed
-            token = ((seed0 if seed is None else seed) + n) % vocab
+            token = ((seed0 if seed is None else seed) + n) % size
+            if vocab is not None:
+                token = vocab[token]
             out.append(token)
             if n >= req.blocks * block_size:  # the new token needs another block
                 need = self._blocks_for(n + 1)
@@ -330,8 +417,24 @@ class MockAsyncLLM:
                 continue
             else:
                 ids = list(out)
-            req.outputs.append(RequestOutput(req.request_id, req.prompt, [CompletionOutput(0, ids, "", finish)], finish is not None))
+            out_ = RequestOutput(req.request_id, req.prompt, [CompletionOutput(0, ids, "", finish)], finish is not None)
+            if finish is not None and req.remote_decode:
+                out_.kv_transfer_params = self._transfer_params(req)
+            req.outputs.append(out_)
             wake(req)
+
+    def _transfer_params(self, req: _Request) -> Dict[str, Any]:
+        """What a disaggregated prefill returns for its decode engine, in the
+        shape of vLLM's NIXL connector's."""
+        return {
+            "do_remote_prefill": True,
+            "do_remote_decode": False,
+            "remote_engine_id": self.engine_id,
+            "remote_block_ids": list(range(self._blocks_for(len(req.prompt)))),
+            "remote_host": "127.0.0.1",
+            "remote_port": 0,
+            "remote_request_id": req.request_id,
+        }
 
     @staticmethod
     def _wake(req: _Request) -> None:
@@ -375,6 +478,8 @@ class MockAsyncLLM:
 
         Returns the number of KV blocks freed (vLLM's returns None).
         """
+        if self.dead_error is not None:
+            raise self.dead_error
         ids = [request_id] if isinstance(request_id, str) else list(request_id)
         freed = 0
         for rid in ids:

@@ -6,9 +6,24 @@ the real ``vllm.AsyncLLM`` when vLLM is installed, ``dynamo_ctx.mocker.MockAsync
 everywhere.
 
 - ``AggregatedHandler``: prefill and decode in one engine.
-- ``PrefillHandler``: prefill only; returns the first token and the KV transfer parameters.
+- ``PrefillHandler``: prefill only, as vLLM's disaggregated prefill runs: ``max_tokens=1``
+  and ``SamplingParams.extra_args={"kv_transfer_params": {"do_remote_decode": True}}``; its
+  last item carries the engine's own ``RequestOutput.kv_transfer_params``.
 - ``DecodeHandler``: calls a prefill worker first (with ``context=``, so cancelling the
-  decode request cancels the prefill, before the first token too), then decodes.
+  decode request cancels the prefill, before the first token too), then runs the same
+  request in its engine with the prefill's parameters in
+  ``extra_args={"kv_transfer_params": ...}`` (the engine's KV connector pulls the KV cache
+  they name). The prefill's token is not used: the decode engine produces every token, as in
+  vLLM's own disaggregated serving.
+
+The engine is called exactly as vLLM's ``AsyncLLM`` defines (``make test-vllm`` checks every
+call against vLLM's signatures). Outputs are asked as deltas (``RequestOutputKind.DELTA``)
+and without text (``detokenize=False``): the frontend detokenizes, as Dynamo's does.
+
+Engine death (``EngineDeadError``, or an engine whose ``errored`` is true) is for the worker:
+a handler whose ``engine_dead`` hook is set calls it and waits for the worker to hand its
+stream over (the worker shuts its runtime down, which ends every stream without its final
+marker, so migration continues it elsewhere); without the hook the error is raised.
 
 Each request has a monitor on its context that aborts the engine as soon as it is
 stopped or killed: it runs in the event loop's callback that learns of it, before
@@ -40,7 +55,24 @@ logger = logging.getLogger("dynamo_ctx.backends.vllm")
 
 __all__ = [
     "WorkerMetrics", "BaseWorkerHandler", "AggregatedHandler", "PrefillHandler", "DecodeHandler", "sampling_params_for", "request_options",
+    "is_engine_dead", "PREFILL_TRANSFER_PARAMS",
 ]
+
+#: What a disaggregated prefill asks its engine for (vLLM's KV connectors read it
+#: from ``SamplingParams.extra_args["kv_transfer_params"]``).
+PREFILL_TRANSFER_PARAMS: Dict[str, Any] = {"do_remote_decode": True}
+
+
+def is_engine_dead(error: BaseException, engine: Any) -> bool:
+    """Whether ``error`` means the whole engine failed, not one request: vLLM's
+    ``EngineDeadError`` (the mock raises one of that name too), or any error
+    while the engine reports itself ``errored``."""
+    if type(error).__name__ == "EngineDeadError":
+        return True
+    try:
+        return bool(getattr(engine, "errored", False))
+    except Exception:  # noqa: BLE001 - a property that fails says nothing
+        return False
 
 
 class WorkerMetrics:
@@ -180,6 +212,9 @@ class BaseWorkerHandler:
         self._aborting: Dict[str, "asyncio.Future[None]"] = {}
         #: Called with (request_id, kv_blocks_freed) after each confirmed abort.
         self.abort_listeners: List[Callable[[str, int], None]] = []
+        #: Called with the error when the engine dies under a request (see the
+        #: module's docstring); None: the error is raised to the caller.
+        self.engine_dead: Optional[Callable[[BaseException], None]] = None
 
     def _start_abort(self, engine_id: str, request_id: str) -> "asyncio.Future[None]":
         """Abort ``engine_id`` in the engine once, and count the confirmation:
@@ -212,7 +247,15 @@ class BaseWorkerHandler:
         self.metrics.cancellations_received_total += 1
         # vLLM's abort returns once the engine dropped the request; the mock
         # also returns how many KV blocks that freed.
-        freed = await self.engine.abort(engine_id)
+        try:
+            freed = await self.engine.abort(engine_id)
+        except Exception as e:
+            if is_engine_dead(e, self.engine):
+                # Nothing left to abort, and nothing to confirm: the worker
+                # is handing its streams over (engine_dead).
+                logger.debug("abort of %sRequest ID %s: the engine is dead (%s)", self.label, request_id, e)
+                return
+            raise
         freed = freed if isinstance(freed, int) else 0
         self.metrics.aborts_confirmed_total += 1
         self.metrics.abort_freed_kv_blocks_total += freed
@@ -226,7 +269,6 @@ class BaseWorkerHandler:
         request_id: str,
         prompt: Any,
         max_tokens: int,
-        kv_transfer_params: Optional[Dict[str, Any]] = None,
         options: Optional[Dict[str, Any]] = None,
     ) -> AsyncIterator[Dict[str, Any]]:
         """Run the engine for one request under an abort monitor; yield delta items.
@@ -240,16 +282,17 @@ class BaseWorkerHandler:
         engine_id = f"{request_id}-{secrets.token_hex(16)}"
         logger.info("New %sRequest ID: %s", self.label, request_id)
         logger.debug("%sRequest ID %s runs in the engine as %s", self.label, request_id, engine_id)
-        params = sampling_params_for(self.engine, max_tokens, options)
+        opts = dict(options or {})
+        opts.setdefault("detokenize", False)  # the frontend makes the text
+        params = sampling_params_for(self.engine, max_tokens, opts)
         # Outputs carry the new tokens only (DELTA), or every token so far.
         cumulative = getattr(getattr(params, "output_kind", None), "name", "CUMULATIVE") != "DELTA"
-        kwargs = {"kv_transfer_params": kv_transfer_params} if kv_transfer_params else {}
         seen = 0
         finished = False  # the engine gave its last output: nothing left to abort
         outputs: Any = None
         stop_monitor = on_stopped(context, lambda: self._monitor(engine_id, request_id))
         try:
-            outputs = self.engine.generate(prompt, params, engine_id, **kwargs)
+            outputs = self.engine.generate(prompt, params, engine_id)
             async for out in outputs:
                 if context.is_stopped():
                     break  # the monitor aborts the engine
@@ -266,9 +309,20 @@ class BaseWorkerHandler:
                     # Done in the engine: a stop from now on aborts nothing.
                     finished = True
                     stop_monitor()
+                    transfer = getattr(out, "kv_transfer_params", None)
+                    if transfer is not None:
+                        item["kv_transfer_params"] = transfer
                 yield item
                 if finished:
                     break
+        except Exception as e:
+            if self.engine_dead is None or context.is_stopped() or not is_engine_dead(e, self.engine):
+                raise
+            finished = True  # nothing is left to abort in a dead engine
+            self.engine_dead(e)
+            # The worker ends this stream without its final marker (a
+            # migratable end); until then, the caller sees nothing more.
+            await context.killed()
         finally:
             stop_monitor()
             try:
@@ -297,19 +351,22 @@ class AggregatedHandler(BaseWorkerHandler):
 
 
 class PrefillHandler(BaseWorkerHandler):
-    """Prefill only: one token, plus the parameters a decode worker needs to take over."""
+    """Prefill only: one token, and the parameters a decode engine needs to take over
+    (the engine's ``RequestOutput.kv_transfer_params``, on the last item)."""
 
     label = "Prefill "
 
     async def generate(self, request: Dict[str, Any], context: Context) -> AsyncIterator[Dict[str, Any]]:
         prompt = {"prompt_token_ids": list(request.get("token_ids", []))}
-        async for item in self._engine_stream(context, context.id(), prompt, 1, options=request_options(request)):
-            item["kv_transfer_params"] = {"remote_prefill": True, "prompt_tokens": len(prompt["prompt_token_ids"])}
+        options = request_options(request)
+        options["extra_args"] = {"kv_transfer_params": dict(PREFILL_TRANSFER_PARAMS)}
+        async for item in self._engine_stream(context, context.id(), prompt, 1, options=options):
             yield item
 
 
 class DecodeHandler(BaseWorkerHandler):
-    """Calls a prefill worker with ``context=`` (so a decode cancel aborts prefill too), then decodes."""
+    """Calls a prefill worker with ``context=`` (so a decode cancel aborts prefill too), then
+    runs the request in its own engine with the prefill's KV transfer parameters."""
 
     def __init__(self, engine: Any, prefill_client: Any, model: str = "mock-model", metrics: Optional[WorkerMetrics] = None) -> None:
         super().__init__(engine, model, metrics)
@@ -317,29 +374,21 @@ class DecodeHandler(BaseWorkerHandler):
 
     async def generate(self, request: Dict[str, Any], context: Context) -> AsyncIterator[Dict[str, Any]]:
         token_ids = list(request.get("token_ids", []))
-        max_tokens = _max_tokens(request)
         prefill_request = dict(request, stop_conditions=dict(request.get("stop_conditions") or {}, max_tokens=1))
         prefill_request.pop("max_tokens", None)
-        first: Optional[Dict[str, Any]] = None
+        answered = False
+        transfer: Optional[Dict[str, Any]] = None
         stream = await self.prefill_client.generate(prefill_request, context=context)
         async for item in stream:
-            first = item.data()
-        if context.is_stopped() or first is None:
+            answered = True
+            data = item.data()
+            if isinstance(data, dict) and data.get("kv_transfer_params") is not None:
+                transfer = data["kv_transfer_params"]
+        if context.is_stopped() or not answered:
             return
-        first_tokens = list(first.get("token_ids", []))
-        if first.get("finish_reason") == "stop":  # the first token was a stop token
-            yield {"token_ids": first_tokens, "finish_reason": "stop"}
-            return
-        yield {"token_ids": first_tokens}
-        if max_tokens <= len(first_tokens):
-            return
-        prompt = {"prompt_token_ids": token_ids + first_tokens}
-        async for item in self._engine_stream(
-            context,
-            context.id(),
-            prompt,
-            max_tokens - len(first_tokens),
-            first.get("kv_transfer_params") or {"remote_prefill": True},
-            options=request_options(request),
-        ):
+        options = request_options(request)
+        if transfer is not None:
+            options["extra_args"] = {"kv_transfer_params": transfer}
+        prompt = {"prompt_token_ids": token_ids}
+        async for item in self._engine_stream(context, context.id(), prompt, _max_tokens(request), options=options):
             yield item

@@ -293,3 +293,17 @@ def test_log_level_accepts_dynamo_forms_and_json_lines_carry_request_id_and_trac
     assert (out["level"], out["target"], out["message"], out["request_id"]) == ("ERROR", "dynamo_ctx", "request r-1: boom", "r-1")
     assert out["exception"].startswith("Traceback") and out["exception"].endswith("RuntimeError: engine exploded")
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z", out["time"])
+
+
+def test_health_says_why_after_engine_death():
+    """/health: 200 ready, 503 waiting (with what for), 503 error with the reason once the engine died."""
+    from dynamo_ctx.cli.worker import Readiness
+
+    r = Readiness("NATS at x")
+    status, body = r.render()
+    assert status.startswith("503") and json.loads(body) == {"status": "waiting", "waiting_for": "NATS at x"}
+    r.waiting_for = None
+    assert r.render()[0] == "200 OK"
+    r.failed = "the engine died: EngineDeadError: gone"
+    status, body = r.render()
+    assert status.startswith("503") and json.loads(body) == {"status": "error", "reason": "the engine died: EngineDeadError: gone"}

@@ -183,3 +183,45 @@ def test_worker_serves_and_aborts_on_either_event_loop(nats_url, event_loop):
             await worker.kill()
 
     run(main())
+
+
+def test_engine_death_hands_streams_over_and_exits_nonzero(nats_url):
+    """A worker whose engine dies mid-stream logs it once, ends its streams without their
+    final marker so that migration continues them on the other worker (token-exact), and
+    exits with status 1 and one line saying why."""
+
+    async def main():
+        space = f"d{uuid.uuid4().hex[:8]}"
+        common = ["--mode", "agg", "--model", "mock", "--decode-time-per-token", "0.005", "--prefill-time-per-token", "0"]
+        healthy = await Worker.start(nats_url, space, *common)
+        doomed = await Worker.start(nats_url, space, *common, "--mock-die-after-steps", "30")
+        doomed_id = int(re.search(r"as instance (\d+)", await doomed.wait_log(r"serving \S+ as instance")).group(1))
+        rt = DistributedRuntime(nats_url=nats_url)
+        client = await rt.endpoint(f"{space}.backend.generate").client(migration_limit=2)
+        while len(client.instance_ids()) < 2:
+            await client.wait_for_instances()
+            await asyncio.sleep(0.05)
+        try:
+            # The doomed worker takes every stream, then its engine dies at its 30th step.
+            request = {"token_ids": [1, 2, 3], "stop_conditions": {"max_tokens": 80}}
+            streams = [await client.direct(request, doomed_id, context=Context(f"dead-{i}")) for i in range(4)]
+
+            async def tokens_of(stream):
+                return [t async for item in stream for t in item.data()["token_ids"]]
+
+            results = await asyncio.wait_for(asyncio.gather(*(tokens_of(s) for s in streams)), HANG)
+            for tokens in results:
+                assert tokens == expected_tokens(3, 80), "migrated token-exact"
+            assert await asyncio.wait_for(doomed.proc.wait(), HANG) == 1
+            await doomed._reader
+            text = "".join(doomed.lines)
+            assert text.count("the engine died: EngineDeadError") == 2, text  # the log line, and the exit's one line
+            assert doomed.lines[-1].startswith("python -m dynamo_ctx.worker: the engine died: EngineDeadError"), doomed.lines[-1]
+            for i in range(4):
+                await healthy.wait_log(rf"New Request ID: dead-{i}")
+        finally:
+            rt.shutdown()
+            await doomed.kill()
+            await healthy.kill()
+
+    run(main())

@@ -83,43 +83,78 @@ class ArgumentParser(argparse.ArgumentParser):
         choices: Optional[Sequence[str]] = None,
         env: Optional[str] = None,
     ) -> None:
-        """Add ``flag``; its default is ``$env`` when that is set (validated as
-        the flag's value would be), and the help text says both."""
-        conv = type or str
-        if choices is not None:
-            conv = _choice(choices, conv)
-        if env is not None and os.environ.get(env, "") != "":
-            try:
-                default = conv(os.environ[env])
-            except (argparse.ArgumentTypeError, ValueError) as e:
-                self.error(f"{env}={os.environ[env]!r}: {e}")
-        notes = []
-        if env is not None:
-            notes.append(f"env {env}")
-        if default is not None:
-            notes.append(f"default: {default}")
-        if notes:
-            help = f"{help} ({'; '.join(notes)})"
-        self.add_argument(flag, type=conv, default=default, help=help, metavar=_metavar(flag, choices))
+        """Add ``flag`` (see ``add_flag``)."""
+        add_flag(self, flag, help=help, default=default, type=type, choices=choices, env=env)
 
     def add_logging(self) -> None:
         """--log-level and --log-format, shared by every command."""
-        self.add("--log-level", type=log_level, default="info", env=ENV_LOG, help="lowest level logged: " + ", ".join(LOG_LEVELS))
-        self.add(
-            "--log-format",
-            type=log_format,
-            default=log_format_default(),
-            help="text, or json for one JSON object per line (also env DYN_LOGGING_JSONL=1)",
-        )
-
+        add_logging(self)
 
     def add_event_loop(self) -> None:
         """--event-loop, shared by the commands that serve (worker, frontend)."""
-        self.add(
-            "--event-loop", choices=EVENT_LOOPS, default="auto", env=ENV_EVENT_LOOP,
-            help="the event loop: uvloop (as Dynamo's workers run; less CPU per token), asyncio's own, "
-            "or auto: uvloop when it is installed",
-        )
+        add_event_loop(self)
+
+
+def one_line_errors(parser: argparse.ArgumentParser) -> None:
+    """Make ``parser`` (any argparse parser, e.g. vLLM's) report bad arguments
+    as ``ArgumentParser`` does: one line, exit status 2."""
+
+    def error(message: str) -> NoReturn:
+        fail(parser.prog, f"{message}; see {parser.prog} --help", 2)
+
+    parser.error = error  # type: ignore[method-assign]
+
+
+def add_flag(
+    parser: argparse.ArgumentParser,
+    flag: str,
+    *,
+    help: str,
+    default: Any = None,
+    type: Optional[Callable[[str], Any]] = None,
+    choices: Optional[Sequence[str]] = None,
+    env: Optional[str] = None,
+) -> None:
+    """Add ``flag`` to ``parser``; its default is ``$env`` when that is set
+    (validated as the flag's value would be), and the help text says both."""
+    conv = type or str
+    if choices is not None:
+        conv = _choice(choices, conv)
+    if env is not None and os.environ.get(env, "") != "":
+        try:
+            default = conv(os.environ[env])
+        except (argparse.ArgumentTypeError, ValueError) as e:
+            parser.error(f"{env}={os.environ[env]!r}: {e}")
+    notes = []
+    if env is not None:
+        notes.append(f"env {env}")
+    if default is not None:
+        notes.append(f"default: {default}")
+    if notes:
+        help = f"{help} ({'; '.join(notes)})"
+    parser.add_argument(flag, type=conv, default=default, help=help, metavar=_metavar(flag, choices))
+
+
+def add_logging(parser: argparse.ArgumentParser) -> None:
+    """--log-level and --log-format, shared by every command."""
+    add_flag(parser, "--log-level", type=log_level, default="info", env=ENV_LOG, help="lowest level logged: " + ", ".join(LOG_LEVELS))
+    add_flag(
+        parser,
+        "--log-format",
+        type=log_format,
+        default=log_format_default(),
+        help="text, or json for one JSON object per line (also env DYN_LOGGING_JSONL=1)",
+    )
+
+
+def add_event_loop(parser: argparse.ArgumentParser) -> None:
+    """--event-loop, shared by the commands that serve (worker, frontend)."""
+    add_flag(
+        parser,
+        "--event-loop", choices=EVENT_LOOPS, default="auto", env=ENV_EVENT_LOOP,
+        help="the event loop: uvloop (as Dynamo's workers run; less CPU per token), asyncio's own, "
+        "or auto: uvloop when it is installed",
+    )
 
 
 def _metavar(flag: str, choices: Optional[Sequence[str]]) -> str:

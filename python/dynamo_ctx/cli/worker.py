@@ -3,25 +3,42 @@
 Serves a vLLM-style handler over the mock engine (or vLLM's ``AsyncLLM`` with
 ``--engine vllm`` when vLLM is installed) on the request plane, registers the model
 with its migration limit, and exposes Prometheus metrics at ``/metrics`` and its
-readiness at ``/health`` on ``--metrics-port``, from start-up on (before it waits for
-NATS or a prefill worker). Modes: ``agg`` (prefill and decode), ``prefill``, ``decode``
-(calls a prefill worker first). Endpoints: ``<namespace>.backend.generate`` for agg and
-decode, ``<namespace>.prefill.generate`` for prefill.
+readiness at ``/health`` on ``--metrics-port``, from start-up on (before it loads the
+engine, waits for NATS or a prefill worker). Modes: ``agg`` (prefill and decode),
+``prefill``, ``decode`` (calls a prefill worker first). Endpoints:
+``<namespace>.backend.generate`` for agg and decode, ``<namespace>.prefill.generate``
+for prefill.
+
+- ``--model`` is a model name or a model directory in the Hugging Face layout; the
+  instance publishes the directory (``model_path``) so that the frontend speaks the
+  model's text, and ``--served-model-name`` (as vLLM's) names it to clients. The mock
+  engine then produces the model's vocabulary, and the context length is its
+  config.json's unless ``--max-model-len`` says otherwise.
+- With ``--engine vllm`` the engine arguments are vLLM's, as ``vllm serve`` spells
+  them, parsed by vLLM's own parser (``--help`` lists them when vLLM is installed).
+- An engine that dies (vLLM's ``EngineDeadError``, or ``errored``) turns ``/health``
+  to 503 with the reason, is logged once, ends the streams in flight without their
+  final marker (so migration continues them on another worker) and makes the worker
+  exit with status 1, so that an orchestrator restarts it.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import logging
+import os
 import signal
+import sys
 from collections import OrderedDict
 from typing import Any, Dict, List, Optional, Tuple
 
 from .. import DistributedRuntime
+from ..backends import model_dir
 from ..backends.mocker import MockAsyncLLM, MockEngineArgs
-from ..backends.vllm import AggregatedHandler, DecodeHandler, PrefillHandler, WorkerMetrics
+from ..backends.vllm import AggregatedHandler, BaseWorkerHandler, DecodeHandler, PrefillHandler, WorkerMetrics
 from . import _common as _cli
 
 logger = logging.getLogger("dynamo_ctx.worker")
@@ -50,70 +67,220 @@ METRICS_MAX_CONNECTIONS = 64
 METRICS_MAX_HEAD = 16 * 1024
 
 
+#: The worker's own flags that vLLM's engine arguments also define: with
+#: ``--engine vllm`` they are vLLM's (``vllm serve``'s spelling and meaning).
+MODEL_FLAGS = ("--model", "--served-model-name", "--max-model-len")
+
+PROG = "python -m dynamo_ctx.worker"
+
+
+def _engine_of(argv: List[str]) -> str:
+    """The --engine given in argv (mock when none), read before the full parse:
+    it decides whose parser reads the rest."""
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--engine", default="mock")
+    known, _ = pre.parse_known_args(argv)
+    return str(known.engine)
+
+
+def _vllm_parser() -> argparse.ArgumentParser:
+    """vLLM's own parser with its engine arguments, as ``vllm serve`` builds it."""
+    from vllm.engine.arg_utils import AsyncEngineArgs  # type: ignore[import-not-found]
+
+    try:
+        from vllm.utils.argparse_utils import FlexibleArgumentParser  # type: ignore[import-not-found]
+    except ImportError:  # older vLLM
+        from vllm.utils import FlexibleArgumentParser  # type: ignore[import-not-found,attr-defined,no-redef]
+    p = FlexibleArgumentParser(prog=PROG, description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    _cli.one_line_errors(p)
+    AsyncEngineArgs.add_cli_args(p)
+    return p  # type: ignore[no-any-return]
+
+
+def _vllm_cpu_platform() -> None:
+    """Let vLLM's parser build its help on a machine without a GPU: vLLM's
+    newer versions take VLLM_TARGET_DEVICE=cpu, older ones (0.26) only look
+    for a CPU build, so their platform is set to the CPU's when none was found."""
+    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+    try:
+        import vllm.platforms as platforms  # type: ignore[import-not-found]
+
+        if not platforms.current_platform.device_type:
+            from vllm.platforms.cpu import CpuPlatform  # type: ignore[import-not-found]
+
+            platforms._current_platform = CpuPlatform()
+    except Exception:  # noqa: BLE001 - the help is then vLLM's own error, as without this
+        pass
+
+
+def _has_accelerator() -> bool:
+    """Whether this machine shows a GPU's device nodes (NVIDIA's or AMD's)."""
+    return os.path.exists("/dev/nvidiactl") or os.path.exists("/dev/kfd")
+
+
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
-    p = _cli.ArgumentParser("python -m dynamo_ctx.worker", DESCRIPTION, EPILOG)
-    p.add("--engine", choices=["mock", "vllm"], default="mock", help="the engine: the mock, or vLLM's AsyncLLM")
-    p.add("--mode", choices=["agg", "prefill", "decode"], default="agg", help="what this worker does")
-    p.add("--model", default="mock-model", help="model name (vLLM loads it)")
-    p.add("--namespace", default="dynamo", env="DYN_NAMESPACE", help="namespace of the endpoints")
-    p.add(
+    argv = list(sys.argv[1:] if argv is None else argv)
+    engine = _engine_of(argv)
+    vllm_installed = _cli.engine_available("vllm")
+    if engine == "vllm" and not vllm_installed:
+        _cli.fail(PROG, f"--engine vllm needs vLLM, which is not installed here; install vllm or use --engine mock; see {PROG} --help", 2)
+    helping = "-h" in argv or "--help" in argv
+    if engine == "vllm" or (vllm_installed and helping):
+        # vLLM's engine arguments as `vllm serve` spells them, parsed by
+        # vLLM's parser (--help lists them); --model and the flags like it
+        # are vLLM's. vLLM's parser infers its device from the machine: one
+        # without a GPU can still read the help.
+        if helping and not _has_accelerator():
+            _vllm_cpu_platform()
+        p = _vllm_parser()
+    else:
+        p = _cli.ArgumentParser(PROG, DESCRIPTION, EPILOG)
+        p.add("--model", default="mock-model", help="model name, or a model directory in the Hugging Face layout (its tokenizer "
+              "and chat template become the frontend's text; the mock engine produces its vocabulary)")
+        p.add_argument(
+            "--served-model-name", nargs="+", metavar="NAME",
+            help="the model's name for clients (default: --model); as vLLM, the first of several is used",
+        )
+        p.add(
+            "--max-model-len", type=_cli.positive_int,
+            help="the model's context length (prompt + max_tokens), published with the instance; the frontend refuses "
+            "longer requests (default: the model directory's config.json)",
+        )
+    p.add_argument(
+        "--engine", choices=["mock", "vllm"], default="mock",
+        help="the engine: the mock, or vLLM's AsyncLLM (then vLLM's engine arguments apply)",
+    )
+    _add_worker_flags(p)
+    args = p.parse_args(argv)
+    # The level the worker logs at: its --log-level, or vLLM's (whose value
+    # stays vLLM's too), else $DYN_LOG, else info.
+    level = getattr(args, "log_level", None)
+    try:
+        args.worker_log_level = _cli.log_level(str(level or os.environ.get(_cli.ENV_LOG) or "info"))
+    except argparse.ArgumentTypeError as e:
+        p.error(f"--log-level: {e}")
+    return args
+
+
+def _add_worker_flags(p: argparse.ArgumentParser) -> None:
+    """The worker's flags that are not the engine's."""
+    add = functools.partial(_cli.add_flag, p)
+    add("--mode", choices=["agg", "prefill", "decode"], default="agg", help="what this worker does")
+    add("--namespace", default="dynamo", env="DYN_NAMESPACE", help="namespace of the endpoints")
+    add(
         "--migration-limit", type=_cli.non_negative_int, default=0, env="DYN_MIGRATION_LIMIT",
         help="times a broken stream of this model may be moved to another worker",
     )
-    p.add("--metrics-port", type=_cli.port, env="DYN_SYSTEM_PORT", help="serve /metrics and /health on this port (0: any free port)")
-    p.add("--metrics-host", default="127.0.0.1", env="DYN_SYSTEM_HOST", help="address of the metrics listener (loopback only by default)")
-    p.add(
+    add("--metrics-port", type=_cli.port, env="DYN_SYSTEM_PORT", help="serve /metrics and /health on this port (0: any free port)")
+    add("--metrics-host", default="127.0.0.1", env="DYN_SYSTEM_HOST", help="address of the metrics listener (loopback only by default)")
+    add(
         "--metrics-read-timeout", type=_cli.positive_float, default=METRICS_READ_TIMEOUT,
         help="seconds a metrics client has to send its request",
     )
-    p.add(
+    add(
         "--metrics-max-connections", type=_cli.positive_int, default=METRICS_MAX_CONNECTIONS,
         help="metrics connections held at once; one more closes the oldest still sending its request",
     )
-    p.add(
-        "--max-model-len", type=_cli.positive_int,
-        help="the model's context length (prompt + max_tokens), published with the instance; the frontend refuses longer requests",
-    )
-    p.add("--nats-url", help="NATS address (default: $NATS_SERVER, else nats://127.0.0.1:4222)")
-    p.add(
+    add("--nats-url", help="NATS address (default: $NATS_SERVER, else nats://127.0.0.1:4222)")
+    add(
         "--prefill-time-per-token",
         type=_cli.non_negative_float,
         default=MockEngineArgs.prefill_time_per_token,
         help="mock engine: seconds per prompt token",
     )
-    p.add(
+    add(
         "--decode-time-per-token",
         type=_cli.non_negative_float,
         default=MockEngineArgs.decode_time_per_token,
         help="mock engine: seconds per output token",
     )
-    p.add_event_loop()
-    p.add_logging()
-    args = p.parse_args(argv)
-    if args.engine == "vllm" and not _cli.engine_available("vllm"):
-        p.error("--engine vllm needs vLLM, which is not installed here; install vllm or use --engine mock")
-    return args
+    add(
+        "--mock-die-after-steps", type=_cli.positive_int,
+        help="mock engine: its core dies after this many engine steps, a rehearsal of engine death (default: never)",
+    )
+    _cli.add_event_loop(p)
+    if "--log-level" in p._option_string_actions:
+        # vLLM's engine arguments have their own (0.33 on): the worker's
+        # logging follows it (its values are the same names, upper case).
+        _cli.add_flag(
+            p, "--log-format", type=_cli.log_format, default=_cli.log_format_default(),
+            help="text, or json for one JSON object per line (also env DYN_LOGGING_JSONL=1)",
+        )
+    else:
+        _cli.add_logging(p)
+
+
+def served_model_name(args: argparse.Namespace) -> str:
+    """The name clients use: the first --served-model-name, else --model."""
+    names = getattr(args, "served_model_name", None)
+    if isinstance(names, str):
+        return names
+    return names[0] if names else str(args.model)
+
+
+def engine_args(args: argparse.Namespace) -> Any:
+    """vLLM's ``AsyncEngineArgs`` from the parsed arguments (``--engine vllm``)."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    return AsyncEngineArgs.from_cli_args(args)
+
+
+class Model:
+    """What the worker serves: the name clients use, the model directory whose
+    text the frontend speaks (None: the stand-in), and the context length."""
+
+    def __init__(self, name: str, path: Optional[str], max_model_len: Optional[int]) -> None:
+        self.name = name
+        self.path = path
+        self.max_model_len = max_model_len
+
+
+def mock_model(args: argparse.Namespace) -> Tuple[Any, Model]:
+    """The mock engine and its model: with a model directory, the mock produces
+    its vocabulary and the context length is its config.json's unless
+    --max-model-len says otherwise."""
+    path = model_dir.find(args.model)
+    mock = MockEngineArgs(
+        prefill_time_per_token=args.prefill_time_per_token, decode_time_per_token=args.decode_time_per_token,
+        die_after_steps=args.mock_die_after_steps,
+    )
+    length = args.max_model_len
+    if path is not None:
+        mock.token_ids = model_dir.vocabulary(path)
+        if length is None:
+            length = model_dir.max_model_len(path)
+    elif os.path.isdir(args.model):
+        raise _cli.UsageError(f"--model {args.model}: the directory has no tokenizer.json (a model directory in the Hugging Face layout)")
+    return MockAsyncLLM(mock), Model(served_model_name(args), path, length)
+
+
+def vllm_model(args: argparse.Namespace) -> Tuple[Any, Model]:
+    """vLLM's engine and its model (the context length is the engine's own)."""
+    from vllm.v1.engine.async_llm import AsyncLLM  # type: ignore[import-not-found]
+
+    engine = AsyncLLM.from_engine_args(engine_args(args))
+    length = getattr(getattr(engine, "model_config", None), "max_model_len", None)
+    path = model_dir.find(getattr(args, "tokenizer", None) or args.model)
+    return engine, Model(served_model_name(args), path, length)
 
 
 def make_engine(args: argparse.Namespace) -> Any:
-    if args.engine == "vllm":
-        from vllm import AsyncEngineArgs  # type: ignore[import-not-found]
-        from vllm.v1.engine.async_llm import AsyncLLM  # type: ignore[import-not-found]
-
-        return AsyncLLM.from_engine_args(AsyncEngineArgs(model=args.model))
-    return MockAsyncLLM(
-        MockEngineArgs(prefill_time_per_token=args.prefill_time_per_token, decode_time_per_token=args.decode_time_per_token)
-    )
+    """The engine alone (see mock_model and vllm_model)."""
+    return (vllm_model(args) if args.engine == "vllm" else mock_model(args))[0]
 
 
 class Readiness:
-    """What the worker waits for before it serves requests (None: nothing, it serves)."""
+    """What the worker waits for before it serves requests (None: nothing, it
+    serves), or why it no longer does (``failed``: the engine died)."""
 
     def __init__(self, waiting_for: Optional[str]) -> None:
         self.waiting_for = waiting_for
+        self.failed: Optional[str] = None
 
     def render(self) -> Tuple[str, bytes]:
         """The /health answer: status line and JSON body."""
+        if self.failed is not None:
+            return "503 Service Unavailable", (json.dumps({"status": "error", "reason": self.failed}) + "\n").encode()
         if self.waiting_for is None:
             return "200 OK", b'{"status":"ready"}\n'
         return "503 Service Unavailable", (json.dumps({"status": "waiting", "waiting_for": self.waiting_for}) + "\n").encode()
@@ -217,51 +384,113 @@ async def serve_metrics(
     return await asyncio.start_server(handle, host, port)
 
 
+class _EngineRef:
+    """The engine for the metrics listener, which starts before the engine
+    exists (vLLM's takes a while to load): its attributes, once there is one."""
+
+    def __init__(self) -> None:
+        self.engine: Any = None
+
+    def __getattr__(self, name: str) -> Any:
+        if self.engine is None:
+            raise AttributeError(name)
+        return getattr(self.engine, name)
+
+
+#: How often the worker checks that its engine is alive while no request
+#: would tell it (vLLM's engine core can die between requests).
+ENGINE_CHECK_INTERVAL = 1.0
+
+
+async def _watch_engine(engine: Any, dead: Any) -> None:
+    """Call ``dead(error)`` once the engine reports itself errored."""
+    while True:
+        await asyncio.sleep(ENGINE_CHECK_INTERVAL)
+        try:
+            errored = bool(getattr(engine, "errored", False))
+        except Exception:  # noqa: BLE001 - a failing property is no verdict
+            errored = False
+        if errored:
+            dead(getattr(engine, "dead_error", None) or RuntimeError("the engine reports itself errored"))
+            return
+
+
 async def run(args: argparse.Namespace) -> None:
     loop = asyncio.get_running_loop()
-    engine = make_engine(args)
-    metrics = WorkerMetrics(args.model)
-    readiness = Readiness(f"NATS at {_cli.nats_address(args.nats_url)}")
+    name = served_model_name(args)
+    metrics = WorkerMetrics(name)
+    ref = _EngineRef()
+    readiness = Readiness("the engine to load")
     metrics_server = None
     if args.metrics_port is not None:
         # First of all: the worker answers /metrics and /health before it waits on anything.
         try:
             metrics_server = await serve_metrics(
-                args.metrics_host, args.metrics_port, metrics, engine, args.metrics_read_timeout, args.metrics_max_connections, readiness
+                args.metrics_host, args.metrics_port, metrics, ref, args.metrics_read_timeout, args.metrics_max_connections, readiness
             )
         except OSError as e:
             raise _cli.listen_error(e, args.metrics_host, args.metrics_port, "--metrics-port", "--metrics-host") from None
         host, port = metrics_server.sockets[0].getsockname()[:2]
         logger.info("metrics at http://%s:%d/metrics, readiness at /health", host, port)
     runtime: Optional[DistributedRuntime] = None
-    handler: Any
+    handler: BaseWorkerHandler
+    died: List[str] = []
+    watch: "Optional[asyncio.Future[None]]" = None
+
+    def engine_dead(error: BaseException) -> None:
+        # Once: /health says why, the log says it once, and the runtime's
+        # shutdown ends every stream without its final marker (migration
+        # continues them elsewhere); run then exits non-zero so that an
+        # orchestrator restarts the worker.
+        if died:
+            return
+        reason = f"the engine died: {type(error).__name__}: {error}"
+        died.append(reason)
+        readiness.failed = reason
+        logger.error("%s; handing the requests in flight over to other workers and exiting", reason)
+        if runtime is not None:
+            loop.call_soon(runtime.shutdown)
+
     try:
+        engine, model = vllm_model(args) if args.engine == "vllm" else mock_model(args)
+        ref.engine = engine
+        readiness.waiting_for = f"NATS at {_cli.nats_address(args.nats_url)}"
         runtime = await _cli.connect_runtime(args.nats_url)
-        logger.info("migration_limit=%d for model %s", args.migration_limit, args.model)
+        logger.info("migration_limit=%d for model %s", args.migration_limit, model.name)
+        if model.path is not None:
+            logger.info("model %s: text from %s", model.name, model.path)
         if args.mode == "prefill":
-            component, handler = "prefill", PrefillHandler(engine, args.model, metrics)
+            component, handler = "prefill", PrefillHandler(engine, model.name, metrics)
         elif args.mode == "decode":
             prefill_path = f"{args.namespace}.prefill.generate"
             prefill_client = await runtime.endpoint(prefill_path).client(migration_limit=args.migration_limit)
             readiness.waiting_for = f"a prefill worker on {prefill_path}"
             logger.info("waiting for a prefill worker")
             await prefill_client.wait_for_instances()
-            component, handler = "backend", DecodeHandler(engine, prefill_client, args.model, metrics)
+            component, handler = "backend", DecodeHandler(engine, prefill_client, model.name, metrics)
         else:
-            component, handler = "backend", AggregatedHandler(engine, args.model, metrics)
+            component, handler = "backend", AggregatedHandler(engine, model.name, metrics)
+        handler.engine_dead = engine_dead
+        watch = asyncio.ensure_future(_watch_engine(engine, engine_dead))
         endpoint = runtime.namespace(args.namespace).component(component).endpoint("generate")
-        meta: Dict[str, Any] = {"model": args.model, "mode": args.mode, "migration_limit": args.migration_limit}
-        if args.max_model_len is not None:
-            meta["max_model_len"] = args.max_model_len
+        meta: Dict[str, Any] = {"model": model.name, "mode": args.mode, "migration_limit": args.migration_limit}
+        if model.max_model_len is not None:
+            meta["max_model_len"] = model.max_model_len
+        if model.path is not None:
+            meta["model_path"] = model.path
         readiness.waiting_for = f"registration of {endpoint.path}"
         serving = asyncio.ensure_future(endpoint.serve_endpoint(handler.generate, metadata=meta))
         instance = await endpoint.serving()
         readiness.waiting_for = None
-        logger.info("serving %s as instance %d (model %s, mode %s)", endpoint.path, instance, args.model, args.mode)
+        logger.info("serving %s as instance %d (model %s, mode %s)", endpoint.path, instance, model.name, args.mode)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, runtime.shutdown)
         await serving
+        if died:
+            raise _cli.CommandError(f"{died[0]}; exiting so that the worker is restarted")
     finally:
+        if watch is not None:
+            watch.cancel()
         if metrics_server is not None:
             metrics_server.close()
         if runtime is not None:
@@ -270,8 +499,8 @@ async def run(args: argparse.Namespace) -> None:
 
 def main(argv: Optional[List[str]] = None) -> None:
     args = parse_args(argv)
-    _cli.setup_logging(args.log_level, args.log_format)
-    _cli.run_command("python -m dynamo_ctx.worker", lambda: run(args), args.log_level == "debug", args.event_loop)
+    _cli.setup_logging(args.worker_log_level, args.log_format)
+    _cli.run_command(PROG, lambda: run(args), args.worker_log_level == "debug", args.event_loop)
 
 
 if __name__ == "__main__":

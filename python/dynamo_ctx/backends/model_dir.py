@@ -1,0 +1,97 @@
+"""A model directory in the Hugging Face layout, as a worker reads it.
+
+The frontend speaks a model's own language (its tokenizer and chat template)
+when the model's workers name its directory in their instance metadata
+(``model_path``); see docs/openai-api.md. A worker reads three facts from the
+directory itself:
+
+- ``find(model)``: the directory of ``--model``: the path itself when it is one,
+  else a local copy in the Hugging Face cache (never a download), else None;
+- ``vocabulary(dir)``: the ids the mock engine may produce: the tokenizer's
+  vocabulary without its special tokens (so the mock's output is the model's
+  text, never an end-of-sequence or template marker);
+- ``max_model_len(dir)``: the context length ``config.json`` declares.
+
+Reading is bounded (``MAX_TOKENIZER_BYTES``) and needs nothing but the standard
+library: the mock engine runs without ``tokenizers`` or ``transformers``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Dict, List, Optional, Set
+
+__all__ = ["find", "vocabulary", "max_model_len", "MAX_TOKENIZER_BYTES"]
+
+#: The largest tokenizer.json read (as the frontend's bound).
+MAX_TOKENIZER_BYTES = 256 << 20
+_MAX_CONFIG_BYTES = 16 << 20
+
+#: config.json keys that state the context length, as vLLM reads them (the
+#: smallest present wins).
+_LENGTH_KEYS = (
+    "max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "max_sequence_length", "max_seq_length", "seq_len",
+)
+
+
+def _read_json(path: str, limit: int) -> Any:
+    size = os.path.getsize(path)
+    if size > limit:
+        raise ValueError(f"{path} has {size} bytes, more than the {limit} read")
+    with open(path, "rb") as f:
+        return json.loads(f.read(limit + 1))
+
+
+def find(model: str) -> Optional[str]:
+    """The absolute model directory of ``model`` (a path, or a name with a local
+    copy in the Hugging Face cache), or None when there is none with a
+    ``tokenizer.json``."""
+    if os.path.isdir(model):
+        path = os.path.abspath(model)
+        return path if os.path.isfile(os.path.join(path, "tokenizer.json")) else None
+    try:
+        from huggingface_hub import snapshot_download  # type: ignore[import-not-found]
+    except ImportError:
+        return None
+    try:
+        path = snapshot_download(model, local_files_only=True)
+    except Exception:  # noqa: BLE001 - not in the cache (or not a repo name): no directory
+        return None
+    return path if os.path.isfile(os.path.join(path, "tokenizer.json")) else None
+
+
+def vocabulary(path: str) -> List[int]:
+    """The ids of ``path``'s tokenizer that are text: its model's vocabulary
+    and its added tokens that are not special, sorted."""
+    tok: Dict[str, Any] = _read_json(os.path.join(path, "tokenizer.json"), MAX_TOKENIZER_BYTES)
+    vocab = (tok.get("model") or {}).get("vocab") or {}
+    ids: Set[int] = set()
+    if isinstance(vocab, dict):  # BPE, WordLevel, WordPiece: token -> id
+        ids.update(int(i) for i in vocab.values())
+    elif isinstance(vocab, list):  # Unigram: [token, score] by id
+        ids.update(range(len(vocab)))
+    for added in tok.get("added_tokens") or []:
+        if added.get("special"):
+            ids.discard(int(added["id"]))
+        else:
+            ids.add(int(added["id"]))
+    if not ids:
+        raise ValueError(f"{path}/tokenizer.json has no vocabulary")
+    return sorted(ids)
+
+
+def max_model_len(path: str) -> Optional[int]:
+    """The context length ``path``'s config.json declares (also under
+    ``text_config``), or None."""
+    cfg_path = os.path.join(path, "config.json")
+    if not os.path.isfile(cfg_path):
+        return None
+    cfg = _read_json(cfg_path, _MAX_CONFIG_BYTES)
+    found: List[int] = []
+    for section in (cfg, cfg.get("text_config") or {}):
+        for key in _LENGTH_KEYS:
+            v = section.get(key) if isinstance(section, dict) else None
+            if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+                found.append(v)
+    return min(found) if found else None

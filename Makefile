@@ -8,7 +8,7 @@ export PATH := $(PATH):/usr/local/go/bin
 GOTEST_FLAGS ?= -race -count=1 -timeout 15m
 PYTEST_FLAGS ?=
 
-.PHONY: all setup build demo demo-context test test-go test-py vet lint bench bench-go bench-py soak fuzz clean
+.PHONY: all setup build demo demo-context test test-go test-py test-vllm vet lint bench bench-go bench-py soak fuzz clean
 
 all: build
 
@@ -51,6 +51,17 @@ test-py: build
 	$(PY) -m pytest $(PYTEST_FLAGS)
 
 test: lint test-go test-py
+
+# Not in `make test` nor CI: the contract with vLLM itself, without a GPU. For
+# each version in python/tests/vllm_contract/versions.txt (or VLLM="0.33.0 ..."),
+# a side virtualenv .venv-vllm-<version> (built once, about 2-3 minutes and
+# 8-10 GB each, then reused) runs python/tests/vllm_contract with
+# VLLM_TARGET_DEVICE=cpu: the handlers' engine calls bind to vLLM's signatures,
+# the mock's surface is vLLM's, the worker parses vLLM's engine arguments.
+# The side venvs use the library built here in place (no editable install).
+VLLM ?=
+test-vllm: build
+	python/tests/vllm_contract/make_env.sh $(VLLM)
 
 bench-go:
 	go test -run '^$$' -bench . -benchmem ./go/...

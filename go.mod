@@ -3,10 +3,13 @@ module github.com/dynamo-ctx/dynamo-ctx
 go 1.26.0
 
 require (
+	github.com/ardanlabs/jinja v1.8.0
+	github.com/dlclark/regexp2 v1.12.0
 	github.com/nats-io/nats-server/v2 v2.15.3
 	github.com/nats-io/nats.go v1.56.0
 	github.com/stretchr/testify v1.12.1
 	go.uber.org/goleak v1.3.0
+	golang.org/x/text v0.44.0
 )
 
 require (

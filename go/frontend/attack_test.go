@@ -26,9 +26,9 @@ import (
 
 // TestChatContentPartsCostLinear: a chat message whose content is a list of
 // many short text parts is refused (400, the prompt is over the context
-// length) in time linear in the body. chatText concatenates the parts with
-// `text += p.Text`, which copies the whole text for every part: a 4 MiB body
-// of 12-byte parts costs ~P^2*L/2 byte copies.
+// length) in time linear in the body: concatenating the parts with
+// `text += p.Text` would copy the whole text for every part, and a 4 MiB
+// body of 12-byte parts would cost ~P^2*L/2 byte copies.
 func TestChatContentPartsCostLinear(t *testing.T) {
 	e, _ := one(t)
 	e.slow = true

@@ -2,7 +2,7 @@ package frontend
 
 // Detokenize is the frontend's stand-in detokenizer, for tests that check the
 // text a request produced.
-var Detokenize = detokenize
+func Detokenize(ids []int) string { return standInDecoder{}.next(ids) }
 
 // StopText feeds pieces of text to a stop-string matcher and returns what it
 // lets through (the held-back rest included when no stop string was found),

@@ -53,10 +53,17 @@
 //   - Migration: requests are retried on another worker up to the migration
 //     limit: the frontend's own (Options.MigrationLimit, if >= 0), else the
 //     largest limit the model's instances declare.
+//   - Text (text.go): a model whose workers name a model directory in the
+//     Hugging Face layout speaks its own language: prompts are tokenized by
+//     its tokenizer and chat is rendered by its template (go/hfmodel), output
+//     is detokenized incrementally (never splitting a UTF-8 character), and
+//     stop strings, usage and the context length are in its text and
+//     tokens. A directory the frontend cannot load is a 503 naming it, never
+//     a silent fall-back. A model without one gets a stand-in (one token per
+//     prompt byte, a fixed word per output token), for tests and demos.
 //
-// Tokenisation is a stand-in (one token per UTF-8 byte of the prompt, a
-// fixed word per token id on the way out): the frontend exists to carry
-// cancellation, and the mock engine does not care what tokens mean.
+// The files: frontend.go serves requests and writes responses, openai.go
+// reads the OpenAI request surface, text.go is the models' languages.
 package frontend
 
 import (
@@ -184,6 +191,7 @@ type Frontend struct {
 	ln      net.Listener
 	metrics *metrics
 	idle    *idleConns // bounds the connections not serving a request
+	texts   texts      // the models' languages, loaded from their directories
 
 	unsubscribe func() // from abort confirmations
 
@@ -285,6 +293,9 @@ type instanceMeta struct {
 	Model          string `json:"model"`
 	MigrationLimit int    `json:"migration_limit"`
 	MaxModelLen    int    `json:"max_model_len"`
+	// ModelPath is the model directory (Hugging Face layout) whose
+	// tokenizer and chat template are the model's language (text.go).
+	ModelPath string `json:"model_path"`
 }
 
 // parseMeta reads an instance's metadata. Every request reads every
@@ -342,6 +353,16 @@ func (f *Frontend) migrationLimit(c *plane.Client) int {
 		}
 	}
 	return limit
+}
+
+// metas are the parsed metadata of c's instances.
+func (f *Frontend) metas(c *plane.Client) []instanceMeta {
+	ins := c.Instances()
+	out := make([]instanceMeta, len(ins))
+	for i, in := range ins {
+		out[i] = parseMeta(in.Meta)
+	}
+	return out
 }
 
 // maxModelLen is the model's context length: the smallest its instances
@@ -635,27 +656,6 @@ func (f *Frontend) chatCompletions(w http.ResponseWriter, r *http.Request) {
 	f.serve(w, r, true)
 }
 
-// tokenize is the stand-in tokenizer: one token per byte.
-func tokenize(s string) []int {
-	out := make([]int, len(s))
-	for i := 0; i < len(s); i++ {
-		out[i] = int(s[i])
-	}
-	return out
-}
-
-var words = strings.Fields("the of and to in is was for on that with as by at from it an be this are which or")
-
-// detokenize is the stand-in detokenizer: a fixed word per token id.
-func detokenize(ids []int) string {
-	var b strings.Builder
-	for _, id := range ids {
-		b.WriteByte(' ')
-		b.WriteString(words[((id%len(words))+len(words))%len(words)])
-	}
-	return b.String()
-}
-
 // workerItem is a worker's response item (the token schema: go/tokens).
 type workerItem = tokens.Item
 
@@ -671,8 +671,9 @@ type choice struct {
 	ended    bool // no more items are read from it
 	started  bool // a chunk of it was sent (the first carries the chat role)
 	stop     stopper
+	text     decoder // the model's output as text
 	tokens   int
-	text     strings.Builder // the whole text, for a non-streaming response
+	all      strings.Builder // the whole text, for a non-streaming response
 	finish   string
 }
 
@@ -680,7 +681,7 @@ type choice struct {
 // whether the choice's finish reason is now known.
 func (c *choice) take(it workerItem) (string, bool) {
 	c.tokens += len(it.TokenIDs)
-	text, hit := c.stop.feed(detokenize(it.TokenIDs))
+	text, hit := c.stop.feed(c.text.next(it.TokenIDs))
 	if hit {
 		c.finish = "stop"
 		return text, true
@@ -786,10 +787,17 @@ func (f *Frontend) serve(w http.ResponseWriter, r *http.Request, chat bool) {
 		modelNotFound(w, req.Model)
 		return
 	}
-	// Prompt sizes are checked before a text is expanded into token ids,
-	// and prompt tokens + max_tokens must fit the model's context length.
+	// The model's language: its own tokenizer and chat template, or the
+	// stand-in. Prompt sizes are checked before a text is expanded into
+	// token ids, and prompt tokens + max_tokens must fit the model's
+	// context length.
+	tx, err := f.textOf(req.Model, f.metas(client))
+	if err != nil {
+		writeError(w, http.StatusServiceUnavailable, err.Error(), "service_unavailable", "", "model_unavailable")
+		return
+	}
 	limit := f.maxModelLen(client)
-	prompts, err := parsePrompts(&req, chat, limit)
+	prompts, err := parsePrompts(&req, chat, limit, tx)
 	if err != nil {
 		refuse(err)
 		return
@@ -816,7 +824,7 @@ func (f *Frontend) serve(w http.ResponseWriter, r *http.Request, chat bool) {
 	}
 	for i, pr := range prompts {
 		for j := 0; j < p.n; j++ {
-			c := &choice{index: i*p.n + j, reqCtx: f.rt.NewContext(id), stop: stopper{stops: p.stops}}
+			c := &choice{index: i*p.n + j, reqCtx: f.rt.NewContext(id), stop: stopper{stops: p.stops}, text: tx.decoder(pr.tokens)}
 			c.stream, err = client.Generate(p.payload(req.Model, pr.tokens, budgets[i], c.index), c.reqCtx, plane.RoundRobin, 0)
 			if err != nil {
 				killAll()
@@ -1317,7 +1325,7 @@ func (p *response) stream() {
 
 func (p *response) unary() {
 	err := p.run(func(c *choice, text string, finished bool) error {
-		c.text.WriteString(text)
+		c.all.WriteString(text)
 		return nil
 	})
 	if err != io.EOF {
@@ -1339,9 +1347,9 @@ func (p *response) unary() {
 	for i, c := range p.choices {
 		ch := map[string]any{"index": c.index, "finish_reason": c.finish}
 		if p.plan.chat {
-			ch["message"] = map[string]any{"role": "assistant", "content": c.text.String()}
+			ch["message"] = map[string]any{"role": "assistant", "content": c.all.String()}
 		} else {
-			ch["text"] = c.text.String()
+			ch["text"] = c.all.String()
 		}
 		out[i] = ch
 	}

@@ -5,7 +5,8 @@ package frontend
 //
 //   - Prompts (completions): a string, an array of strings (a batch: one
 //     choice per prompt), an array of token ids, or an array of arrays of
-//     token ids. Chat messages are rendered as "<role>: <content>\n" each.
+//     token ids. Chat messages are rendered by the model's chat template
+//     (text.go; the stand-in's is "<role>: <content>\n" each).
 //   - n: each prompt is run n times, as n worker requests; with a seed,
 //     choice j gets seed+j, without one (and n > 1) the frontend draws a base
 //     seed, so the choices differ as sampled ones would. Choice index i*n+j
@@ -24,12 +25,9 @@ package frontend
 import (
 	"bytes"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
-	"strings"
-	"unicode"
 
 	"github.com/dynamo-ctx/dynamo-ctx/go/tokens"
 )
@@ -241,18 +239,26 @@ func parseStop(raw json.RawMessage) ([]string, error) {
 	return out, nil
 }
 
-// parsePrompts reads the request's prompts. limit bounds each prompt's
-// tokens; it is checked before a text is tokenised.
-func parsePrompts(req *completionRequest, chat bool, limit int) ([]prompt, error) {
+// parsePrompts reads the request's prompts in the model's language tx.
+// limit bounds each prompt's tokens; a text too long to fit is refused
+// before it is tokenised.
+func parsePrompts(req *completionRequest, chat bool, limit int, tx text) ([]prompt, error) {
 	tooLong := func(n int) error {
 		return invalid("max_tokens", "context_length_exceeded",
 			"this model's maximum context length is %d tokens; a prompt has %d tokens", limit, n)
 	}
-	text := func(s string) (prompt, error) {
-		if len(s) > limit { // one token per byte
+	fromText := func(s string) (prompt, error) {
+		if max := tx.maxPromptBytes(limit); max > 0 && len(s) > max {
 			return prompt{}, tooLong(len(s))
 		}
-		return prompt{tokens: tokenize(s)}, nil
+		ids, err := tx.encode(s, chat)
+		if err != nil {
+			return prompt{}, invalid("prompt", "invalid_prompt", "the prompt could not be tokenized: %s", err.Error())
+		}
+		if len(ids) > limit {
+			return prompt{}, tooLong(len(ids))
+		}
+		return prompt{tokens: ids}, nil
 	}
 	ids := func(t []int) (prompt, error) {
 		if len(t) == 0 {
@@ -269,11 +275,19 @@ func parsePrompts(req *completionRequest, chat bool, limit int) ([]prompt, error
 		return prompt{tokens: t}, nil
 	}
 	if chat {
-		s, err := chatText(req.Messages)
+		sep := "\n"
+		if _, ok := tx.(standIn); ok {
+			sep = ""
+		}
+		msgs, err := chatMessages(req.Messages, sep)
 		if err != nil {
 			return nil, invalid("messages", "invalid_prompt", "%s", err.Error())
 		}
-		p, err := text(s)
+		s, err := tx.chat(msgs)
+		if err != nil {
+			return nil, invalid("messages", "invalid_prompt", "%s", err.Error())
+		}
+		p, err := fromText(s)
 		return []prompt{p}, err
 	}
 	bad := invalid("prompt", "invalid_prompt", "prompt must be a string, an array of strings, an array of token ids or an array of arrays of token ids")
@@ -298,7 +312,7 @@ func parsePrompts(req *completionRequest, chat bool, limit int) ([]prompt, error
 		if json.Unmarshal(raw, &s) != nil {
 			return nil, bad
 		}
-		return out, add(text(s))
+		return out, add(fromText(s))
 	case '[':
 	default:
 		return nil, bad
@@ -314,7 +328,7 @@ func parsePrompts(req *completionRequest, chat bool, limit int) ([]prompt, error
 			return nil, bad
 		}
 		for _, s := range list {
-			if err := add(text(s)); err != nil {
+			if err := add(fromText(s)); err != nil {
 				return nil, err
 			}
 		}
@@ -338,41 +352,6 @@ func parsePrompts(req *completionRequest, chat bool, limit int) ([]prompt, error
 		}
 	}
 	return out, nil
-}
-
-// chatText renders chat messages as the stand-in template.
-func chatText(messages []chatMessage) (string, error) {
-	if len(messages) == 0 {
-		return "", errors.New("messages must not be empty")
-	}
-	var b strings.Builder
-	for _, m := range messages {
-		// A role is a word: one with a line break or another control
-		// character could forge lines of the rendered conversation.
-		if strings.IndexFunc(m.Role, unicode.IsControl) >= 0 {
-			return "", errors.New("a message's role must not contain control characters")
-		}
-		b.WriteString(m.Role)
-		b.WriteString(": ")
-		var text string
-		if err := json.Unmarshal(m.Content, &text); err != nil {
-			// Content parts: concatenate the text parts (into b: adding
-			// them to a string would copy it once per part).
-			var parts []struct {
-				Type string `json:"type"`
-				Text string `json:"text"`
-			}
-			if err := json.Unmarshal(m.Content, &parts); err != nil {
-				return "", errors.New("message content must be a string or a list of parts")
-			}
-			for _, p := range parts {
-				b.WriteString(p.Text)
-			}
-		}
-		b.WriteString(text)
-		b.WriteByte('\n')
-	}
-	return b.String(), nil
 }
 
 // maxTokens is the completion budget of a prompt of promptLen tokens: the

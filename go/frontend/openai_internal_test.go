@@ -89,10 +89,12 @@ func TestStopperAgreesWithReference(t *testing.T) {
 // lines of the rendered conversation ("user\nassistant: ..."): refused.
 func TestChatRoleWithControlCharactersRefused(t *testing.T) {
 	for _, role := range []string{"user\nassistant", "user\r", "sys\x00tem", "a\u0085b"} {
-		_, err := chatText([]chatMessage{{Role: role, Content: json.RawMessage(`"hi"`)}})
+		_, err := chatMessages([]chatMessage{{Role: role, Content: json.RawMessage(`"hi"`)}}, "")
 		require.Error(t, err, "%q", role)
 	}
-	got, err := chatText([]chatMessage{{Role: "developer", Content: json.RawMessage(`"hi"`)}})
+	msgs, err := chatMessages([]chatMessage{{Role: "developer", Content: json.RawMessage(`"hi"`)}}, "")
+	require.NoError(t, err)
+	got, err := standIn{}.chat(msgs)
 	require.NoError(t, err)
 	require.Equal(t, "developer: hi\n", got)
 }

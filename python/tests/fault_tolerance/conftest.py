@@ -161,12 +161,16 @@ class Proc:
 class Worker(Proc):
     """``python -m dynamo_ctx.worker --engine mock``, with its metrics port."""
 
-    def __init__(self, name: str, env: Dict[str, str], mode: str, model: str, namespace: str, extra: List[str]) -> None:
+    def __init__(
+        self, name: str, env: Dict[str, str], mode: str, model: str, namespace: str, extra: List[str], model_dir: Optional[str] = None
+    ) -> None:
         self.mode = mode
-        self.model = model
+        self.model = model  # the name clients use (its metrics' label)
         self.metrics_port = free_port()
+        # With a model directory, --model names it and --served-model-name the model.
+        names = ["--model", model_dir, "--served-model-name", model] if model_dir else ["--model", model]
         argv = [
-            sys.executable, "-m", "dynamo_ctx.worker", "--engine", "mock", "--mode", mode, "--model", model,
+            sys.executable, "-m", "dynamo_ctx.worker", "--engine", "mock", "--mode", mode, *names,
             "--namespace", namespace, "--metrics-port", str(self.metrics_port), *extra,
         ]
         super().__init__(name, argv, env)
@@ -302,7 +306,8 @@ class Stack:
         """Start all processes at once, then wait until each is ready and the frontend sees the backends.
 
         ``workers``: dicts with ``mode`` (default agg) and optional ``prefill``/``decode``
-        (seconds per token), ``migration_limit``, ``model``, ``args`` (more worker arguments),
+        (seconds per token), ``migration_limit``, ``model``, ``model_dir`` (a model directory
+        in the Hugging Face layout, served as ``model``), ``args`` (more worker arguments),
         ``env`` (added to the process's environment). May be called again to add workers
         (then ``frontend=False`` or not yet started).
         """
@@ -318,7 +323,10 @@ class Stack:
             extra += spec.get("args", [])
             mode = spec.get("mode", "agg")
             env = dict(self.env, **spec.get("env", {}))
-            w = Worker(f"worker{len(self.workers) + i}-{mode}", env, mode, spec.get("model", MODEL), self.namespace, extra)
+            w = Worker(
+                f"worker{len(self.workers) + i}-{mode}", env, mode, spec.get("model", MODEL), self.namespace, extra,
+                model_dir=spec.get("model_dir"),
+            )
             self.procs.append(w)
             started.append(w)
         if frontend:
@@ -330,7 +338,8 @@ class Stack:
         if self.frontend is not None:
             self.frontend.ready()
             backends = [w for w in self.workers if w.mode != "prefill"]
-            self.frontend.wait_instances(len(backends))
+            for model in sorted({w.model for w in backends}):
+                self.frontend.wait_instances(len(backends), model)
         return self
 
     def worker(self, mode: str) -> Worker:

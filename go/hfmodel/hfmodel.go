@@ -1,0 +1,274 @@
+// Package hfmodel reads the text side of a model directory in the Hugging
+// Face layout: its tokenizer (tokenizer.json), its chat template and the
+// special tokens the template sees (tokenizer_config.json, or a separate
+// chat_template.jinja / chat_template.json), so that the frontend speaks the
+// model's own language.
+//
+// Guarantees:
+//
+//   - Bounded: each file is read only up to its bound (MaxTokenizerBytes,
+//     MaxConfigBytes); a larger one is an error naming it, as is a file that
+//     is not what the layout says. Nothing outside the directory is read.
+//   - Faithful: prompts are tokenized by go/tokenizer, token-exact with the
+//     Hugging Face tokenizers library (without the file's truncation and
+//     padding, as transformers encodes by default); chat is rendered by the model's Jinja
+//     template with the variables Hugging Face's apply_chat_template gives it
+//     (messages, add_generation_prompt, the special tokens, and
+//     raise_exception / strftime_now), and tokenized without adding special
+//     tokens (the template writes them), as vLLM's server does.
+//   - Safe to share: a Model is immutable once loaded; every method may be
+//     called from many goroutines. A template that panics while rendering is
+//     an error, never a crash.
+package hfmodel
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+
+	"github.com/ardanlabs/jinja"
+
+	"github.com/dynamo-ctx/dynamo-ctx/go/tokenizer"
+)
+
+// Bounds on the files read.
+const (
+	// MaxTokenizerBytes bounds tokenizer.json (the largest in common use
+	// are a few tens of MB).
+	MaxTokenizerBytes = 256 << 20
+	// MaxConfigBytes bounds tokenizer_config.json and the chat template
+	// files.
+	MaxConfigBytes = 16 << 20
+)
+
+// The files of the layout that are read.
+const (
+	TokenizerFile       = "tokenizer.json"
+	TokenizerConfigFile = "tokenizer_config.json"
+	ChatTemplateJinja   = "chat_template.jinja"
+	ChatTemplateJSON    = "chat_template.json"
+)
+
+// Model is the text side of a loaded model directory.
+type Model struct {
+	dir  string
+	tok  *tokenizer.Tokenizer
+	chat *jinja.Template // nil: the model has no chat template
+	// vars are the template's variables besides messages: the special
+	// tokens by their tokenizer_config.json names.
+	vars map[string]any
+}
+
+// Message is one chat message as the template sees it.
+type Message struct {
+	Role    string
+	Content string
+}
+
+// Load reads dir. It needs tokenizer.json; tokenizer_config.json and a chat
+// template are optional (without a template, RenderChat is an error).
+func Load(dir string) (*Model, error) {
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return nil, fmt.Errorf("model directory %q: %w", dir, err)
+	}
+	raw, err := readFile(abs, TokenizerFile, MaxTokenizerBytes)
+	if err != nil {
+		return nil, err
+	}
+	tok, err := tokenizer.FromJSON(raw)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", filepath.Join(abs, TokenizerFile), err)
+	}
+	// As transformers (and vLLM's server) encode: a prompt is never cut
+	// short or padded by the file's settings; the context length decides.
+	tok = tok.WithoutTruncationAndPadding()
+	m := &Model{dir: abs, tok: tok, vars: map[string]any{}}
+	var cfg struct {
+		ChatTemplate json.RawMessage `json:"chat_template"`
+		BOS          json.RawMessage `json:"bos_token"`
+		EOS          json.RawMessage `json:"eos_token"`
+		UNK          json.RawMessage `json:"unk_token"`
+		PAD          json.RawMessage `json:"pad_token"`
+	}
+	switch b, err := readFile(abs, TokenizerConfigFile, MaxConfigBytes); {
+	case errors.Is(err, os.ErrNotExist):
+	case err != nil:
+		return nil, err
+	default:
+		if err := json.Unmarshal(b, &cfg); err != nil {
+			return nil, fmt.Errorf("%s: %w", filepath.Join(abs, TokenizerConfigFile), err)
+		}
+	}
+	for name, raw := range map[string]json.RawMessage{"bos_token": cfg.BOS, "eos_token": cfg.EOS, "unk_token": cfg.UNK, "pad_token": cfg.PAD} {
+		if s, ok := tokenText(raw); ok {
+			m.vars[name] = s
+		}
+	}
+	src, err := chatTemplate(abs, cfg.ChatTemplate)
+	if err != nil {
+		return nil, err
+	}
+	if src != "" {
+		if m.chat, err = compile(src); err != nil {
+			return nil, fmt.Errorf("%s: the chat template does not compile: %w", abs, err)
+		}
+	}
+	return m, nil
+}
+
+// Dir is the directory the model was loaded from (absolute).
+func (m *Model) Dir() string { return m.dir }
+
+// Tokenizer is the model's tokenizer.
+func (m *Model) Tokenizer() *tokenizer.Tokenizer { return m.tok }
+
+// HasChatTemplate reports whether the model has a chat template.
+func (m *Model) HasChatTemplate() bool { return m.chat != nil }
+
+// RenderChat renders messages with the model's chat template, ending with
+// the prompt of the assistant's reply (add_generation_prompt).
+func (m *Model) RenderChat(messages []Message) (out string, err error) {
+	if m.chat == nil {
+		return "", fmt.Errorf("model %s has no chat template (tokenizer_config.json chat_template, or %s)", m.dir, ChatTemplateJinja)
+	}
+	msgs := make([]any, len(messages))
+	for i, msg := range messages {
+		msgs[i] = map[string]any{"role": msg.Role, "content": msg.Content}
+	}
+	data := make(map[string]any, len(m.vars)+2)
+	for k, v := range m.vars {
+		data[k] = v
+	}
+	data["messages"] = msgs
+	data["add_generation_prompt"] = true
+	defer func() {
+		if p := recover(); p != nil {
+			out, err = "", fmt.Errorf("the chat template failed: %v", p)
+		}
+	}()
+	return m.chat.Render(data)
+}
+
+// compile compiles a template, turning a panic of the template engine into
+// an error.
+func compile(src string) (t *jinja.Template, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			t, err = nil, fmt.Errorf("%v", p)
+		}
+	}()
+	return jinja.Compile(src)
+}
+
+// chatTemplate is the model's chat template source: tokenizer_config.json's
+// chat_template (a string, or a list of named templates of which "default"
+// is taken), else chat_template.jinja, else chat_template.json's
+// "chat_template"; "" when there is none.
+func chatTemplate(dir string, fromConfig json.RawMessage) (string, error) {
+	if s, err := templateValue(fromConfig); err != nil || s != "" {
+		if err != nil {
+			return "", fmt.Errorf("%s: chat_template: %w", filepath.Join(dir, TokenizerConfigFile), err)
+		}
+		return s, nil
+	}
+	switch b, err := readFile(dir, ChatTemplateJinja, MaxConfigBytes); {
+	case err == nil:
+		return string(b), nil
+	case !errors.Is(err, os.ErrNotExist):
+		return "", err
+	}
+	b, err := readFile(dir, ChatTemplateJSON, MaxConfigBytes)
+	if errors.Is(err, os.ErrNotExist) {
+		return "", nil
+	}
+	if err != nil {
+		return "", err
+	}
+	var v struct {
+		ChatTemplate json.RawMessage `json:"chat_template"`
+	}
+	if err := json.Unmarshal(b, &v); err != nil {
+		return "", fmt.Errorf("%s: %w", filepath.Join(dir, ChatTemplateJSON), err)
+	}
+	s, err := templateValue(v.ChatTemplate)
+	if err != nil {
+		return "", fmt.Errorf("%s: chat_template: %w", filepath.Join(dir, ChatTemplateJSON), err)
+	}
+	return s, nil
+}
+
+// templateValue reads a chat_template value: a string, or a list of
+// {"name", "template"} of which "default" is taken.
+func templateValue(raw json.RawMessage) (string, error) {
+	if len(raw) == 0 || string(raw) == "null" {
+		return "", nil
+	}
+	var s string
+	if json.Unmarshal(raw, &s) == nil {
+		return s, nil
+	}
+	var named []struct {
+		Name     string `json:"name"`
+		Template string `json:"template"`
+	}
+	if err := json.Unmarshal(raw, &named); err != nil {
+		return "", errors.New("want a string or a list of {name, template}")
+	}
+	for _, t := range named {
+		if t.Name == "default" {
+			return t.Template, nil
+		}
+	}
+	return "", errors.New(`a list of templates without one named "default"`)
+}
+
+// tokenText reads a special token of tokenizer_config.json: a string, or
+// an added-token object with "content".
+func tokenText(raw json.RawMessage) (string, bool) {
+	if len(raw) == 0 || string(raw) == "null" {
+		return "", false
+	}
+	var s string
+	if json.Unmarshal(raw, &s) == nil {
+		return s, true
+	}
+	var obj struct {
+		Content *string `json:"content"`
+	}
+	if json.Unmarshal(raw, &obj) == nil && obj.Content != nil {
+		return *obj.Content, true
+	}
+	return "", false
+}
+
+// readFile reads dir/name, at most limit bytes (an error past that).
+func readFile(dir, name string, limit int64) ([]byte, error) {
+	path := filepath.Join(dir, name)
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if !st.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s is not a regular file", path)
+	}
+	if st.Size() > limit {
+		return nil, fmt.Errorf("%s has %d bytes, more than the %d read", path, st.Size(), limit)
+	}
+	b, err := io.ReadAll(io.LimitReader(f, limit+1))
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	if int64(len(b)) > limit {
+		return nil, fmt.Errorf("%s has more than the %d bytes read", path, limit)
+	}
+	return b, nil
+}

@@ -197,6 +197,7 @@ type Frontend struct {
 
 	mu       sync.Mutex
 	clients  map[string]*plane.Client // per model
+	files    *plane.Client            // the workers serving model files (modelfiles.go), made on first use
 	pending  map[string]*pendingAbort // request key -> disconnect waiting for its confirmation
 	byAge    list.List                // the same entries (*pendingAbort), oldest first: expiry
 	serveErr chan error
@@ -285,6 +286,12 @@ func (f *Frontend) Close() error {
 	}
 	<-f.serveErr
 	f.client.Close() // and the per-model clients made from it
+	f.mu.Lock()
+	files := f.files
+	f.mu.Unlock()
+	if files != nil {
+		files.Close()
+	}
 	f.unsubscribe()
 	return err
 }

@@ -3,7 +3,9 @@ package frontend
 // The text of a model: how its prompts become token ids and its output
 // becomes text again. A model whose workers name a model directory in the
 // Hugging Face layout ("model_path" in their instance metadata) speaks its
-// own language (go/hfmodel: its tokenizer and chat template); a model
+// own language (go/hfmodel: its tokenizer and chat template), read from that
+// directory, or from a worker that serves it when this frontend cannot read
+// it (modelfiles.go); a model
 // without one gets the stand-in, one token per prompt byte and a fixed word
 // per output token, for tests and demos that need no tokenizer.
 
@@ -131,8 +133,8 @@ type loading struct {
 const textRetry = 10 * time.Second
 
 // get returns the model at dir, loading it on first use (concurrent callers
-// wait for the one load).
-func (ts *texts) get(dir string) (*hfmodel.Model, error) {
+// wait for the one load) with load.
+func (ts *texts) get(dir string, load func(string) (*hfmodel.Model, error)) (*hfmodel.Model, error) {
 	ts.mu.Lock()
 	if ts.byDir == nil {
 		ts.byDir = map[string]*loading{}
@@ -151,7 +153,7 @@ func (ts *texts) get(dir string) (*hfmodel.Model, error) {
 		l = &loading{done: make(chan struct{})}
 		ts.byDir[dir] = l
 		ts.mu.Unlock()
-		l.m, l.err = hfmodel.Load(dir)
+		l.m, l.err = load(dir)
 		l.at = time.Now()
 		close(l.done)
 		return l.m, l.err
@@ -159,6 +161,20 @@ func (ts *texts) get(dir string) (*hfmodel.Model, error) {
 	ts.mu.Unlock()
 	<-l.done
 	return l.m, l.err
+}
+
+// load reads a model directory here, or, when this frontend cannot (it
+// runs on another machine), from a worker that serves it (modelfiles.go).
+func (f *Frontend) load(dir string) (*hfmodel.Model, error) {
+	m, err := hfmodel.Load(dir)
+	if err == nil {
+		return m, nil
+	}
+	m, ferr := f.fetchModel(dir)
+	if ferr == nil {
+		return m, nil
+	}
+	return nil, fmt.Errorf("%w; nor from a worker: %w", err, ferr)
 }
 
 // textOf is the language of the model whose instances' metadata are metas:
@@ -172,7 +188,7 @@ func (f *Frontend) textOf(model string, metas []instanceMeta) (text, error) {
 			continue
 		}
 		tried[m.ModelPath] = true
-		hm, err := f.texts.get(m.ModelPath)
+		hm, err := f.texts.get(m.ModelPath, f.load)
 		if err == nil {
 			return modelText{hm}, nil
 		}
@@ -181,8 +197,8 @@ func (f *Frontend) textOf(model string, metas []instanceMeta) (text, error) {
 	if len(errs) == 0 {
 		return standIn{}, nil
 	}
-	return nil, fmt.Errorf("the frontend could not load the tokenizer of model %q from the directory its workers name "+
-		"(the frontend must be able to read it): %w", model, errors.Join(errs...))
+	return nil, fmt.Errorf("the frontend could not load the tokenizer of model %q from the directory its workers name: %w",
+		model, errors.Join(errs...))
 }
 
 // ---------------------------------------------------------------- messages

@@ -19,6 +19,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/dynamo-ctx/dynamo-ctx/go/frontend"
 	"github.com/dynamo-ctx/dynamo-ctx/go/internal/planetest"
 	"github.com/dynamo-ctx/dynamo-ctx/go/plane"
 )
@@ -205,4 +206,59 @@ func received(t *testing.T, prompts <-chan []int) []int {
 		t.Fatal("the worker got no request")
 		return nil
 	}
+}
+
+// A model directory this frontend cannot read (it runs on another machine)
+// is read from a worker that serves it on <namespace>.backend.model_files.
+func TestModelTextFetchedFromAWorker(t *testing.T) {
+	dir, x := modelDir(t)
+	const remote = "/elsewhere/models/llama" // the worker's path, not readable here
+	e := newEnv(t)
+	prompts := make(chan []int, 4)
+	e.workerMeta("w", "dynamo", map[string]any{"model": "llama", "model_path": remote, "max_model_len": 512}, speaker(x.OutputIDs, prompts))
+	asked := make(chan []string, 4)
+	meta, err := json.Marshal(map[string]any{"model": "llama", "model_path": remote})
+	require.NoError(t, err)
+	planetest.Serve(t, planetest.Join(t, e.host), "dynamo."+frontend.ModelFilesEndpoint, func(w *planetest.Worker, req *plane.Request) {
+		var r struct {
+			Files []string `json:"files"`
+		}
+		require.NoError(t, json.Unmarshal(req.Payload, &r))
+		asked <- r.Files
+		for _, name := range r.Files {
+			b, err := os.ReadFile(filepath.Join(dir, name))
+			if err != nil {
+				w.Send(req, mustJSON(map[string]any{"name": name, "missing": true}))
+				continue
+			}
+			for len(b) > 0 { // in pieces, as a worker sends a large file
+				n := min(len(b), 1000)
+				w.Send(req, mustJSON(map[string]any{"name": name, "data": string(b[:n])}))
+				b = b[n:]
+			}
+			w.Send(req, mustJSON(map[string]any{"name": name, "end": true}))
+		}
+		req.Complete()
+	}, planetest.Named("files"), planetest.WithMetadata(meta))
+	e.start()
+
+	c := x.Completions[0]
+	body, _ := json.Marshal(map[string]any{"model": "llama", "prompt": c.Prompt, "max_tokens": len(x.OutputIDs)})
+	r := e.post("/v1/completions", string(body), nil)
+	require.Equal(t, http.StatusOK, r.status, "%s", r.body)
+	assert.Equal(t, c.IDs, received(t, prompts))
+	assert.Equal(t, x.OutputText, choice(t, r.json(t))["text"])
+	assert.Contains(t, <-asked, "tokenizer.json")
+	r = e.post("/v1/completions", string(body), nil) // loaded once
+	require.Equal(t, http.StatusOK, r.status, "%s", r.body)
+	received(t, prompts)
+	assert.Empty(t, asked)
+}
+
+func mustJSON(v any) []byte {
+	b, err := json.Marshal(v)
+	if err != nil {
+		panic(err)
+	}
+	return b
 }

@@ -68,6 +68,40 @@ type Message struct {
 	Content string
 }
 
+// TextFiles are the files of a model directory that make its text, in the
+// order they are looked for: tokenizer.json is required, the others
+// optional.
+var TextFiles = []string{TokenizerFile, TokenizerConfigFile, ChatTemplateJinja, ChatTemplateJSON}
+
+// Limit is the most bytes of the text file name that are read.
+func Limit(name string) int64 {
+	if name == TokenizerFile {
+		return MaxTokenizerBytes
+	}
+	return MaxConfigBytes
+}
+
+// Files are the contents of a model directory's text files by name (a
+// subset of TextFiles).
+type Files map[string][]byte
+
+// ReadDir reads the text files of dir (each within its Limit); an optional
+// file that does not exist is left out.
+func ReadDir(dir string) (Files, error) {
+	files := Files{}
+	for _, name := range TextFiles {
+		b, err := readFile(dir, name, Limit(name))
+		switch {
+		case err == nil:
+			files[name] = b
+		case errors.Is(err, os.ErrNotExist) && name != TokenizerFile:
+		default:
+			return nil, err
+		}
+	}
+	return files, nil
+}
+
 // Load reads dir. It needs tokenizer.json; tokenizer_config.json and a chat
 // template are optional (without a template, RenderChat is an error).
 func Load(dir string) (*Model, error) {
@@ -75,18 +109,34 @@ func Load(dir string) (*Model, error) {
 	if err != nil {
 		return nil, fmt.Errorf("model directory %q: %w", dir, err)
 	}
-	raw, err := readFile(abs, TokenizerFile, MaxTokenizerBytes)
+	files, err := ReadDir(abs)
 	if err != nil {
 		return nil, err
 	}
+	return FromFiles(abs, files)
+}
+
+// FromFiles makes the model of a directory's text files, read elsewhere (a
+// worker's, over the request plane); origin names them in errors.
+func FromFiles(origin string, files Files) (*Model, error) {
+	where := func(name string) string { return origin + "/" + name }
+	raw, ok := files[TokenizerFile]
+	if !ok {
+		return nil, fmt.Errorf("%s: %w", where(TokenizerFile), os.ErrNotExist)
+	}
+	for name, b := range files {
+		if int64(len(b)) > Limit(name) {
+			return nil, fmt.Errorf("%s has more than the %d bytes read", where(name), Limit(name))
+		}
+	}
 	tok, err := tokenizer.FromJSON(raw)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", filepath.Join(abs, TokenizerFile), err)
+		return nil, fmt.Errorf("%s: %w", where(TokenizerFile), err)
 	}
 	// As transformers (and vLLM's server) encode: a prompt is never cut
 	// short or padded by the file's settings; the context length decides.
 	tok = tok.WithoutTruncationAndPadding()
-	m := &Model{dir: abs, tok: tok, vars: map[string]any{}}
+	m := &Model{dir: origin, tok: tok, vars: map[string]any{}}
 	var cfg struct {
 		ChatTemplate json.RawMessage `json:"chat_template"`
 		BOS          json.RawMessage `json:"bos_token"`
@@ -94,13 +144,9 @@ func Load(dir string) (*Model, error) {
 		UNK          json.RawMessage `json:"unk_token"`
 		PAD          json.RawMessage `json:"pad_token"`
 	}
-	switch b, err := readFile(abs, TokenizerConfigFile, MaxConfigBytes); {
-	case errors.Is(err, os.ErrNotExist):
-	case err != nil:
-		return nil, err
-	default:
+	if b, ok := files[TokenizerConfigFile]; ok {
 		if err := json.Unmarshal(b, &cfg); err != nil {
-			return nil, fmt.Errorf("%s: %w", filepath.Join(abs, TokenizerConfigFile), err)
+			return nil, fmt.Errorf("%s: %w", where(TokenizerConfigFile), err)
 		}
 	}
 	for name, raw := range map[string]json.RawMessage{"bos_token": cfg.BOS, "eos_token": cfg.EOS, "unk_token": cfg.UNK, "pad_token": cfg.PAD} {
@@ -108,19 +154,20 @@ func Load(dir string) (*Model, error) {
 			m.vars[name] = s
 		}
 	}
-	src, err := chatTemplate(abs, cfg.ChatTemplate)
+	src, err := chatTemplate(files, where, cfg.ChatTemplate)
 	if err != nil {
 		return nil, err
 	}
 	if src != "" {
 		if m.chat, err = compile(src); err != nil {
-			return nil, fmt.Errorf("%s: the chat template does not compile: %w", abs, err)
+			return nil, fmt.Errorf("%s: the chat template does not compile: %w", origin, err)
 		}
 	}
 	return m, nil
 }
 
-// Dir is the directory the model was loaded from (absolute).
+// Dir is where the model's files came from: its directory (absolute), or
+// FromFiles's origin.
 func (m *Model) Dir() string { return m.dir }
 
 // Tokenizer is the model's tokenizer.
@@ -168,35 +215,29 @@ func compile(src string) (t *jinja.Template, err error) {
 // chat_template (a string, or a list of named templates of which "default"
 // is taken), else chat_template.jinja, else chat_template.json's
 // "chat_template"; "" when there is none.
-func chatTemplate(dir string, fromConfig json.RawMessage) (string, error) {
+func chatTemplate(files Files, where func(string) string, fromConfig json.RawMessage) (string, error) {
 	if s, err := templateValue(fromConfig); err != nil || s != "" {
 		if err != nil {
-			return "", fmt.Errorf("%s: chat_template: %w", filepath.Join(dir, TokenizerConfigFile), err)
+			return "", fmt.Errorf("%s: chat_template: %w", where(TokenizerConfigFile), err)
 		}
 		return s, nil
 	}
-	switch b, err := readFile(dir, ChatTemplateJinja, MaxConfigBytes); {
-	case err == nil:
+	if b, ok := files[ChatTemplateJinja]; ok {
 		return string(b), nil
-	case !errors.Is(err, os.ErrNotExist):
-		return "", err
 	}
-	b, err := readFile(dir, ChatTemplateJSON, MaxConfigBytes)
-	if errors.Is(err, os.ErrNotExist) {
+	b, ok := files[ChatTemplateJSON]
+	if !ok {
 		return "", nil
-	}
-	if err != nil {
-		return "", err
 	}
 	var v struct {
 		ChatTemplate json.RawMessage `json:"chat_template"`
 	}
 	if err := json.Unmarshal(b, &v); err != nil {
-		return "", fmt.Errorf("%s: %w", filepath.Join(dir, ChatTemplateJSON), err)
+		return "", fmt.Errorf("%s: %w", where(ChatTemplateJSON), err)
 	}
 	s, err := templateValue(v.ChatTemplate)
 	if err != nil {
-		return "", fmt.Errorf("%s: chat_template: %w", filepath.Join(dir, ChatTemplateJSON), err)
+		return "", fmt.Errorf("%s: chat_template: %w", where(ChatTemplateJSON), err)
 	}
 	return s, nil
 }

@@ -12,6 +12,11 @@ directory itself:
   text, never an end-of-sequence or template marker);
 - ``max_model_len(dir)``: the context length ``config.json`` declares.
 
+And it serves the directory's text files to frontends that cannot read it (they run on
+another machine): ``files_handler(dir)`` is the handler of the worker's
+``<namespace>.backend.model_files`` endpoint (the protocol is the frontend's, in
+go/frontend/modelfiles.go).
+
 Reading is bounded (``MAX_TOKENIZER_BYTES``) and needs nothing but the standard
 library: the mock engine runs without ``tokenizers`` or ``transformers``.
 """
@@ -20,9 +25,11 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Dict, List, Optional, Set
+import re
+import stat
+from typing import Any, AsyncIterator, Callable, Dict, List, Optional, Set
 
-__all__ = ["find", "vocabulary", "max_model_len", "MAX_TOKENIZER_BYTES"]
+__all__ = ["find", "vocabulary", "max_model_len", "files_handler", "MAX_TOKENIZER_BYTES"]
 
 #: The largest tokenizer.json read (as the frontend's bound).
 MAX_TOKENIZER_BYTES = 256 << 20
@@ -95,3 +102,56 @@ def max_model_len(path: str) -> Optional[int]:
             if isinstance(v, int) and not isinstance(v, bool) and v > 0:
                 found.append(v)
     return min(found) if found else None
+
+
+#: A file a frontend may ask for: a plain name of a .json or .jinja file directly in the
+#: model directory (never a path, never a hidden file).
+_SERVED_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*\.(json|jinja)")
+#: How many names one request may ask for, and the characters of one item's piece of text.
+_MAX_NAMES = 16
+_PIECE = 256 << 10
+
+
+def files_handler(path: str) -> Callable[[Dict[str, Any]], AsyncIterator[Dict[str, Any]]]:
+    """The handler that serves ``path``'s text files: ``{"files": [names]}`` is answered,
+    per name, with ``{"name", "data"}`` pieces of its text and ``{"name", "end": True}``,
+    or ``{"name", "missing": True}``. The directory is held open, so it is served as it
+    was found even if it is renamed later; each file is read within MAX_TOKENIZER_BYTES."""
+    dir_fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+
+    def read(name: str) -> Optional[str]:
+        try:
+            st = os.stat(name, dir_fd=dir_fd)
+        except FileNotFoundError:
+            return None
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        if st.st_size > MAX_TOKENIZER_BYTES:
+            raise ValueError(f"{name} has {st.st_size} bytes, more than the {MAX_TOKENIZER_BYTES} served")
+        fd = os.open(name, os.O_RDONLY, dir_fd=dir_fd)
+        with os.fdopen(fd, "rb") as f:
+            data = f.read(MAX_TOKENIZER_BYTES + 1)
+        if len(data) > MAX_TOKENIZER_BYTES:
+            raise ValueError(f"{name} has more than the {MAX_TOKENIZER_BYTES} bytes served")
+        return data.decode("utf-8")
+
+    async def model_files(request: Dict[str, Any]) -> AsyncIterator[Dict[str, Any]]:
+        import asyncio
+
+        names = request.get("files") if isinstance(request, dict) else None
+        if not isinstance(names, list) or not 0 < len(names) <= _MAX_NAMES:
+            raise ValueError(f'want {{"files": [1 to {_MAX_NAMES} names]}}')
+        for name in names:
+            if not isinstance(name, str) or not _SERVED_NAME.fullmatch(name):
+                raise ValueError(f"not a file of the model directory that is served: {name!r}")
+        loop = asyncio.get_running_loop()
+        for name in names:
+            text = await loop.run_in_executor(None, read, name)
+            if text is None:
+                yield {"name": name, "missing": True}
+                continue
+            for i in range(0, len(text), _PIECE):
+                yield {"name": name, "data": text[i : i + _PIECE]}
+            yield {"name": name, "end": True}
+
+    return model_files

@@ -436,6 +436,7 @@ async def run(args: argparse.Namespace) -> None:
     handler: BaseWorkerHandler
     died: List[str] = []
     watch: "Optional[asyncio.Future[None]]" = None
+    files_serving: "Optional[asyncio.Future[None]]" = None
 
     def engine_dead(error: BaseException) -> None:
         # Once: /health says why, the log says it once, and the runtime's
@@ -479,6 +480,11 @@ async def run(args: argparse.Namespace) -> None:
         if model.path is not None:
             meta["model_path"] = model.path
         readiness.waiting_for = f"registration of {endpoint.path}"
+        if model.path is not None and component == "backend":
+            # For frontends that cannot read the directory (another machine).
+            files = runtime.namespace(args.namespace).component(component).endpoint("model_files")
+            files_meta = {"model": model.name, "model_path": model.path}
+            files_serving = asyncio.ensure_future(files.serve_endpoint(model_dir.files_handler(model.path), metadata=files_meta))
         serving = asyncio.ensure_future(endpoint.serve_endpoint(handler.generate, metadata=meta))
         instance = await endpoint.serving()
         readiness.waiting_for = None
@@ -491,6 +497,8 @@ async def run(args: argparse.Namespace) -> None:
     finally:
         if watch is not None:
             watch.cancel()
+        if files_serving is not None:
+            files_serving.cancel()
         if metrics_server is not None:
             metrics_server.close()
         if runtime is not None:

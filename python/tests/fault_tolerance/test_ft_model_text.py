@@ -105,3 +105,40 @@ def test_migration_is_token_exact_in_the_models_text(stack, model):
             victim.append(busy[0])
     assert victim
     assert "".join(texts) == hfdir.stream_decode(tok, expected_ids(model, plen, 120))
+
+
+def test_a_frontend_elsewhere_reads_the_model_from_its_worker(stack, model, tmp_path):
+    """The directory the worker published is not where the frontend can read it (as on
+    another machine: here it is renamed once the worker holds it open): the frontend reads
+    its text files from the worker's model_files endpoint, and speaks the same text."""
+    stack.start([{"model": MODEL, "model_dir": str(model), "decode": 0.0, "prefill": 0.0}])
+    tok = hfdir.tokenizer(model)
+    model.rename(tmp_path / "moved")
+    client = stack.frontend.openai()
+    prompt = " Hello" * 99
+    ids = tok.encode(prompt).ids
+    out = client.completions.create(model=MODEL, prompt=prompt, max_tokens=9)
+    assert out.usage.prompt_tokens == len(ids) == 100
+    assert out.choices[0].text == " worl c ca H He Hel Hell Hellowo"
+
+
+def test_model_files_handler_serves_only_its_text_files(tmp_path):
+    import asyncio
+
+    from dynamo_ctx.backends import model_dir
+
+    d = hfdir.make_model_dir(tmp_path / "m")
+    (d / "secret.txt").write_text("no")
+    handler = model_dir.files_handler(str(d))
+
+    async def ask(names):
+        return [item async for item in handler({"files": names})]
+
+    items = asyncio.run(ask(["tokenizer.json", "chat_template.jinja"]))
+    text = "".join(i.get("data", "") for i in items if i["name"] == "tokenizer.json")
+    assert text == (d / "tokenizer.json").read_text()
+    assert {"name": "tokenizer.json", "end": True} in items
+    assert {"name": "chat_template.jinja", "missing": True} in items
+    for bad in (["../etc/passwd.json"], ["secret.txt"], [".hidden.json"], ["a/b.json"], [], ["x.json"] * 17, "tokenizer.json"):
+        with pytest.raises(ValueError):
+            asyncio.run(ask(bad))

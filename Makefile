@@ -68,6 +68,7 @@ bench-go:
 
 bench-py: build
 	$(PY) python/benchmarks/bench_context.py
+	$(PY) python/benchmarks/bench_tokenize.py
 	$(PY) python/benchmarks/bench_plane.py
 	$(PY) python/benchmarks/bench_frontend.py
 	ulimit -n 8192 2>/dev/null; $(PY) python/benchmarks/bench_frontend_memory.py

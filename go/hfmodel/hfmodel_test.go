@@ -130,3 +130,27 @@ func TestConcurrentRendering(t *testing.T) {
 	}
 	wg.Wait()
 }
+
+// BenchmarkRenderChat renders a Llama-3-style template around a message of
+// about 4,000 tokens (python/benchmarks/bench_tokenize.py compares it with
+// jinja2).
+func BenchmarkRenderChat(b *testing.B) {
+	d := b.TempDir()
+	raw, err := os.ReadFile(filepath.Join(testModel, TokenizerFile))
+	require.NoError(b, err)
+	require.NoError(b, os.WriteFile(filepath.Join(d, TokenizerFile), raw, 0o644))
+	cfg, err := os.ReadFile(filepath.Join(testModel, TokenizerConfigFile))
+	require.NoError(b, err)
+	require.NoError(b, os.WriteFile(filepath.Join(d, TokenizerConfigFile), cfg, 0o644))
+	m, err := Load(d)
+	require.NoError(b, err)
+	text, err := os.ReadFile("../tokenizer/testdata/bench/prompt.txt")
+	require.NoError(b, err)
+	msgs := []Message{{Role: "system", Content: "Be brief."}, {Role: "user", Content: string(text)}}
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := m.RenderChat(msgs); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

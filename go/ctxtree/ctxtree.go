@@ -31,6 +31,13 @@
 //     parent holds its children through weak pointers, so a child that nobody
 //     else references is dropped by the garbage collector and pruned from the
 //     parent. A long-lived parent does not grow with the requests it served.
+//   - Deadlines (SetDeadline): a context with a deadline is killed with
+//     ReasonDeadline when it passes, by one timer of its own (none per poll,
+//     no goroutine until it fires); the timer stops when the context is
+//     killed or finished. A deadline only moves earlier. A child takes its
+//     parent's deadline when that is earlier than its own (when linked, and
+//     when the parent's is set later), with a timer of its own, so it is
+//     killed at that time even once its parent is finished.
 //   - Notification: Stopped and Killed return channels closed on the transition;
 //     Notify runs a function exactly once when the context reaches a state.
 //     A context's Notify functions run in the order they were registered,
@@ -47,6 +54,7 @@ import (
 	"context"
 	"crypto/rand"
 	"errors"
+	"fmt"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -159,7 +167,18 @@ type Context struct {
 	stopClosed atomic.Bool
 	hooks      map[uint64]hook
 	nextHook   uint64
+	dl         *deadline // nil: no deadline (most contexts): 8 bytes, not 32
 }
+
+// deadline is a context's deadline and the timer that kills it then.
+type deadline struct {
+	at    time.Time
+	timer *time.Timer
+}
+
+// MaxTimeout bounds a timeout (a deadline that far or farther is refused by
+// the callers that take one: the C ABI, the HTTP frontend).
+const MaxTimeout = 365 * 24 * time.Hour
 
 type hook struct {
 	target State
@@ -314,8 +333,9 @@ func (c *Context) transition(target State, reason, cause Reason) ([]*Context, af
 	}
 	if target == Killed {
 		// Nothing can happen to a killed context any more: its children need
-		// not be remembered.
+		// not be remembered, nor its deadline's timer run.
 		c.children = nil
+		c.stopTimerLocked()
 	}
 	return kids, f, true
 }
@@ -352,6 +372,10 @@ func (c *Context) LinkChild(child *Context) {
 	second.mu.Lock()
 	pw := c.word.Load()
 	pst, _ := Unpack(pw)
+	var inherit time.Time
+	if c.dl != nil && pst < Killed && (child.dl == nil || c.dl.at.Before(child.dl.at)) {
+		inherit = c.dl.at
+	}
 	if pst < Killed && !child.finished {
 		wp := weak.Make(child)
 		if _, dup := c.children[wp]; !dup {
@@ -368,6 +392,107 @@ func (c *Context) LinkChild(child *Context) {
 	if pst > Live {
 		child.cancel(pst, ReasonParent, Reason((pw>>16)&0xff))
 	}
+	if !inherit.IsZero() {
+		child.SetDeadline(inherit)
+	}
+}
+
+// SetDeadline kills c with ReasonDeadline at d (see the package comment):
+// it arms c's one timer, or kills c before it returns if d has passed. A
+// deadline later than c's own, or one given to a killed or finished
+// context, changes nothing. The children linked below c take d when it is
+// earlier than theirs, before SetDeadline returns.
+func (c *Context) SetDeadline(d time.Time) {
+	stack := []*Context{c}
+	for len(stack) > 0 {
+		n := stack[len(stack)-1]
+		stack = stack[:len(stack)-1]
+		kids, passed, ok := n.setDeadline(d)
+		if !ok {
+			continue
+		}
+		if passed {
+			n.Cancel(Killed, ReasonDeadline) // reaches the children too
+			continue
+		}
+		stack = append(stack, kids...)
+	}
+}
+
+// setDeadline sets one context's deadline under its lock and returns its
+// children to visit, whether d has passed, and whether anything changed.
+func (c *Context) setDeadline(d time.Time) (kids []*Context, passed, ok bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if State(c.word.Load()&0xff) == Killed || c.finished || (c.dl != nil && !d.Before(c.dl.at)) {
+		return nil, false, false
+	}
+	wait := time.Until(d)
+	if c.dl == nil {
+		c.dl = &deadline{}
+	}
+	c.stopTimerLocked()
+	c.dl.at = d
+	if wait <= 0 {
+		return nil, true, true
+	}
+	// The timer holds c weakly: a context nothing else holds (its handle
+	// freed, its request over) is not kept alive until its deadline, and
+	// neither is the timer (Go collects unreferenced timers).
+	wp := weak.Make(c)
+	c.dl.timer = time.AfterFunc(wait, func() {
+		if c := wp.Value(); c != nil {
+			c.Cancel(Killed, ReasonDeadline)
+		}
+	})
+	for wp := range c.children {
+		if k := wp.Value(); k != nil {
+			kids = append(kids, k)
+		}
+	}
+	return kids, false, true
+}
+
+// stopTimerLocked stops the deadline's timer, if any (c.mu held).
+func (c *Context) stopTimerLocked() {
+	if c.dl != nil && c.dl.timer != nil {
+		c.dl.timer.Stop()
+		c.dl.timer = nil
+	}
+}
+
+// Deadline returns c's deadline, and whether it has one.
+func (c *Context) Deadline() (time.Time, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.dl == nil {
+		return time.Time{}, false
+	}
+	return c.dl.at, true
+}
+
+// Remaining returns the time left until c's deadline (0 once it has passed),
+// and whether c has one.
+func (c *Context) Remaining() (time.Duration, bool) {
+	d, ok := c.Deadline()
+	if !ok {
+		return 0, false
+	}
+	return max(0, time.Until(d)), true
+}
+
+// TimeoutError checks a timeout given in seconds: a finite number, not
+// negative, below MaxTimeout. The message names what is wrong.
+func TimeoutError(seconds float64) error {
+	switch {
+	case seconds != seconds:
+		return errors.New("timeout is not a number")
+	case seconds < 0:
+		return errors.New("timeout is negative")
+	case seconds >= MaxTimeout.Seconds():
+		return fmt.Errorf("timeout is too large (at most %d seconds)", int64(MaxTimeout.Seconds())-1)
+	}
+	return nil
 }
 
 // maybePruneLocked drops children the garbage collector has reclaimed, once
@@ -396,6 +521,7 @@ func (c *Context) Finish() {
 	c.finished = true
 	parents := c.parents
 	c.parents = nil
+	c.stopTimerLocked()
 	c.mu.Unlock()
 	wp := weak.Make(c)
 	for _, p := range parents {
@@ -482,7 +608,7 @@ func (c *Context) Std() context.Context { return stdContext{c} }
 
 type stdContext struct{ c *Context }
 
-func (s stdContext) Deadline() (time.Time, bool) { return time.Time{}, false }
+func (s stdContext) Deadline() (time.Time, bool) { return s.c.Deadline() }
 func (s stdContext) Done() <-chan struct{}       { return s.c.Stopped() }
 func (s stdContext) Err() error {
 	st, r := s.c.State()

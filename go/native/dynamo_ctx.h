@@ -72,6 +72,9 @@ enum { DC_ROUTE_ROUND_ROBIN = 0, DC_ROUTE_RANDOM = 1, DC_ROUTE_DIRECT = 2 };
 /* The longest context id, in bytes of UTF-8. */
 enum { DC_MAX_ID_LEN = 4096 };
 
+/* A timeout (dc_context_set_timeout) must be below this many seconds (a year). */
+enum { DC_MAX_TIMEOUT_SECONDS = 31536000 };
+
 /* Bounds of one call: the items of dc_request_send_many, and of each request
    of dc_request_send_multi; the requests of dc_request_send_multi, and their
    items in all. */
@@ -169,9 +172,25 @@ int dc_context_link_child(uint64_t parent, uint64_t child);
 int dc_context_child(uint64_t parent, uint64_t *out);
 
 /* Declares the context's request finished: it is unlinked from its parents,
-   which stop holding it. Its state and its own children are unaffected.
+   which stop holding it. Its state and its own children are unaffected; its
+   deadline's timer stops (its children keep theirs).
    Errors: DC_EBADF. */
 int dc_context_finish(uint64_t h);
+
+/* Gives the context a deadline seconds from now: then it is killed with
+   DC_REASON_DEADLINE, as dc_context_cancel kills, by a timer the library
+   holds (nothing to poll). A deadline only moves earlier: one later than the
+   context's is ignored (success). Its linked children keep the earlier of
+   theirs and this one; a child linked later takes it too. 0 kills at once.
+   A killed or finished context is unchanged (success). Errors: DC_EBADF;
+   DC_EINVAL for seconds that is not a number, negative, or not below
+   DC_MAX_TIMEOUT_SECONDS. */
+int dc_context_set_timeout(uint64_t h, double seconds);
+
+/* Stores in *seconds the time left until the context's deadline, 0 once it
+   has passed, or -1 when the context has none.
+   Errors: DC_EBADF, DC_EINVAL for a NULL seconds. */
+int dc_context_remaining(uint64_t h, double *seconds);
 
 /* Copies the name of a reason ("stop_generating", "kill", ...) into buf, as
    dc_context_id does. Errors: DC_EINVAL for an unknown reason or

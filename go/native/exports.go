@@ -22,6 +22,7 @@ import (
 	"log/slog"
 	"runtime"
 	"sync/atomic"
+	"time"
 	"unicode/utf8"
 	"unsafe"
 
@@ -53,6 +54,8 @@ var (
 	_ = [1]int{}[C.DC_REASON_SHUTDOWN-ctxtree.ReasonShutdown]
 	_ = [1]int{}[ctxtree.Killed-C.DC_KILLED]
 	_ = [1]int{}[C.DC_KILLED-ctxtree.Killed]
+	_ = [1]int{}[int64(ctxtree.MaxTimeout/time.Second)-C.DC_MAX_TIMEOUT_SECONDS]
+	_ = [1]int{}[C.DC_MAX_TIMEOUT_SECONDS-int64(ctxtree.MaxTimeout/time.Second)]
 )
 
 var (
@@ -328,6 +331,43 @@ func dc_context_child(parent C.uint64_t, out *C.uint64_t) (rc C.int) {
 	c := newContext(p.ID())
 	p.LinkChild(c)
 	putContext(c, out)
+	return C.DC_OK
+}
+
+// dc_context_set_timeout: see dynamo_ctx.h, the reference.
+//
+//export dc_context_set_timeout
+func dc_context_set_timeout(h C.uint64_t, seconds C.double) (rc C.int) {
+	defer guard("dc_context_set_timeout", &rc)
+	if err := ctxtree.TimeoutError(float64(seconds)); err != nil {
+		return fail(C.DC_EINVAL, "dc_context_set_timeout: %v", err)
+	}
+	c, rc := getContext("dc_context_set_timeout", h)
+	if rc != C.DC_OK {
+		return rc
+	}
+	c.SetDeadline(time.Now().Add(time.Duration(float64(seconds) * float64(time.Second))))
+	return C.DC_OK
+}
+
+// dc_context_remaining: see dynamo_ctx.h, the reference.
+//
+//export dc_context_remaining
+func dc_context_remaining(h C.uint64_t, seconds *C.double) (rc C.int) {
+	defer guard("dc_context_remaining", &rc)
+	if seconds == nil {
+		return fail(C.DC_EINVAL, "dc_context_remaining: seconds must not be NULL")
+	}
+	c, rc := getContext("dc_context_remaining", h)
+	if rc != C.DC_OK {
+		return rc
+	}
+	left, ok := c.Remaining()
+	if !ok {
+		*seconds = -1
+		return C.DC_OK
+	}
+	*seconds = C.double(left.Seconds())
 	return C.DC_OK
 }
 

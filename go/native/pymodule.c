@@ -28,6 +28,10 @@
 // complete: python/tests/test_packaging.py fails on a strong Python symbol.
 #pragma weak PyBytes_AsStringAndSize
 #pragma weak PyBytes_FromStringAndSize
+#pragma weak PyDict_New
+#pragma weak PyDict_Next
+#pragma weak PyDict_SetItem
+#pragma weak PyDict_Type
 #pragma weak PyErr_Clear
 #pragma weak PyErr_Format
 #pragma weak PyErr_NoMemory
@@ -41,27 +45,30 @@
 #pragma weak PyExc_RuntimeError
 #pragma weak PyExc_TypeError
 #pragma weak PyExc_ValueError
+#pragma weak PyFloat_AsDouble
+#pragma weak PyFloat_FromDouble
 #pragma weak PyImport_ImportModule
 #pragma weak PyList_Append
+#pragma weak PyList_GetItem
 #pragma weak PyList_New
 #pragma weak PyList_SetItem
-#pragma weak PyList_Type
 #pragma weak PyList_Size
-#pragma weak PyList_GetItem
+#pragma weak PyList_Type
 #pragma weak PyLong_AsLong
+#pragma weak PyLong_AsLongLongAndOverflow
 #pragma weak PyLong_AsUnsignedLongLong
 #pragma weak PyLong_FromLong
+#pragma weak PyLong_FromSize_t
 #pragma weak PyLong_FromUnsignedLong
 #pragma weak PyLong_FromUnsignedLongLong
-#pragma weak PyLong_FromSize_t
+#pragma weak PyLong_Type
 #pragma weak PyMem_Free
 #pragma weak PyMem_Malloc
+#pragma weak PyMem_Realloc
 #pragma weak PyModule_AddIntConstant
 #pragma weak PyModule_AddObject
 #pragma weak PyModule_AddStringConstant
 #pragma weak PyModule_Create2
-#pragma weak PyDict_New
-#pragma weak PyDict_SetItem
 #pragma weak PyObject_CallFunction
 #pragma weak PyObject_CallFunctionObjArgs
 #pragma weak PyObject_GetAttrString
@@ -69,28 +76,23 @@
 #pragma weak PyObject_IsSubclass
 #pragma weak PyObject_SetAttrString
 #pragma weak PyObject_Type
+#pragma weak PyTuple_GetItem
 #pragma weak PyTuple_New
 #pragma weak PyTuple_SetItem
 #pragma weak PyTuple_Size
+#pragma weak PyTuple_Type
 #pragma weak PyType_FromSpec
 #pragma weak PyType_GetFlags
 #pragma weak PyType_GetSlot
 #pragma weak PyUnicode_AsUTF8String
 #pragma weak PyUnicode_DecodeUTF8
 #pragma weak PyUnicode_FromString
-#pragma weak PyDict_Next
-#pragma weak PyDict_Type
-#pragma weak PyLong_AsLongLongAndOverflow
-#pragma weak PyLong_Type
-#pragma weak PyMem_Realloc
-#pragma weak PyTuple_GetItem
-#pragma weak PyTuple_Type
 #pragma weak PyUnicode_GetLength
 #pragma weak PyUnicode_ReadChar
 #pragma weak PyUnicode_Type
 #pragma weak _PyArg_ParseTupleAndKeywords_SizeT
-#pragma weak _PyObject_CallFunction_SizeT
 #pragma weak _PyArg_ParseTuple_SizeT
+#pragma weak _PyObject_CallFunction_SizeT
 #pragma weak _Py_BuildValue_SizeT
 #pragma weak _Py_Dealloc
 #pragma weak _Py_FalseStruct
@@ -422,6 +424,27 @@ static PyObject* context_child(PyObject* o, PyObject* unused) {
     return context_wrap(Py_TYPE(o), h);
 }
 
+static PyObject* context_set_timeout(PyObject* o, PyObject* arg) {
+    double seconds = PyFloat_AsDouble(arg);
+    if (seconds == -1.0 && PyErr_Occurred()) return NULL;
+    if (materialize((ContextObject*)o) < 0) return NULL;
+    int rc;
+    CALL_RELEASED(rc, dc_context_set_timeout(((ContextObject*)o)->handle, seconds));
+    if (rc != DC_OK) return raise_rc(rc);
+    return flush_local(); // a timeout of 0 kills at once
+}
+
+static PyObject* context_remaining(PyObject* o, PyObject* unused) {
+    ContextObject* self = (ContextObject*)o;
+    if (self->handle == 0) Py_RETURN_NONE; // no Go side: no deadline
+    if (check_fork() < 0) return NULL;
+    double left = -1;
+    int rc = dc_context_remaining(self->handle, &left);
+    if (rc != DC_OK) return raise_rc(rc);
+    if (left < 0) Py_RETURN_NONE;
+    return PyFloat_FromDouble(left);
+}
+
 static PyMethodDef context_methods[] = {
     {"id", context_id, METH_NOARGS, "The request id."},
     {"is_stopped", context_is_stopped, METH_NOARGS, "True once stopped or killed (reads the state word)."},
@@ -430,6 +453,8 @@ static PyMethodDef context_methods[] = {
     {"kill", context_kill, METH_NOARGS, "Hard abort; idempotent."},
     {"link_child", context_link_child, METH_O, "Make child follow this context."},
     {"child", context_child, METH_NOARGS, "New context with the same id, already linked."},
+    {"remaining", context_remaining, METH_NOARGS, "Seconds to the deadline (0 once passed), or None without one."},
+    {"_set_timeout", context_set_timeout, METH_O, "_set_timeout(seconds): kill with reason deadline that long from now."},
     {"_cancel", context_cancel, METH_VARARGS, "_cancel(state, reason): cancel with a given reason code."},
     {"_state_word", context_state_word, METH_NOARGS, "The raw state word (state | reason << 8)."},
     {"_handle", context_handle, METH_NOARGS, "The C ABI handle."},

@@ -51,6 +51,12 @@ class Context:
     ``parent.child()``) makes stopping or killing the parent do the same to the
     child, at once if the parent already is; cycles are harmless.
 
+    A deadline (``timeout=``) kills the context with reason ``deadline`` when
+    it passes, by a timer the native library holds: nothing to poll. Children
+    keep the earlier of their own deadline and their parent's, and a request
+    sent with ``context=`` carries the time left to every hop it reaches, each
+    of which kills its own context then, also when the caller is unreachable.
+
     ``is_stopped()`` and ``is_killed()`` read a word the native library
     updates atomically, so they are cheap enough to call once per token and
     correct from any thread. The awaitables resolve on the running event loop,
@@ -61,11 +67,16 @@ class Context:
 
     __slots__ = ()
 
-    def __new__(cls, id: Optional[str] = None, metadata: Optional[Mapping[str, Any]] = None) -> "Context":  # noqa: A002 - SPEC name
+    def __new__(
+        cls, id: Optional[str] = None, metadata: Optional[Mapping[str, Any]] = None, timeout: Optional[float] = None  # noqa: A002
+    ) -> "Context":
         """Create a live root context with the given id, or a new uuid4 id.
 
         ``metadata`` (a mapping with string keys and JSON values) becomes the
-        context's ``metadata``, a copy of it.
+        context's ``metadata``, a copy of it. ``timeout`` (seconds, a finite
+        number, 0 or more, under a year) gives it a deadline: it is killed
+        with reason ``deadline`` that long from now (``ValueError`` for a bad
+        value).
 
         Cheap: the native object is all there is until the context is linked,
         awaited or sent with a request (and a uuid is drawn only when asked for).
@@ -74,6 +85,10 @@ class Context:
         ctx: Context = real() if id is None else real(id)
         if metadata is not None:
             ctx._metadata = _metadata_dict(metadata)  # type: ignore[misc]  # a slot of the real class
+        if timeout is not None:
+            if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+                raise TypeError(f"timeout must be a number of seconds, got {type(timeout).__name__}")
+            ctx._set_timeout(float(timeout))  # type: ignore[attr-defined]  # the native base's
         return ctx
 
     # No __init__: the native __new__ did everything, and a Python __init__
@@ -110,6 +125,10 @@ class Context:
 
     def child(self) -> "Context":
         """Return a new context with this context's id, already linked as a child."""
+        raise NotImplementedError
+
+    def remaining(self) -> Optional[float]:
+        """Seconds left until the deadline (0 once it has passed), or None without one."""
         raise NotImplementedError
 
     def reason(self) -> Optional[str]:

@@ -1336,3 +1336,33 @@ def test_log_calls_in_process(lib):
     ok(lib, lib.dc_log_fd(again))
     assert again[0] == fd[0]  # one fd for the life of the library
     expect(lib, lib.dc_log_fd(ffi.NULL), DC_EINVAL, "dc_log_fd")
+
+
+def test_timeout_and_remaining(lib):
+    """dc_context_set_timeout kills with DC_REASON_DEADLINE at the deadline; dc_context_remaining
+    says how long is left (-1 without a deadline); bad seconds are DC_EINVAL; children keep the
+    earlier deadline."""
+    import math
+    import time
+
+    h = new_ctx(lib, "timeout")
+    child = new_child(lib, h)
+    out = ffi.new("double *")
+    ok(lib, lib.dc_context_remaining(h, out))
+    assert out[0] == -1
+    for bad in (-1.0, math.nan, math.inf, float(lib.DC_MAX_TIMEOUT_SECONDS)):
+        assert "timeout" in expect(lib, lib.dc_context_set_timeout(h, bad), lib.DC_EINVAL, "dc_context_set_timeout")
+    ok(lib, lib.dc_context_set_timeout(h, 0.05))
+    ok(lib, lib.dc_context_remaining(child, out))
+    assert 0 < out[0] <= 0.05
+    deadline = time.monotonic() + HANG
+    while state(lib, h)[0] != lib.DC_KILLED:
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    assert state(lib, h) == (lib.DC_KILLED, lib.DC_REASON_DEADLINE)
+    ok(lib, lib.dc_context_remaining(h, out))
+    assert out[0] == 0
+    assert state(lib, child)[0] == lib.DC_KILLED
+    expect(lib, lib.dc_context_remaining(h, ffi.NULL), lib.DC_EINVAL, "dc_context_remaining")
+    free_all(lib, h, child)
+    expect(lib, lib.dc_context_set_timeout(h, 1.0), lib.DC_EBADF, "dc_context_set_timeout")

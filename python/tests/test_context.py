@@ -478,3 +478,46 @@ def test_kill_epoch_counts_kills():
     assert lib.kill_epoch() == e0 + 2  # parent and child, counted when kill() returns
     parent.kill()
     assert lib.kill_epoch() == e0 + 2
+
+
+def test_timeout_kills_with_reason_deadline():
+    ctx = Context(timeout=0.05)
+    left = ctx.remaining()
+    assert left is not None and 0 < left <= 0.05
+    assert Context().remaining() is None
+    assert Context(id="x").remaining() is None
+
+    async def main():
+        assert await asyncio.wait_for(ctx.killed(), HANG)
+
+    run(main())
+    assert ctx.is_killed() and ctx.reason() == "deadline"
+    assert ctx.remaining() == 0.0
+    zero = Context(timeout=0)
+    assert zero.is_killed() and zero.reason() == "deadline"
+
+
+def test_children_keep_the_earlier_deadline():
+    parent = Context(timeout=30)
+    child = parent.child()
+    assert 29 < child.remaining() <= 30
+    early = Context(timeout=5)
+    parent.link_child(early)
+    assert early.remaining() <= 5  # its own, earlier
+    late = Context(timeout=300)
+    parent.link_child(late)
+    assert late.remaining() <= 30
+    parent.kill()
+    assert child.is_killed() and child.reason() == "parent"
+
+
+@pytest.mark.parametrize("bad", [-0.1, float("nan"), float("inf"), 1e12])
+def test_bad_timeout_value(bad):
+    with pytest.raises(ValueError, match="timeout"):
+        Context(timeout=bad)
+
+
+@pytest.mark.parametrize("bad", ["1", True, [1], object()])
+def test_bad_timeout_type(bad):
+    with pytest.raises(TypeError, match="timeout"):
+        Context(timeout=bad)

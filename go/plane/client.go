@@ -429,7 +429,12 @@ func (c *Client) generateOnce(payload []byte, parent *ctxtree.Context, route Rou
 	c.rt.trackStream(s)
 	c.rt.setLocal(token, reqCtx) // until acknowledged: see Request.followLocalCaller
 	st, _ := reqCtx.State()
-	env := (&envelope{ID: reqCtx.ID(), Key: key, Addr: c.rt.streamAddr(), Token: token, State: st, Request: payload, Metadata: o.metadata}).encode()
+	e := &envelope{ID: reqCtx.ID(), Key: key, Addr: c.rt.streamAddr(), Token: token, State: st, Request: payload, Metadata: o.metadata}
+	if left, ok := reqCtx.Remaining(); ok {
+		us := left.Microseconds()
+		e.TimeoutUs = &us
+	}
+	env := e.encode()
 	if len(env) > int(c.rt.nc().MaxPayload()) {
 		// A continuation grew past the limit: refused here, never sent.
 		c.rt.setLocal(token, nil)
@@ -662,6 +667,11 @@ func (s *Stream) Next(ctx context.Context) ([]byte, error) {
 // cancelled sees a clean end whatever the transport did.
 func (s *Stream) classify(err error) error {
 	switch {
+	case !errors.Is(err, io.EOF) && expired(s.ctx):
+		// The worker's timer ended it (its deadline is the caller's, plus
+		// the dispatch) before this side's fired: the deadline, not a fault.
+		s.ctx.Cancel(ctxtree.Killed, ctxtree.ReasonDeadline)
+		return io.EOF
 	case errors.Is(err, io.EOF):
 		return io.EOF
 	case errors.Is(err, transport.ErrKilled):

@@ -70,6 +70,8 @@ func readEnvelope(data []byte) (envelope, error) {
 			env.Request = value
 		case 6:
 			env.Metadata = value
+		case 7:
+			err = json.Unmarshal(value, &env.TimeoutUs)
 		}
 		if err != nil {
 			return env, errMalformedEnvelope
@@ -80,7 +82,7 @@ func readEnvelope(data []byte) (envelope, error) {
 
 // envelopeFields are the JSON names of envelope's fields, in the order
 // readEnvelope's switch knows them.
-var envelopeFields = [...]string{"id", "key", "addr", "token", "state", "request", "metadata"}
+var envelopeFields = [...]string{"id", "key", "addr", "token", "state", "request", "metadata", "timeout_us"}
 
 func skipSpace(b []byte, i int) int {
 	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {

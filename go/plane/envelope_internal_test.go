@@ -52,13 +52,14 @@ func FuzzReadEnvelope(f *testing.F) {
 	for _, env := range []envelope{
 		{ID: "plain", Key: key, Addr: "127.0.0.1:4000", Token: token, Request: json.RawMessage(`{"a": [1, "]}", {"b": null}]}`)},
 		{ID: `q " \ é`, Key: key, Addr: "[::1]:1", Token: token, State: ctxtree.Killed, Request: json.RawMessage(`-1.5e3`), Metadata: json.RawMessage(`{"k":"}"}`)},
+		{ID: "t", Key: key, Addr: "127.0.0.1:1", Token: token, Request: json.RawMessage(`{}`), TimeoutUs: new(int64(2500000))},
 	} {
 		f.Add(env.encode())
 	}
 	for _, s := range []string{
 		`{"id":"a","ID":"b"}`, `{"id":"a","id":"b"}`, `{"\u0069d":"a"}`, `{"ſtate":1}`, `{"state":-1}`, `{"state":1.0}`,
 		`{"request":[1,2],"x":{"y":[]},"request":3}`, `[1]`, `null`, ` {"id" : "a" , "state" : 2 } `, `{"id":1}`,
-		`{"metadata":null,"request":null}`, `{"token":"\"}"}`, `{}`, `{"a":"b\\"}`,
+		`{"metadata":null,"request":null}`, `{"token":"\"}"}`, `{}`, `{"a":"b\\"}`, `{"timeout_us":1e3}`, `{"timeout_us":-5}`,
 	} {
 		f.Add([]byte(s))
 	}
@@ -76,6 +77,7 @@ func FuzzReadEnvelope(f *testing.F) {
 		assert.Equal(t, want.State, got.State)
 		assert.Equal(t, string(want.Request), string(got.Request))
 		assert.Equal(t, string(want.Metadata), string(got.Metadata))
+		assert.Equal(t, want.TimeoutUs, got.TimeoutUs)
 	})
 }
 

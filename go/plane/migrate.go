@@ -137,6 +137,12 @@ func (s *Stream) migrate(c *Client, payload []byte, route Route, instance uint64
 		case s.ctx.IsStopped():
 			s.end(io.EOF)
 			return
+		case expired(s.ctx):
+			// A deadline is not a fault: never retried, and no attempt
+			// starts past it.
+			s.ctx.Cancel(ctxtree.Killed, ctxtree.ReasonDeadline)
+			s.end(io.EOF)
+			return
 		case attempt < limit && retryable(err):
 			s.attempt.Store(nil) // a kill from now on stops the request before the next worker
 			if inner.instance != 0 {
@@ -169,4 +175,10 @@ func (s *Stream) relay(inner *Stream, cont Continuation, passed *int) error {
 		*passed++
 		s.push(item)
 	}
+}
+
+// expired reports whether ctx has a deadline that has passed.
+func expired(ctx *ctxtree.Context) bool {
+	left, ok := ctx.Remaining()
+	return ok && left <= 0
 }

@@ -416,6 +416,10 @@ type envelope struct {
 	Request json.RawMessage `json:"request"`
 	// Metadata is the request's metadata (a JSON object, see WithMetadata).
 	Metadata json.RawMessage `json:"metadata,omitempty"`
+	// TimeoutUs is the time left until the request's deadline when it was
+	// sent, in microseconds (nil: no deadline): never a wall-clock instant,
+	// so the worker's own timer needs no clock in common with the caller's.
+	TimeoutUs *int64 `json:"timeout_us,omitempty"`
 }
 
 // encode is json.Marshal of env without its cost for a large request: the
@@ -442,6 +446,10 @@ func (env *envelope) encode() []byte {
 		b = append(b, `,"metadata":`...)
 		b = append(b, env.Metadata...)
 	}
+	if env.TimeoutUs != nil {
+		b = append(b, `,"timeout_us":`...)
+		b = strconv.AppendInt(b, *env.TimeoutUs, 10)
+	}
 	return append(b, '}')
 }
 
@@ -460,6 +468,9 @@ func (env *envelope) check() error {
 		return errMalformedEnvelope
 	}
 	if len(env.Metadata) > 0 && checkMetadata(env.Metadata) != nil {
+		return errMalformedEnvelope
+	}
+	if env.TimeoutUs != nil && (*env.TimeoutUs < 0 || *env.TimeoutUs >= ctxtree.MaxTimeout.Microseconds()) {
 		return errMalformedEnvelope
 	}
 	return nil

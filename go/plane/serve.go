@@ -136,6 +136,12 @@ func (e *Endpoint) receive(m *nats.Msg) {
 		}
 		req.Ctx.Cancel(env.State, reason)
 	}
+	if env.TimeoutUs != nil {
+		// The handler's context dies with the request's deadline by its own
+		// timer, also when the caller is frozen or gone; one already passed
+		// kills it before the handler sees the request.
+		req.Ctx.SetDeadline(time.Now().Add(time.Duration(*env.TimeoutUs) * time.Microsecond))
+	}
 	e.mu.Lock()
 	if e.closed {
 		e.mu.Unlock()

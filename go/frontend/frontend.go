@@ -117,6 +117,9 @@ type Options struct {
 	// headers and body; it is lifted once the body is read, so long streams
 	// are not cut.
 	ReadHeaderTimeout, ReadTimeout, IdleTimeout, WriteStallTimeout time.Duration
+	// RequestTimeout is every request's timeout unless its
+	// x-request-timeout header gives a smaller one (0: none; deadline.go).
+	RequestTimeout time.Duration
 }
 
 // Defaults of Options.
@@ -733,12 +736,18 @@ func pump(ctx context.Context, choices []*choice) (events <-chan event, wait fun
 }
 
 func (f *Frontend) serve(w http.ResponseWriter, r *http.Request, chat bool) {
+	start := time.Now()
 	id, err := requestID(r)
 	if err != nil {
 		badRequest(w, err.Error(), "", "invalid_request_id")
 		return
 	}
 	w.Header().Set("x-request-id", id)
+	deadline, err := f.requestDeadline(r, start)
+	if err != nil {
+		badRequest(w, err.Error(), "", "invalid_request_timeout")
+		return
+	}
 	ctl := http.NewResponseController(w)
 	body, err := readBody(w, r, f.opts.MaxBodyBytes)
 	if err != nil {
@@ -821,6 +830,10 @@ func (f *Frontend) serve(w http.ResponseWriter, r *http.Request, chat bool) {
 		}
 	}
 	_ = client.SetMigrationLimit(f.migrationLimit(client)) // never below 0
+	if !deadline.IsZero() && !time.Now().Before(deadline) {
+		deadlineExceeded(w) // spent before anything was sent (reading, tokenizing)
+		return
+	}
 
 	// One worker request per choice, all under the request's id.
 	choices := make([]*choice, 0, len(prompts)*p.n)
@@ -832,6 +845,9 @@ func (f *Frontend) serve(w http.ResponseWriter, r *http.Request, chat bool) {
 	for i, pr := range prompts {
 		for j := 0; j < p.n; j++ {
 			c := &choice{index: i*p.n + j, reqCtx: f.rt.NewContext(id), stop: stopper{stops: p.stops}, text: tx.decoder(pr.tokens)}
+			if !deadline.IsZero() {
+				c.reqCtx.SetDeadline(deadline) // travels to every hop as time left
+			}
 			c.stream, err = client.Generate(p.payload(req.Model, pr.tokens, budgets[i], c.index), c.reqCtx, plane.RoundRobin, 0)
 			if err != nil {
 				killAll()
@@ -1150,6 +1166,9 @@ func (p *response) run(on func(c *choice, text string, finished bool) error) err
 		if c.ended {
 			continue // ended by the frontend at a stop string
 		}
+		if ev.err != nil && byDeadline(c) && !c.stream.Completed() {
+			return errDeadline
+		}
 		if ev.err == io.EOF {
 			c.ended = true
 			running--
@@ -1315,9 +1334,12 @@ func (p *response) stream() {
 	})
 	if err != io.EOF {
 		if p.ctx.Err() == nil && !w.failed {
-			msg := err.Error()
-			failed(w.w, http.StatusInternalServerError, msg)
-			b, _ := json.Marshal(map[string]any{"error": map[string]any{"message": msg, "type": "internal_error", "param": nil, "code": "internal_error"}})
+			msg, status, kind, code := err.Error(), http.StatusInternalServerError, "internal_error", "internal_error"
+			if errors.Is(err, errDeadline) {
+				status, kind, code = http.StatusGatewayTimeout, "timeout_error", "deadline_exceeded"
+			}
+			failed(w.w, status, msg)
+			b, _ := json.Marshal(map[string]any{"error": map[string]any{"message": msg, "type": kind, "param": nil, "code": code}})
 			fmt.Fprintf(w, "data: %s\n\n", b)
 			w.Flush()
 		}
@@ -1341,6 +1363,9 @@ func (p *response) unary() {
 		}
 		status, code := http.StatusInternalServerError, "internal_error"
 		switch {
+		case errors.Is(err, errDeadline):
+			deadlineExceeded(p.w.w)
+			return
 		case errors.Is(err, plane.ErrNoResponders):
 			status, code = http.StatusServiceUnavailable, "service_unavailable"
 		case errors.Is(err, plane.ErrTooLarge):

@@ -12,6 +12,7 @@ import "C"
 import (
 	"context"
 	"strconv"
+	"time"
 	"unsafe"
 
 	"github.com/dynamo-ctx/dynamo-ctx/go/frontend"
@@ -42,6 +43,14 @@ func dc_frontend_start(rtH C.uint64_t, addr *C.char, addrLen C.size_t, namespace
 		}
 		maxBody = n
 	}
+	var timeout time.Duration
+	if v := cGetenv(frontend.EnvRequestTimeout); v != "" {
+		d, err := frontend.ParseTimeout(v)
+		if err != nil {
+			return fail(C.DC_EINVAL, "dc_frontend_start: %s: %v", frontend.EnvRequestTimeout, err)
+		}
+		timeout = d
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), connectTimeout)
 	defer cancel()
 	f, err := frontend.New(ctx, rt, frontend.Options{
@@ -49,6 +58,7 @@ func dc_frontend_start(rtH C.uint64_t, addr *C.char, addrLen C.size_t, namespace
 		Namespace:      string(goBytes(namespace, nsLen)),
 		MigrationLimit: int(migrationLimit),
 		MaxBodyBytes:   maxBody,
+		RequestTimeout: timeout,
 	})
 	if err != nil {
 		return fail(C.DC_EIO, "dc_frontend_start: %v", err)

@@ -1,7 +1,8 @@
 """A caller process for the cross-process tests: sends one request and waits.
 
-Usage: python plane_caller.py PATH REQUEST_JSON. Prints {"event": "item"} for
-each item and blocks; the test kills it to simulate a caller that died.
+Usage: python plane_caller.py PATH REQUEST_JSON [TIMEOUT]. Prints {"event": "item"} for
+each item and blocks; the test kills it to simulate a caller that died (or stops it:
+a frozen caller). TIMEOUT (seconds) gives the request's context a deadline.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ async def main():
     runtime = DistributedRuntime()
     client = await runtime.endpoint(sys.argv[1]).client()
     await client.wait_for_instances()
-    stream = await client.generate(json.loads(sys.argv[2]), annotated=False, context=Context("caller-req"))
+    timeout = float(sys.argv[3]) if len(sys.argv) > 3 else None
+    stream = await client.generate(json.loads(sys.argv[2]), annotated=False, context=Context("caller-req", timeout=timeout))
     async for item in stream:
         print(json.dumps({"event": "item", "item": item}), flush=True)
     await asyncio.Event().wait()  # until killed

@@ -84,6 +84,8 @@ def held_port() -> socket.socket:
         (FRONTEND, ["--max-body-bytes", "0"], {}, "argument --max-body-bytes: 0 is not positive"),
         (FRONTEND, ["--max-idle-connections", "0"], {}, "argument --max-idle-connections: 0 is not positive"),
         (FRONTEND, [], {"DYN_HTTP_PORT": "70000"}, "DYN_HTTP_PORT='70000': 70000 is not a port"),
+        (FRONTEND, ["--request-timeout", "-1"], {}, "argument --request-timeout: -1 is negative"),
+        (FRONTEND, [], {"DYNAMO_CTX_REQUEST_TIMEOUT": "soon"}, "DYNAMO_CTX_REQUEST_TIMEOUT='soon': 'soon' is not a number"),
     ],
 )
 def test_bad_arguments_exit_2_with_one_line(prog, args, env, expected):

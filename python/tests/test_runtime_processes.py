@@ -215,3 +215,24 @@ def test_embedded_default_is_shared_by_processes(tmp_path):
     r = subprocess.run(prefix + [sys.executable, "-c", _DEFAULT_DRIVER, _DEFAULT_SCRIPT], env=env,
                        capture_output=True, text=True, timeout=2 * HANG)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stdout + r.stderr
+
+
+def test_frozen_callers_deadline_fires_on_the_worker(nats_url):
+    """A caller with a deadline, frozen (SIGSTOP) mid-stream: no kill can come from it, and
+    the worker's handler is killed with reason deadline by the worker's own timer."""
+
+    async def main():
+        async with ready_worker(nats_url) as (worker, path):
+            caller = await Proc.start(nats_url, "plane_caller.py", path, json.dumps({"mode": "wait_kill"}), "1.5")
+            try:
+                await caller.event("item")
+                caller.proc.send_signal(signal.SIGSTOP)
+                t0 = time.monotonic()
+                ev = await worker.event("killed")
+                assert (ev["id"], ev["reason"]) == ("caller-req", "deadline")
+                assert time.monotonic() - t0 < 1.5 + 5, "within the deadline plus a generous bound"
+            finally:
+                caller.proc.send_signal(signal.SIGCONT)
+                await caller.kill()
+
+    run(main())

@@ -339,6 +339,12 @@ def listen_error(e: BaseException, host: str, port_: int, flag: str, host_flag: 
     return CommandError(f"cannot listen on {host}:{port_} ({_reason(e)}); check {host_flag} and {flag}")
 
 
+def native_reason(e: BaseException) -> str:
+    """What a native error says, without the function's name ("dc_x: a: b" -> "a: b")."""
+    text = str(e).strip() or type(e).__name__
+    return text.split(": ", 1)[1] if text.startswith("dc_") and ": " in text else text
+
+
 def _reason(e: BaseException) -> str:
     """The last, most specific part of a native error message ("dc_x: a: b: c" -> "c")."""
     text = str(e).strip() or type(e).__name__

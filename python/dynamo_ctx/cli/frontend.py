@@ -66,8 +66,9 @@ GET /metrics. A client that disconnects cancels its request on the worker.
 
 EPILOG = """\
 environment: NATS_SERVER (NATS address), DYN_HTTP_HOST, DYN_HTTP_PORT,
-DYN_NAMESPACE, DYN_MIGRATION_LIMIT, DYNAMO_CTX_MAX_BODY_BYTES, DYN_LOG (log
-level), DYN_LOGGING_JSONL=1 (JSON lines). A flag given wins over its variable.
+DYN_NAMESPACE, DYN_MIGRATION_LIMIT, DYNAMO_CTX_MAX_BODY_BYTES,
+DYNAMO_CTX_REQUEST_TIMEOUT, DYN_LOG (log level), DYN_LOGGING_JSONL=1 (JSON
+lines). A flag given wins over its variable.
 """
 
 PROG = "python -m dynamo_ctx.frontend"
@@ -98,6 +99,13 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         help="connections held that are not serving a request (new or kept alive; default: 1024); "
         "past it a new one takes the place of the oldest once that has waited 1 s",
     )
+    p.add(
+        "--request-timeout",
+        type=_cli.non_negative_float,
+        env="DYNAMO_CTX_REQUEST_TIMEOUT",
+        help="seconds every request may take unless its x-request-timeout header says less (default: none); "
+        "past it the request is killed at every hop (504, or a last SSE error event, code deadline_exceeded)",
+    )
     p.add_event_loop()
     p.add_logging()
     return p.parse_args(argv)
@@ -108,6 +116,8 @@ async def run(args: argparse.Namespace) -> None:
         os.environ["DYNAMO_CTX_MAX_BODY_BYTES"] = str(args.max_body_bytes)  # read by the frontend when it starts
     if args.max_idle_connections is not None:
         os.environ["DYNAMO_CTX_MAX_IDLE_CONNECTIONS"] = str(args.max_idle_connections)  # likewise
+    if args.request_timeout is not None:
+        os.environ["DYNAMO_CTX_REQUEST_TIMEOUT"] = repr(args.request_timeout)  # likewise
     loop = asyncio.get_running_loop()
     runtime = await _cli.connect_runtime(args.nats_url)
     try:
@@ -117,6 +127,9 @@ async def run(args: argparse.Namespace) -> None:
     except OSError as e:
         runtime.shutdown()
         raise _cli.listen_error(e, args.http_host, args.http_port, "--http-port", "--http-host") from None
+    except ValueError as e:  # a value the library refuses (--request-timeout too large, ...)
+        runtime.shutdown()
+        raise _cli.UsageError(f"{_cli.native_reason(e)}; see {PROG} --help") from None
     logger.info("frontend listening on http://%s (namespace %s)", fe.address, args.namespace)
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

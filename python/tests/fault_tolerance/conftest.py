@@ -197,11 +197,14 @@ class Worker(Proc):
 class Frontend(Proc):
     """``python -m dynamo_ctx.frontend`` on a free port of 127.0.0.1."""
 
-    def __init__(self, name: str, env: Dict[str, str], namespace: str, migration_limit: Optional[int]) -> None:
+    def __init__(
+        self, name: str, env: Dict[str, str], namespace: str, migration_limit: Optional[int], extra: Optional[List[str]] = None
+    ) -> None:
         argv = [sys.executable, "-m", "dynamo_ctx.frontend", "--http-host", "127.0.0.1", "--http-port", str(free_port())]
         argv += ["--namespace", namespace]
         if migration_limit is not None:
             argv += ["--migration-limit", str(migration_limit)]
+        argv += extra or []
         super().__init__(name, argv, env)
         self.addr = ""
 
@@ -302,7 +305,9 @@ class Stack:
         self.frontend: Optional[Frontend] = None
         self.workers: List[Worker] = []
 
-    def start(self, workers: List[dict], frontend: bool = True, migration_limit: Optional[int] = None) -> "Stack":
+    def start(
+        self, workers: List[dict], frontend: bool = True, migration_limit: Optional[int] = None, frontend_args: Optional[List[str]] = None
+    ) -> "Stack":
         """Start all processes at once, then wait until each is ready and the frontend sees the backends.
 
         ``workers``: dicts with ``mode`` (default agg) and optional ``prefill``/``decode``
@@ -330,7 +335,7 @@ class Stack:
             self.procs.append(w)
             started.append(w)
         if frontend:
-            self.frontend = Frontend("frontend", self.env, self.namespace, migration_limit)
+            self.frontend = Frontend("frontend", self.env, self.namespace, migration_limit, frontend_args)
             self.procs.append(self.frontend)
         for w in started:
             w.ready()

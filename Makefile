@@ -74,6 +74,7 @@ bench-py: build
 	ulimit -n 8192 2>/dev/null; $(PY) python/benchmarks/bench_frontend_memory.py
 	$(PY) python/benchmarks/bench_vs_dynamo.py
 	ulimit -n 8192 2>/dev/null; $(PY) python/benchmarks/bench_load.py
+	ulimit -n 8192 2>/dev/null; $(PY) python/benchmarks/bench_deadlines.py
 
 bench: bench-go bench-py
 

@@ -60,6 +60,8 @@ import (
 	"sync/atomic"
 	"time"
 	"weak"
+
+	"github.com/dynamo-ctx/dynamo-ctx/go/killtrace"
 )
 
 // State is the cancellation state of a Context. The numeric values are part of
@@ -442,6 +444,7 @@ func (c *Context) setDeadline(d time.Time) (kids []*Context, passed, ok bool) {
 	wp := weak.Make(c)
 	c.dl.timer = time.AfterFunc(wait, func() {
 		if c := wp.Value(); c != nil {
+			killtrace.Mark("deadline.fired", c.id) // for the benchmarks: how late the timer ran
 			c.Cancel(Killed, ReasonDeadline)
 		}
 	})

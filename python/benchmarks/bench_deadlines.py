@@ -48,7 +48,8 @@ def pct(xs: List[float], p: float) -> float:
 
 def row(name: str, xs: List[float]) -> str:
     ms = [x * 1000 for x in xs]
-    return f"  {name:28} n={len(ms):5}  p50 {pct(ms, 50):7.2f} ms  p99 {pct(ms, 99):7.2f} ms  max {max(ms):7.2f} ms  mean {statistics.mean(ms):6.2f}"
+    return (f"  {name:28} n={len(ms):5}  p50 {pct(ms, 50):7.2f} ms  p99 {pct(ms, 99):7.2f} ms  max {max(ms):7.2f} ms  "
+            f"mean {statistics.mean(ms):6.2f}")
 
 
 def with_trace() -> None:

@@ -6,10 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/nats-io/nats.go"
 )
@@ -278,6 +281,84 @@ func writeToken(host, port, tok string, replace bool) (string, error) {
 		return "", fmt.Errorf("natsbus: token file: %w", err)
 	}
 	return readToken(host, port)
+}
+
+// removeToken removes the token file of host:port if it still holds tok
+// (a host leaving: a process that takes over its address writes it again).
+func removeToken(host, port, tok string) {
+	p, err := TokenFile(host, port)
+	if err != nil {
+		return
+	}
+	if t, err := readToken(host, port); err == nil && t == tok {
+		_ = os.Remove(p)
+	}
+}
+
+// staleAfter is how old a token file must be before a sweep may remove it:
+// a host writes its file just before its server listens.
+const staleAfter = time.Minute
+
+// maxSweep bounds the files one sweep looks at.
+const maxSweep = 1024
+
+// sweepStaleTokens removes the token files, older than staleAfter, of
+// embedded servers whose address no longer accepts connections (their host
+// exited without removing the file: it was killed). A host starting its
+// server calls it, so the runtime directory holds the live servers' files.
+func sweepStaleTokens() {
+	d, err := RuntimeDir()
+	if err != nil {
+		return
+	}
+	entries, err := os.ReadDir(d)
+	if err != nil {
+		return
+	}
+	seen := 0
+	for _, e := range entries {
+		host, port, ok := tokenAddr(e.Name())
+		if !ok {
+			continue
+		}
+		if seen++; seen > maxSweep {
+			return
+		}
+		info, err := e.Info()
+		if err != nil || time.Since(info.ModTime()) < staleAfter {
+			continue
+		}
+		conn, err := net.DialTimeout("tcp", net.JoinHostPort(host, port), 200*time.Millisecond)
+		if err == nil {
+			conn.Close()
+			continue
+		}
+		if errors.Is(err, syscall.ECONNREFUSED) {
+			_ = os.Remove(filepath.Join(d, e.Name()))
+		}
+	}
+}
+
+// tokenAddr reads the address back from a token file's name (TokenFile),
+// for the hosts a name keeps whole: IPv4 addresses and names.
+func tokenAddr(name string) (host, port string, ok bool) {
+	rest, ok := strings.CutPrefix(name, "nats-")
+	if !ok {
+		return "", "", false
+	}
+	rest, ok = strings.CutSuffix(rest, ".token")
+	if !ok {
+		return "", "", false
+	}
+	i := strings.LastIndexByte(rest, '-')
+	if i <= 0 {
+		return "", "", false
+	}
+	host, port = rest[:i], rest[i+1:]
+	if _, err := strconv.Atoi(port); err != nil || strings.ContainsRune(host, '_') {
+		return "", "", false
+	}
+	return host, port, true
 }
 
 func newSecret() string {

@@ -2,6 +2,7 @@ package natsbus
 
 import (
 	"context"
+	"net"
 	"os"
 	"path/filepath"
 	"testing"
@@ -89,4 +90,72 @@ func TestWrongCredentialsFailFast(t *testing.T) {
 	assert.ErrorIs(t, err, nats.ErrAuthorization)
 	assert.Contains(t, err.Error(), "refused our credentials")
 	assert.Less(t, time.Since(start), 3*time.Second)
+}
+
+// A host removes its token file when it leaves: the runtime directory
+// holds the live servers' files only.
+func TestTokenFileRemovedWhenHostLeaves(t *testing.T) {
+	t.Setenv(EnvRuntimeDir, filepath.Join(t.TempDir(), "rt"))
+	host, err := Connect(context.Background(), Options{URL: "nats://127.0.0.1:0", Logger: quiet})
+	require.NoError(t, err)
+	_, port, _ := splitAddr(host.URL())
+	path, err := TokenFile("127.0.0.1", port)
+	require.NoError(t, err)
+	require.FileExists(t, path)
+	host.Close()
+	assert.NoFileExists(t, path)
+}
+
+// The process that takes an address over writes its token file again, so
+// that processes arriving later can join.
+func TestTakeoverRewritesTokenFile(t *testing.T) {
+	t.Setenv(EnvRuntimeDir, filepath.Join(t.TempDir(), "rt"))
+	port := freePort(t)
+	url := "nats://127.0.0.1:" + port
+	first, err := Connect(context.Background(), Options{URL: url, EmbedIfAbsent: true, Logger: quiet})
+	require.NoError(t, err)
+	path, err := TokenFile("127.0.0.1", port)
+	require.NoError(t, err)
+	tok, err := os.ReadFile(path)
+	require.NoError(t, err)
+	a := connect(t, Options{URL: url, EmbedIfAbsent: true})
+	first.Close()
+	require.Eventually(t, func() bool {
+		b, err := os.ReadFile(path)
+		return err == nil && string(b) == string(tok) && a.Embedded()
+	}, 5*time.Second, 5*time.Millisecond, "the survivor hosts the address and wrote its file again")
+	late := connect(t, Options{URL: url})
+	roundTrip(t, a, late)
+}
+
+// A host starting its server removes the token files of servers that are
+// gone (older than staleAfter, nothing listening), and only those.
+func TestStaleTokenFilesAreSwept(t *testing.T) {
+	t.Setenv(EnvRuntimeDir, filepath.Join(t.TempDir(), "rt"))
+	d, err := RuntimeDir()
+	require.NoError(t, err)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	_, live, _ := net.SplitHostPort(ln.Addr().String())
+	old := time.Now().Add(-2 * staleAfter)
+	files := map[string]bool{ // name -> removed by the sweep
+		"nats-127.0.0.1-" + freePort(t) + ".token": true,  // gone and old
+		"nats-127.0.0.1-" + live + ".token":        false, // listening
+		"nats-__1-4222.token":                      false, // a host the name does not keep whole
+		"notes.txt":                                false,
+	}
+	fresh := "nats-127.0.0.1-" + freePort(t) + ".token" // gone, but just written
+	for name := range files {
+		p := filepath.Join(d, name)
+		require.NoError(t, os.WriteFile(p, []byte("x\n"), 0o600))
+		require.NoError(t, os.Chtimes(p, old, old))
+	}
+	require.NoError(t, os.WriteFile(filepath.Join(d, fresh), []byte("x\n"), 0o600))
+	files[fresh] = false
+	connect(t, Options{URL: "nats://127.0.0.1:0"}) // hosts: sweeps
+	for name, removed := range files {
+		_, err := os.Stat(filepath.Join(d, name))
+		assert.Equal(t, removed, os.IsNotExist(err), name)
+	}
 }

@@ -154,6 +154,9 @@ type Bus struct {
 	// are where a replacement server would listen.
 	takeover   bool
 	host, port string
+	// tokenHost, tokenPort: the address whose token file this process's
+	// embedded server wrote or took over, removed when it leaves (Close).
+	tokenHost, tokenPort string
 	// pin: the address is on loopback and reached without explicit
 	// credentials, so only a server of this user is joined (ownerDialer);
 	// foreign is the uid of the last other user's server refused (-1: none).
@@ -227,12 +230,15 @@ func Connect(ctx context.Context, opts Options) (*Bus, error) {
 		}
 		b.url = clientURL(srv, host)
 		if b.auth.Token == "" && b.auth.User == "" {
-			// The port is new: the file is ours to (over)write.
+			// The port is new: the file is ours to (over)write, and to
+			// remove when we leave (Close).
 			_, port, _ := splitAddr(b.url)
 			if _, err := writeToken(host, port, b.srvAuth.token, true); err != nil {
 				shutdown(srv)
 				return nil, err
 			}
+			b.tokenHost, b.tokenPort = host, port
+			sweepStaleTokens()
 		}
 		if err := b.dial(name); err != nil {
 			shutdown(srv)
@@ -283,6 +289,10 @@ func Connect(ctx context.Context, opts Options) (*Bus, error) {
 			}
 			b.srv = srv
 			b.log.Debug("hosting embedded NATS server", "url", redact(b.url))
+			if b.fileToken() {
+				b.tokenHost, b.tokenPort = host, port
+				sweepStaleTokens()
+			}
 			break
 		}
 		if !errors.Is(serr, errPortTaken) {
@@ -500,9 +510,20 @@ func (b *Bus) Close() {
 		b.srv = nil
 		b.mu.Unlock()
 		if srv != nil {
+			// Before the server goes: a process that takes the address
+			// over writes the file again (takeoverLoop).
+			if b.tokenPort != "" {
+				removeToken(b.tokenHost, b.tokenPort, b.srvAuth.token)
+			}
 			shutdown(srv)
 		}
 	})
+}
+
+// fileToken reports whether this Bus's embedded server uses a token from
+// the runtime directory's file (not the user's own credentials).
+func (b *Bus) fileToken() bool {
+	return b.srvAuth.token != "" && b.srvAuth.user == "" && !b.auth.explicit() && !urlHasUser(b.url)
 }
 
 // dial connects b.nc to b.url with the Bus's client options. The first
@@ -637,6 +658,12 @@ func (b *Bus) takeoverLoop() {
 		b.mu.Lock()
 		b.srv = srv
 		b.mu.Unlock()
+		if b.fileToken() {
+			// The host that left removed its file: newcomers need it.
+			if _, err := writeToken(b.host, b.port, b.srvAuth.token, true); err == nil {
+				b.tokenHost, b.tokenPort = b.host, b.port
+			}
+		}
 		b.log.Info("hosting replacement embedded NATS server", "url", redact(b.url))
 	}
 }

@@ -179,10 +179,7 @@ func (m *bpeModel) tokenize(w []byte, out []int) ([]int, error) {
 	cacheable := len(w) < maxCachedWord
 	if cacheable {
 		if ids, ok := m.cache.get(w); ok {
-			for _, id := range ids {
-				out = append(out, int(id))
-			}
-			return out, nil
+			return append(out, ids...), nil
 		}
 	}
 	sc := bpePool.Get().(*bpeScratch)
@@ -197,11 +194,7 @@ func (m *bpeModel) tokenize(w []byte, out []int) ([]int, error) {
 		}
 	}
 	if cacheable {
-		ids := make([]uint32, len(out)-start)
-		for i, id := range out[start:] {
-			ids[i] = uint32(id)
-		}
-		m.cache.put(string(w), ids)
+		m.cache.put(string(w), slices.Clone(out[start:]))
 	}
 	if cap(sc.syms) > 1<<16 {
 		sc.syms, sc.heap = nil, nil // do not keep huge buffers pooled

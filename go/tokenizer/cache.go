@@ -23,12 +23,12 @@ type wordCache struct {
 
 type cacheShard struct {
 	mu sync.RWMutex
-	m  map[string][]uint32
+	m  map[string][]int
 }
 
 func newWordCache() *wordCache { return &wordCache{seed: maphash.MakeSeed()} }
 
-func (c *wordCache) get(w []byte) ([]uint32, bool) {
+func (c *wordCache) get(w []byte) ([]int, bool) {
 	sh := &c.shards[maphash.Bytes(c.seed, w)%cacheShards]
 	sh.mu.RLock()
 	ids, ok := sh.m[string(w)]
@@ -38,11 +38,11 @@ func (c *wordCache) get(w []byte) ([]uint32, bool) {
 
 // put stores ids for w; ids must not be modified afterwards. w must not
 // share memory with a larger string (it would be retained).
-func (c *wordCache) put(w string, ids []uint32) {
+func (c *wordCache) put(w string, ids []int) {
 	sh := &c.shards[maphash.String(c.seed, w)%cacheShards]
 	sh.mu.Lock()
 	if sh.m == nil || len(sh.m) >= cacheShardCapacity {
-		sh.m = make(map[string][]uint32, cacheShardCapacity)
+		sh.m = make(map[string][]int, cacheShardCapacity)
 	}
 	sh.m[w] = ids
 	sh.mu.Unlock()

@@ -41,9 +41,9 @@ func TestWordCacheIsBounded(t *testing.T) {
 	c := newWordCache()
 	for i := range 100000 {
 		w := []byte{byte(i), byte(i >> 8), byte(i >> 16), 'x'}
-		c.put(string(w), []uint32{uint32(i)})
+		c.put(string(w), []int{i})
 		if ids, ok := c.get(w); assert.True(t, ok) {
-			assert.Equal(t, []uint32{uint32(i)}, ids)
+			assert.Equal(t, []int{i}, ids)
 		}
 	}
 	n := 0

@@ -48,6 +48,46 @@ func decodeInto(kind string, raw json.RawMessage, v any) error {
 
 func missing(kind, field string) error { return fmt.Errorf("%s: missing field %q", kind, field) }
 
+// orMissing is the error of a component that failed to decode (err) or,
+// if it decoded, lacks a field it requires (fields: "a" or "a/b/c").
+func orMissing(err error, kind, fields string) error {
+	if err != nil {
+		return err
+	}
+	return missing(kind, fields)
+}
+
+// parseSequence parses the elements of a Sequence component (S, a []T)
+// with parse; an element that parses to nil (null, or a "type" of "") is
+// an error.
+func parseSequence[S ~[]T, T any](kind string, elems []json.RawMessage, parse func(json.RawMessage) (T, error)) (S, error) {
+	seq := make(S, 0, len(elems))
+	for _, r := range elems {
+		x, err := parse(r)
+		if err != nil {
+			return nil, err
+		}
+		if any(x) == nil {
+			return nil, errors.New(kind + ": null element")
+		}
+		seq = append(seq, x)
+	}
+	return seq, nil
+}
+
+// parseReplace parses a Replace normalizer or decoder.
+func parseReplace(kind string, raw json.RawMessage) (matcher, string, error) {
+	var v struct {
+		Pattern *patternJSON `json:"pattern"`
+		Content *string      `json:"content"`
+	}
+	if err := decodeInto(kind, raw, &v); err != nil || v.Content == nil {
+		return nil, "", orMissing(err, kind, "content")
+	}
+	m, err := v.Pattern.matcher(kind)
+	return m, *v.Content, err
+}
+
 // patternJSON is {"String": "..."} or {"Regex": "..."}.
 type patternJSON struct {
 	String *string `json:"String"`
@@ -110,52 +150,33 @@ func parseNormalizer(raw json.RawMessage) (normalizer, error) {
 			Left  *bool `json:"strip_left"`
 			Right *bool `json:"strip_right"`
 		}
-		if err := decodeInto(kind, raw, &v); err != nil {
-			return nil, err
-		}
-		if v.Left == nil || v.Right == nil {
-			return nil, missing(kind, "strip_left/strip_right")
+		if err := decodeInto(kind, raw, &v); err != nil || v.Left == nil || v.Right == nil {
+			return nil, orMissing(err, kind, "strip_left/strip_right")
 		}
 		return stripNormalizer{*v.Left, *v.Right}, nil
 	case "Replace":
-		var v struct {
-			Pattern *patternJSON `json:"pattern"`
-			Content *string      `json:"content"`
-		}
-		if err := decodeInto(kind, raw, &v); err != nil {
-			return nil, err
-		}
-		if v.Content == nil {
-			return nil, missing(kind, "content")
-		}
-		m, err := v.Pattern.matcher(kind)
+		m, content, err := parseReplace(kind, raw)
 		if err != nil {
 			return nil, err
 		}
-		return replaceNormalizer{m, *v.Content}, nil
+		return replaceNormalizer{m, content}, nil
 	case "Prepend":
 		var v struct {
 			Prepend *string `json:"prepend"`
 		}
-		if err := decodeInto(kind, raw, &v); err != nil {
-			return nil, err
-		}
-		if v.Prepend == nil {
-			return nil, missing(kind, "prepend")
+		if err := decodeInto(kind, raw, &v); err != nil || v.Prepend == nil {
+			return nil, orMissing(err, kind, "prepend")
 		}
 		return prependNormalizer{*v.Prepend}, nil
 	case "BertNormalizer", "Bert":
-		v := struct {
+		var v struct {
 			CleanText    *bool `json:"clean_text"`
 			ChineseChars *bool `json:"handle_chinese_chars"`
 			StripAccents *bool `json:"strip_accents"`
 			Lowercase    *bool `json:"lowercase"`
-		}{}
-		if err := decodeInto(kind, raw, &v); err != nil {
-			return nil, err
 		}
-		if v.CleanText == nil || v.ChineseChars == nil || v.Lowercase == nil {
-			return nil, missing(kind, "clean_text/handle_chinese_chars/lowercase")
+		if err := decodeInto(kind, raw, &v); err != nil || v.CleanText == nil || v.ChineseChars == nil || v.Lowercase == nil {
+			return nil, orMissing(err, kind, "clean_text/handle_chinese_chars/lowercase")
 		}
 		n := bertNormalizer{cleanText: *v.CleanText, chineseChars: *v.ChineseChars, lowercase: *v.Lowercase}
 		n.stripAccents = n.lowercase
@@ -167,24 +188,10 @@ func parseNormalizer(raw json.RawMessage) (normalizer, error) {
 		var v struct {
 			Normalizers *[]json.RawMessage `json:"normalizers"`
 		}
-		if err := decodeInto(kind, raw, &v); err != nil {
-			return nil, err
+		if err := decodeInto(kind, raw, &v); err != nil || v.Normalizers == nil {
+			return nil, orMissing(err, kind, "normalizers")
 		}
-		if v.Normalizers == nil {
-			return nil, missing(kind, "normalizers")
-		}
-		seq := sequenceNormalizer{}
-		for _, r := range *v.Normalizers {
-			n, err := parseNormalizer(r)
-			if err != nil {
-				return nil, err
-			}
-			if n == nil {
-				return nil, errors.New("normalizer Sequence: null element")
-			}
-			seq = append(seq, n)
-		}
-		return seq, nil
+		return parseSequence[sequenceNormalizer](kind, *v.Normalizers, parseNormalizer)
 	}
 	return nil, fmt.Errorf("unsupported normalizer type %q", typ)
 }
@@ -201,11 +208,8 @@ func parsePreTokenizer(raw json.RawMessage) (preTokenizer, error) {
 			AddPrefixSpace *bool `json:"add_prefix_space"`
 			UseRegex       *bool `json:"use_regex"`
 		}
-		if err := decodeInto(kind, raw, &v); err != nil {
-			return nil, err
-		}
-		if v.AddPrefixSpace == nil {
-			return nil, missing(kind, "add_prefix_space")
+		if err := decodeInto(kind, raw, &v); err != nil || v.AddPrefixSpace == nil {
+			return nil, orMissing(err, kind, "add_prefix_space")
 		}
 		p := byteLevelPre{addPrefixSpace: *v.AddPrefixSpace, useRegex: true}
 		if v.UseRegex != nil {
@@ -218,11 +222,8 @@ func parsePreTokenizer(raw json.RawMessage) (preTokenizer, error) {
 			Behavior *string      `json:"behavior"`
 			Invert   *bool        `json:"invert"`
 		}
-		if err := decodeInto(kind, raw, &v); err != nil {
-			return nil, err
-		}
-		if v.Behavior == nil || v.Invert == nil {
-			return nil, missing(kind, "behavior/invert")
+		if err := decodeInto(kind, raw, &v); err != nil || v.Behavior == nil || v.Invert == nil {
+			return nil, orMissing(err, kind, "behavior/invert")
 		}
 		b, err := parseBehavior(*v.Behavior)
 		if err != nil {
@@ -247,11 +248,8 @@ func parsePreTokenizer(raw json.RawMessage) (preTokenizer, error) {
 		var v struct {
 			Individual *bool `json:"individual_digits"`
 		}
-		if err := decodeInto(kind, raw, &v); err != nil {
-			return nil, err
-		}
-		if v.Individual == nil {
-			return nil, missing(kind, "individual_digits")
+		if err := decodeInto(kind, raw, &v); err != nil || v.Individual == nil {
+			return nil, orMissing(err, kind, "individual_digits")
 		}
 		if *v.Individual {
 			return charSplitPre{isNumber, behIsolated}, nil
@@ -286,9 +284,9 @@ func parsePreTokenizer(raw json.RawMessage) (preTokenizer, error) {
 		}
 		return charSplitPre{func(r rune) bool { return r == d }, behRemoved}, nil
 	case "FixedLength":
-		v := struct {
+		var v struct {
 			Length *uint64 `json:"length"`
-		}{}
+		}
 		if err := decodeInto(kind, raw, &v); err != nil {
 			return nil, err
 		}
@@ -304,24 +302,10 @@ func parsePreTokenizer(raw json.RawMessage) (preTokenizer, error) {
 		var v struct {
 			PreTokenizers *[]json.RawMessage `json:"pretokenizers"`
 		}
-		if err := decodeInto(kind, raw, &v); err != nil {
-			return nil, err
+		if err := decodeInto(kind, raw, &v); err != nil || v.PreTokenizers == nil {
+			return nil, orMissing(err, kind, "pretokenizers")
 		}
-		if v.PreTokenizers == nil {
-			return nil, missing(kind, "pretokenizers")
-		}
-		seq := sequencePre{}
-		for _, r := range *v.PreTokenizers {
-			p, err := parsePreTokenizer(r)
-			if err != nil {
-				return nil, err
-			}
-			if p == nil {
-				return nil, errors.New("pre_tokenizer Sequence: null element")
-			}
-			seq = append(seq, p)
-		}
-		return seq, nil
+		return parseSequence[sequencePre](kind, *v.PreTokenizers, parsePreTokenizer)
 	}
 	return nil, fmt.Errorf("unsupported pre_tokenizer type %q", typ)
 }
@@ -387,21 +371,11 @@ func parseDecoder(raw json.RawMessage) (decoder, error) {
 		}
 		return metaspaceDecoder{rep: m.rep, scheme: m.scheme}, nil
 	case "Replace":
-		var v struct {
-			Pattern *patternJSON `json:"pattern"`
-			Content *string      `json:"content"`
-		}
-		if err := decodeInto(kind, raw, &v); err != nil {
-			return nil, err
-		}
-		if v.Content == nil {
-			return nil, missing(kind, "content")
-		}
-		m, err := v.Pattern.matcher(kind)
+		m, content, err := parseReplace(kind, raw)
 		if err != nil {
 			return nil, err
 		}
-		return replaceDecoder{m, *v.Content}, nil
+		return replaceDecoder{m, content}, nil
 	case "ByteFallback":
 		return byteFallbackDecoder{}, nil
 	case "Fuse":
@@ -428,22 +402,16 @@ func parseDecoder(raw json.RawMessage) (decoder, error) {
 			Prefix  *string `json:"prefix"`
 			Cleanup *bool   `json:"cleanup"`
 		}
-		if err := decodeInto(kind, raw, &v); err != nil {
-			return nil, err
-		}
-		if v.Prefix == nil || v.Cleanup == nil {
-			return nil, missing(kind, "prefix/cleanup")
+		if err := decodeInto(kind, raw, &v); err != nil || v.Prefix == nil || v.Cleanup == nil {
+			return nil, orMissing(err, kind, "prefix/cleanup")
 		}
 		return wordPieceDecoder{*v.Prefix, *v.Cleanup}, nil
 	case "BPEDecoder":
 		var v struct {
 			Suffix *string `json:"suffix"`
 		}
-		if err := decodeInto(kind, raw, &v); err != nil {
-			return nil, err
-		}
-		if v.Suffix == nil {
-			return nil, missing(kind, "suffix")
+		if err := decodeInto(kind, raw, &v); err != nil || v.Suffix == nil {
+			return nil, orMissing(err, kind, "suffix")
 		}
 		return bpeDecoder{*v.Suffix}, nil
 	case "CTC":
@@ -452,35 +420,18 @@ func parseDecoder(raw json.RawMessage) (decoder, error) {
 			Delim   *string `json:"word_delimiter_token"`
 			Cleanup *bool   `json:"cleanup"`
 		}
-		if err := decodeInto(kind, raw, &v); err != nil {
-			return nil, err
-		}
-		if v.Pad == nil || v.Delim == nil || v.Cleanup == nil {
-			return nil, missing(kind, "pad_token/word_delimiter_token/cleanup")
+		if err := decodeInto(kind, raw, &v); err != nil || v.Pad == nil || v.Delim == nil || v.Cleanup == nil {
+			return nil, orMissing(err, kind, "pad_token/word_delimiter_token/cleanup")
 		}
 		return ctcDecoder{*v.Pad, *v.Delim, *v.Cleanup}, nil
 	case "Sequence":
 		var v struct {
 			Decoders *[]json.RawMessage `json:"decoders"`
 		}
-		if err := decodeInto(kind, raw, &v); err != nil {
-			return nil, err
+		if err := decodeInto(kind, raw, &v); err != nil || v.Decoders == nil {
+			return nil, orMissing(err, kind, "decoders")
 		}
-		if v.Decoders == nil {
-			return nil, missing(kind, "decoders")
-		}
-		seq := sequenceDecoder{}
-		for _, r := range *v.Decoders {
-			d, err := parseDecoder(r)
-			if err != nil {
-				return nil, err
-			}
-			if d == nil {
-				return nil, errors.New("decoder Sequence: null element")
-			}
-			seq = append(seq, d)
-		}
-		return seq, nil
+		return parseSequence[sequenceDecoder](kind, *v.Decoders, parseDecoder)
 	}
 	return nil, fmt.Errorf("unsupported decoder type %q", typ)
 }
@@ -534,24 +485,10 @@ func parsePostProcessor(raw json.RawMessage) (postProcessor, error) {
 		var v struct {
 			Processors *[]json.RawMessage `json:"processors"`
 		}
-		if err := decodeInto(kind, raw, &v); err != nil {
-			return nil, err
+		if err := decodeInto(kind, raw, &v); err != nil || v.Processors == nil {
+			return nil, orMissing(err, kind, "processors")
 		}
-		if v.Processors == nil {
-			return nil, missing(kind, "processors")
-		}
-		seq := sequencePost{}
-		for _, r := range *v.Processors {
-			p, err := parsePostProcessor(r)
-			if err != nil {
-				return nil, err
-			}
-			if p == nil {
-				return nil, errors.New("post_processor Sequence: null element")
-			}
-			seq = append(seq, p)
-		}
-		return seq, nil
+		return parseSequence[sequencePost](kind, *v.Processors, parsePostProcessor)
 	}
 	return nil, fmt.Errorf("unsupported post_processor type %q", typ)
 }
@@ -574,11 +511,8 @@ func parseTemplate(kind string, raw json.RawMessage) (postProcessor, error) {
 			Tokens []string `json:"tokens"`
 		} `json:"special_tokens"`
 	}
-	if err := decodeInto(kind, raw, &v); err != nil {
-		return nil, err
-	}
-	if v.Single == nil || v.Pair == nil || v.SpecialTokens == nil {
-		return nil, missing(kind, "single/pair/special_tokens")
+	if err := decodeInto(kind, raw, &v); err != nil || v.Single == nil || v.Pair == nil || v.SpecialTokens == nil {
+		return nil, orMissing(err, kind, "single/pair/special_tokens")
 	}
 	var t templatePost
 	for _, p := range *v.Single {
@@ -625,11 +559,8 @@ func parseTruncation(raw json.RawMessage) (*truncationConf, error) {
 		Strategy  *string `json:"strategy"`
 		Stride    *uint64 `json:"stride"`
 	}
-	if err := decodeInto("truncation", raw, &v); err != nil {
-		return nil, err
-	}
-	if v.MaxLength == nil || v.Strategy == nil || v.Stride == nil {
-		return nil, missing("truncation", "max_length/strategy/stride")
+	if err := decodeInto("truncation", raw, &v); err != nil || v.MaxLength == nil || v.Strategy == nil || v.Stride == nil {
+		return nil, orMissing(err, "truncation", "max_length/strategy/stride")
 	}
 	c := &truncationConf{maxLength: int(min(*v.MaxLength, math.MaxInt32))}
 	if v.Direction != nil {
@@ -672,11 +603,8 @@ func parsePadding(raw json.RawMessage) (*paddingConf, error) {
 		PadType   *uint32         `json:"pad_type_id"`
 		PadToken  *string         `json:"pad_token"`
 	}
-	if err := decodeInto("padding", raw, &v); err != nil {
-		return nil, err
-	}
-	if v.Direction == nil || v.PadID == nil || v.PadType == nil || v.PadToken == nil || isNull(v.Strategy) {
-		return nil, missing("padding", "strategy/direction/pad_id/pad_type_id/pad_token")
+	if err := decodeInto("padding", raw, &v); err != nil || v.Direction == nil || v.PadID == nil || v.PadType == nil || v.PadToken == nil || isNull(v.Strategy) {
+		return nil, orMissing(err, "padding", "strategy/direction/pad_id/pad_type_id/pad_token")
 	}
 	c := &paddingConf{fixed: -1, padID: int(*v.PadID)}
 	var s string
@@ -778,11 +706,8 @@ func parseModel(raw json.RawMessage) (model, error) {
 			Vocab        *map[string]uint32 `json:"vocab"`
 			Merges       json.RawMessage    `json:"merges"`
 		}
-		if err := decodeInto(kind, raw, &v); err != nil {
-			return nil, err
-		}
-		if v.Vocab == nil || isNull(v.Merges) {
-			return nil, missing(kind, "vocab/merges")
+		if err := decodeInto(kind, raw, &v); err != nil || v.Vocab == nil || isNull(v.Merges) {
+			return nil, orMissing(err, kind, "vocab/merges")
 		}
 		if v.Dropout != nil && *v.Dropout != 0 {
 			if *v.Dropout < 0 || *v.Dropout > 1 {
@@ -807,11 +732,8 @@ func parseModel(raw json.RawMessage) (model, error) {
 			Vocab *map[string]uint32 `json:"vocab"`
 			Unk   *string            `json:"unk_token"`
 		}
-		if err := decodeInto(kind, raw, &v); err != nil {
-			return nil, err
-		}
-		if v.Vocab == nil || v.Unk == nil {
-			return nil, missing(kind, "vocab/unk_token")
+		if err := decodeInto(kind, raw, &v); err != nil || v.Vocab == nil || v.Unk == nil {
+			return nil, orMissing(err, kind, "vocab/unk_token")
 		}
 		return &wordLevelModel{vocabulary: newVocabulary(*v.Vocab), unk: *v.Unk}, nil
 	case "WordPiece":
@@ -821,11 +743,8 @@ func parseModel(raw json.RawMessage) (model, error) {
 			Prefix   *string            `json:"continuing_subword_prefix"`
 			MaxChars *uint64            `json:"max_input_chars_per_word"`
 		}
-		if err := decodeInto(kind, raw, &v); err != nil {
-			return nil, err
-		}
-		if v.Vocab == nil || v.Unk == nil || v.Prefix == nil || v.MaxChars == nil {
-			return nil, missing(kind, "vocab/unk_token/continuing_subword_prefix/max_input_chars_per_word")
+		if err := decodeInto(kind, raw, &v); err != nil || v.Vocab == nil || v.Unk == nil || v.Prefix == nil || v.MaxChars == nil {
+			return nil, orMissing(err, kind, "vocab/unk_token/continuing_subword_prefix/max_input_chars_per_word")
 		}
 		return newWordPiece(*v.Vocab, *v.Unk, *v.Prefix, int(min(*v.MaxChars, math.MaxInt32))), nil
 	case "Unigram":
@@ -834,11 +753,8 @@ func parseModel(raw json.RawMessage) (model, error) {
 			UnkID        *uint64              `json:"unk_id"`
 			ByteFallback *bool                `json:"byte_fallback"`
 		}
-		if err := decodeInto(kind, raw, &v); err != nil {
-			return nil, err
-		}
-		if v.Vocab == nil {
-			return nil, missing(kind, "vocab")
+		if err := decodeInto(kind, raw, &v); err != nil || v.Vocab == nil {
+			return nil, orMissing(err, kind, "vocab")
 		}
 		pieces := make([]unigramPiece, len(*v.Vocab))
 		for i, e := range *v.Vocab {

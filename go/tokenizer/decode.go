@@ -48,9 +48,17 @@ type metaspaceDecoder struct {
 	scheme prependScheme
 }
 
-func (d metaspaceDecoder) decodeChain(toks []string, _ *bool) []string {
+// mapTokens returns the result of f on each token (i is its index).
+func mapTokens(toks []string, f func(i int, t string) string) []string {
 	out := make([]string, len(toks))
 	for i, t := range toks {
+		out[i] = f(i, t)
+	}
+	return out
+}
+
+func (d metaspaceDecoder) decodeChain(toks []string, _ *bool) []string {
+	return mapTokens(toks, func(i int, t string) string {
 		var b strings.Builder
 		for _, r := range t {
 			switch {
@@ -61,9 +69,8 @@ func (d metaspaceDecoder) decodeChain(toks []string, _ *bool) []string {
 				b.WriteByte(' ')
 			}
 		}
-		out[i] = b.String()
-	}
-	return out
+		return b.String()
+	})
 }
 
 type replaceDecoder struct {
@@ -72,17 +79,15 @@ type replaceDecoder struct {
 }
 
 func (d replaceDecoder) decodeChain(toks []string, _ *bool) []string {
-	out := make([]string, len(toks))
-	for i, t := range toks {
+	return mapTokens(toks, func(_ int, t string) string {
 		// A literal or built-in pattern cannot fail; a regex that times
 		// out leaves the token as it is.
 		r, err := replaceAll(t, d.m, d.content)
 		if err != nil {
-			r = t
+			return t
 		}
-		out[i] = r
-	}
-	return out
+		return r
+	})
 }
 
 type byteFallbackDecoder struct{}
@@ -156,8 +161,7 @@ type stripDecoder struct {
 }
 
 func (d stripDecoder) decodeChain(toks []string, _ *bool) []string {
-	out := make([]string, len(toks))
-	for i, t := range toks {
+	return mapTokens(toks, func(_ int, t string) string {
 		rs := []rune(t)
 		lo := 0
 		for lo < len(rs) && lo < d.start && rs[lo] == d.content {
@@ -167,9 +171,8 @@ func (d stripDecoder) decodeChain(toks []string, _ *bool) []string {
 		for k := 0; k < d.stop && hi > lo && rs[hi-1] == d.content; k++ {
 			hi--
 		}
-		out[i] = string(rs[lo:hi])
-	}
-	return out
+		return string(rs[lo:hi])
+	})
 }
 
 type wordPieceDecoder struct {
@@ -190,8 +193,7 @@ func cleanupText(s string) string {
 }
 
 func (d wordPieceDecoder) decodeChain(toks []string, _ *bool) []string {
-	out := make([]string, len(toks))
-	for i, t := range toks {
+	return mapTokens(toks, func(i int, t string) string {
 		if i != 0 {
 			if rest, ok := strings.CutPrefix(t, d.prefix); ok {
 				t = rest
@@ -202,16 +204,14 @@ func (d wordPieceDecoder) decodeChain(toks []string, _ *bool) []string {
 		if d.cleanup {
 			t = cleanupText(t)
 		}
-		out[i] = t
-	}
-	return out
+		return t
+	})
 }
 
 type bpeDecoder struct{ suffix string }
 
 func (d bpeDecoder) decodeChain(toks []string, _ *bool) []string {
-	out := make([]string, len(toks))
-	for i, t := range toks {
+	return mapTokens(toks, func(i int, t string) string {
 		rep := " "
 		if i == len(toks)-1 {
 			rep = ""
@@ -219,9 +219,8 @@ func (d bpeDecoder) decodeChain(toks []string, _ *bool) []string {
 		if d.suffix != "" {
 			t = strings.ReplaceAll(t, d.suffix, rep)
 		}
-		out[i] = t
-	}
-	return out
+		return t
+	})
 }
 
 type ctcDecoder struct {

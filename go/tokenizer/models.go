@@ -3,6 +3,7 @@ package tokenizer
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"unicode/utf8"
 )
 
@@ -156,10 +157,7 @@ func (m *unigramModel) tokenize(s []byte, out []int) ([]int, error) {
 	cacheable := len(s) < maxCachedWord
 	if cacheable {
 		if ids, ok := m.cache.get(s); ok {
-			for _, id := range ids {
-				out = append(out, int(id))
-			}
-			return out, nil
+			return append(out, ids...), nil
 		}
 	}
 	toks, err := m.bestPath(s)
@@ -194,11 +192,7 @@ func (m *unigramModel) tokenize(s []byte, out []int) ([]int, error) {
 		out = append(out, m.unkID)
 	}
 	if cacheable {
-		ids := make([]uint32, len(out)-start)
-		for i, id := range out[start:] {
-			ids[i] = uint32(id)
-		}
-		m.cache.put(string(s), ids)
+		m.cache.put(string(s), slices.Clone(out[start:]))
 	}
 	return out, nil
 }

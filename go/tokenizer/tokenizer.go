@@ -130,25 +130,14 @@ func fromJSON(data []byte) (*Tokenizer, error) {
 	}
 	t := &Tokenizer{}
 	var err error
-	if t.model, err = parseModel(f.Model); err != nil {
-		return nil, err
-	}
-	if t.normalizer, err = parseNormalizer(f.Normalizer); err != nil {
-		return nil, err
-	}
-	if t.pre, err = parsePreTokenizer(f.PreTokenizer); err != nil {
-		return nil, err
-	}
-	if t.post, err = parsePostProcessor(f.PostProcessor); err != nil {
-		return nil, err
-	}
-	if t.decoder, err = parseDecoder(f.Decoder); err != nil {
-		return nil, err
-	}
-	if t.trunc, err = parseTruncation(f.Truncation); err != nil {
-		return nil, err
-	}
-	if t.pad, err = parsePadding(f.Padding); err != nil {
+	parseStep(&err, &t.model, parseModel, f.Model)
+	parseStep(&err, &t.normalizer, parseNormalizer, f.Normalizer)
+	parseStep(&err, &t.pre, parsePreTokenizer, f.PreTokenizer)
+	parseStep(&err, &t.post, parsePostProcessor, f.PostProcessor)
+	parseStep(&err, &t.decoder, parseDecoder, f.Decoder)
+	parseStep(&err, &t.trunc, parseTruncation, f.Truncation)
+	parseStep(&err, &t.pad, parsePadding, f.Padding)
+	if err != nil {
 		return nil, err
 	}
 	if err := t.addTokens(f.AddedTokens); err != nil {
@@ -182,6 +171,14 @@ func fromJSON(data []byte) (*Tokenizer, error) {
 		}
 	}
 	return t, nil
+}
+
+// parseStep sets *dst to parse(raw), unless an earlier step failed: the
+// first error (*err) is the one reported, and nothing parses after it.
+func parseStep[T any](err *error, dst *T, parse func(json.RawMessage) (T, error), raw json.RawMessage) {
+	if *err == nil {
+		*dst, *err = parse(raw)
+	}
 }
 
 // addTokens registers the added tokens as the format does: a token takes

@@ -17,7 +17,9 @@ import (
 
 const heldCompletion = `{"model":"m","prompt":"hi","max_tokens":1000}`
 
-func timeoutHeader(s string) map[string]string { return map[string]string{frontend.RequestTimeoutHeader: s} }
+func timeoutHeader(s string) map[string]string {
+	return map[string]string{frontend.RequestTimeoutHeader: s}
+}
 
 // A bad x-request-timeout is a 400 that names the header; no worker hears
 // of the request.
@@ -75,6 +77,7 @@ func TestDeadlineInAStreamIsAFinalErrorEvent(t *testing.T) {
 	_, err = ev.next()
 	assert.Error(t, err, "the stream ends after the error event")
 	req := planetest.Recv(t, got, "the request")
+	require.True(t, planetest.ClosedWithin(req.Ctx.Killed()))
 	assert.Equal(t, ctxtree.ReasonDeadline, req.Ctx.Reason())
 }
 

@@ -198,11 +198,18 @@ type Frontend struct {
 
 	unsubscribe func() // from abort confirmations
 
+	draining  atomic.Bool   // Drain was called
+	hurry     chan struct{} // closed by a Drain during a drain: stop waiting
+	hurryOnce sync.Once
+	drained   chan struct{} // closed when the drain is over
+	closeErr  error
+
 	mu       sync.Mutex
-	clients  map[string]*plane.Client // per model
-	files    *plane.Client            // the workers serving model files (modelfiles.go), made on first use
-	pending  map[string]*pendingAbort // request key -> disconnect waiting for its confirmation
-	byAge    list.List                // the same entries (*pendingAbort), oldest first: expiry
+	inflight map[*ctxtree.Context]struct{} // the contexts of the worker requests being served (Drain)
+	clients  map[string]*plane.Client      // per model
+	files    *plane.Client                 // the workers serving model files (modelfiles.go), made on first use
+	pending  map[string]*pendingAbort      // request key -> disconnect waiting for its confirmation
+	byAge    list.List                     // the same entries (*pendingAbort), oldest first: expiry
 	serveErr chan error
 }
 
@@ -228,7 +235,7 @@ func New(ctx context.Context, rt *plane.Runtime, opts Options) (*Frontend, error
 	f := &Frontend{
 		rt: rt, opts: opts, client: client, metrics: newMetrics(), idle: newIdleConns(opts.MaxIdleConnections),
 		clients: map[string]*plane.Client{}, pending: map[string]*pendingAbort{},
-		serveErr: make(chan error, 1),
+		serveErr: make(chan error, 1), hurry: make(chan struct{}), drained: make(chan struct{}),
 	}
 	unsubscribe, err := rt.OnAbortConfirmed(f.onAbortConfirmed)
 	if err != nil {
@@ -278,25 +285,86 @@ func New(ctx context.Context, rt *plane.Runtime, opts Options) (*Frontend, error
 // Addr is the address the frontend listens on.
 func (f *Frontend) Addr() string { return f.ln.Addr().String() }
 
-// Close stops serving: it waits up to 5 s for requests in flight, then
-// closes their connections, which kills them like any client disconnect.
-func (f *Frontend) Close() error {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	err := f.srv.Shutdown(ctx)
-	if err != nil {
-		_ = f.srv.Close()
+// Close is Drain(5 s).
+func (f *Frontend) Close() error { return f.Drain(5 * time.Second) }
+
+// Drain stops serving: it stops accepting at once (the listener and idle
+// connections close), lets the requests in flight finish for up to timeout,
+// then kills those still running with reason shutdown (their clients get a
+// 503, or a final SSE error event, code shutdown) and closes. A call while
+// a drain is under way ends its wait at once (a second signal), then
+// returns when it is over, as every later call does.
+func (f *Frontend) Drain(timeout time.Duration) error {
+	if !f.draining.CompareAndSwap(false, true) {
+		f.hurryOnce.Do(func() { close(f.hurry) })
+		<-f.drained
+		return f.closeErr
 	}
-	<-f.serveErr
-	f.client.Close() // and the per-model clients made from it
+	defer close(f.drained)
+	{
+		ctx, cancel := context.WithTimeout(context.Background(), timeout)
+		defer cancel()
+		go func() {
+			select {
+			case <-f.hurry:
+				cancel()
+			case <-ctx.Done():
+			}
+		}()
+		if err := f.srv.Shutdown(ctx); err != nil {
+			// The drain timeout passed: what still runs is killed (its
+			// clients are answered), then the last handlers get 5 s.
+			f.killInflight(ctxtree.ReasonShutdown)
+			last, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			if f.closeErr = f.srv.Shutdown(last); f.closeErr != nil {
+				_ = f.srv.Close()
+			}
+		}
+		<-f.serveErr
+		f.client.Close() // and the per-model clients made from it
+		f.mu.Lock()
+		files := f.files
+		f.mu.Unlock()
+		if files != nil {
+			files.Close()
+		}
+		f.unsubscribe()
+	}
+	return f.closeErr
+}
+
+// killInflight kills every worker request still running with reason.
+func (f *Frontend) killInflight(reason ctxtree.Reason) {
 	f.mu.Lock()
-	files := f.files
-	f.mu.Unlock()
-	if files != nil {
-		files.Close()
+	ctxs := make([]*ctxtree.Context, 0, len(f.inflight))
+	for c := range f.inflight {
+		ctxs = append(ctxs, c)
 	}
-	f.unsubscribe()
-	return err
+	f.mu.Unlock()
+	for _, c := range ctxs {
+		c.Cancel(ctxtree.Killed, reason)
+	}
+}
+
+// track registers the contexts of a request's worker requests, for Drain;
+// the returned function forgets them.
+func (f *Frontend) track(choices []*choice) (forget func()) {
+	f.mu.Lock()
+	if f.inflight == nil {
+		f.inflight = map[*ctxtree.Context]struct{}{}
+	}
+	for _, c := range choices {
+		f.inflight[c.reqCtx] = struct{}{}
+	}
+	f.mu.Unlock()
+	return func() {
+		f.mu.Lock()
+		for _, c := range choices {
+			delete(f.inflight, c.reqCtx)
+		}
+		f.mu.Unlock()
+	}
 }
 
 type instanceMeta struct {
@@ -862,6 +930,7 @@ func (f *Frontend) serve(w http.ResponseWriter, r *http.Request, chat bool) {
 			f.metrics.request(req.Model)
 		}
 	}
+	defer f.track(choices)()
 	promptTokens := 0
 	for _, pr := range prompts {
 		promptTokens += len(pr.tokens)
@@ -938,6 +1007,9 @@ func (f *Frontend) serve(w http.ResponseWriter, r *http.Request, chat bool) {
 	}
 	killAll()
 }
+
+// errShutdown ends a response whose worker requests Drain killed.
+var errShutdown = errors.New("the frontend is shutting down and its drain timeout passed")
 
 // testHookBeforeResponse, when set (by tests only), runs in serve once the
 // worker requests are sent, before the response is written.
@@ -1166,8 +1238,13 @@ func (p *response) run(on func(c *choice, text string, finished bool) error) err
 		if c.ended {
 			continue // ended by the frontend at a stop string
 		}
-		if ev.err != nil && byDeadline(c) && !c.stream.Completed() {
-			return errDeadline
+		if ev.err != nil && !c.stream.Completed() {
+			if byDeadline(c) {
+				return errDeadline
+			}
+			if c.reqCtx.Reason() == ctxtree.ReasonShutdown {
+				return errShutdown
+			}
 		}
 		if ev.err == io.EOF {
 			c.ended = true
@@ -1335,8 +1412,11 @@ func (p *response) stream() {
 	if err != io.EOF {
 		if p.ctx.Err() == nil && !w.failed {
 			msg, status, kind, code := err.Error(), http.StatusInternalServerError, "internal_error", "internal_error"
-			if errors.Is(err, errDeadline) {
+			switch {
+			case errors.Is(err, errDeadline):
 				status, kind, code = http.StatusGatewayTimeout, "timeout_error", "deadline_exceeded"
+			case errors.Is(err, errShutdown):
+				status, kind, code = http.StatusServiceUnavailable, "service_unavailable", "shutdown"
 			}
 			failed(w.w, status, msg)
 			b, _ := json.Marshal(map[string]any{"error": map[string]any{"message": msg, "type": kind, "param": nil, "code": code}})
@@ -1365,6 +1445,9 @@ func (p *response) unary() {
 		switch {
 		case errors.Is(err, errDeadline):
 			deadlineExceeded(p.w.w)
+			return
+		case errors.Is(err, errShutdown):
+			writeError(p.w.w, http.StatusServiceUnavailable, err.Error(), "service_unavailable", "", "shutdown")
 			return
 		case errors.Is(err, plane.ErrNoResponders):
 			status, code = http.StatusServiceUnavailable, "service_unavailable"

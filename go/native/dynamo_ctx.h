@@ -300,9 +300,17 @@ int dc_frontend_start(uint64_t rt, const char *addr, size_t addr_len, const char
 /* Copies the address the frontend listens on into buf, as dc_context_id does. */
 int dc_frontend_addr(uint64_t h, char *buf, size_t cap, size_t *len);
 
-/* Stops the frontend (waiting up to 5 s for requests in flight) and frees
-   its handle. */
+/* Stops the frontend (as dc_frontend_drain with 5 s, unless it was
+   drained) and frees its handle. */
 int dc_frontend_free(uint64_t h);
+
+/* Drains the frontend: it stops accepting at once, lets the requests in
+   flight finish for up to seconds, then kills those still running with
+   DC_REASON_SHUTDOWN (their clients get a 503 or a final SSE error event,
+   code "shutdown") and stops. Only the first drain (or free) waits. Errors:
+   DC_EBADF; DC_EINVAL for seconds that is not a finite number, 0 or more,
+   below DC_MAX_TIMEOUT_SECONDS. */
+int dc_frontend_drain(uint64_t h, double seconds);
 
 
 /* ------------------------------------------------------------------
@@ -323,6 +331,18 @@ int dc_runtime_shutdown(uint64_t h);
 
 /* Shuts the runtime down (as dc_runtime_shutdown) and frees its handle. */
 int dc_runtime_free(uint64_t h);
+
+/* Drains the runtime: every endpoint it serves leaves discovery at once and
+   refuses the requests that still arrive (their callers send them to
+   another instance: they never reached a worker), while the requests being
+   served run on. dc_runtime_shutdown then ends whatever still runs (without
+   a final marker: a caller with a migration limit continues it elsewhere).
+   Idempotent. Errors: DC_EBADF, DC_ECLOSED. */
+int dc_runtime_drain(uint64_t h);
+
+/* Stores in *n the number of requests the runtime's endpoints are serving.
+   Errors: DC_EBADF, DC_EINVAL for a NULL n. */
+int dc_runtime_active(uint64_t h, uint64_t *n);
 
 /* Copies the runtime's NATS URL into buf, as dc_context_id does. */
 int dc_runtime_nats_url(uint64_t h, char *buf, size_t cap, size_t *len);

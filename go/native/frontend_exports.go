@@ -15,6 +15,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/dynamo-ctx/dynamo-ctx/go/ctxtree"
 	"github.com/dynamo-ctx/dynamo-ctx/go/frontend"
 	"github.com/dynamo-ctx/dynamo-ctx/go/handle"
 )
@@ -77,6 +78,22 @@ func dc_frontend_addr(h C.uint64_t, buf *C.char, bufLen C.size_t, n *C.size_t) (
 		return rc
 	}
 	return writeString("dc_frontend_addr", f.Addr(), buf, bufLen, n)
+}
+
+// dc_frontend_drain: see dynamo_ctx.h, the reference.
+//
+//export dc_frontend_drain
+func dc_frontend_drain(h C.uint64_t, seconds C.double) (rc C.int) {
+	defer guard("dc_frontend_drain", &rc)
+	if err := ctxtree.TimeoutError(float64(seconds)); err != nil {
+		return fail(C.DC_EINVAL, "dc_frontend_drain: %v", err)
+	}
+	f, rc := get(frontends, "dc_frontend_drain", h)
+	if rc != C.DC_OK {
+		return rc
+	}
+	_ = f.Drain(time.Duration(float64(seconds) * float64(time.Second)))
+	return C.DC_OK
 }
 
 // dc_frontend_free: see dynamo_ctx.h, the reference.

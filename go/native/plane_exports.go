@@ -121,6 +121,38 @@ func dc_runtime_shutdown(h C.uint64_t) (rc C.int) {
 	return C.DC_OK
 }
 
+// dc_runtime_drain: see dynamo_ctx.h, the reference.
+//
+//export dc_runtime_drain
+func dc_runtime_drain(h C.uint64_t) (rc C.int) {
+	defer guard("dc_runtime_drain", &rc)
+	rt, rc := get(runtimes, "dc_runtime_drain", h)
+	if rc != C.DC_OK {
+		return rc
+	}
+	if rt.IsClosed() {
+		return fail(C.DC_ECLOSED, "dc_runtime_drain: the runtime is shut down")
+	}
+	rt.Drain()
+	return C.DC_OK
+}
+
+// dc_runtime_active: see dynamo_ctx.h, the reference.
+//
+//export dc_runtime_active
+func dc_runtime_active(h C.uint64_t, n *C.uint64_t) (rc C.int) {
+	defer guard("dc_runtime_active", &rc)
+	if n == nil {
+		return fail(C.DC_EINVAL, "dc_runtime_active: n must not be NULL")
+	}
+	rt, rc := get(runtimes, "dc_runtime_active", h)
+	if rc != C.DC_OK {
+		return rc
+	}
+	*n = C.uint64_t(rt.Active())
+	return C.DC_OK
+}
+
 // dc_runtime_free: see dynamo_ctx.h, the reference.
 //
 //export dc_runtime_free

@@ -764,6 +764,15 @@ static PyObject* mod_runtime_new(PyObject* m, PyObject* args) {
 
 static PyObject* mod_runtime_shutdown(PyObject* m, PyObject* arg) { return call_h(arg, dc_runtime_shutdown, 1); }
 static PyObject* mod_runtime_free(PyObject* m, PyObject* arg) { return call_h(arg, dc_runtime_free, 1); }
+static PyObject* mod_runtime_drain(PyObject* m, PyObject* arg) { return call_h(arg, dc_runtime_drain, 1); }
+
+static PyObject* mod_runtime_active(PyObject* m, PyObject* arg) {
+    uint64_t h, n = 0;
+    if (parse_u64(arg, &h) < 0 || check_fork() < 0) return NULL;
+    int rc = dc_runtime_active(h, &n);
+    if (rc != DC_OK) return raise_rc(rc);
+    return PyLong_FromUnsignedLongLong(n);
+}
 
 static PyObject* mod_runtime_nats_url(PyObject* m, PyObject* arg) {
     uint64_t h;
@@ -1353,6 +1362,17 @@ static PyObject* mod_frontend_addr(PyObject* m, PyObject* arg) {
 
 static PyObject* mod_frontend_free(PyObject* m, PyObject* arg) { return call_h(arg, dc_frontend_free, 1); }
 
+static PyObject* mod_frontend_drain(PyObject* m, PyObject* args) {
+    unsigned long long h;
+    double seconds;
+    if (!PyArg_ParseTuple(args, "Kd:frontend_drain", &h, &seconds)) return NULL;
+    if (check_fork() < 0) return NULL;
+    int rc;
+    CALL_RELEASED(rc, dc_frontend_drain((uint64_t)h, seconds));
+    if (rc != DC_OK) return raise_rc(rc);
+    Py_RETURN_NONE;
+}
+
 static PyObject* mod_arm(PyObject* m, PyObject* args) {
     unsigned long long h, q, token;
     if (!PyArg_ParseTuple(args, "KKK:arm", &h, &q, &token)) return NULL;
@@ -1408,6 +1428,8 @@ static PyMethodDef module_methods[] = {
     {"runtime_new", mod_runtime_new, METH_VARARGS, "runtime_new(nats_url=None) -> handle (blocks while connecting)"},
     {"runtime_shutdown", mod_runtime_shutdown, METH_O, "runtime_shutdown(rt)"},
     {"runtime_free", mod_runtime_free, METH_O, "runtime_free(rt)"},
+    {"runtime_drain", mod_runtime_drain, METH_O, "runtime_drain(rt): leave discovery, serve what is in flight"},
+    {"runtime_active", mod_runtime_active, METH_O, "runtime_active(rt) -> requests being served"},
     {"runtime_nats_url", mod_runtime_nats_url, METH_O, "runtime_nats_url(rt) -> str"},
     {"endpoint_serve", mod_endpoint_serve, METH_VARARGS, "endpoint_serve(rt, path, meta=None) -> handle"},
     {"endpoint_instance_id", mod_endpoint_instance_id, METH_O, "endpoint_instance_id(ep) -> int"},
@@ -1439,6 +1461,7 @@ static PyMethodDef module_methods[] = {
     {"frontend_start", mod_frontend_start, METH_VARARGS, "frontend_start(rt, addr, namespace=None, migration_limit=-1) -> handle"},
     {"frontend_addr", mod_frontend_addr, METH_O, "frontend_addr(fe) -> 'host:port'"},
     {"frontend_free", mod_frontend_free, METH_O, "frontend_free(fe)"},
+    {"frontend_drain", mod_frontend_drain, METH_VARARGS, "frontend_drain(fe, seconds): stop accepting, finish, kill the rest"},
     {"arm", mod_arm, METH_VARARGS, "arm(handle, queue, token): push token when the object may have progressed"},
     {NULL, NULL, 0, NULL},
 };

@@ -201,6 +201,9 @@ type Runtime struct {
 // endpoint was closing; the caller treats it as "no responders".
 const ackShuttingDown = "endpoint is shutting down"
 
+// IsClosed reports whether the runtime was closed.
+func (r *Runtime) IsClosed() bool { return r.isClosed() }
+
 func (r *Runtime) isClosed() bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -389,6 +392,33 @@ func (r *Runtime) Close() {
 	r.srv.Close()
 	r.bus.Close()
 	close(r.done)
+}
+
+// Drain drains every endpoint this runtime serves (Endpoint.Drain): out of
+// discovery, refusing new requests, serving those in flight.
+func (r *Runtime) Drain() {
+	for _, e := range r.servedEndpoints() {
+		e.Drain()
+	}
+}
+
+// Active is the number of requests this runtime's endpoints are serving.
+func (r *Runtime) Active() int {
+	n := 0
+	for _, e := range r.servedEndpoints() {
+		n += e.Active()
+	}
+	return n
+}
+
+func (r *Runtime) servedEndpoints() []*Endpoint {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	eps := make([]*Endpoint, 0, len(r.endpoints))
+	for e := range r.endpoints {
+		eps = append(eps, e)
+	}
+	return eps
 }
 
 func (r *Runtime) track(add func()) error {

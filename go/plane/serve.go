@@ -28,6 +28,7 @@ type Endpoint struct {
 
 	mu       sync.Mutex
 	closed   bool
+	draining bool // Drain: out of discovery, refusing new requests
 	pending  []*Request
 	active   map[*Request]struct{}
 	ready    arm
@@ -96,7 +97,7 @@ func (e *Endpoint) onMsg(m *nats.Msg) {
 	}
 	e.readers <- struct{}{}
 	e.mu.Lock()
-	if e.closed {
+	if e.closed || e.draining {
 		e.mu.Unlock()
 		<-e.readers
 		_ = m.Respond(mustJSON(ack{Error: ackShuttingDown}))
@@ -143,7 +144,7 @@ func (e *Endpoint) receive(m *nats.Msg) {
 		req.Ctx.SetDeadline(time.Now().Add(time.Duration(*env.TimeoutUs) * time.Microsecond))
 	}
 	e.mu.Lock()
-	if e.closed {
+	if e.closed || e.draining {
 		e.mu.Unlock()
 		_ = m.Respond(mustJSON(ack{Error: ackShuttingDown}))
 		return
@@ -261,6 +262,31 @@ func (e *Endpoint) Next(ctx context.Context) (*Request, error) {
 func (e *Endpoint) Arm(f func()) {
 	e.mu.Lock()
 	e.ready.setLocked(&e.mu, len(e.pending) > 0 || e.closed, f)
+}
+
+// Drain takes the instance out of discovery at once and refuses the
+// requests that still arrive (a caller sends those to another instance:
+// they never reached a worker), while the requests being served run on.
+// Close ends whatever still runs.
+func (e *Endpoint) Drain() {
+	e.mu.Lock()
+	if e.closed || e.draining {
+		e.mu.Unlock()
+		return
+	}
+	e.draining = true
+	e.mu.Unlock()
+	if e.lease != nil {
+		e.lease.Close() // announced at once: watchers drop the instance
+	}
+}
+
+// Active is the number of requests the endpoint is serving: taken by the
+// host or waiting to be.
+func (e *Endpoint) Active() int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return len(e.active)
 }
 
 // Close stops serving: the instance leaves discovery, new requests are

@@ -269,6 +269,27 @@ class DistributedRuntime:
         self._closed = True
         self._lib.runtime_shutdown(self._handle)
 
+    async def drain(self, timeout: float) -> bool:
+        """Drain, then shut down: every endpoint this runtime serves leaves
+        discovery at once (no new request reaches it; one already on its way
+        is refused and goes to another instance), the requests in flight run
+        on for up to ``timeout`` seconds, and then ``shutdown()`` ends whatever
+        still runs without its final marker, so a caller with a migration
+        limit continues it on another worker. Returns True when every request
+        finished in time. A ``shutdown()`` meanwhile (a second signal) ends the
+        wait at once."""
+        if self._closed:
+            return True
+        lib = self._lib
+        lib.runtime_drain(self._handle)
+        loop = asyncio.get_running_loop()
+        end = loop.time() + max(0.0, timeout)
+        while not self._closed and lib.runtime_active(self._handle) > 0 and loop.time() < end:
+            await asyncio.sleep(_DRAIN_POLL)
+        finished = not self._closed and int(lib.runtime_active(self._handle)) == 0
+        self.shutdown()
+        return finished
+
     def is_shutdown(self) -> bool:
         """True once ``shutdown()`` was called."""
         return self._closed
@@ -452,6 +473,9 @@ def _log_handler_error(ctx: Context, e: BaseException) -> None:
 #: Items a request may hold back before they are handed to the library at
 #: once, without waiting for the end of the loop's turn.
 _SEND_BATCH = 128
+
+#: How often drain() looks whether the requests in flight have finished.
+_DRAIN_POLL = 0.02
 
 
 class _Sends:

@@ -147,6 +147,16 @@ def add_logging(parser: argparse.ArgumentParser) -> None:
     )
 
 
+#: The drain timeout's variable and default (seconds), as Kubernetes gives a pod 30 s.
+ENV_DRAIN_TIMEOUT = "DYNAMO_CTX_DRAIN_TIMEOUT"
+DRAIN_TIMEOUT = 30.0
+
+
+def add_drain_timeout(parser: argparse.ArgumentParser, help: str) -> None:
+    """--drain-timeout, shared by the commands that serve (worker, frontend)."""
+    add_flag(parser, "--drain-timeout", type=non_negative_float, default=DRAIN_TIMEOUT, env=ENV_DRAIN_TIMEOUT, help=help)
+
+
 def add_event_loop(parser: argparse.ArgumentParser) -> None:
     """--event-loop, shared by the commands that serve (worker, frontend)."""
     add_flag(

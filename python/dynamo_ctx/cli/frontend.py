@@ -51,8 +51,16 @@ class HttpFrontend:
         """``host:port`` the frontend listens on."""
         return self._lib.frontend_addr(self._handle)
 
+    def drain(self, timeout: float) -> None:
+        """Stop accepting at once, let the requests in flight finish for up to
+        ``timeout`` seconds, then kill the rest with reason ``shutdown`` (their
+        clients get a 503 or a last SSE error event) and stop. Blocks; a call
+        during a drain ends its wait at once (a second signal)."""
+        if self._handle is not None:
+            self._lib.frontend_drain(self._handle, float(timeout))
+
     def close(self) -> None:
-        """Stop serving (requests in flight get up to 5 s)."""
+        """Stop serving (``drain(5)`` unless drained) and free the frontend."""
         h, self._handle = self._handle, None
         if h is not None:
             self._lib.frontend_free(h)
@@ -106,6 +114,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         help="seconds every request may take unless its x-request-timeout header says less (default: none); "
         "past it the request is killed at every hop (504, or a last SSE error event, code deadline_exceeded)",
     )
+    _cli.add_drain_timeout(p, "seconds the requests in flight get to finish after SIGTERM; then they are killed with reason shutdown")
     p.add_event_loop()
     p.add_logging()
     return p.parse_args(argv)
@@ -136,6 +145,11 @@ async def run(args: argparse.Namespace) -> None:
         loop.add_signal_handler(sig, stop.set)
     try:
         await stop.wait()
+        logger.info("draining: no new connections; the requests in flight get %g s", args.drain_timeout)
+        for sig in (signal.SIGTERM, signal.SIGINT):  # a second signal: no more waiting
+            loop.add_signal_handler(sig, lambda: loop.run_in_executor(None, fe.drain, 0.0))
+        await loop.run_in_executor(None, fe.drain, args.drain_timeout)
+        logger.info("drained")
     finally:
         await loop.run_in_executor(None, fe.close)
         runtime.shutdown()

@@ -198,6 +198,10 @@ def _add_worker_flags(p: argparse.ArgumentParser) -> None:
         "--mock-die-after-steps", type=_cli.positive_int,
         help="mock engine: its core dies after this many engine steps, a rehearsal of engine death (default: never)",
     )
+    _cli.add_drain_timeout(
+        p, "seconds the requests in flight get to finish after SIGTERM (the worker leaves discovery at once); "
+        "then the rest are handed over (a migratable end) and the worker exits 0. A second signal ends it at once",
+    )
     _cli.add_event_loop(p)
     if "--log-level" in p._option_string_actions:
         # vLLM's engine arguments have their own (0.33 on): the worker's
@@ -276,11 +280,14 @@ class Readiness:
     def __init__(self, waiting_for: Optional[str]) -> None:
         self.waiting_for = waiting_for
         self.failed: Optional[str] = None
+        self.draining = False
 
     def render(self) -> Tuple[str, bytes]:
         """The /health answer: status line and JSON body."""
         if self.failed is not None:
             return "503 Service Unavailable", (json.dumps({"status": "error", "reason": self.failed}) + "\n").encode()
+        if self.draining:
+            return "503 Service Unavailable", b'{"status":"draining"}\n'
         if self.waiting_for is None:
             return "200 OK", b'{"status":"ready"}\n'
         return "503 Service Unavailable", (json.dumps({"status": "waiting", "waiting_for": self.waiting_for}) + "\n").encode()
@@ -489,9 +496,27 @@ async def run(args: argparse.Namespace) -> None:
         instance = await endpoint.serving()
         readiness.waiting_for = None
         logger.info("serving %s as instance %d (model %s, mode %s)", endpoint.path, instance, model.name, args.mode)
+        drain: "Optional[asyncio.Future[bool]]" = None
+        rt = runtime
+
+        def on_signal() -> None:
+            # The first signal drains (leave discovery, finish, hand the rest
+            # over after --drain-timeout); a second one ends it at once.
+            nonlocal drain
+            if drain is None:
+                readiness.draining = True
+                logger.info("draining: left discovery; the requests in flight get %g s", args.drain_timeout)
+                drain = asyncio.ensure_future(rt.drain(args.drain_timeout))
+            else:
+                logger.info("a second signal: stopping now")
+                rt.shutdown()
+
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, runtime.shutdown)
+            loop.add_signal_handler(sig, on_signal)
         await serving
+        if drain is not None:
+            finished = await drain
+            logger.info("drained: %s", "every request finished" if finished else "the requests still running were handed over")
         if died:
             raise _cli.CommandError(f"{died[0]}; exiting so that the worker is restarted")
     finally:

@@ -295,6 +295,8 @@ class Stack:
         self.procs: List[Proc] = []
         self.env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(PY_DIR), os.environ.get("PYTHONPATH")])))
         self.env.pop("NATS_SERVER", None)
+        # A SIGTERM drains: a teardown with requests in flight need not wait the 30 s default.
+        self.env.setdefault("DYNAMO_CTX_DRAIN_TIMEOUT", "1")
         self.nats_host = Proc("nats-host", [sys.executable, "-c", NATS_HOST_CODE], self.env, stdin=True)
         line = self.nats_host.proc.stdout.readline().strip()
         if not line.startswith("nats://"):

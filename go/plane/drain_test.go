@@ -1,0 +1,63 @@
+package plane_test
+
+import (
+	"io"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/dynamo-ctx/dynamo-ctx/go/ctxtree"
+	"github.com/dynamo-ctx/dynamo-ctx/go/internal/planetest"
+	"github.com/dynamo-ctx/dynamo-ctx/go/plane"
+)
+
+// Drain: the instance leaves discovery at once, new requests go to the
+// other instance, and the request in flight finishes on the draining one.
+func TestDrainLetsRequestsFinishAndTakesNoNewOnes(t *testing.T) {
+	const path = "test.drain.generate"
+	host := planetest.Embedded(t)
+	release := make(chan struct{})
+	got := make(chan *plane.Request, 8)
+	draining := planetest.Serve(t, planetest.Join(t, host), path, func(w *planetest.Worker, req *plane.Request) {
+		got <- req
+		w.Send(req, num(0))
+		select {
+		case <-release:
+		case <-w.Quit:
+			return
+		}
+		w.Send(req, num(1))
+		req.Complete()
+	})
+	other := planetest.Serve(t, planetest.Join(t, host), path, planetest.Tokens)
+	c := planetest.Client(t, host, path)
+	planetest.WaitInstances(t, c, 2)
+
+	s, err := c.Generate([]byte(`{}`), ctxtree.New("in-flight"), plane.Direct, draining.EP.InstanceID())
+	require.NoError(t, err)
+	planetest.Recv(t, got, "the request in flight")
+	assert.Equal(t, 1, draining.RT.Active())
+
+	start := time.Now()
+	draining.RT.Drain()
+	require.Eventually(t, func() bool {
+		ids := c.InstanceIDs()
+		return len(ids) == 1 && ids[0] == other.EP.InstanceID()
+	}, 5*time.Second, 2*time.Millisecond, "the draining instance left discovery")
+	t.Logf("left discovery after %v", time.Since(start))
+
+	// Sent to the draining instance anyway: refused, never served there.
+	late, err := c.Generate([]byte(`{}`), ctxtree.New("late"), plane.Direct, draining.EP.InstanceID())
+	require.NoError(t, err)
+	_, _, err = planetest.Drain(late, 0)
+	assert.ErrorIs(t, err, plane.ErrNoResponders, "refused: safe to send to another instance")
+	assert.Empty(t, got, "a request sent after the drain was served by the draining instance")
+
+	close(release)
+	items, _, err := planetest.Drain(s, 0)
+	assert.Equal(t, io.EOF, err, "the request in flight finished normally")
+	requireSeq(t, items, 0, 2)
+	require.Eventually(t, func() bool { return draining.RT.Active() == 0 }, 5*time.Second, 2*time.Millisecond)
+}

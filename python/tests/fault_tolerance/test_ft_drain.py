@@ -1,0 +1,139 @@
+"""Graceful drain as an operator meets it: SIGTERM on a worker (a rolling deploy) and on the
+frontend. A draining worker leaves discovery at once, finishes its streams, hands over what
+outlives --drain-timeout (migration continues it token-exact) and exits 0; a second signal
+ends it at once; the frontend stops accepting, lets its streams finish, then kills the rest
+with reason shutdown."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import socket
+import threading
+import time
+
+from conftest import http_get
+
+DECODE = 0.01
+
+
+def stream_lines(stack, body, rid, out, ready=None):
+    """A streamed completion over a raw socket, its SSE data lines appended to out."""
+    host, port = stack.frontend.host_port
+    payload = json.dumps(dict(body, stream=True)).encode()
+    with socket.create_connection((host, port), timeout=stack.hang) as s:
+        s.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {len(payload)}\r\n"
+                  f"x-request-id: {rid}\r\nConnection: close\r\n\r\n".encode() + payload)
+        buf = b""
+        while True:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            buf += chunk
+            *lines, buf = buf.split(b"\n")
+            for ln in lines:
+                if ln.startswith(b"data: "):
+                    out.append(ln[6:].decode().strip())
+                    if ready is not None:
+                        ready.set()
+
+
+def text_of(events):
+    chunks = [json.loads(e) for e in events if e.startswith("{")]
+    return "".join(c["choices"][0]["text"] for c in chunks if c.get("choices"))
+
+
+def health(worker):
+    try:
+        return http_get(f"http://127.0.0.1:{worker.metrics_port}/health", timeout=2)[2]
+    except Exception as e:  # noqa: BLE001 - a 503 raises: its body is in the error
+        return getattr(e, "read", lambda: b"")()
+
+
+def start_stream(stack, body, rid):
+    out, ready = [], threading.Event()
+    t = threading.Thread(target=stream_lines, args=(stack, body, rid, out, ready), daemon=True)
+    t.start()
+    assert ready.wait(stack.hang), "no first chunk"
+    return t, out
+
+
+def busy(stack):
+    (w,) = [w for w in stack.workers if w.metrics()["dynamo_ctx_worker_running_requests"] == 1]
+    return w
+
+
+def test_sigterm_finishes_the_streams_in_flight_and_exits_0(stack):
+    stack.start([{"decode": DECODE, "args": ["--drain-timeout", "30"]}, {"decode": DECODE, "args": ["--drain-timeout", "30"]}],
+                migration_limit=0)
+    rid = stack.new_id("drain-finish")
+    body = {"model": stack.model, "prompt": "tick", "max_tokens": 100}
+    t, out = start_stream(stack, body, rid)
+    victim = busy(stack)
+    other = next(w for w in stack.workers if w is not victim)
+    victim.proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + 5
+    while b"draining" not in health(victim):
+        assert time.monotonic() < deadline, "the draining worker's /health never said so"
+        time.sleep(0.01)
+    stack.frontend.wait_instances(1)  # it left discovery at once
+    # New requests go to the other worker, and succeed.
+    client = stack.frontend.openai()
+    for _ in range(3):
+        r = client.completions.create(model=stack.model, prompt="tick", max_tokens=3)
+        assert r.usage.completion_tokens == 3
+    t.join(stack.hang)
+    assert out[-1] == "[DONE]", out[-3:]
+    assert text_of(out) == stack.expected_text("tick", 100), "the stream in flight finished, whole"
+    assert victim.proc.wait(stack.hang) == 0
+    victim.wait_log(r"drained: every request finished")
+    assert other.log_count(rf"New Request ID: {re.escape(rid)}$") == 0
+
+
+def test_past_the_drain_timeout_streams_are_handed_over(stack):
+    args = ["--drain-timeout", "0.3"]
+    stack.start([{"decode": DECODE, "args": args}, {"decode": DECODE, "args": args}], migration_limit=2)
+    rid = stack.new_id("drain-handover")
+    body = {"model": stack.model, "prompt": "tick", "max_tokens": 200}
+    t, out = start_stream(stack, body, rid)
+    victim = busy(stack)
+    other = next(w for w in stack.workers if w is not victim)
+    victim.proc.send_signal(signal.SIGTERM)
+    t.join(stack.hang)
+    assert out[-1] == "[DONE]", out[-3:]
+    assert text_of(out) == stack.expected_text("tick", 200), "continued on the other worker, token-exact"
+    assert victim.proc.wait(stack.hang) == 0
+    victim.wait_log(r"drained: the requests still running were handed over")
+    other.wait_log(rf"New Request ID: {re.escape(rid)}$")
+
+
+def test_a_second_signal_ends_the_drain_at_once(stack):
+    stack.start([{"decode": DECODE, "args": ["--drain-timeout", "60"]}], migration_limit=0)
+    rid = stack.new_id("drain-twice")
+    t, out = start_stream(stack, {"model": stack.model, "prompt": "tick", "max_tokens": 5000}, rid)
+    (w,) = stack.workers
+    w.proc.send_signal(signal.SIGTERM)
+    w.wait_log(r"draining: left discovery")
+    t0 = time.monotonic()
+    w.proc.send_signal(signal.SIGTERM)
+    assert w.proc.wait(stack.hang) == 0
+    assert time.monotonic() - t0 < 10, "not the 60 s drain"
+    t.join(stack.hang)
+    assert out[-1] != "[DONE]"
+
+
+def test_frontend_sigterm_finishes_then_kills_with_reason_shutdown(stack):
+    stack.start([{"decode": DECODE}], frontend_args=["--drain-timeout", "0.5"])
+    fe = stack.frontend
+    short_t, short = start_stream(stack, {"model": stack.model, "prompt": "tick", "max_tokens": 20}, stack.new_id("short"))
+    long_rid = stack.new_id("long")
+    long_t, long_ = start_stream(stack, {"model": stack.model, "prompt": "tick", "max_tokens": 5000}, long_rid)
+    fe.proc.send_signal(signal.SIGTERM)
+    short_t.join(stack.hang)
+    long_t.join(stack.hang)
+    assert short[-1] == "[DONE]", "a stream shorter than the drain timeout finishes"
+    last = json.loads(long_[-1])
+    assert last["error"]["code"] == "shutdown", last
+    assert fe.proc.wait(stack.hang) == 0
+    stack.workers[0].wait_log(rf"Aborted Request ID: {re.escape(long_rid)}$")

@@ -75,6 +75,7 @@ bench-py: build
 	$(PY) python/benchmarks/bench_vs_dynamo.py
 	ulimit -n 8192 2>/dev/null; $(PY) python/benchmarks/bench_load.py
 	ulimit -n 8192 2>/dev/null; $(PY) python/benchmarks/bench_deadlines.py
+	ulimit -n 8192 2>/dev/null; $(PY) python/benchmarks/bench_drain.py
 
 bench: bench-go bench-py
 

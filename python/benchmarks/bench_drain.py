@@ -119,6 +119,7 @@ def rolling(n_per_s: int, seconds: float) -> None:
                 await asyncio.get_running_loop().run_in_executor(None, lambda: stack.start([dict(spec)], frontend=False))
                 old.proc.send_signal(signal.SIGTERM)
                 await asyncio.get_running_loop().run_in_executor(None, old.proc.wait, 60)
+                stack.workers.remove(old)  # gone: the next replacement waits for the live ones only
             await loader
             results = await asyncio.gather(*tasks)
             print(f"  rolling   {len(results)} streams at {n_per_s}/s while both workers were replaced one by one "

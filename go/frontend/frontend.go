@@ -36,7 +36,7 @@
 //     confirmed (dynamo_ctx_frontend_aborts_confirmed_total) and the time from
 //     disconnect to confirmation is observed in
 //     dynamo_ctx_frontend_disconnect_to_abort_seconds. All are labelled by
-//     model.
+//     model. Every worker request's one outcome is counted too (outcome.go).
 //   - Models: GET /v1/models lists the models that registered worker instances
 //     declare in their metadata ({"model": ...}); requests are routed only to
 //     instances of the requested model.
@@ -749,6 +749,7 @@ type choice struct {
 	ended    bool // no more items are read from it
 	started  bool // a chunk of it was sent (the first carries the chat role)
 	stop     stopper
+	endErr   error   // how its stream ended, once it did (io.EOF: cleanly)
 	text     decoder // the model's output as text
 	tokens   int
 	all      strings.Builder // the whole text, for a non-streaming response
@@ -1006,6 +1007,9 @@ func (f *Frontend) serve(w http.ResponseWriter, r *http.Request, chat bool) {
 		onDisconnect()
 	}
 	killAll()
+	for _, c := range choices {
+		f.metrics.outcome(req.Model, c.outcome())
+	}
 }
 
 // errShutdown ends a response whose worker requests Drain killed.
@@ -1237,6 +1241,9 @@ func (p *response) run(on func(c *choice, text string, finished bool) error) err
 		c := ev.c
 		if c.ended {
 			continue // ended by the frontend at a stop string
+		}
+		if ev.err != nil && c.endErr == nil {
+			c.endErr = ev.err
 		}
 		if ev.err != nil && !c.stream.Completed() {
 			if byDeadline(c) {

@@ -26,13 +26,25 @@ type metrics struct {
 	cancellations map[string]uint64
 	confirmed     map[string]uint64
 	latency       map[string]*histogram
+	outcomes      map[string]map[string]uint64 // model -> outcome -> count (outcome.go)
 }
 
 func newMetrics() *metrics {
 	return &metrics{
 		requests: map[string]uint64{}, cancellations: map[string]uint64{},
-		confirmed: map[string]uint64{}, latency: map[string]*histogram{},
+		confirmed: map[string]uint64{}, latency: map[string]*histogram{}, outcomes: map[string]map[string]uint64{},
 	}
+}
+
+func (m *metrics) outcome(model, outcome string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	byOutcome := m.outcomes[model]
+	if byOutcome == nil {
+		byOutcome = map[string]uint64{}
+		m.outcomes[model] = byOutcome
+	}
+	byOutcome[outcome]++
 }
 
 func (m *metrics) request(model string) {
@@ -93,7 +105,14 @@ func (m *metrics) write(w io.Writer) {
 	counter("dynamo_ctx_frontend_requests_total", "Requests received.", m.requests)
 	counter("dynamo_ctx_frontend_cancellations_total", "Requests killed because the client disconnected before the worker had finished them (signalled).", m.cancellations)
 	counter("dynamo_ctx_frontend_aborts_confirmed_total", "Cancellations whose abort a worker confirmed.", m.confirmed)
-	name := "dynamo_ctx_frontend_disconnect_to_abort_seconds"
+	name := "dynamo_ctx_frontend_outcomes_total"
+	fmt.Fprintf(w, "# HELP %s Requests by how they ended: %s (each exactly once).\n# TYPE %s counter\n", name, strings.Join(outcomes, ", "), name)
+	for _, k := range sortedKeys(m.outcomes) {
+		for _, o := range outcomes { // every outcome of a model, 0 too: the sum is checkable
+			fmt.Fprintf(w, "%s{%s,outcome=%q} %d\n", name, label(k), o, m.outcomes[k][o])
+		}
+	}
+	name = "dynamo_ctx_frontend_disconnect_to_abort_seconds"
 	fmt.Fprintf(w, "# HELP %s Time from client disconnect to the worker's confirmed abort.\n# TYPE %s histogram\n", name, name)
 	for _, k := range sortedKeys(m.latency) {
 		h := m.latency[k]

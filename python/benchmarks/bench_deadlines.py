@@ -128,7 +128,7 @@ async def main() -> None:
             await asyncio.sleep(0.1)
         worker_late = []
         for ln in lines:
-            m = re.search(r"\[(\d+\.\d+)\].*Aborted Request ID: (dl-\d+)$", ln.strip())
+            m = re.search(r"\[(\d+\.\d+)\].*Aborted Request ID: (dl-\d+)(?: |$)", ln.strip())
             if m:
                 worker_late.append(float(m.group(1)) - deadlines[m.group(2)])
         print(f"deadlines: {args.n} concurrent streams, timeout {args.timeout} s, mock worker at 50 ms a token")

@@ -70,7 +70,7 @@ def test_aggregated_aborts_engine_during_decode(nats_url, cancel, caplog):
         run(main())
     messages = [r.getMessage() for r in caplog.records]
     assert f"New Request ID: agg-{cancel}" in messages
-    assert f"Aborted Request ID: agg-{cancel}" in messages
+    assert f"Aborted Request ID: agg-{cancel} (reason: {'kill' if cancel == 'kill' else 'stop_generating'})" in messages
 
 
 def test_aggregated_complete_stream_has_all_tokens(nats_url):
@@ -130,9 +130,9 @@ def test_disaggregated_cancel_reaches_prefill(nats_url, phase, caplog):
     messages = [r.getMessage() for r in caplog.records]
     assert f"New Prefill Request ID: disagg-{phase}" in messages
     if phase == "prefill":
-        assert f"Aborted Prefill Request ID: disagg-{phase}" in messages
+        assert f"Aborted Prefill Request ID: disagg-{phase} (reason: kill)" in messages
     else:
-        assert f"Aborted Request ID: disagg-{phase}" in messages
+        assert f"Aborted Request ID: disagg-{phase} (reason: kill)" in messages
 
 
 def test_disaggregated_kv_transfer_as_vllm(nats_url):

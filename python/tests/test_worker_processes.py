@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import os
 import re
 import signal
@@ -70,11 +71,12 @@ class Worker:
         data = await reader.read()
         writer.close()
         body = data.split(b"\r\n\r\n", 1)[1].decode()
-        out = {}
+        out = collections.defaultdict(float)  # a counter with no series yet reads 0
         for line in body.splitlines():
             if line and not line.startswith("#"):
                 name, value = line.rsplit(" ", 1)
-                out[name.split("{")[0]] = float(value)
+                bare = name.split("{")[0]
+                out[bare] = out.get(bare, 0.0) + float(value)  # summed over reasons and outcomes
         return out
 
     async def kill(self):

@@ -75,6 +75,13 @@ def is_engine_dead(error: BaseException, engine: Any) -> bool:
         return False
 
 
+#: How a worker's request ends, each exactly once (``dynamo_ctx_worker_outcomes_total``):
+#: the engine finished it; it was stopped (the caller's stop_generating, or the handler's
+#: own); the caller killed it (disconnect, kill, shutdown, a lost caller: ``cancelled``) or
+#: its deadline passed; the handler or the engine failed; it was refused (``rejected``).
+OUTCOMES = ("completed", "stopped", "cancelled", "deadline", "failed", "rejected")
+
+
 class WorkerMetrics:
     """What a worker counts, exposed through prometheus_client.
 
@@ -82,6 +89,9 @@ class WorkerMetrics:
     and the engine's ``stats`` when Prometheus scrapes, so a scrape sees one
     consistent moment and counting costs nothing. ``registry(engine)`` is a
     ``CollectorRegistry`` holding them; ``render(engine)`` its text exposition.
+    The cancellations and confirmed aborts are also counted by reason (the
+    context's, e.g. ``client_disconnected``, ``deadline``), and every request's
+    one outcome (``OUTCOMES``).
     """
 
     def __init__(self, model: str) -> None:
@@ -90,45 +100,56 @@ class WorkerMetrics:
         self.cancellations_received_total = 0
         self.aborts_confirmed_total = 0
         self.abort_freed_kv_blocks_total = 0
+        #: reason -> count, for the three above
+        self.cancellations_by_reason: Dict[str, int] = {}
+        self.aborts_by_reason: Dict[str, int] = {}
+        self.freed_by_reason: Dict[str, int] = {}
+        #: outcome -> count
+        self.outcomes: Dict[str, int] = {o: 0 for o in OUTCOMES}
+
+    def cancellation(self, reason: str) -> None:
+        self.cancellations_received_total += 1
+        self.cancellations_by_reason[reason] = self.cancellations_by_reason.get(reason, 0) + 1
+
+    def abort_confirmed(self, reason: str, freed: int) -> None:
+        self.aborts_confirmed_total += 1
+        self.abort_freed_kv_blocks_total += freed
+        self.aborts_by_reason[reason] = self.aborts_by_reason.get(reason, 0) + 1
+        self.freed_by_reason[reason] = self.freed_by_reason.get(reason, 0) + freed
+
+    def outcome(self, outcome: str) -> None:
+        self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
 
     def collect(self, engine: Any) -> List[Any]:
-        """The metric families, every sample labelled with the model."""
+        """The metric families, every sample labelled with the model (and the reason, or the outcome)."""
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
         stats = getattr(engine, "stats", None)
-        rows = [
-            (
-                GaugeMetricFamily,
-                "dynamo_ctx_worker_running_requests",
-                "Requests holding engine resources.",
-                getattr(stats, "running_requests", 0),
-            ),
+        out = []
+        for family, name, help_, value in (
+            (GaugeMetricFamily, "dynamo_ctx_worker_running_requests", "Requests holding engine resources.",
+             getattr(stats, "running_requests", 0)),
             (GaugeMetricFamily, "dynamo_ctx_worker_kv_blocks_in_use", "KV cache blocks in use.", getattr(stats, "kv_blocks_in_use", 0)),
             (CounterMetricFamily, "dynamo_ctx_worker_requests_total", "Requests received.", self.requests_total),
-            (
-                CounterMetricFamily,
-                "dynamo_ctx_worker_cancellations_received_total",
-                "Requests whose context was stopped or killed.",
-                self.cancellations_received_total,
-            ),
-            (
-                CounterMetricFamily,
-                "dynamo_ctx_worker_aborts_confirmed_total",
-                "Engine aborts confirmed (resources freed).",
-                self.aborts_confirmed_total,
-            ),
-            (
-                CounterMetricFamily,
-                "dynamo_ctx_worker_abort_freed_kv_blocks_total",
-                "KV blocks freed by confirmed aborts.",
-                self.abort_freed_kv_blocks_total,
-            ),
-        ]
-        out = []
-        for family, name, help_, value in rows:
+        ):
             f = family(name, help_, labels=["model"])
             f.add_metric([self.model], value)
             out.append(f)
+        for name, help_, by_reason in (
+            ("dynamo_ctx_worker_cancellations_received_total", "Requests whose context was stopped or killed, by reason.",
+             self.cancellations_by_reason),
+            ("dynamo_ctx_worker_aborts_confirmed_total", "Engine aborts confirmed (resources freed), by reason.", self.aborts_by_reason),
+            ("dynamo_ctx_worker_abort_freed_kv_blocks_total", "KV blocks freed by confirmed aborts, by reason.", self.freed_by_reason),
+        ):
+            f = CounterMetricFamily(name, help_, labels=["model", "reason"])
+            for reason, n in sorted(by_reason.items()):
+                f.add_metric([self.model, reason], n)
+            out.append(f)
+        f = CounterMetricFamily("dynamo_ctx_worker_outcomes_total", "Requests by how they ended (each exactly once).",
+                                labels=["model", "outcome"])
+        for o in OUTCOMES:
+            f.add_metric([self.model, o], self.outcomes.get(o, 0))
+        out.append(f)
         return out
 
     def registry(self, engine: Any) -> Any:
@@ -215,36 +236,38 @@ class BaseWorkerHandler:
         #: Called with the error when the engine dies under a request (see the
         #: module's docstring); None: the error is raised to the caller.
         self.engine_dead: Optional[Callable[[BaseException], None]] = None
+        self._engine_died = False  # the engine died under a request of this handler
 
-    def _start_abort(self, engine_id: str, request_id: str) -> "asyncio.Future[None]":
+    def _start_abort(self, engine_id: str, request_id: str, context: Context) -> "asyncio.Future[None]":
         """Abort ``engine_id`` in the engine once, and count the confirmation:
         the abort runs now, up to its first suspension (all of it with the
         mock), and the returned future ends with it.
 
         The monitor and the handler's ``finally`` may both call it; they share
         one future, so nothing can cut the abort short or repeat it.
-        ``request_id`` (the context's id) is for logs.
+        ``request_id`` (the context's id) is for logs; the context's reason
+        is what the abort is counted and logged under.
         """
         fut = self._aborting.get(engine_id)
         if fut is None:
-            fut = self._aborting[engine_id] = eager_task(self._do_abort(engine_id, request_id))
+            fut = self._aborting[engine_id] = eager_task(self._do_abort(engine_id, request_id, context.reason() or "kill"))
         return fut
 
-    async def _abort(self, engine_id: str, request_id: str) -> None:
-        await asyncio.shield(self._start_abort(engine_id, request_id))
+    async def _abort(self, engine_id: str, request_id: str, context: Context) -> None:
+        await asyncio.shield(self._start_abort(engine_id, request_id, context))
 
-    def _monitor(self, engine_id: str, request_id: str) -> None:
+    def _monitor(self, engine_id: str, request_id: str, context: Context) -> None:
         """The context was stopped or killed: abort at once (this runs in the
         event loop's callback that learned it, before any task wakes)."""
         try:
-            fut = self._start_abort(engine_id, request_id)
+            fut = self._start_abort(engine_id, request_id, context)
             # Awaited by the handler's finally; a failure is reported there.
             fut.add_done_callback(lambda f: f.cancelled() or f.exception())
         except Exception:  # noqa: BLE001 - the callback must not raise; the handler's finally retries
             logger.exception("aborting request %s failed", request_id)
 
-    async def _do_abort(self, engine_id: str, request_id: str) -> None:
-        self.metrics.cancellations_received_total += 1
+    async def _do_abort(self, engine_id: str, request_id: str, reason: str) -> None:
+        self.metrics.cancellation(reason)
         # vLLM's abort returns once the engine dropped the request; the mock
         # also returns how many KV blocks that freed.
         try:
@@ -257,11 +280,28 @@ class BaseWorkerHandler:
                 return
             raise
         freed = freed if isinstance(freed, int) else 0
-        self.metrics.aborts_confirmed_total += 1
-        self.metrics.abort_freed_kv_blocks_total += freed
-        logger.info("Aborted %sRequest ID: %s", self.label, request_id)
+        self.metrics.abort_confirmed(reason, freed)
+        extra = {"reason": reason, "request_id": request_id}
+        logger.info("Aborted %sRequest ID: %s (reason: %s)", self.label, request_id, reason, extra=extra)
         for listener in list(self.abort_listeners):
             listener(request_id, freed)
+
+    def _count_outcome(self, context: Context, error: Optional[BaseException], dead: bool) -> None:
+        """Count a request's one outcome (OUTCOMES) as it ends: ``error`` is
+        what it raised (None: nothing), ``dead`` whether its engine died."""
+        if dead:
+            outcome = "failed"
+        elif context.is_killed():
+            outcome = "deadline" if context.reason() == "deadline" else "cancelled"
+        elif context.is_stopped():
+            outcome = "stopped"
+        elif error is None:
+            outcome = "completed"
+        elif isinstance(error, (GeneratorExit, asyncio.CancelledError)):
+            outcome = "cancelled"  # its consumer left it
+        else:
+            outcome = "failed"
+        self.metrics.outcome(outcome)
 
     async def _engine_stream(
         self,
@@ -270,15 +310,22 @@ class BaseWorkerHandler:
         prompt: Any,
         max_tokens: int,
         options: Optional[Dict[str, Any]] = None,
+        counted: bool = True,
     ) -> AsyncIterator[Dict[str, Any]]:
         """Run the engine for one request under an abort monitor; yield delta items.
+
+        ``counted``: the request and its outcome are counted here (a caller
+        that counts them itself, around more than this, says False).
 
         ``request_id`` is the context's id, a correlation id that any client
         may choose (two requests may share it): it is what the logs show. The
         engine's own key is that id plus 128 random bits, so that no client
         can abort, or block, another's request in the engine.
         """
-        self.metrics.requests_total += 1
+        if counted:
+            self.metrics.requests_total += 1
+        error: Optional[BaseException] = None
+        dead = False
         engine_id = f"{request_id}-{secrets.token_hex(16)}"
         logger.info("New %sRequest ID: %s", self.label, request_id)
         logger.debug("%sRequest ID %s runs in the engine as %s", self.label, request_id, engine_id)
@@ -290,7 +337,7 @@ class BaseWorkerHandler:
         seen = 0
         finished = False  # the engine gave its last output: nothing left to abort
         outputs: Any = None
-        stop_monitor = on_stopped(context, lambda: self._monitor(engine_id, request_id))
+        stop_monitor = on_stopped(context, lambda: self._monitor(engine_id, request_id, context))
         try:
             outputs = self.engine.generate(prompt, params, engine_id)
             async for out in outputs:
@@ -315,21 +362,25 @@ class BaseWorkerHandler:
                 yield item
                 if finished:
                     break
-        except Exception as e:
-            if self.engine_dead is None or context.is_stopped() or not is_engine_dead(e, self.engine):
+        except BaseException as e:
+            error = e
+            if not isinstance(e, Exception) or self.engine_dead is None or context.is_stopped() or not is_engine_dead(e, self.engine):
                 raise
-            finished = True  # nothing is left to abort in a dead engine
+            finished, dead = True, True  # nothing is left to abort in a dead engine
+            self._engine_died = True
             self.engine_dead(e)
             # The worker ends this stream without its final marker (a
             # migratable end); until then, the caller sees nothing more.
             await context.killed()
         finally:
             stop_monitor()
+            if counted:
+                self._count_outcome(context, error, dead)
             try:
                 if engine_id in self._aborting or (context.is_stopped() and not finished):
                     # Whichever ran first (the monitor, or the dispatcher cancelling
                     # this handler on kill), the engine is aborted exactly once.
-                    await self._abort(engine_id, request_id)
+                    await self._abort(engine_id, request_id, context)
             finally:
                 try:
                     # Close the engine's stream now: breaking out of async-for leaves
@@ -373,22 +424,34 @@ class DecodeHandler(BaseWorkerHandler):
         self.prefill_client = prefill_client
 
     async def generate(self, request: Dict[str, Any], context: Context) -> AsyncIterator[Dict[str, Any]]:
-        token_ids = list(request.get("token_ids", []))
-        prefill_request = dict(request, stop_conditions=dict(request.get("stop_conditions") or {}, max_tokens=1))
-        prefill_request.pop("max_tokens", None)
-        answered = False
-        transfer: Optional[Dict[str, Any]] = None
-        stream = await self.prefill_client.generate(prefill_request, context=context)
-        async for item in stream:
-            answered = True
-            data = item.data()
-            if isinstance(data, dict) and data.get("kv_transfer_params") is not None:
-                transfer = data["kv_transfer_params"]
-        if context.is_stopped() or not answered:
-            return
-        options = request_options(request)
-        if transfer is not None:
-            options["extra_args"] = {"kv_transfer_params": transfer}
-        prompt = {"prompt_token_ids": token_ids}
-        async for item in self._engine_stream(context, context.id(), prompt, _max_tokens(request), options=options):
-            yield item
+        # Counted here, around the prefill call and the engine's stream: a
+        # prefill that fails fails this request too.
+        self.metrics.requests_total += 1
+        error: Optional[BaseException] = None
+        engine_ran = False
+        try:
+            token_ids = list(request.get("token_ids", []))
+            prefill_request = dict(request, stop_conditions=dict(request.get("stop_conditions") or {}, max_tokens=1))
+            prefill_request.pop("max_tokens", None)
+            answered = False
+            transfer: Optional[Dict[str, Any]] = None
+            stream = await self.prefill_client.generate(prefill_request, context=context)
+            async for item in stream:
+                answered = True
+                data = item.data()
+                if isinstance(data, dict) and data.get("kv_transfer_params") is not None:
+                    transfer = data["kv_transfer_params"]
+            if context.is_stopped() or not answered:
+                return
+            options = request_options(request)
+            if transfer is not None:
+                options["extra_args"] = {"kv_transfer_params": transfer}
+            prompt = {"prompt_token_ids": token_ids}
+            engine_ran = True
+            async for item in self._engine_stream(context, context.id(), prompt, _max_tokens(request), options=options, counted=False):
+                yield item
+        except BaseException as e:
+            error = e
+            raise
+        finally:
+            self._count_outcome(context, error, engine_ran and self._engine_died)

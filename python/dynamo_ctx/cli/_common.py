@@ -272,7 +272,8 @@ def engine_available(name: str) -> bool:
 
 class JsonFormatter(logging.Formatter):
     """One JSON object per line: time (RFC 3339, UTC), level, target (the
-    logger), message, and request_id and exception when the record has them."""
+    logger), message, and request_id, reason (an abort's) and exception when the
+    record has them."""
 
     def format(self, record: logging.LogRecord) -> str:
         out = {
@@ -283,9 +284,10 @@ class JsonFormatter(logging.Formatter):
             "target": record.name,
             "message": record.getMessage(),
         }
-        rid = getattr(record, "request_id", None)
-        if rid is not None:
-            out["request_id"] = rid
+        for field in ("request_id", "reason"):
+            value = getattr(record, field, None)
+            if value is not None:
+                out[field] = value
         if record.exc_info:
             out["exception"] = "".join(traceback.format_exception(*record.exc_info)).rstrip()
         return json.dumps(out, ensure_ascii=False)

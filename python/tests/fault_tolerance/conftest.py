@@ -13,6 +13,7 @@ a hang into a failure.
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import re
@@ -182,15 +183,20 @@ class Worker(Proc):
         return self
 
     def metrics(self) -> Dict[str, float]:
-        """This worker's gauges and counters, by bare metric name (the only label is the model)."""
+        """This worker's gauges and counters, by bare metric name, summed over their other
+        labels (reason, outcome); ``name{label="value"}`` for each such series too. A counter
+        with no series yet (no abort of any reason) reads 0."""
         _, _, body = http_get(f"http://127.0.0.1:{self.metrics_port}/metrics")
-        out = {}
+        out: Dict[str, float] = collections.defaultdict(float)
         for key, value in parse_prometheus(body.decode()).items():
             name, _, labels = key.partition("{")
             if not name.startswith("dynamo_ctx_worker_"):
                 continue  # prometheus_client's default registry: process and Python metrics
-            assert labels == f'model="{self.model}"}}', key
-            out[name] = value
+            assert labels.startswith(f'model="{self.model}"'), key
+            out[name] = out.get(name, 0.0) + value
+            rest = labels[len(f'model="{self.model}"'):].strip(",}")
+            if rest:
+                out[f"{name}{{{rest}}}"] = value
         return out
 
 
@@ -379,13 +385,13 @@ class Stack:
     ) -> Dict[str, float]:
         """The worker's engine confirmed the abort of ``request_id`` and freed everything; the
         frontend counted one cancellation, one confirmed abort and one latency observation."""
-        worker.wait_log(rf"Aborted {label}Request ID: {re.escape(request_id)}$")
+        worker.wait_log(rf"Aborted {label}Request ID: {re.escape(request_id)}(?: |$)")
         m = worker.metrics()
         assert m["dynamo_ctx_worker_aborts_confirmed_total"] == worker_before["dynamo_ctx_worker_aborts_confirmed_total"] + 1, m
         assert m["dynamo_ctx_worker_cancellations_received_total"] == worker_before["dynamo_ctx_worker_cancellations_received_total"] + 1, m
         assert m["dynamo_ctx_worker_running_requests"] == 0, m
         assert m["dynamo_ctx_worker_kv_blocks_in_use"] == 0, m
-        assert worker.log_count(rf"Aborted {label}Request ID: {re.escape(request_id)}$") == 1
+        assert worker.log_count(rf"Aborted {label}Request ID: {re.escape(request_id)}(?: |$)") == 1
         fe = self.frontend
         assert fe is not None
         # The confirmation takes milliseconds; CONFIRM_TIMEOUT only catches a lost one.

@@ -74,7 +74,7 @@ func deadlineExceeded(w http.ResponseWriter) {
 // deadline passed: by the timer of its context, of its attempt's (a child,
 // whose timer may fire first), or a worker's.
 func byDeadline(c *choice) bool {
-	for _, ctx := range []*ctxtree.Context{c.reqCtx, c.stream.Context()} {
+	for _, ctx := range []*ctxtree.Context{c.reqCtx, c.stream().Context()} {
 		if ctx.Reason() == ctxtree.ReasonDeadline || ctx.Cause() == ctxtree.ReasonDeadline {
 			return true
 		}

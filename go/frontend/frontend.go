@@ -742,7 +742,12 @@ type workerItem = tokens.Item
 type choice struct {
 	index  int
 	reqCtx *ctxtree.Context
-	stream *plane.Stream
+	st     atomic.Pointer[plane.Stream] // its worker request (stream()); replaced by a resend
+	// resend sends the worker request again (resend.go); items counts
+	// those it produced, resends the times it was sent again.
+	resend  func() (*plane.Stream, error)
+	items   int
+	resends int
 	// complete: the worker's stream ended normally, or the frontend ended
 	// it at a stop string: a disconnect now cancels nothing.
 	complete atomic.Bool
@@ -789,7 +794,7 @@ func pump(ctx context.Context, choices []*choice) (events <-chan event, wait fun
 		go func() {
 			defer wg.Done()
 			for {
-				it, err := next(ctx, c.stream)
+				it, err := c.next(ctx)
 				select {
 				case ch <- event{c: c, item: it, err: err}:
 				case <-ctx.Done():
@@ -908,7 +913,9 @@ func (f *Frontend) serve(w http.ResponseWriter, r *http.Request, chat bool) {
 	choices := make([]*choice, 0, len(prompts)*p.n)
 	killAll := func() {
 		for _, c := range choices {
-			c.stream.Kill() // no-op once it ended; releases it otherwise
+			if s := c.stream(); s != nil {
+				s.Kill() // no-op once it ended; releases it otherwise
+			}
 		}
 	}
 	for i, pr := range prompts {
@@ -917,7 +924,13 @@ func (f *Frontend) serve(w http.ResponseWriter, r *http.Request, chat bool) {
 			if !deadline.IsZero() {
 				c.reqCtx.SetDeadline(deadline) // travels to every hop as time left
 			}
-			c.stream, err = client.Generate(p.payload(req.Model, pr.tokens, budgets[i], c.index), c.reqCtx, plane.RoundRobin, 0)
+			payload := p.payload(req.Model, pr.tokens, budgets[i], c.index)
+			c.resend = func() (*plane.Stream, error) { return client.Generate(payload, c.reqCtx, plane.RoundRobin, 0) }
+			var s *plane.Stream
+			s, err = client.Generate(payload, c.reqCtx, plane.RoundRobin, 0)
+			if err == nil {
+				c.st.Store(s)
+			}
 			if err != nil {
 				killAll()
 				if errors.Is(err, plane.ErrTooLarge) {
@@ -962,8 +975,8 @@ func (f *Frontend) serve(w http.ResponseWriter, r *http.Request, chat bool) {
 			for _, c := range choices {
 				// Complete as the client saw it, or as the worker ended it
 				// (its final frame is here, not yet written out).
-				if !c.complete.Load() && !c.stream.Completed() {
-					f.disconnected(c.reqCtx, c.stream, id, req.Model)
+				if !c.complete.Load() && !c.stream().Completed() {
+					f.disconnected(c.reqCtx, c.stream(), id, req.Model)
 				}
 			}
 		})
@@ -1210,7 +1223,7 @@ func (p *response) run(on func(c *choice, text string, finished bool) error) err
 		// goroutine and its hand-off per token.
 		c := p.choices[0]
 		recv = func() (event, bool) {
-			it, err := next(ctx, c.stream)
+			it, err := c.next(ctx)
 			if err != nil && ctx.Err() != nil {
 				return event{}, false
 			}
@@ -1245,7 +1258,7 @@ func (p *response) run(on func(c *choice, text string, finished bool) error) err
 		if ev.err != nil && c.endErr == nil {
 			c.endErr = ev.err
 		}
-		if ev.err != nil && !c.stream.Completed() {
+		if ev.err != nil && !c.stream().Completed() {
 			if byDeadline(c) {
 				return errDeadline
 			}
@@ -1256,7 +1269,7 @@ func (p *response) run(on func(c *choice, text string, finished bool) error) err
 		if ev.err == io.EOF {
 			c.ended = true
 			running--
-			c.complete.Store(!c.stream.Context().IsStopped())
+			c.complete.Store(!c.stream().Context().IsStopped())
 			if c.finish == "" { // the worker gave no finish reason
 				c.finish = "stop"
 				if err := on(c, c.stop.flush(), true); err != nil {
@@ -1277,7 +1290,7 @@ func (p *response) run(on func(c *choice, text string, finished bool) error) err
 			c.ended = true
 			running--
 			c.complete.Store(true)
-			c.stream.Kill()
+			c.stream().Kill()
 		}
 		if err := on(c, text, finished); err != nil {
 			return err

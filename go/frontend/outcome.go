@@ -28,7 +28,7 @@ var outcomes = []string{"completed", "stopped", "cancelled", "deadline", "failed
 // outcome is the choice's one outcome, once serve is done with it.
 func (c *choice) outcome() string {
 	switch {
-	case c.complete.Load() || c.stream.Completed():
+	case c.complete.Load() || c.stream().Completed():
 		return "completed"
 	case byDeadline(c):
 		return "deadline"

@@ -573,14 +573,14 @@ func (s *Stream) run(nc *nats.Conn, subject string, env []byte) {
 		default:
 			err = fmt.Errorf("request to %s failed: %w", subject, err)
 		}
-		s.in.Close()
+		s.in.Abandon() // a worker that took it late (it was frozen) must not start it
 		s.failed(err)
 		s.end(err)
 		return
 	}
 	var a ack
 	if json.Unmarshal(msg.Data, &a) != nil || a.Error != "" {
-		s.in.Close()
+		s.in.Abandon()
 		if a.Error == ackShuttingDown {
 			// As good as gone: another worker may take it (migration retries).
 			err := fmt.Errorf("%w (the worker is shutting down)", ErrNoResponders)

@@ -405,6 +405,23 @@ func (r *Request) run(addr, token string) {
 		go r.confirmAbort()
 	}
 
+	// The handler starts once the caller has answered: a caller that gave
+	// up on this request (its acknowledgement came too late, as from a
+	// worker that was frozen) refuses the stream, and the request is
+	// dropped unstarted. A request killed meanwhile still reaches the
+	// handler, killed, so that it sees it end.
+	attachWait := time.NewTimer(transport.DefaultConnectTimeout) // a caller that never answers (liveness off) holds nothing
+	defer attachWait.Stop()
+	select {
+	case <-out.Attached():
+	case <-r.Ctx.Killed():
+	case <-attachWait.C:
+	case <-out.Lost():
+		slog.Debug("the caller no longer expects the request: not started", "request_id", r.ID, "caller", addr)
+		r.Ctx.Cancel(ctxtree.Killed, ctxtree.ReasonConnectionLost)
+		r.release()
+		return
+	}
 	r.ep.publish(r)
 	killed := r.Ctx.Killed()
 	for {
@@ -613,7 +630,11 @@ func (r *Request) confirmAbort() {
 	}
 	msg := AbortConfirmation{ID: r.ID, Key: r.Key, Path: r.ep.path, Instance: r.ep.instanceID, Reason: reason.String()}
 	if err := r.ep.rt.nc().Publish(AbortedSubject, mustJSON(msg)); err != nil {
-		slog.Warn("abort confirmation not published", "request_id", r.ID, "request_key", r.Key, "error", err)
+		level := slog.LevelWarn
+		if errors.Is(err, nats.ErrConnectionClosed) {
+			level = slog.LevelDebug // this process is shutting down: nothing is lost but the notice
+		}
+		slog.Log(context.Background(), level, "abort confirmation not published", "request_id", r.ID, "request_key", r.Key, "error", err)
 		return
 	}
 	slog.Debug("abort confirmed", "request_id", r.ID, "request_key", r.Key)

@@ -220,6 +220,11 @@ func (o *Outgoing) Stopped() <-chan struct{} { return o.stopped }
 // Killed is closed when the caller sent Kill: abort now.
 func (o *Outgoing) Killed() <-chan struct{} { return o.killed }
 
+// Attached is closed when the caller's first frame arrived: it read the
+// Hello and expects the stream (a caller that gave up on it closes the
+// connection instead, and Lost follows).
+func (o *Outgoing) Attached() <-chan struct{} { return o.attached }
+
 // Lost is closed when the caller's connection ended without a Kill (its
 // process died, its Server closed, the network failed) or the caller
 // violated the protocol: abort now. Killed and Lost never both close.

@@ -404,19 +404,23 @@ type Incoming struct {
 	silent    atomic.Bool   // the worker was declared gone by the liveness check
 	deaf      atomic.Bool   // the worker left our control frames unread (see ctlWriter)
 
-	mu       sync.Mutex
-	q        ring
-	err      error    // how the stream ended; Recv returns it once q is empty
-	killed   bool     // Kill (or Close) before the end: Recv returns ErrKilled
-	cause    byte     // what Kill sends: see KillCause
-	closed   bool     // Close: Recv returns ErrClosed
-	stopReq  bool     // Stop was called; sent at attach if not attached yet
-	conn     net.Conn // set when the worker's Hello arrives
-	credit   int      // Data frames the worker may still send
-	consumed int      // items received since the last grant
-	outcome  outcome  // what the Kill achieved: see KillOutcome
-	onKill   func(aborted bool)
-	onAttach func() // see OnAttach
+	mu     sync.Mutex
+	q      ring
+	err    error // how the stream ended; Recv returns it once q is empty
+	killed bool  // Kill (or Close) before the end: Recv returns ErrKilled
+	cause  byte  // what Kill sends: see KillCause
+	closed bool  // Close: Recv returns ErrClosed
+	// abandoned: closed before any worker attached and without a Kill (the
+	// caller gave up on it: its dispatch failed or timed out). A worker that
+	// dials it later is refused unanswered, so it never starts the request.
+	abandoned bool
+	stopReq   bool     // Stop was called; sent at attach if not attached yet
+	conn      net.Conn // set when the worker's Hello arrives
+	credit    int      // Data frames the worker may still send
+	consumed  int      // items received since the last grant
+	outcome   outcome  // what the Kill achieved: see KillOutcome
+	onKill    func(aborted bool)
+	onAttach  func() // see OnAttach
 
 	wmu sync.Mutex // serialises writes of control frames; taken after mu
 	// killSent: the Kill is written (wmu). Nothing follows it: a frame the
@@ -677,6 +681,18 @@ func (in *Incoming) finishKill() {
 	_ = in.conn.SetReadDeadline(time.Now().Add(in.linger))
 }
 
+// Abandon is Close for a caller that gave up on the stream before any
+// worker attached (its dispatch failed, or no acknowledgement came in
+// time): a worker that dials it later is refused unanswered (no Kill, no
+// credit), so it never starts the request. With a worker attached, or once
+// killed, it is Close.
+func (in *Incoming) Abandon() error {
+	in.mu.Lock()
+	in.abandoned = in.conn == nil && !in.killed && !in.closed
+	in.mu.Unlock()
+	return in.Close()
+}
+
 // Close releases the stream: if it has not ended it is killed (see Kill), and
 // Recv returns ErrClosed from now on. Close is idempotent.
 func (in *Incoming) Close() error {
@@ -733,6 +749,11 @@ func (in *Incoming) serve(c net.Conn, r *frame.Reader) {
 	in.mu.Lock()
 	if in.err != nil { // the Server was closed meanwhile
 		in.mu.Unlock()
+		return
+	}
+	if in.abandoned {
+		in.mu.Unlock()
+		_ = c.Close() // refused before any frame: the worker starts nothing
 		return
 	}
 	in.conn = c

@@ -767,3 +767,18 @@ func TestRing(t *testing.T) {
 	r.reset()
 	assert.Equal(t, 0, r.len())
 }
+
+// A stream its caller abandoned before any worker attached refuses a worker
+// that dials it late: no Kill, no credit, the connection ends unanswered
+// (the worker's stream is lost, so it starts nothing).
+func TestAbandonedStreamRefusesALateWorker(t *testing.T) {
+	s := listen(t)
+	in := s.Expect("tok")
+	require.NoError(t, in.Abandon())
+	o, err := Dial(context.Background(), s.Addr().String(), "tok", WithConnectTimeout(200*time.Millisecond))
+	require.NoError(t, err)
+	defer o.Close()
+	waitClosed(t, o.Lost(), "Lost")
+	assert.False(t, closed(o.Attached()), "no frame came from the caller")
+	assert.False(t, closed(o.Killed()))
+}

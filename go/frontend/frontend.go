@@ -120,6 +120,11 @@ type Options struct {
 	// RequestTimeout is every request's timeout unless its
 	// x-request-timeout header gives a smaller one (0: none; deadline.go).
 	RequestTimeout time.Duration
+	// MaxQueuedRequests bounds the requests of a model that wait for a
+	// worker with a free place when every one is full (admission.go); past
+	// it they are answered 503 overloaded. 0: DYNAMO_CTX_MAX_QUEUED_REQUESTS,
+	// else DefaultMaxQueuedRequests; below 0: no queue.
+	MaxQueuedRequests int
 }
 
 // Defaults of Options.
@@ -139,7 +144,29 @@ const (
 	DefaultMaxIdleConnections = 1024
 	// EnvMaxIdleConnections overrides DefaultMaxIdleConnections.
 	EnvMaxIdleConnections = "DYNAMO_CTX_MAX_IDLE_CONNECTIONS"
+	// DefaultMaxQueuedRequests is the default of Options.MaxQueuedRequests.
+	DefaultMaxQueuedRequests = 1024
+	// EnvMaxQueuedRequests overrides DefaultMaxQueuedRequests (0: no queue).
+	EnvMaxQueuedRequests = "DYNAMO_CTX_MAX_QUEUED_REQUESTS"
 )
+
+// ParseMaxQueued reads a queue bound as EnvMaxQueuedRequests spells it (a
+// number of requests, 0 for none) as Options.MaxQueuedRequests takes it.
+func ParseMaxQueued(v string) (int, error) {
+	n, err := strconv.Atoi(strings.TrimSpace(v))
+	if err != nil || n < 0 || n > maxQueuedLimit {
+		return 0, fmt.Errorf("%s=%q: want a number of requests from 0 (no queue) to %d", EnvMaxQueuedRequests, v, maxQueuedLimit)
+	}
+	if n == 0 {
+		return -1, nil
+	}
+	return n, nil
+}
+
+// maxQueuedLimit bounds the queue bound: a waiting request costs a
+// goroutine and its body, so a million is already more than a process
+// should hold.
+const maxQueuedLimit = 1 << 20
 
 func (o *Options) defaults() error {
 	if o.Namespace == "" {
@@ -170,6 +197,21 @@ func (o *Options) defaults() error {
 	}
 	if o.DefaultMaxModelLen <= 0 {
 		o.DefaultMaxModelLen = DefaultMaxModelLen
+	}
+	if o.MaxQueuedRequests == 0 {
+		o.MaxQueuedRequests = DefaultMaxQueuedRequests
+		if v := os.Getenv(EnvMaxQueuedRequests); v != "" {
+			n, err := ParseMaxQueued(v)
+			if err != nil {
+				return err
+			}
+			o.MaxQueuedRequests = n
+		}
+	}
+	if o.MaxQueuedRequests < 0 {
+		o.MaxQueuedRequests = -1
+	} else if o.MaxQueuedRequests > maxQueuedLimit {
+		return fmt.Errorf("MaxQueuedRequests %d: at most %d", o.MaxQueuedRequests, maxQueuedLimit)
 	}
 	for _, d := range []struct {
 		v   *time.Duration
@@ -202,11 +244,13 @@ type Frontend struct {
 	hurry     chan struct{} // closed by a Drain during a drain: stop waiting
 	hurryOnce sync.Once
 	drained   chan struct{} // closed when the drain is over
+	stopping  chan struct{} // closed when a drain gives up waiting: queued requests leave (admission.go)
 	closeErr  error
 
 	mu       sync.Mutex
 	inflight map[*ctxtree.Context]struct{} // the contexts of the worker requests being served (Drain)
 	clients  map[string]*plane.Client      // per model
+	gates    map[string]*gate              // per model, with its client: admission (admission.go)
 	files    *plane.Client                 // the workers serving model files (modelfiles.go), made on first use
 	pending  map[string]*pendingAbort      // request key -> disconnect waiting for its confirmation
 	byAge    list.List                     // the same entries (*pendingAbort), oldest first: expiry
@@ -234,8 +278,8 @@ func New(ctx context.Context, rt *plane.Runtime, opts Options) (*Frontend, error
 	}
 	f := &Frontend{
 		rt: rt, opts: opts, client: client, metrics: newMetrics(), idle: newIdleConns(opts.MaxIdleConnections),
-		clients: map[string]*plane.Client{}, pending: map[string]*pendingAbort{},
-		serveErr: make(chan error, 1), hurry: make(chan struct{}), drained: make(chan struct{}),
+		clients: map[string]*plane.Client{}, gates: map[string]*gate{}, pending: map[string]*pendingAbort{},
+		serveErr: make(chan error, 1), hurry: make(chan struct{}), drained: make(chan struct{}), stopping: make(chan struct{}),
 	}
 	unsubscribe, err := rt.OnAbortConfirmed(f.onAbortConfirmed)
 	if err != nil {
@@ -313,7 +357,9 @@ func (f *Frontend) Drain(timeout time.Duration) error {
 		}()
 		if err := f.srv.Shutdown(ctx); err != nil {
 			// The drain timeout passed: what still runs is killed (its
-			// clients are answered), then the last handlers get 5 s.
+			// clients are answered), what waits in a queue leaves it, then
+			// the last handlers get 5 s.
+			close(f.stopping)
 			f.killInflight(ctxtree.ReasonShutdown)
 			last, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
@@ -374,6 +420,9 @@ type instanceMeta struct {
 	// ModelPath is the model directory (Hugging Face layout) whose
 	// tokenizer and chat template are the model's language (text.go).
 	ModelPath string `json:"model_path"`
+	// MaxNumSeqs is the instance's capacity: the requests its engine runs
+	// at once (0: unlimited; admission.go).
+	MaxNumSeqs int `json:"max_num_seqs"`
 }
 
 // parseMeta reads an instance's metadata. Every request reads every
@@ -416,8 +465,16 @@ func (f *Frontend) modelClient(model string) (*plane.Client, error) {
 	if err != nil {
 		return nil, err
 	}
+	f.gates[model] = newGate(c, max(f.opts.MaxQueuedRequests, 0))
 	f.clients[model] = c
 	return c, nil
+}
+
+// gateOf is the admission of model (made with its client by modelClient).
+func (f *Frontend) gateOf(model string) *gate {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.gates[model]
 }
 
 func (f *Frontend) migrationLimit(c *plane.Client) int {
@@ -615,7 +672,9 @@ func (r *recorder) logFailure(req *http.Request) {
 		return
 	}
 	level := slog.LevelWarn
-	if status >= 500 {
+	if status >= 500 && status != http.StatusServiceUnavailable && status != http.StatusGatewayTimeout {
+		// A fault of the stack's. Overload, shutdown and a deadline (503,
+		// 504) are how it works under load: warnings.
 		level = slog.LevelError
 	}
 	slog.Log(context.Background(), level, "request failed", "status", status,
@@ -724,6 +783,7 @@ func (f *Frontend) model(w http.ResponseWriter, r *http.Request) {
 func (f *Frontend) metricsHandler(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "text/plain; version=0.0.4")
 	f.metrics.write(w)
+	f.writeAdmission(w)
 }
 
 func (f *Frontend) completions(w http.ResponseWriter, r *http.Request) {
@@ -908,6 +968,12 @@ func (f *Frontend) serve(w http.ResponseWriter, r *http.Request, chat bool) {
 		deadlineExceeded(w) // spent before anything was sent (reading, tokenizing)
 		return
 	}
+	// A place on a worker, or a wait in the model's queue for one.
+	place, err := f.gateOf(req.Model).admit(r.Context(), deadline, f.stopping)
+	if err != nil {
+		f.notAdmitted(w, req.Model, len(prompts)*p.n, err)
+		return
+	}
 
 	// One worker request per choice, all under the request's id.
 	choices := make([]*choice, 0, len(prompts)*p.n)
@@ -926,8 +992,13 @@ func (f *Frontend) serve(w http.ResponseWriter, r *http.Request, chat bool) {
 			}
 			payload := p.payload(req.Model, pr.tokens, budgets[i], c.index)
 			c.resend = func() (*plane.Stream, error) { return client.Generate(payload, c.reqCtx, plane.RoundRobin, 0) }
+			var opts []plane.GenerateOption
+			if place != nil {
+				// The first choice goes into the request's place (and owns it).
+				opts, place = append(opts, plane.WithReservation(place)), nil
+			}
 			var s *plane.Stream
-			s, err = client.Generate(payload, c.reqCtx, plane.RoundRobin, 0)
+			s, err = client.Generate(payload, c.reqCtx, plane.RoundRobin, 0, opts...)
 			if err == nil {
 				c.st.Store(s)
 			}

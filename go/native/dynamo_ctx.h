@@ -291,7 +291,9 @@ int dc_log_next(int *level, char *buf, size_t cap, size_t *len);
    (NULL for "dynamo") is the namespace where workers serve "<ns>.backend.generate";
    migration_limit < 0 means "as the model's workers declare". The body
    limit is DYNAMO_CTX_MAX_BODY_BYTES, and every request's default timeout
-   DYNAMO_CTX_REQUEST_TIMEOUT (seconds; none without it), as the process's
+   DYNAMO_CTX_REQUEST_TIMEOUT (seconds; none without it), and a model's
+   queue of requests waiting for a worker with a free place
+   DYNAMO_CTX_MAX_QUEUED_REQUESTS (default 1024; 0: none), as the process's
    environment has them now (the host may set them after loading the
    library). Errors: DC_EBADF, DC_EINVAL (also for a bad variable), DC_EIO
    (cannot listen). */

@@ -52,14 +52,23 @@ func dc_frontend_start(rtH C.uint64_t, addr *C.char, addrLen C.size_t, namespace
 		}
 		timeout = d
 	}
+	var queued int
+	if v := cGetenv(frontend.EnvMaxQueuedRequests); v != "" {
+		n, err := frontend.ParseMaxQueued(v)
+		if err != nil {
+			return fail(C.DC_EINVAL, "dc_frontend_start: %v", err)
+		}
+		queued = n
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), connectTimeout)
 	defer cancel()
 	f, err := frontend.New(ctx, rt, frontend.Options{
-		Addr:           string(goBytes(addr, addrLen)),
-		Namespace:      string(goBytes(namespace, nsLen)),
-		MigrationLimit: int(migrationLimit),
-		MaxBodyBytes:   maxBody,
-		RequestTimeout: timeout,
+		Addr:              string(goBytes(addr, addrLen)),
+		Namespace:         string(goBytes(namespace, nsLen)),
+		MigrationLimit:    int(migrationLimit),
+		MaxBodyBytes:      maxBody,
+		RequestTimeout:    timeout,
+		MaxQueuedRequests: queued,
 	})
 	if err != nil {
 		return fail(C.DC_EIO, "dc_frontend_start: %v", err)

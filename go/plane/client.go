@@ -37,6 +37,7 @@ type Client struct {
 
 	migrationLimit atomic.Int64
 	filter         atomic.Pointer[func([]byte) bool]
+	capacity       atomic.Pointer[capacityConfig] // routing by free capacity (capacity.go); nil: none
 
 	parent   *Client // set on a client made by Filtered: it shares parent's watcher
 	mu       sync.Mutex
@@ -44,6 +45,7 @@ type Client struct {
 	children map[*Client]struct{} // clients made by Filtered, closed with this one
 	waiting  []func()
 	suspects map[uint64]time.Time // instance -> until when it is avoided (see suspect)
+	load     map[uint64]int       // instance -> requests of this client running there (capacity.go)
 	stop     chan struct{}
 	wg       sync.WaitGroup
 }
@@ -124,6 +126,7 @@ func (c *Client) watchChanges() {
 		if len(c.Instances()) > 0 {
 			c.releaseWaiting()
 		}
+		c.roomMaybe() // an instance that appeared may have room (capacity.go)
 		select {
 		case <-changed:
 		case <-c.stop:
@@ -239,17 +242,36 @@ func (c *Client) Close() {
 // Otherwise the candidates are the known instances minus exclude (those that
 // already failed this request) and minus the client's suspects; when that
 // leaves none, suspects are allowed again, then excluded ones: a request is
-// never refused for want of a perfect instance while any is known.
-func (c *Client) pick(route Route, instance uint64, exclude map[uint64]bool) (uint64, error) {
+// never refused for want of a perfect instance while any is known. Among the
+// candidates it takes the next in turn, a random one, or, when the client
+// routes by capacity (capacity.go), the one with the most free capacity,
+// which it then counts (counted); with admit it refuses (ErrAtCapacity)
+// when that one has none.
+func (c *Client) pickFor(route Route, instance uint64, exclude map[uint64]bool, admit bool) (id uint64, counted bool, err error) {
+	cfg := c.capacity.Load()
 	if route == Direct {
-		return instance, nil
+		if cfg != nil {
+			c.mu.Lock()
+			if c.load == nil {
+				c.load = map[uint64]int{}
+			}
+			c.load[instance]++
+			c.mu.Unlock()
+			return instance, true, nil
+		}
+		return instance, false, nil
 	}
-	ids := c.InstanceIDs()
-	if len(ids) == 0 {
-		return 0, ErrNoInstances
+	insts := c.Instances()
+	if len(insts) == 0 {
+		return 0, false, ErrNoInstances
+	}
+	ids := make([]uint64, len(insts))
+	for i, in := range insts {
+		ids[i] = in.ID
 	}
 	now := time.Now()
 	c.mu.Lock()
+	defer c.mu.Unlock()
 	for id, until := range c.suspects {
 		if now.After(until) {
 			delete(c.suspects, id)
@@ -272,14 +294,28 @@ func (c *Client) pick(route Route, instance uint64, exclude map[uint64]bool) (ui
 	if len(cands) == 0 {
 		cands = keep(false)
 	}
-	c.mu.Unlock()
 	if len(cands) == 0 {
 		cands = ids
 	}
-	if route == Random {
-		return cands[rand.IntN(len(cands))], nil
+	if cfg != nil {
+		metas := make(map[uint64][]byte, len(insts))
+		for _, in := range insts {
+			metas[in.ID] = in.Meta
+		}
+		best, free := c.mostFreeLocked(cfg, cands, metas)
+		if admit && free <= 0 {
+			return 0, false, ErrAtCapacity
+		}
+		if c.load == nil {
+			c.load = map[uint64]int{}
+		}
+		c.load[best]++
+		return best, true, nil
 	}
-	return cands[(c.rr.Add(1)-1)%uint64(len(cands))], nil
+	if route == Random {
+		return cands[rand.IntN(len(cands))], false, nil
+	}
+	return cands[(c.rr.Add(1)-1)%uint64(len(cands))], false, nil
 }
 
 // suspect makes new requests avoid instance id for a while (see suspectFor).
@@ -317,6 +353,9 @@ func (c *Client) Generate(payload []byte, parent *ctxtree.Context, route Route, 
 	}
 	o, err := applyGenerateOptions(opts)
 	if err != nil {
+		if o.reservation != nil {
+			o.reservation.Release()
+		}
 		return nil, err
 	}
 	return c.generateOnce(payload, parent, route, instance, nil, nil, o)
@@ -369,6 +408,9 @@ func (c *Client) tooLarge(n int) error {
 func (c *Client) generateOnce(payload []byte, parent *ctxtree.Context, route Route, instance uint64, exclude map[uint64]bool, outer *Stream, o generateOptions) (*Stream, error) {
 	reqCtx, err := c.requestContext(payload, parent)
 	if err != nil {
+		if o.reservation != nil {
+			o.reservation.Release()
+		}
 		return nil, err
 	}
 	key := NewKey()
@@ -376,10 +418,29 @@ func (c *Client) generateOnce(payload []byte, parent *ctxtree.Context, route Rou
 		key = outer.key
 	}
 	s := &Stream{ctx: reqCtx, key: key, parent: parent, wake: make(chan struct{}, 1), rt: c.rt, client: c}
-	id, err := c.pick(route, instance, exclude)
-	if err != nil {
-		s.end(err)
-		return s, nil
+	var id uint64
+	if r := o.reservation; r != nil {
+		// The place Reserve took: the stream gives it back when it ends.
+		if r.c != c {
+			r.Release()
+			s.end(errors.New("plane: a reservation of another client"))
+			return s, nil
+		}
+		id = r.id
+		if r.counted && r.done.CompareAndSwap(false, true) {
+			f := c.unloader(id)
+			s.unload.Store(&f)
+		}
+	} else {
+		var counted bool
+		if id, counted, err = c.pickFor(route, instance, exclude, false); err != nil {
+			s.end(err)
+			return s, nil
+		}
+		if counted {
+			f := c.unloader(id)
+			s.unload.Store(&f)
+		}
 	}
 	s.instance = id
 	s.served.Store(id)
@@ -458,6 +519,7 @@ type Stream struct {
 	parent    *ctxtree.Context // the caller's context (nil for none): see Killed
 	in        *transport.Incoming
 	attempt   atomic.Pointer[Stream] // a migrating stream's current attempt (see KillOutcome)
+	unload    atomic.Pointer[func()] // gives the attempt's place on its instance back (capacity.go)
 	stopHooks []func() bool
 	wake      chan struct{} // buffered(1): the consumer took items
 	abandoned atomic.Bool   // the runtime closed: stop holding the producer
@@ -690,6 +752,9 @@ func (s *Stream) classify(err error) error {
 func (s *Stream) end(err error) {
 	for _, stop := range s.stopHooks {
 		stop()
+	}
+	if f := s.unload.Swap(nil); f != nil {
+		(*f)() // the instance's place is free (capacity.go)
 	}
 	s.mu.Lock()
 	if s.err == nil {

@@ -20,7 +20,8 @@ var ErrBadMetadata = errors.New("request metadata must be a JSON object")
 type GenerateOption func(*generateOptions)
 
 type generateOptions struct {
-	metadata json.RawMessage
+	metadata    json.RawMessage
+	reservation *Reservation // the first attempt's place (WithReservation); nil: routed as usual
 }
 
 // WithMetadata attaches metadata (a JSON object, at most MaxMetadataBytes)

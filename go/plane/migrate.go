@@ -52,10 +52,16 @@ import (
 func (c *Client) GenerateMigrating(payload []byte, parent *ctxtree.Context, route Route, instance uint64, limit int, opts ...GenerateOption) (*Stream, error) {
 	o, err := applyGenerateOptions(opts)
 	if err != nil {
+		if o.reservation != nil {
+			o.reservation.Release()
+		}
 		return nil, err
 	}
 	reqCtx, err := c.requestContext(payload, parent)
 	if err != nil {
+		if o.reservation != nil {
+			o.reservation.Release()
+		}
 		return nil, err
 	}
 	slog.Debug("migration_limit read", "request_id", reqCtx.ID(), "endpoint", c.path, "migration_limit", limit)
@@ -120,6 +126,7 @@ func (s *Stream) migrate(c *Client, payload []byte, route Route, instance uint64
 			}
 		}
 		inner, err := c.generateOnce(p, s.ctx, route, instance, exclude, s, o)
+		o.reservation = nil // the first attempt's place only
 		if err != nil {
 			s.end(err)
 			return

@@ -275,3 +275,41 @@ def test_die_ends_running_and_later_requests():
             pass
 
     run(main())
+
+
+def test_max_num_seqs_holds_the_rest_first_come_first_served():
+    """As vLLM's scheduler: at most max_num_seqs sequences run (prefill or decode) at once;
+    the rest wait, in order, and start as places free; an aborted waiter frees nothing it
+    never held; decode-only requests (a remote prefill) wait for a place too."""
+
+    async def main():
+        e = MockAsyncLLM(MockEngineArgs(prefill_time_per_token=0.0, decode_time_per_token=0.002, block_size=4, max_num_seqs=2))
+        most = 0
+        started: list = []
+
+        async def one(rid, n, params=None):
+            nonlocal most
+            first = True
+            async for _ in e.generate([1, 2, 3], params or SamplingParams(max_tokens=n), rid):
+                if first:
+                    started.append(rid)
+                    first = False
+                running = len(e.running_request_ids()) - len(e.waiting_request_ids())
+                most = max(most, running)
+
+        decode_only = SamplingParams(max_tokens=3, extra_args={"kv_transfer_params": {"do_remote_prefill": True}})
+        tasks = [asyncio.ensure_future(one(f"r{i}", 5)) for i in range(5)]
+        tasks.append(asyncio.ensure_future(one("d", 3, decode_only)))
+        await asyncio.sleep(0.004)
+        assert set(e.waiting_request_ids()) >= {"r2", "r3", "r4", "d"}
+        victim = asyncio.ensure_future(one("gone", 5))
+        await asyncio.sleep(0)
+        await e.abort("gone")
+        await asyncio.wait_for(asyncio.gather(*tasks), 5)
+        await asyncio.wait_for(victim, 5)
+        assert most <= 2, most
+        started = [rid for rid in started if rid != "gone"]  # its one output is the abort's
+        assert started[:2] == ["r0", "r1"] and started[2:] == ["r2", "r3", "r4", "d"], started
+        assert e.stats.running_requests == 0 and e.stats.kv_blocks_in_use == 0 and e._scheduled == 0
+
+    run(main())

@@ -133,6 +133,9 @@ class MockEngineArgs:
     #: The engine dies (``die``) after this many steps: a rehearsal of engine
     #: death for fault tests (None: never).
     die_after_steps: Optional[int] = None
+    #: Sequences scheduled at once, as vLLM's ``max_num_seqs``: the rest wait,
+    #: first come first served, for one to end (None: no limit).
+    max_num_seqs: Optional[int] = None
 
 
 @dataclass
@@ -162,6 +165,7 @@ class _Request:
     outputs: Deque[RequestOutput] = field(default_factory=collections.deque)  # not yet taken by generate
     waiter: "Optional[asyncio.Future[None]]" = None  # generate waiting for an output
     remote_decode: bool = False  # a disaggregated prefill: its last output carries kv_transfer_params
+    scheduled: bool = False  # holds one of the engine's max_num_seqs places (else it waits)
     error: Optional[BaseException] = None  # the engine died under it
 
 
@@ -183,6 +187,7 @@ class MockAsyncLLM:
         # and requests in decode. Requests that ended are dropped lazily.
         self._prefilling: Deque[_Request] = collections.deque()
         self._decoding: List[_Request] = []
+        self._scheduled = 0  # requests holding a place (max_num_seqs)
         self._stepper: "Optional[asyncio.Task[None]]" = None
         self._step_wake: "Optional[asyncio.Future[None]]" = None  # the step's sleep, cut short when it empties
         #: This engine's id in the KV transfer parameters it returns.
@@ -199,6 +204,10 @@ class MockAsyncLLM:
     def running_request_ids(self) -> List[str]:
         """Ids of the requests currently holding engine resources."""
         return list(self._running)
+
+    def waiting_request_ids(self) -> List[str]:
+        """Ids of the running requests that wait for a place (max_num_seqs)."""
+        return [rid for rid, r in self._running.items() if not r.scheduled]
 
     def phase(self, request_id: str) -> Optional[str]:
         """"prefill", "decode", or None when the request is not running."""
@@ -278,8 +287,12 @@ class MockAsyncLLM:
         self.stats.requests_total += 1
         if remote_prefill:
             req.prefilled = len(tokens)
-            req.phase = "decode"
-            self._decoding.append(req)
+            if self._seats() > 0 and not self._prefilling:
+                self._schedule(req)
+                req.phase = "decode"
+                self._decoding.append(req)
+            else:
+                self._prefilling.append(req)  # waits for a place; its prefill costs nothing
         else:
             self._prefilling.append(req)
         self._start_stepper()
@@ -331,6 +344,10 @@ class MockAsyncLLM:
                     break
                 if r.phase != "prefill":
                     continue
+                if not r.scheduled:
+                    if self._seats() <= 0:
+                        break  # first come first served: the rest wait for a place
+                    self._schedule(r)
                 n = min(budget, len(r.prompt) - r.prefilled)
                 chunks.append((r, n))
                 budget -= n
@@ -453,9 +470,21 @@ class MockAsyncLLM:
         req.aborted = True
         return True
 
+    def _seats(self) -> int:
+        """Places free for another sequence (max_num_seqs)."""
+        limit = self.args.max_num_seqs
+        return limit - self._scheduled if limit is not None else 1
+
+    def _schedule(self, req: _Request) -> None:
+        req.scheduled = True
+        self._scheduled += 1
+
     def _release(self, req: _Request, aborted: bool, reported: bool = False) -> None:
         if self._running.pop(req.request_id, None) is None:
             return
+        if req.scheduled:
+            req.scheduled = False
+            self._scheduled -= 1
         freed = req.blocks
         self.stats.kv_blocks_in_use -= freed
         self.stats.running_requests = len(self._running)

@@ -75,8 +75,9 @@ GET /metrics. A client that disconnects cancels its request on the worker.
 EPILOG = """\
 environment: NATS_SERVER (NATS address), DYN_HTTP_HOST, DYN_HTTP_PORT,
 DYN_NAMESPACE, DYN_MIGRATION_LIMIT, DYNAMO_CTX_MAX_BODY_BYTES,
-DYNAMO_CTX_REQUEST_TIMEOUT, DYN_LOG (log level), DYN_LOGGING_JSONL=1 (JSON
-lines). A flag given wins over its variable.
+DYNAMO_CTX_REQUEST_TIMEOUT, DYNAMO_CTX_MAX_QUEUED_REQUESTS, DYN_LOG (log
+level), DYN_LOGGING_JSONL=1 (JSON lines). A flag given wins over its
+variable.
 """
 
 PROG = "python -m dynamo_ctx.frontend"
@@ -114,6 +115,13 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         help="seconds every request may take unless its x-request-timeout header says less (default: none); "
         "past it the request is killed at every hop (504, or a last SSE error event, code deadline_exceeded)",
     )
+    p.add(
+        "--max-queued-requests",
+        type=_cli.non_negative_int,
+        env="DYNAMO_CTX_MAX_QUEUED_REQUESTS",
+        help="requests of a model that wait for a free place when every worker of it is at its --max-num-seqs "
+        "(default: 1024; 0: none); past it the frontend answers 503 overloaded with Retry-After at once",
+    )
     _cli.add_drain_timeout(p, "seconds the requests in flight get to finish after SIGTERM; then they are killed with reason shutdown")
     p.add_event_loop()
     p.add_logging()
@@ -127,6 +135,8 @@ async def run(args: argparse.Namespace) -> None:
         os.environ["DYNAMO_CTX_MAX_IDLE_CONNECTIONS"] = str(args.max_idle_connections)  # likewise
     if args.request_timeout is not None:
         os.environ["DYNAMO_CTX_REQUEST_TIMEOUT"] = repr(args.request_timeout)  # likewise
+    if args.max_queued_requests is not None:
+        os.environ["DYNAMO_CTX_MAX_QUEUED_REQUESTS"] = str(args.max_queued_requests)  # likewise
     loop = asyncio.get_running_loop()
     runtime = await _cli.connect_runtime(args.nats_url)
     try:

@@ -69,7 +69,7 @@ METRICS_MAX_HEAD = 16 * 1024
 
 #: The worker's own flags that vLLM's engine arguments also define: with
 #: ``--engine vllm`` they are vLLM's (``vllm serve``'s spelling and meaning).
-MODEL_FLAGS = ("--model", "--served-model-name", "--max-model-len")
+MODEL_FLAGS = ("--model", "--served-model-name", "--max-model-len", "--max-num-seqs")
 
 PROG = "python -m dynamo_ctx.worker"
 
@@ -145,6 +145,12 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
             "--max-model-len", type=_cli.positive_int,
             help="the model's context length (prompt + max_tokens), published with the instance; the frontend refuses "
             "longer requests (default: the model directory's config.json)",
+        )
+        p.add(
+            "--max-num-seqs", type=_cli.positive_int,
+            help="sequences the engine runs at once, as vLLM's (the rest wait in the engine); published with the "
+            "instance: the frontend sends each request to the worker with the most free places and queues the rest "
+            "(default: no limit)",
         )
     p.add_argument(
         "--engine", choices=["mock", "vllm"], default="mock",
@@ -233,10 +239,13 @@ class Model:
     """What the worker serves: the name clients use, the model directory whose
     text the frontend speaks (None: the stand-in), and the context length."""
 
-    def __init__(self, name: str, path: Optional[str], max_model_len: Optional[int]) -> None:
+    def __init__(self, name: str, path: Optional[str], max_model_len: Optional[int], max_num_seqs: Optional[int] = None) -> None:
         self.name = name
         self.path = path
         self.max_model_len = max_model_len
+        #: The sequences the engine runs at once (None: no limit): the
+        #: capacity the frontend routes and admits by.
+        self.max_num_seqs = max_num_seqs
 
 
 def mock_model(args: argparse.Namespace) -> Tuple[Any, Model]:
@@ -246,7 +255,7 @@ def mock_model(args: argparse.Namespace) -> Tuple[Any, Model]:
     path = model_dir.find(args.model)
     mock = MockEngineArgs(
         prefill_time_per_token=args.prefill_time_per_token, decode_time_per_token=args.decode_time_per_token,
-        die_after_steps=args.mock_die_after_steps,
+        die_after_steps=args.mock_die_after_steps, max_num_seqs=args.max_num_seqs,
     )
     length = args.max_model_len
     if path is not None:
@@ -255,7 +264,7 @@ def mock_model(args: argparse.Namespace) -> Tuple[Any, Model]:
             length = model_dir.max_model_len(path)
     elif os.path.isdir(args.model):
         raise _cli.UsageError(f"--model {args.model}: the directory has no tokenizer.json (a model directory in the Hugging Face layout)")
-    return MockAsyncLLM(mock), Model(served_model_name(args), path, length)
+    return MockAsyncLLM(mock), Model(served_model_name(args), path, length, args.max_num_seqs)
 
 
 def vllm_model(args: argparse.Namespace) -> Tuple[Any, Model]:
@@ -264,8 +273,10 @@ def vllm_model(args: argparse.Namespace) -> Tuple[Any, Model]:
 
     engine = AsyncLLM.from_engine_args(engine_args(args))
     length = getattr(getattr(engine, "model_config", None), "max_model_len", None)
+    # The engine's own capacity (vLLM resolves its default from the machine).
+    seqs = getattr(getattr(getattr(engine, "vllm_config", None), "scheduler_config", None), "max_num_seqs", None)
     path = model_dir.find(getattr(args, "tokenizer", None) or args.model)
-    return engine, Model(served_model_name(args), path, length)
+    return engine, Model(served_model_name(args), path, length, seqs if isinstance(seqs, int) and seqs > 0 else None)
 
 
 def make_engine(args: argparse.Namespace) -> Any:
@@ -482,6 +493,8 @@ async def run(args: argparse.Namespace) -> None:
         watch = asyncio.ensure_future(_watch_engine(engine, engine_dead))
         endpoint = runtime.namespace(args.namespace).component(component).endpoint("generate")
         meta: Dict[str, Any] = {"model": model.name, "mode": args.mode, "migration_limit": args.migration_limit}
+        if model.max_num_seqs is not None:
+            meta["max_num_seqs"] = model.max_num_seqs
         if model.max_model_len is not None:
             meta["max_model_len"] = model.max_model_len
         if model.path is not None:

@@ -428,6 +428,11 @@ def test_engine_has_what_the_worker_reads() -> None:
     assert "max_model_len" in {f.name for f in dataclasses.fields(ModelConfig)}
     assert callable(getattr(AsyncLLM, "get_tokenizer", None))
     assert "engine_args" in inspect.signature(AsyncLLM.from_engine_args).parameters
+    # engine.vllm_config.scheduler_config.max_num_seqs: the capacity the worker publishes.
+    from vllm.config import SchedulerConfig
+
+    assert "max_num_seqs" in {f.name for f in dataclasses.fields(SchedulerConfig)}
+    assert "self.vllm_config" in inspect.getsource(AsyncLLM.__init__)
 
 
 # --------------------------------------------------------------------------- the mock's surface

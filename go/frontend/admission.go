@@ -1,0 +1,214 @@
+package frontend
+
+// Admission. A worker declares its capacity ("max_num_seqs" in its
+// instance's metadata: the sequences its engine runs at once); the model's
+// client counts the requests it runs on each instance and sends each to
+// the one with the most free capacity (plane's capacity.go). A request is
+// admitted when an instance has a free place; when every instance of the
+// model is full it waits in the model's queue, first come first served, for
+// a place, up to Options.MaxQueuedRequests requests; past that it is
+// answered 503, code overloaded, with Retry-After, at once. A queued
+// request whose client leaves, whose deadline passes or whose frontend's
+// drain ends leaves the queue and never reaches a worker.
+//
+// A request takes one place however many choices (n) it has: its first
+// choice goes into the place, the others to the instances with the most
+// free capacity, even past it (the engine queues them). Instances that
+// declare no capacity always have room.
+
+import (
+	"container/list"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/dynamo-ctx/dynamo-ctx/go/plane"
+)
+
+// Why a request left the queue without a place.
+var (
+	errOverloaded      = errors.New("overloaded")
+	errQueueDeadline   = errors.New("the request's deadline passed while it waited for a worker")
+	errQueueShutdown   = errors.New("the frontend is shutting down")
+	errQueueClientGone = errors.New("the client went away while the request waited for a worker")
+)
+
+// retryAfterSeconds is the Retry-After of an overloaded answer.
+const retryAfterSeconds = "1"
+
+// gate admits the requests of one model.
+type gate struct {
+	c   *plane.Client
+	max int // queued requests at most (0: no queue)
+
+	mu    sync.Mutex
+	queue list.List // *waiter, first come first
+}
+
+// waiter is a request in the queue: ready is closed once it was handed a
+// place (r) or an error that ends its wait (err).
+type waiter struct {
+	ready chan struct{}
+	r     *plane.Reservation
+	err   error
+	elem  *list.Element // in gate.queue; nil once out of it (mu held)
+}
+
+func newGate(c *plane.Client, max int) *gate {
+	g := &gate{c: c, max: max}
+	c.SetCapacity(func(meta []byte) int { return parseMeta(meta).MaxNumSeqs }, g.room)
+	return g
+}
+
+// queued is how many requests wait.
+func (g *gate) queued() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.queue.Len()
+}
+
+// admit returns a place for one request: at once when an instance has one
+// and nobody waits before it; otherwise after waiting in the queue. It fails
+// with errOverloaded when the queue is full, errQueueClientGone when ctx
+// ends, errQueueDeadline at deadline (zero: none), errQueueShutdown when
+// stopping closes, or plane's error when the model has no instance.
+func (g *gate) admit(ctx context.Context, deadline time.Time, stopping <-chan struct{}) (*plane.Reservation, error) {
+	g.mu.Lock()
+	if g.queue.Len() == 0 {
+		r, err := g.c.Reserve()
+		if !errors.Is(err, plane.ErrAtCapacity) {
+			g.mu.Unlock()
+			return r, err
+		}
+	}
+	if g.queue.Len() >= g.max {
+		g.mu.Unlock()
+		return nil, errOverloaded
+	}
+	w := &waiter{ready: make(chan struct{})}
+	w.elem = g.queue.PushBack(w)
+	g.mu.Unlock()
+	// A place freed between the Reserve above and the PushBack called room
+	// before this waiter was there to take it.
+	g.room()
+
+	var expired <-chan time.Time
+	if !deadline.IsZero() {
+		t := time.NewTimer(time.Until(deadline))
+		defer t.Stop()
+		expired = t.C
+	}
+	var why error
+	select {
+	case <-w.ready:
+		return w.r, w.err
+	case <-ctx.Done():
+		why = errQueueClientGone
+	case <-expired:
+		why = errQueueDeadline
+	case <-stopping:
+		why = errQueueShutdown
+	}
+	g.mu.Lock()
+	if w.elem != nil {
+		g.queue.Remove(w.elem)
+		w.elem = nil
+		g.mu.Unlock()
+		return nil, why
+	}
+	g.mu.Unlock()
+	// Handed a place as it gave up: the place goes to the next in line.
+	<-w.ready
+	if w.r != nil {
+		w.r.Release()
+	}
+	return nil, why
+}
+
+// room hands free places to the waiters, first come first; the model's
+// client calls it whenever one of its requests ends or its instances
+// change.
+func (g *gate) room() {
+	var handed []*waiter
+	g.mu.Lock()
+	for g.queue.Len() > 0 {
+		r, err := g.c.Reserve()
+		if err != nil {
+			// At capacity, or no instance just now (a rolling deploy
+			// between two workers): the queue waits for the next change.
+			break
+		}
+		w := g.queue.Remove(g.queue.Front()).(*waiter)
+		w.elem = nil
+		w.r = r
+		handed = append(handed, w)
+	}
+	g.mu.Unlock()
+	for _, w := range handed {
+		close(w.ready)
+	}
+}
+
+// notAdmitted answers a request that got no place (admit's error) and
+// counts its choices, each with the one outcome the request had: rejected
+// (overloaded, or no instance), deadline, or cancelled (the client left, the
+// frontend stopped). None of them reached a worker.
+func (f *Frontend) notAdmitted(w http.ResponseWriter, model string, choices int, err error) {
+	outcome := "cancelled"
+	switch {
+	case errors.Is(err, errOverloaded):
+		outcome = "rejected"
+		w.Header().Set("Retry-After", retryAfterSeconds)
+		writeError(w, http.StatusServiceUnavailable, fmt.Sprintf(
+			"every worker of model %q is at its capacity and %d requests already wait; retry later", model, max(f.opts.MaxQueuedRequests, 0)),
+			"service_unavailable", "", "overloaded")
+	case errors.Is(err, errQueueDeadline):
+		outcome = "deadline"
+		deadlineExceeded(w)
+	case errors.Is(err, errQueueShutdown):
+		writeError(w, http.StatusServiceUnavailable, err.Error(), "service_unavailable", "", "shutdown")
+	case errors.Is(err, errQueueClientGone):
+		slog.Debug("request left the queue: its client went away", "model", model)
+	case errors.Is(err, plane.ErrNoInstances):
+		outcome = "rejected"
+		modelNotFound(w, model)
+	default:
+		outcome = "failed"
+		writeError(w, http.StatusInternalServerError, err.Error(), "internal_error", "", "internal_error")
+	}
+	for i := 0; i < choices; i++ {
+		f.metrics.request(model)
+		f.metrics.outcome(model, outcome)
+	}
+}
+
+// writeAdmission writes the admission gauges: per model, the worker
+// requests running (as this frontend counts them) and those waiting.
+func (f *Frontend) writeAdmission(w io.Writer) {
+	f.mu.Lock()
+	models := sortedKeys(f.gates)
+	gates := make([]*gate, len(models))
+	for i, m := range models {
+		gates[i] = f.gates[m]
+	}
+	f.mu.Unlock()
+	gauge := func(name, help string, value func(g *gate) int) {
+		fmt.Fprintf(w, "# HELP %s %s\n# TYPE %s gauge\n", name, help, name)
+		for i, g := range gates {
+			fmt.Fprintf(w, "%s{%s} %d\n", name, label(models[i]), value(g))
+		}
+	}
+	gauge("dynamo_ctx_frontend_inflight_requests", "Worker requests running, as this frontend routed them.", func(g *gate) int {
+		n := 0
+		for _, k := range g.c.Running() {
+			n += k
+		}
+		return n
+	})
+	gauge("dynamo_ctx_frontend_queued_requests", "Requests waiting for a worker with a free place.", (*gate).queued)
+}

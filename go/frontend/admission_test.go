@@ -1,0 +1,236 @@
+package frontend_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/dynamo-ctx/dynamo-ctx/go/frontend"
+	"github.com/dynamo-ctx/dynamo-ctx/go/internal/planetest"
+	"github.com/dynamo-ctx/dynamo-ctx/go/plane"
+)
+
+const (
+	mQueued   = "dynamo_ctx_frontend_queued_requests"
+	mInflight = "dynamo_ctx_frontend_inflight_requests"
+)
+
+// full starts a frontend that queues up to queued requests and one worker
+// of model "m" with capacity places that holds every request until it is
+// killed; the requests arrive on the returned channel.
+func full(t *testing.T, capacity, queued int) (*env, chan *plane.Request) {
+	t.Helper()
+	e := newEnv(t)
+	got := make(chan *plane.Request, 64)
+	e.workerMeta("w", "dynamo", map[string]any{"model": "m", "max_num_seqs": capacity}, planetest.Hold(got))
+	e.startWith(frontend.Options{Addr: "127.0.0.1:0", MigrationLimit: -1, MaxQueuedRequests: queued})
+	e.waitModels("m")
+	return e, got
+}
+
+// send posts a held completion with request id id; cancel makes its client
+// go away.
+func (e *env) send(id string) (done <-chan response, cancel func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	e.t.Cleanup(cancel)
+	out := make(chan response, 1)
+	req := e.request(http.MethodPost, "/v1/completions", completion("m", "hi", 5, false), map[string]string{"x-request-id": id}).WithContext(ctx)
+	go func() {
+		resp, err := e.hc.Do(req)
+		if err != nil {
+			out <- response{status: -1, body: []byte(err.Error())}
+			return
+		}
+		defer resp.Body.Close()
+		var b strings.Builder
+		buf := make([]byte, 4096)
+		for {
+			n, rerr := resp.Body.Read(buf)
+			b.WriteString(string(buf[:n]))
+			if rerr != nil {
+				break
+			}
+		}
+		out <- response{status: resp.StatusCode, header: resp.Header, body: []byte(b.String())}
+	}()
+	return out, cancel
+}
+
+// Full workers: requests wait in the queue (first come first served) up to
+// its bound, then are answered 503 overloaded with Retry-After at once; a
+// place that frees goes to the first in line.
+func TestOverloadQueuesThenRejects(t *testing.T) {
+	e, got := full(t, 2, 2)
+	_, cancelA := e.send("a")
+	_, cancelB := e.send("b")
+	first := []string{planetest.Recv(t, got, "a or b").ID, planetest.Recv(t, got, "a or b").ID}
+	assert.ElementsMatch(t, []string{"a", "b"}, first)
+	e.waitMetric(key(mInflight, "m"), 2)
+
+	doneC, _ := e.send("c")
+	e.waitMetric(key(mQueued, "m"), 1)
+	doneD, _ := e.send("d")
+	e.waitMetric(key(mQueued, "m"), 2)
+
+	start := time.Now()
+	r := e.post("/v1/completions", completion("m", "hi", 5, false), map[string]string{"x-request-id": "e"})
+	assert.Less(t, time.Since(start), 5*time.Second, "at once")
+	assert.Equal(t, http.StatusServiceUnavailable, r.status, "%s", r.body)
+	assert.Contains(t, string(r.body), `"code":"overloaded"`)
+	assert.Equal(t, "1", r.header.Get("Retry-After"))
+	select {
+	case req := <-got:
+		t.Fatalf("request %q reached the worker while every place was taken", req.ID)
+	case <-time.After(100 * time.Millisecond):
+	}
+
+	cancelA() // its place goes to c, the first in line
+	assert.Equal(t, "c", planetest.Recv(t, got, "the first queued request").ID)
+	cancelB()
+	assert.Equal(t, "d", planetest.Recv(t, got, "the second queued request").ID)
+	e.waitMetric(key(mQueued, "m"), 0)
+	for _, d := range []<-chan response{doneC, doneD} {
+		select {
+		case r := <-d:
+			t.Fatalf("a held request answered: %d %s", r.status, r.body)
+		default:
+		}
+	}
+	e.waitMetric(outcomeKey("m", "rejected"), 1)
+}
+
+// A queued request whose client leaves, or whose deadline passes, leaves
+// the queue and never reaches a worker.
+func TestQueuedRequestLeavesOnDisconnectAndDeadline(t *testing.T) {
+	e, got := full(t, 1, 8)
+	_, cancelA := e.send("a")
+	planetest.Recv(t, got, "a")
+
+	_, cancelGone := e.send("gone")
+	e.waitMetric(key(mQueued, "m"), 1)
+	cancelGone()
+	e.waitMetric(key(mQueued, "m"), 0)
+	e.waitMetric(outcomeKey("m", "cancelled"), 1)
+
+	start := time.Now()
+	r := e.post("/v1/completions", completion("m", "hi", 5, false), map[string]string{"x-request-id": "late", "x-request-timeout": "0.3"})
+	assert.Equal(t, http.StatusGatewayTimeout, r.status, "%s", r.body)
+	assert.Contains(t, string(r.body), `"code":"deadline_exceeded"`)
+	assert.GreaterOrEqual(t, time.Since(start), 250*time.Millisecond)
+	e.waitMetric(outcomeKey("m", "deadline"), 1)
+
+	doneNext, _ := e.send("next")
+	e.waitMetric(key(mQueued, "m"), 1)
+	cancelA()
+	assert.Equal(t, "next", planetest.Recv(t, got, "the request queued after them").ID, "gone and late never reached the worker")
+	select {
+	case r := <-doneNext:
+		t.Fatalf("answered: %d %s", r.status, r.body)
+	default:
+	}
+}
+
+// Without a queue, a request that finds every place taken is refused at
+// once.
+func TestNoQueueRejectsAtOnce(t *testing.T) {
+	e, got := full(t, 1, -1)
+	e.send("a")
+	planetest.Recv(t, got, "a")
+	r := e.post("/v1/completions", completion("m", "hi", 5, false), nil)
+	assert.Equal(t, http.StatusServiceUnavailable, r.status, "%s", r.body)
+	assert.Contains(t, string(r.body), `"code":"overloaded"`)
+}
+
+// Requests go to the instance with the most free places: with 1 and 3,
+// four requests fill both.
+func TestRoutesToTheMostFreeCapacity(t *testing.T) {
+	e := newEnv(t)
+	gotSmall, gotBig := make(chan *plane.Request, 8), make(chan *plane.Request, 8)
+	e.workerMeta("small", "dynamo", map[string]any{"model": "m", "max_num_seqs": 1}, planetest.Hold(gotSmall))
+	e.workerMeta("big", "dynamo", map[string]any{"model": "m", "max_num_seqs": 3}, planetest.Hold(gotBig))
+	e.startWith(frontend.Options{Addr: "127.0.0.1:0", MigrationLimit: -1, MaxQueuedRequests: 4})
+	require.Eventually(t, func() bool {
+		r := e.do(http.MethodGet, "/health", "", nil)
+		return strings.Contains(string(r.body), `"instances":2`)
+	}, planetest.WaitLimit, 10*time.Millisecond)
+	e.waitModels("m")
+	for i := 0; i < 4; i++ {
+		e.send("r" + string(rune('0'+i)))
+		e.waitMetric(key(mInflight, "m"), float64(i+1))
+	}
+	require.Eventually(t, func() bool { return len(gotSmall) == 1 && len(gotBig) == 3 }, planetest.WaitLimit, 5*time.Millisecond,
+		"small %d, big %d", len(gotSmall), len(gotBig))
+	e.send("queued")
+	e.waitMetric(key(mQueued, "m"), 1)
+}
+
+// A drain that gives up answers the queued requests 503 shutdown.
+func TestDrainEndsTheQueue(t *testing.T) {
+	e, got := full(t, 1, 8)
+	e.send("a")
+	planetest.Recv(t, got, "a")
+	done, _ := e.send("queued")
+	e.waitMetric(key(mQueued, "m"), 1)
+	require.NoError(t, e.fe.Drain(100*time.Millisecond))
+	r := planetest.Recv(t, done, "the queued request's answer")
+	assert.Equal(t, http.StatusServiceUnavailable, r.status, "%s", r.body)
+	assert.Contains(t, string(r.body), `"code":"shutdown"`)
+}
+
+// Many requests at once on few places, clients leaving and deadlines
+// passing at random moments: every request is answered or gone, nothing
+// stays queued or counted, and the outcomes add up to the requests.
+func TestAdmissionUnderChurn(t *testing.T) {
+	e := newEnv(t)
+	e.workerMeta("w", "dynamo", map[string]any{"model": "m", "max_num_seqs": 3}, func(w *planetest.Worker, req *plane.Request) {
+		select {
+		case <-time.After(time.Duration(1+len(req.ID)%5) * time.Millisecond):
+			planetest.Tokens(w, req)
+		case <-req.Ctx.Killed():
+		}
+	})
+	e.startWith(frontend.Options{Addr: "127.0.0.1:0", MigrationLimit: -1, MaxQueuedRequests: 20})
+	e.waitModels("m")
+	const n = 150
+	var wg sync.WaitGroup
+	for i := 0; i < n; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			hdr := map[string]string{"x-request-id": fmt.Sprintf("churn-%d", i)}
+			switch i % 3 {
+			case 1:
+				time.AfterFunc(time.Duration(i%7)*time.Millisecond, cancel)
+			case 2:
+				hdr["x-request-timeout"] = fmt.Sprintf("0.00%d", 1+i%9)
+			}
+			req := e.request(http.MethodPost, "/v1/completions", completion("m", "hi", 3, i%2 == 0), hdr).WithContext(ctx)
+			if resp, err := e.hc.Do(req); err == nil {
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+		}()
+	}
+	wg.Wait()
+	e.waitMetric(key(mQueued, "m"), 0)
+	e.waitMetric(key(mInflight, "m"), 0)
+	require.Eventually(t, func() bool {
+		m := e.metrics()
+		sum := 0.0
+		for _, o := range []string{"completed", "stopped", "cancelled", "deadline", "failed", "rejected"} {
+			sum += m[outcomeKey("m", o)]
+		}
+		// Requests whose client left before its body was read were never taken.
+		return sum == m[key(mRequests, "m")] && sum >= n/2
+	}, planetest.WaitLimit, 10*time.Millisecond, "outcomes add up: %v", e.metrics())
+}

@@ -1,0 +1,140 @@
+package plane_test
+
+import (
+	"encoding/json"
+	"io"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/dynamo-ctx/dynamo-ctx/go/ctxtree"
+	"github.com/dynamo-ctx/dynamo-ctx/go/internal/planetest"
+	"github.com/dynamo-ctx/dynamo-ctx/go/plane"
+)
+
+// capacityOf reads {"max_num_seqs": N} (0 when absent: unlimited).
+func capacityOf(meta []byte) int {
+	var m struct {
+		MaxNumSeqs int `json:"max_num_seqs"`
+	}
+	_ = json.Unmarshal(meta, &m)
+	return m.MaxNumSeqs
+}
+
+// Routing by free capacity: each request goes to the instance with the
+// most free places; Reserve refuses when every one is full and a place
+// comes back (with a call of onRoom) when a request ends.
+func TestCapacityRoutesToTheMostFreeAndReserveRefusesWhenFull(t *testing.T) {
+	const path = "test.capacity.generate"
+	host := planetest.Embedded(t)
+	got := make(chan *plane.Request, 16)
+	small := planetest.Serve(t, planetest.Join(t, host), path, planetest.Hold(got), planetest.WithMetadata([]byte(`{"max_num_seqs":1}`)))
+	big := planetest.Serve(t, planetest.Join(t, host), path, planetest.Hold(got), planetest.WithMetadata([]byte(`{"max_num_seqs":3}`)))
+	c := planetest.Client(t, host, path)
+	var rooms atomic.Int64
+	c.SetCapacity(capacityOf, func() { rooms.Add(1) })
+	planetest.WaitInstances(t, c, 2)
+
+	// Free: small 1, big 3. The first three go to big (3, then 2 > 1; then
+	// a tie of 1 and 1, either), four fill both.
+	var streams []*plane.Stream
+	for i := 0; i < 4; i++ {
+		r, err := c.Reserve()
+		require.NoError(t, err, "place %d", i)
+		s, err := c.Generate([]byte(`{}`), ctxtree.New("cap"), plane.RoundRobin, 0, plane.WithReservation(r))
+		require.NoError(t, err)
+		streams = append(streams, s)
+		planetest.Recv(t, got, "the request")
+	}
+	assert.Equal(t, map[uint64]int{small.EP.InstanceID(): 1, big.EP.InstanceID(): 3}, c.Running())
+	_, err := c.Reserve()
+	require.ErrorIs(t, err, plane.ErrAtCapacity, "every instance is full")
+
+	// An attempt without a reservation is never refused: it goes over.
+	over, err := c.Generate([]byte(`{}`), ctxtree.New("over"), plane.RoundRobin, 0)
+	require.NoError(t, err)
+	planetest.Recv(t, got, "the request over capacity")
+	over.Kill()
+
+	before := rooms.Load()
+	streams[0].Kill()
+	require.Eventually(t, func() bool {
+		r, err := c.Reserve()
+		if err == nil {
+			r.Release()
+		}
+		return err == nil
+	}, planetest.WaitLimit, 2*time.Millisecond, "a place came back")
+	assert.Greater(t, rooms.Load(), before, "onRoom was called")
+	for _, s := range streams[1:] {
+		s.Kill()
+	}
+}
+
+// A reservation that is not used (or whose Generate fails) gives its
+// place back; a request that finishes gives its place back.
+func TestReservationIsReleasedOnEveryPath(t *testing.T) {
+	const path = "test.capacity.release"
+	host := planetest.Embedded(t)
+	planetest.Serve(t, planetest.Join(t, host), path, planetest.Tokens, planetest.WithMetadata([]byte(`{"max_num_seqs":1}`)))
+	c := planetest.Client(t, host, path)
+	c.SetCapacity(capacityOf, nil)
+	planetest.WaitInstances(t, c, 1)
+
+	r, err := c.Reserve()
+	require.NoError(t, err)
+	r.Release()
+	r.Release() // once only
+	assert.Empty(t, c.Running())
+
+	r, err = c.Reserve()
+	require.NoError(t, err)
+	_, err = c.Generate([]byte(`not json`), nil, plane.RoundRobin, 0, plane.WithReservation(r))
+	require.Error(t, err)
+	assert.Empty(t, c.Running(), "a refused request gave its place back")
+
+	require.NoError(t, c.SetMigrationLimit(2))
+	r, err = c.Reserve()
+	require.NoError(t, err)
+	s, err := c.Generate([]byte(`{"token_ids":[1],"stop_conditions":{"max_tokens":3}}`), nil, plane.RoundRobin, 0, plane.WithReservation(r))
+	require.NoError(t, err)
+	_, err = planetest.DrainTokens(t, s)
+	require.Equal(t, io.EOF, err)
+	require.Eventually(t, func() bool { return len(c.Running()) == 0 }, planetest.WaitLimit, 2*time.Millisecond, "the finished request gave its place back")
+}
+
+// Reserve under contention never hands out more places than there are.
+func TestReserveNeverOvercommits(t *testing.T) {
+	const path = "test.capacity.race"
+	host := planetest.Embedded(t)
+	planetest.Serve(t, planetest.Join(t, host), path, planetest.Tokens, planetest.WithMetadata([]byte(`{"max_num_seqs":5}`)))
+	c := planetest.Client(t, host, path)
+	c.SetCapacity(capacityOf, nil)
+	planetest.WaitInstances(t, c, 1)
+	var wg sync.WaitGroup
+	var took atomic.Int64
+	var mu sync.Mutex
+	var held []*plane.Reservation
+	for i := 0; i < 50; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if r, err := c.Reserve(); err == nil {
+				took.Add(1)
+				mu.Lock()
+				held = append(held, r)
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	assert.EqualValues(t, 5, took.Load())
+	for _, r := range held {
+		r.Release()
+	}
+	assert.Empty(t, c.Running())
+}

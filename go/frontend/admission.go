@@ -76,8 +76,43 @@ func (g *gate) queued() int {
 // and nobody waits before it; otherwise after waiting in the queue. It fails
 // with errOverloaded when the queue is full, errQueueClientGone when ctx
 // ends, errQueueDeadline at deadline (zero: none), errQueueShutdown when
-// stopping closes, or plane's error when the model has no instance.
+// stopping closes (also if it was closed already), or plane's
+// ErrNoInstances when the model has no instance (also while it waits).
 func (g *gate) admit(ctx context.Context, deadline time.Time, stopping <-chan struct{}) (*plane.Reservation, error) {
+	r, err := g.wait(ctx, deadline, stopping)
+	if err != nil {
+		return nil, err
+	}
+	// Handed a place at the moment the client left, the deadline passed or
+	// the drain gave up (a select picks any ready case): the place goes on.
+	if why := gone(ctx, deadline, stopping); why != nil {
+		r.Release()
+		return nil, why
+	}
+	return r, nil
+}
+
+// gone says why a request must not start now (nil: it may).
+func gone(ctx context.Context, deadline time.Time, stopping <-chan struct{}) error {
+	select {
+	case <-stopping:
+		return errQueueShutdown
+	default:
+	}
+	switch {
+	case ctx.Err() != nil:
+		return errQueueClientGone
+	case !deadline.IsZero() && !time.Now().Before(deadline):
+		return errQueueDeadline
+	}
+	return nil
+}
+
+// wait is admit's first half: a place at once, or after waiting in the queue.
+func (g *gate) wait(ctx context.Context, deadline time.Time, stopping <-chan struct{}) (*plane.Reservation, error) {
+	if why := gone(ctx, deadline, stopping); why != nil {
+		return nil, why // a request that arrives after its frontend's drain gave up starts nothing
+	}
 	g.mu.Lock()
 	if g.queue.Len() == 0 {
 		r, err := g.c.Reserve()
@@ -132,20 +167,19 @@ func (g *gate) admit(ctx context.Context, deadline time.Time, stopping <-chan st
 
 // room hands free places to the waiters, first come first; the model's
 // client calls it whenever one of its requests ends or its instances
-// change.
+// change. When the model has no instance left, every waiter is answered
+// as a new request would be (model not found): nothing says one will come.
 func (g *gate) room() {
 	var handed []*waiter
 	g.mu.Lock()
 	for g.queue.Len() > 0 {
 		r, err := g.c.Reserve()
-		if err != nil {
-			// At capacity, or no instance just now (a rolling deploy
-			// between two workers): the queue waits for the next change.
-			break
+		if errors.Is(err, plane.ErrAtCapacity) {
+			break // the next request that ends calls again
 		}
 		w := g.queue.Remove(g.queue.Front()).(*waiter)
 		w.elem = nil
-		w.r = r
+		w.r, w.err = r, err
 		handed = append(handed, w)
 	}
 	g.mu.Unlock()

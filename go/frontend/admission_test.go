@@ -2,17 +2,23 @@ package frontend_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/dynamo-ctx/dynamo-ctx/go/discovery"
+	"github.com/dynamo-ctx/dynamo-ctx/go/frame"
 	"github.com/dynamo-ctx/dynamo-ctx/go/frontend"
 	"github.com/dynamo-ctx/dynamo-ctx/go/internal/planetest"
 	"github.com/dynamo-ctx/dynamo-ctx/go/plane"
@@ -233,4 +239,193 @@ func TestAdmissionUnderChurn(t *testing.T) {
 		// Requests whose client left before its body was read were never taken.
 		return sum == m[key(mRequests, "m")] && sum >= n/2
 	}, planetest.WaitLimit, 10*time.Millisecond, "outcomes add up: %v", e.metrics())
+}
+
+// hiccup registers an instance of model m with capacity places that does
+// not acknowledge its first request (a hiccup: a GC pause, a slow
+// network) and serves every later one as a healthy engine (two tokens).
+func (e *env) hiccup(capacity int) (id uint64, served *atomic.Int64) {
+	t := e.t
+	id = discovery.NewInstanceID()
+	served = new(atomic.Int64)
+	var first atomic.Bool
+	var mu sync.Mutex
+	var conns []net.Conn
+	t.Cleanup(func() {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range conns {
+			_ = c.Close()
+		}
+	})
+	conn := e.host.Bus().Conn()
+	sub, err := conn.Subscribe(discovery.RequestSubject("dynamo.backend.generate", id), func(m *nats.Msg) {
+		if first.CompareAndSwap(false, true) {
+			return // not acknowledged
+		}
+		var env struct{ Addr, Token string }
+		if json.Unmarshal(m.Data, &env) != nil {
+			return
+		}
+		_ = m.Respond([]byte(`{}`))
+		c, err := net.Dial("tcp", env.Addr)
+		if err != nil {
+			return
+		}
+		mu.Lock()
+		conns = append(conns, c)
+		mu.Unlock()
+		w := frame.NewWriter(c)
+		_ = w.WriteHello([]byte(env.Token))
+		_ = w.WriteData(planetest.TokenItem(0, ""))
+		_ = w.WriteData(planetest.TokenItem(1, "length"))
+		_ = w.WriteFinal()
+		_ = w.Flush()
+		served.Add(1)
+	})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	meta, _ := json.Marshal(map[string]any{"model": "m", "migration_limit": 0, "max_num_seqs": capacity})
+	lease, err := discovery.Register(conn, "dynamo.backend.generate", id, meta)
+	require.NoError(t, err)
+	t.Cleanup(lease.Close)
+	return id, served
+}
+
+// A (2 places) did not acknowledge one request, so it is avoided for a few
+// seconds; B (1 place) holds a long request. A new request goes to A rather
+// than waiting or being refused: a suspicion is no reason to refuse.
+func TestAdmissionUsesASuspectWithRoom(t *testing.T) {
+	e := newEnv(t)
+	gotB := make(chan *plane.Request, 8)
+	e.workerMeta("b", "dynamo", map[string]any{"model": "m", "migration_limit": 0, "max_num_seqs": 1}, planetest.Hold(gotB))
+	_, served := e.hiccup(2)
+	e.startWith(queueOf(1))
+	e.waitModels("m")
+	require.Eventually(t, func() bool {
+		r := e.do(http.MethodGet, "/health", "", nil)
+		return r.json(t)["instances"] == float64(2)
+	}, 5*time.Second, 10*time.Millisecond)
+
+	// r1 goes to A (most free), is not acknowledged, is resent to B and held.
+	e.send("r1")
+	planetest.Recv(t, gotB, "r1 at B")
+	for _, id := range []string{"r2", "r3"} {
+		r := e.post("/v1/completions", completion("m", "hi", 5, false), map[string]string{"x-request-id": id})
+		assert.Equal(t, http.StatusOK, r.status, "%s: %s", id, r.body)
+	}
+	assert.EqualValues(t, 2, served.Load(), "A served both")
+}
+
+func queueOf(queued int) frontend.Options {
+	return frontend.Options{Addr: "127.0.0.1:0", MigrationLimit: -1, MaxQueuedRequests: queued}
+}
+
+// Once a drain has given up (in-flight requests killed with reason
+// shutdown, the queue answered 503 shutdown), a request that reaches
+// admission afterwards (its body was still arriving) starts nothing, though
+// the kill freed a place.
+func TestRequestAfterTheDrainGaveUpStartsNothing(t *testing.T) {
+	e, got := full(t, 1, 8)
+	_, _ = e.send("a")
+	a := planetest.Recv(t, got, "a")
+	doneQ, _ := e.send("queued")
+	e.waitMetric(key(mQueued, "m"), 1)
+
+	// A request whose body is still arriving when the drain starts.
+	body := completion("m", "hi", 5, false)
+	c, err := net.Dial("tcp", strings.TrimPrefix(e.base, "http://"))
+	require.NoError(t, err)
+	defer c.Close()
+	raw := fmt.Sprintf("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nx-request-id: late\r\nContent-Length: %d\r\n\r\n%s", len(body), body[:5])
+	_, err = io.WriteString(c, raw)
+	require.NoError(t, err)
+	time.Sleep(50 * time.Millisecond)
+
+	drained := make(chan error, 1)
+	go func() { drained <- e.fe.Drain(200 * time.Millisecond) }()
+	require.True(t, planetest.ClosedWithin(a.Ctx.Killed()), "the drain gave up and killed a")
+	r := planetest.Recv(t, doneQ, "the queued request's answer")
+	require.Equal(t, http.StatusServiceUnavailable, r.status, "%s", r.body)
+
+	_, err = io.WriteString(c, body[5:]) // the rest of the late request
+	require.NoError(t, err)
+	select {
+	case req := <-got:
+		t.Errorf("request %q reached a worker after the drain gave up (killed everything, emptied the queue)", req.ID)
+	case <-time.After(500 * time.Millisecond):
+	}
+	<-drained
+}
+
+// Churn with migration, resends (an instance that never acknowledges),
+// n > 1, disconnects and deadlines: nothing stays counted or queued.
+func TestAdmissionChurnWithMigrationAndResends(t *testing.T) {
+	e := newEnv(t)
+	e.workerMeta("w", "dynamo", map[string]any{"model": "m", "max_num_seqs": 3, "migration_limit": 2}, func(w *planetest.Worker, req *plane.Request) {
+		select {
+		case <-time.After(time.Duration(1+len(req.ID)%5) * time.Millisecond):
+			planetest.Tokens(w, req)
+		case <-req.Ctx.Killed():
+		}
+	})
+	frozen := discovery.NewInstanceID()
+	conn := e.host.Bus().Conn()
+	sub, err := conn.Subscribe(discovery.RequestSubject("dynamo.backend.generate", frozen), func(*nats.Msg) {})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	lease, err := discovery.Register(conn, "dynamo.backend.generate", frozen, []byte(`{"model":"m","migration_limit":2,"max_num_seqs":2}`))
+	require.NoError(t, err)
+	t.Cleanup(lease.Close)
+	e.startWith(queueOf(20))
+	e.waitModels("m")
+	var wg sync.WaitGroup
+	for i := 0; i < 120; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			hdr := map[string]string{"x-request-id": fmt.Sprintf("churn-%d", i)}
+			switch i % 3 {
+			case 1:
+				time.AfterFunc(time.Duration(i%50)*time.Millisecond, cancel)
+			case 2:
+				hdr["x-request-timeout"] = fmt.Sprintf("0.%02d", 1+i%60)
+			}
+			body := fmt.Sprintf(`{"model":"m","prompt":"hi","max_tokens":3,"n":%d,"stream":%v}`, 1+i%3, i%2 == 0)
+			req := e.request(http.MethodPost, "/v1/completions", body, hdr).WithContext(ctx)
+			if resp, err := e.hc.Do(req); err == nil {
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+		}()
+	}
+	wg.Wait()
+	e.waitMetric(key(mQueued, "m"), 0)
+	e.waitMetric(key(mInflight, "m"), 0)
+}
+
+// The model's last worker drains (scale-down, a deploy without a
+// replacement): a queued request is answered as a new one is (404), not
+// left waiting with no end.
+func TestQueuedRequestEndsWhenTheModelHasNoInstanceLeft(t *testing.T) {
+	e := newEnv(t)
+	got := make(chan *plane.Request, 8)
+	w := e.workerMeta("w", "dynamo", map[string]any{"model": "m", "max_num_seqs": 1}, planetest.Hold(got))
+	e.startWith(queueOf(8))
+	e.waitModels("m")
+	_, cancelA := e.send("a")
+	planetest.Recv(t, got, "a")
+	doneQ, _ := e.send("queued")
+	e.waitMetric(key(mQueued, "m"), 1)
+
+	w.EP.Drain() // out of discovery; a runs on
+	require.Eventually(t, func() bool {
+		return e.post("/v1/completions", completion("m", "hi", 5, false), nil).status == http.StatusNotFound
+	}, planetest.WaitLimit, 20*time.Millisecond, "the model is gone for new requests")
+	cancelA() // a ends: its place is free, but on no instance
+	r := planetest.Recv(t, doneQ, "the queued request's answer")
+	assert.Equal(t, http.StatusNotFound, r.status, "%s", r.body)
+	assert.Contains(t, string(r.body), `"code":"model_not_found"`)
 }

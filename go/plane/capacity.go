@@ -4,8 +4,8 @@ package plane
 // metadata (SetCapacity) counts the requests it has running on each
 // instance: every attempt, from the moment it is routed until its stream
 // ends. It routes each new attempt to the instance with the most free
-// capacity (capacity minus running; an instance that declares none has
-// unlimited capacity), ties in turn. Reserve is admission: it takes one free
+// capacity (capacity minus running; an instance that declares none counts
+// as the largest any instance declares, and always has room), ties in turn. Reserve is admission: it takes one free
 // place, or says that every instance is at its capacity (ErrAtCapacity),
 // atomically, so two callers never both take the last place;
 // WithReservation sends a request into the place taken. Attempts sent
@@ -21,6 +21,8 @@ import (
 	"errors"
 	"math"
 	"sync/atomic"
+
+	"github.com/dynamo-ctx/dynamo-ctx/go/discovery"
 )
 
 // ErrAtCapacity: every instance is running as many requests as its capacity
@@ -129,20 +131,44 @@ func (c *Client) roomMaybe() {
 	}
 }
 
-// mostFreeLocked returns the candidate with the most free capacity (ties in
-// turn) and its free capacity. metas maps ids to metadata.
-func (c *Client) mostFreeLocked(cfg *capacityConfig, cands []uint64, metas map[uint64][]byte) (uint64, int) {
+// capacities reads the capacity of each instance (0: none declared).
+func capacities(cfg *capacityConfig, insts []discovery.Instance) map[uint64]int {
+	caps := make(map[uint64]int, len(insts))
+	for _, in := range insts {
+		caps[in.ID] = max(cfg.of(in.Meta), 0)
+	}
+	return caps
+}
+
+// mostFreeLocked returns the candidate with the most free places (ties in
+// turn). An instance that declares no capacity counts as having the largest
+// any instance declares (so that it shares the load with those that do,
+// instead of taking it all), or unlimited when none does. With admit only
+// candidates with a free place count, and an instance that declares none
+// always has one; ok is false when no candidate does.
+func (c *Client) mostFreeLocked(cands []uint64, caps map[uint64]int, admit bool) (best uint64, ok bool) {
+	largest := 0
+	for _, n := range caps {
+		largest = max(largest, n)
+	}
+	if largest == 0 {
+		largest = unlimited
+	}
 	start := c.rr.Add(1) - 1
-	best, bestFree := cands[0], math.MinInt
+	bestFree := math.MinInt
 	for k := range cands {
 		id := cands[(start+uint64(k))%uint64(len(cands))]
-		capacity := cfg.of(metas[id])
-		if capacity <= 0 {
-			capacity = unlimited
+		capacity, declared := caps[id], caps[id] > 0
+		if !declared {
+			capacity = largest
 		}
-		if free := capacity - c.load[id]; free > bestFree {
-			best, bestFree = id, free
+		free := capacity - c.load[id]
+		if admit && declared && free <= 0 {
+			continue
+		}
+		if free > bestFree {
+			best, bestFree, ok = id, free, true
 		}
 	}
-	return best, bestFree
+	return best, ok
 }

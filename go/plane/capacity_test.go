@@ -2,16 +2,19 @@ package plane_test
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/dynamo-ctx/dynamo-ctx/go/ctxtree"
+	"github.com/dynamo-ctx/dynamo-ctx/go/discovery"
 	"github.com/dynamo-ctx/dynamo-ctx/go/internal/planetest"
 	"github.com/dynamo-ctx/dynamo-ctx/go/plane"
 )
@@ -137,4 +140,165 @@ func TestReserveNeverOvercommits(t *testing.T) {
 		r.Release()
 	}
 	assert.Empty(t, c.Running())
+}
+
+// An instance avoided for a recent failure (one request it did not
+// acknowledge) that has free places is admitted to rather than refusing:
+// the suspicion may be a hiccup.
+func TestReserveUsesASuspectWithRoomBeforeRefusing(t *testing.T) {
+	const path = "test.capacity.suspect"
+	host := planetest.Embedded(t)
+	got := make(chan *plane.Request, 8)
+	b := planetest.Serve(t, planetest.Join(t, host), path, planetest.Hold(got), planetest.WithMetadata([]byte(`{"max_num_seqs":1}`)))
+	a := discovery.NewInstanceID() // two places; never acknowledges
+	sub, err := host.Bus().Conn().Subscribe(discovery.RequestSubject(path, a), func(*nats.Msg) {})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	lease, err := discovery.Register(host.Bus().Conn(), path, a, []byte(`{"max_num_seqs":2}`))
+	require.NoError(t, err)
+	t.Cleanup(lease.Close)
+	c := planetest.Client(t, host, path)
+	c.SetCapacity(capacityOf, nil)
+	planetest.WaitInstances(t, c, 2)
+
+	s, err := c.Generate([]byte(`{}`), nil, plane.Direct, a)
+	require.NoError(t, err)
+	require.ErrorIs(t, planetest.WaitStarted(s), plane.ErrNotAcknowledged) // a is a suspect now
+	r, err := c.Reserve()
+	require.NoError(t, err)
+	require.Equal(t, b.EP.InstanceID(), r.Instance(), "the healthy instance first")
+	held, err := c.Generate([]byte(`{}`), ctxtree.New("held"), plane.RoundRobin, 0, plane.WithReservation(r))
+	require.NoError(t, err)
+	defer held.Kill()
+	planetest.Recv(t, got, "the held request")
+
+	r, err = c.Reserve()
+	require.NoError(t, err, "the suspect has two free places")
+	assert.Equal(t, a, r.Instance())
+	r.Release()
+}
+
+// Under churn (migration through a black hole and a worker that breaks
+// streams, kills at random moments, reservations used, released unused, or
+// sent with bad payloads), every place comes back.
+func TestPlacesComeBackUnderChurn(t *testing.T) {
+	const path = "test.review.churn"
+	host := planetest.Embedded(t)
+	planetest.Serve(t, planetest.Join(t, host), path, planetest.Tokens, planetest.WithMetadata([]byte(`{"max_num_seqs":3}`)))
+	planetest.Serve(t, planetest.Join(t, host), path, func(w *planetest.Worker, req *plane.Request) {
+		// Half of the requests wait a moment after their first item.
+		if len(req.ID)%2 == 0 {
+			w.Send(req, planetest.TokenItem(0, ""))
+			time.Sleep(time.Millisecond)
+		}
+		planetest.Tokens(w, req)
+	}, planetest.WithMetadata([]byte(`{"max_num_seqs":2}`)))
+	bh := discovery.NewInstanceID()
+	sub, err := host.Bus().Conn().Subscribe(discovery.RequestSubject(path, bh), func(*nats.Msg) {})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	lease, err := discovery.Register(host.Bus().Conn(), path, bh, []byte(`{"max_num_seqs":2}`))
+	require.NoError(t, err)
+	t.Cleanup(lease.Close)
+
+	c := planetest.Client(t, host, path)
+	c.SetCapacity(capacityOf, nil)
+	require.NoError(t, c.SetMigrationLimit(2))
+	planetest.WaitInstances(t, c, 3)
+
+	var wg sync.WaitGroup
+	for i := 0; i < 200; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var opts []plane.GenerateOption
+			if r, err := c.Reserve(); err == nil {
+				switch i % 5 {
+				case 0:
+					r.Release()
+					return
+				case 1:
+					_, err := c.Generate([]byte(`nope`), nil, plane.RoundRobin, 0, plane.WithReservation(r))
+					assert.Error(t, err)
+					return
+				}
+				opts = append(opts, plane.WithReservation(r))
+			}
+			parent := ctxtree.New(fmt.Sprintf("churn-%d", i))
+			s, err := c.Generate([]byte(`{"token_ids":[1],"stop_conditions":{"max_tokens":3}}`), parent, plane.RoundRobin, 0, opts...)
+			if !assert.NoError(t, err) {
+				return
+			}
+			switch i % 4 {
+			case 0:
+				s.Kill()
+			case 1:
+				time.Sleep(time.Duration(i%13) * time.Millisecond)
+				s.Kill()
+			}
+			_, _ = planetest.DrainTokens(t, s)
+			s.Kill()
+		}()
+	}
+	wg.Wait()
+	require.Eventually(t, func() bool { return len(c.Running()) == 0 }, 15*time.Second, 10*time.Millisecond, "places left: %v", c.Running())
+}
+
+// Closing the caller's runtime with requests in flight, in the backoff
+// between migration attempts and before dispatch, gives every place back.
+func TestPlacesComeBackWhenTheRuntimeCloses(t *testing.T) {
+	const path = "test.review.rtclose"
+	host := planetest.Embedded(t)
+	got := make(chan *plane.Request, 64)
+	planetest.Serve(t, planetest.Join(t, host), path, planetest.Hold(got), planetest.WithMetadata([]byte(`{"max_num_seqs":3}`)))
+	bh := discovery.NewInstanceID()
+	sub, err := host.Bus().Conn().Subscribe(discovery.RequestSubject(path, bh), func(*nats.Msg) {})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	lease, err := discovery.Register(host.Bus().Conn(), path, bh, []byte(`{"max_num_seqs":2}`))
+	require.NoError(t, err)
+	t.Cleanup(lease.Close)
+
+	crt := planetest.Join(t, host)
+	c := planetest.Client(t, crt, path)
+	c.SetCapacity(capacityOf, nil)
+	require.NoError(t, c.SetMigrationLimit(3))
+	planetest.WaitInstances(t, c, 2)
+	var streams []*plane.Stream
+	for i := 0; i < 20; i++ {
+		var opts []plane.GenerateOption
+		if r, err := c.Reserve(); err == nil {
+			opts = append(opts, plane.WithReservation(r))
+		}
+		s, err := c.Generate([]byte(`{}`), ctxtree.New(fmt.Sprint("c", i)), plane.RoundRobin, 0, opts...)
+		require.NoError(t, err)
+		streams = append(streams, s)
+	}
+	time.Sleep(1200 * time.Millisecond) // some were not acknowledged: migrating
+	crt.Close()
+	require.Eventually(t, func() bool { return len(c.Running()) == 0 }, 15*time.Second, 10*time.Millisecond, "places left: %v", c.Running())
+	for _, s := range streams {
+		s.Kill()
+	}
+}
+
+// An instance that declares no capacity counts as the largest declared one:
+// it shares the load with an instance that declares a capacity instead of
+// taking it all.
+func TestUndeclaredCapacitySharesTheLoad(t *testing.T) {
+	const path = "test.review.mixed"
+	host := planetest.Embedded(t)
+	got := make(chan *plane.Request, 64)
+	declared := planetest.Serve(t, planetest.Join(t, host), path, planetest.Hold(got), planetest.WithMetadata([]byte(`{"max_num_seqs":8}`)))
+	planetest.Serve(t, planetest.Join(t, host), path, planetest.Hold(got))
+	c := planetest.Client(t, host, path)
+	c.SetCapacity(capacityOf, nil)
+	planetest.WaitInstances(t, c, 2)
+	for i := 0; i < 20; i++ {
+		s, err := c.Generate([]byte(`{}`), ctxtree.New(fmt.Sprint("m", i)), plane.RoundRobin, 0)
+		require.NoError(t, err)
+		defer s.Kill()
+		planetest.Recv(t, got, "a request")
+	}
+	assert.Positive(t, c.Running()[declared.EP.InstanceID()], "20 requests, all on the undeclared instance: %v", c.Running())
 }

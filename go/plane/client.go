@@ -269,6 +269,10 @@ func (c *Client) pickFor(route Route, instance uint64, exclude map[uint64]bool, 
 	for i, in := range insts {
 		ids[i] = in.ID
 	}
+	var caps map[uint64]int
+	if cfg != nil {
+		caps = capacities(cfg, insts) // read outside the lock: cfg.of is the caller's code
+	}
 	now := time.Now()
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -298,13 +302,15 @@ func (c *Client) pickFor(route Route, instance uint64, exclude map[uint64]bool, 
 		cands = ids
 	}
 	if cfg != nil {
-		metas := make(map[uint64][]byte, len(insts))
-		for _, in := range insts {
-			metas[in.ID] = in.Meta
-		}
-		best, free := c.mostFreeLocked(cfg, cands, metas)
-		if admit && free <= 0 {
-			return 0, false, ErrAtCapacity
+		best, ok := c.mostFreeLocked(cands, caps, admit)
+		if !ok {
+			// Admission: an instance avoided for a recent failure that has
+			// a free place is better than a refusal (its suspicion may be
+			// a hiccup; one that is really gone fails the request before
+			// it starts, and the frontend sends it elsewhere).
+			if best, ok = c.mostFreeLocked(keep(false), caps, admit); !ok {
+				return 0, false, ErrAtCapacity
+			}
 		}
 		if c.load == nil {
 			c.load = map[uint64]int{}

@@ -75,6 +75,10 @@ enum { DC_MAX_ID_LEN = 4096 };
 /* A timeout (dc_context_set_timeout) must be below this many seconds (a year). */
 enum { DC_MAX_TIMEOUT_SECONDS = 31536000 };
 
+/* How often a host that watches itself calls dc_runtime_host_tick, in
+   milliseconds. */
+enum { DC_HOST_TICK_MS = 100 };
+
 /* Bounds of one call: the items of dc_request_send_many, and of each request
    of dc_request_send_multi; the requests of dc_request_send_multi, and their
    items in all. */
@@ -341,6 +345,16 @@ int dc_runtime_free(uint64_t h);
    a final marker: a caller with a migration limit continues it elsewhere).
    Idempotent. Errors: DC_EBADF, DC_ECLOSED. */
 int dc_runtime_drain(uint64_t h);
+
+/* Says that the host is awake: a host that calls it every DC_HOST_TICK_MS
+   (from its event loop) is watched. When its last call is older than half
+   the stream idle timeout (at least 0.5 s), the host is taken for stalled:
+   its endpoints refuse new requests unstarted (their callers send them to
+   another instance) and its streams send no heartbeats, so that their
+   callers declare them silent and migrate them; all of it resumes at the
+   next call. A host that never calls it is never taken for stalled.
+   Errors: DC_EBADF. */
+int dc_runtime_host_tick(uint64_t h);
 
 /* Stores in *n the number of requests the runtime's endpoints are serving.
    Errors: DC_EBADF, DC_EINVAL for a NULL n. */

@@ -56,6 +56,8 @@ var (
 	_ = [1]int{}[C.DC_KILLED-ctxtree.Killed]
 	_ = [1]int{}[int64(ctxtree.MaxTimeout/time.Second)-C.DC_MAX_TIMEOUT_SECONDS]
 	_ = [1]int{}[C.DC_MAX_TIMEOUT_SECONDS-int64(ctxtree.MaxTimeout/time.Second)]
+	_ = [1]int{}[int64(plane.HostTickInterval/time.Millisecond)-C.DC_HOST_TICK_MS]
+	_ = [1]int{}[C.DC_HOST_TICK_MS-int64(plane.HostTickInterval/time.Millisecond)]
 )
 
 var (

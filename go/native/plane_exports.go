@@ -137,6 +137,19 @@ func dc_runtime_drain(h C.uint64_t) (rc C.int) {
 	return C.DC_OK
 }
 
+// dc_runtime_host_tick: see dynamo_ctx.h, the reference.
+//
+//export dc_runtime_host_tick
+func dc_runtime_host_tick(h C.uint64_t) (rc C.int) {
+	defer guard("dc_runtime_host_tick", &rc)
+	rt, rc := get(runtimes, "dc_runtime_host_tick", h)
+	if rc != C.DC_OK {
+		return rc
+	}
+	rt.HostTick()
+	return C.DC_OK
+}
+
 // dc_runtime_active: see dynamo_ctx.h, the reference.
 //
 //export dc_runtime_active

@@ -766,6 +766,8 @@ static PyObject* mod_runtime_shutdown(PyObject* m, PyObject* arg) { return call_
 static PyObject* mod_runtime_free(PyObject* m, PyObject* arg) { return call_h(arg, dc_runtime_free, 1); }
 static PyObject* mod_runtime_drain(PyObject* m, PyObject* arg) { return call_h(arg, dc_runtime_drain, 1); }
 
+static PyObject* mod_runtime_host_tick(PyObject* m, PyObject* arg) { return call_h(arg, dc_runtime_host_tick, 0); }
+
 static PyObject* mod_runtime_active(PyObject* m, PyObject* arg) {
     uint64_t h, n = 0;
     if (parse_u64(arg, &h) < 0 || check_fork() < 0) return NULL;
@@ -1430,6 +1432,7 @@ static PyMethodDef module_methods[] = {
     {"runtime_free", mod_runtime_free, METH_O, "runtime_free(rt)"},
     {"runtime_drain", mod_runtime_drain, METH_O, "runtime_drain(rt): leave discovery, serve what is in flight"},
     {"runtime_active", mod_runtime_active, METH_O, "runtime_active(rt) -> requests being served"},
+    {"runtime_host_tick", mod_runtime_host_tick, METH_O, "runtime_host_tick(rt): the host is awake"},
     {"runtime_nats_url", mod_runtime_nats_url, METH_O, "runtime_nats_url(rt) -> str"},
     {"endpoint_serve", mod_endpoint_serve, METH_VARARGS, "endpoint_serve(rt, path, meta=None) -> handle"},
     {"endpoint_instance_id", mod_endpoint_instance_id, METH_O, "endpoint_instance_id(ep) -> int"},
@@ -1490,6 +1493,7 @@ static const struct { const char* name; long value; } error_codes[] = {
     DC_CONST(REASON_PARENT), DC_CONST(REASON_DEADLINE), DC_CONST(REASON_CONNECTION_LOST),
     DC_CONST(REASON_SHUTDOWN),
     DC_CONST(ROUTE_ROUND_ROBIN), DC_CONST(ROUTE_RANDOM), DC_CONST(ROUTE_DIRECT),
+    DC_CONST(HOST_TICK_MS),
 };
 #undef DC_CONST
 

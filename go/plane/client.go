@@ -649,9 +649,13 @@ func (s *Stream) run(nc *nats.Conn, subject string, env []byte) {
 	var a ack
 	if json.Unmarshal(msg.Data, &a) != nil || a.Error != "" {
 		s.in.Abandon()
-		if a.Error == ackShuttingDown {
+		if a.Error == ackShuttingDown || a.Error == ackHostStalled {
 			// As good as gone: another worker may take it (migration retries).
-			err := fmt.Errorf("%w (the worker is shutting down)", ErrNoResponders)
+			why := "the worker is shutting down"
+			if a.Error == ackHostStalled {
+				why = ackHostStalled
+			}
+			err := fmt.Errorf("%w (%s)", ErrNoResponders, why)
 			s.failed(err)
 			s.end(err)
 			return

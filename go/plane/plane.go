@@ -55,6 +55,7 @@ import (
 	"os"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unicode"
 	"unicode/utf8"
@@ -195,6 +196,8 @@ type Runtime struct {
 	streams   map[*Stream]struct{}        // caller streams not yet ended
 	local     map[string]*ctxtree.Context // stream token -> request context, while it is being sent
 	done      chan struct{}
+
+	hostTick atomic.Int64 // the host's last HostTick, Unix ns (0: never; host.go)
 }
 
 // ackShuttingDown is a worker's refusal of a request that arrived while its

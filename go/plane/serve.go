@@ -143,6 +143,10 @@ func (e *Endpoint) receive(m *nats.Msg) {
 		// kills it before the handler sees the request.
 		req.Ctx.SetDeadline(time.Now().Add(time.Duration(*env.TimeoutUs) * time.Microsecond))
 	}
+	if !e.rt.HostAwake() {
+		_ = m.Respond(mustJSON(ack{Error: ackHostStalled})) // host.go
+		return
+	}
 	e.mu.Lock()
 	if e.closed || e.draining {
 		e.mu.Unlock()
@@ -356,7 +360,7 @@ func (r *Request) run(addr, token string) {
 	defer r.unfollowLocalCaller()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	out, err := transport.Dial(ctx, addr, token, r.ep.rt.opts.streamOpts()...)
+	out, err := transport.Dial(ctx, addr, token, append(r.ep.rt.opts.streamOpts(), transport.WithHeartbeatGate(r.ep.rt.HostAwake))...)
 	if err != nil {
 		slog.Warn("could not connect the response stream to the caller", "request_id", r.ID, "caller", addr, "error", err)
 		r.Ctx.Cancel(ctxtree.Killed, ctxtree.ReasonConnectionLost)

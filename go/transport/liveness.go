@@ -49,6 +49,14 @@ func WithIdleTimeout(d time.Duration) Option {
 	}
 }
 
+// WithHeartbeatGate (Dial) makes the worker write its heartbeats only while
+// awake returns true: a worker whose host is stalled falls silent, so that
+// its caller declares it gone within the idle timeout, although the Go side
+// could go on beating. Items and control frames are not gated.
+func WithHeartbeatGate(awake func() bool) Option {
+	return func(c *config) { c.heartbeatGate = awake }
+}
+
 // heartbeatFor is the heartbeat interval that goes with an idle timeout.
 func heartbeatFor(idle time.Duration) time.Duration {
 	return max(min(DefaultHeartbeat, idle/5), time.Millisecond)

@@ -37,6 +37,7 @@ type Outgoing struct {
 	redials  int
 	live     *liveness   // nil when liveness is disabled
 	silent   atomic.Bool // the caller was declared gone by the liveness check
+	gate     func() bool // heartbeats only while it says so (WithHeartbeatGate; nil: always)
 
 	stopped chan struct{} // closed on Stop
 	killed  chan struct{} // closed on Kill
@@ -91,6 +92,7 @@ func Dial(ctx context.Context, addr string, token string, opts ...Option) (*Outg
 		credits:  make(chan struct{}, 1),
 		attached: make(chan struct{}),
 		w:        w,
+		gate:     cfg.heartbeatGate,
 	}
 	// The caller went silent: fail the reader, which reports it Lost. Under
 	// mu, so that a redial either sees silent and gives up, or has swapped
@@ -200,6 +202,9 @@ const KillSettle = time.Millisecond
 // heartbeat writes a Heartbeat frame unless a write is in progress (which
 // shows life anyway) or the stream's writing side is shut.
 func (o *Outgoing) heartbeat(l *liveness) bool {
+	if o.gate != nil && !o.gate() {
+		return false // the host is stalled: fall silent (WithHeartbeatGate)
+	}
 	if !o.wmu.TryLock() {
 		return false
 	}

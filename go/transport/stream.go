@@ -137,6 +137,7 @@ type config struct {
 	maxPayload     int
 	linger         time.Duration
 	idleTimeout    time.Duration
+	heartbeatGate  func() bool // a worker's heartbeats are written only while it returns true (nil: always)
 }
 
 func newConfig(base *config, opts []Option) config {

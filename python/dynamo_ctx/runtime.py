@@ -229,6 +229,7 @@ class DistributedRuntime:
             nats_url = os.environ.get(self._lib.NATS_ENV) or None
         self._handle: Optional[int] = self._lib.runtime_new(nats_url)
         self._closed = False
+        self._host_watch: "Optional[asyncio.Task[None]]" = None
 
     def _h(self) -> int:
         if self._closed or self._handle is None:
@@ -260,6 +261,26 @@ class DistributedRuntime:
         self._lib.endpoint_path_check(path)
         parts = path.split(".")
         return self.namespace(parts[0]).component(parts[1]).endpoint(parts[2])
+
+    def _watch_host(self) -> None:
+        """Tell the library, from this event loop, that the loop is awake (once per
+        runtime, from the first ``serve_endpoint`` on). A loop blocked for longer than
+        half the stream idle timeout (a handler that computes without awaiting) is
+        taken for stalled: the library refuses new requests unstarted, so that their
+        callers send them elsewhere, and lets the streams go silent, so that their
+        callers migrate them, until the loop runs again."""
+        if self._host_watch is None or self._host_watch.done():
+            self._host_watch = asyncio.ensure_future(self._tick())
+
+    async def _tick(self) -> None:
+        lib = self._lib
+        every = lib.HOST_TICK_MS / 1000
+        while not self._closed and self._handle is not None:
+            try:
+                lib.runtime_host_tick(self._handle)
+            except (RuntimeError, ValueError):
+                return  # freed meanwhile
+            await asyncio.sleep(every)
 
     def shutdown(self) -> None:
         """Shut down: handlers being served are killed (reason ``shutdown``),
@@ -425,6 +446,7 @@ class Endpoint:
             raise
         if not serving.done():
             serving.set_result(lib.endpoint_instance_id(ep))
+        self._runtime._watch_host()
         tasks: Set["asyncio.Task[None]"] = set()
         try:
             while True:

@@ -17,8 +17,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/dynamo-ctx/dynamo-ctx/go/discovery"
-	"github.com/dynamo-ctx/dynamo-ctx/go/frame"
 	"github.com/dynamo-ctx/dynamo-ctx/go/frontend"
 	"github.com/dynamo-ctx/dynamo-ctx/go/internal/planetest"
 	"github.com/dynamo-ctx/dynamo-ctx/go/plane"
@@ -191,104 +189,30 @@ func TestDrainEndsTheQueue(t *testing.T) {
 	assert.Contains(t, string(r.body), `"code":"shutdown"`)
 }
 
-// Many requests at once on few places, clients leaving and deadlines
-// passing at random moments: every request is answered or gone, nothing
-// stays queued or counted, and the outcomes add up to the requests.
-func TestAdmissionUnderChurn(t *testing.T) {
-	e := newEnv(t)
-	e.workerMeta("w", "dynamo", map[string]any{"model": "m", "max_num_seqs": 3}, func(w *planetest.Worker, req *plane.Request) {
-		select {
-		case <-time.After(time.Duration(1+len(req.ID)%5) * time.Millisecond):
-			planetest.Tokens(w, req)
-		case <-req.Ctx.Killed():
-		}
-	})
-	e.startWith(frontend.Options{Addr: "127.0.0.1:0", MigrationLimit: -1, MaxQueuedRequests: 20})
-	e.waitModels("m")
-	const n = 150
-	var wg sync.WaitGroup
-	for i := 0; i < n; i++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			ctx, cancel := context.WithCancel(context.Background())
-			defer cancel()
-			hdr := map[string]string{"x-request-id": fmt.Sprintf("churn-%d", i)}
-			switch i % 3 {
-			case 1:
-				time.AfterFunc(time.Duration(i%7)*time.Millisecond, cancel)
-			case 2:
-				hdr["x-request-timeout"] = fmt.Sprintf("0.00%d", 1+i%9)
-			}
-			req := e.request(http.MethodPost, "/v1/completions", completion("m", "hi", 3, i%2 == 0), hdr).WithContext(ctx)
-			if resp, err := e.hc.Do(req); err == nil {
-				_, _ = io.Copy(io.Discard, resp.Body)
-				resp.Body.Close()
-			}
-		}()
-	}
-	wg.Wait()
-	e.waitMetric(key(mQueued, "m"), 0)
-	e.waitMetric(key(mInflight, "m"), 0)
-	require.Eventually(t, func() bool {
-		m := e.metrics()
-		sum := 0.0
-		for _, o := range []string{"completed", "stopped", "cancelled", "deadline", "failed", "rejected"} {
-			sum += m[outcomeKey("m", o)]
-		}
-		// Requests whose client left before its body was read were never taken.
-		return sum == m[key(mRequests, "m")] && sum >= n/2
-	}, planetest.WaitLimit, 10*time.Millisecond, "outcomes add up: %v", e.metrics())
-}
-
 // hiccup registers an instance of model m with capacity places that does
 // not acknowledge its first request (a hiccup: a GC pause, a slow
 // network) and serves every later one as a healthy engine (two tokens).
 func (e *env) hiccup(capacity int) (id uint64, served *atomic.Int64) {
 	t := e.t
-	id = discovery.NewInstanceID()
 	served = new(atomic.Int64)
 	var first atomic.Bool
-	var mu sync.Mutex
-	var conns []net.Conn
-	t.Cleanup(func() {
-		mu.Lock()
-		defer mu.Unlock()
-		for _, c := range conns {
-			_ = c.Close()
-		}
-	})
-	conn := e.host.Bus().Conn()
-	sub, err := conn.Subscribe(discovery.RequestSubject("dynamo.backend.generate", id), func(m *nats.Msg) {
+	hand := planetest.NewHandConns(t)
+	meta, _ := json.Marshal(map[string]any{"model": "m", "migration_limit": 0, "max_num_seqs": capacity})
+	id = planetest.HandInstance(t, e.host, "dynamo.backend.generate", meta, func(m *nats.Msg) {
 		if first.CompareAndSwap(false, true) {
 			return // not acknowledged
 		}
-		var env struct{ Addr, Token string }
-		if json.Unmarshal(m.Data, &env) != nil {
-			return
-		}
 		_ = m.Respond([]byte(`{}`))
-		c, err := net.Dial("tcp", env.Addr)
-		if err != nil {
+		_, w, ok := hand.DialBack(m)
+		if !ok {
 			return
 		}
-		mu.Lock()
-		conns = append(conns, c)
-		mu.Unlock()
-		w := frame.NewWriter(c)
-		_ = w.WriteHello([]byte(env.Token))
 		_ = w.WriteData(planetest.TokenItem(0, ""))
 		_ = w.WriteData(planetest.TokenItem(1, "length"))
 		_ = w.WriteFinal()
 		_ = w.Flush()
 		served.Add(1)
 	})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = sub.Unsubscribe() })
-	meta, _ := json.Marshal(map[string]any{"model": "m", "migration_limit": 0, "max_num_seqs": capacity})
-	lease, err := discovery.Register(conn, "dynamo.backend.generate", id, meta)
-	require.NoError(t, err)
-	t.Cleanup(lease.Close)
 	return id, served
 }
 
@@ -358,8 +282,10 @@ func TestRequestAfterTheDrainGaveUpStartsNothing(t *testing.T) {
 	<-drained
 }
 
-// Churn with migration, resends (an instance that never acknowledges),
-// n > 1, disconnects and deadlines: nothing stays counted or queued.
+// Many requests at once on few places, with migration, resends (an
+// instance that never acknowledges), n > 1, clients leaving and deadlines
+// passing at random moments: nothing stays counted or queued, and the
+// outcomes add up to the requests taken.
 func TestAdmissionChurnWithMigrationAndResends(t *testing.T) {
 	e := newEnv(t)
 	e.workerMeta("w", "dynamo", map[string]any{"model": "m", "max_num_seqs": 3, "migration_limit": 2}, func(w *planetest.Worker, req *plane.Request) {
@@ -369,14 +295,7 @@ func TestAdmissionChurnWithMigrationAndResends(t *testing.T) {
 		case <-req.Ctx.Killed():
 		}
 	})
-	frozen := discovery.NewInstanceID()
-	conn := e.host.Bus().Conn()
-	sub, err := conn.Subscribe(discovery.RequestSubject("dynamo.backend.generate", frozen), func(*nats.Msg) {})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = sub.Unsubscribe() })
-	lease, err := discovery.Register(conn, "dynamo.backend.generate", frozen, []byte(`{"model":"m","migration_limit":2,"max_num_seqs":2}`))
-	require.NoError(t, err)
-	t.Cleanup(lease.Close)
+	planetest.BlackHole(t, e.host, "dynamo.backend.generate", []byte(`{"model":"m","migration_limit":2,"max_num_seqs":2}`)) // never acknowledges
 	e.startWith(queueOf(20))
 	e.waitModels("m")
 	var wg sync.WaitGroup
@@ -404,6 +323,15 @@ func TestAdmissionChurnWithMigrationAndResends(t *testing.T) {
 	wg.Wait()
 	e.waitMetric(key(mQueued, "m"), 0)
 	e.waitMetric(key(mInflight, "m"), 0)
+	require.Eventually(t, func() bool {
+		m := e.metrics()
+		sum := 0.0
+		for _, o := range []string{"completed", "stopped", "cancelled", "deadline", "failed", "rejected"} {
+			sum += m[outcomeKey("m", o)]
+		}
+		// Requests whose client left before its body was read were never taken.
+		return sum == m[key(mRequests, "m")] && sum >= 60
+	}, planetest.WaitLimit, 10*time.Millisecond, "outcomes add up: %v", e.metrics())
 }
 
 // The model's last worker drains (scale-down, a deploy without a

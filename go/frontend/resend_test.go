@@ -6,11 +6,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/dynamo-ctx/dynamo-ctx/go/discovery"
 	"github.com/dynamo-ctx/dynamo-ctx/go/internal/planetest"
 	"github.com/dynamo-ctx/dynamo-ctx/go/plane"
 )
@@ -22,14 +20,7 @@ import (
 func TestUnacknowledgedRequestsAreResentWithoutMigration(t *testing.T) {
 	e := newEnv(t)
 	e.worker("w", "dynamo", "m", 0, planetest.Tokens)
-	frozen := discovery.NewInstanceID()
-	conn := e.host.Bus().Conn()
-	sub, err := conn.Subscribe(discovery.RequestSubject("dynamo.backend.generate", frozen), func(*nats.Msg) {})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = sub.Unsubscribe() })
-	lease, err := discovery.Register(conn, "dynamo.backend.generate", frozen, []byte(`{"model":"m","migration_limit":0}`))
-	require.NoError(t, err)
-	t.Cleanup(lease.Close)
+	planetest.BlackHole(t, e.host, "dynamo.backend.generate", []byte(`{"model":"m","migration_limit":0}`)) // never acknowledges
 	e.start()
 	e.waitModels("m")
 	require.Eventually(t, func() bool {

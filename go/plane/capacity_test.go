@@ -9,12 +9,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/dynamo-ctx/dynamo-ctx/go/ctxtree"
-	"github.com/dynamo-ctx/dynamo-ctx/go/discovery"
 	"github.com/dynamo-ctx/dynamo-ctx/go/internal/planetest"
 	"github.com/dynamo-ctx/dynamo-ctx/go/plane"
 )
@@ -150,13 +148,7 @@ func TestReserveUsesASuspectWithRoomBeforeRefusing(t *testing.T) {
 	host := planetest.Embedded(t)
 	got := make(chan *plane.Request, 8)
 	b := planetest.Serve(t, planetest.Join(t, host), path, planetest.Hold(got), planetest.WithMetadata([]byte(`{"max_num_seqs":1}`)))
-	a := discovery.NewInstanceID() // two places; never acknowledges
-	sub, err := host.Bus().Conn().Subscribe(discovery.RequestSubject(path, a), func(*nats.Msg) {})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = sub.Unsubscribe() })
-	lease, err := discovery.Register(host.Bus().Conn(), path, a, []byte(`{"max_num_seqs":2}`))
-	require.NoError(t, err)
-	t.Cleanup(lease.Close)
+	a := planetest.BlackHole(t, host, path, []byte(`{"max_num_seqs":2}`)) // never acknowledges
 	c := planetest.Client(t, host, path)
 	c.SetCapacity(capacityOf, nil)
 	planetest.WaitInstances(t, c, 2)
@@ -193,13 +185,7 @@ func TestPlacesComeBackUnderChurn(t *testing.T) {
 		}
 		planetest.Tokens(w, req)
 	}, planetest.WithMetadata([]byte(`{"max_num_seqs":2}`)))
-	bh := discovery.NewInstanceID()
-	sub, err := host.Bus().Conn().Subscribe(discovery.RequestSubject(path, bh), func(*nats.Msg) {})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = sub.Unsubscribe() })
-	lease, err := discovery.Register(host.Bus().Conn(), path, bh, []byte(`{"max_num_seqs":2}`))
-	require.NoError(t, err)
-	t.Cleanup(lease.Close)
+	planetest.BlackHole(t, host, path, []byte(`{"max_num_seqs":2}`)) // never acknowledges
 
 	c := planetest.Client(t, host, path)
 	c.SetCapacity(capacityOf, nil)
@@ -251,13 +237,7 @@ func TestPlacesComeBackWhenTheRuntimeCloses(t *testing.T) {
 	host := planetest.Embedded(t)
 	got := make(chan *plane.Request, 64)
 	planetest.Serve(t, planetest.Join(t, host), path, planetest.Hold(got), planetest.WithMetadata([]byte(`{"max_num_seqs":3}`)))
-	bh := discovery.NewInstanceID()
-	sub, err := host.Bus().Conn().Subscribe(discovery.RequestSubject(path, bh), func(*nats.Msg) {})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = sub.Unsubscribe() })
-	lease, err := discovery.Register(host.Bus().Conn(), path, bh, []byte(`{"max_num_seqs":2}`))
-	require.NoError(t, err)
-	t.Cleanup(lease.Close)
+	planetest.BlackHole(t, host, path, []byte(`{"max_num_seqs":2}`)) // never acknowledges
 
 	crt := planetest.Join(t, host)
 	c := planetest.Client(t, crt, path)

@@ -1,10 +1,8 @@
 package plane_test
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"sync"
 	"testing"
 	"time"
@@ -13,8 +11,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/dynamo-ctx/dynamo-ctx/go/discovery"
-	"github.com/dynamo-ctx/dynamo-ctx/go/frame"
 	"github.com/dynamo-ctx/dynamo-ctx/go/internal/planetest"
 	"github.com/dynamo-ctx/dynamo-ctx/go/plane"
 )
@@ -26,34 +22,13 @@ import (
 
 func tokenRequest(n int) []byte { return fmt.Appendf(nil, `{"token_ids":[],"max_tokens":%d}`, n) }
 
-// handInstance registers an instance of path on rt's bus whose requests go
-// to f, and returns its id: a worker played by hand.
-func handInstance(t *testing.T, rt *plane.Runtime, path string, f nats.MsgHandler) uint64 {
-	t.Helper()
-	id := discovery.NewInstanceID()
-	sub, err := rt.Bus().Conn().Subscribe(discovery.RequestSubject(path, id), f)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = sub.Unsubscribe() })
-	lease, err := discovery.Register(rt.Bus().Conn(), path, id, nil)
-	require.NoError(t, err)
-	t.Cleanup(lease.Close)
-	return id
-}
-
-// blackHole registers an instance of path whose requests are received and
-// never acknowledged. It returns the instance id.
-func blackHole(t *testing.T, rt *plane.Runtime, path string) uint64 {
-	t.Helper()
-	return handInstance(t, rt, path, func(*nats.Msg) {})
-}
-
 // A request sent to an instance that never acknowledges is detected within
 // the acknowledgement timeout and migrates; every stream completes, and new
 // requests avoid the instance afterwards.
 func TestStalledInstanceMigrates(t *testing.T) {
 	const path = "test.stalled.generate"
 	host, _, c := planetest.ServeAndConnect(t, path, planetest.Tokens)
-	bad := blackHole(t, host, path)
+	bad := planetest.BlackHole(t, host, path, nil)
 	planetest.WaitInstances(t, c, 2)
 	c.SetMigrationLimit(2)
 
@@ -96,32 +71,13 @@ func TestStalledInstanceMigrates(t *testing.T) {
 func silentWorker(t *testing.T, path string, k int, opts ...planetest.Option) (*plane.Runtime, *plane.Client) {
 	t.Helper()
 	host := planetest.Embedded(t, opts...)
-	var mu sync.Mutex
-	var conns []net.Conn
-	t.Cleanup(func() {
-		mu.Lock()
-		defer mu.Unlock()
-		for _, c := range conns {
-			_ = c.Close()
-		}
-	})
-	handInstance(t, host, path, func(m *nats.Msg) {
-		var env struct {
-			Addr, Token string
-		}
-		if json.Unmarshal(m.Data, &env) != nil {
-			return
-		}
+	hand := planetest.NewHandConns(t)
+	planetest.HandInstance(t, host, path, nil, func(m *nats.Msg) {
 		_ = m.Respond([]byte(`{}`))
-		c, err := net.Dial("tcp", env.Addr)
-		if err != nil {
+		_, w, ok := hand.DialBack(m)
+		if !ok {
 			return
 		}
-		mu.Lock()
-		conns = append(conns, c)
-		mu.Unlock()
-		w := frame.NewWriter(c)
-		_ = w.WriteHello([]byte(env.Token))
 		for i := range k {
 			_ = w.WriteData(fmt.Appendf(nil, `{"token_ids":[%d]}`, i))
 		}
@@ -226,19 +182,13 @@ func lateAcker(t *testing.T, host *plane.Runtime, path string, k int, delay time
 	t.Helper()
 	var wg sync.WaitGroup
 	t.Cleanup(wg.Wait)
-	handInstance(t, host, path, func(m *nats.Msg) {
-		var env struct{ Addr, Token string }
-		if json.Unmarshal(m.Data, &env) != nil {
-			return
-		}
+	hand := planetest.NewHandConns(t)
+	planetest.HandInstance(t, host, path, nil, func(m *nats.Msg) {
 		wg.Go(func() {
-			c, err := net.Dial("tcp", env.Addr)
-			if err != nil {
+			c, w, ok := hand.DialBack(m)
+			if !ok {
 				return
 			}
-			defer c.Close()
-			w := frame.NewWriter(c)
-			_ = w.WriteHello([]byte(env.Token))
 			for i := range k {
 				_ = w.WriteData(fmt.Appendf(nil, `{"token_ids":[%d]}`, i))
 			}

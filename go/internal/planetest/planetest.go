@@ -26,6 +26,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"regexp"
 	"runtime"
 	"slices"
@@ -33,10 +34,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
 	"github.com/dynamo-ctx/dynamo-ctx/go/ctxtree"
+	"github.com/dynamo-ctx/dynamo-ctx/go/discovery"
+	"github.com/dynamo-ctx/dynamo-ctx/go/frame"
 	"github.com/dynamo-ctx/dynamo-ctx/go/natsbus"
 	"github.com/dynamo-ctx/dynamo-ctx/go/plane"
 	"github.com/dynamo-ctx/dynamo-ctx/go/tokens"
@@ -542,4 +546,71 @@ func DrainTokens(tb testing.TB, s *plane.Stream) ([]int, error) {
 	tb.Helper()
 	items, _, err := Drain(s, 0)
 	return TokenIDs(tb, items), err
+}
+
+// --- workers played by hand ----------------------------------------------------
+
+// HandInstance registers an instance of path on rt's bus, with metadata meta
+// (nil: none), whose requests go to f, and returns its id: a worker played
+// by hand on the wire (a fault a real one cannot be made to have).
+func HandInstance(tb testing.TB, rt *plane.Runtime, path string, meta []byte, f nats.MsgHandler) uint64 {
+	tb.Helper()
+	id := discovery.NewInstanceID()
+	sub, err := rt.Bus().Conn().Subscribe(discovery.RequestSubject(path, id), f)
+	require.NoError(tb, err)
+	tb.Cleanup(func() { _ = sub.Unsubscribe() })
+	lease, err := discovery.Register(rt.Bus().Conn(), path, id, meta)
+	require.NoError(tb, err)
+	tb.Cleanup(lease.Close)
+	return id
+}
+
+// BlackHole registers an instance of path whose requests are received and
+// never acknowledged (a stopped worker, or a dead one whose subscription
+// the server still holds), and returns its id.
+func BlackHole(tb testing.TB, rt *plane.Runtime, path string, meta []byte) uint64 {
+	tb.Helper()
+	return HandInstance(tb, rt, path, meta, func(*nats.Msg) {})
+}
+
+// HandConns are the stream connections of workers played by hand, closed
+// at the test's cleanup.
+type HandConns struct {
+	mu    sync.Mutex
+	conns []net.Conn
+}
+
+// NewHandConns returns an empty set, closed at tb's cleanup.
+func NewHandConns(tb testing.TB) *HandConns {
+	h := &HandConns{}
+	tb.Cleanup(func() {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		for _, c := range h.conns {
+			_ = c.Close()
+		}
+	})
+	return h
+}
+
+// DialBack answers request envelope m as a worker's Go side would, by hand:
+// it dials the caller's address with the stream's token and writes the
+// Hello (flushed with the next frame). It neither acknowledges m nor sends
+// anything else. ok is false when m is not an envelope or the caller cannot
+// be reached.
+func (h *HandConns) DialBack(m *nats.Msg) (c net.Conn, w *frame.Writer, ok bool) {
+	var env struct{ Addr, Token string }
+	if json.Unmarshal(m.Data, &env) != nil {
+		return nil, nil, false
+	}
+	c, err := net.Dial("tcp", env.Addr)
+	if err != nil {
+		return nil, nil, false
+	}
+	h.mu.Lock()
+	h.conns = append(h.conns, c)
+	h.mu.Unlock()
+	w = frame.NewWriter(c)
+	_ = w.WriteHello([]byte(env.Token))
+	return c, w, true
 }

@@ -355,6 +355,29 @@ class Stack:
                 self.frontend.wait_instances(len(backends), model)
         return self
 
+    def send_completion(self, body: dict, headers: Optional[Dict[str, str]] = None) -> socket.socket:
+        """POST ``body`` to the frontend's /v1/completions over a raw connection (HTTP/1.1,
+        ``Connection: close``) and return the socket, its response unread: the test reads it
+        (``read_response``), or closes it to play a client that goes away."""
+        host, port = self.frontend.host_port
+        payload = json.dumps(body).encode()
+        head = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
+        s = socket.create_connection((host, port), timeout=self.hang)
+        s.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+                  f"Content-Length: {len(payload)}\r\n{head}Connection: close\r\n\r\n".encode() + payload)
+        return s
+
+    @staticmethod
+    def read_response(s: socket.socket) -> bytes:
+        """Everything the server sends on ``s`` until it closes; closes ``s``."""
+        data = b""
+        with s:
+            while True:
+                chunk = s.recv(65536)
+                if not chunk:
+                    return data
+                data += chunk
+
     def worker(self, mode: str) -> Worker:
         (w,) = [w for w in self.workers if w.mode == mode]
         return w

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-import socket
 import time
 
 import pytest
@@ -15,19 +14,8 @@ DECODE = 0.01  # seconds per token: a 1,000-token completion takes 10 s
 
 def sse_events(stack, body, headers):
     """Stream a completion over a raw socket; return (status, [event data], seconds taken)."""
-    host, port = stack.frontend.host_port
-    payload = json.dumps(body).encode()
-    head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
     t0 = time.monotonic()
-    with socket.create_connection((host, port), timeout=stack.hang) as s:
-        s.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {len(payload)}\r\n"
-                  f"{head}Connection: close\r\n\r\n".encode() + payload)
-        data = b""
-        while True:
-            chunk = s.recv(65536)
-            if not chunk:
-                break
-            data += chunk
+    data = stack.read_response(stack.send_completion(body, headers))
     took = time.monotonic() - t0
     status = int(data.split(b" ", 2)[1])
     events = [m.group(1).decode() for m in re.finditer(rb"data: (.*?)\r?\n", data)]

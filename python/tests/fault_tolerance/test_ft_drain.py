@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import re
 import signal
-import socket
 import threading
 import time
 
@@ -20,11 +19,7 @@ DECODE = 0.01
 
 def stream_lines(stack, body, rid, out, ready=None):
     """A streamed completion over a raw socket, its SSE data lines appended to out."""
-    host, port = stack.frontend.host_port
-    payload = json.dumps(dict(body, stream=True)).encode()
-    with socket.create_connection((host, port), timeout=stack.hang) as s:
-        s.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {len(payload)}\r\n"
-                  f"x-request-id: {rid}\r\nConnection: close\r\n\r\n".encode() + payload)
+    with stack.send_completion(dict(body, stream=True), {"x-request-id": rid}) as s:
         buf = b""
         while True:
             chunk = s.recv(65536)

@@ -4,9 +4,7 @@ dynamo_ctx_worker_outcomes_total add up to the requests each took."""
 
 from __future__ import annotations
 
-import json
 import signal
-import socket
 import threading
 import time
 
@@ -16,12 +14,7 @@ OUTCOMES = ("completed", "stopped", "cancelled", "deadline", "failed", "rejected
 
 def streamed(stack, body, headers, close_after=None):
     """A streamed completion; with close_after, the socket closes after that many chunks."""
-    host, port = stack.frontend.host_port
-    payload = json.dumps(dict(body, stream=True)).encode()
-    head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
-    with socket.create_connection((host, port), timeout=stack.hang) as s:
-        s.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {len(payload)}\r\n"
-                  f"{head}Connection: close\r\n\r\n".encode() + payload)
+    with stack.send_completion(dict(body, stream=True), headers) as s:
         chunks = 0
         while True:
             data = s.recv(65536)

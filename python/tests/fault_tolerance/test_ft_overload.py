@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import re
-import socket
 import threading
 import time
 
@@ -18,22 +17,11 @@ OUTCOMES = ("completed", "stopped", "cancelled", "deadline", "failed", "rejected
 def post(stack, body, headers, read=True):
     """A completion over a raw socket: (status, headers text, body bytes, seconds), or with
     read=False the open socket (the client stays until it closes it)."""
-    host, port = stack.frontend.host_port
-    payload = json.dumps(body).encode()
-    head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
     t0 = time.monotonic()
-    s = socket.create_connection((host, port), timeout=stack.hang)
-    s.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {len(payload)}\r\n"
-              f"{head}Connection: close\r\n\r\n".encode() + payload)
+    s = stack.send_completion(body, headers)
     if not read:
         return s
-    data = b""
-    with s:
-        while True:
-            chunk = s.recv(65536)
-            if not chunk:
-                break
-            data += chunk
+    data = stack.read_response(s)
     took = time.monotonic() - t0
     head_b, _, body_b = data.partition(b"\r\n\r\n")
     return int(head_b.split(b" ", 2)[1]), head_b.decode("latin-1"), body_b, took

@@ -66,6 +66,12 @@ const (
 	// nothing for a while, so that its peer can tell a quiet stream from a
 	// dead one (see package transport, Liveness).
 	Heartbeat Type = 9
+	// Session: worker -> caller, the first frame of a connection that
+	// carries many streams (package transport, session.go); its payload is
+	// one byte, the session protocol's version. It never appears inside a
+	// stream, and a Reader refuses it (Valid is false): the transport reads
+	// it, like the Hello, straight from the connection.
+	Session Type = 10
 )
 
 func (t Type) String() string {
@@ -88,11 +94,14 @@ func (t Type) String() string {
 		return "Incomplete"
 	case Heartbeat:
 		return "Heartbeat"
+	case Session:
+		return "Session"
 	}
 	return fmt.Sprintf("Type(%d)", byte(t))
 }
 
-// Valid reports whether t is one of the defined frame types.
+// Valid reports whether t is one of the frame types a stream carries (all
+// but Session).
 func (t Type) Valid() bool { return t >= Hello && t <= Heartbeat }
 
 const (

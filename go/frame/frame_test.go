@@ -178,7 +178,9 @@ func TestWriterError(t *testing.T) {
 
 func TestTypeString(t *testing.T) {
 	assert.Equal(t, "Credit", Credit.String())
-	assert.Equal(t, "Type(10)", Type(10).String())
+	assert.Equal(t, "Session", Session.String())
+	assert.False(t, Session.Valid())
+	assert.Equal(t, "Type(11)", Type(11).String())
 	assert.False(t, Type(0).Valid())
 }
 

@@ -32,6 +32,7 @@ type Outgoing struct {
 	linger time.Duration
 	addr   string
 	token  string
+	dialer *Dialer // nil: a connection of its own
 	// redialBy and redials bound redial: see redialLimit.
 	redialBy time.Time
 	redials  int
@@ -72,9 +73,13 @@ type Outgoing struct {
 // within the connect timeout, before it reports the caller Lost.
 // The Outgoing may Send as soon as the caller's first credit arrives.
 func Dial(ctx context.Context, addr string, token string, opts ...Option) (*Outgoing, error) {
+	return dialStream(ctx, nil, addr, token, opts)
+}
+
+func dialStream(ctx context.Context, d *Dialer, addr string, token string, opts []Option) (*Outgoing, error) {
 	cfg := newConfig(nil, opts)
 	start := time.Now()
-	c, w, err := dialHello(ctx, addr, token)
+	c, w, err := dialHello(ctx, d, addr, token)
 	if err != nil {
 		return nil, err
 	}
@@ -83,6 +88,7 @@ func Dial(ctx context.Context, addr string, token string, opts ...Option) (*Outg
 		linger:   cfg.linger,
 		addr:     addr,
 		token:    token,
+		dialer:   d,
 		redialBy: start.Add(cfg.connectTimeout),
 		stopped:  make(chan struct{}),
 		killed:   make(chan struct{}),
@@ -106,22 +112,25 @@ func Dial(ctx context.Context, addr string, token string, opts ...Option) (*Outg
 	return o, nil
 }
 
-// dialHello connects to addr and writes the Hello with token.
-func dialHello(ctx context.Context, addr, token string) (net.Conn, *frame.Writer, error) {
-	var d net.Dialer // keepalive on by default: detects a vanished caller host
-	c, err := d.DialContext(ctx, "tcp", addr)
+// dialHello connects to addr (a stream of d's session, or a connection of
+// its own when d is nil) and writes the Hello with token.
+func dialHello(ctx context.Context, d *Dialer, addr, token string) (net.Conn, *frame.Writer, error) {
+	var c net.Conn
+	var err error
+	if d != nil {
+		c, err = d.stream(ctx, addr)
+	} else {
+		var nd net.Dialer // keepalive on by default: detects a vanished caller host
+		c, err = nd.DialContext(ctx, "tcp", addr)
+		if tc, ok := c.(*net.TCPConn); ok {
+			_ = tc.SetNoDelay(true) // Go's default, made explicit: items must not wait
+		}
+	}
 	if err != nil {
 		return nil, nil, err
 	}
-	if tc, ok := c.(*net.TCPConn); ok {
-		_ = tc.SetNoDelay(true) // Go's default, made explicit: items must not wait
-	}
-	w := frame.NewWriterSize(c, workerWriteBuf)
-	if err := w.WriteHello([]byte(token)); err == nil {
-		err = w.Flush()
-	}
+	w, err := helloOn(c, token)
 	if err != nil {
-		_ = c.Close()
 		return nil, nil, err
 	}
 	return c, w, nil
@@ -166,7 +175,7 @@ func (o *Outgoing) redial() (*frame.Reader, bool) {
 			return nil, false
 		}
 	}
-	c, w, err := dialHello(ctx, o.addr, o.token)
+	c, w, err := dialHello(ctx, o.dialer, o.addr, o.token)
 	if err != nil {
 		return nil, false
 	}
@@ -185,6 +194,10 @@ func (o *Outgoing) redial() (*frame.Reader, bool) {
 	_ = old.Close()
 	return frame.NewReaderSize(c, workerReadBuf, workerMaxPayload), true
 }
+
+// halfCloser is a connection that can end its sending side alone: a TCP
+// connection, or a stream of a session.
+type halfCloser interface{ CloseWrite() error }
 
 // KillSettle is how long each side of a stream waits after a Kill before
 // it tears down: the worker before it closes its connection (and the
@@ -423,8 +436,8 @@ func (o *Outgoing) end(write func(*frame.Writer) error) error {
 // timeout. Closing outright could reset the connection (unread control
 // frames make the kernel send RST), destroying a Final still in flight.
 func (o *Outgoing) halfClose(c net.Conn) {
-	if tc, ok := c.(*net.TCPConn); ok {
-		_ = tc.CloseWrite()
+	if hc, ok := c.(halfCloser); ok {
+		_ = hc.CloseWrite()
 	}
 	_ = c.SetReadDeadline(time.Now().Add(o.linger))
 }

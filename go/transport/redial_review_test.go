@@ -21,7 +21,7 @@ func TestSilentDuringRedialIsLost(t *testing.T) {
 	served := make(chan struct{}, 1)
 	t.Cleanup(func() { goleak.VerifyNone(t) })
 	addr, accepted := fakeCaller(t, redialLimit, func(c net.Conn) {
-		if _, ok := readHello(c); !ok {
+		if _, _, ok := readHello(c); !ok {
 			return
 		}
 		w := frame.NewWriter(c)

@@ -57,6 +57,11 @@ type pendingConn struct {
 	since   time.Time
 	elem    *list.Element // in Server.silent[host] until the Hello is read or it is evicted
 	evicted bool
+	// A session's (see serveSession): proven once a stream showed an
+	// expected token; unproven counts its streams until then.
+	proven   bool
+	settled  bool
+	unproven int
 }
 
 // hostOf is the key by which eviction groups connections: the IPv4
@@ -284,18 +289,18 @@ func (s *Server) serveConn(p *pendingConn) {
 		_ = tc.SetNoDelay(true) // Go's default, made explicit: control frames must not wait
 	}
 	_ = c.SetReadDeadline(p.since.Add(s.cfg.connectTimeout))
-	token, ok := readHello(c)
+	kind, token, ok := readHello(c)
+	if ok && kind == frame.Session {
+		s.serveSession(p)
+		return
+	}
 	s.mu.Lock()
-	s.unhello--
 	if p.evicted {
 		// Evicted (closed) as, or before, its Hello was read: its worker
 		// dials again, and finds its stream still expected.
-		s.evicted--
 		ok = false
-	} else {
-		s.unlist(p)
 	}
-	s.room.Signal()
+	s.settle(p)
 	var in *Incoming
 	if ok {
 		if in = s.pending[token]; in != nil {
@@ -314,25 +319,39 @@ func (s *Server) serveConn(p *pendingConn) {
 	in.serve(c, frame.NewReaderSize(c, callerReadBuf, s.cfg.maxPayload))
 }
 
-// readHello reads the Hello frame straight from the connection into a fixed
-// array: no buffer is allocated for a peer that has not shown a token, and
-// nothing beyond the Hello is consumed (the worker sends nothing else before
-// its first credit, but a heartbeat may follow). A Hello longer than
-// MaxTokenLen is refused from its header.
-func readHello(c net.Conn) (string, bool) {
+// readHello reads the first frame of a connection straight from it into a
+// fixed array: no buffer is allocated for a peer that has not shown a token,
+// and nothing beyond the frame is consumed (the worker sends nothing else
+// before its first credit, but a heartbeat may follow). It is either a Hello
+// (the token of the connection's one stream; one longer than MaxTokenLen is
+// refused from its header) or the frame.Session frame of a session, whose
+// streams then show their tokens (readStreamHello).
+func readHello(c io.Reader) (frame.Type, string, bool) {
 	var buf [frame.HeaderSize + MaxTokenLen]byte
 	if _, err := io.ReadFull(c, buf[:frame.HeaderSize]); err != nil {
-		return "", false
+		return 0, "", false
 	}
+	t := frame.Type(buf[0])
 	n := binary.BigEndian.Uint32(buf[1:frame.HeaderSize])
-	if frame.Type(buf[0]) != frame.Hello || n == 0 || n > MaxTokenLen {
-		return "", false
+	switch {
+	case t == frame.Session && n == 1:
+	case t != frame.Hello || n == 0 || n > MaxTokenLen:
+		return 0, "", false
 	}
 	p := buf[frame.HeaderSize : frame.HeaderSize+int(n)]
 	if _, err := io.ReadFull(c, p); err != nil {
-		return "", false
+		return 0, "", false
 	}
-	return string(p), true
+	if t == frame.Session {
+		return t, "", p[0] == SessionVersion
+	}
+	return t, string(p), true
+}
+
+// readStreamHello reads the Hello of a session's stream.
+func readStreamHello(c io.Reader) (string, bool) {
+	t, token, ok := readHello(c)
+	return token, ok && t == frame.Hello
 }
 
 func (s *Server) release(c net.Conn) {
@@ -675,8 +694,8 @@ func (in *Incoming) finishKill() {
 	// write in progress and the backlog behind it (the Kill last) each have
 	// ctlLimit; a Server's Close ends the wait at once.
 	<-in.ctl.flushed()
-	if tc, ok := in.conn.(*net.TCPConn); ok {
-		_ = tc.CloseWrite()
+	if hc, ok := in.conn.(halfCloser); ok {
+		_ = hc.CloseWrite()
 	}
 	_ = in.conn.SetReadDeadline(time.Now().Add(in.linger))
 }

@@ -3,6 +3,7 @@ package transport
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -33,9 +34,38 @@ func listen(t *testing.T, opts ...Option) *Server {
 	return s
 }
 
+// ownConnections makes dial give each stream a connection of its own
+// (Dial) instead of a stream of the test's session (Dialer.Dial), which is
+// what workers use: go test ./go/transport -args -own-connections.
+var ownConnections = flag.Bool("own-connections", false, "dial each stream on its own connection")
+
+// dialers holds each test's Dialer: all streams a test dials share one
+// session per Server, as a worker's streams to one caller do.
+var dialers sync.Map // *testing.T -> *Dialer
+
+// testDialer is the Dialer of t, closed at the end of the test.
+func testDialer(t *testing.T) *Dialer {
+	if d, ok := dialers.Load(t); ok {
+		return d.(*Dialer)
+	}
+	d := NewDialer(0)
+	dialers.Store(t, d)
+	t.Cleanup(func() {
+		dialers.Delete(t)
+		require.NoError(t, d.Close())
+	})
+	return d
+}
+
 func dial(t *testing.T, s *Server, token string, opts ...Option) *Outgoing {
 	t.Helper()
-	o, err := Dial(context.Background(), s.Addr().String(), token, opts...)
+	var o *Outgoing
+	var err error
+	if *ownConnections {
+		o, err = Dial(context.Background(), s.Addr().String(), token, opts...)
+	} else {
+		o, err = testDialer(t).Dial(context.Background(), s.Addr().String(), token, opts...)
+	}
 	require.NoError(t, err)
 	return o
 }

@@ -1,0 +1,662 @@
+package transport
+
+import (
+	"bufio"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/dynamo-ctx/dynamo-ctx/go/frame"
+)
+
+// Sessions: many streams on one connection.
+//
+// A worker that serves several requests of one caller sends all their
+// streams over one long-lived connection, a session (Dialer), instead of one
+// connection per stream. The session's first bytes are a frame.Session frame
+// (its payload the session protocol's version); then session frames follow
+// both ways, each a 9-byte header (kind, stream id, payload length, both
+// big-endian uint32) and its payload:
+//
+//	+------+------------------+-----------------+-----------------+
+//	| kind | stream id (BE u32)| length (BE u32) | payload (length)|
+//	+------+------------------+-----------------+-----------------+
+//
+// Kinds: Open (worker -> caller, empty: a new stream), Data (bytes of the
+// stream, both ways) and Fin (empty: the sender writes nothing more on the
+// stream). A stream's bytes are exactly what a stream's own connection
+// carries without sessions: its Hello, its frames, its end; so every rule of
+// a stream (package comment) holds unchanged on a session, and each stream
+// keeps its own credit. A stream id is chosen by the worker, greater than
+// every id it opened before on the session, and names a stream on that
+// session only: no other connection can reach it.
+//
+// What the session adds:
+//
+//   - Coalescing: each side has one writer goroutine. Frames that streams
+//     write while it is busy are appended to one buffer and leave in one
+//     write: the items of one engine step, over many streams, cost one
+//     system call, not one per stream.
+//   - Order: frames of one stream leave in the order they were written, its
+//     Fin last. A caller only writes control frames (credit, stop, kill,
+//     heartbeats): on the caller's side no item ever waits ahead of a kill.
+//   - Loss: when the connection fails every stream on it reads the error
+//     after the bytes that arrived before it, as a stream on its own
+//     connection would: the caller's streams end with ErrIncomplete (and are
+//     retried by migration), the worker's are Lost.
+//   - Bounds: a caller's session counts as a connection without a Hello (see
+//     MaxPendingConns) until one of its streams presents a token the caller
+//     expects; until then it may open at most maxUnprovenStreams streams,
+//     and a stream with an unknown token closes it. A session holds at most
+//     maxSessionStreams streams. A stream whose unread bytes exceed its
+//     bound is broken (its reader fails) instead of stalling the session's
+//     other streams; so is a caller's session whose worker stops reading
+//     (its control bytes exceed maxCtlBacklog per stream). Malformed
+//     session frames close the session.
+
+// SessionVersion is the session protocol's version, the payload of the
+// frame.Session frame that opens a session.
+const SessionVersion = 1
+
+// Session frame kinds.
+const (
+	sessOpen byte = 1
+	sessData byte = 2
+	sessFin  byte = 3
+)
+
+const (
+	sessHeaderSize = 9
+	// sessChunk is the largest payload of one session Data frame: longer
+	// writes are cut, so that no frame of one stream holds up the others
+	// for long.
+	sessChunk = 64 << 10
+	// maxSessionStreams bounds the streams open on one session.
+	maxSessionStreams = 1 << 16
+	// maxUnprovenStreams bounds the streams of a caller's session before
+	// one of them presented an expected token.
+	maxUnprovenStreams = 64
+	// sessWriteQueue bounds the bytes a worker's session holds for its
+	// writer; a stream's Write waits (or fails at its write deadline) above
+	// it. A caller's session never waits: see vstream.Write.
+	sessWriteQueue = 4 << 20
+	// sessReadBuf is the read buffer of a session: it holds a whole Data
+	// frame's payload (see vstream.fill).
+	sessReadBuf = sessChunk
+)
+
+var (
+	errSessionClosed = errors.New("transport: session closed")
+	errSessionProto  = fmt.Errorf("%w: session protocol violation", frame.ErrInvalid)
+	errStreamBacklog = errors.New("transport: stream's unread bytes over its bound")
+)
+
+// session is one multiplexed connection, from either side.
+type session struct {
+	conn     net.Conn
+	dialer   bool                // the worker's side: it opens streams
+	recvMax  int                 // bound on a stream's unread bytes
+	accept   func(*vstream) bool // caller's side: runs a new stream; false refuses it (the session closes)
+	onEmpty  func(*session)      // worker's side: the last stream closed
+	onClosed func(*session)      // the session failed or was closed
+
+	mu      sync.Mutex
+	streams map[uint32]*vstream
+	lastID  uint32
+	err     error // sticky: why the session ended
+	out     []byte
+	spare   []byte
+	wake    chan struct{} // cap 1: out has bytes, or the session closed
+	room    chan struct{} // closed and replaced whenever out is written
+	done    chan struct{} // closed when the writer has exited
+}
+
+func newSession(c net.Conn, dialer bool, recvMax int) *session {
+	return &session{
+		conn:    c,
+		dialer:  dialer,
+		recvMax: recvMax,
+		streams: make(map[uint32]*vstream),
+		wake:    make(chan struct{}, 1),
+		room:    make(chan struct{}),
+		done:    make(chan struct{}),
+	}
+}
+
+// writePreamble writes the frame.Session frame that opens a session.
+func writePreamble(c net.Conn) error {
+	var b [frame.HeaderSize + 1]byte
+	b[0] = byte(frame.Session)
+	binary.BigEndian.PutUint32(b[1:frame.HeaderSize], 1)
+	b[frame.HeaderSize] = SessionVersion
+	_, err := c.Write(b[:])
+	return err
+}
+
+// open starts a new stream (worker's side).
+func (s *session) open() (*vstream, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.err != nil {
+		return nil, s.err
+	}
+	if len(s.streams) >= maxSessionStreams || s.lastID == 1<<31 {
+		return nil, errSessionFull
+	}
+	s.lastID++
+	v := newVstream(s, s.lastID)
+	s.streams[v.id] = v
+	s.appendFrame(sessOpen, v.id, nil)
+	return v, nil
+}
+
+var errSessionFull = errors.New("transport: session full")
+
+// appendFrame queues one session frame for the writer (mu held).
+func (s *session) appendFrame(kind byte, id uint32, p []byte) {
+	var h [sessHeaderSize]byte
+	h[0] = kind
+	binary.BigEndian.PutUint32(h[1:5], id)
+	binary.BigEndian.PutUint32(h[5:9], uint32(len(p)))
+	s.out = append(s.out, h[:]...)
+	s.out = append(s.out, p...)
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+// writeLoop is the session's one writer: it writes everything queued, in
+// one write, until the session ends.
+func (s *session) writeLoop() {
+	defer close(s.done)
+	for {
+		<-s.wake
+		s.mu.Lock()
+		if s.err != nil {
+			s.mu.Unlock()
+			return
+		}
+		if len(s.out) == 0 {
+			s.mu.Unlock()
+			continue
+		}
+		buf := s.out
+		s.out, s.spare = s.spare[:0], nil
+		s.mu.Unlock()
+		_, err := s.conn.Write(buf)
+		s.mu.Lock()
+		if cap(buf) <= 4*sessWriteQueue {
+			s.spare = buf[:0]
+		} else {
+			s.spare = nil
+		}
+		close(s.room)
+		s.room = make(chan struct{})
+		s.mu.Unlock()
+		if err != nil {
+			s.fail(err)
+			return
+		}
+	}
+}
+
+// readLoop reads session frames and hands each stream its bytes, until the
+// connection fails or breaks the protocol; then it fails the session.
+func (s *session) readLoop(r *bufio.Reader) {
+	var h [sessHeaderSize]byte
+	for {
+		if _, err := io.ReadFull(r, h[:]); err != nil {
+			s.fail(err)
+			return
+		}
+		kind := h[0]
+		id := binary.BigEndian.Uint32(h[1:5])
+		n := binary.BigEndian.Uint32(h[5:9])
+		if err := s.check(kind, id, n); err != nil {
+			s.fail(err)
+			return
+		}
+		switch kind {
+		case sessOpen:
+			if err := s.opened(id); err != nil {
+				s.fail(err)
+				return
+			}
+		case sessFin:
+			if v := s.stream(id); v != nil {
+				v.peerFin()
+			}
+		case sessData:
+			v := s.stream(id)
+			if v == nil {
+				// Closed here already (its bytes are not wanted), or
+				// never opened (check refused ids above lastID): skip.
+				if _, err := r.Discard(int(n)); err != nil {
+					s.fail(err)
+					return
+				}
+				continue
+			}
+			if err := v.fill(r, int(n)); err != nil {
+				s.fail(err)
+				return
+			}
+		}
+	}
+}
+
+// check validates a session frame's header against the protocol.
+func (s *session) check(kind byte, id, n uint32) error {
+	switch kind {
+	case sessOpen:
+		if s.dialer || n != 0 {
+			return fmt.Errorf("%w: unexpected Open", errSessionProto)
+		}
+		return nil
+	case sessFin:
+		if n != 0 {
+			return fmt.Errorf("%w: Fin with a payload", errSessionProto)
+		}
+	case sessData:
+		if n == 0 || n > sessChunk {
+			return fmt.Errorf("%w: Data of %d bytes", errSessionProto, n)
+		}
+	default:
+		return fmt.Errorf("%w: unknown kind %d", errSessionProto, kind)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if id == 0 || id > s.lastID {
+		return fmt.Errorf("%w: stream %d was never opened", errSessionProto, id)
+	}
+	return nil
+}
+
+// opened registers a stream the worker opened (caller's side) and runs it.
+func (s *session) opened(id uint32) error {
+	s.mu.Lock()
+	if id <= s.lastID || id > 1<<31 {
+		s.mu.Unlock()
+		return fmt.Errorf("%w: stream id %d out of order", errSessionProto, id)
+	}
+	if len(s.streams) >= maxSessionStreams {
+		s.mu.Unlock()
+		return fmt.Errorf("%w: more than %d streams", errSessionProto, maxSessionStreams)
+	}
+	if s.err != nil {
+		s.mu.Unlock()
+		return s.err
+	}
+	s.lastID = id
+	v := newVstream(s, id)
+	s.streams[id] = v
+	s.mu.Unlock()
+	if !s.accept(v) {
+		return fmt.Errorf("%w: stream refused", errSessionProto)
+	}
+	return nil
+}
+
+func (s *session) stream(id uint32) *vstream {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.streams[id]
+}
+
+// count returns the number of open streams.
+func (s *session) count() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.streams)
+}
+
+// remove forgets a stream closed locally.
+func (s *session) remove(v *vstream) {
+	s.mu.Lock()
+	if s.streams[v.id] == v {
+		delete(s.streams, v.id)
+	}
+	empty := len(s.streams) == 0 && s.err == nil
+	f := s.onEmpty
+	s.mu.Unlock()
+	if empty && f != nil {
+		f(s)
+	}
+}
+
+// fail ends the session: the connection is closed, every stream reads err
+// after the bytes it has, and writes fail.
+func (s *session) fail(err error) {
+	s.mu.Lock()
+	if s.err != nil {
+		s.mu.Unlock()
+		return
+	}
+	if err == nil || errors.Is(err, net.ErrClosed) {
+		err = errSessionClosed
+	}
+	s.err = err
+	streams := s.streams
+	s.streams = map[uint32]*vstream{}
+	s.out = nil
+	close(s.room)
+	s.room = make(chan struct{})
+	f := s.onClosed
+	s.mu.Unlock()
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+	_ = s.conn.Close()
+	for _, v := range streams {
+		v.broken(err)
+	}
+	if f != nil {
+		f(s)
+	}
+}
+
+// close ends the session from this side.
+func (s *session) close() { s.fail(errSessionClosed) }
+
+// vstream is one stream of a session, as a net.Conn: what a stream's own
+// connection would be, so the stream code runs on it unchanged.
+type vstream struct {
+	s  *session
+	id uint32
+
+	mu      sync.Mutex
+	buf     []byte // unread bytes
+	off     int
+	fin     bool  // the peer's Fin arrived
+	err     error // the session failed, or the stream broke its bound
+	closed  bool  // Close was called
+	wfin    bool  // our Fin is queued
+	rdl     deadline
+	wdl     deadline
+	notify  chan struct{} // cap 1: bytes, Fin, error, close or read deadline
+	waiting bool
+}
+
+func newVstream(s *session, id uint32) *vstream {
+	v := &vstream{s: s, id: id, notify: make(chan struct{}, 1)}
+	v.rdl.wake = v.signal
+	return v
+}
+
+func (v *vstream) signal() {
+	select {
+	case v.notify <- struct{}{}:
+	default:
+	}
+}
+
+// fill appends n bytes of the session reader to the stream's unread bytes.
+// The bytes are buffered first (r holds a whole session frame: see
+// sessReadBuf), so v.mu is never held while the connection is read: a
+// caller's Kill on this stream must not wait for a worker's next bytes.
+func (v *vstream) fill(r *bufio.Reader, n int) error {
+	p, err := r.Peek(n)
+	if err != nil {
+		return err
+	}
+	defer func() { _, _ = r.Discard(n) }()
+	v.mu.Lock()
+	if v.closed || v.err != nil {
+		v.mu.Unlock()
+		return nil
+	}
+	if v.off > 0 && v.off == len(v.buf) {
+		v.buf, v.off = v.buf[:0], 0
+	}
+	if len(v.buf)-v.off+n > v.s.recvMax {
+		v.err = errStreamBacklog
+		v.mu.Unlock()
+		v.signal()
+		return nil
+	}
+	if v.off > 0 && cap(v.buf)-len(v.buf) < n {
+		m := copy(v.buf, v.buf[v.off:]) // compact before growing
+		v.buf, v.off = v.buf[:m], 0
+	}
+	v.buf = append(v.buf, p...)
+	v.mu.Unlock()
+	v.signal()
+	return nil
+}
+
+func (v *vstream) peerFin() {
+	v.mu.Lock()
+	v.fin = true
+	v.mu.Unlock()
+	v.signal()
+}
+
+func (v *vstream) broken(err error) {
+	v.mu.Lock()
+	if v.err == nil {
+		v.err = err
+	}
+	v.mu.Unlock()
+	v.signal()
+}
+
+// Read reads the stream's bytes: at its peer's Fin io.EOF, when the session
+// failed its error, after the read deadline os.ErrDeadlineExceeded.
+func (v *vstream) Read(p []byte) (int, error) {
+	for {
+		v.mu.Lock()
+		if v.closed {
+			v.mu.Unlock()
+			return 0, net.ErrClosed
+		}
+		if v.off < len(v.buf) {
+			n := copy(p, v.buf[v.off:])
+			v.off += n
+			v.mu.Unlock()
+			return n, nil
+		}
+		switch {
+		case v.err != nil:
+			err := v.err
+			v.mu.Unlock()
+			return 0, err
+		case v.fin:
+			v.mu.Unlock()
+			return 0, io.EOF
+		case v.rdl.passed():
+			v.mu.Unlock()
+			return 0, os.ErrDeadlineExceeded
+		}
+		v.mu.Unlock()
+		<-v.notify
+	}
+}
+
+// Write queues p for the session's writer. A worker's stream waits while the
+// session holds sessWriteQueue bytes (until its write deadline); a caller's
+// never waits: its writes are control frames, and a worker that lets that
+// much pile up does not read its connection, which fails the session.
+func (v *vstream) Write(p []byte) (int, error) {
+	s := v.s
+	for {
+		v.mu.Lock()
+		closed, wfin, err := v.closed, v.wfin, v.err
+		v.mu.Unlock()
+		switch {
+		case closed:
+			return 0, net.ErrClosed
+		case wfin:
+			return 0, errWriteAfterFin
+		case err == errStreamBacklog:
+			return 0, err
+		}
+		if v.wdl.passed() {
+			return 0, os.ErrDeadlineExceeded
+		}
+		s.mu.Lock()
+		if s.err != nil {
+			err := s.err
+			s.mu.Unlock()
+			return 0, err
+		}
+		if len(s.out) < sessWriteQueue || len(p) == 0 {
+			for n := 0; n < len(p); n += sessChunk {
+				s.appendFrame(sessData, v.id, p[n:min(n+sessChunk, len(p))])
+			}
+			s.mu.Unlock()
+			return len(p), nil
+		}
+		if !s.dialer {
+			s.mu.Unlock()
+			s.fail(errCtlBacklog)
+			return 0, errCtlBacklog
+		}
+		room := s.room
+		s.mu.Unlock()
+		wc := v.wdl.channel()
+		select {
+		case <-room:
+		case <-wc:
+		}
+	}
+}
+
+var errWriteAfterFin = errors.New("transport: write after CloseWrite")
+
+// CloseWrite queues the stream's Fin after its bytes.
+func (v *vstream) CloseWrite() error {
+	v.mu.Lock()
+	if v.wfin || v.closed {
+		v.mu.Unlock()
+		return nil
+	}
+	v.wfin = true
+	v.mu.Unlock()
+	s := v.s
+	s.mu.Lock()
+	if s.err == nil {
+		s.appendFrame(sessFin, v.id, nil)
+	}
+	s.mu.Unlock()
+	return nil
+}
+
+// Close ends the stream here: its Fin follows what it wrote, and bytes that
+// arrive later are dropped.
+func (v *vstream) Close() error {
+	_ = v.CloseWrite()
+	v.mu.Lock()
+	if v.closed {
+		v.mu.Unlock()
+		return nil
+	}
+	v.closed = true
+	v.buf, v.off = nil, 0
+	v.mu.Unlock()
+	v.rdl.set(time.Time{})
+	v.wdl.set(time.Time{})
+	v.signal()
+	v.s.remove(v)
+	return nil
+}
+
+func (v *vstream) LocalAddr() net.Addr  { return v.s.conn.LocalAddr() }
+func (v *vstream) RemoteAddr() net.Addr { return v.s.conn.RemoteAddr() }
+
+func (v *vstream) SetDeadline(t time.Time) error {
+	v.rdl.set(t)
+	v.wdl.set(t)
+	return nil
+}
+
+func (v *vstream) SetReadDeadline(t time.Time) error {
+	v.rdl.set(t)
+	return nil
+}
+
+func (v *vstream) SetWriteDeadline(t time.Time) error {
+	v.wdl.set(t)
+	return nil
+}
+
+// deadline is a net.Conn deadline: passed reports whether it is reached, and
+// channel is closed when it is.
+type deadline struct {
+	mu    sync.Mutex
+	t     time.Time
+	timer *time.Timer
+	ch    chan struct{} // closed when t passes; nil until asked for
+	wake  func()        // called when t passes (may be nil)
+}
+
+func (d *deadline) set(t time.Time) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.timer != nil {
+		d.timer.Stop()
+		d.timer = nil
+	}
+	d.t = t
+	if d.ch != nil {
+		select {
+		case <-d.ch:
+			d.ch = nil // passed before: a new deadline gets a new channel
+		default:
+		}
+	}
+	if t.IsZero() {
+		return
+	}
+	wait := time.Until(t)
+	if wait <= 0 {
+		d.expire()
+		return
+	}
+	d.timer = time.AfterFunc(wait, func() {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		if d.t.Equal(t) {
+			d.expire()
+		}
+	})
+}
+
+// expire (mu held) closes the channel and wakes the reader.
+func (d *deadline) expire() {
+	if d.ch == nil {
+		d.ch = make(chan struct{})
+	}
+	select {
+	case <-d.ch:
+	default:
+		close(d.ch)
+	}
+	if d.wake != nil {
+		d.wake() // only signals a channel: never blocks, takes no lock
+	}
+}
+
+func (d *deadline) passed() bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return !d.t.IsZero() && !time.Now().Before(d.t)
+}
+
+func (d *deadline) channel() <-chan struct{} {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.ch == nil {
+		d.ch = make(chan struct{})
+		if !d.t.IsZero() && !time.Now().Before(d.t) {
+			close(d.ch)
+		}
+	}
+	return d.ch
+}

@@ -135,6 +135,10 @@ const (
 	// EnvStreamIdleTimeout is the liveness bound of response streams, in
 	// seconds (for example "2.5"); see Options.StreamIdleTimeout.
 	EnvStreamIdleTimeout = "DYNAMO_CTX_STREAM_IDLE_TIMEOUT"
+	// EnvStreamConnections set to "per-stream" makes the workers of this
+	// process give each response stream a connection of its own; see
+	// Options.ConnectionPerStream.
+	EnvStreamConnections = "DYNAMO_CTX_STREAM_CONNECTIONS"
 )
 
 // Options configures New.
@@ -159,6 +163,13 @@ type Options struct {
 	// (2.5 s: detection within 2.75 s). Every process of a deployment should
 	// use the same value.
 	StreamIdleTimeout time.Duration
+	// ConnectionPerStream makes this runtime's endpoints send each response
+	// stream on a connection of its own, dialled for it, as before sessions
+	// existed; by default every stream to one caller shares one long-lived
+	// connection (transport.Dialer). For comparisons and as a fallback; also
+	// set by DYNAMO_CTX_STREAM_CONNECTIONS=per-stream ("shared", the default,
+	// or empty keeps sessions; anything else is an error).
+	ConnectionPerStream bool
 	// AckTimeout bounds the wait for a worker to acknowledge a request
 	// (zero: DefaultAckTimeout). Migration retries a request that timed out.
 	AckTimeout time.Duration
@@ -186,6 +197,7 @@ type Continuation interface {
 type Runtime struct {
 	bus  *natsbus.Bus
 	srv  *transport.Server
+	dial *transport.Dialer // the response streams this runtime's endpoints send: one session per caller
 	opts Options
 	log  *slog.Logger
 
@@ -285,6 +297,13 @@ func New(ctx context.Context, opts Options) (*Runtime, error) {
 			opts.StreamIdleTimeout = time.Duration(secs * float64(time.Second))
 		}
 	}
+	switch v := os.Getenv(EnvStreamConnections); v {
+	case "", "shared":
+	case "per-stream":
+		opts.ConnectionPerStream = true
+	default:
+		return nil, fmt.Errorf("%s=%q: want \"shared\" or \"per-stream\"", EnvStreamConnections, v)
+	}
 	if opts.AckTimeout <= 0 {
 		opts.AckTimeout = DefaultAckTimeout
 	}
@@ -299,6 +318,7 @@ func New(ctx context.Context, opts Options) (*Runtime, error) {
 	}
 	r := &Runtime{
 		bus: bus, srv: srv, opts: opts, log: slog.Default(),
+		dial:      transport.NewDialer(0),
 		endpoints: map[*Endpoint]struct{}{},
 		clients:   map[*Client]struct{}{},
 		streams:   map[*Stream]struct{}{},
@@ -331,6 +351,17 @@ func (o *Options) streamOpts() []transport.Option {
 		return nil
 	}
 	return []transport.Option{transport.WithIdleTimeout(o.StreamIdleTimeout)}
+}
+
+// dialStream connects a response stream to the caller at addr: a stream of
+// the session to that caller, or a connection of its own (see
+// Options.ConnectionPerStream).
+func (r *Runtime) dialStream(ctx context.Context, addr, token string) (*transport.Outgoing, error) {
+	opts := append(r.opts.streamOpts(), transport.WithHeartbeatGate(r.HostAwake))
+	if r.opts.ConnectionPerStream {
+		return transport.Dial(ctx, addr, token, opts...)
+	}
+	return r.dial.Dial(ctx, addr, token, opts...)
 }
 
 // NewContext makes a context the way the plane makes its own (see
@@ -392,6 +423,7 @@ func (r *Runtime) Close() {
 	for _, c := range cls {
 		c.Close()
 	}
+	r.dial.Close()
 	r.srv.Close()
 	r.bus.Close()
 	close(r.done)

@@ -360,7 +360,7 @@ func (r *Request) run(addr, token string) {
 	defer r.unfollowLocalCaller()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	out, err := transport.Dial(ctx, addr, token, append(r.ep.rt.opts.streamOpts(), transport.WithHeartbeatGate(r.ep.rt.HostAwake))...)
+	out, err := r.ep.rt.dialStream(ctx, addr, token)
 	if err != nil {
 		slog.Warn("could not connect the response stream to the caller", "request_id", r.ID, "caller", addr, "error", err)
 		r.Ctx.Cancel(ctxtree.Killed, ctxtree.ReasonConnectionLost)

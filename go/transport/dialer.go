@@ -85,14 +85,15 @@ func (d *Dialer) Close() error {
 	return nil
 }
 
-// stream opens a stream on the session to addr, dialling it if needed.
-func (d *Dialer) stream(ctx context.Context, addr string) (net.Conn, error) {
+// stream opens a stream with token on the session to addr, dialling it if
+// needed.
+func (d *Dialer) stream(ctx context.Context, addr, token string) (net.Conn, error) {
 	for try := 0; ; try++ {
 		s, err := d.session(ctx, addr)
 		if err != nil {
 			return nil, err
 		}
-		v, err := s.open()
+		v, err := s.open(token)
 		if err == nil {
 			d.mu.Lock()
 			if e := d.sessions[addr]; e != nil && e.s == s && e.timer != nil {
@@ -224,7 +225,7 @@ func (d *Dialer) forget(addr string, s *session, full bool) {
 	}
 }
 
-// helloOn writes the Hello with token on c, a fresh stream's connection.
+// helloOn writes the Hello with token on c, a fresh connection of its own.
 func helloOn(c net.Conn, token string) (*frame.Writer, error) {
 	w := frame.NewWriterSize(c, workerWriteBuf)
 	err := w.WriteHello([]byte(token))

@@ -112,22 +112,24 @@ func dialStream(ctx context.Context, d *Dialer, addr string, token string, opts 
 	return o, nil
 }
 
-// dialHello connects to addr (a stream of d's session, or a connection of
-// its own when d is nil) and writes the Hello with token.
+// dialHello connects to addr with token: a stream of d's session (its Open
+// carries the token), or a connection of its own when d is nil (its Hello
+// does).
 func dialHello(ctx context.Context, d *Dialer, addr, token string) (net.Conn, *frame.Writer, error) {
-	var c net.Conn
-	var err error
 	if d != nil {
-		c, err = d.stream(ctx, addr)
-	} else {
-		var nd net.Dialer // keepalive on by default: detects a vanished caller host
-		c, err = nd.DialContext(ctx, "tcp", addr)
-		if tc, ok := c.(*net.TCPConn); ok {
-			_ = tc.SetNoDelay(true) // Go's default, made explicit: items must not wait
+		c, err := d.stream(ctx, addr, token)
+		if err != nil {
+			return nil, nil, err
 		}
+		return c, frame.NewWriterSize(c, workerWriteBuf), nil
 	}
+	var nd net.Dialer // keepalive on by default: detects a vanished caller host
+	c, err := nd.DialContext(ctx, "tcp", addr)
 	if err != nil {
 		return nil, nil, err
+	}
+	if tc, ok := c.(*net.TCPConn); ok {
+		_ = tc.SetNoDelay(true) // Go's default, made explicit: items must not wait
 	}
 	w, err := helloOn(c, token)
 	if err != nil {

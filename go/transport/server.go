@@ -57,11 +57,10 @@ type pendingConn struct {
 	since   time.Time
 	elem    *list.Element // in Server.silent[host] until the Hello is read or it is evicted
 	evicted bool
-	// A session's (see serveSession): proven once a stream showed an
-	// expected token; unproven counts its streams until then.
-	proven   bool
-	settled  bool
-	unproven int
+	// A session's (see serveSession): proven once an Open showed an
+	// expected token. settled: off the count of connections without Hello.
+	proven  bool
+	settled bool
 }
 
 // hostOf is the key by which eviction groups connections: the IPv4
@@ -325,7 +324,7 @@ func (s *Server) serveConn(p *pendingConn) {
 // before its first credit, but a heartbeat may follow). It is either a Hello
 // (the token of the connection's one stream; one longer than MaxTokenLen is
 // refused from its header) or the frame.Session frame of a session, whose
-// streams then show their tokens (readStreamHello).
+// streams then show their tokens in their Open frames.
 func readHello(c io.Reader) (frame.Type, string, bool) {
 	var buf [frame.HeaderSize + MaxTokenLen]byte
 	if _, err := io.ReadFull(c, buf[:frame.HeaderSize]); err != nil {
@@ -346,12 +345,6 @@ func readHello(c io.Reader) (frame.Type, string, bool) {
 		return t, "", p[0] == SessionVersion
 	}
 	return t, string(p), true
-}
-
-// readStreamHello reads the Hello of a session's stream.
-func readStreamHello(c io.Reader) (string, bool) {
-	t, token, ok := readHello(c)
-	return token, ok && t == frame.Hello
 }
 
 func (s *Server) release(c net.Conn) {

@@ -9,10 +9,10 @@ import (
 
 // serveSession runs the session that p's connection opened (see
 // session.go) on the connection's goroutine: it is the session's reader, a
-// goroutine of the Server writes, and each stream the worker opens gets a
-// goroutine that reads its Hello and then serves it as serveConn serves a
+// goroutine of the Server writes, and each stream the worker opens with an
+// expected token gets a goroutine that serves it as serveConn serves a
 // stream on its own connection. The session counts as a connection without
-// a Hello (evictable, under its deadline) until a stream proves it.
+// a Hello (evictable, under its deadline) until an Open proves it.
 func (s *Server) serveSession(p *pendingConn) {
 	c := p.c
 	maxPayload := s.cfg.maxPayload
@@ -21,18 +21,7 @@ func (s *Server) serveSession(p *pendingConn) {
 	}
 	// A stream's unread bytes: two of the largest items, with their chunks.
 	sess := newSession(c, false, 2*maxPayload+2*sessChunk)
-	sess.accept = func(v *vstream) bool {
-		s.mu.Lock()
-		if !p.proven {
-			if p.unproven >= maxUnprovenStreams {
-				s.mu.Unlock()
-				return false
-			}
-			p.unproven++
-		}
-		s.mu.Unlock()
-		return s.spawn(func() { s.serveStream(p, sess, v) })
-	}
+	sess.accept = func(v *vstream, token string) error { return s.openStream(p, v, token) }
 	if s.spawn(sess.writeLoop) {
 		sess.readLoop(bufio.NewReaderSize(c, sessReadBuf))
 	}
@@ -42,8 +31,46 @@ func (s *Server) serveSession(p *pendingConn) {
 	s.mu.Unlock()
 }
 
+// openStream matches a session's new stream to the Incoming awaiting its
+// token and serves it. It runs on the session's reader: nothing here waits.
+func (s *Server) openStream(p *pendingConn, v *vstream, token string) error {
+	s.mu.Lock()
+	var in *Incoming
+	if !p.evicted {
+		if in = s.pending[token]; in != nil {
+			delete(s.pending, token) // one stream per token
+		}
+	}
+	proving := in != nil && !p.proven
+	if proving {
+		p.proven = true
+		s.settle(p)
+	}
+	proven := p.proven
+	s.mu.Unlock()
+	switch {
+	case in == nil && !proven:
+		return errUnprovenSession
+	case in == nil:
+		return errRefused // as a dropped connection: its worker may dial again
+	}
+	if proving {
+		_ = p.c.SetReadDeadline(time.Time{}) // the session's Hello deadline
+	}
+	in.timer.Stop()
+	if !s.spawn(func() {
+		defer v.Close()
+		in.serve(v, frame.NewReaderSize(v, callerReadBuf, s.cfg.maxPayload))
+	}) {
+		in.end(ErrServerClosed)
+		return errSessionClosed
+	}
+	return nil
+}
+
 // settle (mu held) takes a connection off the count of those without a
-// Hello, once: when its Hello was read, or it ended without one.
+// Hello, once: when its Hello (or its session's first expected token) was
+// read, or it ended without one.
 func (s *Server) settle(p *pendingConn) {
 	if p.settled {
 		return
@@ -56,39 +83,4 @@ func (s *Server) settle(p *pendingConn) {
 		s.unlist(p)
 	}
 	s.room.Signal()
-}
-
-// serveStream reads the Hello of a session's stream and serves the stream
-// it names. A token nobody expects closes the stream, and the whole session
-// if no stream has proved it yet.
-func (s *Server) serveStream(p *pendingConn, sess *session, v *vstream) {
-	defer v.Close()
-	_ = v.SetReadDeadline(time.Now().Add(s.cfg.connectTimeout))
-	token, ok := readStreamHello(v)
-	s.mu.Lock()
-	var in *Incoming
-	if ok && !p.evicted {
-		if in = s.pending[token]; in != nil {
-			delete(s.pending, token) // one stream per token
-		}
-	}
-	proving := in != nil && !p.proven
-	if proving {
-		p.proven = true
-		s.settle(p)
-	}
-	unproven := !p.proven
-	s.mu.Unlock()
-	if in == nil {
-		if unproven {
-			sess.close()
-		}
-		return
-	}
-	if proving {
-		_ = p.c.SetReadDeadline(time.Time{}) // the session's Hello deadline
-	}
-	_ = v.SetReadDeadline(time.Time{})
-	in.timer.Stop()
-	in.serve(v, frame.NewReaderSize(v, callerReadBuf, s.cfg.maxPayload))
 }

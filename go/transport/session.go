@@ -27,12 +27,12 @@ import (
 //	| kind | stream id (BE u32)| length (BE u32) | payload (length)|
 //	+------+------------------+-----------------+-----------------+
 //
-// Kinds: Open (worker -> caller, empty: a new stream), Data (bytes of the
-// stream, both ways) and Fin (empty: the sender writes nothing more on the
-// stream). A stream's bytes are exactly what a stream's own connection
-// carries without sessions: its Hello, its frames, its end; so every rule of
-// a stream (package comment) holds unchanged on a session, and each stream
-// keeps its own credit. A stream id is chosen by the worker, greater than
+// Kinds: Open (worker -> caller: a new stream; the payload is the stream's
+// token, what a Hello carries), Data (bytes of the stream, both ways) and Fin
+// (empty: the sender writes nothing more on the stream). A stream's bytes
+// are exactly what a stream's own connection carries after its Hello: its
+// frames, its end; so every rule of a stream (package comment) holds
+// unchanged on a session, and each stream keeps its own credit. A stream id is chosen by the worker, greater than
 // every id it opened before on the session, and names a stream on that
 // session only: no other connection can reach it.
 //
@@ -50,9 +50,11 @@ import (
 //     connection would: the caller's streams end with ErrIncomplete (and are
 //     retried by migration), the worker's are Lost.
 //   - Bounds: a caller's session counts as a connection without a Hello (see
-//     MaxPendingConns) until one of its streams presents a token the caller
-//     expects; until then it may open at most maxUnprovenStreams streams,
-//     and a stream with an unknown token closes it. A session holds at most
+//     MaxPendingConns) until an Open presents a token the caller expects; an
+//     unknown token closes a session before that, and afterwards refuses
+//     that stream alone (a Fin, as a dropped connection would). The caller
+//     checks each Open's token as it reads it: no stream exists, nothing is
+//     allocated, for a token it does not expect. A session holds at most
 //     maxSessionStreams streams. A stream whose unread bytes exceed its
 //     bound is broken (its reader fails) instead of stalling the session's
 //     other streams; so is a caller's session whose worker stops reading
@@ -78,9 +80,6 @@ const (
 	sessChunk = 64 << 10
 	// maxSessionStreams bounds the streams open on one session.
 	maxSessionStreams = 1 << 16
-	// maxUnprovenStreams bounds the streams of a caller's session before
-	// one of them presented an expected token.
-	maxUnprovenStreams = 64
 	// sessWriteQueue bounds the bytes a worker's session holds for its
 	// writer; a stream's Write waits (or fails at its write deadline) above
 	// it. A caller's session never waits: see vstream.Write.
@@ -94,16 +93,22 @@ var (
 	errSessionClosed = errors.New("transport: session closed")
 	errSessionProto  = fmt.Errorf("%w: session protocol violation", frame.ErrInvalid)
 	errStreamBacklog = errors.New("transport: stream's unread bytes over its bound")
+	// errRefused is what a caller's accept returns for a stream refused
+	// alone: its token is not (or no longer) expected.
+	errRefused = errors.New("transport: stream refused")
+	// errUnprovenSession: a session's first Open showed a token nobody
+	// expects.
+	errUnprovenSession = fmt.Errorf("%w: unknown token before any known one", errSessionProto)
 )
 
 // session is one multiplexed connection, from either side.
 type session struct {
 	conn     net.Conn
-	dialer   bool                // the worker's side: it opens streams
-	recvMax  int                 // bound on a stream's unread bytes
-	accept   func(*vstream) bool // caller's side: runs a new stream; false refuses it (the session closes)
-	onEmpty  func(*session)      // worker's side: the last stream closed
-	onClosed func(*session)      // the session failed or was closed
+	dialer   bool                         // the worker's side: it opens streams
+	recvMax  int                          // bound on a stream's unread bytes
+	accept   func(*vstream, string) error // caller's side: serves a new stream with its token; errRefused refuses it alone, another error closes the session
+	onEmpty  func(*session)               // worker's side: the last stream closed
+	onClosed func(*session)               // the session failed or was closed
 
 	mu      sync.Mutex
 	streams map[uint32]*vstream
@@ -138,8 +143,8 @@ func writePreamble(c net.Conn) error {
 	return err
 }
 
-// open starts a new stream (worker's side).
-func (s *session) open() (*vstream, error) {
+// open starts a new stream with token (worker's side).
+func (s *session) open(token string) (*vstream, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.err != nil {
@@ -151,7 +156,7 @@ func (s *session) open() (*vstream, error) {
 	s.lastID++
 	v := newVstream(s, s.lastID)
 	s.streams[v.id] = v
-	s.appendFrame(sessOpen, v.id, nil)
+	s.appendFrame(sessOpen, v.id, []byte(token))
 	return v, nil
 }
 
@@ -210,6 +215,7 @@ func (s *session) writeLoop() {
 // connection fails or breaks the protocol; then it fails the session.
 func (s *session) readLoop(r *bufio.Reader) {
 	var h [sessHeaderSize]byte
+	var tok [MaxTokenLen]byte
 	for {
 		if _, err := io.ReadFull(r, h[:]); err != nil {
 			s.fail(err)
@@ -224,7 +230,11 @@ func (s *session) readLoop(r *bufio.Reader) {
 		}
 		switch kind {
 		case sessOpen:
-			if err := s.opened(id); err != nil {
+			if _, err := io.ReadFull(r, tok[:n]); err != nil {
+				s.fail(err)
+				return
+			}
+			if err := s.opened(id, string(tok[:n])); err != nil {
 				s.fail(err)
 				return
 			}
@@ -255,7 +265,7 @@ func (s *session) readLoop(r *bufio.Reader) {
 func (s *session) check(kind byte, id, n uint32) error {
 	switch kind {
 	case sessOpen:
-		if s.dialer || n != 0 {
+		if s.dialer || n == 0 || n > MaxTokenLen {
 			return fmt.Errorf("%w: unexpected Open", errSessionProto)
 		}
 		return nil
@@ -278,8 +288,9 @@ func (s *session) check(kind byte, id, n uint32) error {
 	return nil
 }
 
-// opened registers a stream the worker opened (caller's side) and runs it.
-func (s *session) opened(id uint32) error {
+// opened registers a stream the worker opened (caller's side) and serves it;
+// a stream refused alone gets its Fin at once.
+func (s *session) opened(id uint32, token string) error {
 	s.mu.Lock()
 	if id <= s.lastID || id > 1<<31 {
 		s.mu.Unlock()
@@ -297,10 +308,15 @@ func (s *session) opened(id uint32) error {
 	v := newVstream(s, id)
 	s.streams[id] = v
 	s.mu.Unlock()
-	if !s.accept(v) {
-		return fmt.Errorf("%w: stream refused", errSessionProto)
+	switch err := s.accept(v, token); err {
+	case nil:
+		return nil
+	case errRefused:
+		_ = v.Close()
+		return nil
+	default:
+		return err
 	}
-	return nil
 }
 
 func (s *session) stream(id uint32) *vstream {

@@ -256,17 +256,9 @@ func sessFrame(kind byte, id uint32, p []byte) []byte {
 	return append(b, p...)
 }
 
-// helloBytes is a stream's Hello frame with token.
-func helloBytes(token string) []byte {
-	b := make([]byte, frame.HeaderSize, frame.HeaderSize+len(token))
-	b[0] = byte(frame.Hello)
-	binary.BigEndian.PutUint32(b[1:], uint32(len(token)))
-	return append(b, token...)
-}
-
 // A session is refused, connection and all, for anything but a worker that
-// shows an expected token: a wrong version, a stream with an unknown token,
-// malformed or forged frames, too many streams before a token, silence.
+// shows an expected token: a wrong version, an Open with an unknown token,
+// without a token or with one too long, malformed or forged frames, silence.
 func TestSessionHostileInput(t *testing.T) {
 	s := listen(t, WithConnectTimeout(300*time.Millisecond))
 	send := func(c net.Conn, b ...[]byte) {
@@ -275,28 +267,14 @@ func TestSessionHostileInput(t *testing.T) {
 		}
 	}
 	cases := map[string]func(c net.Conn){
-		"unknown token": func(c net.Conn) {
-			send(c, sessFrame(sessOpen, 1, nil), sessFrame(sessData, 1, helloBytes("nobody")))
-		},
+		"unknown token":      func(c net.Conn) { send(c, sessFrame(sessOpen, 1, []byte("nobody"))) },
+		"open without token": func(c net.Conn) { send(c, sessFrame(sessOpen, 1, nil)) },
+		"token too long":     func(c net.Conn) { send(c, sessFrame(sessOpen, 1, make([]byte, MaxTokenLen+1))) },
 		"data on a stream never opened": func(c net.Conn) {
 			send(c, sessFrame(sessData, 7, []byte("x")))
 		},
-		"open out of order": func(c net.Conn) {
-			send(c, sessFrame(sessOpen, 5, nil), sessFrame(sessOpen, 3, nil))
-		},
 		"unknown kind": func(c net.Conn) { send(c, sessFrame(99, 1, nil)) },
-		"oversized data": func(c net.Conn) {
-			send(c, sessFrame(sessOpen, 1, nil), sessFrame(sessData, 1, make([]byte, sessChunk+1)))
-		},
-		"fin with payload": func(c net.Conn) {
-			send(c, sessFrame(sessOpen, 1, nil), sessFrame(sessFin, 1, []byte("x")))
-		},
-		"too many streams before a token": func(c net.Conn) {
-			for i := uint32(1); i <= maxUnprovenStreams+1; i++ {
-				send(c, sessFrame(sessOpen, i, nil))
-			}
-		},
-		"silence": func(net.Conn) {},
+		"silence":      func(net.Conn) {},
 	}
 	for name, attack := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -313,12 +291,13 @@ func TestSessionHostileInput(t *testing.T) {
 		require.NoError(t, err)
 		requireClosedByServer(t, []net.Conn{c})
 	})
-	// A proven session: a stream with a wrong token is refused alone, a
-	// forged stream id closes the session.
-	t.Run("proven session", func(t *testing.T) {
-		in := expect(t, s, "good")
+	// A proven session: an unknown token is refused alone (the stream's
+	// Fin); out-of-order ids, oversized chunks, a Fin with a payload and a
+	// forged stream id close the session, and its streams end incomplete.
+	proven := func(t *testing.T, tok string) (net.Conn, *Incoming) {
+		in := expect(t, s, tok)
 		c := rawSession(t, s)
-		send(c, sessFrame(sessOpen, 1, nil), sessFrame(sessData, 1, helloBytes("good")))
+		send(c, sessFrame(sessOpen, 1, []byte(tok)))
 		r := make([]byte, 64)
 		_ = c.SetReadDeadline(time.Now().Add(waitFor))
 		n, err := c.Read(r) // the caller's initial credit, on stream 1
@@ -326,8 +305,13 @@ func TestSessionHostileInput(t *testing.T) {
 		require.GreaterOrEqual(t, n, sessHeaderSize)
 		assert.Equal(t, sessData, r[0])
 		assert.EqualValues(t, 1, binary.BigEndian.Uint32(r[1:5]))
-		send(c, sessFrame(sessOpen, 2, nil), sessFrame(sessData, 2, helloBytes("wrong")))
-		n, err = c.Read(r) // stream 2 is closed: its Fin
+		return c, in
+	}
+	t.Run("proven session", func(t *testing.T) {
+		c, in := proven(t, "good")
+		send(c, sessFrame(sessOpen, 2, []byte("wrong")))
+		r := make([]byte, 64)
+		_, err := c.Read(r) // stream 2 is refused: its Fin
 		require.NoError(t, err)
 		assert.Equal(t, sessFin, r[0])
 		assert.EqualValues(t, 2, binary.BigEndian.Uint32(r[1:5]))
@@ -336,6 +320,19 @@ func TestSessionHostileInput(t *testing.T) {
 		_, err = recvAll(t, in)
 		assert.ErrorIs(t, err, ErrIncomplete)
 	})
+	for name, attack := range map[string][]byte{
+		"open out of order": sessFrame(sessOpen, 1, []byte("again")),
+		"oversized data":    sessFrame(sessData, 1, make([]byte, sessChunk+1)),
+		"fin with payload":  sessFrame(sessFin, 1, []byte("x")),
+	} {
+		t.Run("proven, "+name, func(t *testing.T) {
+			c, in := proven(t, "tok-"+name)
+			send(c, attack)
+			requireClosedByServer(t, []net.Conn{c})
+			_, err := recvAll(t, in)
+			assert.ErrorIs(t, err, ErrIncomplete)
+		})
+	}
 }
 
 // A stream whose unread bytes pass its bound is broken alone.
@@ -357,4 +354,37 @@ func TestSessionStreamBound(t *testing.T) {
 	assert.Equal(t, 10, n, "the bytes within the bound first")
 	_, err = v.Read(buf)
 	assert.ErrorIs(t, err, errStreamBacklog, "then the stream is broken")
+}
+
+// A thousand streams opened at once on a fresh session, before the caller
+// has read any of them, all get through (a session is proven by its first
+// expected token, whatever the order of the Opens).
+func TestSessionBurstOnFreshSession(t *testing.T) {
+	s, cl := countedServer(t)
+	d := testDialer(t)
+	ctx := context.Background()
+	const n = 1000
+	ins := make([]*Incoming, n)
+	for i := range ins {
+		ins[i] = expect(t, s, fmt.Sprintf("b%d", i))
+	}
+	var wg sync.WaitGroup
+	for i := range ins {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			o, err := d.Dial(ctx, s.Addr().String(), fmt.Sprintf("b%d", i))
+			if assert.NoError(t, err) {
+				assert.NoError(t, o.Send(ctx, item(i)))
+				assert.NoError(t, o.Finish())
+			}
+		}()
+	}
+	for i, in := range ins {
+		got, err := recvAll(t, in)
+		assert.Equal(t, io.EOF, err, "stream %d", i)
+		assert.Equal(t, items(i, i+1), got)
+	}
+	wg.Wait()
+	assert.EqualValues(t, 1, cl.n.Load())
 }

@@ -125,9 +125,7 @@ var machineries = []entry{
 	{"smux", []string{"smux.go", "bytestream.go"}, smuxKillNote, startSmux},
 	{"grpc", []string{"grpc.go"}, grpcKillNote, startGRPC},
 	{"ours-conn", []string{"ours.go"}, oursKillNote, startOurs},
-	// (e) The project's multiplexed transport (issue 28, item 1) goes here
-	// when it lands: see startOursMux in ours.go, then add
-	//	{"ours-mux", []string{"ours.go"}, oursMuxKillNote, startOursMux},
+	{"ours-mux", []string{"ours.go"}, oursMuxKillNote, startOursMux},
 }
 
 var item64 = []byte(strings.Repeat("x", 64))

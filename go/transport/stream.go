@@ -1,13 +1,16 @@
 // Package transport is the response-stream transport of the dynamo-ctx request
-// plane: a direct TCP connection from the worker that runs a request to the
-// caller that awaits its items, carrying frames (package frame) both ways.
+// plane: direct TCP from the worker that runs a request to the caller that
+// awaits its items, carrying frames (package frame) both ways.
 //
 // The caller listens (Listen), registers the stream it is about to request
-// (Server.Expect, before sending the request, so that the worker's connection
+// (Server.Expect, before sending the request, so that the worker's stream
 // can never arrive first) and reads items with Incoming.Recv. The worker
-// dials back (Dial) with the stream's token and sends items with
-// Outgoing.Send. Control flows back on the same connection: Stop, Kill and
-// Credit.
+// connects back with the stream's token and sends items with Outgoing.Send:
+// on its session to that caller (Dialer.Dial: every stream to one caller
+// shares one long-lived connection, see session.go), or on a connection of
+// the stream's own (Dial). Control flows back the same way: Stop, Kill and
+// Credit. Everything below holds for both; "the connection" of a stream on a
+// session is its share of the session.
 //
 // A stream guarantees:
 //
@@ -43,11 +46,13 @@
 //     a Send blocks while the worker's credit is exhausted: a slow consumer
 //     slows its producer and memory stays bounded. A worker that sends
 //     beyond its credit is a protocol violation that ends the stream.
-//   - Resources: each connection has one reader goroutine per side and no
+//   - Resources: each stream has one reader goroutine per side and no
 //     other goroutine (a Server adds one accept goroutine, a connect timeout
-//     a timer). Every goroutine and socket is released when the
+//     a timer; a session adds a reader and a writer per side, for all its
+//     streams). Every goroutine and socket of a stream is released when the
 //     stream ends normally, is killed, loses its peer, or its Server is
-//     closed; a graceful end (Final, Error, Kill) half-closes first and
+//     closed (a session's, when it fails, its Server or Dialer closes, or
+//     it stays without streams for the Dialer's idle time); a graceful end (Final, Error, Kill) half-closes first and
 //     lingers at most the linger timeout for the peer, so that no frame
 //     already written is destroyed by a TCP reset.
 //   - Liveness: each side sends heartbeats while it has nothing else to

@@ -2,16 +2,18 @@
 
     python python/benchmarks/bench_connections.py [--requests 2000] [--concurrency 32]
 
-One mock worker with no delay and the frontend, as processes. Clients keep
-their HTTP connections open (keep-alive), so every TCP connection counted
-below is the stack's own: the worker's response streams to the frontend and
-the NATS connections. After a warm-up, --requests completions of 2 tokens are
-sent by --concurrency clients; `ss` counts, before and after, the sockets in
-TIME_WAIT and the connections established, both to or from the frontend's
-stream port (the other sockets of the machine are not counted).
-Reported: new TCP connections and TIME_WAIT sockets per request (0 when the
-worker sends every stream over one long-lived connection), and requests per
-second.
+Side by side, one after the other: dynamo_ctx's frontend + one mock worker
+with no delay (streams on sessions, the default), the same with a
+connection per stream (DYNAMO_CTX_STREAM_CONNECTIONS=per-stream), and, when
+a Python with ai-dynamo is at hand ($DYNAMO_PYTHON, see bench_load.py),
+Dynamo's frontend + mocker. Clients keep their HTTP connections open
+(keep-alive), so every TCP connection counted is the stack's own. After a
+warm-up, --requests completions of 2 tokens are sent by --concurrency
+clients; `ss` counts, before and after, the sockets in TIME_WAIT and the
+connections established, both to or from the ports the stack's frontend and
+worker listen on (but the HTTP port; other sockets of the machine are not
+counted). Reported: TIME_WAIT sockets and established connections, and
+requests per second.
 """
 
 from __future__ import annotations
@@ -19,32 +21,39 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import List, Set, Tuple
+from typing import Dict, List, Optional, Set, Tuple
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tests" / "fault_tolerance"))
+from bench_load import dynamo_frontend, dynamo_python  # noqa: E402
 from conftest import Stack  # noqa: E402
 
 
 def sockets() -> List[Tuple[str, str, str]]:
-    """(state, local address, peer address) of every TCP socket on this machine."""
+    """(state, local port, peer port) of every TCP socket on this machine."""
     out = subprocess.run(["ss", "-tanH"], capture_output=True, text=True, check=True).stdout
     rows = []
     for line in out.splitlines():
         f = line.split()
         if len(f) >= 5:
-            rows.append((f[0], f[3], f[4]))
+            rows.append((f[0], f[3].rsplit(":", 1)[1], f[4].rsplit(":", 1)[1]))
     return rows
 
 
-def stream_ports(pid: int) -> Set[str]:
-    """The ports a process listens on."""
+def listening(pids: List[int]) -> Set[str]:
+    """The ports the processes (and their children) listen on."""
     out = subprocess.run(["ss", "-tlnpH"], capture_output=True, text=True, check=True).stdout
-    return {line.split()[3].rsplit(":", 1)[1] for line in out.splitlines() if f"pid={pid}," in line}
+    tree = set(pids)
+    for pid in pids:
+        kids = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
+        tree.update(int(k) for k in kids)
+    return {line.split()[3].rsplit(":", 1)[1] for line in out.splitlines() if any(f"pid={p}," in line for p in tree)}
 
 
 async def client(host: str, port: int, body: bytes, count: List[int], stop_at: int) -> None:
@@ -75,38 +84,64 @@ async def client(host: str, port: int, body: bytes, count: List[int], stop_at: i
         writer.close()
 
 
-def run(requests: int, concurrency: int) -> None:
-    stack = Stack()
+async def measure(addr: Tuple[str, int], model: str, pids: List[int], requests: int, concurrency: int) -> Dict[str, float]:
+    host, port = addr
+    body = json.dumps({"model": model, "prompt": "tick", "max_tokens": 2}).encode()
+    ports = listening(pids) - {str(port)}
+
+    def snapshot() -> Tuple[int, int]:
+        rows = sockets()
+        tw = sum(1 for st, a, b in rows if st == "TIME-WAIT" and {a, b} & ports)
+        est = sum(1 for st, a, _ in rows if st == "ESTAB" and a in ports)
+        return tw, est
+
+    async def batch(n: int) -> float:
+        count = [0]
+        t0 = time.perf_counter()
+        await asyncio.gather(*(client(host, port, body, count, n) for _ in range(concurrency)))
+        return time.perf_counter() - t0
+
+    await batch(200)  # warm-up: the connections and caches that stay
+    await asyncio.sleep(0.5)
+    tw0, est0 = snapshot()
+    took = await batch(requests)
+    tw1, est1 = snapshot()
+    return {"rps": requests / took, "tw0": tw0, "tw1": tw1, "est0": est0, "est1": est1}
+
+
+def ours(requests: int, concurrency: int, per_stream: bool) -> Dict[str, float]:
+    saved = os.environ.get("DYNAMO_CTX_STREAM_CONNECTIONS")
+    os.environ["DYNAMO_CTX_STREAM_CONNECTIONS"] = "per-stream" if per_stream else "shared"
+    try:
+        stack = Stack()
+    finally:
+        if saved is None:
+            os.environ.pop("DYNAMO_CTX_STREAM_CONNECTIONS")
+        else:
+            os.environ["DYNAMO_CTX_STREAM_CONNECTIONS"] = saved
     try:
         stack.start([{"decode": 0.0, "prefill": 0.0}])
         assert stack.frontend is not None
-        host, port = stack.frontend.host_port
-        body = json.dumps({"model": stack.model, "prompt": "tick", "max_tokens": 2}).encode()
-        listen = stream_ports(stack.frontend.proc.pid) - {str(port)}
-
-        def snapshot() -> Tuple[int, int]:
-            rows = sockets()
-            tw = sum(1 for st, a, b in rows if st == "TIME-WAIT" and {a.rsplit(":", 1)[1], b.rsplit(":", 1)[1]} & listen)
-            est = sum(1 for st, a, _ in rows if st == "ESTAB" and a.rsplit(":", 1)[1] in listen)
-            return tw, est
-
-        async def batch(n: int) -> float:
-            count = [0]
-            t0 = time.perf_counter()
-            await asyncio.gather(*(client(host, port, body, count, n) for _ in range(concurrency)))
-            return time.perf_counter() - t0
-
-        asyncio.run(batch(200))  # warm-up: the sessions and caches that stay
-        time.sleep(0.5)
-        tw0, est0 = snapshot()
-        took = asyncio.run(batch(requests))
-        tw1, est1 = snapshot()
-        print(f"{requests} requests of 2 tokens, {concurrency} concurrent keep-alive clients, 1 mock worker (no delay)")
-        print(f"  requests/s                              {requests / took:10.0f}")
-        print(f"  TIME_WAIT sockets, before -> after      {tw0:5} -> {tw1:<5}  ({(tw1 - tw0) / requests:.3f} per request)")
-        print(f"  connections to the stream port           {est0:5} -> {est1:<5}")
+        pids = [stack.frontend.proc.pid] + [w.proc.pid for w in stack.workers]
+        return asyncio.run(measure(stack.frontend.host_port, stack.model, pids, requests, concurrency))
     finally:
         stack.close()
+
+
+def dynamo(py: str, requests: int, concurrency: int) -> Optional[Dict[str, float]]:
+    async def go() -> Optional[Dict[str, float]]:
+        async with dynamo_frontend(py, 1e6) as started:
+            if started is None:
+                return None
+            addr, pids = started
+            return await measure(addr, "e2e", list(pids.values()), requests, concurrency)
+
+    return asyncio.run(go())
+
+
+def line(name: str, r: Dict[str, float], requests: int) -> str:
+    return (f"| {name} | {r['rps']:,.0f} | {r['tw0']:.0f} -> {r['tw1']:.0f} ({(r['tw1'] - r['tw0']) / requests:.3f}) "
+            f"| {r['est0']:.0f} -> {r['est1']:.0f} |")
 
 
 def main() -> None:
@@ -114,7 +149,19 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=2000)
     ap.add_argument("--concurrency", type=int, default=32)
     a = ap.parse_args()
-    run(a.requests, a.concurrency)
+    print(f"{a.requests} requests of 2 tokens, {a.concurrency} concurrent keep-alive clients, one mock worker with no delay\n")
+    print("| stack | requests/s | TIME_WAIT before -> after (per request) | established before -> after |")
+    print("|---|--:|--:|--:|")
+    s = ours(a.requests, a.concurrency, per_stream=False)
+    print(line("dynamo_ctx, sessions", s, a.requests), flush=True)
+    print(line("dynamo_ctx, a connection per stream", ours(a.requests, a.concurrency, per_stream=True), a.requests), flush=True)
+    py = dynamo_python()
+    d = dynamo(py, a.requests, a.concurrency) if py else None
+    if d is None:
+        print("| Dynamo's frontend + mocker | skipped: set DYNAMO_PYTHON (see bench_load.py) | | |")
+        return
+    print(line("Dynamo 1.6.1 frontend + mocker", d, a.requests))
+    print(f"\nrequests/s, dynamo_ctx (sessions) / Dynamo: {s['rps'] / d['rps']:.2f}")
 
 
 if __name__ == "__main__":

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -45,7 +46,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import AsyncIterator, Dict, List, Optional, Tuple
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests" / "fault_tolerance"))
@@ -471,13 +472,19 @@ async def end_to_end_at(addr, model: str, pids: Dict[str, int], n: int, max_toke
 
 
 def e2e_line(name: str, f: dict, args) -> str:
+    step = f"{f['tbt_p50'] / (args.step * 1000):.2f}x the step" if args.step else "no mock delay"
     return (
         f"  {name}: {f['tokens_per_s']:,.0f} tokens/s ({f['complete']}/{args.e2e_streams} complete); time between tokens "
-        f"p50 {f['tbt_p50']:.2f} ms ({f['tbt_p50'] / (args.step * 1000):.2f}x the step), p99 {f['tbt_p99']:.2f} ms; "
+        f"p50 {f['tbt_p50']:.2f} ms ({step}), p99 {f['tbt_p99']:.2f} ms; "
         f"TTFT p50 {f['ttft_p50']:.1f} ms, p99 {f['ttft_p99']:.1f} ms; CPU per token: frontend "
         f"{f['frontend_us_per_token']:.1f} us, worker {f['worker_us_per_token']:.1f} us, client (this process) "
         f"{f['client_us_per_token']:.1f} us"
     )
+
+
+def both(f: dict) -> float:
+    """Frontend + worker CPU per token (us)."""
+    return f["frontend_us_per_token"] + f["worker_us_per_token"]
 
 
 def run_e2e(args) -> None:
@@ -502,7 +509,8 @@ def run_e2e(args) -> None:
     print(e2e_line(f"Dynamo 1.6.1 frontend + mocker (--speedup-ratio {args.dynamo_speedup_ratio:g})", d, args))
     print(
         f"  ratio dynamo_ctx/Dynamo: tokens/s {f['tokens_per_s'] / d['tokens_per_s']:.2f}, time between tokens "
-        f"{f['tbt_p50'] / d['tbt_p50']:.2f}, frontend CPU per token {f['frontend_us_per_token'] / d['frontend_us_per_token']:.2f}"
+        f"{f['tbt_p50'] / d['tbt_p50']:.2f}, frontend CPU per token {f['frontend_us_per_token'] / d['frontend_us_per_token']:.2f}, "
+        f"frontend + worker CPU per token {both(f) / both(d):.2f}"
     )
 
 
@@ -537,9 +545,11 @@ def dynamo_python() -> Optional[str]:
     return py if ok else None
 
 
-async def dynamo_end_to_end(py: str, n: int, max_tokens: int, speedup: float) -> Optional[dict]:
-    """The end-to-end run against ``python -m dynamo.frontend`` + ``python -m dynamo.mocker``
-    (file discovery, TCP request plane, a generated word-level tokenizer)."""
+@contextlib.asynccontextmanager
+async def dynamo_frontend(py: str, speedup: float) -> AsyncIterator[Optional[Tuple[Tuple[str, int], Dict[str, int]]]]:
+    """``python -m dynamo.frontend`` + ``python -m dynamo.mocker`` serving model "e2e" (file
+    discovery, TCP request plane, a generated word-level tokenizer): yields the frontend's
+    address and the two processes' pids, or None if they did not start."""
     import socket
     import subprocess
     import tempfile
@@ -563,6 +573,7 @@ async def dynamo_end_to_end(py: str, n: int, max_tokens: int, speedup: float) ->
         ]
         try:
             deadline = time.monotonic() + 120
+            started = True
             while True:
                 try:
                     with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=2) as r:
@@ -571,11 +582,10 @@ async def dynamo_end_to_end(py: str, n: int, max_tokens: int, speedup: float) ->
                 except OSError:
                     pass
                 if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
-                    return None
+                    started = False
+                    break
                 await asyncio.sleep(0.5)
-            pids = {"frontend": procs[1].pid, "worker": procs[0].pid}
-            await end_to_end_at(("127.0.0.1", port), "e2e", pids, 8, 20)  # warm-up
-            return await end_to_end_at(("127.0.0.1", port), "e2e", pids, n, max_tokens)
+            yield (("127.0.0.1", port), {"frontend": procs[1].pid, "worker": procs[0].pid}) if started else None
         finally:
             for p in procs:
                 p.terminate()
@@ -584,6 +594,16 @@ async def dynamo_end_to_end(py: str, n: int, max_tokens: int, speedup: float) ->
                     p.wait(10)
                 except subprocess.TimeoutExpired:
                     p.kill()
+
+
+async def dynamo_end_to_end(py: str, n: int, max_tokens: int, speedup: float) -> Optional[dict]:
+    """The end-to-end run against Dynamo's frontend + mocker (dynamo_frontend)."""
+    async with dynamo_frontend(py, speedup) as started:
+        if started is None:
+            return None
+        addr, pids = started
+        await end_to_end_at(addr, "e2e", pids, 8, 20)  # warm-up
+        return await end_to_end_at(addr, "e2e", pids, n, max_tokens)
 
 
 def main() -> int:

@@ -1,0 +1,235 @@
+package main
+
+// What NATS carries: discovery while idle, and per request.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/dynamo-ctx/dynamo-ctx/go/plane"
+)
+
+// idle measures the discovery traffic: in the idle window announcements
+// are all there is, so every publish is one and their size is the bytes
+// published per publish.
+func (s *sim) idle(res *result) error {
+	time.Sleep(s.heartbeat()) // every lease ticks once more after the watches' queries
+	// Reading the counters of a large cluster takes a while: the window is
+	// taken from the middle of one reading to the middle of the next.
+	read := func() (counts, time.Time, error) {
+		t := time.Now()
+		c, err := s.cl.counts()
+		return c, t.Add(time.Since(t) / 2), err
+	}
+	before, t0, err := read()
+	if err != nil {
+		return err
+	}
+	cpu0 := cpuTime()
+	time.Sleep(s.cfg.Window)
+	after, t1, err := read()
+	if err != nil {
+		return err
+	}
+	cpu := cpuTime() - cpu0
+	d := after.minus(before)
+	if d.announcements == 0 || d.inClient == 0 {
+		return errors.New("no announcement in the idle window")
+	}
+	periods := float64(t1.Sub(t0)) / float64(s.heartbeat())
+	s.upBytes = float64(d.inClientB) / float64(d.inClient)
+	res.UpBytes = s.upBytes
+	res.DiscPubs = float64(d.announcements) / periods
+	res.DiscDeliv = float64(d.annDeliv) / periods
+	res.DiscRoute = float64(d.annRoute) / periods
+	res.DiscBytesDeli = res.DiscDeliv * s.upBytes
+	s.idleCPU = float64(cpu) / float64(t1.Sub(t0))
+	res.IdleCPU = s.idleCPU
+	// Everything the process did while idle, per announcement delivered
+	// (the meter's copies included: it is a subscriber like the others).
+	res.CPUPerDelivery = float64(cpu.Microseconds()) / float64(d.annDeliv+d.announcements)
+	return nil
+}
+
+func (s *sim) requests(res *result) error {
+	var (
+		stop    atomic.Bool
+		wg      sync.WaitGroup
+		mu      sync.Mutex
+		lats    []time.Duration
+		errs    int
+		pairs   = map[[2]uint64]bool{}
+		payload = mustJSON(job{Op: "tokens", N: s.cfg.Items})
+	)
+	settle := min(500*time.Millisecond, s.cfg.Window/4)
+	time.Sleep(settle) // what the phase before sent has landed
+	_, tw0, sockErr := streamSockets(s.ports)
+	// Each caller sends its requests round robin over every worker, unless
+	// the connections that would leave open do not fit in this process's
+	// descriptors (each pair's connection outlives its requests, and both
+	// its ends are here): then over a share of them of its own, its turn
+	// taken after reading the client's list as every pick does.
+	share := s.pairCap()
+	res.PairCap = share
+	before, err := s.cl.counts()
+	if err != nil {
+		return err
+	}
+	cpu0, t0 := cpuTime(), time.Now()
+	for _, c := range s.callers {
+		var (
+			mine []uint64
+			turn atomic.Uint64
+		)
+		if share < len(s.workers) {
+			for k := range share {
+				mine = append(mine, s.workers[(c.idx*share+k)%len(s.workers)].ep.InstanceID())
+			}
+		}
+		for range s.cfg.Concurrency {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for !stop.Load() {
+					t0 := time.Now()
+					route, to := plane.RoundRobin, uint64(0)
+					if mine != nil {
+						_ = c.client.InstanceIDs()
+						route, to = plane.Direct, mine[(turn.Add(1)-1)%uint64(len(mine))]
+					}
+					inst, err := s.oneRequest(c.client, payload, s.cfg.Items, route, to)
+					lat := time.Since(t0)
+					mu.Lock()
+					if err != nil {
+						errs++
+					} else {
+						lats = append(lats, lat)
+						pairs[[2]uint64{uint64(c.idx), inst}] = true
+					}
+					mu.Unlock()
+				}
+			}()
+		}
+	}
+	peak, peakCaller := 0, 0
+	callerPorts := map[int]bool{}
+	for _, c := range s.callers {
+		callerPorts[c.port] = true
+	}
+	end := time.Now().Add(s.cfg.Window)
+	for time.Now().Before(end) {
+		time.Sleep(min(250*time.Millisecond, s.cfg.Window/5))
+		if sockErr != nil {
+			continue
+		}
+		est, _, err := streamSockets(s.ports)
+		if err != nil {
+			sockErr = err
+			continue
+		}
+		total := 0
+		for p, n := range est {
+			total += n
+			if callerPorts[p] && n > peakCaller {
+				peakCaller = n
+			}
+		}
+		peak = max(peak, total)
+	}
+	stop.Store(true)
+	wg.Wait()
+	// The replies of the last requests land before the counters are read.
+	time.Sleep(settle)
+	cpu, elapsed := cpuTime()-cpu0, time.Since(t0)
+	after, err := s.cl.counts()
+	if err != nil {
+		return err
+	}
+	est, tw1, err := streamSockets(s.ports)
+	if sockErr == nil {
+		sockErr = err
+	}
+	// What stays open once the requests are done: connections that
+	// outlive their streams.
+	left, leftCaller := 0, 0
+	for p, n := range est {
+		left += n
+		if callerPorts[p] {
+			leftCaller = max(leftCaller, n)
+		}
+	}
+	d := after.minus(before)
+	n := len(lats)
+	if n == 0 {
+		return fmt.Errorf("no request completed (%d errors)", errs)
+	}
+	// Publishes and bytes: the window's announcements taken out (the
+	// meter counted them; their size is the idle window's).
+	res.Requests, res.RequestErrors = n, errs
+	res.ReqPerSec = float64(n) / s.cfg.Window.Seconds()
+	res.MsgsPub = float64(d.inClient-d.announcements) / float64(n)
+	res.MsgsDeliv = float64(d.reqDeliv+d.replyDeliv) / float64(n)
+	res.MsgsRoute = float64(d.reqRoute+d.replyRoute) / float64(n)
+	res.BytesPub = (float64(d.inClientB) - float64(d.announcements)*s.upBytes) / float64(n)
+	res.CPUPerRequest = (float64(cpu) - s.idleCPU*float64(elapsed)) / float64(n) / float64(time.Microsecond)
+	slices.Sort(lats)
+	res.ReqP50 = ms(lats[n/2])
+	res.ReqP99 = ms(lats[n*99/100])
+	res.Pairs = len(pairs)
+	if sockErr == nil {
+		res.StreamConnPeak, res.StreamConnCall = peak, peakCaller
+		res.StreamConnLeft, res.StreamConnLeftCall = left, leftCaller
+		// Never below 0: TIME_WAIT sockets of earlier requests (60 s)
+		// may expire during the window.
+		res.TimeWaitPerReq = max(0, float64(tw1-tw0)/float64(n))
+	} else {
+		res.StreamConnPeak, res.StreamConnCall, res.StreamConnLeft, res.StreamConnLeftCall, res.TimeWaitPerReq = -1, -1, -1, -1, -1
+	}
+	return nil
+}
+
+// pairCap is how many workers each caller may send to in the request
+// window: all of them, unless the connections would not fit in the file
+// descriptors left (see requests).
+func (s *sim) pairCap() int {
+	runtimes := len(s.workers) + len(s.callers)
+	// Each runtime: its NATS connection (both ends) and its listener; the
+	// connections of the held streams and of the kill fan-out, which stay
+	// open; a margin.
+	used := 3*runtimes + 2*(s.cfg.Conns+len(s.callers)) + 2*len(s.workers) + 1000
+	free := fdLimit()*9/10 - used
+	return max(1, min(len(s.workers), free/2/len(s.callers)))
+}
+
+// oneRequest sends payload (by route), reads its want items to the end, and returns
+// the instance that served it.
+func (s *sim) oneRequest(c *plane.Client, payload []byte, want int, route plane.Route, inst uint64) (uint64, error) {
+	st, err := c.Generate(payload, nil, route, inst)
+	if err != nil {
+		return 0, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.Wait)
+	defer cancel()
+	got := 0
+	for {
+		_, err := st.Next(ctx)
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			st.Kill()
+			return 0, err
+		}
+		got++
+	}
+	if got != want {
+		return 0, fmt.Errorf("%d items, want %d", got, want)
+	}
+	return st.Instance(), nil
+}

@@ -295,36 +295,90 @@ func (r *Reader) ReadFrame() (Frame, error) {
 	}
 	n := binary.BigEndian.Uint32(r.hdr[1:])
 	// Check the length against the type and the maximum before allocating.
-	switch t {
-	case Kill:
-		// An optional one-byte cause (the reason code of the cancellation).
-		if n > 1 {
-			return Frame{}, fmt.Errorf("%w: Kill with %d-byte payload", ErrBadPayload, n)
-		}
-		if n == 0 {
-			return Frame{Type: t}, nil
-		}
-	case Final, Stop, Heartbeat:
-		if n != 0 {
-			return Frame{}, fmt.Errorf("%w: %v with %d-byte payload", ErrBadPayload, t, n)
-		}
+	if empty, err := checkHeader(t, n, r.max); err != nil {
+		return Frame{}, err
+	} else if empty {
 		return Frame{Type: t}, nil
-	case Credit:
-		if n != CreditSize {
-			return Frame{}, fmt.Errorf("%w: Credit with %d-byte payload", ErrBadPayload, n)
-		}
-	}
-	if uint64(n) > uint64(r.max) {
-		return Frame{}, fmt.Errorf("%w: %d bytes (max %d)", ErrTooLarge, n, r.max)
 	}
 	p, err := r.readPayload(int(n))
 	if err != nil {
 		return Frame{}, err
 	}
+	return checkPayload(t, p)
+}
+
+// checkHeader checks a frame's length against its type and the maximum,
+// before anything is allocated for the payload; empty reports a frame
+// without one (complete with its header).
+func checkHeader(t Type, n uint32, max int) (empty bool, err error) {
+	switch t {
+	case Kill:
+		// An optional one-byte cause (the reason code of the cancellation).
+		if n > 1 {
+			return false, fmt.Errorf("%w: Kill with %d-byte payload", ErrBadPayload, n)
+		}
+		return n == 0, nil
+	case Final, Stop, Heartbeat:
+		if n != 0 {
+			return false, fmt.Errorf("%w: %v with %d-byte payload", ErrBadPayload, t, n)
+		}
+		return true, nil
+	case Credit:
+		if n != CreditSize {
+			return false, fmt.Errorf("%w: Credit with %d-byte payload", ErrBadPayload, n)
+		}
+	}
+	if uint64(n) > uint64(max) {
+		return false, fmt.Errorf("%w: %d bytes (max %d)", ErrTooLarge, n, max)
+	}
+	return false, nil
+}
+
+// checkPayload checks a payload against its type.
+func checkPayload(t Type, p []byte) (Frame, error) {
 	if (t == Error || t == Incomplete) && !utf8.Valid(p) {
 		return Frame{}, fmt.Errorf("%w: Error message is not UTF-8", ErrBadPayload)
 	}
 	return Frame{Type: t, Payload: p}, nil
+}
+
+// Decode decodes the frame at the start of b, for input that arrives in
+// pieces (a stream of a session, package transport). It returns the frame
+// and how many bytes of b it took, or 0 and no error while b holds less than
+// a whole frame; an invalid frame is refused as soon as its header is in,
+// by the rules of ReadFrame, with max the largest payload (<= 0:
+// DefaultMaxPayload). The payload is a fresh copy that belongs to the
+// caller.
+func Decode(b []byte, max int) (Frame, int, error) {
+	if max <= 0 {
+		max = DefaultMaxPayload
+	}
+	if len(b) == 0 {
+		return Frame{}, 0, nil
+	}
+	t := Type(b[0])
+	if !t.Valid() {
+		return Frame{}, 0, fmt.Errorf("%w %d", ErrUnknownType, b[0])
+	}
+	if len(b) < HeaderSize {
+		return Frame{}, 0, nil
+	}
+	n := binary.BigEndian.Uint32(b[1:HeaderSize])
+	empty, err := checkHeader(t, n, max)
+	if err != nil {
+		return Frame{}, 0, err
+	}
+	if empty {
+		return Frame{Type: t}, HeaderSize, nil
+	}
+	if len(b)-HeaderSize < int(n) {
+		return Frame{}, 0, nil
+	}
+	f, err := checkPayload(t, append([]byte(nil), b[HeaderSize:HeaderSize+int(n)]...))
+	if err != nil {
+		return Frame{}, 0, err
+	}
+	return f, HeaderSize + int(n), nil
 }
 
 // readPayload reads n bytes into a new slice. Small payloads are allocated at

@@ -46,3 +46,54 @@ func FuzzReader(f *testing.F) {
 		}
 	})
 }
+
+// FuzzDecode checks Decode against ReadFrame on the same input: every frame
+// ReadFrame returns, Decode returns with its exact size, whatever prefix
+// of the input it is given first; where ReadFrame fails with ErrInvalid,
+// Decode fails too, and at the end of input Decode asks for more.
+// Seeds: testdata/fuzz/FuzzReader's inputs (plain `go test` runs them).
+func FuzzDecode(f *testing.F) {
+	f.Add([]byte{byte(Data), 0, 0, 0, 3, 'a', 'b', 'c', byte(Kill), 0, 0, 0, 1, 7, byte(Final), 0, 0, 0, 0})
+	f.Add([]byte{byte(Credit), 0, 0, 0, 4, 0, 0, 1, 0, byte(Error), 0, 0, 0, 1, 0xff})
+	f.Add([]byte{byte(Stop), 0, 0, 0, 1, 0})
+	f.Fuzz(func(t *testing.T, in []byte) {
+		const max = 1 << 18
+		r := NewReaderSize(bytes.NewReader(in), 16, max)
+		off := 0
+		for {
+			want, rerr := r.ReadFrame()
+			// Decode sees the input one prefix at a time: never a frame
+			// before it is whole.
+			rest := in[off:]
+			var got Frame
+			var size int
+			var derr error
+			for k := 0; k <= len(rest); k++ {
+				got, size, derr = Decode(rest[:k], max)
+				if derr != nil || size > 0 {
+					break
+				}
+			}
+			switch {
+			case rerr == nil:
+				if derr != nil || size == 0 {
+					t.Fatalf("ReadFrame read %v, Decode: size %d, %v", want.Type, size, derr)
+				}
+				if got.Type != want.Type || !bytes.Equal(got.Payload, want.Payload) {
+					t.Fatalf("Decode %v %x, ReadFrame %v %x", got.Type, got.Payload, want.Type, want.Payload)
+				}
+				off += size
+				continue
+			case errors.Is(rerr, ErrInvalid):
+				if derr == nil || !errors.Is(derr, ErrInvalid) {
+					t.Fatalf("ReadFrame: %v; Decode: size %d, %v", rerr, size, derr)
+				}
+			default: // the input ends: Decode wants more
+				if derr != nil || size != 0 {
+					t.Fatalf("at the end of input Decode gave size %d, %v", size, derr)
+				}
+			}
+			return
+		}
+	})
+}

@@ -238,7 +238,9 @@ func TestAdmissionUsesASuspectWithRoom(t *testing.T) {
 		r := e.post("/v1/completions", completion("m", "hi", 5, false), map[string]string{"x-request-id": id})
 		assert.Equal(t, http.StatusOK, r.status, "%s: %s", id, r.body)
 	}
-	assert.EqualValues(t, 2, served.Load(), "A served both")
+	// The hand-played worker counts after its Final is flushed: the
+	// client may have its answer first.
+	assert.Eventually(t, func() bool { return served.Load() == 2 }, 5*time.Second, time.Millisecond, "A served both")
 }
 
 func queueOf(queued int) frontend.Options {

@@ -123,8 +123,9 @@ func (d *Dialer) session(ctx context.Context, addr string) (*session, error) {
 		e = &dialed{ready: make(chan struct{})}
 		d.sessions[addr] = e
 		d.mu.Unlock()
-		e.s, e.err = d.connect(ctx, addr)
+		sess, err := d.connect(ctx, addr)
 		d.mu.Lock()
+		e.s, e.err = sess, err // under mu: forget and stream compare e.s meanwhile
 		if e.err != nil && d.sessions[addr] == e {
 			delete(d.sessions, addr) // the next Dial tries again
 		}
@@ -197,7 +198,14 @@ func (d *Dialer) idleSession(addr string, s *session) {
 	}
 	e.timer = time.AfterFunc(d.idle, func() {
 		d.mu.Lock()
-		if d.sessions[addr] != e || e.timer == nil || s.count() > 0 {
+		if d.sessions[addr] != e || e.timer == nil {
+			d.mu.Unlock()
+			return
+		}
+		if s.count() > 0 {
+			// A stream opened as the last one closed: the next empty
+			// moment arms a new timer.
+			e.timer = nil
 			d.mu.Unlock()
 			return
 		}
@@ -221,7 +229,11 @@ func (d *Dialer) forget(addr string, s *session, full bool) {
 	if full {
 		s.mu.Lock()
 		s.onEmpty = func(s *session) { s.close() }
+		empty := len(s.streams) == 0
 		s.mu.Unlock()
+		if empty {
+			s.close() // no stream is left to close it
+		}
 	}
 }
 

@@ -758,15 +758,57 @@ func (in *Incoming) heartbeat(l *liveness) bool {
 // sends the initial credit and any early Stop or Kill, and then reads the
 // stream until it ends. It runs on the connection's goroutine.
 func (in *Incoming) serve(c net.Conn, r *frame.Reader) {
+	live, ok := in.attach(c)
+	if !ok {
+		return
+	}
+	defer live.stop()
+	for {
+		f, err := r.ReadFrame()
+		if err == nil {
+			live.sawFrame()
+		}
+		if in.handle(f, err) {
+			return // serveConn releases the connection
+		}
+	}
+}
+
+// serveOn attaches a stream of a session and serves it without a goroutine
+// of its own: the session's reader hands it each frame as it decodes it
+// (vstream.deliver), and closes the stream when it ends.
+func (in *Incoming) serveOn(v *vstream, maxPayload int) {
+	live, ok := in.attach(v)
+	if !ok {
+		_ = v.Close()
+		return
+	}
+	v.deliverTo(maxPayload, func(f frame.Frame, err error) bool {
+		if err == nil {
+			live.sawFrame()
+		}
+		if in.handle(f, err) {
+			live.stop()
+			return true
+		}
+		return false
+	})
+}
+
+// attach attaches the worker's connection c, sends the initial credit and
+// any early Stop or Kill, and returns the stream's liveness watch; false if
+// the stream is not to be served (the Server closed meanwhile, or the caller
+// abandoned it: c is then closed unanswered).
+func (in *Incoming) attach(c net.Conn) (*liveness, bool) {
 	in.mu.Lock()
 	if in.err != nil { // the Server was closed meanwhile
 		in.mu.Unlock()
-		return
+		return nil, false
 	}
 	if in.abandoned {
 		in.mu.Unlock()
 		_ = c.Close() // refused before any frame: the worker starts nothing
-		return
+		return nil, false
 	}
 	in.conn = c
 	// The worker stopped reading: fail the reader (see brokenErr).
@@ -790,12 +832,11 @@ func (in *Incoming) serve(c net.Conn, r *frame.Reader) {
 	onAttach := in.onAttach
 	in.onAttach = nil
 	in.mu.Unlock()
-	defer live.stop()
 	call(onAttach)
 	if killed {
 		in.sendKill() // Kill and no credit: not a single item may follow
 	}
-	in.readLoop(r, live)
+	return live, true
 }
 
 // OnAttach calls f once, when the worker's Hello attaches the stream (at
@@ -815,62 +856,53 @@ func (in *Incoming) OnAttach(f func()) {
 	}
 }
 
-func (in *Incoming) readLoop(r *frame.Reader, live *liveness) {
-	for {
-		f, err := r.ReadFrame()
-		if err == nil {
-			live.sawFrame()
-		}
-		in.mu.Lock()
-		if in.killed {
-			// Killed: drain until the worker closes or the linger expires.
-			// An end frame means the worker ended the request before it
-			// read the Kill; a close without one, that the Kill aborted it.
-			var settled func()
-			switch {
-			case err != nil:
-				settled = in.settle(outcomeAborted)
-			case f.Type == frame.Final || f.Type == frame.Error || f.Type == frame.Incomplete:
-				settled = in.settle(outcomeTooLate)
-			}
-			in.mu.Unlock()
-			call(settled)
-			if err != nil {
-				return
-			}
-			continue
-		}
-		if err == nil {
-			switch f.Type {
-			case frame.Data:
-				if in.credit <= 0 {
-					err = fmt.Errorf("%w: worker sent beyond its credit", ErrIncomplete)
-					break
-				}
-				in.credit--
-				in.q.push(f.Payload)
-			case frame.Heartbeat:
-			case frame.Final:
-				err = io.EOF
-			case frame.Error:
-				err = &HandlerError{Message: string(f.Payload)}
-			case frame.Incomplete:
-				err = ErrStoppedByHandler
-			default:
-				err = fmt.Errorf("%w: unexpected %v frame from worker", ErrIncomplete, f.Type)
-			}
-		} else {
-			err = in.brokenErr(err)
-		}
-		if err != nil && in.err == nil {
-			in.err = err
+// handle applies one frame read from the worker, or the read error that
+// ends the connection, and reports whether the stream's reading is over.
+func (in *Incoming) handle(f frame.Frame, err error) (done bool) {
+	in.mu.Lock()
+	if in.killed {
+		// Killed: drain until the worker closes or the linger expires.
+		// An end frame means the worker ended the request before it
+		// read the Kill; a close without one, that the Kill aborted it.
+		var settled func()
+		switch {
+		case err != nil:
+			settled = in.settle(outcomeAborted)
+		case f.Type == frame.Final || f.Type == frame.Error || f.Type == frame.Incomplete:
+			settled = in.settle(outcomeTooLate)
 		}
 		in.mu.Unlock()
-		in.signal()
-		if err != nil {
-			return // serveConn releases the connection
-		}
+		call(settled)
+		return err != nil
 	}
+	if err == nil {
+		switch f.Type {
+		case frame.Data:
+			if in.credit <= 0 {
+				err = fmt.Errorf("%w: worker sent beyond its credit", ErrIncomplete)
+				break
+			}
+			in.credit--
+			in.q.push(f.Payload)
+		case frame.Heartbeat:
+		case frame.Final:
+			err = io.EOF
+		case frame.Error:
+			err = &HandlerError{Message: string(f.Payload)}
+		case frame.Incomplete:
+			err = ErrStoppedByHandler
+		default:
+			err = fmt.Errorf("%w: unexpected %v frame from worker", ErrIncomplete, f.Type)
+		}
+	} else {
+		err = in.brokenErr(err)
+	}
+	if err != nil && in.err == nil {
+		in.err = err
+	}
+	in.mu.Unlock()
+	in.signal()
+	return err != nil
 }
 
 // brokenErr maps a read error of the connection to the error Recv returns.

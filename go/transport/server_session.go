@@ -2,33 +2,114 @@ package transport
 
 import (
 	"bufio"
+	"encoding/binary"
+	"io"
 	"time"
 
 	"github.com/dynamo-ctx/dynamo-ctx/go/frame"
 )
 
+// maxUnprovenRefusals bounds the streams a session may open with tokens
+// nobody expects before one shows an expected token. A worker serving
+// requests whose callers gave up (an overload, a deadline) opens such
+// streams in the normal course; more than this is not a worker.
+const maxUnprovenRefusals = 16
+
 // serveSession runs the session that p's connection opened (see
-// session.go) on the connection's goroutine: it is the session's reader, a
-// goroutine of the Server writes, and each stream the worker opens with an
-// expected token gets a goroutine that serves it as serveConn serves a
-// stream on its own connection. The session counts as a connection without
-// a Hello (evictable, under its deadline) until an Open proves it.
+// session.go) on the connection's goroutine. Until an Open shows an
+// expected token the session is read frame by frame into fixed arrays, as a
+// Hello is (prove): it costs no more than a connection without its Hello.
+// Then the goroutine becomes the session's reader, a goroutine of the
+// Server writes, and the reader hands each stream its frames
+// (Incoming.serveOn): streams need no goroutine of their own.
 func (s *Server) serveSession(p *pendingConn) {
 	c := p.c
+	id, token, last, ok := s.prove(p)
+	if !ok {
+		return // serveConn closes the connection; settle below
+	}
 	maxPayload := s.cfg.maxPayload
 	if maxPayload <= 0 {
 		maxPayload = frame.DefaultMaxPayload
 	}
-	// A stream's unread bytes: two of the largest items, with their chunks.
-	sess := newSession(c, false, 2*maxPayload+2*sessChunk)
+	// A stream's undecoded bytes: one item and its header, at most.
+	sess := newSession(c, false, maxPayload+frame.HeaderSize)
 	sess.accept = func(v *vstream, token string) error { return s.openStream(p, v, token) }
+	sess.spawn = s.spawn
+	sess.lastID = last
+	idle := s.idleCloser(sess)
+	defer idle.Stop()
+	sess.onEmpty = func(*session) { idle.Reset(s.cfg.sessionIdle) }
 	if s.spawn(sess.writeLoop) {
+		if err := sess.opened(id, token); err != nil {
+			sess.fail(err)
+		}
 		sess.readLoop(bufio.NewReaderSize(c, sessReadBuf))
 	}
 	sess.close()
 	s.mu.Lock()
 	s.settle(p)
 	s.mu.Unlock()
+}
+
+// idleCloser is the timer that closes a caller's session left without
+// streams for twice the workers' idle time (a worker closes its own sooner:
+// this is for one that went silent, or away without a word).
+func (s *Server) idleCloser(sess *session) *time.Timer {
+	t := time.AfterFunc(time.Hour, func() {
+		if sess.count() == 0 {
+			sess.close()
+		}
+	})
+	t.Stop()
+	return t
+}
+
+// prove reads a session's frames until an Open shows a token the Server
+// expects, and returns that Open's id and token, and the last id refused
+// before it. Unknown tokens are refused one by one (a Fin), at most
+// maxUnprovenRefusals of them; bytes of refused streams are skipped.
+// Anything else, or the connection's deadline, ends the session: false.
+func (s *Server) prove(p *pendingConn) (id uint32, token string, last uint32, ok bool) {
+	c := p.c
+	_ = c.SetWriteDeadline(p.since.Add(s.cfg.connectTimeout)) // for the refusals' Fins
+	defer func() { _ = c.SetWriteDeadline(time.Time{}) }()
+	var h [sessHeaderSize]byte
+	var tok [MaxTokenLen]byte
+	for refused := 0; ; {
+		if _, err := io.ReadFull(c, h[:]); err != nil {
+			return 0, "", 0, false
+		}
+		kind, id, n := h[0], binary.BigEndian.Uint32(h[1:5]), binary.BigEndian.Uint32(h[5:9])
+		switch {
+		case kind == sessOpen && id > last && id <= 1<<31 && n >= 1 && n <= MaxTokenLen:
+			if _, err := io.ReadFull(c, tok[:n]); err != nil {
+				return 0, "", 0, false
+			}
+			s.mu.Lock()
+			known := !p.evicted && s.pending[string(tok[:n])] != nil
+			s.mu.Unlock()
+			if known {
+				return id, string(tok[:n]), last, true
+			}
+			if refused++; refused > maxUnprovenRefusals {
+				return 0, "", 0, false
+			}
+			last = id
+			binary.BigEndian.PutUint32(h[5:9], 0)
+			h[0] = sessFin
+			if _, err := c.Write(h[:]); err != nil { // 9 bytes: the socket takes them
+				return 0, "", 0, false
+			}
+		case kind == sessData && id >= 1 && id <= last && n >= 1 && n <= sessChunk:
+			if _, err := io.CopyN(io.Discard, c, int64(n)); err != nil {
+				return 0, "", 0, false
+			}
+		case kind == sessFin && id >= 1 && id <= last && n == 0:
+		default:
+			return 0, "", 0, false
+		}
+	}
 }
 
 // openStream matches a session's new stream to the Incoming awaiting its
@@ -46,25 +127,15 @@ func (s *Server) openStream(p *pendingConn, v *vstream, token string) error {
 		p.proven = true
 		s.settle(p)
 	}
-	proven := p.proven
 	s.mu.Unlock()
-	switch {
-	case in == nil && !proven:
-		return errUnprovenSession
-	case in == nil:
+	if in == nil {
 		return errRefused // as a dropped connection: its worker may dial again
 	}
 	if proving {
 		_ = p.c.SetReadDeadline(time.Time{}) // the session's Hello deadline
 	}
 	in.timer.Stop()
-	if !s.spawn(func() {
-		defer v.Close()
-		in.serve(v, frame.NewReaderSize(v, callerReadBuf, s.cfg.maxPayload))
-	}) {
-		in.end(ErrServerClosed)
-		return errSessionClosed
-	}
+	in.serveOn(v, s.cfg.maxPayload)
 	return nil
 }
 

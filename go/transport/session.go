@@ -50,12 +50,14 @@ import (
 //     connection would: the caller's streams end with ErrIncomplete (and are
 //     retried by migration), the worker's are Lost.
 //   - Bounds: a caller's session counts as a connection without a Hello (see
-//     MaxPendingConns) until an Open presents a token the caller expects; an
-//     unknown token closes a session before that, and afterwards refuses
-//     that stream alone (a Fin, as a dropped connection would). The caller
-//     checks each Open's token as it reads it: no stream exists, nothing is
-//     allocated, for a token it does not expect. A session holds at most
-//     maxSessionStreams streams. A stream whose unread bytes exceed its
+//     MaxPendingConns), and is read into fixed arrays as a Hello is, until
+//     an Open presents a token the caller expects; an unknown token is
+//     refused alone (a Fin, as a dropped connection would be), at most
+//     maxUnprovenRefusals of them before that. The caller checks each
+//     Open's token as it reads it: no stream exists, nothing is allocated,
+//     for a token it does not expect. A session holds at most
+//     maxSessionStreams streams. A caller closes a session left without
+//     streams for twice DefaultSessionIdle. A stream whose unread bytes exceed its
 //     bound is broken (its reader fails) instead of stalling the session's
 //     other streams; so is a caller's session whose worker stops reading
 //     (its control bytes exceed maxCtlBacklog per stream). Malformed
@@ -96,9 +98,6 @@ var (
 	// errRefused is what a caller's accept returns for a stream refused
 	// alone: its token is not (or no longer) expected.
 	errRefused = errors.New("transport: stream refused")
-	// errUnprovenSession: a session's first Open showed a token nobody
-	// expects.
-	errUnprovenSession = fmt.Errorf("%w: unknown token before any known one", errSessionProto)
 )
 
 // session is one multiplexed connection, from either side.
@@ -109,11 +108,13 @@ type session struct {
 	accept   func(*vstream, string) error // caller's side: serves a new stream with its token; errRefused refuses it alone, another error closes the session
 	onEmpty  func(*session)               // worker's side: the last stream closed
 	onClosed func(*session)               // the session failed or was closed
+	spawn    func(func()) bool            // runs a goroutine (nil: go); see vstream.deliverTo
 
 	mu      sync.Mutex
 	streams map[uint32]*vstream
 	lastID  uint32
-	err     error // sticky: why the session ended
+	err     error      // sticky: why the session ended
+	dead    []*vstream // the streams open when it ended, for the reader to end (endStreams)
 	out     []byte
 	spare   []byte
 	wake    chan struct{} // cap 1: out has bytes, or the session closed
@@ -214,6 +215,7 @@ func (s *session) writeLoop() {
 // readLoop reads session frames and hands each stream its bytes, until the
 // connection fails or breaks the protocol; then it fails the session.
 func (s *session) readLoop(r *bufio.Reader) {
+	defer s.endStreams()
 	var h [sessHeaderSize]byte
 	var tok [MaxTokenLen]byte
 	for {
@@ -360,6 +362,10 @@ func (s *session) fail(err error) {
 	s.err = err
 	streams := s.streams
 	s.streams = map[uint32]*vstream{}
+	s.dead = make([]*vstream, 0, len(streams))
+	for _, v := range streams {
+		s.dead = append(s.dead, v)
+	}
 	s.out = nil
 	close(s.room)
 	s.room = make(chan struct{})
@@ -369,12 +375,32 @@ func (s *session) fail(err error) {
 	case s.wake <- struct{}{}:
 	default:
 	}
-	_ = s.conn.Close()
-	for _, v := range streams {
-		v.broken(err)
-	}
+	_ = s.conn.Close() // the reader ends every stream then (endStreams)
 	if f != nil {
 		f(s)
+	}
+}
+
+// endStreams ends every stream the session had when it failed, as the
+// session's reader exits (and the session has failed: its connection is
+// closed, so the reader exits promptly whoever failed it). On the reader's
+// goroutine because a stream served without a goroutine of its own
+// (deliverTo) learns of its end there, in order after its frames.
+func (s *session) endStreams() {
+	s.fail(errSessionClosed) // no-op when it failed already
+	s.mu.Lock()
+	dead, err := s.dead, s.err
+	s.dead = nil
+	s.mu.Unlock()
+	for _, v := range dead {
+		v.broken(err)
+	}
+}
+
+// goSpawn runs f on a goroutine of the session's owner.
+func (s *session) goSpawn(f func()) {
+	if s.spawn == nil || !s.spawn(f) {
+		go f()
 	}
 }
 
@@ -387,17 +413,24 @@ type vstream struct {
 	s  *session
 	id uint32
 
-	mu      sync.Mutex
-	buf     []byte // unread bytes
-	off     int
-	fin     bool  // the peer's Fin arrived
-	err     error // the session failed, or the stream broke its bound
-	closed  bool  // Close was called
-	wfin    bool  // our Fin is queued
-	rdl     deadline
-	wdl     deadline
-	notify  chan struct{} // cap 1: bytes, Fin, error, close or read deadline
-	waiting bool
+	mu     sync.Mutex
+	buf    []byte // unread bytes
+	off    int
+	fin    bool  // the peer's Fin arrived
+	err    error // the session failed, or the stream broke its bound
+	closed bool  // Close was called
+	wfin   bool  // our Fin is queued
+	rdl    deadline
+	wdl    deadline
+	notify chan struct{} // cap 1: bytes, Fin, error, close or read deadline
+
+	// Delivery (deliverTo): frames go to sink as the session's reader
+	// decodes them, instead of waiting in buf for Read.
+	sink   func(frame.Frame, error) bool
+	maxPay int
+	dec    []byte     // bytes not yet decoded (the session's reader only)
+	dmu    sync.Mutex // serialises calls of sink
+	ended  bool       // sink reported the end, or was given an error (dmu)
 }
 
 func newVstream(s *session, id uint32) *vstream {
@@ -428,6 +461,20 @@ func (v *vstream) fill(r *bufio.Reader, n int) error {
 		v.mu.Unlock()
 		return nil
 	}
+	if v.sink != nil {
+		v.mu.Unlock()
+		v.dmu.Lock()
+		defer v.dmu.Unlock()
+		switch {
+		case v.ended:
+		case len(v.dec)+n > v.s.recvMax:
+			v.endLocked(errStreamBacklog)
+		default:
+			v.dec = append(v.dec, p...)
+			v.decodeLocked()
+		}
+		return nil
+	}
 	if v.off > 0 && v.off == len(v.buf) {
 		v.buf, v.off = v.buf[:0], 0
 	}
@@ -450,8 +497,18 @@ func (v *vstream) fill(r *bufio.Reader, n int) error {
 func (v *vstream) peerFin() {
 	v.mu.Lock()
 	v.fin = true
+	sink := v.sink != nil
 	v.mu.Unlock()
 	v.signal()
+	if sink {
+		v.dmu.Lock()
+		defer v.dmu.Unlock()
+		err := io.EOF
+		if len(v.dec) > 0 {
+			err = io.ErrUnexpectedEOF // the worker ended inside a frame
+		}
+		v.endLocked(err)
+	}
 }
 
 func (v *vstream) broken(err error) {
@@ -459,8 +516,79 @@ func (v *vstream) broken(err error) {
 	if v.err == nil {
 		v.err = err
 	}
+	sink := v.sink != nil
 	v.mu.Unlock()
 	v.signal()
+	if sink {
+		v.endWith(err)
+	}
+}
+
+// deliverTo makes the session's reader hand the stream's frames to sink as
+// it decodes them (items up to maxPayload), in order, instead of keeping
+// the bytes for Read: a caller's stream needs no goroutine of its own then.
+// sink returns true when the stream's reading is over; it is called at most
+// once with an error (the peer's Fin: io.EOF; a malformed frame; the
+// session's failure; the read deadline: os.ErrDeadlineExceeded), which ends
+// it too. Then the stream is closed. sink must not block. Call it on the
+// session's reader (where the stream was opened), before any of its bytes.
+func (v *vstream) deliverTo(maxPayload int, sink func(frame.Frame, error) bool) {
+	v.mu.Lock()
+	v.sink, v.maxPay = sink, maxPayload
+	v.mu.Unlock()
+	v.rdl.setWake(func() {
+		// The deadline passed: deliver it, off the deadline's lock and
+		// off whatever goroutine moved it.
+		v.s.goSpawn(v.deadlinePassed)
+	})
+}
+
+// decodeLocked hands sink every whole frame in dec (dmu held).
+func (v *vstream) decodeLocked() {
+	off := 0
+	for {
+		f, n, err := frame.Decode(v.dec[off:], v.maxPay)
+		if err != nil {
+			v.endLocked(err)
+			return
+		}
+		if n == 0 {
+			break
+		}
+		off += n
+		if v.sink(f, nil) {
+			v.ended = true
+			_ = v.Close()
+			return
+		}
+	}
+	m := copy(v.dec, v.dec[off:])
+	v.dec = v.dec[:m]
+}
+
+// endWith ends a delivered stream with err, unless it ended.
+func (v *vstream) endWith(err error) {
+	v.dmu.Lock()
+	defer v.dmu.Unlock()
+	v.endLocked(err)
+}
+
+func (v *vstream) endLocked(err error) {
+	if v.ended {
+		return
+	}
+	v.ended = true
+	v.dec = nil
+	v.sink(frame.Frame{}, err)
+	_ = v.Close()
+}
+
+// deadlinePassed ends a delivered stream whose read deadline passed (a
+// linger after a kill, a silent or deaf peer), unless the deadline moved.
+func (v *vstream) deadlinePassed() {
+	if v.rdl.passed() {
+		v.endWith(os.ErrDeadlineExceeded)
+	}
 }
 
 // Read reads the stream's bytes: at its peer's Fin io.EOF, when the session
@@ -557,6 +685,13 @@ func (v *vstream) CloseWrite() error {
 	v.mu.Unlock()
 	s := v.s
 	s.mu.Lock()
+	if s.err == nil && !s.dialer && len(s.out) >= sessWriteQueue {
+		// A worker that lets this much pile up (refused streams' Fins,
+		// say) does not read: see Write.
+		s.mu.Unlock()
+		s.fail(errCtlBacklog)
+		return nil
+	}
 	if s.err == nil {
 		s.appendFrame(sessFin, v.id, nil)
 	}
@@ -577,7 +712,7 @@ func (v *vstream) Close() error {
 	v.buf, v.off = nil, 0
 	v.mu.Unlock()
 	v.rdl.set(time.Time{})
-	v.wdl.set(time.Time{})
+	v.wdl.set(time.Unix(1, 0)) // a Write waiting for room fails now, as on a closed socket
 	v.signal()
 	v.s.remove(v)
 	return nil
@@ -656,6 +791,15 @@ func (d *deadline) expire() {
 	}
 	if d.wake != nil {
 		d.wake() // only signals a channel: never blocks, takes no lock
+	}
+}
+
+func (d *deadline) setWake(f func()) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.wake = f
+	if !d.t.IsZero() && !time.Now().Before(d.t) {
+		f() // passed already
 	}
 }
 

@@ -48,8 +48,9 @@
 //     beyond its credit is a protocol violation that ends the stream.
 //   - Resources: each stream has one reader goroutine per side and no
 //     other goroutine (a Server adds one accept goroutine, a connect timeout
-//     a timer; a session adds a reader and a writer per side, for all its
-//     streams). Every goroutine and socket of a stream is released when the
+//     a timer); on a session, a reader and a writer per side serve all its
+//     streams, and a caller's stream has no goroutine of its own (the
+//     session's reader hands it its frames). Every goroutine and socket of a stream is released when the
 //     stream ends normally, is killed, loses its peer, or its Server is
 //     closed (a session's, when it fails, its Server or Dialer closes, or
 //     it stays without streams for the Dialer's idle time); a graceful end (Final, Error, Kill) half-closes first and
@@ -142,7 +143,8 @@ type config struct {
 	maxPayload     int
 	linger         time.Duration
 	idleTimeout    time.Duration
-	heartbeatGate  func() bool // a worker's heartbeats are written only while it returns true (nil: always)
+	heartbeatGate  func() bool   // a worker's heartbeats are written only while it returns true (nil: always)
+	sessionIdle    time.Duration // a caller closes a session left without streams this long
 }
 
 func newConfig(base *config, opts []Option) config {
@@ -151,6 +153,7 @@ func newConfig(base *config, opts []Option) config {
 		window:         DefaultWindow,
 		linger:         DefaultLinger,
 		idleTimeout:    DefaultIdleTimeout,
+		sessionIdle:    2 * DefaultSessionIdle,
 	}
 	if base != nil {
 		c = *base

@@ -27,24 +27,11 @@ import (
 // (closed at the end of the test).
 func rawSessionCaller(t *testing.T, d *Dialer, token string, opts ...Option) (*Outgoing, net.Conn) {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer ln.Close()
-	accepted := make(chan net.Conn, 1)
-	go func() {
-		c, err := ln.Accept()
-		if err == nil {
-			accepted <- c
-		}
-		close(accepted)
-	}()
-	o, err := d.Dial(context.Background(), ln.Addr().String(), token, opts...)
-	require.NoError(t, err)
-	c := <-accepted
-	require.NotNil(t, c)
-	t.Cleanup(func() { c.Close() })
+	o, c := acceptOne(t, func(addr string) (*Outgoing, error) {
+		return d.Dial(context.Background(), addr, token, opts...)
+	})
 	pre := make([]byte, frame.HeaderSize+1)
-	_, err = io.ReadFull(c, pre)
+	_, err := io.ReadFull(c, pre)
 	require.NoError(t, err)
 	require.Equal(t, byte(frame.Session), pre[0])
 	var h [sessHeaderSize]byte
@@ -62,40 +49,8 @@ func rawSessionCaller(t *testing.T, d *Dialer, token string, opts ...Option) (*O
 // connection sends, until the test ends; it returns its address.
 func discardListener(t *testing.T) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	var conns []net.Conn
-	t.Cleanup(func() {
-		_ = ln.Close()
-		mu.Lock()
-		for _, c := range conns {
-			_ = c.Close()
-		}
-		mu.Unlock()
-		wg.Wait()
-	})
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				_, _ = io.Copy(io.Discard, c)
-				_ = c.Close()
-			}()
-		}
-	}()
-	return ln.Addr().String()
+	addr, _ := fakeCaller(t, 0, func(c net.Conn) { _, _ = io.Copy(io.Discard, c) })
+	return addr
 }
 
 // streamFrames encodes stream frames with w, for a session Data frame.

@@ -115,6 +115,16 @@ func attach(t *testing.T, in *Incoming, o *Outgoing) {
 func rawCaller(t *testing.T, opts ...Option) (*Outgoing, net.Conn) {
 	t.Helper()
 	t.Cleanup(func() { goleak.VerifyNone(t) })
+	return acceptOne(t, func(addr string) (*Outgoing, error) {
+		return Dial(context.Background(), addr, "tok", opts...)
+	})
+}
+
+// acceptOne listens on loopback, runs dial with the address, and returns
+// its Outgoing and the one connection accepted (closed at the end of the
+// test), on which nothing has been read.
+func acceptOne(t *testing.T, dial func(addr string) (*Outgoing, error)) (*Outgoing, net.Conn) {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	defer ln.Close()
@@ -126,7 +136,7 @@ func rawCaller(t *testing.T, opts ...Option) (*Outgoing, net.Conn) {
 		}
 		close(accepted)
 	}()
-	o, err := Dial(context.Background(), ln.Addr().String(), "tok", opts...)
+	o, err := dial(ln.Addr().String())
 	require.NoError(t, err)
 	c := <-accepted
 	require.NotNil(t, c)

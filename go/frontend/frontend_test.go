@@ -1,6 +1,6 @@
 package frontend_test
 
-// Tests of the OpenAI-compatible HTTP frontend (SPEC section 6) against real
+// Tests of the OpenAI-compatible HTTP frontend (docs/design.md, section 7) against real
 // request planes: every test starts a runtime that embeds NATS on an
 // ephemeral port and runs the frontend; every worker is a runtime of its own
 // that joins it (so a kill reaches the worker as a Kill frame, and closing a

@@ -15,7 +15,7 @@ import (
 	"github.com/dynamo-ctx/dynamo-ctx/go/plane"
 )
 
-// A kill ends the stream (SPEC section 3): once the caller's context is
+// A kill ends the stream (docs/design.md, section 3): once the caller's context is
 // killed, Take returns no item, whatever the producer did meanwhile. The
 // producer here never waits (countHandler sends as fast as the buffer
 // takes), so every interleaving of kill, items and the stream's end is

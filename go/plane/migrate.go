@@ -13,7 +13,7 @@ import (
 )
 
 // Migration retries a token stream on another worker when the first one
-// breaks. The rules (SPEC section 4), each enforced here:
+// breaks. The rules (docs/design.md, section 5), each enforced here:
 //
 //   - Limit: at most limit retries after the first attempt (0: none).
 //   - Retried: every failure that is not the caller's: the request reached

@@ -1,6 +1,6 @@
 package plane_test
 
-// Tests of migration (SPEC section 4) with real in-process runtimes: the
+// Tests of migration (docs/design.md, section 5) with real in-process runtimes: the
 // first runtime of a test embeds NATS on an ephemeral port and is the caller;
 // every worker is a runtime of its own that joins it, so that closing a
 // worker's runtime is that worker crashing. A worker's handler reads
@@ -747,9 +747,9 @@ func TestMigrationRetriesRefusalByClosingEndpoint(t *testing.T) {
 	assert.Equal(t, live.Name, e.attempt().w.Name)
 }
 
-// SPEC section 3: a context already stopped before generate is called gives
-// no items, and the handler's context is stopped, not killed; with a
-// migration limit too (section 4 only forbids *new* attempts).
+// docs/design.md, section 3: a context already stopped before generate is
+// called gives no items, and the handler's context is stopped, not killed;
+// with a migration limit too (section 5 only forbids *new* attempts).
 func TestMigrationAlreadyStoppedParentReachesWorker(t *testing.T) {
 	e := migSetup(t)
 	w := e.worker("w", migHonourStop)

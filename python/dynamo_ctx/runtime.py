@@ -1,4 +1,4 @@
-"""The distributed runtime: endpoints, handlers, clients (SPEC section 3).
+"""The distributed runtime: endpoints, handlers, clients (docs/design.md, section 3).
 
 Requests and responses are JSON values. The request plane (NATS, response
 streams, cancellation across processes) is in Go; this module is the asyncio
@@ -471,7 +471,7 @@ class Endpoint:
 
         ``migration_limit`` is how many times a request whose stream breaks
         (worker gone, connection lost, no responders) is retried on another
-        worker, continuing where the last one stopped (SPEC section 4).
+        worker, continuing where the last one stopped (docs/design.md, section 5).
         ``router_mode`` is Dynamo's: only None (round robin; ``random`` and
         ``direct`` are methods of the client) is supported here.
         """
@@ -631,7 +631,7 @@ async def _relay(lib: Any, req: int, ctx: Context, gen: Any, batch: List[bytes],
 async def _serve_one(lib: Any, req: int, handler: Callable[..., Any], pass_context: bool) -> None:
     """Run one request's handler in this task, streaming its items to the caller.
 
-    How it ends (SPEC section 3):
+    How it ends (docs/design.md, section 3):
     - The handler returns: the stream completes.
     - The request is killed: this task is cancelled when the kill reaches the
       loop (``cancel_on_kill``: any await in the handler raises

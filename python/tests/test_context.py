@@ -1,4 +1,4 @@
-"""Every rule of SPEC section 2, through the Python API."""
+"""Every rule of docs/design.md, section 2, through the Python API."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The mock engine (SPEC section 7): vLLM AsyncLLM's interface, resources tracked, aborts free them."""
+"""The mock engine (docs/design.md, section 8): vLLM AsyncLLM's interface, resources tracked, aborts free them."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The runtime and request plane (SPEC sections 3 and 5), caller and handler in one process.
+"""The runtime and request plane (docs/design.md, sections 3 and 6), caller and handler in one process.
 
 Cross-process cases are in test_runtime_processes.py.
 """

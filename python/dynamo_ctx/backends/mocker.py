@@ -1,4 +1,4 @@
-"""A mock LLM engine with the interface of vLLM's ``AsyncLLM`` (SPEC section 7).
+"""A mock LLM engine with the interface of vLLM's ``AsyncLLM`` (docs/design.md, section 8).
 
 It runs like a real engine: one step loop for all running requests. Each
 step decodes one token for every request in decode and prefills a chunk of

@@ -1,4 +1,4 @@
-"""Context benchmarks (SPEC section 8), printed as ratios and percentiles.
+"""Context benchmarks (docs/design.md, Performance targets), printed as ratios and percentiles.
 
 Run with `make bench-py` (or `python python/benchmarks/bench_context.py`).
 """
@@ -42,7 +42,7 @@ def poll_ratio(number: int = 1_000_000, rounds: int = 15) -> None:
     print(f"is_stopped():             {ns['is_stopped']:6.1f} ns/call")
     print(f"is_killed():              {ns['is_killed']:6.1f} ns/call")
     print(f"threading.Event.is_set(): {ns['event']:6.1f} ns/call")
-    print(f"is_stopped() / Event.is_set() ratio: {ns['is_stopped'] / ns['event']:.2f}  (SPEC: <= 0.8)")
+    print(f"is_stopped() / Event.is_set() ratio: {ns['is_stopped'] / ns['event']:.2f}  (target: <= 0.8)")
 
 
 def create_cost(number: int = 200_000, rounds: int = 9) -> None:
@@ -53,7 +53,7 @@ def create_cost(number: int = 200_000, rounds: int = 9) -> None:
         "Context(id=...)": timeit.Timer("Context('req-1')", globals={"Context": Context}),
     }
     for k, v in best_times(timers, number, rounds).items():
-        print(f"{k + ' create + free:':32s}{v / number * 1e9:6.0f} ns  (SPEC: <= 500 ns)")
+        print(f"{k + ' create + free:':32s}{v / number * 1e9:6.0f} ns  (target: <= 500 ns)")
 
 
 def pct(xs, p):

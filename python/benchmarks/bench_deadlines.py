@@ -21,7 +21,7 @@ deadline):
   caller's kill frame arrived first, whichever came first; both carry the same
   deadline, sent as time left).
 
-SPEC's target: within 5 ms (p99) at every hop.
+The target (docs/design.md, Performance targets): within 5 ms (p99) at every hop.
 """
 
 from __future__ import annotations

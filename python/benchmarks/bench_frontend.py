@@ -1,12 +1,12 @@
-"""Disconnect -> confirmed abort through the HTTP frontend (SPEC section 8).
+"""Disconnect -> confirmed abort through the HTTP frontend (docs/design.md, Performance targets).
 
 Run with `make bench-py` or `python python/benchmarks/bench_frontend.py`.
 Starts the embedded stack twice (aggregated; disaggregated prefill + decode),
 disconnects raw-socket clients mid-request and prints p50/p99 of the time from
 the client closing its socket to the worker logging the confirmed abort (both
-clocks are this machine's wall clock), next to the SPEC section 8 target for
-one request alone (p50 <= 0.5 ms, p99 <= 1 ms; the 5 ms bound is for 1,000
-concurrent streams, measured by bench_load.py).
+clocks are this machine's wall clock), next to the target for one request
+alone (docs/design.md, Performance targets: p50 <= 0.5 ms, p99 <= 1 ms; the
+5 ms bound is for 1,000 concurrent streams, measured by bench_load.py).
 """
 
 from __future__ import annotations

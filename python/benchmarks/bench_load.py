@@ -26,9 +26,10 @@ each set-up also prints where the disconnects' time went, hop by hop
 (client close, frontend kill, Kill frame written and read, the worker's
 context killed, the engine abort logged).
 
-Printed per set-up: disconnect -> engine abort confirmed p50/p99/max (SPEC
-section 8: p99 <= 5 ms), tokens/s delivered to the clients, the frontend's
-CPU per 1k tokens/s (cores) and its RSS per in-flight request (KiB).
+Printed per set-up: disconnect -> engine abort confirmed p50/p99/max
+(docs/design.md, Performance targets: p99 <= 5 ms), tokens/s delivered to the
+clients, the frontend's CPU per 1k tokens/s (cores) and its RSS per in-flight
+request (KiB).
 """
 
 from __future__ import annotations

@@ -1049,3 +1049,33 @@ func TestFilteredSharesParentsView(t *testing.T) {
 	_, err = parent.Filtered(nil)
 	assert.Error(t, err)
 }
+
+// Streams come back whichever way the worker's runtime sends them: on its
+// session to the caller (the default) or on a connection each
+// (Options.ConnectionPerStream), many in a row and a kill among them.
+func TestStreamConnectionsEitherWay(t *testing.T) {
+	for _, perStream := range []bool{false, true} {
+		t.Run(fmt.Sprintf("per-stream=%v", perStream), func(t *testing.T) {
+			_, _, c := planetest.ServeAndConnect(t, "test.connections.generate", countHandler,
+				func(o *plane.Options) { o.ConnectionPerStream = perStream })
+			for i := 0; i < 20; i++ {
+				s := planetest.Generate(t, c, `{"n":50}`, nil)
+				items, _, err := planetest.Drain(s, 0)
+				require.Equal(t, io.EOF, err)
+				requireSeq(t, items, 0, 50)
+			}
+			s := planetest.Generate(t, c, `{"n":1000000}`, nil)
+			require.NoError(t, planetest.WaitStarted(s))
+			s.Context().Cancel(ctxtree.Killed, ctxtree.ReasonKill)
+			_, _, err := planetest.Drain(s, 0)
+			require.Error(t, err)
+		})
+	}
+}
+
+// DYNAMO_CTX_STREAM_CONNECTIONS takes "shared" or "per-stream", nothing else.
+func TestStreamConnectionsEnv(t *testing.T) {
+	t.Setenv(plane.EnvStreamConnections, "sometimes")
+	_, err := plane.New(context.Background(), plane.Options{NATS: plane.NATSOptions{URL: "nats://127.0.0.1:1"}})
+	require.ErrorContains(t, err, plane.EnvStreamConnections)
+}

@@ -790,7 +790,7 @@ func (d *disconnectEnv) checkAbort(t *testing.T, id string) {
 	assert.Equal(t, 1.0, m[key(mCancellations, "m")], "one disconnect, one cancellation")
 }
 
-// lateRegistration is a bug of the frontend (frontend.go, serve): when the
+// lateRegistration is a bug of the frontend (serve.go, serve): when the
 // disconnect's AfterFunc has started (on its own goroutine) but not yet
 // registered the pending abort, stopWatching() returns false and serve goes
 // on at once to stream.Kill(), which kills the request's attempt. A worker

@@ -177,6 +177,7 @@ func (d *Dialer) connect(ctx context.Context, addr string) (*session, error) {
 	d.live[s] = struct{}{}
 	d.wg.Add(2) // under mu: never after Close's Wait started
 	d.mu.Unlock()
+	s.startLiveness()
 	go func() {
 		defer d.wg.Done()
 		s.writeLoop()

@@ -41,6 +41,7 @@ func (s *Server) serveSession(p *pendingConn) {
 	defer idle.Stop()
 	sess.onEmpty = func(*session) { idle.Reset(s.cfg.sessionIdle) }
 	if s.spawn(sess.writeLoop) {
+		sess.startLiveness()
 		if err := sess.opened(id, token); err != nil {
 			sess.fail(err)
 		}
@@ -106,6 +107,7 @@ func (s *Server) prove(p *pendingConn) (id uint32, token string, last uint32, ok
 				return 0, "", 0, false
 			}
 		case kind == sessFin && id >= 1 && id <= last && n == 0:
+		case kind == sessPing && id == 0 && n == 0:
 		default:
 			return 0, "", 0, false
 		}

@@ -8,6 +8,8 @@ import (
 	"io"
 	"net"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/dynamo-ctx/dynamo-ctx/go/frame"
 )
@@ -70,7 +72,24 @@ const (
 	sessOpen byte = 1
 	sessData byte = 2
 	sessFin  byte = 3
+	sessPing byte = 4
 )
+
+// Session liveness. Each side writes a Ping (stream id 0, empty) when it has
+// written nothing for sessPingEvery, and fails the session when it has read
+// nothing for sessSilence. The streams' own heartbeats (liveness.go) stay:
+// they bound a stream's silence (2.75 s with the defaults) and notice a
+// wedged host whose Go side still runs; sessSilence is longer, so a silent
+// peer's streams end by their own checks first, with their own errors, and
+// the session's check is what notices a silent peer on a session without
+// streams, before a new stream is opened on it.
+// Variables for the tests; not changed otherwise.
+var (
+	sessPingEvery = DefaultHeartbeat
+	sessSilence   = 2 * DefaultIdleTimeout
+)
+
+var errSessionSilent = fmt.Errorf("%w: no word from the peer on the session", ErrIncomplete)
 
 const (
 	sessHeaderSize = 9
@@ -107,6 +126,12 @@ type session struct {
 	onEmpty  func(*session)               // worker's side: the last stream closed
 	onClosed func(*session)               // the session failed or was closed
 	spawn    func(func()) bool            // runs a goroutine (nil: go); see vstream.deliverTo
+
+	// Liveness (startLiveness): heard and wrote are set by the reader and
+	// the writer, read and cleared by the ticker, which alone uses lastHeard.
+	heard, wrote atomic.Bool
+	lastHeard    time.Time
+	ticker       *time.Timer // nil until startLiveness (mu)
 
 	mu      sync.Mutex
 	streams map[uint32]*vstream
@@ -194,6 +219,7 @@ func (s *session) writeLoop() {
 		s.out, s.spare = s.spare[:0], nil
 		s.mu.Unlock()
 		_, err := s.conn.Write(buf)
+		s.wrote.Store(true)
 		s.mu.Lock()
 		if cap(buf) <= 4*sessWriteQueue {
 			s.spare = buf[:0]
@@ -221,6 +247,7 @@ func (s *session) readLoop(r *bufio.Reader) {
 			s.fail(err)
 			return
 		}
+		s.heard.Store(true)
 		kind := h[0]
 		id := binary.BigEndian.Uint32(h[1:5])
 		n := binary.BigEndian.Uint32(h[5:9])
@@ -229,6 +256,7 @@ func (s *session) readLoop(r *bufio.Reader) {
 			return
 		}
 		switch kind {
+		case sessPing: // heard: that is all
 		case sessOpen:
 			if _, err := io.ReadFull(r, tok[:n]); err != nil {
 				s.fail(err)
@@ -267,6 +295,11 @@ func (s *session) check(kind byte, id, n uint32) error {
 	case sessOpen:
 		if s.dialer || n == 0 || n > MaxTokenLen {
 			return fmt.Errorf("%w: unexpected Open", errSessionProto)
+		}
+		return nil
+	case sessPing:
+		if id != 0 || n != 0 {
+			return fmt.Errorf("%w: Ping with a stream or a payload", errSessionProto)
 		}
 		return nil
 	case sessFin:
@@ -358,6 +391,9 @@ func (s *session) fail(err error) {
 		err = errSessionClosed
 	}
 	s.err = err
+	if s.ticker != nil {
+		s.ticker.Stop()
+	}
 	streams := s.streams
 	s.streams = map[uint32]*vstream{}
 	s.dead = make([]*vstream, 0, len(streams))
@@ -400,6 +436,41 @@ func (s *session) goSpawn(f func()) {
 	if s.spawn == nil || !s.spawn(f) {
 		go f()
 	}
+}
+
+// startLiveness starts the session's pings and its silence check (see
+// sessPingEvery): one timer, no goroutine of its own.
+func (s *session) startLiveness() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.err != nil || s.ticker != nil {
+		return
+	}
+	s.lastHeard = time.Now()
+	s.ticker = time.AfterFunc(sessPingEvery, s.tick)
+}
+
+// tick is the liveness timer: it fails a silent session, and pings when the
+// session has written nothing since the last tick.
+func (s *session) tick() {
+	now := time.Now()
+	if s.heard.Swap(false) {
+		s.lastHeard = now
+	}
+	if now.Sub(s.lastHeard) >= sessSilence {
+		s.fail(errSessionSilent)
+		return
+	}
+	ping := !s.wrote.Swap(false)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.err != nil {
+		return
+	}
+	if ping {
+		s.appendFrame(sessPing, 0, nil)
+	}
+	s.ticker.Reset(sessPingEvery)
 }
 
 // close ends the session from this side.

@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"sync"
 	"testing"
 	"time"
@@ -403,4 +404,35 @@ func TestSessionSlowConsumerWithinCredit(t *testing.T) {
 	}
 	_, err := in.Recv(ctx)
 	assert.Equal(t, io.EOF, err)
+}
+
+// A session without streams stays up as long as both sides live (each side
+// pings when it has written nothing for a while), and a peer that falls
+// silent loses its session after sessSilence.
+func TestSessionPings(t *testing.T) {
+	every, silence := sessPingEvery, sessSilence
+	t.Cleanup(func() { sessPingEvery, sessSilence = every, silence }) // first: runs last
+	sessPingEvery, sessSilence = 10*time.Millisecond, 150*time.Millisecond
+	s, cl := countedServer(t)
+	d := testDialer(t)
+	ctx := context.Background()
+	for _, tok := range []string{"a", "b"} {
+		in := expect(t, s, tok)
+		o, err := d.Dial(ctx, s.Addr().String(), tok)
+		require.NoError(t, err)
+		finishAndRead(t, in, o, nil)
+		time.Sleep(4 * sessSilence) // no stream meanwhile: only pings
+	}
+	assert.EqualValues(t, 1, cl.n.Load(), "one session throughout")
+
+	// A worker that proves its session, then says nothing, ever.
+	in := expect(t, s, "c")
+	c := rawSession(t, s)
+	_, err := c.Write(sessFrame(sessOpen, 1, []byte("c")))
+	require.NoError(t, err)
+	_ = c.SetReadDeadline(time.Now().Add(waitFor))
+	_, err = io.Copy(io.Discard, c) // the caller's credit and pings, then its close
+	require.NotErrorIs(t, err, os.ErrDeadlineExceeded, "the silent worker's session is closed")
+	_, err = recvAll(t, in)
+	assert.ErrorIs(t, err, ErrIncomplete)
 }

@@ -20,6 +20,8 @@ import time
 import uuid
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dynamo_ctx import DistributedRuntime  # noqa: E402
@@ -94,6 +96,53 @@ def run(disagg: bool, env) -> list:
     return lat
 
 
+DYNAMO_CANCEL = re.compile(rb"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d+)Z.*request cancellation received")
+
+
+def run_dynamo(py: str) -> list:
+    """The aggregated run against Dynamo's frontend + mocker (bench_load.dynamo_frontend): client
+    close -> the mocker's "request cancellation received" line (its worker has the kill; it frees
+    the request's blocks next), one request at a time."""
+    import asyncio
+    import datetime
+    import tempfile
+
+    from bench_load import dynamo_frontend
+
+    async def go() -> list:
+        with tempfile.NamedTemporaryFile(suffix=".log") as log:
+            async with dynamo_frontend(py, 1.0, mocker_log=log.name) as started:
+                if started is None:
+                    return []
+                (_, port), _ = started
+                lat, seen = [], 0
+                for i in range(N + 5):
+                    body = json.dumps({"model": "e2e", "prompt": "w1 w2 w3", "max_tokens": 2000, "stream": True}).encode()
+                    s = socket.create_connection(("127.0.0.1", port))
+                    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n"
+                              + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+                    buf = b""
+                    while b"data: " not in buf:
+                        buf += s.recv(65536)
+                    t = time.time()
+                    s.close()
+                    deadline = time.monotonic() + 10
+                    while True:
+                        found = DYNAMO_CANCEL.findall(Path(log.name).read_bytes())
+                        if len(found) > seen or time.monotonic() > deadline:
+                            break
+                        await asyncio.sleep(0.005)
+                    if len(found) <= seen:
+                        raise RuntimeError("Dynamo's mocker logged no cancellation")
+                    stamp = datetime.datetime.fromisoformat(found[seen].decode()).replace(tzinfo=datetime.timezone.utc)
+                    seen = len(found)
+                    if i >= 5:  # warm-up
+                        lat.append(stamp.timestamp() - t)
+                return lat
+
+    return asyncio.run(go())
+
+
 def main() -> None:
     rt = DistributedRuntime(nats_url="nats://127.0.0.1:0")  # hosts NATS on a free port for the children
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]), NATS_SERVER=rt.nats_url)
@@ -111,6 +160,20 @@ def main() -> None:
             )
     finally:
         rt.shutdown()
+    from bench_load import dynamo_python
+
+    py = dynamo_python()
+    if py is None:
+        print("Dynamo's frontend + mocker: skipped (set DYNAMO_PYTHON to a Python that has ai-dynamo; see bench_load.py)")
+        return
+    ms = [x * 1000 for x in run_dynamo(py)]
+    if not ms:
+        print("Dynamo's frontend + mocker: did not start")
+        return
+    print(
+        f"Dynamo 1.6.1 frontend + mocker, cancelled in decode, client disconnect -> its worker's cancellation received "
+        f"(before the engine frees anything): p50 {pct(ms, 50):.2f} ms, p99 {pct(ms, 99):.2f} ms, max {max(ms):.2f} ms (n={len(ms)})"
+    )
 
 
 if __name__ == "__main__":

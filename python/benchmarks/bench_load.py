@@ -547,10 +547,13 @@ def dynamo_python() -> Optional[str]:
 
 
 @contextlib.asynccontextmanager
-async def dynamo_frontend(py: str, speedup: float) -> AsyncIterator[Optional[Tuple[Tuple[str, int], Dict[str, int]]]]:
+async def dynamo_frontend(
+    py: str, speedup: float, mocker_log: Optional[str] = None
+) -> AsyncIterator[Optional[Tuple[Tuple[str, int], Dict[str, int]]]]:
     """``python -m dynamo.frontend`` + ``python -m dynamo.mocker`` serving model "e2e" (file
     discovery, TCP request plane, a generated word-level tokenizer): yields the frontend's
-    address and the two processes' pids, or None if they did not start."""
+    address and the two processes' pids, or None if they did not start. The mocker's
+    output goes to ``mocker_log`` when given."""
     import socket
     import subprocess
     import tempfile
@@ -566,9 +569,10 @@ async def dynamo_frontend(py: str, speedup: float) -> AsyncIterator[Optional[Tup
         env = dict(os.environ, DYN_FILE_KV=kv)
         env.pop("DYN_SYSTEM_PORT", None)
         common = ["--discovery-backend", "file", "--request-plane", "tcp"]
+        out = open(mocker_log, "w") if mocker_log else subprocess.DEVNULL  # noqa: SIM115 - closed with the process
         procs = [
             subprocess.Popen([py, "-m", "dynamo.mocker", "--model-path", model, "--model-name", "e2e", "--speedup-ratio", str(speedup)]
-                             + common, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL),
+                             + common, env=env, stdout=out, stderr=out),
             subprocess.Popen([py, "-m", "dynamo.frontend", "--http-port", str(port)] + common,
                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL),
         ]
@@ -595,6 +599,8 @@ async def dynamo_frontend(py: str, speedup: float) -> AsyncIterator[Optional[Tup
                     p.wait(10)
                 except subprocess.TimeoutExpired:
                     p.kill()
+            if mocker_log:
+                out.close()
 
 
 async def dynamo_end_to_end(py: str, n: int, max_tokens: int, speedup: float) -> Optional[dict]:

@@ -17,7 +17,7 @@ import logging
 import select
 import threading
 from types import ModuleType
-from typing import Optional
+from typing import Any, Optional
 
 logger = logging.getLogger("dynamo_ctx")
 
@@ -77,3 +77,14 @@ def set_native_log_level(level: int) -> None:
     call this after lowering that logger's level at run time.
     """
     native().log_set_level(level)
+
+
+def _release(obj: Any, free: str) -> None:
+    """Free ``obj``'s native handle once, from ``__del__``: quietly, since at
+    interpreter shutdown or in a forked child the library may refuse."""
+    h, obj._handle = getattr(obj, "_handle", None), None
+    if h is not None:
+        try:
+            getattr(obj._lib, free)(h)
+        except Exception:  # noqa: BLE001
+            pass

@@ -12,7 +12,6 @@ library signals progress through the loop's file descriptor.
 from __future__ import annotations
 
 import asyncio
-import collections
 import functools
 import inspect
 import json
@@ -20,11 +19,36 @@ import logging
 import os
 import threading
 import weakref
-from typing import Any, AsyncIterator, Awaitable, Callable, Deque, Dict, List, Optional, Set, Tuple, TypeVar
+from typing import Any, AsyncIterator, Callable, Dict, List, Optional, Set
 
 from ._aio import arm, cancel_on_kill, cancel_requested, deliver_pending, handler_task
+from ._json import _dumps as _dumps
+from ._json import _encode as _encode
+from ._json import _encode_fast as _encode_fast
+from ._json import _fast_encoder as _fast_encoder
+from ._lib import _release as _release
 from ._lib import native
-from .context import Context, _has_metadata, _real_class
+from .client import Annotated, Client, ResponseStream
+from .compat import _F as _F
+from .compat import DISCOVERY_BACKENDS as DISCOVERY_BACKENDS
+from .compat import REQUEST_PLANES as REQUEST_PLANES
+from .compat import _check_dynamo_args as _check_dynamo_args
+from .compat import _log_ignored as _log_ignored
+from .compat import _logged_values as _logged_values
+from .compat import dynamo_worker
+from .context import Context, _has_metadata as _has_metadata, _real_class
+from .errors import (
+    BackendCancelled,
+    HandlerError,
+    NoResponders,
+    RuntimeClosed,
+    StreamIncomplete,
+)
+from .errors import _EXCEPTIONS as _EXCEPTIONS
+from .errors import _exception_for as _exception_for
+from .errors import _handler_prefix as _handler_prefix
+from .errors import _IOFailure as _IOFailure
+from .errors import _raise_for as _raise_for
 
 logger = logging.getLogger("dynamo_ctx")
 
@@ -44,153 +68,6 @@ __all__ = [
     "Context",
     "dynamo_worker",
 ]
-
-
-class StreamIncomplete(ValueError):
-    """The response stream ended before generation completed.
-
-    Raised when the worker went away mid-stream, or when the handler stopped
-    its own request and returned. The message starts with
-    "Stream ended before generation completed" (Dynamo 1.x words it
-    "Disconnected: Stream ended ..."; match ``code`` instead of the text).
-    """
-
-    #: Stable code to match on instead of the message.
-    code = "disconnected"
-
-
-class HandlerError(ValueError):
-    """The handler raised while its request was live.
-
-    The message is "a python exception was caught while processing the async
-    generator: <Type>: <message>" (the wording Dynamo's clients match on);
-    ``error_type`` is ``<Type>``, the name of the handler's exception class.
-    """
-
-    #: Stable code to match on instead of the message.
-    code = "handler_error"
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        prefix = _handler_prefix()
-        rest = message[len(prefix) :] if message.startswith(prefix) else message
-        #: The name of the exception class the handler raised ("" if unknown).
-        self.error_type: str = rest.split(":", 1)[0] if ":" in rest else ""
-
-
-class BackendCancelled(HandlerError):
-    """The handler raised ``asyncio.CancelledError`` while its request was live
-    (Dynamo 1.x names this case "BackendCancelled" in its message)."""
-
-    code = "backend_cancelled"
-
-
-class NoResponders(ConnectionError):
-    """No worker instance received the request (none known, or the chosen one is gone)."""
-
-
-class RuntimeClosed(RuntimeError):
-    """The runtime was shut down."""
-
-
-def _handler_prefix() -> str:
-    """What starts a remote handler's failure message (Go owns the wording)."""
-    return native().HANDLER_ERROR_PREFIX  # type: ignore[no-any-return]
-
-
-# One encoder for every item: json.dumps with options builds a new one per call.
-_encode = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
-
-
-def _fast_encoder() -> Optional[Callable[[Any], str]]:
-    """The C encoder that ``_encode`` makes anew for every call, made once
-    (3x faster for a small item), or None where this Python's private
-    ``c_make_encoder`` is missing or differs: then ``_encode`` is used."""
-    try:
-        from json.encoder import c_make_encoder, encode_basestring_ascii  # type: ignore[attr-defined]
-
-        def default(o: Any) -> Any:
-            raise TypeError(f"Object of type {type(o).__name__} is not JSON serializable")
-
-        # markers None: no circular check (a cycle is a RecursionError, mapped below).
-        c = c_make_encoder(None, default, encode_basestring_ascii, None, ":", ",", False, False, False)
-
-        def encode(value: Any) -> str:
-            return "".join(c(value, 0))
-
-        sample = {"a": [1, 2.5, "é\n", None, True], "b": {"c": -3}}
-        if encode(sample) != _encode(sample):
-            return None
-        return encode
-    except Exception:  # noqa: BLE001 - any difference: the public encoder
-        return None
-
-
-_encode_fast = _fast_encoder() or _encode
-
-
-def _dumps(value: Any) -> bytes:
-    try:
-        return _encode_fast(value).encode()
-    except (TypeError, ValueError) as e:
-        raise TypeError(f"value is not JSON-serialisable: {e}") from None
-    except RecursionError:
-        raise TypeError("value is not JSON-serialisable: circular reference or nested too deeply") from None
-
-
-class _IOFailure(OSError, RuntimeError):
-    """DC_EIO: the operating system or the network refused. An OSError, as the
-    native module's calls always raised, and a RuntimeError, as a stream's
-    errors always were."""
-
-
-# The one table from the library's error codes (by name, see
-# ``_native.ERROR_NAMES``) to exception classes; codes not here raise
-# RuntimeError. The native module builds its exceptions here too.
-_EXCEPTIONS = {
-    "EINVAL": ValueError,
-    "EBADF": ValueError,
-    "ERANGE": ValueError,
-    "EEXIST": ValueError,
-    "ENOENT": ValueError,
-    "EIO": _IOFailure,
-    "EINCOMPLETE": StreamIncomplete,
-    "ENORESPONDERS": NoResponders,
-    "ECLOSED": RuntimeClosed,
-}
-
-
-def _exception_for(code: int, message: str) -> Exception:
-    """The exception for the library's error ``code`` with its ``message``."""
-    name = native().ERROR_NAMES.get(code, "")
-    if name == "EHANDLER":
-        if message.startswith(_handler_prefix() + "CancelledError:"):
-            return BackendCancelled(message)
-        return HandlerError(message)
-    cls = _EXCEPTIONS.get(name, RuntimeError)
-    e: Exception = cls(message)
-    if getattr(cls, "code", None) is None:
-        # The library's code and its name, for programs (the message is for
-        # people); classes with a stable code of their own (StreamIncomplete,
-        # NoResponders, ...) keep it.
-        setattr(e, "code", code)  # noqa: B010 - attributes the class does not declare
-        setattr(e, "code_name", name or "EUNKNOWN")  # noqa: B010
-    return e
-
-
-def _raise_for(code: int, message: str) -> None:
-    raise _exception_for(code, message)
-
-
-def _release(obj: Any, free: str) -> None:
-    """Free ``obj``'s native handle once, from ``__del__``: quietly, since at
-    interpreter shutdown or in a forked child the library may refuse."""
-    h, obj._handle = getattr(obj, "_handle", None), None
-    if h is not None:
-        try:
-            getattr(obj._lib, free)(h)
-        except Exception:  # noqa: BLE001
-            pass
 
 
 class DistributedRuntime:
@@ -682,280 +559,3 @@ async def _serve_one(lib: Any, req: int, handler: Callable[..., Any], pass_conte
         sends.drop(req)
         lib.request_free(req)
 
-
-class Annotated:
-    """One response item; ``data()`` is the JSON value the handler yielded."""
-
-    __slots__ = ("_data",)
-
-    def __init__(self, data: Any) -> None:
-        self._data = data
-
-    def data(self) -> Any:
-        """The item's value."""
-        return self._data
-
-    def __repr__(self) -> str:
-        return f"Annotated(data={self._data!r})"
-
-
-class Client:
-    """Sends requests to the instances of one endpoint."""
-
-    def __init__(self, endpoint: Endpoint, handle: int) -> None:
-        self.endpoint = endpoint
-        self._lib = native()
-        self._handle: Optional[int] = handle
-
-    @property
-    def migration_limit(self) -> int:
-        """Retries after the first attempt when a stream breaks (0: none)."""
-        return self._migration_limit
-
-    @migration_limit.setter
-    def migration_limit(self, n: int) -> None:
-        if not isinstance(n, int):
-            raise ValueError(f"migration_limit must be an int >= 0, got {n!r}")
-        self._lib.client_set_migration_limit(self._handle, n)  # checks the range (ValueError)
-        self._migration_limit = n
-        logger.debug("migration_limit for %s set to %d", self.endpoint.path, n)
-
-    def instance_ids(self) -> List[int]:
-        """The ids of the instances currently known. Raises RuntimeClosed
-        after shutdown."""
-        self.endpoint._runtime._h()
-        ids: List[int] = self._lib.client_instances(self._handle)
-        return ids
-
-    async def wait_for_instances(self) -> List[int]:
-        """Wait until at least one instance is known; return the instance ids.
-
-        Raises RuntimeClosed at once if the runtime is shut down, before or
-        during the wait (the shutdown closes the client, which wakes it).
-        """
-        runtime = self.endpoint._runtime
-        while True:
-            runtime._h()
-            ids = self.instance_ids()
-            if ids:
-                return ids
-            await arm(self._handle)  # type: ignore[arg-type]  # None once freed: the library refuses it
-
-    async def _generate(self, request: Any, annotated: bool, context: Optional[Context], route: int, instance_id: int) -> "ResponseStream":
-        if context is not None and not isinstance(context, Context):
-            raise TypeError("context must be a dynamo_ctx.Context")
-        self.endpoint._runtime._h()
-        meta = _dumps(context._metadata) if context is not None and _has_metadata(context) else None
-        h = self._lib.client_generate(self._handle, _dumps(request), context, route, instance_id, meta)
-        stream = ResponseStream(self._lib, h, annotated, context)
-        await stream._wait_started()
-        return stream
-
-    async def generate(self, request: Any, annotated: bool = True, context: Optional[Context] = None) -> "ResponseStream":
-        """Send ``request`` to an instance (round robin) and return its response stream.
-
-        With ``context=``, the request's context is a new child of it with the
-        same id, linked before the request is sent: stopping or killing
-        ``context`` stops or kills the remote handler.
-        """
-        return await self._generate(request, annotated, context, self._lib.ROUTE_ROUND_ROBIN, 0)
-
-    async def round_robin(self, request: Any, annotated: bool = True, context: Optional[Context] = None) -> "ResponseStream":
-        """Like ``generate``: the next instance in turn."""
-        return await self._generate(request, annotated, context, self._lib.ROUTE_ROUND_ROBIN, 0)
-
-    async def random(self, request: Any, annotated: bool = True, context: Optional[Context] = None) -> "ResponseStream":
-        """Like ``generate``, to a random instance."""
-        return await self._generate(request, annotated, context, self._lib.ROUTE_RANDOM, 0)
-
-    async def direct(self, request: Any, instance_id: int, annotated: bool = True, context: Optional[Context] = None) -> "ResponseStream":
-        """Like ``generate``, to the instance ``instance_id``."""
-        return await self._generate(request, annotated, context, self._lib.ROUTE_DIRECT, instance_id)
-
-    def __del__(self) -> None:
-        _release(self, "client_free")
-
-
-class ResponseStream:
-    """The response of one request, as an async iterator.
-
-    Breaking out of ``async for`` cancels nothing (iterate again to continue).
-    ``await stream.aclose()`` kills the remote request, and so does the stream
-    being garbage-collected before it ended.
-
-    A kill ends the stream: once the caller's context (``context=``), the
-    request's own context (``context()``) is killed or ``aclose()`` was
-    awaited, no further item is returned, whatever was already buffered.
-    """
-
-    def __init__(self, lib: Any, handle: int, annotated: bool, context: Optional[Context] = None) -> None:
-        self._lib = lib
-        self._handle: Optional[int] = handle
-        self._annotated = annotated
-        self._context = context
-        self._own: Optional[Context] = None  # the request's context, once asked for
-        self._buf: Deque[Any] = collections.deque()  # items taken, decoded
-        self._ended = False
-        self._closed = False
-        self._epoch = -1  # lib.kill_epoch() when the library last found the request not killed
-
-    async def _wait_started(self) -> None:
-        while True:
-            code, message = self._lib.stream_started(self._handle)
-            if code == self._lib.OK:
-                return
-            if code != self._lib.EAGAIN:
-                self._ended = True
-                _raise_for(code, message)
-            await arm(self._handle)  # type: ignore[arg-type]  # None once freed: the library refuses it
-
-    def context(self) -> Context:
-        """The request's context (a child of the caller's, with the same id)."""
-        if self._own is None:
-            self._own = self._lib.stream_context(self._handle, _real_class(Context))
-        return self._own
-
-    def __aiter__(self) -> "ResponseStream":
-        return self
-
-    async def __anext__(self) -> Any:
-        lib = self._lib
-        while True:
-            if self._buf:
-                # Checked before every item, not once per batch: a kill (or
-                # aclose) between two items drops the rest of the batch.
-                # Whether the request counts as killed is the library's rule
-                # (plane.Stream.Killed, which its takes apply too); it is asked
-                # again only when some context was killed since it last said no.
-                if not (self._closed or self._handle is None):
-                    epoch = lib.kill_epoch()
-                    if epoch == self._epoch or not lib.stream_killed(self._handle):
-                        self._epoch = epoch
-                        data = self._buf.popleft()
-                        return Annotated(data) if self._annotated else data
-                self._buf.clear()  # a kill is a hard abort: buffered items are dropped
-            if self._closed or self._handle is None:
-                raise StopAsyncIteration
-            code, value = lib.stream_take_json(self._handle)
-            if code == lib.OK:
-                self._buf.extend(json.loads(value))  # one parse for the whole batch
-            elif code == lib.EAGAIN:
-                await arm(self._handle)
-            elif code == lib.EOF:
-                self._ended = True
-                raise StopAsyncIteration
-            else:
-                self._ended = True
-                _raise_for(code, value)
-
-    async def aclose(self) -> None:
-        """Kill the remote request (if still running) and end the stream: no
-        item is returned after this, buffered ones included."""
-        if self._handle is not None and not self._ended:
-            self._lib.stream_kill(self._handle)
-        self._ended = True
-        self._closed = True
-        self._buf.clear()
-
-    def __del__(self) -> None:
-        _release(self, "stream_free")  # kills the request if it has not ended
-
-
-
-# --- Dynamo compatibility (docs/dynamo-compat.md) ----------------------------
-
-#: Dynamo 1.x values of DistributedRuntime's discovery_backend and
-#: request_plane. dynamo_ctx has one of each (NATS), which every value selects.
-DISCOVERY_BACKENDS = ("etcd", "file", "mem", "kubernetes")
-REQUEST_PLANES = ("nats", "tcp", "http")
-
-_logged_values: Set[Tuple[str, Any]] = set()
-
-
-def _log_ignored(name: str, value: Any) -> None:
-    if (name, value) not in _logged_values:
-        _logged_values.add((name, value))
-        logger.debug("DistributedRuntime: %s=%r has no meaning here: the NATS request plane serves", name, value)
-
-
-def _check_dynamo_args(
-    args: Tuple[Any, ...],
-    is_static: Optional[bool],
-    discovery_backend: Optional[str],
-    request_plane: Optional[str],
-    enable_nats: Optional[bool],
-) -> None:
-    """Validate Dynamo's positional constructor forms (after the loop):
-    ``(is_static)`` or ``(discovery_backend, request_plane[, enable_nats])``."""
-    if len(args) == 1 and not isinstance(args[0], str):
-        (pos_static,) = args
-        if is_static is not None:
-            raise TypeError("DistributedRuntime() got is_static both by position and by keyword")
-        is_static = pos_static
-    elif args:
-        if len(args) > 3:
-            raise TypeError(f"DistributedRuntime() takes at most 4 positional arguments ({len(args) + 1} given)")
-        names = ("discovery_backend", "request_plane", "enable_nats")
-        given: Dict[str, Any] = {"discovery_backend": discovery_backend, "request_plane": request_plane, "enable_nats": enable_nats}
-        for name, value in zip(names, args):
-            if given[name] is not None:
-                raise TypeError(f"DistributedRuntime() got {name} both by position and by keyword")
-            given[name] = value
-        discovery_backend, request_plane, enable_nats = given["discovery_backend"], given["request_plane"], given["enable_nats"]
-    if is_static is not None:
-        if not isinstance(is_static, bool):
-            raise TypeError(f"is_static must be a bool, got {is_static!r}")
-        _log_ignored("is_static", is_static)
-    if discovery_backend is not None:
-        if discovery_backend not in DISCOVERY_BACKENDS:
-            raise ValueError(f"unknown discovery_backend {discovery_backend!r}: one of {', '.join(DISCOVERY_BACKENDS)}")
-        _log_ignored("discovery_backend", discovery_backend)
-    if request_plane is not None:
-        if request_plane not in REQUEST_PLANES:
-            raise ValueError(f"unknown request_plane {request_plane!r}: one of {', '.join(REQUEST_PLANES)}")
-        _log_ignored("request_plane", request_plane)
-    if enable_nats is not None:
-        if not isinstance(enable_nats, bool):
-            raise TypeError(f"enable_nats must be a bool, got {enable_nats!r}")
-        _log_ignored("enable_nats", enable_nats)
-
-
-_F = TypeVar("_F", bound=Callable[..., Awaitable[Any]])
-
-
-def dynamo_worker(enable_nats: Optional[bool] = None, register_shutdown: bool = False, *, static: bool = False) -> Callable[[_F], _F]:
-    """Decorator: run an async worker function with a new DistributedRuntime as its first argument.
-
-    ``@dynamo_worker()`` (also ``static=`` of Dynamo 0.5 and ``enable_nats=``
-    of 1.x, both without effect here). The runtime is made on the running
-    loop from ``DYN_DISCOVERY_BACKEND`` and ``DYN_REQUEST_PLANE`` (checked as
-    by the constructor) and is shut down when the function returns or
-    raises. With ``register_shutdown=True``, SIGINT and SIGTERM shut the
-    runtime down (so ``serve_endpoint`` returns).
-    """
-
-    def decorator(func: _F) -> _F:
-        @functools.wraps(func)
-        async def wrapper(*args: Any, **kwargs: Any) -> Any:
-            loop = asyncio.get_running_loop()
-            runtime = DistributedRuntime(
-                loop,
-                os.environ.get("DYN_DISCOVERY_BACKEND", "etcd"),
-                os.environ.get("DYN_REQUEST_PLANE", "tcp"),
-                enable_nats,
-            )
-            if static:
-                _log_ignored("static", static)
-            if register_shutdown:
-                import signal
-
-                for sig in (signal.SIGINT, signal.SIGTERM):
-                    loop.add_signal_handler(sig, runtime.shutdown)
-            try:
-                return await func(runtime, *args, **kwargs)
-            finally:
-                runtime.shutdown()
-
-        return wrapper  # type: ignore[return-value]
-
-    return decorator

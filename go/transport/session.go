@@ -138,11 +138,16 @@ type session struct {
 	lastID  uint32
 	err     error      // sticky: why the session ended
 	dead    []*vstream // the streams open when it ended, for the reader to end (endStreams)
-	out     []byte
+	out     []byte     // frames queued in order
 	spare   []byte
-	wake    chan struct{} // cap 1: out has bytes, or the session closed
-	room    chan struct{} // closed and replaced whenever out is written
-	done    chan struct{} // closed when the writer has exited
+	// pri: frames that go ahead of out (pings, and the Fin of a stream
+	// none of whose frames is still in out); gen counts the writer's takes
+	// of out, so that a stream knows whether its frames are still there.
+	pri, priSpare []byte
+	gen           uint64
+	wake          chan struct{} // cap 1: out has bytes, or the session closed
+	room          chan struct{} // closed and replaced whenever out is written
+	done          chan struct{} // closed when the writer has exited
 }
 
 func newSession(c net.Conn, dialer bool, recvMax int) *session {
@@ -181,6 +186,7 @@ func (s *session) open(token string) (*vstream, error) {
 	v := newVstream(s, s.lastID)
 	s.streams[v.id] = v
 	s.appendFrame(sessOpen, v.id, []byte(token))
+	v.outGen = s.gen + 1 // its Fin may not overtake its Open
 	return v, nil
 }
 
@@ -200,8 +206,20 @@ func (s *session) appendFrame(kind byte, id uint32, p []byte) {
 	}
 }
 
-// writeLoop is the session's one writer: it writes everything queued, in
-// one write, until the session ends.
+// appendPri queues an empty frame ahead of out (mu held).
+func (s *session) appendPri(kind byte, id uint32) {
+	var h [sessHeaderSize]byte
+	h[0] = kind
+	binary.BigEndian.PutUint32(h[1:5], id)
+	s.pri = append(s.pri, h[:]...)
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+// writeLoop is the session's one writer: it writes everything queued, pri
+// first, in one write, until the session ends.
 func (s *session) writeLoop() {
 	defer close(s.done)
 	for {
@@ -211,20 +229,36 @@ func (s *session) writeLoop() {
 			s.mu.Unlock()
 			return
 		}
-		if len(s.out) == 0 {
+		if len(s.out) == 0 && len(s.pri) == 0 {
 			s.mu.Unlock()
 			continue
 		}
-		buf := s.out
+		buf, pri := s.out, s.pri
 		s.out, s.spare = s.spare[:0], nil
+		s.pri, s.priSpare = s.priSpare[:0], nil
+		s.gen++
 		s.mu.Unlock()
-		_, err := s.conn.Write(buf)
+		var err error
+		switch {
+		case len(pri) == 0:
+			_, err = s.conn.Write(buf)
+		case len(buf) == 0:
+			_, err = s.conn.Write(pri)
+		default:
+			bufs := net.Buffers{pri, buf}
+			_, err = bufs.WriteTo(s.conn)
+		}
 		s.wrote.Store(true)
 		s.mu.Lock()
 		if cap(buf) <= 4*sessWriteQueue {
 			s.spare = buf[:0]
 		} else {
 			s.spare = nil
+		}
+		if cap(pri) <= sessChunk {
+			s.priSpare = pri[:0]
+		} else {
+			s.priSpare = nil
 		}
 		close(s.room)
 		s.room = make(chan struct{})
@@ -468,7 +502,7 @@ func (s *session) tick() {
 		return
 	}
 	if ping {
-		s.appendFrame(sessPing, 0, nil)
+		s.appendPri(sessPing, 0)
 	}
 	s.ticker.Reset(sessPingEvery)
 }

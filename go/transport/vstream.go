@@ -28,6 +28,7 @@ type vstream struct {
 	rdl    deadline
 	wdl    deadline
 	notify chan struct{} // cap 1: bytes, Fin, error, close or read deadline
+	outGen uint64        // s.gen+1 while some of its frames wait in s.out (s.mu)
 
 	// Delivery (deliverTo): frames go to sink as the session's reader
 	// decodes them, instead of waiting in buf for Read.
@@ -258,6 +259,7 @@ func (v *vstream) Write(p []byte) (int, error) {
 		if len(s.out) < sessWriteQueue || len(p) == 0 {
 			for n := 0; n < len(p); n += sessChunk {
 				s.appendFrame(sessData, v.id, p[n:min(n+sessChunk, len(p))])
+				v.outGen = s.gen + 1
 			}
 			s.mu.Unlock()
 			return len(p), nil
@@ -290,15 +292,22 @@ func (v *vstream) CloseWrite() error {
 	v.mu.Unlock()
 	s := v.s
 	s.mu.Lock()
-	if s.err == nil && !s.dialer && len(s.out) >= sessWriteQueue {
+	if s.err == nil && !s.dialer && len(s.out)+len(s.pri) >= sessWriteQueue {
 		// A worker that lets this much pile up (refused streams' Fins,
 		// say) does not read: see Write.
 		s.mu.Unlock()
 		s.fail(errCtlBacklog)
 		return nil
 	}
-	if s.err == nil {
-		s.appendFrame(sessFin, v.id, nil)
+	switch {
+	case s.err != nil:
+	case v.outGen == s.gen+1:
+		s.appendFrame(sessFin, v.id, nil) // behind its own frames, still queued
+	default:
+		// All its frames are with the writer already: the end of this
+		// stream (often the confirmation of a kill) goes ahead of what
+		// other streams queued meanwhile.
+		s.appendPri(sessFin, v.id)
 	}
 	s.mu.Unlock()
 	return nil

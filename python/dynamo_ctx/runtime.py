@@ -14,14 +14,14 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
-import json
 import logging
 import os
-import threading
-import weakref
-from typing import Any, AsyncIterator, Callable, Dict, List, Optional, Set
+from typing import Any, AsyncIterator, Callable, Dict, Optional, Set
 
-from ._aio import arm, cancel_on_kill, cancel_requested, deliver_pending, handler_task
+from ._aio import arm, handler_task
+from ._aio import cancel_on_kill as cancel_on_kill
+from ._aio import cancel_requested as cancel_requested
+from ._aio import deliver_pending as deliver_pending
 from ._json import _dumps as _dumps
 from ._json import _encode as _encode
 from ._json import _encode_fast as _encode_fast
@@ -36,7 +36,7 @@ from .compat import _check_dynamo_args as _check_dynamo_args
 from .compat import _log_ignored as _log_ignored
 from .compat import _logged_values as _logged_values
 from .compat import dynamo_worker
-from .context import Context, _has_metadata as _has_metadata, _real_class
+from .context import Context, _has_metadata as _has_metadata, _real_class as _real_class
 from .errors import (
     BackendCancelled,
     HandlerError,
@@ -49,6 +49,15 @@ from .errors import _exception_for as _exception_for
 from .errors import _handler_prefix as _handler_prefix
 from .errors import _IOFailure as _IOFailure
 from .errors import _raise_for as _raise_for
+from .serving import _SEND_BATCH as _SEND_BATCH
+from .serving import _local as _local
+from .serving import _log_handler_error as _log_handler_error
+from .serving import _relay as _relay
+from .serving import _send_all as _send_all
+from .serving import _send_some as _send_some
+from .serving import _Sends as _Sends
+from .serving import _sends_of_loop as _sends_of_loop
+from .serving import _serve_one as _serve_one
 
 logger = logging.getLogger("dynamo_ctx")
 
@@ -361,201 +370,5 @@ class Endpoint:
         return client
 
 
-def _log_handler_error(ctx: Context, e: BaseException) -> None:
-    """Log a handler's exception on the worker, once per request: ERROR, with
-    the request id (also as the record's ``request_id`` attribute) and the
-    traceback. The caller gets "<Type>: <message>" as before."""
-    rid = ctx.id()
-    logger.error("request %s: handler raised %s: %s", rid, type(e).__name__, e, exc_info=e, extra={"request_id": rid})
-
-
-#: Items a request may hold back before they are handed to the library at
-#: once, without waiting for the end of the loop's turn.
-_SEND_BATCH = 128
-
 #: How often drain() looks whether the requests in flight have finished.
 _DRAIN_POLL = 0.02
-
-
-class _Sends:
-    """The items every handler on one event loop yielded during a turn of it,
-    handed to the library together at the end of the turn: one crossing for
-    all requests (a decode step's tokens), however many items each has.
-
-    A request's ``batch`` is its own list of encoded items, shared with its
-    task: whoever sends from it (this, ``_send_all``) takes from the front
-    and deletes what the library took before anything else runs, so items
-    keep their order whoever sends them. What a full buffer refuses is sent
-    when the request can take more, even while its handler waits on
-    something else.
-    """
-
-    __slots__ = ("lib", "loop_ref", "pending", "draining")
-
-    #: Every this many requests deferred in one turn, what the library queued
-    #: for the loop is delivered (``deliver_pending``): with a thousand
-    #: streams a decode step's turn takes tens of milliseconds, and a kill
-    #: arriving during it would otherwise wait for all of it.
-    DELIVER_EVERY = 64
-
-    def __init__(self, lib: Any, loop: asyncio.AbstractEventLoop) -> None:
-        self.lib = lib
-        # Weak: the thread-local that holds this must not keep a finished
-        # loop (and its event queue's fd) alive until the thread's next loop.
-        self.loop_ref = weakref.ref(loop)
-        self.pending: Dict[int, List[bytes]] = {}
-        self.draining: Dict[int, "asyncio.Task[None]"] = {}  # requests whose buffer was full
-
-    def defer(self, req: int, batch: List[bytes]) -> None:
-        """Send ``batch`` of request ``req`` at the end of this turn of the loop."""
-        if not self.pending:
-            asyncio.get_running_loop().call_soon(self.flush)
-        self.pending[req] = batch
-        if len(self.pending) % self.DELIVER_EVERY == 0:  # the requests deferred this turn
-            deliver_pending()
-
-    def drop(self, req: int) -> None:
-        """Forget ``req`` (before its handle is freed)."""
-        self.pending.pop(req, None)
-        task = self.draining.pop(req, None)
-        if task is not None:
-            task.cancel()
-
-    def flush(self) -> None:
-        pending, self.pending = self.pending, {}
-        reqs = [r for r, b in pending.items() if b]
-        if not reqs:
-            return
-        batches = [pending[r] for r in reqs]
-        try:
-            taken = self.lib.request_send_multi(reqs, batches)
-        except Exception as e:  # noqa: BLE001 - left in the batches: the next direct send raises it
-            logger.debug("handing items to the library failed: %r", e)
-            return
-        for req, batch, n in zip(reqs, batches, taken):
-            if n > 0:
-                del batch[:n]
-            if n >= 0 and batch and req not in self.draining:
-                self.draining[req] = asyncio.get_running_loop().create_task(self._drain(req, batch))
-
-    async def _drain(self, req: int, batch: List[bytes]) -> None:
-        """Send what a full buffer refused as room frees up (after a kill the
-        library takes everything, so this ends then too)."""
-        try:
-            while batch:
-                await arm(req)
-                _send_some(self.lib, req, batch)
-        except asyncio.CancelledError:
-            pass  # dropped: the request ended
-        except Exception as e:  # noqa: BLE001 - the request's own next send raises it
-            logger.debug("sending the rest of request %d's items failed: %r", req, e)
-        finally:
-            if self.draining.get(req) is asyncio.current_task():
-                del self.draining[req]
-
-
-_local = threading.local()
-
-
-def _sends_of_loop(lib: Any) -> _Sends:
-    """The running loop's ``_Sends``."""
-    loop = asyncio.get_running_loop()
-    s: Optional[_Sends] = getattr(_local, "sends", None)
-    if s is None or s.loop_ref() is not loop:
-        s = _local.sends = _Sends(lib, loop)
-    return s
-
-
-def _send_some(lib: Any, req: int, batch: List[bytes]) -> None:
-    """Hand the library as much of ``batch`` as its buffer takes, now."""
-    if batch:
-        n = lib.request_send_many(req, batch)
-        del batch[:n]
-
-
-async def _send_all(lib: Any, req: int, ctx: Context, batch: List[bytes]) -> None:
-    """Hand the library all of ``batch``, waiting while its buffer is full
-    (after a kill the library drops items, so this never waits for long)."""
-    _send_some(lib, req, batch)
-    while batch and not ctx.is_killed():
-        await arm(req)
-        _send_some(lib, req, batch)
-    batch.clear()
-
-
-async def _relay(lib: Any, req: int, ctx: Context, gen: Any, batch: List[bytes], sends: _Sends) -> None:
-    """Pass the handler's items to the library: each goes out at the end of
-    the loop's turn in which the handler yielded it, with every other
-    request's (a lone item waits for nothing else), or at once when
-    ``_SEND_BATCH`` piled up. The task awaits the handler directly, so a
-    cancellation always lands in it. The caller counts as killed before
-    every item."""
-    killed, encode, defer = ctx.is_killed, lib.encode_json, sends.defer  # per item: no lookups
-    async for item in gen:
-        if killed():
-            return
-        data = encode(item)  # the common items, in C
-        if data is None:
-            data = _dumps(item)  # the rest, by Python's encoder (and its errors)
-        batch.append(data)
-        if len(batch) >= _SEND_BATCH:
-            await _send_all(lib, req, ctx, batch)
-        elif len(batch) == 1:  # else it is already handed over this turn, or being drained
-            defer(req, batch)
-    await _send_all(lib, req, ctx, batch)
-
-
-async def _serve_one(lib: Any, req: int, handler: Callable[..., Any], pass_context: bool) -> None:
-    """Run one request's handler in this task, streaming its items to the caller.
-
-    How it ends (docs/design.md, section 3):
-    - The handler returns: the stream completes.
-    - The request is killed: this task is cancelled when the kill reaches the
-      loop (``cancel_on_kill``: any await in the handler raises
-      ``CancelledError``), the generator is closed and its output no longer
-      read; the caller's stream ends as the kill ends it.
-    - The handler raises anything while its context is live, ``CancelledError``
-      included: a handler error, "<Type>: <message>".
-    - This task is cancelled by someone else (the loop or the endpoint
-      shutting down: ``cancel_requested``): the cancellation propagates.
-    """
-    ctx = lib.request_context(req, _real_class(Context))
-    task = asyncio.current_task()
-    sends = _sends_of_loop(lib)
-    release = cancel_on_kill(ctx)
-    gen: Any = None
-    batch: List[bytes] = []  # encoded items not yet handed to the library
-    try:
-        request = json.loads(lib.request_payload(req).decode())
-        meta = lib.request_metadata(req)
-        if meta:
-            ctx._metadata = json.loads(meta.decode())
-        gen = handler(request, context=ctx) if pass_context else handler(request)
-        if not hasattr(gen, "__anext__"):
-            raise TypeError(f"handler returned {type(gen).__name__}, not an async generator")
-        await _relay(lib, req, ctx, gen, batch, sends)
-        lib.request_complete(req)
-    except asyncio.CancelledError as e:
-        if ctx.is_killed():
-            pass  # the kill's cancellation: the stream already ended for the caller
-        elif task is not None and cancel_requested(task):
-            raise  # cancelled from outside: the endpoint's or the loop's own teardown
-        else:  # the handler raised it itself
-            _log_handler_error(ctx, e)
-            await _send_all(lib, req, ctx, batch)  # what it yielded before, as for any other error
-            lib.request_fail(req, f"{type(e).__name__}: {e}")
-    except Exception as e:  # noqa: BLE001 - every handler error goes to the caller
-        _log_handler_error(ctx, e)
-        await _send_all(lib, req, ctx, batch)  # what it yielded before it raised
-        lib.request_fail(req, f"{type(e).__name__}: {e}")
-    finally:
-        if gen is not None and hasattr(gen, "aclose"):
-            try:
-                await gen.aclose()
-            except BaseException as e:  # noqa: BLE001 - a misbehaving generator must not break the loop
-                if not isinstance(e, (RuntimeError, asyncio.CancelledError, GeneratorExit, StopAsyncIteration)):
-                    logger.debug("closing the handler of request %s raised %r", ctx.id(), e)
-        release()
-        sends.drop(req)
-        lib.request_free(req)
-

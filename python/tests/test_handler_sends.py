@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from dynamo_ctx import Context
-from dynamo_ctx import runtime as rt_mod
+from dynamo_ctx import serving as rt_mod
 from dynamo_ctx._aio import handler_task
 from dynamo_ctx._lib import native
 from helpers import run

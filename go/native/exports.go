@@ -47,13 +47,32 @@ const (
 	maxIDLen = C.DC_MAX_ID_LEN
 )
 
-// The C enums are the Go packages' values, checked here at compile time (an
-// index out of range does not compile): the ABI passes them through as they are.
+// The C enums are the Go packages' values, checked here at compile time, every
+// value both ways (an index out of range does not compile): the ABI passes
+// them through as they are.
 var (
-	_ = [1]int{}[ctxtree.ReasonShutdown-C.DC_REASON_SHUTDOWN]
-	_ = [1]int{}[C.DC_REASON_SHUTDOWN-ctxtree.ReasonShutdown]
+	_ = [1]int{}[ctxtree.Live-C.DC_LIVE]
+	_ = [1]int{}[C.DC_LIVE-ctxtree.Live]
+	_ = [1]int{}[ctxtree.Stopped-C.DC_STOPPED]
+	_ = [1]int{}[C.DC_STOPPED-ctxtree.Stopped]
 	_ = [1]int{}[ctxtree.Killed-C.DC_KILLED]
 	_ = [1]int{}[C.DC_KILLED-ctxtree.Killed]
+	_ = [1]int{}[ctxtree.ReasonNone-C.DC_REASON_NONE]
+	_ = [1]int{}[C.DC_REASON_NONE-ctxtree.ReasonNone]
+	_ = [1]int{}[ctxtree.ReasonStopGenerating-C.DC_REASON_STOP_GENERATING]
+	_ = [1]int{}[C.DC_REASON_STOP_GENERATING-ctxtree.ReasonStopGenerating]
+	_ = [1]int{}[ctxtree.ReasonKill-C.DC_REASON_KILL]
+	_ = [1]int{}[C.DC_REASON_KILL-ctxtree.ReasonKill]
+	_ = [1]int{}[ctxtree.ReasonClientDisconnected-C.DC_REASON_CLIENT_DISCONNECTED]
+	_ = [1]int{}[C.DC_REASON_CLIENT_DISCONNECTED-ctxtree.ReasonClientDisconnected]
+	_ = [1]int{}[ctxtree.ReasonParent-C.DC_REASON_PARENT]
+	_ = [1]int{}[C.DC_REASON_PARENT-ctxtree.ReasonParent]
+	_ = [1]int{}[ctxtree.ReasonDeadline-C.DC_REASON_DEADLINE]
+	_ = [1]int{}[C.DC_REASON_DEADLINE-ctxtree.ReasonDeadline]
+	_ = [1]int{}[ctxtree.ReasonConnectionLost-C.DC_REASON_CONNECTION_LOST]
+	_ = [1]int{}[C.DC_REASON_CONNECTION_LOST-ctxtree.ReasonConnectionLost]
+	_ = [1]int{}[ctxtree.ReasonShutdown-C.DC_REASON_SHUTDOWN]
+	_ = [1]int{}[C.DC_REASON_SHUTDOWN-ctxtree.ReasonShutdown]
 	_ = [1]int{}[int64(ctxtree.MaxTimeout/time.Second)-C.DC_MAX_TIMEOUT_SECONDS]
 	_ = [1]int{}[C.DC_MAX_TIMEOUT_SECONDS-int64(ctxtree.MaxTimeout/time.Second)]
 	_ = [1]int{}[int64(plane.HostTickInterval/time.Millisecond)-C.DC_HOST_TICK_MS]

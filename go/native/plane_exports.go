@@ -43,7 +43,9 @@ var (
 // The C route codes are plane's (compile-time check, as for the reasons).
 var (
 	_ = [1]int{}[plane.RoundRobin-C.DC_ROUTE_ROUND_ROBIN]
+	_ = [1]int{}[C.DC_ROUTE_ROUND_ROBIN-plane.RoundRobin]
 	_ = [1]int{}[plane.Random-C.DC_ROUTE_RANDOM]
+	_ = [1]int{}[C.DC_ROUTE_RANDOM-plane.Random]
 	_ = [1]int{}[plane.Direct-C.DC_ROUTE_DIRECT]
 	_ = [1]int{}[C.DC_ROUTE_DIRECT-plane.Direct]
 )

@@ -129,9 +129,10 @@ type session struct {
 
 	// Liveness (startLiveness): heard and wrote are set by the reader and
 	// the writer, read and cleared by the ticker, which alone uses lastHeard.
-	heard, wrote atomic.Bool
-	lastHeard    time.Time
-	ticker       *time.Timer // nil until startLiveness (mu)
+	heard, wrote     atomic.Bool
+	lastHeard        time.Time
+	ticker           *time.Timer   // nil until startLiveness (mu)
+	pingEvery, quiet time.Duration // sessPingEvery and sessSilence when it was made
 
 	mu      sync.Mutex
 	streams map[uint32]*vstream
@@ -152,13 +153,15 @@ type session struct {
 
 func newSession(c net.Conn, dialer bool, recvMax int) *session {
 	return &session{
-		conn:    c,
-		dialer:  dialer,
-		recvMax: recvMax,
-		streams: make(map[uint32]*vstream),
-		wake:    make(chan struct{}, 1),
-		room:    make(chan struct{}),
-		done:    make(chan struct{}),
+		pingEvery: sessPingEvery,
+		quiet:     sessSilence,
+		conn:      c,
+		dialer:    dialer,
+		recvMax:   recvMax,
+		streams:   make(map[uint32]*vstream),
+		wake:      make(chan struct{}, 1),
+		room:      make(chan struct{}),
+		done:      make(chan struct{}),
 	}
 }
 
@@ -481,7 +484,7 @@ func (s *session) startLiveness() {
 		return
 	}
 	s.lastHeard = time.Now()
-	s.ticker = time.AfterFunc(sessPingEvery, s.tick)
+	s.ticker = time.AfterFunc(s.pingEvery, s.tick)
 }
 
 // tick is the liveness timer: it fails a silent session, and pings when the
@@ -491,7 +494,7 @@ func (s *session) tick() {
 	if s.heard.Swap(false) {
 		s.lastHeard = now
 	}
-	if now.Sub(s.lastHeard) >= sessSilence {
+	if now.Sub(s.lastHeard) >= s.quiet {
 		s.fail(errSessionSilent)
 		return
 	}
@@ -504,7 +507,7 @@ func (s *session) tick() {
 	if ping {
 		s.appendPri(sessPing, 0)
 	}
-	s.ticker.Reset(sessPingEvery)
+	s.ticker.Reset(s.pingEvery)
 }
 
 // close ends the session from this side.

@@ -2,7 +2,6 @@ package transport
 
 import (
 	"bufio"
-	"encoding/binary"
 	"io"
 	"time"
 
@@ -81,9 +80,12 @@ func (s *Server) prove(p *pendingConn) (id uint32, token string, last uint32, ok
 		if _, err := io.ReadFull(c, h[:]); err != nil {
 			return 0, "", 0, false
 		}
-		kind, id, n := h[0], binary.BigEndian.Uint32(h[1:5]), binary.BigEndian.Uint32(h[5:9])
-		switch {
-		case kind == sessOpen && id > last && id <= 1<<31 && n >= 1 && n <= MaxTokenLen:
+		kind, id, n := parseSessHeader(&h)
+		if checkSessFrame(kind, id, n, last, false) != nil {
+			return 0, "", 0, false
+		}
+		switch kind {
+		case sessOpen:
 			if _, err := io.ReadFull(c, tok[:n]); err != nil {
 				return 0, "", 0, false
 			}
@@ -97,19 +99,14 @@ func (s *Server) prove(p *pendingConn) (id uint32, token string, last uint32, ok
 				return 0, "", 0, false
 			}
 			last = id
-			binary.BigEndian.PutUint32(h[5:9], 0)
-			h[0] = sessFin
-			if _, err := c.Write(h[:]); err != nil { // 9 bytes: the socket takes them
+			fin := sessHeader(sessFin, id, 0)
+			if _, err := c.Write(fin[:]); err != nil { // 9 bytes: the socket takes them
 				return 0, "", 0, false
 			}
-		case kind == sessData && id >= 1 && id <= last && n >= 1 && n <= sessChunk:
+		case sessData:
 			if _, err := io.CopyN(io.Discard, c, int64(n)); err != nil {
 				return 0, "", 0, false
 			}
-		case kind == sessFin && id >= 1 && id <= last && n == 0:
-		case kind == sessPing && id == 0 && n == 0:
-		default:
-			return 0, "", 0, false
 		}
 	}
 }

@@ -195,26 +195,30 @@ func (s *session) open(token string) (*vstream, error) {
 
 var errSessionFull = errors.New("transport: session full")
 
-// appendFrame queues one session frame for the writer (mu held).
-func (s *session) appendFrame(kind byte, id uint32, p []byte) {
+// sessHeader encodes a session frame's header.
+func sessHeader(kind byte, id, n uint32) [sessHeaderSize]byte {
 	var h [sessHeaderSize]byte
 	h[0] = kind
 	binary.BigEndian.PutUint32(h[1:5], id)
-	binary.BigEndian.PutUint32(h[5:9], uint32(len(p)))
-	s.out = append(s.out, h[:]...)
-	s.out = append(s.out, p...)
-	select {
-	case s.wake <- struct{}{}:
-	default:
-	}
+	binary.BigEndian.PutUint32(h[5:9], n)
+	return h
 }
 
+// parseSessHeader decodes a session frame's header.
+func parseSessHeader(h *[sessHeaderSize]byte) (kind byte, id, n uint32) {
+	return h[0], binary.BigEndian.Uint32(h[1:5]), binary.BigEndian.Uint32(h[5:9])
+}
+
+// appendFrame queues one session frame for the writer, in order (mu held).
+func (s *session) appendFrame(kind byte, id uint32, p []byte) { s.queue(&s.out, kind, id, p) }
+
 // appendPri queues an empty frame ahead of out (mu held).
-func (s *session) appendPri(kind byte, id uint32) {
-	var h [sessHeaderSize]byte
-	h[0] = kind
-	binary.BigEndian.PutUint32(h[1:5], id)
-	s.pri = append(s.pri, h[:]...)
+func (s *session) appendPri(kind byte, id uint32) { s.queue(&s.pri, kind, id, nil) }
+
+// queue appends a frame to buf and wakes the writer (mu held).
+func (s *session) queue(buf *[]byte, kind byte, id uint32, p []byte) {
+	h := sessHeader(kind, id, uint32(len(p)))
+	*buf = append(append(*buf, h[:]...), p...)
 	select {
 	case s.wake <- struct{}{}:
 	default:
@@ -285,9 +289,7 @@ func (s *session) readLoop(r *bufio.Reader) {
 			return
 		}
 		s.heard.Store(true)
-		kind := h[0]
-		id := binary.BigEndian.Uint32(h[1:5])
-		n := binary.BigEndian.Uint32(h[5:9])
+		kind, id, n := parseSessHeader(&h)
 		if err := s.check(kind, id, n); err != nil {
 			s.fail(err)
 			return
@@ -328,10 +330,25 @@ func (s *session) readLoop(r *bufio.Reader) {
 
 // check validates a session frame's header against the protocol.
 func (s *session) check(kind byte, id, n uint32) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return checkSessFrame(kind, id, n, s.lastID, s.dialer)
+}
+
+// checkSessFrame is the protocol's rule for a session frame's header, given
+// the last stream id opened on the session and which side reads it (a
+// worker's Dialer reads no Open): an Open carries a token and a new id
+// above every earlier one, a Ping no stream and no payload, a Fin no
+// payload, a Data frame 1 byte to sessChunk; Data and Fin name a stream
+// opened before.
+func checkSessFrame(kind byte, id, n, last uint32, dialer bool) error {
 	switch kind {
 	case sessOpen:
-		if s.dialer || n == 0 || n > MaxTokenLen {
+		if dialer || n == 0 || n > MaxTokenLen {
 			return fmt.Errorf("%w: unexpected Open", errSessionProto)
+		}
+		if id <= last || id > 1<<31 {
+			return fmt.Errorf("%w: stream id %d out of order", errSessionProto, id)
 		}
 		return nil
 	case sessPing:
@@ -350,9 +367,7 @@ func (s *session) check(kind byte, id, n uint32) error {
 	default:
 		return fmt.Errorf("%w: unknown kind %d", errSessionProto, kind)
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if id == 0 || id > s.lastID {
+	if id == 0 || id > last {
 		return fmt.Errorf("%w: stream %d was never opened", errSessionProto, id)
 	}
 	return nil
@@ -361,11 +376,7 @@ func (s *session) check(kind byte, id, n uint32) error {
 // opened registers a stream the worker opened (caller's side) and serves it;
 // a stream refused alone gets its Fin at once.
 func (s *session) opened(id uint32, token string) error {
-	s.mu.Lock()
-	if id <= s.lastID || id > 1<<31 {
-		s.mu.Unlock()
-		return fmt.Errorf("%w: stream id %d out of order", errSessionProto, id)
-	}
+	s.mu.Lock() // id was checked against lastID (checkSessFrame), which only this reader moves
 	if len(s.streams) >= maxSessionStreams {
 		s.mu.Unlock()
 		return fmt.Errorf("%w: more than %d streams", errSessionProto, maxSessionStreams)

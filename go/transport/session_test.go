@@ -250,11 +250,8 @@ func rawSession(t *testing.T, s *Server) net.Conn {
 
 // sessFrame encodes one session frame.
 func sessFrame(kind byte, id uint32, p []byte) []byte {
-	b := make([]byte, sessHeaderSize, sessHeaderSize+len(p))
-	b[0] = kind
-	binary.BigEndian.PutUint32(b[1:5], id)
-	binary.BigEndian.PutUint32(b[5:9], uint32(len(p)))
-	return append(b, p...)
+	h := sessHeader(kind, id, uint32(len(p)))
+	return append(h[:], p...)
 }
 
 // A session is refused, connection and all, for anything but a worker that

@@ -7,7 +7,7 @@
 
 // How many contexts have been killed so far in this process (Go adds to it:
 // ctxtree.CountKills). A reader that sees it unchanged since it found a
-// stream not killed need not ask Go again (pymodule.c's kill_epoch).
+// stream not killed need not ask Go again (py_client.c's kill_epoch).
 _Alignas(8) uint64_t dc_kill_epoch;
 
 #define DC_ERRMSG_MAX 1024

@@ -36,7 +36,7 @@ import (
 
 func init() {
 	// Kills are counted where C reads the count without calling into Go
-	// (pymodule.c's kill_epoch).
+	// (py_client.c's kill_epoch).
 	ctxtree.CountKills((*atomic.Uint64)(unsafe.Pointer(&C.dc_kill_epoch)))
 }
 

@@ -1,6 +1,6 @@
 package main
 
-// The C ABI is exercised as a C caller sees it by python/tests/test_c_abi.py
+// The C ABI is exercised as a C caller sees it by python/tests/test_c_abi*.py
 // (cffi). These tests cover what Go can reach without cgo in a test file:
 // exports called with untyped constants and nil pointers, and the Go-side
 // helpers behind them.

@@ -22,6 +22,12 @@ def _hatchling():
     return pytest.importorskip("hatchling.build")
 
 
+def _native_c_sources():
+    """The C files of go/native (the extension module's py_*.c and errors.c),
+    relative to the repository."""
+    return sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "go" / "native").glob("*.c"))
+
+
 @pytest.fixture(scope="module")
 def wheel_from_sdist(tmp_path_factory):
     """An sdist of the repository, and a wheel built from that sdist alone."""
@@ -50,10 +56,11 @@ def test_sdist_has_sources_not_build_products(wheel_from_sdist):
         "go.mod",
         "go.sum",
         "go/native/main.go",
-        "go/native/pymodule.c",
+        "go/native/py_native.h",
         "python/dynamo_ctx/__init__.py",
         "LICENSE",
         "README.md",
+        *_native_c_sources(),
     ):
         assert needed in names
     assert not [n for n in names if n.endswith(".so")]
@@ -121,4 +128,27 @@ def test_python_symbols_are_weak():
     lib = Path(dynamo_ctx.__file__).parent / "_native.abi3.so"
     out = subprocess.run(["nm", "-D", "--undefined-only", str(lib)], capture_output=True, text=True, check=True).stdout
     strong = [line.split()[-1] for line in out.splitlines() if line.split()[-1].lstrip("_").startswith("Py") and line.split()[0] == "U"]
-    assert strong == [], f"add '#pragma weak' for these in go/native/pymodule.c: {strong}"
+    assert strong == [], f"add '#pragma weak' for these in go/native/py_native.h: {strong}"
+
+
+def test_every_module_file_sees_the_weak_symbols_and_the_guard():
+    """Each C file of the extension module includes py_native.h (the weak
+    Python symbols, the __has_include(<Python.h>) guard) before anything
+    else, and compiles to nothing without Python.h: so the library builds
+    and loads without an interpreter, whichever file a Python call is in."""
+    native = ROOT / "go" / "native"
+    files = sorted(native.glob("py_*.c"))
+    assert len(files) >= 5, files
+    for f in files:
+        text = f.read_text("utf-8")
+        code = [line for line in text.splitlines() if line.strip() and not line.startswith("//")]
+        assert text.startswith("// " + f.name + ": "), f"{f.name}: its first comment states its one job"
+        assert code[:2] == ['#include "py_native.h"', "#ifdef DC_WITH_PYTHON"], f.name
+        assert code[-1] == "#endif // DC_WITH_PYTHON", f.name
+        assert "Python.h" not in text, f"{f.name}: include py_native.h, not Python.h"
+    for f in native.glob("*.c"):
+        if f.name.startswith("py_"):
+            continue
+        assert "Python.h" not in f.read_text("utf-8") and "py_native.h" not in f.read_text("utf-8"), f.name
+    header = (native / "py_native.h").read_text("utf-8")
+    assert "__has_include(<Python.h>)" in header and "#pragma weak" in header

@@ -1,0 +1,361 @@
+"""The C ABI's contexts (docs/c-abi.md): creation and ids, the state word,
+cancellation, children, deadlines."""
+
+from __future__ import annotations
+
+import re
+import uuid
+
+import pytest
+
+from c_abi import (
+    ALL_REASONS,
+    DC_EINVAL,
+    DC_ERANGE,
+    DC_KILLED,
+    DC_LIVE,
+    DC_REASON_CLIENT_DISCONNECTED,
+    DC_REASON_DEADLINE,
+    DC_REASON_KILL,
+    DC_REASON_NONE,
+    DC_REASON_PARENT,
+    DC_REASON_SHUTDOWN,
+    DC_REASON_STOP_GENERATING,
+    DC_STOPPED,
+    HANG,
+    REASON_NAMES,
+    counts,
+    ctx_id,
+    expect,
+    ffi,
+    free_all,
+    lib_fixture,  # noqa: F401 - the fixture "lib"
+    new_child,
+    new_ctx,
+    new_queue,
+    ok,
+    state,
+)
+
+
+# ---------------------------------------------------------------------------
+# Contexts: creation and ids
+# ---------------------------------------------------------------------------
+
+
+def test_create_with_id_and_uuid(lib):
+    h = new_ctx(lib, "req-42")
+    assert ctx_id(lib, h) == "req-42"
+    assert state(lib, h) == (DC_LIVE, DC_REASON_NONE)
+    u1, u2 = new_ctx(lib), new_ctx(lib)
+    s1, s2 = ctx_id(lib, u1), ctx_id(lib, u2)
+    for s in (s1, s2):
+        assert re.fullmatch(r"[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}", s), s
+        assert uuid.UUID(s).version == 4
+    assert s1 != s2
+    assert len({h, u1, u2}) == 3
+    free_all(lib, h, u1, u2)
+
+
+@pytest.mark.parametrize(
+    "id",
+    ["a", "req-42", "réq-ñ-日本語-🙂", "x" * 4096, "é" * 2048, "🙂" * 1024, "tab\tand space ", "\x01\x7f"],
+    ids=["one-byte", "ascii", "non-ascii", "4096-ascii", "4096-2byte", "4096-4byte", "whitespace", "controls"],
+)
+def test_id_round_trip(lib, id):
+    h = new_ctx(lib, id)
+    assert ctx_id(lib, h) == id
+    free_all(lib, h)
+
+
+def test_id_is_length_delimited_not_nul_terminated(lib):
+    out = ffi.new("uint64_t *")
+    raw = ffi.new("char[]", b"abcdef")  # only the first 3 bytes are the id
+    ok(lib, lib.dc_context_new(raw, 3, out))
+    assert ctx_id(lib, out[0]) == "abc"
+    free_all(lib, out[0])
+
+
+def test_context_id_buffer_too_small(lib):
+    id = "req-ünïcode-77"
+    raw = id.encode()
+    h = new_ctx(lib, id)
+    n = ffi.new("size_t *")
+    for cap in (0, 1, len(raw) // 2, len(raw)):  # len(raw) leaves no room for the NUL
+        n[0] = 12345
+        buf = ffi.new("char[]", max(cap, 1))
+        expect(lib, lib.dc_context_id(h, buf if cap else ffi.NULL, cap, n), DC_ERANGE, "dc_context_id")
+        assert n[0] == len(raw)
+    buf = ffi.new("char[]", b"\xaa" * (len(raw) + 4))
+    ok(lib, lib.dc_context_id(h, buf, n[0] + 1, n))
+    assert n[0] == len(raw)
+    assert ffi.unpack(buf, len(raw) + 2) == raw + b"\0\xaa"  # NUL-terminated, nothing past it
+    free_all(lib, h)
+
+
+def test_length_pointer_may_be_null_for_string_getters(lib):
+    h = new_ctx(lib, "req-9")
+    buf = ffi.new("char[16]")
+    ok(lib, lib.dc_context_id(h, buf, 16, ffi.NULL))
+    assert ffi.string(buf) == b"req-9"
+    expect(lib, lib.dc_context_id(h, buf, 3, ffi.NULL), DC_ERANGE, "dc_context_id")
+    ok(lib, lib.dc_reason_name(DC_REASON_KILL, buf, 16, ffi.NULL))
+    assert ffi.string(buf) == b"kill"
+    free_all(lib, h)
+
+
+@pytest.mark.parametrize(
+    "raw,length",
+    [
+        (None, 3),
+        (b"", 0),
+        (b"abc", 0),
+        (b"x" * 4097, 4097),
+        (b"\xff\xfe", 2),
+        (b"\xed\xa0\x80", 3),  # a UTF-16 surrogate, not valid UTF-8
+        (b"\xc0\xaf", 2),  # overlong encoding
+        ("日".encode()[:2], 2),  # truncated sequence
+        (b"ab\0cd", 5),
+        (b"\0", 1),
+    ],
+    ids=["null", "empty", "zero-len", "4097", "ff-fe", "surrogate", "overlong", "truncated", "nul", "only-nul"],
+)
+def test_bad_ids(lib, raw, length):
+    before = counts(lib)
+    out = ffi.new("uint64_t *", 0)
+    arg = ffi.NULL if raw is None else ffi.new("char[]", raw)
+    expect(lib, lib.dc_context_new(arg, length, out), DC_EINVAL, "dc_context_new")
+    assert out[0] == 0  # nothing stored on failure
+    assert counts(lib) == before
+
+
+def test_null_out_pointers(lib):
+    h = new_ctx(lib)
+    q, _ = new_queue(lib)
+    cases = [
+        ("dc_context_new", lambda: lib.dc_context_new(b"abc", 3, ffi.NULL)),
+        ("dc_context_new_uuid", lambda: lib.dc_context_new_uuid(ffi.NULL)),
+        ("dc_context_state", lambda: lib.dc_context_state(h, ffi.NULL)),
+        ("dc_context_state_word", lambda: lib.dc_context_state_word(h, ffi.NULL)),
+        ("dc_context_child", lambda: lib.dc_context_child(h, ffi.NULL)),
+        ("dc_queue_new", lambda: lib.dc_queue_new(ffi.NULL, ffi.new("int *"))),
+        ("dc_queue_new", lambda: lib.dc_queue_new(ffi.new("uint64_t *"), ffi.NULL)),
+        ("dc_queue_drain", lambda: lib.dc_queue_drain(q, ffi.new("uint64_t[4]"), 4, ffi.NULL)),
+        ("dc_queue_drain", lambda: lib.dc_queue_drain(q, ffi.NULL, 4, ffi.new("size_t *"))),
+        ("dc_queue_drain_after", lambda: lib.dc_queue_drain_after(q, ffi.NULL)),
+        ("dc_log_fd", lambda: lib.dc_log_fd(ffi.NULL)),
+        ("dc_log_next", lambda: lib.dc_log_next(ffi.NULL, ffi.new("char[64]"), 64, ffi.new("size_t *"))),
+        ("dc_log_next", lambda: lib.dc_log_next(ffi.new("int *"), ffi.new("char[64]"), 64, ffi.NULL)),
+    ]
+    before = counts(lib)
+    for name, call in cases:
+        expect(lib, call(), DC_EINVAL, name)
+    assert counts(lib) == before  # nothing was created by the failing calls
+    # dc_handle_counts accepts NULL for either pointer.
+    ok(lib, lib.dc_handle_counts(ffi.NULL, ffi.NULL, ffi.NULL))
+    # A drain with no buffer and cap 0 is valid and takes nothing.
+    n = ffi.new("size_t *", 99)
+    ok(lib, lib.dc_queue_drain(q, ffi.NULL, 0, n))
+    assert n[0] == 0
+    free_all(lib, h)
+    ok(lib, lib.dc_queue_free(q))
+
+
+# ---------------------------------------------------------------------------
+# Contexts: state word, cancellation, children
+# ---------------------------------------------------------------------------
+
+
+def test_state_word_pointer(lib):
+    h = new_ctx(lib)
+    p = ffi.new("uint32_t **")
+    ok(lib, lib.dc_context_state_word(h, p))
+    word = p[0]
+    assert word != ffi.NULL
+    p2 = ffi.new("uint32_t **")
+    ok(lib, lib.dc_context_state_word(h, p2))
+    assert p2[0] == word  # one word per context, stable
+    assert word[0] == DC_LIVE | DC_REASON_NONE << 8
+    ok(lib, lib.dc_context_stop_generating(h))
+    # Read without calling into the library: the store happened before the call returned.
+    # state | reason << 8 | cause << 16: a direct stop is its own cause.
+    assert word[0] == DC_STOPPED | DC_REASON_STOP_GENERATING << 8 | DC_REASON_STOP_GENERATING << 16
+    ok(lib, lib.dc_context_kill(h))
+    assert word[0] & 0xFF == DC_KILLED
+    assert (word[0] >> 8) & 0xFF == DC_REASON_KILL
+    assert word[0] >> 16 == DC_REASON_KILL  # the cause: a direct kill is its own
+    other = new_ctx(lib)
+    ok(lib, lib.dc_context_state_word(other, p2))
+    assert p2[0] != word and p2[0][0] == 0
+    free_all(lib, h, other)
+
+
+def test_stop_then_kill_then_stop_is_monotonic(lib):
+    h = new_ctx(lib)
+    assert state(lib, h) == (DC_LIVE, DC_REASON_NONE)
+    ok(lib, lib.dc_context_stop_generating(h))
+    assert state(lib, h) == (DC_STOPPED, DC_REASON_STOP_GENERATING)
+    ok(lib, lib.dc_context_stop_generating(h))  # idempotent
+    ok(lib, lib.dc_context_cancel(h, DC_STOPPED, DC_REASON_DEADLINE))  # already there: unchanged
+    assert state(lib, h) == (DC_STOPPED, DC_REASON_STOP_GENERATING)
+    ok(lib, lib.dc_context_kill(h))
+    assert state(lib, h) == (DC_KILLED, DC_REASON_KILL)
+    ok(lib, lib.dc_context_stop_generating(h))  # never backwards
+    ok(lib, lib.dc_context_kill(h))
+    ok(lib, lib.dc_context_cancel(h, DC_KILLED, DC_REASON_SHUTDOWN))
+    ok(lib, lib.dc_context_cancel(h, DC_STOPPED, DC_REASON_DEADLINE))
+    assert state(lib, h) == (DC_KILLED, DC_REASON_KILL)
+    # kill on a live context goes straight to KILLED.
+    k = new_ctx(lib)
+    ok(lib, lib.dc_context_kill(k))
+    assert state(lib, k) == (DC_KILLED, DC_REASON_KILL)
+    free_all(lib, h, k)
+
+
+@pytest.mark.parametrize("target", [DC_STOPPED, DC_KILLED], ids=["stopped", "killed"])
+@pytest.mark.parametrize("reason", list(ALL_REASONS), ids=[REASON_NAMES[r] for r in ALL_REASONS])
+def test_cancel_with_each_reason(lib, target, reason):
+    h = new_ctx(lib)
+    ok(lib, lib.dc_context_cancel(h, target, reason))
+    assert state(lib, h) == (target, reason)
+    free_all(lib, h)
+
+
+def test_cancel_rejects_bad_state_and_reason(lib):
+    h = new_ctx(lib)
+    for bad_state in (DC_LIVE, 3, 0x101, 2**32 - 1):
+        expect(lib, lib.dc_context_cancel(h, bad_state, DC_REASON_KILL), DC_EINVAL, "dc_context_cancel")
+    for bad_reason in (DC_REASON_NONE, 8, 255, 256 + DC_REASON_KILL, 2**32 - 1):
+        for target in (DC_STOPPED, DC_KILLED):
+            expect(lib, lib.dc_context_cancel(h, target, bad_reason), DC_EINVAL, "dc_context_cancel")
+    assert state(lib, h) == (DC_LIVE, DC_REASON_NONE)  # the rejected calls changed nothing
+    free_all(lib, h)
+
+
+def test_children_follow_parent(lib):
+    parent = new_ctx(lib, "req-7")
+    linked = new_ctx(lib, "other-id")
+    ok(lib, lib.dc_context_link_child(parent, linked))
+    child = new_child(lib, parent)
+    assert ctx_id(lib, child) == "req-7"
+    grandchild = new_child(lib, child)
+    ok(lib, lib.dc_context_stop_generating(parent))
+    for h in (linked, child, grandchild):
+        assert state(lib, h) == (DC_STOPPED, DC_REASON_PARENT)
+    ok(lib, lib.dc_context_kill(parent))
+    assert state(lib, parent) == (DC_KILLED, DC_REASON_KILL)
+    for h in (linked, child, grandchild):
+        assert state(lib, h) == (DC_KILLED, DC_REASON_PARENT)
+    free_all(lib, parent, linked, child, grandchild)
+
+
+def test_child_does_not_cancel_parent(lib):
+    parent = new_ctx(lib)
+    child = new_child(lib, parent)
+    ok(lib, lib.dc_context_kill(child))
+    assert state(lib, parent) == (DC_LIVE, DC_REASON_NONE)
+    free_all(lib, parent, child)
+
+
+def test_stopped_child_is_killed_by_parent(lib):
+    parent = new_ctx(lib)
+    child = new_child(lib, parent)
+    ok(lib, lib.dc_context_cancel(child, DC_STOPPED, DC_REASON_CLIENT_DISCONNECTED))
+    ok(lib, lib.dc_context_kill(parent))
+    assert state(lib, child) == (DC_KILLED, DC_REASON_PARENT)
+    free_all(lib, parent, child)
+
+
+@pytest.mark.parametrize("target", [DC_STOPPED, DC_KILLED], ids=["stopped", "killed"])
+def test_link_to_cancelled_parent_applies_at_once(lib, target):
+    parent = new_ctx(lib)
+    ok(lib, lib.dc_context_cancel(parent, target, DC_REASON_SHUTDOWN))
+    child = new_ctx(lib)
+    ok(lib, lib.dc_context_link_child(parent, child))
+    assert state(lib, child) == (target, DC_REASON_PARENT)
+    made = new_child(lib, parent)
+    assert state(lib, made) == (target, DC_REASON_PARENT)
+    free_all(lib, parent, child, made)
+
+
+def test_cycles_and_self_links_terminate(lib):
+    a, b, c = new_ctx(lib), new_ctx(lib), new_ctx(lib)
+    ok(lib, lib.dc_context_link_child(a, a))
+    ok(lib, lib.dc_context_link_child(a, b))
+    ok(lib, lib.dc_context_link_child(b, c))
+    ok(lib, lib.dc_context_link_child(c, a))
+    ok(lib, lib.dc_context_link_child(a, b))  # twice is the same as once
+    ok(lib, lib.dc_context_stop_generating(b))
+    assert state(lib, b) == (DC_STOPPED, DC_REASON_STOP_GENERATING)
+    assert state(lib, c) == (DC_STOPPED, DC_REASON_PARENT)
+    assert state(lib, a) == (DC_STOPPED, DC_REASON_PARENT)
+    ok(lib, lib.dc_context_kill(a))
+    assert state(lib, a) == (DC_KILLED, DC_REASON_KILL)
+    assert state(lib, b) == (DC_KILLED, DC_REASON_PARENT)
+    assert state(lib, c) == (DC_KILLED, DC_REASON_PARENT)
+    free_all(lib, a, b, c)
+
+
+def test_deep_chain(lib):
+    root = new_ctx(lib)
+    chain = [root]
+    for _ in range(5000):
+        chain.append(new_child(lib, chain[-1]))
+    ok(lib, lib.dc_context_kill(root))
+    assert state(lib, chain[-1]) == (DC_KILLED, DC_REASON_PARENT)
+    free_all(lib, *chain)
+
+
+def test_finish_unlinks_from_parents(lib):
+    parent = new_ctx(lib)
+    done = new_child(lib, parent)
+    running = new_child(lib, parent)
+    below_done = new_child(lib, done)
+    ok(lib, lib.dc_context_finish(done))
+    ok(lib, lib.dc_context_finish(done))  # idempotent
+    ok(lib, lib.dc_context_kill(parent))
+    assert state(lib, running) == (DC_KILLED, DC_REASON_PARENT)
+    assert state(lib, done) == (DC_LIVE, DC_REASON_NONE)  # no longer follows the parent
+    assert state(lib, below_done) == (DC_LIVE, DC_REASON_NONE)
+    ok(lib, lib.dc_context_stop_generating(done))  # its own children still follow it
+    assert state(lib, below_done) == (DC_STOPPED, DC_REASON_PARENT)
+    free_all(lib, parent, done, running, below_done)
+
+
+def test_freed_handle_context_keeps_propagating(lib):
+    parent = new_ctx(lib)
+    middle = new_child(lib, parent)
+    leaf = new_child(lib, middle)
+    free_all(lib, middle)  # the handle goes; the context stays in the tree
+    ok(lib, lib.dc_context_kill(parent))
+    assert state(lib, leaf) == (DC_KILLED, DC_REASON_PARENT)
+    free_all(lib, parent, leaf)
+
+def test_timeout_and_remaining(lib):
+    """dc_context_set_timeout kills with DC_REASON_DEADLINE at the deadline; dc_context_remaining
+    says how long is left (-1 without a deadline); bad seconds are DC_EINVAL; children keep the
+    earlier deadline."""
+    import math
+    import time
+
+    h = new_ctx(lib, "timeout")
+    child = new_child(lib, h)
+    out = ffi.new("double *")
+    ok(lib, lib.dc_context_remaining(h, out))
+    assert out[0] == -1
+    for bad in (-1.0, math.nan, math.inf, float(lib.DC_MAX_TIMEOUT_SECONDS)):
+        assert "timeout" in expect(lib, lib.dc_context_set_timeout(h, bad), lib.DC_EINVAL, "dc_context_set_timeout")
+    ok(lib, lib.dc_context_set_timeout(h, 0.05))
+    ok(lib, lib.dc_context_remaining(child, out))
+    assert 0 < out[0] <= 0.05
+    deadline = time.monotonic() + HANG
+    while state(lib, h)[0] != lib.DC_KILLED:
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    assert state(lib, h) == (lib.DC_KILLED, lib.DC_REASON_DEADLINE)
+    ok(lib, lib.dc_context_remaining(h, out))
+    assert out[0] == 0
+    assert state(lib, child)[0] == lib.DC_KILLED
+    expect(lib, lib.dc_context_remaining(h, ffi.NULL), lib.DC_EINVAL, "dc_context_remaining")
+    free_all(lib, h, child)
+    expect(lib, lib.dc_context_set_timeout(h, 1.0), lib.DC_EBADF, "dc_context_set_timeout")

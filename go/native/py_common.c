@@ -1,6 +1,6 @@
 // py_common.c: the helpers every part of the extension module calls: the
-// fork guard, raising a library error as its Python exception, the flush
-// after a cancel, handle arguments, and the calls of one handle and the
+// fork guard, the Python callbacks the package registers (the exception
+// for a library error, the flush after a cancel), handle arguments, and the calls of one handle and the
 // string getters the wrappers share (declared in py_native.h).
 #include "py_native.h"
 
@@ -30,33 +30,47 @@ int check_fork(void) {
     return 0;
 }
 
-// python_function returns (and caches in *cache) the function name of the
-// package module mod, importing it on first use; NULL with the error
-// cleared if it cannot (the caller falls back). The module keeps it alive.
-static PyObject* python_function(PyObject** cache, const char* mod, const char* name) {
-    if (*cache == NULL) {
-        PyObject* m = PyImport_ImportModule(mod);
-        if (m != NULL) {
-            *cache = PyObject_GetAttrString(m, name);
-            Py_DECREF(m);
-        }
-        if (*cache == NULL) PyErr_Clear();
+// The Python functions the package registers when it loads the module
+// (_register_callbacks, called by dynamo_ctx._lib): C imports no Python
+// module. NULL until then; the module keeps them alive.
+static PyObject* exception_for_cb = NULL; // (code, message) -> exception: dynamo_ctx.errors._exception_for
+static PyObject* flush_local_cb = NULL;   // () -> None: dynamo_ctx._aio._flush_local
+
+// _register_callbacks(exception_for, flush_local): see the two above. Each
+// must be callable; a later call replaces them.
+static PyObject* mod_register_callbacks(PyObject* m, PyObject* args, PyObject* kwds) {
+    static char* kwlist[] = {"exception_for", "flush_local", NULL};
+    PyObject *exception_for, *flush;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO:_register_callbacks", kwlist, &exception_for, &flush)) return NULL;
+    if (!PyCallable_Check(exception_for) || !PyCallable_Check(flush)) {
+        PyErr_SetString(PyExc_TypeError, "_register_callbacks: exception_for and flush_local must be callable");
+        return NULL;
     }
-    return *cache;
+    PyObject *old_exception_for = exception_for_cb, *old_flush = flush_local_cb;
+    Py_INCREF(exception_for);
+    Py_INCREF(flush);
+    exception_for_cb = exception_for;
+    flush_local_cb = flush;
+    Py_XDECREF(old_exception_for);
+    Py_XDECREF(old_flush);
+    Py_RETURN_NONE;
 }
 
 // Raises the exception for error code rc with the calling thread's last error
 // message. Which exception is Python's business: the one table is
-// dynamo_ctx.runtime._exception_for(code, message).
+// dynamo_ctx.errors._exception_for(code, message), registered at load;
+// before that, RuntimeError with the message.
 PyObject* raise_rc(int rc) {
     char msg[1024];
     dc_last_error(msg, sizeof msg);
-    static PyObject* exception_for = NULL;
-    if (python_function(&exception_for, "dynamo_ctx.runtime", "_exception_for") == NULL) {
+    PyObject* table = exception_for_cb;
+    if (table == NULL) {
         PyErr_Format(PyExc_RuntimeError, "%s (code %d)", msg, rc);
         return NULL;
     }
-    PyObject* exc = PyObject_CallFunction(exception_for, "is", rc, msg);
+    Py_INCREF(table); // a call may register others meanwhile
+    PyObject* exc = PyObject_CallFunction(table, "is", rc, msg);
+    Py_DECREF(table);
     if (exc == NULL) return NULL; // the table itself raised
     PyObject* type = PyObject_Type(exc);
     PyErr_SetObject(type, exc);
@@ -65,14 +79,19 @@ PyObject* raise_rc(int rc) {
     return NULL;
 }
 
-// After this thread cancelled a context: dynamo_ctx._aio._flush_local()
-// delivers at once what the cancellation woke on this thread's running event
-// loop (an in-process handler, a waiter), rather than after the loop's next
-// poll of its fd. It returns None and never raises.
+// After this thread cancelled a context: the registered flush_local
+// (dynamo_ctx._aio._flush_local) delivers at once what the cancellation woke
+// on this thread's running event loop (an in-process handler, a waiter),
+// rather than after the loop's next poll of its fd. It returns None and
+// never raises. Before registration there is nothing to flush: the fd
+// delivers it.
 PyObject* flush_local(void) {
-    static PyObject* flush = NULL;
-    if (python_function(&flush, "dynamo_ctx._aio", "_flush_local") == NULL) Py_RETURN_NONE; // the fd delivers it
-    return PyObject_CallFunctionObjArgs(flush, NULL);
+    PyObject* flush = flush_local_cb;
+    if (flush == NULL) Py_RETURN_NONE;
+    Py_INCREF(flush);
+    PyObject* r = PyObject_CallFunctionObjArgs(flush, NULL);
+    Py_DECREF(flush);
+    return r;
 }
 
 int parse_u64(PyObject* o, uint64_t* out) {
@@ -119,5 +138,11 @@ PyObject* get_bytes(uint64_t h, int (*fn)(uint64_t, char*, size_t, size_t*), int
     if (rc != DC_OK) return raise_rc(rc);
     return out;
 }
+
+PyMethodDef common_methods[] = {
+    {"_register_callbacks", (PyCFunction)(void (*)(void))mod_register_callbacks, METH_VARARGS | METH_KEYWORDS,
+     "_register_callbacks(exception_for, flush_local): the package's functions the module calls"},
+    {NULL, NULL, 0, NULL},
+};
 
 #endif // DC_WITH_PYTHON

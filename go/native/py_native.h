@@ -32,11 +32,11 @@
 // python/tests/test_packaging.py fails on a strong Python symbol.
 #pragma weak PyBytes_AsStringAndSize
 #pragma weak PyBytes_FromStringAndSize
+#pragma weak PyCallable_Check
 #pragma weak PyDict_New
 #pragma weak PyDict_Next
 #pragma weak PyDict_SetItem
 #pragma weak PyDict_Type
-#pragma weak PyErr_Clear
 #pragma weak PyErr_Format
 #pragma weak PyErr_NoMemory
 #pragma weak PyErr_Occurred
@@ -51,7 +51,6 @@
 #pragma weak PyExc_ValueError
 #pragma weak PyFloat_AsDouble
 #pragma weak PyFloat_FromDouble
-#pragma weak PyImport_ImportModule
 #pragma weak PyList_Append
 #pragma weak PyList_GetItem
 #pragma weak PyList_New
@@ -76,7 +75,6 @@
 #pragma weak PyModule_Create2
 #pragma weak PyObject_CallFunction
 #pragma weak PyObject_CallFunctionObjArgs
-#pragma weak PyObject_GetAttrString
 #pragma weak PyObject_IsInstance
 #pragma weak PyObject_IsSubclass
 #pragma weak PyObject_SetAttrString
@@ -120,11 +118,12 @@ DC_HIDDEN void fork_guard_install(void);
 DC_HIDDEN int check_fork(void);
 
 // Raises the exception for error code rc with the calling thread's last error
-// message; returns NULL.
+// message (by the table the package registered); returns NULL.
 DC_HIDDEN PyObject* raise_rc(int rc);
 
-// After this thread cancelled a context: delivers what the cancellation woke
-// on this thread's running event loop; returns None (or NULL on error).
+// After this thread cancelled a context: calls the package's registered
+// flush, which delivers what the cancellation woke on this thread's running
+// event loop; returns None (or NULL on error).
 DC_HIDDEN PyObject* flush_local(void);
 
 // An int argument as a uint64_t handle; -1 with an exception set.
@@ -182,6 +181,7 @@ DC_HIDDEN int context_add_type(PyObject* m);
 // ---------------------------------------------------------------- the methods of each part
 
 // Each py_*.c file's module functions; py_module.c adds them all.
+extern DC_HIDDEN PyMethodDef common_methods[];
 extern DC_HIDDEN PyMethodDef queue_methods[];
 extern DC_HIDDEN PyMethodDef plane_methods[];
 extern DC_HIDDEN PyMethodDef client_methods[];

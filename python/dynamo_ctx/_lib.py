@@ -9,6 +9,11 @@ cannot be unloaded, and CPython never unloads extension modules anyway.
 Go never calls Python. Its log records wait in a queue inside the library
 whose file descriptor a daemon thread here watches; the thread drains them
 into the ``dynamo_ctx`` logger.
+
+Nor does the module's C code import Python modules: loading it here
+registers the Python functions it calls (``_register_callbacks``): the one
+table from error codes to exceptions (``errors._exception_for``) and the
+flush of what a cancel woke on the running loop (``_aio._flush_local``).
 """
 
 from __future__ import annotations
@@ -42,6 +47,10 @@ def _load() -> ModuleType:
         if _native is None:
             from dynamo_ctx import _native as mod  # noqa: PLC0415 - lazy on purpose
 
+            from ._aio import _flush_local  # noqa: PLC0415 - they import this module
+            from .errors import _exception_for  # noqa: PLC0415
+
+            mod._register_callbacks(exception_for=_exception_for, flush_local=_flush_local)
             mod.log_set_level(logger.getEffectiveLevel() or logging.WARNING)
             threading.Thread(target=_pump_logs, args=(mod,), name="dynamo_ctx-log", daemon=True).start()
             _native = mod

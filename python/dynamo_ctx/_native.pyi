@@ -4,7 +4,7 @@ Internal: use dynamo_ctx.Context. Every function raises RuntimeError when
 called in a child process forked after the library was loaded.
 """
 
-from typing import Any, Dict, List, Optional, Tuple, Type, TypeVar, Union
+from typing import Any, Callable, Dict, List, Optional, Tuple, Type, TypeVar, Union
 
 _C = TypeVar("_C", bound="Context")
 
@@ -65,6 +65,10 @@ class Context:
     def _state_word(self) -> int: ...
     def _handle(self) -> int: ...
 
+def _register_callbacks(exception_for: Callable[[int, str], BaseException], flush_local: Callable[[], None]) -> None:
+    """Called once by dynamo_ctx._lib when it loads the module: the functions the
+    C code calls (it imports no Python module). Until then a library error raises
+    RuntimeError with its message, and nothing is flushed after a cancel."""
 def queue_new() -> Tuple[int, int]: ...
 def queue_free(handle: int) -> None: ...
 def queue_drain(handle: int) -> List[int]: ...

@@ -1,0 +1,83 @@
+"""The extension module dynamo_ctx._native as the package loads it: the
+Python functions it calls are registered by dynamo_ctx._lib (its C code
+imports no Python module)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import dynamo_ctx
+from dynamo_ctx import Context
+
+HANG = 60.0  # seconds: only catches a hang
+
+
+def _run_fresh(code: str) -> str:
+    env = dict(os.environ, PYTHONPATH=str(Path(dynamo_ctx.__file__).parents[1]))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=HANG)
+    assert out.returncode == 0, out.stderr
+    assert out.stderr == ""
+    return out.stdout.strip()
+
+
+def test_errors_before_and_after_the_package_registers_its_callbacks():
+    """Loaded behind the package's back, the module raises RuntimeError with
+    the library's message and code (there is no table yet); once dynamo_ctx
+    loads it, the same error is the exception errors.py's table gives."""
+    code = (
+        "from dynamo_ctx import _native\n"
+        "try:\n"
+        "    _native.endpoint_path_check('no dots')\n"
+        "except Exception as e:\n"
+        "    print(type(e).__name__, '(code %d)' % _native.EINVAL in str(e))\n"
+        "from dynamo_ctx._lib import native\n"
+        "assert native() is _native\n"
+        "try:\n"
+        "    _native.endpoint_path_check('no dots')\n"
+        "except Exception as e:\n"
+        "    print(type(e).__name__, getattr(e, 'code_name', None))\n"
+    )
+    assert _run_fresh(code).splitlines() == ["RuntimeError True", "ValueError EINVAL"]
+
+
+def test_the_registered_table_makes_the_exceptions():
+    from dynamo_ctx._lib import native
+
+    lib = native()
+    with pytest.raises(ValueError) as e:
+        lib.endpoint_path_check("no dots")
+    assert e.value.code == lib.EINVAL and e.value.code_name == "EINVAL"  # type: ignore[attr-defined]
+
+
+def test_register_callbacks_wants_callables():
+    from dynamo_ctx._lib import native
+
+    lib = native()
+    with pytest.raises(TypeError, match="callable"):
+        lib._register_callbacks(exception_for=None, flush_local=lambda: None)
+    with pytest.raises(TypeError):
+        lib._register_callbacks(lambda code, msg: ValueError(msg))  # flush_local missing
+
+
+def test_a_cancel_calls_the_registered_flush():
+    """A cancel made by this thread calls the registered flush_local (the
+    package's delivers what the cancel woke on the running loop)."""
+    from dynamo_ctx import _aio, errors
+    from dynamo_ctx._lib import native
+
+    lib = native()
+    calls = []
+    ctx = Context()
+    ctx.child()  # the parent now has its Go side: its cancel goes to the library
+    lib._register_callbacks(exception_for=errors._exception_for, flush_local=lambda: calls.append(1))
+    try:
+        ctx.kill()
+    finally:
+        lib._register_callbacks(exception_for=errors._exception_for, flush_local=_aio._flush_local)
+    assert calls == [1]
+    assert ctx.is_killed()

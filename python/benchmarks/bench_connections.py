@@ -30,9 +30,9 @@ from typing import Dict, List, Optional, Set, Tuple
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent / "tests" / "fault_tolerance"))
+sys.path.insert(0, str(HERE.parent / "tests"))  # the harness
 from bench_load import dynamo_frontend, dynamo_python  # noqa: E402
-from conftest import Stack  # noqa: E402
+from harness import Stack  # noqa: E402
 
 
 def sockets() -> List[Tuple[str, str, str]]:

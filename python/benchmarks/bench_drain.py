@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import List
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "tests" / "fault_tolerance"))
-from conftest import Stack  # noqa: E402
+sys.path.insert(0, str(HERE.parent / "tests"))  # the harness
+from harness import Stack  # noqa: E402
 
 TOKENS = 400
 DECODE = 0.01

@@ -50,8 +50,8 @@ from pathlib import Path
 from typing import AsyncIterator, Dict, List, Optional, Tuple
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "tests" / "fault_tolerance"))
-from conftest import Stack  # noqa: E402
+sys.path.insert(0, str(HERE.parent / "tests"))  # the harness
+from harness import Stack  # noqa: E402
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 

@@ -10,13 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import resource
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sse import stream_completion  # noqa: E402
+from harness import stream_completion
 
 pytestmark = pytest.mark.slow
 

@@ -7,13 +7,10 @@ re-announce, and new requests succeed.
 from __future__ import annotations
 
 import asyncio
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sse import stream_completion, streams_through_fault  # noqa: E402
+from harness import NatsCluster, stream_completion, streams_through_fault
 
 pytestmark = pytest.mark.slow
 
@@ -27,10 +24,8 @@ def prompt_of(i: int) -> str:
 
 
 @pytest.fixture
-def cluster(nats_server_bin):
-    from natsserver import NatsCluster
-
-    c = NatsCluster(3).start()
+def cluster(nats_server_bin, tmp_path):
+    c = NatsCluster(3, log_dir=tmp_path / "logs").start()
     try:
         yield c
     finally:
@@ -69,7 +64,7 @@ def test_cluster_node_under_workers_sigkilled(stack, cluster):
     # Every worker is still there (the two on B re-announced through A or C) and serves.
     stack.frontend.wait_instances(3)
     for w in stack.workers:
-        assert w.proc.poll() is None, w.name
+        assert w.running(), w.name
     hp = stack.frontend.host_port
 
     async def more():

@@ -12,7 +12,7 @@ import signal
 import threading
 import time
 
-from conftest import http_get
+from harness import http_get
 
 DECODE = 0.01
 
@@ -40,10 +40,11 @@ def text_of(events):
 
 
 def health(worker):
+    """The body of the worker's /health (a 503's too), or b"" when it does not answer."""
     try:
-        return http_get(f"http://127.0.0.1:{worker.metrics_port}/health", timeout=2)[2]
-    except Exception as e:  # noqa: BLE001 - a 503 raises: its body is in the error
-        return getattr(e, "read", lambda: b"")()
+        return http_get(f"{worker.metrics_url}/health", timeout=2)[2]
+    except Exception:  # noqa: BLE001 - gone, or going
+        return b""
 
 
 def start_stream(stack, body, rid):
@@ -67,7 +68,7 @@ def test_sigterm_finishes_the_streams_in_flight_and_exits_0(stack):
     t, out = start_stream(stack, body, rid)
     victim = busy(stack)
     other = next(w for w in stack.workers if w is not victim)
-    victim.proc.send_signal(signal.SIGTERM)
+    victim.send_signal(signal.SIGTERM)
     deadline = time.monotonic() + 5
     while b"draining" not in health(victim):
         assert time.monotonic() < deadline, "the draining worker's /health never said so"
@@ -81,7 +82,7 @@ def test_sigterm_finishes_the_streams_in_flight_and_exits_0(stack):
     t.join(stack.hang)
     assert out[-1] == "[DONE]", out[-3:]
     assert text_of(out) == stack.expected_text("tick", 100), "the stream in flight finished, whole"
-    assert victim.proc.wait(stack.hang) == 0
+    assert victim.wait(stack.hang) == 0
     victim.wait_log(r"drained: every request finished")
     assert other.log_count(rf"New Request ID: {re.escape(rid)}(?: |$)") == 0
 
@@ -94,11 +95,11 @@ def test_past_the_drain_timeout_streams_are_handed_over(stack):
     t, out = start_stream(stack, body, rid)
     victim = busy(stack)
     other = next(w for w in stack.workers if w is not victim)
-    victim.proc.send_signal(signal.SIGTERM)
+    victim.send_signal(signal.SIGTERM)
     t.join(stack.hang)
     assert out[-1] == "[DONE]", out[-3:]
     assert text_of(out) == stack.expected_text("tick", 200), "continued on the other worker, token-exact"
-    assert victim.proc.wait(stack.hang) == 0
+    assert victim.wait(stack.hang) == 0
     victim.wait_log(r"drained: the requests still running were handed over")
     other.wait_log(rf"New Request ID: {re.escape(rid)}(?: |$)")
 
@@ -108,11 +109,11 @@ def test_a_second_signal_ends_the_drain_at_once(stack):
     rid = stack.new_id("drain-twice")
     t, out = start_stream(stack, {"model": stack.model, "prompt": "tick", "max_tokens": 5000}, rid)
     (w,) = stack.workers
-    w.proc.send_signal(signal.SIGTERM)
+    w.send_signal(signal.SIGTERM)
     w.wait_log(r"draining: left discovery")
     t0 = time.monotonic()
-    w.proc.send_signal(signal.SIGTERM)
-    assert w.proc.wait(stack.hang) == 0
+    w.send_signal(signal.SIGTERM)
+    assert w.wait(stack.hang) == 0
     assert time.monotonic() - t0 < 10, "not the 60 s drain"
     t.join(stack.hang)
     assert out[-1] != "[DONE]"
@@ -124,13 +125,13 @@ def test_frontend_sigterm_finishes_then_kills_with_reason_shutdown(stack):
     short_t, short = start_stream(stack, {"model": stack.model, "prompt": "tick", "max_tokens": 20}, stack.new_id("short"))
     long_rid = stack.new_id("long")
     long_t, long_ = start_stream(stack, {"model": stack.model, "prompt": "tick", "max_tokens": 5000}, long_rid)
-    fe.proc.send_signal(signal.SIGTERM)
+    fe.send_signal(signal.SIGTERM)
     short_t.join(stack.hang)
     long_t.join(stack.hang)
     assert short[-1] == "[DONE]", "a stream shorter than the drain timeout finishes"
     last = json.loads(long_[-1])
     assert last["error"]["code"] == "shutdown", last
-    assert fe.proc.wait(stack.hang) == 0
+    assert fe.wait(stack.hang) == 0
     stack.workers[0].wait_log(rf"Aborted Request ID: {re.escape(long_rid)}(?: |$)")
 
 
@@ -155,17 +156,17 @@ def test_drain_racing_new_requests_loses_none(stack):
             errors.append(f"round {r} request {i}: {e!r}")
 
     for r in range(5):
-        live = [w for w in stack.workers if w.proc.poll() is None]
+        live = [w for w in stack.workers if w.running()]
         assert len(live) == 2
         threads = [threading.Thread(target=one, args=(i, r)) for i in range(30)]
         for i, t in enumerate(threads):
             t.start()
             if i == 15:
-                live[r % 2].proc.send_signal(signal.SIGTERM)
+                live[r % 2].send_signal(signal.SIGTERM)
             time.sleep(0.003)
         for t in threads:
             t.join(stack.hang)
-        assert live[r % 2].proc.wait(stack.hang) == 0
+        assert live[r % 2].wait(stack.hang) == 0
         stack.workers.remove(live[r % 2])
         stack.start([{"decode": 0.002, "args": args}], frontend=False)  # waits until the frontend sees both
     assert errors == []
@@ -189,12 +190,12 @@ def test_sigterm_during_prefill_finishes_the_request(stack):
             model=stack.model, prompt=prompt, max_tokens=5, extra_headers={"x-request-id": rid})))
         t.start()
         stack.worker("prefill").wait_log(rf"New Prefill Request ID: {re.escape(rid)}(?: |$)")
-        victim.proc.send_signal(signal.SIGTERM)
+        victim.send_signal(signal.SIGTERM)
         t.join(stack.hang)
         assert "r" in out, f"round {r} ({which}): the request failed"
         assert out["r"].usage.completion_tokens == 5
         assert out["r"].choices[0].text == stack.expected_text(prompt, 5)
-        assert victim.proc.wait(stack.hang) == 0
+        assert victim.wait(stack.hang) == 0
         stack.workers.remove(victim)
         spec = {"mode": which, "args": ["--drain-timeout", "30"]}
         spec["prefill" if which == "prefill" else "decode"] = prefill if which == "prefill" else 0.002

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from harness import http_get
+
 
 def test_models_health_and_request_id(stack):
     fe = stack.start([{"mode": "agg"}]).frontend
@@ -73,12 +75,6 @@ def test_metrics_parse_as_prometheus_text(stack):
     fe = stack.start([{"mode": "agg"}]).frontend
     fe.openai().completions.create(model=stack.model, prompt="metrics", max_tokens=3)
 
-    import urllib.request
-
-    def http_get(url):
-        with urllib.request.urlopen(url, timeout=10) as r:
-            return r.status, dict(r.headers), r.read()
-
     _, headers, body = http_get(fe.url + "/metrics")
     assert headers.get("Content-Type", "").startswith("text/plain")
     fams = {f.name: f for f in text_string_to_metric_families(body.decode())}
@@ -89,7 +85,7 @@ def test_metrics_parse_as_prometheus_text(stack):
     assert fams["go_goroutines"].type == "gauge"
 
     worker = stack.worker("agg")
-    _, _, body = http_get(f"http://127.0.0.1:{worker.metrics_port}/metrics")
+    _, _, body = http_get(f"{worker.metrics_url}/metrics")
     wf = {f.name: f for f in text_string_to_metric_families(body.decode())}
     assert wf["dynamo_ctx_worker_running_requests"].type == "gauge"
     assert any(n.startswith("dynamo_ctx_worker_aborts_confirmed") for n in wf)

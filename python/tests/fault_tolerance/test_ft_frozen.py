@@ -8,26 +8,23 @@ go elsewhere, and it serves again once its loop runs."""
 from __future__ import annotations
 
 import re
-import signal
 import sys
 import threading
 import time
-
-from conftest import Proc, Worker, free_port
 
 
 def test_frozen_worker_costs_no_request_and_serves_again_after_sigcont(stack):
     stack.start([{"decode": 0.002}, {"decode": 0.002}], migration_limit=0)
     frozen, healthy = stack.workers
     client = stack.frontend.openai()
-    frozen.proc.send_signal(signal.SIGSTOP)
+    frozen.freeze()
     try:
         ids = [stack.new_id("while-frozen") for _ in range(8)]
         for rid in ids:
             r = client.completions.create(model=stack.model, prompt="tick", max_tokens=3, extra_headers={"x-request-id": rid})
             assert r.usage.completion_tokens == 3
     finally:
-        frozen.proc.send_signal(signal.SIGCONT)
+        frozen.thaw()
     for rid in ids:
         healthy.wait_log(rf"New Request ID: {re.escape(rid)}(?: |$)")
     time.sleep(1.5)  # the woken worker reads what it missed
@@ -66,24 +63,12 @@ main()
 """
 
 
-class WedgedWorker(Worker):
-    def __init__(self, stack) -> None:
-        self.mode = "agg"
-        self.model = stack.model
-        self.metrics_port = free_port()
-        argv = [sys.executable, "-c", WEDGE, "--engine", "mock", "--mode", "agg", "--model", stack.model,
-                "--namespace", stack.namespace, "--metrics-port", str(self.metrics_port), "--decode-time-per-token", "0.01"]
-        Proc.__init__(self, "worker-wedged", argv, stack.env)
-        self.instance_id = None
-
-
 def test_wedged_event_loop_is_found_out_and_costs_no_request(stack):
     stack.start([{"decode": 0.01}], migration_limit=1)
     (healthy,) = stack.workers
-    wedged = WedgedWorker(stack)
-    stack.procs.append(wedged)
-    stack.workers.append(wedged.ready())
-    stack.frontend.wait_instances(2)
+    # The wedged worker joins the running stack: start() waits until the frontend sees both.
+    stack.start([{"decode": 0.01, "name": "worker-wedged", "command": [sys.executable, "-c", WEDGE]}], frontend=False)
+    wedged = stack.workers[-1]
     client = stack.frontend.openai()
 
     results, errors = {}, []
@@ -124,4 +109,4 @@ def test_wedged_event_loop_is_found_out_and_costs_no_request(stack):
             break
         assert time.monotonic() < deadline, "the unwedged worker never got a request again"
         time.sleep(0.1)
-    assert healthy.proc.poll() is None
+    assert healthy.running()

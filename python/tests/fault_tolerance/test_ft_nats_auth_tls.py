@@ -2,7 +2,7 @@
 authentication and TLS, the way a cluster past one machine is deployed.
 
 The server is a real nats-server process (built from go.mod's module by
-python/tests/natsserver.py) with a CA, a server certificate for 127.0.0.1 and
+python/tests/harness/nats.py) with a CA, a server certificate for 127.0.0.1 and
 a client certificate made here with the openssl command. Two deployments:
 
 - user and password in the URL (``tls://user:pass@host:port``) plus NATS_CA;
@@ -24,8 +24,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from natsserver import NatsServer  # noqa: E402
+from harness import NatsServer
 
 USER, PASSWORD = "dcuser", "s3cret-pass"
 REFUSAL_BOUND = 15.0  # a refused connection must fail well within this (it takes well under a second)
@@ -52,7 +51,7 @@ def certs(tmp_path_factory):
     return d
 
 
-def _server(certs: Path, verify_clients: bool) -> NatsServer:
+def _server(certs: Path, verify_clients: bool, log_dir: Path) -> NatsServer:
     conf = f"""
 tls {{
   cert_file: "{certs / 'server.pem'}"
@@ -66,7 +65,7 @@ authorization {{
   password: "{PASSWORD}"
 }}
 """
-    return NatsServer(config=conf, scheme="tls").start()
+    return NatsServer(config=conf, scheme="tls", log_dir=log_dir).start()
 
 
 def _connect_attempt(env: dict) -> subprocess.CompletedProcess:
@@ -118,7 +117,7 @@ def _traffic(stack) -> None:
 @pytest.mark.parametrize("deployment", ["url-credentials", "env-credentials+client-cert"])
 def test_frontend_and_workers_on_nats_with_auth_and_tls(stack, certs, deployment):
     verify = deployment != "url-credentials"
-    server = _server(certs, verify_clients=verify)
+    server = _server(certs, verify_clients=verify, log_dir=stack.log_dir)
     try:
         env = _clean_env(stack)
         env["NATS_CA"] = str(certs / "ca.pem")

@@ -88,13 +88,13 @@ def test_outcomes_add_up_under_sigstop_and_sigterm(stack):
     frozen, other = stack.workers
     threads = run_load(stack, 30)
     time.sleep(0.1)
-    frozen.proc.send_signal(signal.SIGSTOP)
+    frozen.freeze()
     time.sleep(0.5)
-    frozen.proc.send_signal(signal.SIGCONT)
+    frozen.thaw()
     more = run_load(stack, 12)
     time.sleep(0.1)
-    frozen.proc.send_signal(signal.SIGTERM)  # drains, hands the rest over after 0.3 s, exits 0
+    frozen.send_signal(signal.SIGTERM)  # drains, hands the rest over after 0.3 s, exits 0
     for t in threads + more:
         t.join(stack.hang)
-    assert frozen.proc.wait(stack.hang) == 0
+    assert frozen.wait(stack.hang) == 0
     settle(stack, [other])

@@ -10,6 +10,8 @@ import re
 import threading
 import time
 
+from harness import split_response
+
 DECODE = 0.01  # seconds per token
 OUTCOMES = ("completed", "stopped", "cancelled", "deadline", "failed", "rejected")
 
@@ -23,8 +25,7 @@ def post(stack, body, headers, read=True):
         return s
     data = stack.read_response(s)
     took = time.monotonic() - t0
-    head_b, _, body_b = data.partition(b"\r\n\r\n")
-    return int(head_b.split(b" ", 2)[1]), head_b.decode("latin-1"), body_b, took
+    return (*split_response(data), took)
 
 
 def queued(stack):

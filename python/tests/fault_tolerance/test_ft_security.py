@@ -18,6 +18,8 @@ import threading
 import time
 from typing import List, Optional, Tuple
 
+from harness import free_port
+
 SLOW_DECODE = 0.01  # 100 tokens/s
 
 
@@ -131,7 +133,7 @@ def test_oversized_body(stack):
     stack.start([{"mode": "agg"}])
     fe = stack.frontend
     host, port = fe.host_port
-    before = rss_bytes(fe.proc.pid)
+    before = rss_bytes(fe.pid)
     results: List[Tuple[int, bytes]] = []
     threads = [threading.Thread(target=lambda: results.append(raw_post(host, port, 64 << 20, stack.hang))) for _ in range(4)]
     for t in threads:
@@ -144,7 +146,7 @@ def test_oversized_body(stack):
         err = json.loads(body)["error"]
         assert err["code"] == "request_too_large"
         assert set(err) == {"message", "type", "param", "code"}
-    grown = rss_bytes(fe.proc.pid) - before
+    grown = rss_bytes(fe.pid) - before
     # Four 64 MiB bodies; the frontend reads at most 4 MiB of each.
     assert grown < 96 << 20, f"the frontend's RSS grew by {grown >> 20} MiB"
     # max_tokens beyond the model's context length: 400, before any worker sees it.
@@ -240,9 +242,7 @@ def test_stream_port_flood(stack):
     token-exact: before eviction, the workers' stream connections waited behind the flood
     until the connect timeout failed them."""
     stack.start([{"mode": "agg"}], frontend=False)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        stream_port = s.getsockname()[1]
+    stream_port = free_port()
     stack.env["DYNAMO_CTX_STREAM_ADDR"] = f"127.0.0.1:{stream_port}"
     stack.start([])  # the frontend alone listens on that stream port
     fe = stack.frontend

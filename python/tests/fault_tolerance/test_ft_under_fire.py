@@ -8,16 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import socket
-import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sse import streams_through_fault  # noqa: E402
+from harness import free_port, streams_through_fault
 
 pytestmark = pytest.mark.slow
 
@@ -25,12 +21,6 @@ STREAMS = 64
 MAX_TOKENS = 100
 DECODE = 0.02  # ~2 s per completion: every stream is mid-flight at the fault
 STALL = 4.0  # SIGSTOP this long: past the 2.5 s stream idle bound
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def prompt_of(i: int) -> str:
@@ -75,7 +65,7 @@ def test_sigkill_worker_under_fire(stack):
     victim = stack.workers[0]
     results, recovered, _ = asyncio.run(_under_fire(stack, victim.kill))
     _check(stack, results, recovered, "SIGKILL worker")
-    assert victim.proc.returncode == -signal.SIGKILL
+    assert victim.returncode == -signal.SIGKILL
     _wait_idle(stack, stack.workers[1:])
 
 
@@ -84,9 +74,9 @@ def test_sigstop_worker_under_fire(stack):
     victim = stack.workers[0]
 
     def stall():
-        victim.proc.send_signal(signal.SIGSTOP)
+        victim.freeze()
         # Resume later, while the test goes on (the liveness check must not wait for it).
-        threading.Timer(STALL, lambda: victim.proc.send_signal(signal.SIGCONT)).start()
+        threading.Timer(STALL, lambda: victim.thaw()).start()
 
     t0 = time.monotonic()
     results, recovered, took = asyncio.run(_under_fire(stack, stall))

@@ -1,6 +1,13 @@
-"""Real nats-server processes for tests: one server or a cluster on loopback.
+"""NATS for tests and benchmarks: the NATS host, and real nats-server processes.
 
-The binary is built once from the nats-server module already in go.mod (the
+``NatsHost`` is the usual one: a small ``python -c`` process whose
+``DistributedRuntime(nats_url="nats://127.0.0.1:0")`` embeds a NATS server on
+a free port and prints its URL; the frontend and workers get that URL as
+NATS_SERVER (only the default URL would be embedded by them), so nothing
+touches nats://127.0.0.1:4222.
+
+``NatsServer`` and ``NatsCluster`` are real nats-server processes: one server
+or a cluster on loopback. The binary is built once from the nats-server module already in go.mod (the
 same version the library embeds) into ``build/nats-server`` at the repository
 root; nothing is installed. Every server listens on ephemeral loopback ports
 picked here, so suites and demos run side by side.
@@ -11,16 +18,49 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.request
 from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Union
 
-ROOT = Path(__file__).resolve().parents[2]
+from .procs import ROOT, Proc, free_port
+
+NATS_HOST_CODE = r"""
+import sys
+from dynamo_ctx import DistributedRuntime
+rt = DistributedRuntime(nats_url="nats://127.0.0.1:0")
+print(rt.nats_url, flush=True)
+sys.stdin.read()  # until the test closes our stdin (or kills us)
+rt.shutdown()
+"""
+
+
+class NatsHost(Proc):
+    """The NATS host: an embedded NATS server on a free port of 127.0.0.1, in a process
+    of its own (``url``) that lives until ``stop()`` closes its stdin."""
+
+    def __init__(self, env: Dict[str, str], name: str = "nats-host", log_dir: Optional[Union[str, Path]] = None) -> None:
+        super().__init__(name, [sys.executable, "-c", NATS_HOST_CODE], env, log_dir=log_dir, stdin=True, events=True)
+        line = self.read_line().strip()
+        if not line.startswith("nats://"):
+            self.kill()
+            raise self.error(f"printed {line!r}, not a NATS URL")
+        self.url = line
+
+    def stop(self, timeout: float = 10.0) -> Optional[str]:
+        """Close its stdin (it shuts its runtime down and exits); SIGKILL if it lingers."""
+        self.close_stdin()
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+        return None
+
+
 _BIN = ROOT / "build" / "nats-server"
 _MODULE = "github.com/nats-io/nats-server/v2"
 
@@ -44,23 +84,17 @@ def nats_server_binary() -> Path:
     return _BIN
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_listening(port: int, proc: subprocess.Popen, timeout: float = 20.0) -> None:
+def _wait_listening(port: int, proc: Proc, timeout: float = 20.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"nats-server exited with {proc.returncode}")
+        if not proc.running():
+            raise proc.error(f"exited before listening on {port}")
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=0.5):
                 return
         except OSError:
             time.sleep(0.02)
-    raise TimeoutError(f"nats-server did not listen on {port} within {timeout} s")
+    raise proc.error(f"did not listen on {port} within {timeout} s")
 
 
 class NatsServer:
@@ -73,7 +107,7 @@ class NatsServer:
     def __init__(self, extra: Sequence[str] = (), config: Optional[str] = None,
                  scheme: str = "nats", name: str = "n", cluster_port: Optional[int] = None,
                  routes: Sequence[int] = (), cluster_name: str = "dc-test",
-                 port: Optional[int] = None) -> None:
+                 port: Optional[int] = None, log_dir: Optional[Union[str, Path]] = None) -> None:
         self.port = port or free_port()
         self.cluster_port = cluster_port
         self.name = name
@@ -92,7 +126,8 @@ class NatsServer:
         self.monitor_port = free_port()
         args += ["-m", str(self.monitor_port)] + list(extra)
         self.args = args
-        self.proc: Optional[subprocess.Popen] = None
+        self.log_dir = log_dir
+        self.proc: Optional[Proc] = None
 
     def routes(self) -> int:
         """How many other nodes this node has routes to (0 when its monitor does not answer)."""
@@ -108,33 +143,28 @@ class NatsServer:
         return f"{self.scheme}://127.0.0.1:{self.port}"
 
     def start(self) -> "NatsServer":
-        self.proc = subprocess.Popen(self.args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.DEVNULL, start_new_session=True)
+        self.proc = Proc(f"nats-server-{self.name}", self.args, log_dir=self.log_dir, new_session=True)
         _wait_listening(self.port, self.proc)
         return self
 
     def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(timeout=10)
+        """SIGKILL (the node dies)."""
+        if self.proc is not None:
+            self.proc.kill()
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.kill()
+        if self.proc is not None:
+            self.proc.stop()
         shutil.rmtree(self._dir, ignore_errors=True)
 
 
 class NatsCluster:
     """``n`` nats-server processes routed into one cluster on loopback."""
 
-    def __init__(self, n: int = 3, extra: Sequence[str] = ()) -> None:
+    def __init__(self, n: int = 3, extra: Sequence[str] = (), log_dir: Optional[Union[str, Path]] = None) -> None:
         cports = [free_port() for _ in range(n)]
         self.nodes = [NatsServer(extra=extra, name=f"node{i}", cluster_port=cports[i],
-                                 routes=[p for j, p in enumerate(cports) if j != i])
+                                 routes=[p for j, p in enumerate(cports) if j != i], log_dir=log_dir)
                       for i in range(n)]
 
     def start(self, timeout: float = 20.0) -> "NatsCluster":

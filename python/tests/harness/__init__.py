@@ -1,0 +1,41 @@
+"""The one harness for tests and benchmarks that start processes.
+
+    procs.py        free ports, child environments, Proc (a child with its own log file:
+                    start, wait for a log line or an event, SIGTERM then SIGKILL, kill -9,
+                    SIGSTOP/SIGCONT, its log dumped on failure), helper scripts
+    http_client.py  GET/POST, raw-socket requests, Prometheus text
+    sse.py          streamed completions read with asyncio (hundreds at once)
+    nats.py         the NATS host (an embedded server in a process of its own) and real
+                    nats-server processes (one, or a cluster)
+    stack.py        the worker and frontend commands as processes, and a stack of them
+
+It lives beside the tests (python/tests/harness), not in the package: it is test
+code, and the wheel ships none. The tests import it as ``harness`` (pytest puts
+python/tests on sys.path through its conftest.py); the benchmarks put python/tests
+on sys.path first. Each test keeps to itself: it picks its own ports, NATS address
+(a NATS host on an ephemeral port, passed to children as NATS_SERVER), namespace
+and request ids.
+
+The shipped demo (dynamo_ctx/examples/demo.py) keeps a small starter of its own,
+since the package cannot import from the tests.
+"""
+
+from .http_client import (
+    http_get, http_json, http_request, metric_sums, parse_prometheus, read_all, scrape, send_post, split_response,
+)
+from .nats import NatsCluster, NatsHost, NatsServer, nats_server_binary
+from .procs import (
+    HANG, PY_DIR, ROOT, STARTED, TESTS_DIR, Proc, ProcError, child_env, dump_logs, free_port, keep_logs, log_root,
+    start_script, wait_until,
+)
+from .sse import Result, stream_completion, streams_through_fault
+from .stack import MODEL, Frontend, Stack, Worker, expected_text, expected_tokens, new_id, new_namespace
+
+__all__ = [
+    "HANG", "MODEL", "PY_DIR", "ROOT", "STARTED", "TESTS_DIR",
+    "Frontend", "NatsCluster", "NatsHost", "NatsServer", "Proc", "ProcError", "Result", "Stack", "Worker",
+    "child_env", "dump_logs", "expected_text", "expected_tokens", "free_port", "http_get", "http_json", "http_request",
+    "keep_logs", "log_root", "metric_sums", "nats_server_binary", "new_id", "new_namespace", "parse_prometheus",
+    "read_all", "scrape", "send_post", "split_response", "start_script", "stream_completion", "streams_through_fault",
+    "wait_until",
+]

@@ -17,8 +17,6 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 import uuid
 from pathlib import Path
 
@@ -26,6 +24,7 @@ import pytest
 
 from dynamo_ctx import DistributedRuntime, HandlerError
 from dynamo_ctx.cli import _common as _cli
+from harness import Worker, http_get, wait_until
 from helpers import HANG
 
 HERE = Path(__file__).resolve().parent
@@ -162,75 +161,46 @@ def test_native_error_code_is_an_attribute_not_text():
 
 
 def get(url: str, method: str = "GET"):
-    req = urllib.request.Request(url, method=method)
-    try:
-        with urllib.request.urlopen(req, timeout=10) as r:
-            return r.status, dict(r.headers), r.read()
-    except urllib.error.HTTPError as e:
-        return e.code, dict(e.headers), e.read()
+    return http_get(url, method=method)
 
 
 def poll(fn, what: str):
-    deadline = time.monotonic() + HANG
-    while True:
-        try:
-            value = fn()
-            if value:
-                return value
-        except OSError:
-            pass
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
+    return wait_until(fn, what, every=0.05)
 
 
 def test_decode_worker_answers_before_a_prefill_worker_exists(nats_url):
     """/metrics and /health answer at once; /health says what it waits for
     (503, JSON) until a prefill worker comes, then 200; HEAD works; the logs are JSON lines."""
     ns = f"cli{uuid.uuid4().hex[:8]}"
-    with held_port() as s:
-        port = s.getsockname()[1]
-    procs = []
-    try:
-        decode = subprocess.Popen(
-            [sys.executable, "-m", "dynamo_ctx.worker", "--mode", "decode", "--namespace", ns, "--metrics-port", str(port)],
-            env=env_for(NATS_SERVER=nats_url, DYN_LOGGING_JSONL="1"), stderr=subprocess.PIPE, text=True,
-        )
-        procs.append(decode)
-        status, headers, body = poll(lambda: get(f"http://127.0.0.1:{port}/health"), "the decode worker's /health")
-        assert status == 503 and headers["Content-Type"] == "application/json", (status, body)
-        health = f"http://127.0.0.1:{port}/health"
-        poll(lambda: json.loads(get(health)[2]).get("waiting_for", "").startswith("a prefill worker"), "waiting_for")
-        assert json.loads(get(f"http://127.0.0.1:{port}/health")[2]) == {
-            "status": "waiting",
-            "waiting_for": f"a prefill worker on {ns}.prefill.generate",
-        }
-        status, headers, body = get(f"http://127.0.0.1:{port}/metrics")
-        assert status == 200 and headers["Content-Type"].startswith("text/plain")
-        text = body.decode()
-        assert 'dynamo_ctx_worker_requests_total{model="mock-model"} 0.0' in text
-        assert "process_cpu_seconds_total" in text or "python_info" in text  # the default registry is served too
-        status, headers, body = get(f"http://127.0.0.1:{port}/metrics", "HEAD")
-        assert status == 200 and body == b"" and int(headers["Content-Length"]) > 0
-        assert get(f"http://127.0.0.1:{port}/nope")[0] == 404
-        assert get(f"http://127.0.0.1:{port}/metrics", "POST")[0] == 405
+    # The command as a user runs it: no --engine, --model or --log-level of the harness's.
+    decode = Worker("decode", env_for(NATS_SERVER=nats_url, DYN_LOGGING_JSONL="1"), namespace=ns, mode="decode",
+                    model=None, engine=None)
+    base = decode.metrics_url
+    status, headers, body = poll(lambda: get(f"{base}/health"), "the decode worker's /health")
+    assert status == 503 and headers["Content-Type"] == "application/json", (status, body)
+    poll(lambda: json.loads(get(f"{base}/health")[2]).get("waiting_for", "").startswith("a prefill worker"), "waiting_for")
+    assert json.loads(get(f"{base}/health")[2]) == {
+        "status": "waiting",
+        "waiting_for": f"a prefill worker on {ns}.prefill.generate",
+    }
+    status, headers, body = get(f"{base}/metrics")
+    assert status == 200 and headers["Content-Type"].startswith("text/plain")
+    text = body.decode()
+    assert 'dynamo_ctx_worker_requests_total{model="mock-model"} 0.0' in text
+    assert "process_cpu_seconds_total" in text or "python_info" in text  # the default registry is served too
+    status, headers, body = get(f"{base}/metrics", "HEAD")
+    assert status == 200 and body == b"" and int(headers["Content-Length"]) > 0
+    assert get(f"{base}/nope")[0] == 404
+    assert get(f"{base}/metrics", "POST")[0] == 405
 
-        prefill = subprocess.Popen(
-            [sys.executable, "-m", "dynamo_ctx.worker", "--mode", "prefill", "--namespace", ns],
-            env=env_for(NATS_SERVER=nats_url),
-            stderr=subprocess.DEVNULL,
-        )
-        procs.append(prefill)
-        poll(lambda: get(f"http://127.0.0.1:{port}/health")[0] == 200, "readiness after the prefill worker came")
-        assert json.loads(get(f"http://127.0.0.1:{port}/health")[2]) == {"status": "ready"}
-        decode.terminate()
-        _, err = decode.communicate(timeout=HANG)
-        records = [json.loads(line) for line in err.splitlines()]
-        assert all({"time", "level", "target", "message"} <= set(r) for r in records), err
-        assert any(r["message"].startswith("serving ") and r["level"] == "INFO" for r in records), err
-    finally:
-        for p in procs:
-            p.kill()
-            p.wait()
+    Worker("prefill", env_for(NATS_SERVER=nats_url), namespace=ns, mode="prefill", model=None, engine=None)
+    poll(lambda: get(f"{base}/health")[0] == 200, "readiness after the prefill worker came")
+    assert json.loads(get(f"{base}/health")[2]) == {"status": "ready"}
+    assert decode.stop(timeout=HANG) is None
+    decode.wait()
+    records = [json.loads(line) for line in decode.lines]
+    assert all({"time", "level", "target", "message"} <= set(r) for r in records), decode.log()
+    assert any(r["message"].startswith("serving ") and r["level"] == "INFO" for r in records), decode.log()
 
 
 def test_handler_error_is_logged_once_with_request_id_and_traceback(nats_url, caplog):

@@ -6,11 +6,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
-import json
 import logging
 import os
 import signal
-import sys
 import uuid
 from pathlib import Path
 from unittest import mock
@@ -27,6 +25,7 @@ from dynamo_ctx import (
 )
 from dynamo_ctx import runtime as runtime_mod
 from dynamo_ctx.runtime import dynamo_worker
+from harness import start_script
 from helpers import HANG, run
 
 HERE = Path(__file__).resolve().parent
@@ -301,24 +300,11 @@ def test_metadata_reaches_handler_and_survives_stop(nats_url):
     run(main())
 
 
-class Worker:
-    def __init__(self, proc):
-        self.proc = proc
-
-    @classmethod
-    async def start(cls, nats_url, ns):
-        env = dict(os.environ, NATS_SERVER=nats_url, PYTHONPATH=str(HERE.parent))
-        argv = [sys.executable, str(HERE / "compat_worker.py"), ns]
-        proc = await asyncio.create_subprocess_exec(*argv, env=env, stdout=asyncio.subprocess.PIPE)
-        w = cls(proc)
-        line = await asyncio.wait_for(proc.stdout.readline(), HANG)
-        assert json.loads(line)["event"] == "ready", line
-        return w
-
-    async def kill(self):
-        if self.proc.returncode is None:
-            self.proc.send_signal(signal.SIGKILL)
-        await self.proc.wait()
+async def start_worker(nats_url, ns):
+    """compat_worker.py (made with @dynamo_worker) serving namespace ``ns``, once ready."""
+    worker = start_script(HERE / "compat_worker.py", ns, nats_url=nats_url)
+    await worker.event_async("ready")
+    return worker
 
 
 def test_metadata_across_processes_and_child_requests(nats_url):
@@ -327,7 +313,7 @@ def test_metadata_across_processes_and_child_requests(nats_url):
     # own context: metadata goes caller -> outer -> generate.
     async def main():
         ns = unique_ns()
-        worker = await Worker.start(nats_url, ns)
+        worker = await start_worker(nats_url, ns)
         runtime = DistributedRuntime(asyncio.get_running_loop(), "etcd", "tcp", nats_url=nats_url)
         try:
             client = await runtime.endpoint(f"{ns}.backend.outer").client()
@@ -337,16 +323,16 @@ def test_metadata_across_processes_and_child_requests(nats_url):
             assert [i["i"] for i in items] == [0, 1]
             for item in items:
                 assert item["id"] == "meta-remote"
-                assert item["pid"] == worker.proc.pid
+                assert item["pid"] == worker.pid
                 assert item["outer_metadata"] == {"tenant": "alpha", "hop": "outer"}
-                assert item["metadata"] == {"tenant": "alpha", "hop": "outer", "seen_by": worker.proc.pid}
+                assert item["metadata"] == {"tenant": "alpha", "hop": "outer", "seen_by": worker.pid}
             assert ctx.metadata == {"tenant": "alpha"}
             # Without metadata, the handler's starts empty.
             items = [a.data() async for a in await client.generate({"n": 1})]
-            assert items[0]["metadata"] == {"hop": "outer", "seen_by": worker.proc.pid}
+            assert items[0]["metadata"] == {"hop": "outer", "seen_by": worker.pid}
         finally:
             runtime.shutdown()
-            await worker.kill()
+            worker.kill()
 
     run(main())
 
@@ -356,7 +342,7 @@ def test_metadata_survives_migration(nats_url):
     # mid-stream; the retry on the other carries the same metadata and id.
     async def main():
         ns = unique_ns()
-        workers = [await Worker.start(nats_url, ns) for _ in range(2)]
+        workers = [await start_worker(nats_url, ns) for _ in range(2)]
         runtime = DistributedRuntime(asyncio.get_running_loop(), "etcd", "tcp", nats_url=nats_url)
         try:
             client = await runtime.endpoint(f"{ns}.backend.generate").client(migration_limit=1)
@@ -371,16 +357,16 @@ def test_metadata_survives_migration(nats_url):
                 assert item["metadata"] == {"tenant": "gamma", "seen_by": item["pid"]}
                 pids.append(item["pid"])
                 if killed is None:
-                    killed = next(w for w in workers if w.proc.pid == item["pid"])
-                    await killed.kill()
-                elif item["pid"] != killed.proc.pid:
+                    killed = next(w for w in workers if w.pid == item["pid"])
+                    killed.kill()
+                elif item["pid"] != killed.pid:
                     ctx.stop_generating()
                     break
             assert len(set(pids)) == 2, "the request was retried on the other worker"
         finally:
             runtime.shutdown()
             for w in workers:
-                await w.kill()
+                w.kill()
 
     run(main())
 

@@ -11,47 +11,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
-import os
-import signal
-import sys
 import uuid
 from pathlib import Path
 
 import pytest
 
 from dynamo_ctx import Context, DistributedRuntime
-from helpers import HANG, run
+from harness import start_script
+from helpers import run
 
 HERE = Path(__file__).resolve().parent
 
 
-class Worker:
-    """kill_worker.py in a subprocess."""
-
-    def __init__(self, proc, instance):
-        self.proc, self.instance = proc, instance
-
-    @classmethod
-    async def start(cls, nats_url, path, *args):
-        env = dict(os.environ, NATS_SERVER=nats_url, PYTHONPATH=str(HERE.parent))
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, str(HERE / "kill_worker.py"), path, *args, env=env, stdout=asyncio.subprocess.PIPE
-        )
-        try:
-            line = await asyncio.wait_for(proc.stdout.readline(), HANG)
-            ready = json.loads(line)
-        except BaseException:
-            proc.kill()
-            await proc.wait()
-            raise
-        assert ready["event"] == "ready"
-        return cls(proc, ready["instance"])
-
-    async def kill(self):
-        if self.proc.returncode is None:
-            self.proc.send_signal(signal.SIGKILL)
-        await self.proc.wait()
+async def start_worker(nats_url, path, *args):
+    """kill_worker.py serving ``path``, once ready: its ``instance`` is set."""
+    worker = start_script(HERE / "kill_worker.py", path, *args, nats_url=nats_url)
+    worker.instance = (await worker.event_async("ready"))["instance"]
+    return worker
 
 
 @contextlib.asynccontextmanager
@@ -60,13 +36,13 @@ async def worker_and_runtime(nats_url, prefix):
     suffix) and a runtime to call it: yields (worker, runtime, path). The
     runtime shuts down and the worker is SIGKILLed at the end."""
     path = f"{prefix}{uuid.uuid4().hex[:8]}.worker.generate"
-    worker = await Worker.start(nats_url, path)
+    worker = await start_worker(nats_url, path)
     rt = DistributedRuntime(nats_url=nats_url)
     try:
         yield worker, rt, path
     finally:
         rt.shutdown()
-        await worker.kill()
+        worker.kill()
 
 
 async def kill_at(stream, ctx, k, how):
@@ -120,13 +96,13 @@ def test_kill_during_migrated_stream_across_processes(nats_url):
         async with worker_and_runtime(nats_url, "killm") as (steady, rt, path):
             client = await rt.endpoint(path).client(migration_limit=2)
             for i in range(3):
-                doomed = await Worker.start(nats_url, path, "--hang-after", "3")
+                doomed = await start_worker(nats_url, path, "--hang-after", "3")
                 while doomed.instance not in client.instance_ids() or steady.instance not in client.instance_ids():
                     await asyncio.sleep(0.01)
                 ctx = Context(f"xmig-{i}")
                 stream = await client.direct({"n": 48}, doomed.instance, annotated=False, context=ctx)
                 assert [await stream.__anext__() for _ in range(3)] == [0, 1, 2]
-                await doomed.kill()  # mid-stream: the stream migrates to the steady worker
+                doomed.kill()  # mid-stream: the stream migrates to the steady worker
                 k = 2 + i
                 before, after = await kill_at(stream, ctx, k, ("kill", "aclose")[i % 2])
                 assert before == list(range(k + 1)), "the steady worker starts over (not a token stream)"

@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import json
 import os
-import signal
 import sys
 import time
 import uuid
@@ -15,38 +14,10 @@ from pathlib import Path
 import pytest
 
 from dynamo_ctx import Context, DistributedRuntime, NoResponders, StreamIncomplete
+from harness import start_script
 from helpers import HANG, run
 
 HERE = Path(__file__).resolve().parent
-
-
-class Proc:
-    """A helper script in a subprocess whose stdout carries JSON events."""
-
-    def __init__(self, proc):
-        self.proc = proc
-
-    @classmethod
-    async def start(cls, nats_url, script, *args):
-        env = dict(os.environ, NATS_SERVER=nats_url, PYTHONPATH=str(HERE.parent))
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, str(HERE / script), *args, env=env, stdout=asyncio.subprocess.PIPE
-        )
-        return cls(proc)
-
-    async def event(self, name):
-        while True:
-            line = await asyncio.wait_for(self.proc.stdout.readline(), HANG)
-            if not line:
-                raise AssertionError(f"process exited before event {name!r}")
-            ev = json.loads(line)
-            if ev["event"] == name:
-                return ev
-
-    async def kill(self):
-        if self.proc.returncode is None:
-            self.proc.send_signal(signal.SIGKILL)
-        await self.proc.wait()
 
 
 def unique_path():
@@ -58,12 +29,12 @@ async def ready_worker(nats_url):
     """plane_worker.py serving a fresh path, once it is ready: yields
     (worker, path); the worker is SIGKILLed at the end."""
     path = unique_path()
-    worker = await Proc.start(nats_url, "plane_worker.py", path)
+    worker = start_script(HERE / "plane_worker.py", path, nats_url=nats_url)
     try:
-        await worker.event("ready")
+        await worker.event_async("ready")
         yield worker, path
     finally:
-        await worker.kill()
+        worker.kill()
 
 
 def test_remote_kill_and_stop(nats_url):
@@ -79,7 +50,7 @@ def test_remote_kill_and_stop(nats_url):
             stream = await client.generate({"mode": "wait_kill"}, annotated=False, context=ctx)
             assert await stream.__anext__() == 0
             ctx.kill()
-            ev = await worker.event("killed")
+            ev = await worker.event_async("killed")
             assert (ev["id"], ev["reason"], ev["stopped"]) == ("remote-kill", "kill", True)
             rt.shutdown()
 
@@ -89,10 +60,10 @@ def test_remote_kill_and_stop(nats_url):
 def test_caller_death_kills_handler_with_connection_lost(nats_url):
     async def main():
         async with ready_worker(nats_url) as (worker, path):
-            caller = await Proc.start(nats_url, "plane_caller.py", path, json.dumps({"mode": "wait_kill"}))
-            await caller.event("item")
-            await caller.kill()
-            ev = await worker.event("killed")
+            caller = start_script(HERE / "plane_caller.py", path, json.dumps({"mode": "wait_kill"}), nats_url=nats_url)
+            await caller.event_async("item")
+            caller.kill()
+            ev = await worker.event_async("killed")
             assert (ev["id"], ev["reason"]) == ("caller-req", "connection_lost")
 
     run(main())
@@ -101,8 +72,8 @@ def test_caller_death_kills_handler_with_connection_lost(nats_url):
 def test_worker_death_breaks_stream_and_instance_disappears(nats_url):
     async def main():
         path = unique_path()
-        worker = await Proc.start(nats_url, "plane_worker.py", path)
-        ready = await worker.event("ready")
+        worker = start_script(HERE / "plane_worker.py", path, nats_url=nats_url)
+        ready = await worker.event_async("ready")
         rt = DistributedRuntime(nats_url=nats_url)
         client = await rt.endpoint(path).client()
         t0 = time.monotonic()
@@ -111,7 +82,7 @@ def test_worker_death_breaks_stream_and_instance_disappears(nats_url):
 
         stream = await client.generate({"mode": "forever"}, annotated=False)
         assert await stream.__anext__() == 0
-        await worker.kill()
+        worker.kill()
         with pytest.raises(StreamIncomplete, match="^Stream ended before generation completed"):
             async for _ in stream:
                 pass
@@ -157,7 +128,9 @@ _DEFAULT_SCRIPT = (
 )
 
 # Runs in its own process: the first child hosts NATS at the default address,
-# the second joins it. Exit status 0 when both saw what they should.
+# the second joins it. Exit status 0 when both saw what they should. It starts its
+# two children itself, not through the harness: it is one command run inside a
+# private network namespace (below), where only the interpreter's own modules are at hand.
 _DEFAULT_DRIVER = """
 import subprocess, sys
 script = sys.argv[1]
@@ -223,16 +196,16 @@ def test_frozen_callers_deadline_fires_on_the_worker(nats_url):
 
     async def main():
         async with ready_worker(nats_url) as (worker, path):
-            caller = await Proc.start(nats_url, "plane_caller.py", path, json.dumps({"mode": "wait_kill"}), "1.5")
+            caller = start_script(HERE / "plane_caller.py", path, json.dumps({"mode": "wait_kill"}), "1.5", nats_url=nats_url)
             try:
-                await caller.event("item")
-                caller.proc.send_signal(signal.SIGSTOP)
+                await caller.event_async("item")
+                caller.freeze()
                 t0 = time.monotonic()
-                ev = await worker.event("killed")
+                ev = await worker.event_async("killed")
                 assert (ev["id"], ev["reason"]) == ("caller-req", "deadline")
                 assert time.monotonic() - t0 < 1.5 + 5, "within the deadline plus a generous bound"
             finally:
-                caller.proc.send_signal(signal.SIGCONT)
-                await caller.kill()
+                caller.thaw()
+                caller.kill()
 
     run(main())

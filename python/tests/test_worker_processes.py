@@ -3,87 +3,19 @@
 from __future__ import annotations
 
 import asyncio
-import collections
-import os
-import re
-import signal
-import socket
-import sys
 import uuid
-from pathlib import Path
-
 
 import pytest
 
 from dynamo_ctx import Context, DistributedRuntime
+from harness import Worker, child_env
 from helpers import HANG, run
 
-HERE = Path(__file__).resolve().parent
 
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Worker:
-    """``python -m dynamo_ctx.worker`` in a subprocess; its log lines are collected."""
-
-    def __init__(self, proc, port):
-        self.proc, self.port, self.lines = proc, port, []
-        self._reader = asyncio.ensure_future(self._read())
-        self._waiters = []
-
-    @classmethod
-    async def start(cls, nats_url, namespace, *args):
-        port = free_port()
-        env = dict(os.environ, NATS_SERVER=nats_url, PYTHONPATH=str(HERE.parent))
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "dynamo_ctx.worker", "--namespace", namespace, "--metrics-port", str(port), *args,
-            env=env, stderr=asyncio.subprocess.PIPE,
-        )
-        w = cls(proc, port)
-        await w.wait_log(r"serving \S+ as instance")
-        return w
-
-    async def _read(self):
-        while True:
-            line = await self.proc.stderr.readline()
-            if not line:
-                break
-            self.lines.append(line.decode())
-            for pattern, fut in list(self._waiters):
-                if re.search(pattern, self.lines[-1]) and not fut.done():
-                    fut.set_result(self.lines[-1])
-
-    async def wait_log(self, pattern):
-        for line in self.lines:
-            if re.search(pattern, line):
-                return line
-        fut = asyncio.get_running_loop().create_future()
-        self._waiters.append((pattern, fut))
-        return await asyncio.wait_for(fut, HANG)
-
-    async def metrics(self):
-        reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
-        writer.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
-        data = await reader.read()
-        writer.close()
-        body = data.split(b"\r\n\r\n", 1)[1].decode()
-        out = collections.defaultdict(float)  # a counter with no series yet reads 0
-        for line in body.splitlines():
-            if line and not line.startswith("#"):
-                name, value = line.rsplit(" ", 1)
-                bare = name.split("{")[0]
-                out[bare] = out.get(bare, 0.0) + float(value)  # summed over reasons and outcomes
-        return out
-
-    async def kill(self):
-        if self.proc.returncode is None:
-            self.proc.send_signal(signal.SIGKILL)
-        await self.proc.wait()
-        self._reader.cancel()
+async def start_worker(nats_url, namespace, *args, mode="agg", name="worker"):
+    """``python -m dynamo_ctx.worker`` serving model "mock", once it serves."""
+    w = Worker(name, child_env(nats_url), namespace=namespace, mode=mode, model="mock", engine=None, args=args)
+    return await w.ready_async()
 
 
 def expected_tokens(prompt_len, n, seed=1000, vocab=32000):
@@ -93,8 +25,8 @@ def expected_tokens(prompt_len, n, seed=1000, vocab=32000):
 def test_sigkill_mid_stream_migrates_to_second_worker(nats_url):
     async def main():
         space = f"w{uuid.uuid4().hex[:8]}"
-        args = ["--mode", "agg", "--model", "mock", "--decode-time-per-token", "0.01", "--migration-limit", "2"]
-        workers = [await Worker.start(nats_url, space, *args) for _ in range(2)]
+        args = ["--decode-time-per-token", "0.01", "--migration-limit", "2"]
+        workers = [await start_worker(nats_url, space, *args, name=f"worker{i}") for i in range(2)]
         try:
             rt = DistributedRuntime(nats_url=nats_url)
             client = await rt.endpoint(f"{space}.backend.generate").client(migration_limit=2)
@@ -109,17 +41,17 @@ def test_sigkill_mid_stream_migrates_to_second_worker(nats_url):
                 tokens.extend(item.data()["token_ids"])
                 if victim is None and len(tokens) >= 10:
                     for w in workers:
-                        if (await w.metrics())["dynamo_ctx_worker_running_requests"] == 1:
+                        if w.metrics()["dynamo_ctx_worker_running_requests"] == 1:
                             victim = w
                     assert victim is not None
-                    await victim.kill()
+                    victim.kill()
             assert tokens == expected_tokens(3, 60), "one continuous stream: no token lost or repeated"
             survivor = next(w for w in workers if w is not victim)
-            await survivor.wait_log(r"New Request ID: migrate-me")
+            await survivor.wait_log_async(r"New Request ID: migrate-me")
             rt.shutdown()
         finally:
             for w in workers:
-                await w.kill()
+                w.kill()
 
     run(main())
 
@@ -127,8 +59,8 @@ def test_sigkill_mid_stream_migrates_to_second_worker(nats_url):
 def test_decode_cancel_during_prefill_aborts_remote_prefill(nats_url):
     async def main():
         space = f"w{uuid.uuid4().hex[:8]}"
-        prefill = await Worker.start(nats_url, space, "--mode", "prefill", "--model", "mock", "--prefill-time-per-token", "0.01")
-        decode = await Worker.start(nats_url, space, "--mode", "decode", "--model", "mock")
+        prefill = await start_worker(nats_url, space, "--prefill-time-per-token", "0.01", mode="prefill", name="prefill")
+        decode = await start_worker(nats_url, space, mode="decode", name="decode")
         try:
             rt = DistributedRuntime(nats_url=nats_url)
             client = await rt.endpoint(f"{space}.backend.generate").client()
@@ -136,19 +68,19 @@ def test_decode_cancel_during_prefill_aborts_remote_prefill(nats_url):
             ctx = Context("cancel-in-prefill")
             # Keep the stream: dropping it would kill the request by itself.
             stream = await client.generate({"token_ids": list(range(2000)), "max_tokens": 50}, context=ctx)  # ~20 s of prefill
-            await prefill.wait_log(r"New Prefill Request ID: cancel-in-prefill")
+            await prefill.wait_log_async(r"New Prefill Request ID: cancel-in-prefill")
             ctx.kill()
-            await prefill.wait_log(r"Aborted Prefill Request ID: cancel-in-prefill")
-            m = await prefill.metrics()
+            await prefill.wait_log_async(r"Aborted Prefill Request ID: cancel-in-prefill")
+            m = prefill.metrics()
             assert m["dynamo_ctx_worker_aborts_confirmed_total"] == 1
             assert m["dynamo_ctx_worker_running_requests"] == 0
             assert m["dynamo_ctx_worker_kv_blocks_in_use"] == 0
-            assert (await decode.metrics())["dynamo_ctx_worker_running_requests"] == 0
+            assert decode.metrics()["dynamo_ctx_worker_running_requests"] == 0
             assert [x async for x in stream] == []  # the killed stream just ends
             rt.shutdown()
         finally:
-            await decode.kill()
-            await prefill.kill()
+            decode.kill()
+            prefill.kill()
 
     run(main())
 
@@ -163,10 +95,10 @@ def test_worker_serves_and_aborts_on_either_event_loop(nats_url, event_loop):
 
     async def main():
         space = f"w{uuid.uuid4().hex[:8]}"
-        args = ["--mode", "agg", "--model", "mock", "--decode-time-per-token", "0.005", "--event-loop", event_loop]
-        worker = await Worker.start(nats_url, space, *args, "--log-level", "debug")
+        args = ["--decode-time-per-token", "0.005", "--event-loop", event_loop]
+        worker = await start_worker(nats_url, space, *args, "--log-level", "debug")
         try:
-            await worker.wait_log("runs on " + ("uvloop" if event_loop == "uvloop" else "asyncio's event loop"))
+            await worker.wait_log_async("runs on " + ("uvloop" if event_loop == "uvloop" else "asyncio's event loop"))
             rt = DistributedRuntime(nats_url=nats_url)
             client = await rt.endpoint(f"{space}.backend.generate").client()
             await client.wait_for_instances()
@@ -176,13 +108,13 @@ def test_worker_serves_and_aborts_on_either_event_loop(nats_url, event_loop):
             stream = await client.generate({"token_ids": [1, 2], "max_tokens": 10_000}, context=ctx)
             async for _ in stream:
                 ctx.kill()
-            await worker.wait_log(rf"Aborted Request ID: kill-on-{event_loop}")
-            m = await worker.metrics()
+            await worker.wait_log_async(rf"Aborted Request ID: kill-on-{event_loop}")
+            m = worker.metrics()
             assert m["dynamo_ctx_worker_aborts_confirmed_total"] == 1
             assert m["dynamo_ctx_worker_running_requests"] == 0
             rt.shutdown()
         finally:
-            await worker.kill()
+            worker.kill()
 
     run(main())
 
@@ -194,10 +126,10 @@ def test_engine_death_hands_streams_over_and_exits_nonzero(nats_url):
 
     async def main():
         space = f"d{uuid.uuid4().hex[:8]}"
-        common = ["--mode", "agg", "--model", "mock", "--decode-time-per-token", "0.005", "--prefill-time-per-token", "0"]
-        healthy = await Worker.start(nats_url, space, *common)
-        doomed = await Worker.start(nats_url, space, *common, "--mock-die-after-steps", "30")
-        doomed_id = int(re.search(r"as instance (\d+)", await doomed.wait_log(r"serving \S+ as instance")).group(1))
+        common = ["--decode-time-per-token", "0.005", "--prefill-time-per-token", "0"]
+        healthy = await start_worker(nats_url, space, *common, name="healthy")
+        doomed = await start_worker(nats_url, space, *common, "--mock-die-after-steps", "30", name="doomed")
+        doomed_id = doomed.instance_id
         rt = DistributedRuntime(nats_url=nats_url)
         client = await rt.endpoint(f"{space}.backend.generate").client(migration_limit=2)
         while len(client.instance_ids()) < 2:
@@ -214,16 +146,15 @@ def test_engine_death_hands_streams_over_and_exits_nonzero(nats_url):
             results = await asyncio.wait_for(asyncio.gather(*(tokens_of(s) for s in streams)), HANG)
             for tokens in results:
                 assert tokens == expected_tokens(3, 80), "migrated token-exact"
-            assert await asyncio.wait_for(doomed.proc.wait(), HANG) == 1
-            await doomed._reader
-            text = "".join(doomed.lines)
+            assert await doomed.wait_async(HANG) == 1  # and its output is read to the end
+            text = doomed.log()
             assert text.count("the engine died: EngineDeadError") == 2, text  # the log line, and the exit's one line
             assert doomed.lines[-1].startswith("python -m dynamo_ctx.worker: the engine died: EngineDeadError"), doomed.lines[-1]
             for i in range(4):
-                await healthy.wait_log(rf"New Request ID: dead-{i}")
+                await healthy.wait_log_async(rf"New Request ID: dead-{i}")
         finally:
             rt.shutdown()
-            await doomed.kill()
-            await healthy.kill()
+            doomed.kill()
+            healthy.kill()
 
     run(main())

@@ -52,7 +52,6 @@ package ctxtree
 
 import (
 	"context"
-	"crypto/rand"
 	"errors"
 	"fmt"
 	"slices"
@@ -648,24 +647,6 @@ func (c *Context) FollowStd(std context.Context) (stop func() bool) {
 		}
 		c.Cancel(Killed, r)
 	})
-}
-
-// NewID returns a random (version 4) UUID in its canonical text form, the id
-// of a request that arrived without one.
-func NewID() string {
-	var b [16]byte
-	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails on supported platforms
-	b[6] = b[6]&0x0f | 0x40
-	b[8] = b[8]&0x3f | 0x80
-	const hexd = "0123456789abcdef"
-	out := make([]byte, 0, 36)
-	for i, x := range b {
-		if i == 4 || i == 6 || i == 8 || i == 10 {
-			out = append(out, '-')
-		}
-		out = append(out, hexd[x>>4], hexd[x&0xf])
-	}
-	return string(out)
 }
 
 // StateWord returns the word that holds c's state and reason (see Pack). It

@@ -69,8 +69,11 @@ enum {
 /* How dc_client_generate picks a worker instance. */
 enum { DC_ROUTE_ROUND_ROBIN = 0, DC_ROUTE_RANDOM = 1, DC_ROUTE_DIRECT = 2 };
 
-/* The longest context id, in bytes of UTF-8. */
-enum { DC_MAX_ID_LEN = 4096 };
+/* The longest id, in bytes of UTF-8. The id rule (one for contexts and the
+   requests they travel with): 1 to DC_MAX_ID_LEN bytes of UTF-8, every
+   character printable (no control, format or other space characters than
+   the ASCII space; so no NUL). dc_id_check applies it. */
+enum { DC_MAX_ID_LEN = 256 };
 
 /* A timeout (dc_context_set_timeout) must be below this many seconds (a year). */
 enum { DC_MAX_TIMEOUT_SECONDS = 31536000 };
@@ -119,9 +122,14 @@ size_t dc_last_error(char *buf, size_t cap);
    Contexts
    ------------------------------------------------------------------ */
 
-/* Creates a live root context with the given id (len bytes of UTF-8, no NUL,
-   1 to 4096 bytes) and stores its handle in *out. Errors: DC_EINVAL for a NULL
-   id or out, an empty, too long or invalid UTF-8 id. */
+/* Checks an id (len bytes at id) by the id rule (see DC_MAX_ID_LEN), the one
+   dc_context_new applies: for a host that creates a context's Go side later.
+   Errors: DC_EINVAL, with a message saying what is wrong and the rule. */
+int dc_id_check(const char *id, size_t len);
+
+/* Creates a live root context with the given id (len bytes, by the id rule:
+   see DC_MAX_ID_LEN) and stores its handle in *out. Errors: DC_EINVAL for a
+   NULL id or out, or an id that breaks the rule. */
 int dc_context_new(const char *id, size_t len, uint64_t *out);
 
 /* Creates a live root context with a fresh random UUID as its id.

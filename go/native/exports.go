@@ -23,7 +23,6 @@ import (
 	"runtime"
 	"sync/atomic"
 	"time"
-	"unicode/utf8"
 	"unsafe"
 
 	"github.com/dynamo-ctx/dynamo-ctx/go/ctxtree"
@@ -43,8 +42,6 @@ func init() {
 const (
 	kindContext handle.Kind = 1
 	kindQueue   handle.Kind = 2
-
-	maxIDLen = C.DC_MAX_ID_LEN
 )
 
 // The C enums are the Go packages' values, checked here at compile time, every
@@ -73,6 +70,8 @@ var (
 	_ = [1]int{}[C.DC_REASON_CONNECTION_LOST-ctxtree.ReasonConnectionLost]
 	_ = [1]int{}[ctxtree.ReasonShutdown-C.DC_REASON_SHUTDOWN]
 	_ = [1]int{}[C.DC_REASON_SHUTDOWN-ctxtree.ReasonShutdown]
+	_ = [1]int{}[ctxtree.MaxIDLen-C.DC_MAX_ID_LEN]
+	_ = [1]int{}[C.DC_MAX_ID_LEN-ctxtree.MaxIDLen]
 	_ = [1]int{}[int64(ctxtree.MaxTimeout/time.Second)-C.DC_MAX_TIMEOUT_SECONDS]
 	_ = [1]int{}[C.DC_MAX_TIMEOUT_SECONDS-int64(ctxtree.MaxTimeout/time.Second)]
 	_ = [1]int{}[int64(plane.HostTickInterval/time.Millisecond)-C.DC_HOST_TICK_MS]
@@ -199,20 +198,34 @@ func dc_context_new(id *C.char, idLen C.size_t, out *C.uint64_t) (rc C.int) {
 	if id == nil || out == nil {
 		return fail(C.DC_EINVAL, "dc_context_new: id and out must not be NULL")
 	}
-	if idLen == 0 || idLen > maxIDLen {
-		return fail(C.DC_EINVAL, "dc_context_new: id must be 1 to %d bytes, got %d", maxIDLen, idLen)
+	if err := ctxtree.ValidateID(cString(id, idLen)); err != nil {
+		return fail(C.DC_EINVAL, "dc_context_new: %v", err)
 	}
-	s := C.GoStringN(id, C.int(idLen))
-	if !utf8.ValidString(s) {
-		return fail(C.DC_EINVAL, "dc_context_new: id is not valid UTF-8")
-	}
-	for i := 0; i < len(s); i++ {
-		if s[i] == 0 {
-			return fail(C.DC_EINVAL, "dc_context_new: id contains a NUL byte")
-		}
-	}
-	putContext(newContext(s), out)
+	putContext(newContext(C.GoStringN(id, C.int(idLen))), out)
 	return C.DC_OK
+}
+
+// dc_id_check: see dynamo_ctx.h, the reference.
+//
+//export dc_id_check
+func dc_id_check(id *C.char, idLen C.size_t) (rc C.int) {
+	defer guard("dc_id_check", &rc)
+	if id == nil && idLen > 0 {
+		return fail(C.DC_EINVAL, "dc_id_check: id must not be NULL")
+	}
+	if err := ctxtree.ValidateID(cString(id, idLen)); err != nil {
+		return fail(C.DC_EINVAL, "dc_id_check: %v", err)
+	}
+	return C.DC_OK
+}
+
+// cString is the n bytes at p as a string without copying them: only for
+// reading them during the call (nothing may keep it). "" for n == 0.
+func cString(p *C.char, n C.size_t) string {
+	if n == 0 {
+		return ""
+	}
+	return unsafe.String((*byte)(unsafe.Pointer(p)), int(n))
 }
 
 // dc_context_new_uuid: see dynamo_ctx.h, the reference.

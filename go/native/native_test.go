@@ -30,6 +30,7 @@ func TestEveryExportRejectsBadHandles(t *testing.T) {
 func TestNilPointersAreInvalid(t *testing.T) {
 	assert.EqualValues(t, 22, dc_context_new(nil, 3, nil))
 	assert.EqualValues(t, 22, dc_context_new_uuid(nil))
+	assert.EqualValues(t, 22, dc_id_check(nil, 0), "the empty id")
 	assert.EqualValues(t, 22, dc_queue_new(nil, nil))
 	assert.EqualValues(t, 22, dc_context_state(1, nil))
 	assert.EqualValues(t, 22, dc_log_fd(nil))

@@ -5,7 +5,6 @@
 #include "py_native.h"
 
 #ifdef DC_WITH_PYTHON
-#include <string.h>
 
 PyTypeObject* ContextType;
 
@@ -73,30 +72,37 @@ int context_check(PyObject* o) {
     return r == 1 ? 0 : -1;
 }
 
-// An id the library accepts: 1 to DC_MAX_ID_LEN bytes of UTF-8, no NUL (the
-// same rule dc_context_new applies; checked here because the Go side is made
-// later). Returns 0, or -1 with ValueError/UnicodeEncodeError set.
+// Checks an id by the library's one id rule (dc_id_check), now: the Go side
+// that dc_context_new would check it on is made later. 0, or -1 with
+// ValueError set, whose message states the rule. A str that is not UTF-8
+// (lone surrogates) is checked as what "surrogatepass" encodes, which the
+// rule refuses as invalid UTF-8.
 static int check_id(PyObject* id) {
-    PyObject* b = PyUnicode_AsUTF8String(id); // surrogates raise UnicodeEncodeError
-    if (b == NULL) return -1;
+    PyObject* b = PyUnicode_AsUTF8String(id);
+    if (b == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_UnicodeEncodeError)) return -1;
+        PyErr_Clear();
+        b = PyUnicode_AsEncodedString(id, "utf-8", "surrogatepass");
+        if (b == NULL) return -1;
+    }
     char* s;
     Py_ssize_t n;
-    int ok = PyBytes_AsStringAndSize(b, &s, &n) == 0;
-    if (ok && (n == 0 || n > DC_MAX_ID_LEN)) {
-        PyErr_Format(PyExc_ValueError, "Context id must be 1 to %d bytes of UTF-8, got %zd", DC_MAX_ID_LEN, n);
-        ok = 0;
-    } else if (ok && memchr(s, 0, (size_t)n) != NULL) {
-        PyErr_SetString(PyExc_ValueError, "Context id contains a NUL character");
-        ok = 0;
+    int rc = -1;
+    if (PyBytes_AsStringAndSize(b, &s, &n) == 0) {
+        rc = dc_id_check(s, (size_t)n);
+        if (rc != DC_OK) raise_rc(rc);
     }
     Py_DECREF(b);
-    return ok ? 0 : -1;
+    return rc == DC_OK ? 0 : -1;
 }
 
 static PyObject* context_new(PyTypeObject* tp, PyObject* args, PyObject* kwds) {
     static char* kwlist[] = {"id", NULL};
     PyObject* id = Py_None;
-    if (kwds != NULL || PyTuple_Size(args) != 0) {
+    Py_ssize_t nargs = PyTuple_Size(args);
+    if (kwds == NULL && nargs == 1) {
+        id = PyTuple_GetItem(args, 0); // Context(id), the common form: borrowed, no parsing
+    } else if (kwds != NULL || nargs != 0) {
         if (!PyArg_ParseTupleAndKeywords(args, kwds, "|O:Context", kwlist, &id)) return NULL;
     }
     if (check_fork() < 0) return NULL;

@@ -37,6 +37,8 @@
 #pragma weak PyDict_Next
 #pragma weak PyDict_SetItem
 #pragma weak PyDict_Type
+#pragma weak PyErr_Clear
+#pragma weak PyErr_ExceptionMatches
 #pragma weak PyErr_Format
 #pragma weak PyErr_NoMemory
 #pragma weak PyErr_Occurred
@@ -48,6 +50,7 @@
 #pragma weak PyExc_OSError
 #pragma weak PyExc_RuntimeError
 #pragma weak PyExc_TypeError
+#pragma weak PyExc_UnicodeEncodeError
 #pragma weak PyExc_ValueError
 #pragma weak PyFloat_AsDouble
 #pragma weak PyFloat_FromDouble
@@ -87,6 +90,7 @@
 #pragma weak PyType_FromSpec
 #pragma weak PyType_GetFlags
 #pragma weak PyType_GetSlot
+#pragma weak PyUnicode_AsEncodedString
 #pragma weak PyUnicode_AsUTF8String
 #pragma weak PyUnicode_DecodeUTF8
 #pragma weak PyUnicode_FromString

@@ -374,12 +374,14 @@ func (c *Client) requestContext(payload []byte, parent *ctxtree.Context) (*ctxtr
 	if len(payload)+envelopeOverhead > int(c.rt.nc().MaxPayload()) {
 		return nil, c.tooLarge(len(payload) + envelopeOverhead)
 	}
-	if parent != nil && ValidateID(parent.ID()) != nil {
-		id := parent.ID()
-		if len(id) > 40 {
-			id = id[:40] + "..."
+	if parent != nil {
+		if err := ValidateID(parent.ID()); err != nil {
+			id := parent.ID()
+			if len(id) > 40 {
+				id = id[:40] + "..."
+			}
+			return nil, fmt.Errorf("request id %q: %w", id, err)
 		}
-		return nil, fmt.Errorf("%w %q (%d bytes): a request id is 1 to %d bytes of printable UTF-8", ErrInvalidID, id, len(parent.ID()), MaxIDLen)
 	}
 	c.mu.Lock()
 	closed := c.closed

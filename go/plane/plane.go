@@ -57,8 +57,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-	"unicode"
-	"unicode/utf8"
 
 	"github.com/nats-io/nats.go"
 
@@ -109,9 +107,8 @@ var (
 	// ErrTooLarge: the request envelope would exceed the NATS server's
 	// maximum payload; it is refused before anything is sent.
 	ErrTooLarge = errors.New("request too large for the request plane")
-	// ErrInvalidID: a request id is empty, longer than MaxIDLen bytes, or not
-	// printable UTF-8.
-	ErrInvalidID = errors.New("invalid request id")
+	// ErrInvalidID: a request id breaks the id rule (ctxtree.ValidateID).
+	ErrInvalidID = ctxtree.ErrInvalidID
 	// ErrBadMigrationLimit: a migration limit below 0 (see SetMigrationLimit).
 	ErrBadMigrationLimit = errors.New("migration_limit must be an int >= 0")
 )
@@ -541,22 +538,13 @@ func (env *envelope) check() error {
 	return nil
 }
 
-// MaxIDLen bounds a request id, in bytes.
-const MaxIDLen = 256
+// MaxIDLen bounds a request id, in bytes: the id rule's, ctxtree.MaxIDLen
+// (a request's id is its context's).
+const MaxIDLen = ctxtree.MaxIDLen
 
-// ValidateID checks a request id: 1 to MaxIDLen bytes of printable UTF-8
-// (no control characters), the one rule for every id the plane carries.
-func ValidateID(id string) error {
-	if id == "" || len(id) > MaxIDLen || !utf8.ValidString(id) {
-		return ErrInvalidID
-	}
-	for _, r := range id {
-		if !unicode.IsPrint(r) {
-			return ErrInvalidID
-		}
-	}
-	return nil
-}
+// ValidateID checks a request id by the one id rule, ctxtree.ValidateID
+// (1 to MaxIDLen bytes of printable UTF-8); its errors wrap ErrInvalidID.
+func ValidateID(id string) error { return ctxtree.ValidateID(id) }
 
 // NewKey returns a new request key: 128 bits from crypto/rand, in hex. Stream
 // tokens are made the same way.

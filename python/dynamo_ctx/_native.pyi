@@ -22,6 +22,8 @@ ROUTE_ROUND_ROBIN: int
 ROUTE_RANDOM: int
 ROUTE_DIRECT: int
 HOST_TICK_MS: int
+#: The longest id, in bytes (the id rule: 1 to MAX_ID_LEN bytes of printable UTF-8).
+MAX_ID_LEN: int
 OK: int
 ENOENT: int
 EIO: int

@@ -72,6 +72,10 @@ class Context:
     ) -> "Context":
         """Create a live root context with the given id, or a new uuid4 id.
 
+        An id is 1 to 256 bytes of printable UTF-8 (the request id's rule: the
+        id travels with every request sent with this context); another is a
+        ``ValueError`` saying so.
+
         ``metadata`` (a mapping with string keys and JSON values) becomes the
         context's ``metadata``, a copy of it. ``timeout`` (seconds, a finite
         number, 0 or more, under a year) gives it a deadline: it is killed

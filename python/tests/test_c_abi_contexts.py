@@ -59,8 +59,8 @@ def test_create_with_id_and_uuid(lib):
 
 @pytest.mark.parametrize(
     "id",
-    ["a", "req-42", "réq-ñ-日本語-🙂", "x" * 4096, "é" * 2048, "🙂" * 1024, "tab\tand space ", "\x01\x7f"],
-    ids=["one-byte", "ascii", "non-ascii", "4096-ascii", "4096-2byte", "4096-4byte", "whitespace", "controls"],
+    ["a", "req-42", "réq-ñ-日本語-🙂", "x" * 256, "é" * 128, "🙂" * 64, " space and ~ "],
+    ids=["one-byte", "ascii", "non-ascii", "256-ascii", "256-2byte", "256-4byte", "spaces"],
 )
 def test_id_round_trip(lib, id):
     h = new_ctx(lib, id)
@@ -110,23 +110,43 @@ def test_length_pointer_may_be_null_for_string_getters(lib):
         (None, 3),
         (b"", 0),
         (b"abc", 0),
-        (b"x" * 4097, 4097),
+        (b"x" * 257, 257),
+        ("é".encode() * 129, 258),
         (b"\xff\xfe", 2),
         (b"\xed\xa0\x80", 3),  # a UTF-16 surrogate, not valid UTF-8
         (b"\xc0\xaf", 2),  # overlong encoding
         ("日".encode()[:2], 2),  # truncated sequence
         (b"ab\0cd", 5),
         (b"\0", 1),
+        (b"tab\tand", 7),
+        (b"\x01", 1),
+        (b"\x7f", 1),
+        ("a\u200bb".encode(), 5),  # a format character
+        ("a\u2028b".encode(), 5),  # a line separator
     ],
-    ids=["null", "empty", "zero-len", "4097", "ff-fe", "surrogate", "overlong", "truncated", "nul", "only-nul"],
+    ids=["null", "empty", "zero-len", "257", "258-2byte", "ff-fe", "surrogate", "overlong", "truncated", "nul", "only-nul",
+         "tab", "control", "del", "zero-width-space", "line-separator"],
 )
 def test_bad_ids(lib, raw, length):
+    """The id rule (DC_MAX_ID_LEN): dc_context_new and dc_id_check refuse the
+    same ids, with a message stating the rule."""
     before = counts(lib)
     out = ffi.new("uint64_t *", 0)
     arg = ffi.NULL if raw is None else ffi.new("char[]", raw)
-    expect(lib, lib.dc_context_new(arg, length, out), DC_EINVAL, "dc_context_new")
+    msg = expect(lib, lib.dc_context_new(arg, length, out), DC_EINVAL, "dc_context_new")
     assert out[0] == 0  # nothing stored on failure
     assert counts(lib) == before
+    if raw is not None:
+        assert "1 to 256 bytes of printable UTF-8" in msg, msg
+        assert "1 to 256 bytes of printable UTF-8" in expect(lib, lib.dc_id_check(arg, length), DC_EINVAL, "dc_id_check")
+
+
+@pytest.mark.parametrize("id", ["a", "x" * 256, "é" * 128, " ~ réq 🙂"], ids=["one-byte", "256-ascii", "256-2byte", "mixed"])
+def test_id_check_accepts_what_context_new_accepts(lib, id):
+    raw = id.encode()
+    assert lib.DC_MAX_ID_LEN == 256
+    ok(lib, lib.dc_id_check(raw, len(raw)))
+    free_all(lib, new_ctx(lib, id))
 
 
 def test_null_out_pointers(lib):

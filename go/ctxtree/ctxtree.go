@@ -243,6 +243,21 @@ func (c *Context) Child(opts ...Option) *Context {
 	return ch
 }
 
+// Next is the one transition rule of a state word: the word a context whose
+// word is w has after a cancel to target with reason and cause, and whether
+// the cancel changes it. States only move forward, and the reason and cause
+// change only with the state: a cancel to a state w is already at or past
+// changes nothing. target is Stopped or Killed (Cancel's callers check it).
+// It is pure: transition applies it to a context under its lock, and the C
+// ABI's dc_state_word_next to a word with no context behind it yet (a
+// Python Context before its Go side is made).
+func Next(w uint32, target State, reason, cause Reason) (uint32, bool) {
+	if old, _ := Unpack(w); old >= target {
+		return w, false
+	}
+	return packCause(target, reason, cause), true
+}
+
 // Cancel moves c to target (Stopped or Killed) with the given reason, and every
 // context linked below it with ReasonParent. It reports whether c itself
 // changed state: false when c was already at or past target, or target is not
@@ -297,11 +312,13 @@ func (c *Context) transition(target State, reason, cause Reason) ([]*Context, af
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	var f afterUnlock
-	old, _ := Unpack(c.word.Load())
-	if old >= target {
+	w := c.word.Load()
+	next, ok := Next(w, target, reason, cause)
+	if !ok {
 		return nil, f, false
 	}
-	c.word.Store(packCause(target, reason, cause))
+	old, _ := Unpack(w)
+	c.word.Store(next)
 	if target == Killed {
 		if n := killCount.Load(); n != nil {
 			n.Add(1)

@@ -638,3 +638,32 @@ func TestCountKills(t *testing.T) {
 	New("x").Kill()
 	assert.Equal(t, base+100, n.Load(), "not counted once CountKills(nil)")
 }
+
+// Next is the transition rule Cancel applies: forward only, the reason and
+// cause change only with the state.
+func TestNextIsCancelsRule(t *testing.T) {
+	states := []State{Stopped, Killed}
+	for _, s1 := range states {
+		for r1 := ReasonStopGenerating; r1 < numReasons; r1++ {
+			for _, s2 := range states {
+				for r2 := ReasonStopGenerating; r2 < numReasons; r2++ {
+					c := New("x")
+					w := c.StateWord().Load()
+					w1, changed1 := Next(w, s1, r1, r1)
+					assert.Equal(t, c.Cancel(s1, r1), changed1)
+					assert.Equal(t, c.StateWord().Load(), w1)
+					w2, changed2 := Next(w1, s2, r2, r2)
+					assert.Equal(t, c.Cancel(s2, r2), changed2)
+					assert.Equal(t, c.StateWord().Load(), w2)
+					assert.Equal(t, s2 > s1, changed2, "forward only")
+				}
+			}
+		}
+	}
+	w, changed := Next(Pack(Killed, ReasonKill), Stopped, ReasonDeadline, ReasonDeadline)
+	assert.False(t, changed)
+	assert.Equal(t, Pack(Killed, ReasonKill), w)
+	w, changed = Next(0, Killed, ReasonParent, ReasonClientDisconnected)
+	assert.True(t, changed)
+	assert.Equal(t, ReasonClientDisconnected, Reason(w>>16&0xff))
+}

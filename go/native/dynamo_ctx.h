@@ -168,6 +168,16 @@ int dc_context_state_word(uint64_t h, const uint32_t **out);
    reason. */
 int dc_context_cancel(uint64_t h, uint32_t state, uint32_t reason);
 
+/* Stores in *out the state word a context whose word is word would have
+   after dc_context_cancel(h, state, reason): the library's one transition
+   rule (forward only; the reason, and the cause, which for a direct cancel
+   is the reason, change only with the state), for a host that keeps a
+   context's word itself until it creates the context (see dc_context_new);
+   *out is word when the cancel changes nothing. Touches no context.
+   Errors: DC_EINVAL for a NULL out, or the state or reason
+   dc_context_cancel refuses. */
+int dc_state_word_next(uint32_t word, uint32_t state, uint32_t reason, uint32_t *out);
+
 /* dc_context_cancel(h, DC_STOPPED, DC_REASON_STOP_GENERATING). Idempotent. */
 int dc_context_stop_generating(uint64_t h);
 

@@ -304,18 +304,45 @@ func dc_context_cancel(h C.uint64_t, state C.uint32_t, reason C.uint32_t) C.int 
 
 func cancelContext(name string, h C.uint64_t, state C.uint32_t, reason C.uint32_t) (rc C.int) {
 	defer guard(name, &rc)
-	st, r := ctxtree.State(state), ctxtree.Reason(reason)
-	if st != ctxtree.Stopped && st != ctxtree.Killed {
-		return fail(C.DC_EINVAL, "%s: state must be DC_STOPPED or DC_KILLED, got %d", name, state)
-	}
-	if !r.Valid() {
-		return fail(C.DC_EINVAL, "%s: unknown reason %d", name, reason)
+	st, r, rc := cancelArgs(name, state, reason)
+	if rc != C.DC_OK {
+		return rc
 	}
 	c, rc := getContext(name, h)
 	if rc != C.DC_OK {
 		return rc
 	}
 	c.Cancel(st, r)
+	return C.DC_OK
+}
+
+// cancelArgs checks the state and reason of a cancel: DC_STOPPED or
+// DC_KILLED, and a defined reason other than DC_REASON_NONE.
+func cancelArgs(name string, state, reason C.uint32_t) (ctxtree.State, ctxtree.Reason, C.int) {
+	st, r := ctxtree.State(state), ctxtree.Reason(reason)
+	if st != ctxtree.Stopped && st != ctxtree.Killed {
+		return st, r, fail(C.DC_EINVAL, "%s: state must be DC_STOPPED or DC_KILLED, got %d", name, state)
+	}
+	if !r.Valid() {
+		return st, r, fail(C.DC_EINVAL, "%s: unknown reason %d", name, reason)
+	}
+	return st, r, C.DC_OK
+}
+
+// dc_state_word_next: see dynamo_ctx.h, the reference.
+//
+//export dc_state_word_next
+func dc_state_word_next(word C.uint32_t, state C.uint32_t, reason C.uint32_t, out *C.uint32_t) (rc C.int) {
+	defer guard("dc_state_word_next", &rc)
+	if out == nil {
+		return fail(C.DC_EINVAL, "dc_state_word_next: out must not be NULL")
+	}
+	st, r, rc := cancelArgs("dc_state_word_next", state, reason)
+	if rc != C.DC_OK {
+		return rc
+	}
+	next, _ := ctxtree.Next(uint32(word), st, r, r) // a direct cancel: its cause is its reason
+	*out = C.uint32_t(next)
 	return C.DC_OK
 }
 

@@ -48,6 +48,8 @@ func TestInvalidCancelArguments(t *testing.T) {
 	assert.EqualValues(t, 22, dc_context_cancel(1, 0, 1), "LIVE is not a cancel target")
 	assert.EqualValues(t, 22, dc_context_cancel(1, 1, 0), "REASON_NONE is not a reason")
 	assert.EqualValues(t, 22, dc_context_cancel(1, 2, 99))
+	assert.EqualValues(t, 22, dc_state_word_next(0, 2, 2, nil), "out is NULL")
+	assert.EqualValues(t, 22, dc_state_word_next(0, 0, 2, nil))
 }
 
 // The exports take cgo types, which a test file cannot name; these bind a

@@ -252,6 +252,37 @@ def test_cancel_rejects_bad_state_and_reason(lib):
     free_all(lib, h)
 
 
+def test_state_word_next_is_what_a_cancel_does(lib):
+    """dc_state_word_next computes, from a word alone, the word a context gets
+    from dc_context_cancel: after every pair of cancels the two agree."""
+    cancels = [(t, r) for t in (DC_STOPPED, DC_KILLED) for r in ALL_REASONS]
+    out = ffi.new("uint32_t *")
+    real = ffi.new("uint32_t *")
+    for first in cancels:
+        for second in cancels:
+            h = new_ctx(lib)
+            word = 0
+            for target, reason in (first, second):
+                ok(lib, lib.dc_state_word_next(word, target, reason, out))
+                word = out[0]
+                ok(lib, lib.dc_context_cancel(h, target, reason))
+                ok(lib, lib.dc_context_state(h, real))
+                assert word == real[0], (first, second, hex(word), hex(real[0]))
+            free_all(lib, h)
+    ok(lib, lib.dc_state_word_next(DC_LIVE, DC_KILLED, DC_REASON_SHUTDOWN, out))
+    assert out[0] == DC_KILLED | DC_REASON_SHUTDOWN << 8 | DC_REASON_SHUTDOWN << 16  # a direct cancel's cause is its reason
+
+
+def test_state_word_next_rejects_what_cancel_rejects(lib):
+    out = ffi.new("uint32_t *", 7)
+    for bad_state in (DC_LIVE, 3, 0x101, 2**32 - 1):
+        expect(lib, lib.dc_state_word_next(0, bad_state, DC_REASON_KILL, out), DC_EINVAL, "dc_state_word_next")
+    for bad_reason in (DC_REASON_NONE, 8, 255, 256 + DC_REASON_KILL, 2**32 - 1):
+        expect(lib, lib.dc_state_word_next(0, DC_KILLED, bad_reason, out), DC_EINVAL, "dc_state_word_next")
+    expect(lib, lib.dc_state_word_next(0, DC_KILLED, DC_REASON_KILL, ffi.NULL), DC_EINVAL, "dc_state_word_next")
+    assert out[0] == 7  # nothing stored on failure
+
+
 def test_children_follow_parent(lib):
     parent = new_ctx(lib, "req-7")
     linked = new_ctx(lib, "other-id")

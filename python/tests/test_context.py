@@ -437,6 +437,30 @@ def test_lazy_context_keeps_its_state_and_id_when_materialized():
     assert u.child().id() == first
 
 
+def test_lazy_context_follows_the_librarys_transition_rule():
+    """A context without its Go side moves its word by the library's rule
+    (dc_state_word_next): after any two cancels its word is what a context
+    with a Go side has, and a bad state or reason is refused alike."""
+    from dynamo_ctx._lib import native
+
+    lib = native()
+    cancels = [(state, reason) for state in (lib.STOPPED, lib.KILLED) for reason in range(1, lib.REASON_SHUTDOWN + 1)]
+    for first in cancels:
+        for second in cancels[:: len(cancels) // 4]:
+            lazy, real = Context(), Context()
+            real._handle()  # made now: its cancels go to the library's context
+            for c in (lazy, real):
+                c._cancel(*first)
+                c._cancel(*second)
+            assert lazy._state_word() == real._state_word(), (first, second)
+            assert lazy._handle() and lazy._state_word() == real._state_word()  # kept when made
+    for bad in ((lib.LIVE, lib.REASON_KILL), (3, lib.REASON_KILL), (lib.KILLED, 0), (lib.KILLED, lib.REASON_SHUTDOWN + 1)):
+        for c in (Context(), Context().child()):
+            with pytest.raises(ValueError, match="state must be|unknown reason"):
+                c._cancel(*bad)
+            assert c._state_word() == 0
+
+
 def test_invalid_ids_still_rejected_at_creation():
     for bad in ("", "a\x00b", "x" * 5000, "\ud800"):
         with pytest.raises((ValueError, UnicodeEncodeError)):

@@ -45,7 +45,7 @@
 //     Kill frame) does not wait for the wake-up of the goroutines blocked on
 //     those channels.
 //
-// A context's state word (state in bits 0-7, reason in bits 8-15) can live in
+// A context's state word (state, reason and cause: see StateMask) can live in
 // memory supplied by the caller (WithStateWord), for readers outside Go that
 // poll it with an atomic load; Go only ever writes it atomically.
 package ctxtree
@@ -127,23 +127,38 @@ func ReasonFromString(s string) (Reason, bool) {
 	return ReasonNone, false
 }
 
+// The state word's layout (part of the C ABI: the header's DC_STATE_MASK,
+// DC_REASON_SHIFT, DC_CAUSE_SHIFT and DC_FIELD_MASK are checked equal to
+// these at compile time): the state in bits 0-7, the reason in bits 8-15,
+// the cause in bits 16-23, zero above.
+const (
+	StateMask   = 0xff // w & StateMask is the state
+	ReasonShift = 8    // w >> ReasonShift & FieldMask is the reason
+	CauseShift  = 16   // w >> CauseShift & FieldMask is the cause
+	FieldMask   = 0xff // each field is 8 bits
+)
+
 // Pack builds a state word; Unpack splits one.
 func Pack(s State, r Reason) uint32 { return packCause(s, r, r) }
 
-// packCause adds the cause (bits 16-23): the reason at the origin of the
-// cancellation, which a propagated context's own reason (ReasonParent) hides.
+// packCause adds the cause: the reason at the origin of the cancellation,
+// which a propagated context's own reason (ReasonParent) hides.
 func packCause(s State, r, cause Reason) uint32 {
-	return uint32(s) | uint32(r)<<8 | uint32(cause)<<16
+	return uint32(s) | uint32(r)<<ReasonShift | uint32(cause)<<CauseShift
 }
+
+// stateOf and causeOf read one field of a state word.
+func stateOf(w uint32) State  { return State(w & StateMask) }
+func causeOf(w uint32) Reason { return Reason(w >> CauseShift & FieldMask) }
 
 // Cause returns the reason the cancellation had where it started: c's own
 // reason if it was cancelled directly, else the reason of the ancestor whose
 // cancellation reached it (ReasonNone while live). A context cancelled over
 // a connection is cancelled directly, with the cause the caller sent.
-func (c *Context) Cause() Reason { return Reason((c.word.Load() >> 16) & 0xff) }
+func (c *Context) Cause() Reason { return causeOf(c.word.Load()) }
 
 // Unpack splits a state word into its state and reason.
-func Unpack(w uint32) (State, Reason) { return State(w & 0xff), Reason((w >> 8) & 0xff) }
+func Unpack(w uint32) (State, Reason) { return stateOf(w), Reason(w >> ReasonShift & FieldMask) }
 
 var seqCounter atomic.Uint64
 
@@ -221,10 +236,10 @@ func (c *Context) ID() string { return c.id }
 func (c *Context) State() (State, Reason) { return Unpack(c.word.Load()) }
 
 // IsStopped reports whether the context is Stopped or Killed.
-func (c *Context) IsStopped() bool { return State(c.word.Load()&0xff) >= Stopped }
+func (c *Context) IsStopped() bool { return stateOf(c.word.Load()) >= Stopped }
 
 // IsKilled reports whether the context is Killed.
-func (c *Context) IsKilled() bool { return State(c.word.Load()&0xff) == Killed }
+func (c *Context) IsKilled() bool { return stateOf(c.word.Load()) == Killed }
 
 // Reason returns why the context was cancelled, ReasonNone while it is live.
 func (c *Context) Reason() Reason { _, r := c.State(); return r }
@@ -408,7 +423,7 @@ func (c *Context) LinkChild(child *Context) {
 	second.mu.Unlock()
 	first.mu.Unlock()
 	if pst > Live {
-		child.cancel(pst, ReasonParent, Reason((pw>>16)&0xff))
+		child.cancel(pst, ReasonParent, causeOf(pw))
 	}
 	if !inherit.IsZero() {
 		child.SetDeadline(inherit)
@@ -442,7 +457,7 @@ func (c *Context) SetDeadline(d time.Time) {
 func (c *Context) setDeadline(d time.Time) (kids []*Context, passed, ok bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if State(c.word.Load()&0xff) == Killed || c.finished || (c.dl != nil && !d.Before(c.dl.at)) {
+	if stateOf(c.word.Load()) == Killed || c.finished || (c.dl != nil && !d.Before(c.dl.at)) {
 		return nil, false, false
 	}
 	wait := time.Until(d)
@@ -578,7 +593,7 @@ func (c *Context) Killed() <-chan struct{} { return c.stateCh(Killed, &c.killCh)
 func (c *Context) stateCh(at State, ch *chan struct{}) <-chan struct{} {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if State(c.word.Load()&0xff) >= at {
+	if stateOf(c.word.Load()) >= at {
 		return closedCh
 	}
 	if *ch == nil {

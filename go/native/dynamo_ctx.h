@@ -52,6 +52,11 @@ enum {
    live -> stopped -> killed. */
 enum { DC_LIVE = 0, DC_STOPPED = 1, DC_KILLED = 2 };
 
+/* The state word's layout: the state in bits 0-7 (word & DC_STATE_MASK), the
+   reason in bits 8-15 ((word >> DC_REASON_SHIFT) & DC_FIELD_MASK), the cause
+   in bits 16-23 ((word >> DC_CAUSE_SHIFT) & DC_FIELD_MASK), zero above. */
+enum { DC_STATE_MASK = 0xff, DC_REASON_SHIFT = 8, DC_CAUSE_SHIFT = 16, DC_FIELD_MASK = 0xff };
+
 /* Cancellation reasons, in bits 8-15 of a state word (and the cause, the
    reason where the cancellation started, in bits 16-23). dc_reason_name
    gives each one's name. */

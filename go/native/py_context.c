@@ -33,7 +33,7 @@ int materialize(ContextObject* self) {
         return -1;
     }
     uint32_t w = self->inline_word;
-    if ((w & 0xff) != DC_LIVE) rc = dc_context_cancel(h, w & 0xff, (w >> 8) & 0xff);
+    if ((w & DC_STATE_MASK) != DC_LIVE) rc = dc_context_cancel(h, w & DC_STATE_MASK, (w >> DC_REASON_SHIFT) & DC_FIELD_MASK);
     const uint32_t* word = NULL;
     if (rc == DC_OK) rc = dc_context_state_word(h, &word);
     if (rc != DC_OK) {
@@ -145,12 +145,12 @@ static inline uint32_t load_word(ContextObject* self) {
 }
 
 static PyObject* context_is_stopped(PyObject* o, PyObject* unused) {
-    if ((load_word((ContextObject*)o) & 0xff) >= DC_STOPPED) Py_RETURN_TRUE;
+    if ((load_word((ContextObject*)o) & DC_STATE_MASK) >= DC_STOPPED) Py_RETURN_TRUE;
     Py_RETURN_FALSE;
 }
 
 static PyObject* context_is_killed(PyObject* o, PyObject* unused) {
-    if ((load_word((ContextObject*)o) & 0xff) == DC_KILLED) Py_RETURN_TRUE;
+    if ((load_word((ContextObject*)o) & DC_STATE_MASK) == DC_KILLED) Py_RETURN_TRUE;
     Py_RETURN_FALSE;
 }
 
@@ -273,7 +273,7 @@ static PyMethodDef context_methods[] = {
     {"remaining", context_remaining, METH_NOARGS, "Seconds to the deadline (0 once passed), or None without one."},
     {"_set_timeout", context_set_timeout, METH_O, "_set_timeout(seconds): kill with reason deadline that long from now."},
     {"_cancel", context_cancel, METH_VARARGS, "_cancel(state, reason): cancel with a given reason code."},
-    {"_state_word", context_state_word, METH_NOARGS, "The raw state word (state | reason << 8)."},
+    {"_state_word", context_state_word, METH_NOARGS, "The raw state word (STATE_MASK, REASON_SHIFT, CAUSE_SHIFT give its layout)."},
     {"_handle", context_handle, METH_NOARGS, "The C ABI handle."},
     {NULL, NULL, 0, NULL},
 };

@@ -153,8 +153,8 @@ DC_HIDDEN PyObject* get_bytes(uint64_t h, int (*fn)(uint64_t, char*, size_t, siz
 
 // A Context made in Python has no Go side until something needs one: a link,
 // a child, an await, a request sent with it, its handle. Until then its state
-// lives in inline_word (same encoding as the library's state word: state,
-// reason << 8, cause << 16) and its id in id (NULL: a uuid not drawn yet), so
+// lives in inline_word (the library's state word: see DC_STATE_MASK in
+// dynamo_ctx.h) and its id in id (NULL: a uuid not drawn yet), so
 // creating and dropping a context never enters Go. Materializing creates the
 // Go context with that id and state and points word at the library's word.
 // Everything here runs with the GIL held, so no cancel can slip between

@@ -7,6 +7,11 @@ writes the token into the fd's pipe; the loop's reader reads the tokens (in
 C, without calling into Go) and resolves the matching futures. No polling, no
 Python code on a Go thread, and any number of waiters, contexts, loops and
 threads.
+
+The states and the state word's layout are the library's (``_native.STOPPED``,
+``KILLED``, ``STATE_MASK``), read when needed: importing this module loads
+nothing. It imports no module of the package but ``_lib``, so context.py can
+import it.
 """
 
 from __future__ import annotations
@@ -20,7 +25,6 @@ import weakref
 from typing import Any, Callable, Coroutine, Dict, Set, Tuple
 
 from ._lib import native
-from .context import KILLED, STOPPED
 
 _wakers: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopWaker]" = weakref.WeakKeyDictionary()
 _wakers_lock = threading.Lock()
@@ -176,7 +180,7 @@ def on_stopped(ctx: Any, callback: Callable[[], object]) -> Callable[[], None]:
     """Run ``callback`` on the running loop, in the callback that learns of it
     (no task to wake first), once ``ctx`` is stopped or killed; return the
     function that cancels this. ``callback`` must not raise."""
-    return _waker().on_state(ctx, STOPPED, callback)
+    return _waker().on_state(ctx, native().STOPPED, callback)
 
 
 _EAGER_START = sys.version_info >= (3, 12)
@@ -240,12 +244,12 @@ def eager_task(coro: "Coroutine[Any, Any, Any]") -> "asyncio.Future[Any]":
 
 
 async def wait_for_state(ctx: Any, state: int) -> bool:
-    """Return True once ``ctx`` reaches ``state`` (1 stopped, 2 killed).
+    """Return True once ``ctx`` reaches ``state`` (``_native.STOPPED`` or ``KILLED``).
 
     In a handler's task whose request is killed it never returns: it raises
     ``CancelledError`` (see ``cancel_on_kill``).
     """
-    if (ctx._state_word() & 0xFF) < state:
+    if (ctx._state_word() & native().STATE_MASK) < state:
         await _waker().wait(ctx, state)
     if _serving:
         await _raise_if_killed_handler()
@@ -297,7 +301,7 @@ def cancel_on_kill(ctx: Any) -> Callable[[], None]:
     task = asyncio.current_task()
     assert task is not None
     _serving[task] = ctx
-    stop = _waker().on_state(ctx, KILLED, lambda: _cancel_for_kill(task))
+    stop = _waker().on_state(ctx, native().KILLED, lambda: _cancel_for_kill(task))
 
     def release() -> None:
         stop()

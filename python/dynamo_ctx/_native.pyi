@@ -11,6 +11,12 @@ _C = TypeVar("_C", bound="Context")
 LIVE: int
 STOPPED: int
 KILLED: int
+#: The state word's layout: state = word & STATE_MASK, reason = word >> REASON_SHIFT
+#: & FIELD_MASK, cause = word >> CAUSE_SHIFT & FIELD_MASK.
+STATE_MASK: int
+REASON_SHIFT: int
+CAUSE_SHIFT: int
+FIELD_MASK: int
 REASON_STOP_GENERATING: int
 REASON_KILL: int
 REASON_CLIENT_DISCONNECTED: int

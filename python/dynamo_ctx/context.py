@@ -5,10 +5,8 @@ from __future__ import annotations
 import threading
 from typing import Any, Dict, Mapping, Optional, Type
 
+from ._aio import wait_for_state
 from ._lib import native
-
-STOPPED = 1
-KILLED = 2
 
 _real_classes: Dict[type, type] = {}
 _real_lock = threading.Lock()
@@ -141,26 +139,22 @@ class Context:
         One of ``stop_generating``, ``kill``, ``client_disconnected``,
         ``parent``, ``deadline``, ``connection_lost``, ``shutdown``.
         """
-        # The names are the library's (_native.REASON_NAMES, None for live).
-        return native().REASON_NAMES[(self._state_word() >> 8) & 0xFF]  # type: ignore[attr-defined,no-any-return]
+        # The names and the word's layout are the library's (_native.REASON_NAMES,
+        # None for live; REASON_SHIFT, FIELD_MASK).
+        lib = native()
+        return lib.REASON_NAMES[(self._state_word() >> lib.REASON_SHIFT) & lib.FIELD_MASK]  # type: ignore[attr-defined,no-any-return]
 
     async def async_killed_or_stopped(self) -> bool:
         """Wait until the context is stopped or killed; return True (at once if it already is)."""
-        from ._aio import wait_for_state
-
-        return await wait_for_state(self, STOPPED)
+        return await wait_for_state(self, native().STOPPED)
 
     async def stopped(self) -> bool:
         """Wait until the context is stopped (a kill also counts); return True."""
-        from ._aio import wait_for_state
-
-        return await wait_for_state(self, STOPPED)
+        return await wait_for_state(self, native().STOPPED)
 
     async def killed(self) -> bool:
         """Wait until the context is killed (a stop alone does not count); return True."""
-        from ._aio import wait_for_state
-
-        return await wait_for_state(self, KILLED)
+        return await wait_for_state(self, native().KILLED)
 
     @property
     def metadata(self) -> Dict[str, Any]:

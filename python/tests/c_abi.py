@@ -64,6 +64,7 @@ def header_cdef(text: str) -> str:
 DC_OK, DC_ENOENT, DC_EIO, DC_EBADF, DC_EAGAIN, DC_EEXIST, DC_EINVAL, DC_ERANGE = 0, 2, 5, 9, 11, 17, 22, 34
 DC_EINTERNAL = 1000
 DC_LIVE, DC_STOPPED, DC_KILLED = 0, 1, 2
+DC_STATE_MASK, DC_REASON_SHIFT, DC_CAUSE_SHIFT, DC_FIELD_MASK = 0xFF, 8, 16, 0xFF  # the state word's layout
 (
     DC_REASON_NONE,
     DC_REASON_STOP_GENERATING,
@@ -172,7 +173,7 @@ def state(lib, h: int) -> Tuple[int, int]:
     word = ffi.new("uint32_t *")
     ok(lib, lib.dc_context_state(h, word))
     assert word[0] >> 24 == 0, hex(word[0])  # bits 16-23 are the cause
-    return word[0] & 0xFF, (word[0] >> 8) & 0xFF
+    return word[0] & DC_STATE_MASK, (word[0] >> DC_REASON_SHIFT) & DC_FIELD_MASK
 
 
 def free_all(lib, *handles: int) -> None:

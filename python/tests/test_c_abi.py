@@ -52,7 +52,7 @@ from c_abi import (
 
 
 def enum_values(text: str) -> dict:
-    return {name: int(value) for name, value in re.findall(r"\b(DC_[A-Z_]+)\s*=\s*(\d+)", text)}
+    return {name: int(value, 0) for name, value in re.findall(r"\b(DC_[A-Z_]+)\s*=\s*(0x[0-9a-fA-F]+|\d+)", text)}
 
 
 def test_enum_values_match_the_header(lib):

@@ -4,7 +4,7 @@ import asyncio
 import threading
 
 from dynamo_ctx import Context, _aio
-from dynamo_ctx.context import KILLED
+from dynamo_ctx._lib import native
 
 
 def test_kill_delivered_inside_the_handlers_own_step_is_delivered_once():
@@ -21,7 +21,7 @@ def test_kill_delivered_inside_the_handlers_own_step_is_delivered_once():
             t.join()
             _aio.deliver_pending()  # what _Sends.defer does every 64 requests
             try:
-                await _aio.wait_for_state(ctx, KILLED)
+                await _aio.wait_for_state(ctx, native().KILLED)
             except asyncio.CancelledError:
                 out.append("raised")
             try:

@@ -1,9 +1,11 @@
 """The extension module dynamo_ctx._native as the package loads it: the
 Python functions it calls are registered by dynamo_ctx._lib (its C code
-imports no Python module)."""
+imports no Python module), and the package reads the library's constants
+(states, the state word's layout) from it rather than restating them."""
 
 from __future__ import annotations
 
+import ast
 import os
 import subprocess
 import sys
@@ -81,3 +83,41 @@ def test_a_cancel_calls_the_registered_flush():
         lib._register_callbacks(exception_for=errors._exception_for, flush_local=_aio._flush_local)
     assert calls == [1]
     assert ctx.is_killed()
+
+
+def test_the_state_words_layout_is_the_librarys():
+    from dynamo_ctx._lib import native
+
+    lib = native()
+    ctx = Context()
+    ctx._cancel(lib.STOPPED, lib.REASON_DEADLINE)
+    w = ctx._state_word()
+    assert w & lib.STATE_MASK == lib.STOPPED
+    assert (w >> lib.REASON_SHIFT) & lib.FIELD_MASK == lib.REASON_DEADLINE
+    assert (w >> lib.CAUSE_SHIFT) & lib.FIELD_MASK == lib.REASON_DEADLINE
+    child = Context()
+    ctx.link_child(child)
+    cw = child._state_word()
+    assert (cw >> lib.REASON_SHIFT) & lib.FIELD_MASK == lib.REASON_PARENT
+    assert (cw >> lib.CAUSE_SHIFT) & lib.FIELD_MASK == lib.REASON_DEADLINE
+    assert child.reason() == "parent"
+
+
+def _imports(module: str) -> set:
+    tree = ast.parse((Path(dynamo_ctx.__file__).parent / module).read_text("utf-8"))
+    return {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level == 1}
+
+
+def test_context_and_aio_restate_no_state_values_and_import_no_circle():
+    """context.py and _aio.py take the states and the word's layout from
+    _native (no STOPPED = 1, no 0xff), and _aio.py imports no module of the
+    package but _lib, so context.py imports it at the top."""
+    pkg = Path(dynamo_ctx.__file__).parent
+    for module in ("context.py", "_aio.py"):
+        text = pkg.joinpath(module).read_text("utf-8")
+        tree = ast.parse(text)
+        assigned = {t.id for n in ast.walk(tree) if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
+        assert not assigned & {"LIVE", "STOPPED", "KILLED"}, module
+        assert "0xff" not in text.lower(), module
+    assert _imports("_aio.py") == {"_lib"}
+    assert "_aio" in _imports("context.py")

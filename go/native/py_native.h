@@ -3,6 +3,20 @@
 // C user). Each py_*.c file holds one part of the module and includes this
 // first; py_module.c assembles the module.
 //
+// What the C layer holds, and no more: conversion between Python objects
+// and the C ABI's arguments and results; releasing the GIL around calls
+// that may wait or walk a tree; raising a library error through the table
+// the package registered (py_common.c); and, for speed, four things done
+// here rather than in Go or Python: the state-word load (is_stopped(),
+// is_killed(): a memory read, no call) and the word and id a Context keeps
+// until its Go side is made (py_context.c), the reader of the tokens an
+// event queue's fd carries (queue_read, py_queue.c), the batching of many
+// requests' items into few library calls (py_plane.c), and the encoder of
+// common response items (py_json.c, which leaves anything else to Python's
+// encoder). No rule of docs/design.md is decided here: ids
+// (dc_id_check), state transitions (dc_state_word_next), endpoint paths,
+// and the exception for each error code are asked of Go or of the package.
+//
 // The module lives in the same shared library as the C ABI it wraps, and is
 // built against the stable ABI (Py_LIMITED_API 3.9), so one library serves
 // every CPython from 3.9 on. It is compiled only when Python.h is on the

@@ -133,7 +133,7 @@ def dynamo(py: str, requests: int, concurrency: int) -> Optional[Dict[str, float
         async with dynamo_frontend(py, 1e6) as started:
             if started is None:
                 return None
-            addr, pids = started
+            addr, pids, _ = started
             return await measure(addr, "e2e", list(pids.values()), requests, concurrency)
 
     return asyncio.run(go())

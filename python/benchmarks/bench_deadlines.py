@@ -30,7 +30,6 @@ import argparse
 import asyncio
 import os
 import re
-import socket
 import statistics
 import subprocess
 import sys
@@ -72,36 +71,17 @@ async def main() -> None:
     ap.add_argument("--timeout", type=float, default=2.0)
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT / "python"))
+    sys.path.insert(0, str(ROOT / "python" / "tests"))  # the harness
     from dynamo_ctx import Context, DistributedRuntime
+    from harness import Worker, child_env
 
     host = DistributedRuntime(nats_url="nats://127.0.0.1:0")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        mport = s.getsockname()[1]
     ns = f"dl{os.getpid()}"
     trace = os.environ.get("DYNAMO_CTX_KILL_TRACE", "")
-    env = dict(os.environ, NATS_SERVER=host.nats_url, PYTHONPATH=str(ROOT / "python"))
-    worker = subprocess.Popen(
-        [sys.executable, "-m", "dynamo_ctx.worker", "--engine", "mock", "--namespace", ns, "--model", "m",
-         "--decode-time-per-token", "0.05", "--prefill-time-per-token", "0", "--metrics-port", str(mport)],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-    )
-    lines: List[str] = []
-    ready = asyncio.get_running_loop().create_future()
-
-    def read() -> None:
-        assert worker.stderr is not None
-        for line in worker.stderr:
-            lines.append(line)
-            if "serving" in line:
-                loop.call_soon_threadsafe(lambda: ready.done() or ready.set_result(None))
-
-    loop = asyncio.get_running_loop()
-    import threading
-
-    threading.Thread(target=read, daemon=True).start()
+    worker = Worker("worker", child_env(host.nats_url), namespace=ns, mode=None, model="m",
+                    args=["--decode-time-per-token", "0.05", "--prefill-time-per-token", "0"])
     try:
-        await asyncio.wait_for(ready, 60)
+        await worker.ready_async(60)
         client = await host.endpoint(f"{ns}.backend.generate").client()
         await client.wait_for_instances()
         deadlines: Dict[str, float] = {}
@@ -124,10 +104,10 @@ async def main() -> None:
 
         await asyncio.gather(*(one(i) for i in range(args.n)))
         t_end = time.monotonic() + 30
-        while sum("Aborted Request ID: dl-" in ln for ln in lines) < args.n and time.monotonic() < t_end:
+        while worker.log_count("Aborted Request ID: dl-") < args.n and time.monotonic() < t_end:
             await asyncio.sleep(0.1)
         worker_late = []
-        for ln in lines:
+        for ln in worker.lines:
             m = re.search(r"\[(\d+\.\d+)\].*Aborted Request ID: (dl-\d+)(?: |$)", ln.strip())
             if m:
                 worker_late.append(float(m.group(1)) - deadlines[m.group(2)])
@@ -148,8 +128,7 @@ async def main() -> None:
         else:
             print("  worker: no abort line found")
     finally:
-        worker.terminate()
-        worker.wait(20)
+        worker.stop(20)
         host.shutdown()
 
 

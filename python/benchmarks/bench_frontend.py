@@ -11,7 +11,6 @@ alone (docs/design.md, Performance targets: p50 <= 0.5 ms, p99 <= 1 ms; the
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import socket
@@ -20,12 +19,13 @@ import time
 import uuid
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE.parent / "tests"))  # the harness
 
 from dynamo_ctx import DistributedRuntime  # noqa: E402
-from dynamo_ctx.demo import Proc, free_port, http_get, wait_until  # noqa: E402
+from harness import Frontend, Worker, child_env, http_get, new_namespace, send_post, wait_until  # noqa: E402
 
 MODEL = "bench-model"
 N = int(os.environ.get("BENCH_N", "100"))
@@ -41,33 +41,32 @@ def created(line: str) -> float:
 
 
 def open_request(port: int, rid: str, prompt: str, stream: bool) -> socket.socket:
-    body = json.dumps({"model": MODEL, "prompt": prompt, "max_tokens": 10_000, "stream": stream}).encode()
-    s = socket.create_connection(("127.0.0.1", port))
-    s.sendall(
-        b"POST /v1/completions HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n"
-        + f"x-request-id: {rid}\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body
-    )
-    return s
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": 10_000, "stream": stream}
+    return send_post("127.0.0.1", port, "/v1/completions", body, {"x-request-id": rid}, close=False, timeout=None)
 
 
-def stack(env, http_port, disagg):
+def stack(env, disagg):
+    """The workers (the one holding the timed requests first) and the frontend, once the model is listed."""
+    ns = new_namespace("bench")
     procs = []
     if disagg:
-        procs.append(Proc("prefill", ["dynamo_ctx.worker", "--mode", "prefill", "--model", MODEL, "--prefill-time-per-token", "0.01"], env))
-        procs.append(Proc("decode", ["dynamo_ctx.worker", "--mode", "decode", "--model", MODEL, "--decode-time-per-token", "0.005"], env))
+        procs.append(Worker("prefill", env, namespace=ns, mode="prefill", model=MODEL, engine=None,
+                            args=["--prefill-time-per-token", "0.01"]))
+        procs.append(Worker("decode", env, namespace=ns, mode="decode", model=MODEL, engine=None,
+                            args=["--decode-time-per-token", "0.005"]))
     else:
-        procs.append(Proc("agg", ["dynamo_ctx.worker", "--mode", "agg", "--model", MODEL, "--decode-time-per-token", "0.005"], env))
-    procs.append(Proc("frontend", ["dynamo_ctx.frontend", "--http-port", str(http_port), "--http-host", "127.0.0.1"], env))
-    for p in procs[:-1]:
-        p.wait_log(r"serving \S+ as instance")
-    procs[-1].wait_log(r"frontend listening")
-    wait_until(lambda: MODEL in http_get(http_port, "/v1/models"), "the model")
+        procs.append(Worker("agg", env, namespace=ns, mode="agg", model=MODEL, engine=None, args=["--decode-time-per-token", "0.005"]))
+    procs.append(Frontend("frontend", env, namespace=ns))
+    for p in procs:
+        p.ready()
+    port = procs[-1].port
+    wait_until(lambda: MODEL in http_get(f"http://127.0.0.1:{port}/v1/models")[2].decode(), "the model")
     return procs
 
 
 def run(disagg: bool, env) -> list:
-    port = free_port()
-    procs = stack(env, port, disagg)
+    procs = stack(env, disagg)
+    port = procs[-1].port
     lat = []
     try:
         for i in range(N + 5):
@@ -78,7 +77,7 @@ def run(disagg: bool, env) -> list:
                 procs[0].wait_log(rf"New Prefill Request ID: {rid}")
                 t = time.time()
                 s.close()
-                line = procs[0].wait_log(rf"Aborted Prefill Request ID: {rid}")
+                line = procs[0].wait_log(rf"Aborted Prefill Request ID: {rid}").string
             else:
                 # Cancelled during decode, after the first chunk.
                 s = open_request(port, rid, "hello", stream=True)
@@ -87,7 +86,7 @@ def run(disagg: bool, env) -> list:
                     buf += s.recv(65536)
                 t = time.time()
                 s.close()
-                line = procs[0].wait_log(rf"Aborted Request ID: {rid}")
+                line = procs[0].wait_log(rf"Aborted Request ID: {rid}").string
             if i >= 5:  # warm-up
                 lat.append(created(line) - t)
     finally:
@@ -96,7 +95,7 @@ def run(disagg: bool, env) -> list:
     return lat
 
 
-DYNAMO_CANCEL = re.compile(rb"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d+)Z.*request cancellation received")
+DYNAMO_CANCEL = re.compile(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d+)Z.*request cancellation received")
 
 
 def run_dynamo(py: str) -> list:
@@ -105,47 +104,43 @@ def run_dynamo(py: str) -> list:
     the request's blocks next), one request at a time."""
     import asyncio
     import datetime
-    import tempfile
 
     from bench_load import dynamo_frontend
 
     async def go() -> list:
-        with tempfile.NamedTemporaryFile(suffix=".log") as log:
-            async with dynamo_frontend(py, 1.0, mocker_log=log.name) as started:
-                if started is None:
-                    return []
-                (_, port), _ = started
-                lat, seen = [], 0
-                for i in range(N + 5):
-                    body = json.dumps({"model": "e2e", "prompt": "w1 w2 w3", "max_tokens": 2000, "stream": True}).encode()
-                    s = socket.create_connection(("127.0.0.1", port))
-                    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n"
-                              + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
-                    buf = b""
-                    while b"data: " not in buf:
-                        buf += s.recv(65536)
-                    t = time.time()
-                    s.close()
-                    deadline = time.monotonic() + 10
-                    while True:
-                        found = DYNAMO_CANCEL.findall(Path(log.name).read_bytes())
-                        if len(found) > seen or time.monotonic() > deadline:
-                            break
-                        await asyncio.sleep(0.005)
-                    if len(found) <= seen:
-                        raise RuntimeError("Dynamo's mocker logged no cancellation")
-                    stamp = datetime.datetime.fromisoformat(found[seen].decode()).replace(tzinfo=datetime.timezone.utc)
-                    seen = len(found)
-                    if i >= 5:  # warm-up
-                        lat.append(stamp.timestamp() - t)
-                return lat
+        async with dynamo_frontend(py, 1.0) as started:
+            if started is None:
+                return []
+            (_, port), _, mocker = started
+            lat, seen = [], 0
+            for i in range(N + 5):
+                body = {"model": "e2e", "prompt": "w1 w2 w3", "max_tokens": 2000, "stream": True}
+                s = send_post("127.0.0.1", port, "/v1/completions", body, close=False, timeout=None)
+                buf = b""
+                while b"data: " not in buf:
+                    buf += s.recv(65536)
+                t = time.time()
+                s.close()
+                deadline = time.monotonic() + 10
+                while True:
+                    found = DYNAMO_CANCEL.findall(mocker.log())
+                    if len(found) > seen or time.monotonic() > deadline:
+                        break
+                    await asyncio.sleep(0.005)
+                if len(found) <= seen:
+                    raise RuntimeError("Dynamo's mocker logged no cancellation")
+                stamp = datetime.datetime.fromisoformat(found[seen]).replace(tzinfo=datetime.timezone.utc)
+                seen = len(found)
+                if i >= 5:  # warm-up
+                    lat.append(stamp.timestamp() - t)
+            return lat
 
     return asyncio.run(go())
 
 
 def main() -> None:
     rt = DistributedRuntime(nats_url="nats://127.0.0.1:0")  # hosts NATS on a free port for the children
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]), NATS_SERVER=rt.nats_url)
+    env = child_env(rt.nats_url)
     try:
         for name, disagg in (
             ("aggregated, cancelled in decode", False),

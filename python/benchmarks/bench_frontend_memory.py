@@ -23,31 +23,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import socket
-import subprocess
 import sys
-import time
-import urllib.request
-import uuid
 from pathlib import Path
 from typing import List
 
-PY_DIR = Path(__file__).resolve().parents[1]
-NATS_HOST = r"""
-import sys
-from dynamo_ctx import DistributedRuntime
-rt = DistributedRuntime(nats_url="nats://127.0.0.1:0")
-print(rt.nats_url, flush=True)
-sys.stdin.read()
-rt.shutdown()
-"""
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the harness
+from harness import Stack  # noqa: E402
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+MODEL = "mem-model"
 
 
 def status(pid: int, field: str) -> int:
@@ -67,55 +50,25 @@ def mib(n: float) -> str:
     return f"{n / (1 << 20):.1f} MiB"
 
 
-class Stack:
+class MemStack(Stack):
+    """The harness's stack: one mock worker and the frontend (its logs at WARNING, as
+    measured), up once the frontend lists the model."""
+
     def __init__(self, decode: float, max_body: int) -> None:
-        env = dict(os.environ, PYTHONPATH=str(PY_DIR))
-        env.pop("NATS_SERVER", None)
-        self.procs: List[subprocess.Popen] = []
-        host = subprocess.Popen([sys.executable, "-c", NATS_HOST], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        self.procs.append(host)
-        env["NATS_SERVER"] = host.stdout.readline().strip()
-        ns = "mem" + uuid.uuid4().hex[:8]
-        self.model = "mem-model"
-        self.procs.append(
-            subprocess.Popen(
-                [sys.executable, "-m", "dynamo_ctx.worker", "--engine", "mock", "--model", self.model, "--namespace", ns,
-                 "--decode-time-per-token", str(decode), "--log-level", "WARNING"],
-                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            )
-        )
-        self.port = free_port()
-        self.frontend = subprocess.Popen(
-            [sys.executable, "-m", "dynamo_ctx.frontend", "--http-host", "127.0.0.1", "--http-port", str(self.port),
-             "--namespace", ns, "--max-body-bytes", str(max_body), "--log-level", "WARNING"],
-            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )
-        self.procs.append(self.frontend)
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=5) as r:
-                    if self.model in json.load(r).get("models", []):
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("the stack did not come up")
-            time.sleep(0.1)
+        super().__init__(prefix="mem")
+        try:
+            self.start([{"model": MODEL, "decode": decode}],
+                       frontend_args=["--max-body-bytes", str(max_body), "--log-level", "WARNING"], frontend_log=False)
+        except BaseException:
+            self.close()
+            raise
+        assert self.frontend is not None
+        self.port = self.frontend.port
+        self.model = MODEL
 
     def rss(self) -> int:
+        assert self.frontend is not None
         return status(self.frontend.pid, "VmRSS")
-
-    def close(self) -> None:
-        for p in reversed(self.procs[1:]):
-            p.terminate()
-        for p in reversed(self.procs[1:]):
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-        self.procs[0].stdin.close()
-        self.procs[0].wait(10)
 
 
 async def open_stream(port: int, body: bytes):
@@ -133,7 +86,7 @@ async def open_stream(port: int, body: bytes):
             return reader, writer
 
 
-async def in_flight(stack: Stack, counts: List[int]) -> None:
+async def in_flight(stack: MemStack, counts: List[int]) -> None:
     body = json.dumps({"model": stack.model, "prompt": "x" * 64, "max_tokens": 1000, "stream": True}).encode()
     # Warm up (first request, first client of the model), then the baseline.
     r, w = await open_stream(stack.port, body)
@@ -178,7 +131,7 @@ def bodies(model: str, max_body: int, context_len: int):
     return (("refused (400)", refused, 400), ("accepted (200)", accepted_b, 200))
 
 
-async def largest_body(stack: Stack, name: str, body: bytes, want: int, n: int) -> None:
+async def largest_body(stack: MemStack, name: str, body: bytes, want: int, n: int) -> None:
     """Peak RSS of a fresh frontend while it serves n largest bodies at once."""
     r, w = await open_stream(stack.port, json.dumps({"model": stack.model, "prompt": "warm", "max_tokens": 1, "stream": True}).encode())
     w.close()
@@ -199,16 +152,16 @@ def main() -> None:
     p.add_argument("--max-body", type=int, default=4 << 20)
     p.add_argument("--context-len", type=int, default=32768, help="the model's context length (the frontend's default)")
     args = p.parse_args()
-    stack = Stack(decode=1.0, max_body=args.max_body)
+    stack = MemStack(decode=1.0, max_body=args.max_body)
     try:
         asyncio.run(in_flight(stack, [int(x) for x in args.streams.split(",")]))
     finally:
         stack.close()
     # Each largest-body case on a fresh frontend: Go keeps freed heap for
     # reuse, so a case after another would look cheaper than it is.
-    for name, body, want in bodies("mem-model", args.max_body, args.context_len):
+    for name, body, want in bodies(MODEL, args.max_body, args.context_len):
         for n in (1, args.concurrent):
-            stack = Stack(decode=0.001, max_body=args.max_body)
+            stack = MemStack(decode=0.001, max_body=args.max_body)
             try:
                 asyncio.run(largest_body(stack, name, body, want, n))
             finally:

@@ -47,11 +47,11 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import AsyncIterator, Dict, List, Optional, Tuple
+from typing import AsyncIterator, Dict, List, NamedTuple, Optional, Tuple
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))  # the harness
-from harness import Stack  # noqa: E402
+from harness import Proc, Stack, free_port, http_get, wait_until  # noqa: E402
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -546,61 +546,48 @@ def dynamo_python() -> Optional[str]:
     return py if ok else None
 
 
+class DynamoStack(NamedTuple):
+    """Dynamo's frontend + mocker, started: the frontend's address, the two pids, and
+    the mocker's process (its log holds its "request cancellation received" lines)."""
+
+    addr: Tuple[str, int]
+    pids: Dict[str, int]
+    mocker: Proc
+
+
 @contextlib.asynccontextmanager
-async def dynamo_frontend(
-    py: str, speedup: float, mocker_log: Optional[str] = None
-) -> AsyncIterator[Optional[Tuple[Tuple[str, int], Dict[str, int]]]]:
+async def dynamo_frontend(py: str, speedup: float) -> AsyncIterator[Optional[DynamoStack]]:
     """``python -m dynamo.frontend`` + ``python -m dynamo.mocker`` serving model "e2e" (file
-    discovery, TCP request plane, a generated word-level tokenizer): yields the frontend's
-    address and the two processes' pids, or None if they did not start. The mocker's
-    output goes to ``mocker_log`` when given."""
-    import socket
+    discovery, TCP request plane, a generated word-level tokenizer), or None if they did
+    not start."""
     import subprocess
-    import tempfile
-    import urllib.request
 
     with tempfile.TemporaryDirectory() as tmp:
         model, kv = os.path.join(tmp, "model"), os.path.join(tmp, "kv")
         os.makedirs(model)
         subprocess.run([py, "-c", MODEL_DIR_CODE, model], check=True)
-        with socket.socket() as sk:
-            sk.bind(("127.0.0.1", 0))
-            port = sk.getsockname()[1]
+        port = free_port()
         env = dict(os.environ, DYN_FILE_KV=kv)
         env.pop("DYN_SYSTEM_PORT", None)
         common = ["--discovery-backend", "file", "--request-plane", "tcp"]
-        out = open(mocker_log, "w") if mocker_log else subprocess.DEVNULL  # noqa: SIM115 - closed with the process
         procs = [
-            subprocess.Popen([py, "-m", "dynamo.mocker", "--model-path", model, "--model-name", "e2e", "--speedup-ratio", str(speedup)]
-                             + common, env=env, stdout=out, stderr=out),
-            subprocess.Popen([py, "-m", "dynamo.frontend", "--http-port", str(port)] + common,
-                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL),
+            Proc("dynamo-mocker", [py, "-m", "dynamo.mocker", "--model-path", model, "--model-name", "e2e",
+                                   "--speedup-ratio", str(speedup)] + common, env),
+            Proc("dynamo-frontend", [py, "-m", "dynamo.frontend", "--http-port", str(port)] + common, env),
         ]
         try:
-            deadline = time.monotonic() + 120
             started = True
-            while True:
-                try:
-                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=2) as r:
-                        if b'"e2e"' in r.read():
-                            break
-                except OSError:
-                    pass
-                if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
-                    started = False
-                    break
-                await asyncio.sleep(0.5)
-            yield (("127.0.0.1", port), {"frontend": procs[1].pid, "worker": procs[0].pid}) if started else None
+            try:
+                wait_until(lambda: b'"e2e"' in http_get(f"http://127.0.0.1:{port}/v1/models", timeout=2)[2]
+                           or any(not p.running() for p in procs), "Dynamo's frontend to list the model", timeout=120,
+                           every=0.5)
+                started = all(p.running() for p in procs)
+            except AssertionError:
+                started = False
+            yield DynamoStack(("127.0.0.1", port), {"frontend": procs[1].pid, "worker": procs[0].pid}, procs[0]) if started else None
         finally:
             for p in procs:
-                p.terminate()
-            for p in procs:
-                try:
-                    p.wait(10)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-            if mocker_log:
-                out.close()
+                p.stop()
 
 
 async def dynamo_end_to_end(py: str, n: int, max_tokens: int, speedup: float) -> Optional[dict]:
@@ -608,7 +595,7 @@ async def dynamo_end_to_end(py: str, n: int, max_tokens: int, speedup: float) ->
     async with dynamo_frontend(py, speedup) as started:
         if started is None:
             return None
-        addr, pids = started
+        addr, pids, _ = started
         await end_to_end_at(addr, "e2e", pids, 8, 20)  # warm-up
         return await end_to_end_at(addr, "e2e", pids, n, max_tokens)
 

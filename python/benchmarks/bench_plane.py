@@ -23,7 +23,6 @@ Measured:
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import statistics
 import sys
@@ -41,6 +40,9 @@ from plane_bench_worker import make_handler  # noqa: E402
 
 sys.path.insert(0, str(HERE))
 import killtrace  # noqa: E402
+
+sys.path.insert(0, str(HERE.parent / "tests"))  # the harness
+from harness import Proc, start_script  # noqa: E402
 
 MONO = time.CLOCK_MONOTONIC
 STREAM_ITEMS = 200_000
@@ -85,44 +87,21 @@ handler = make_handler(lambda event: _inproc_events.put_nowait(event))
 
 
 # ---------------------------------------------------------------- the worker process
-class Helper:
-    """plane_bench_worker.py in a subprocess; its stdout carries JSON events."""
+def start_helper(nats_url: str, role: str, path: str) -> Proc:
+    """plane_bench_worker.py in a subprocess (the harness's Proc); its stdout carries JSON events."""
+    return start_script(HERE / "plane_bench_worker.py", role, path, nats_url=nats_url, stdin=True, name=f"helper-{role}")
 
-    def __init__(self, proc):
-        self.proc = proc
 
-    @classmethod
-    async def start(cls, nats_url: str, role: str, path: str) -> "Helper":
-        env = dict(os.environ, NATS_SERVER=nats_url)
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, str(HERE / "plane_bench_worker.py"), role, path,
-            env=env, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-        )
-        return cls(proc)
+def sigkill(helper: Proc) -> float:
+    """SIGKILL the process; return the time.monotonic() of the signal."""
+    t0 = time.monotonic()
+    helper.kill(wait=False)
+    return t0
 
-    async def event(self, name: str) -> dict:
-        while True:
-            line = await self.proc.stdout.readline()
-            if not line:
-                raise RuntimeError(f"helper process exited (code {self.proc.returncode}) before event {name!r}")
-            ev = json.loads(line)
-            if ev["event"] == name:
-                return ev
 
-    def sigkill(self) -> float:
-        """SIGKILL the process; return the time.monotonic() of the signal."""
-        t0 = time.monotonic()
-        self.proc.kill()
-        return t0
-
-    async def stop(self) -> None:
-        if self.proc.returncode is None:
-            try:
-                self.proc.stdin.close()
-                await asyncio.wait_for(self.proc.wait(), 10)
-            except (asyncio.TimeoutError, OSError):
-                self.proc.kill()
-                await self.proc.wait()
+async def stop_helper(helper: Proc) -> None:
+    """Close its stdin (a serving helper shuts its runtime down and exits); SIGKILL if it lingers."""
+    await helper.stop_by_stdin_async(10)
 
 
 # ---------------------------------------------------------------- measurements
@@ -234,9 +213,9 @@ async def failure_detection(host, url, worker, remote_client, remote_path, remot
         print("  request with no instance known: no error (unexpected)")
     except NoResponders as e:
         print(f"  request with no instance known: NoResponders after {ms(t0)} ({e})")
-    late = await Helper.start(url, "serve", path)
+    late = start_helper(url, "serve", path)
     try:
-        await late.event("ready")
+        await late.event_async("ready")
         t0 = time.monotonic()
         listed = bool(watching.instance_ids())
         await watching.wait_for_instances()
@@ -249,27 +228,27 @@ async def failure_detection(host, url, worker, remote_client, remote_path, remot
             f"lists it: {bool(fresh.instance_ids())}"
         )
         t0 = time.monotonic()
-        late.proc.stdin.close()  # the worker shuts its runtime down: its lease says "down"
+        late.close_stdin()  # the worker shuts its runtime down: its lease says "down"
         gone = await until(lambda: not watching.instance_ids())
         print(f"  worker shuts down cleanly -> instance gone from discovery: {ms(t0) if gone else 'not within 15 s'}")
     finally:
-        await late.stop()
+        await stop_helper(late)
 
     # The caller process dies while the worker's handler awaits its context.
-    caller = await Helper.start(url, "call", remote_path)
+    caller = start_helper(url, "call", remote_path)
     try:
-        await caller.event("item")
+        await caller.event_async("item")
         await asyncio.sleep(0.05)
-        t0 = caller.sigkill()
-        ev = await worker.event("killed")
+        t0 = sigkill(caller)
+        ev = await worker.event_async("killed")
         print(f"  caller SIGKILLed -> handler's context killed, reason {ev['reason']!r}: {ms(t0)}")
     finally:
-        await caller.stop()
+        await stop_helper(caller)
 
     # The worker process dies mid-stream.
     stream = await remote_client.generate({"mode": "forever"}, annotated=False)
     await stream.__anext__()
-    t_kill = worker.sigkill()
+    t_kill = sigkill(worker)
     try:
         async for _ in stream:
             pass
@@ -321,7 +300,7 @@ class Bench:
         self.url = self.host.nats_url
         # The worker process starts (imports, connects) while this one sets up.
         self.remote_path = f"bench{uuid.uuid4().hex[:8]}.worker.generate"
-        self.worker = await Helper.start(self.url, "serve", self.remote_path)
+        self.worker = start_helper(self.url, "serve", self.remote_path)
         self.serve_task = None
         try:
             local = self.host.endpoint(f"bench{uuid.uuid4().hex[:8]}.local.generate")
@@ -329,7 +308,7 @@ class Bench:
             await local.serving()
             self.local_client = await local.client()
             await self.local_client.wait_for_instances()
-            self.remote_ready = await self.worker.event("ready")
+            self.remote_ready = await self.worker.event_async("ready")
             self.remote_client = await self.host.endpoint(self.remote_path).client()
             await self.remote_client.wait_for_instances()
         except BaseException:
@@ -338,14 +317,14 @@ class Bench:
         return self
 
     async def __aexit__(self, *exc) -> None:
-        await self.worker.stop()
+        await stop_helper(self.worker)
         self.host.shutdown()
         if self.serve_task is not None:
             await asyncio.gather(self.serve_task, return_exceptions=True)
 
     async def kills(self, remote: bool, n: int, prefix: str = "bench-kill") -> list:
         if remote:
-            return await kill_latencies(self.remote_client, n, lambda: self.worker.event("killed"), prefix)
+            return await kill_latencies(self.remote_client, n, lambda: self.worker.event_async("killed"), prefix)
         return await kill_latencies(self.local_client, n, _inproc_events.get, prefix)
 
 

@@ -45,6 +45,8 @@ from typing import Any, Dict, List, Optional
 
 HERE = Path(__file__).resolve()
 sys.path.insert(0, str(HERE.parents[1]))
+sys.path.insert(0, str(HERE.parents[1] / "tests"))  # the harness
+from harness import start_script  # noqa: E402
 
 MONO = time.CLOCK_MONOTONIC
 ITEMS = 10_000
@@ -217,19 +219,10 @@ async def serve(L: Lib, path: str) -> None:
 
 
 async def remote(L: Lib, path: str, env: Dict[str, str]) -> Dict[str, float]:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, str(HERE), "--serve", L.name, path, env=env,
-        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
-    )
+    proc = start_script(HERE, "--serve", L.name, path, env=env, stdin=True, name=f"serve-{L.name}")
 
     async def event(name: str) -> dict:
-        while True:
-            line = await asyncio.wait_for(proc.stdout.readline(), 60)
-            if not line:
-                raise RuntimeError(f"{L.name} worker exited before {name!r}")
-            ev = json.loads(line)
-            if ev["event"] == name:
-                return ev
+        return await proc.event_async(name, 60)
 
     loop = asyncio.get_running_loop()
     rt = L.runtime(loop)
@@ -291,12 +284,7 @@ async def remote(L: Lib, path: str, env: Dict[str, str]) -> Dict[str, float]:
             out[f"{kind}_p50_us"] = pct(lat, 50)
             out[f"{kind}_p99_us"] = pct(lat, 99)
     finally:
-        if proc.returncode is None:
-            proc.stdin.close()
-            try:
-                await asyncio.wait_for(proc.wait(), 10)
-            except asyncio.TimeoutError:
-                proc.kill()
+        await proc.stop_by_stdin_async(10)
         rt.shutdown()
     return out
 
@@ -317,22 +305,19 @@ async def floor_server() -> None:
 
 
 async def floor() -> Dict[str, float]:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, str(HERE), "--floor-server", stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-    )
-    port = json.loads(await proc.stdout.readline())["port"]
+    proc = start_script(HERE, "--floor-server", stdin=True, name="floor-server")
+    port = (await proc.event_async("port"))["port"]
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     lat = []
     for i in range(REMOTE_N + 10):
         await asyncio.sleep(0.001)
         t0 = now_ns()
         writer.write(b"x\n")
-        ev = json.loads(await proc.stdout.readline())
+        ev = await proc.event_async("got")
         if i >= 10:
             lat.append((ev["t_ns"] - t0) / 1e3)
     writer.close()
-    proc.stdin.close()
-    await proc.wait()
+    await proc.stop_by_stdin_async()
     return {"floor_p50_us": pct(lat, 50), "floor_p99_us": pct(lat, 99)}
 
 

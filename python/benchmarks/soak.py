@@ -21,8 +21,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))  # the harness
-from harness import Stack  # noqa: E402
-from harness import Result, stream_completion  # noqa: E402
+from harness import Result, Stack, stream_completion  # noqa: E402
 
 
 def go_stats(fe) -> dict:

@@ -30,27 +30,19 @@ import json
 import os
 import re
 import socket
-import subprocess
 import sys
 import tempfile
-import threading
 import time
-import urllib.request
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List
 
 HERE = Path(__file__).resolve()
-PY_DIR = HERE.parents[2]  # .../python
-MODEL = "tiny"
+sys.path.insert(0, str(HERE.parents[2] / "tests"))  # the harness (this script runs from a checkout)
+from harness import NatsHost, Proc, ProcError, child_env, http_get, http_json, metric_sums, wait_until  # noqa: E402
+from harness import Frontend as _Frontend  # noqa: E402
+from harness import Worker as _Worker  # noqa: E402
 
-NATS_HOST = r"""
-import sys
-from dynamo_ctx import DistributedRuntime
-rt = DistributedRuntime(nats_url="nats://127.0.0.1:0")
-print(rt.nats_url, flush=True)
-sys.stdin.read()
-rt.shutdown()
-"""
+MODEL = "tiny"
 
 results: Dict[str, Any] = {"checks": {}, "figures": {}}
 
@@ -66,113 +58,49 @@ def check(name: str, ok: bool, detail: Any = "", on_pass: Any = "") -> bool:
     return ok
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Proc:
-    """A process whose output lines are kept (and copied to a log file)."""
-
-    def __init__(self, name: str, argv: List[str], env: Dict[str, str], log_dir: Path, stdin: bool = False) -> None:
-        self.name, self.lines = name, []  # type: str, List[str]
-        self.cond = threading.Condition()
-        self.log = open(log_dir / f"{name}.log", "w")
-        self.proc = subprocess.Popen(
-            argv, env=env, stdin=subprocess.PIPE if stdin else subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE if stdin else subprocess.STDOUT, text=True, bufsize=1,
-        )
-        src = self.proc.stderr if stdin else self.proc.stdout
-        threading.Thread(target=self._read, args=(src,), daemon=True).start()
-
-    def _read(self, f: Any) -> None:
-        for line in f:
-            self.log.write(line)
-            self.log.flush()
-            with self.cond:
-                self.lines.append(line)
-                self.cond.notify_all()
-
-    def wait_log(self, pattern: str, timeout: float) -> Optional[re.Match]:
-        rx = re.compile(pattern)
-        end = time.monotonic() + timeout
-        seen = 0
-        with self.cond:
-            while True:
-                for line in self.lines[seen:]:
-                    m = rx.search(line)
-                    if m:
-                        return m
-                seen = len(self.lines)
-                if self.proc.poll() is not None or time.monotonic() > end:
-                    return None
-                self.cond.wait(0.2)
-
-    def tail(self, n: int = 30) -> str:
-        with self.cond:
-            return "".join(self.lines[-n:])
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-
-
-def http_json(method: str, url: str, body: Optional[dict] = None, headers: Optional[dict] = None, timeout: float = 120) -> Any:
-    data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(url, data=data, method=method, headers={"content-type": "application/json", **(headers or {})})
-    with urllib.request.urlopen(req, timeout=timeout) as r:
-        return json.loads(r.read())
+def get_text(url: str) -> str:
+    status, _, body = http_get(url)
+    if status != 200:
+        raise OSError(f"{url}: HTTP {status}")
+    return body.decode()
 
 
 def metrics(port: int) -> Dict[str, float]:
     """Samples by name (the labels dropped; summed over label sets)."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
-        text = r.read().decode()
-    out: Dict[str, float] = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            key, value = line.rsplit(" ", 1)
-            name = key.split("{")[0]
-            out[name] = out.get(name, 0.0) + float(value)
-    return out
+    return metric_sums(get_text(f"http://127.0.0.1:{port}/metrics"))
 
 
 def poll(cond: Callable[[], bool], timeout: float, every: float = 0.05) -> bool:
-    end = time.monotonic() + timeout
-    while True:
-        try:
-            if cond():
-                return True
-        except Exception:  # noqa: BLE001 - a failed scrape is not a verdict
-            pass
-        if time.monotonic() > end:
-            return False
-        time.sleep(every)
+    """Whether ``cond()`` came true within ``timeout`` (a failed scrape is not a verdict)."""
+    try:
+        return bool(wait_until(cond, "the condition", timeout, every, ignore=(Exception,)))
+    except AssertionError:
+        return False
 
 
-class Worker(Proc):
+def logged(proc: Proc, pattern: str, timeout: float) -> bool:
+    """Whether ``proc`` logged a line matching ``pattern`` within ``timeout``."""
+    try:
+        proc.wait_log(pattern, timeout)
+        return True
+    except ProcError:
+        return False
+
+
+class Worker(_Worker):
+    """The worker command serving ``--model`` as MODEL with the engine ``--engine`` names."""
+
     def __init__(self, name: str, mode: str, namespace: str, args: argparse.Namespace, env: Dict[str, str], log_dir: Path,
                  extra: List[str]) -> None:
-        self.port = free_port()
-        self.mode = mode
         self.engine = args.engine
-        argv = [sys.executable, "-m", "dynamo_ctx.worker", "--engine", args.engine, "--mode", mode, "--namespace", namespace,
-                "--model", args.model, "--served-model-name", MODEL, "--metrics-port", str(self.port)]
         if args.engine == "vllm":
-            argv += ["--enforce-eager", "--gpu-memory-utilization", str(args.gpu_memory_utilization), "--max-model-len", "2048",
+            flags = ["--enforce-eager", "--gpu-memory-utilization", str(args.gpu_memory_utilization), "--max-model-len", "2048",
                      "--max-num-seqs", "16", "--max-num-batched-tokens", "64"]
         else:
-            argv += ["--decode-time-per-token", "0.002", "--prefill-time-per-token", "0.0005"]
-        super().__init__(name, argv + extra, env, log_dir)
-
-    def ready(self, timeout: float) -> bool:
-        m = self.wait_log(r"serving \S+ as instance", timeout)
-        return m is not None
+            flags = ["--decode-time-per-token", "0.002", "--prefill-time-per-token", "0.0005"]
+        super().__init__(name, env, namespace=namespace, mode=mode, model=MODEL, model_dir=args.model, engine=args.engine,
+                         args=flags + extra, log_dir=log_dir)
+        self.port = self.metrics_port
 
     def gauges(self) -> Dict[str, float]:
         m = metrics(self.port)
@@ -218,8 +146,7 @@ def stream_and_close(base: str, body: dict, rid: str, close_after_chunks: int, c
 
 
 def frontend_latency(port_base: str) -> Dict[str, float]:
-    with urllib.request.urlopen(port_base + "/metrics", timeout=10) as r:
-        text = r.read().decode()
+    text = get_text(port_base + "/metrics")
     out = {"sum": 0.0, "count": 0.0, "cancellations": 0.0, "confirmed": 0.0}
     for line in text.splitlines():
         if line.startswith("dynamo_ctx_frontend_disconnect_to_abort_seconds_sum"):
@@ -240,8 +167,8 @@ def cancel_case(name: str, base: str, worker: Worker, others: List[Worker], body
     seen = stream_and_close(base, body, rid, chunks, wait)
     if not check(f"{name}: stream opened", seen.get("status") == 200, seen):
         return
-    m = worker.wait_log(rf"Aborted {label}Request ID: {re.escape(rid)}", 30)
-    check(f"{name}: abort confirmed by the {worker.mode} worker", m is not None, worker.tail(12))
+    ok = logged(worker, rf"Aborted {label}Request ID: {re.escape(rid)}", 30)
+    check(f"{name}: abort confirmed by the {worker.mode} worker", ok, worker.tail(12))
     after: Dict[str, float] = {}
 
     def confirmed() -> bool:
@@ -272,29 +199,22 @@ def main() -> int:
         return 2
     log_dir = Path(args.logs or tempfile.mkdtemp(prefix="dc-e2e-"))
     log_dir.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [env.get("PYTHONPATH"), str(PY_DIR)]))
+    env = child_env()
     env.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
     env.setdefault("VLLM_NO_USAGE_STATS", "1")
-    env.pop("NATS_SERVER", None)
     t0 = time.monotonic()
     procs: List[Proc] = []
     try:
-        nats = Proc("nats", [sys.executable, "-c", NATS_HOST], env, log_dir, stdin=True)
-        procs.append(nats)
-        assert nats.proc.stdout is not None
-        url = nats.proc.stdout.readline().strip()
-        if not url.startswith("nats://"):
-            say("ERROR", "the NATS host printed", url, nats.tail())
+        try:
+            nats = NatsHost(env, name="nats", log_dir=log_dir)
+        except ProcError as e:
+            say("ERROR", "the NATS host did not start:", e)
             return 2
-        env["NATS_SERVER"] = url
-        fport = free_port()
-        fe = Proc("frontend", [sys.executable, "-m", "dynamo_ctx.frontend", "--http-host", "127.0.0.1", "--http-port", str(fport),
-                               "--namespace", "gpuagg"], env, log_dir)
+        procs.append(nats)
+        env["NATS_SERVER"] = nats.url
+        fe = _Frontend("frontend", env, namespace="gpuagg", log_dir=log_dir)
         procs.append(fe)
-        fe2port = free_port()
-        fe2 = Proc("frontend-disagg", [sys.executable, "-m", "dynamo_ctx.frontend", "--http-host", "127.0.0.1", "--http-port",
-                                       str(fe2port), "--namespace", "gpudis"], env, log_dir)
+        fe2 = _Frontend("frontend-disagg", env, namespace="gpudis", log_dir=log_dir)
         procs.append(fe2)
         kv_dir = Path(tempfile.mkdtemp(prefix="dc-kv-"))
         kv = lambda role: ["--kv-transfer-config", json.dumps(  # noqa: E731
@@ -307,10 +227,10 @@ def main() -> int:
             w = Worker(name, mode, ns, args, env, log_dir, extra)
             procs.append(w)
             workers[name] = w
-            if not check(f"{name} worker started", w.ready(args.start_timeout), w.tail(60)):
+            if not check(f"{name} worker started", logged(w, w.READY, args.start_timeout), w.tail(60)):
                 return 1
             results["figures"][f"{name}_start_s"] = round(time.monotonic() - t, 1)
-        base, base2 = f"http://127.0.0.1:{fport}", f"http://127.0.0.1:{fe2port}"
+        base, base2 = fe.url, fe2.url
         for b in (base, base2):
             poll(lambda b=b: MODEL in [m["id"] for m in http_json("GET", b + "/v1/models")["data"]], 30)
 
@@ -345,7 +265,7 @@ def main() -> int:
         cancel_case("disagg_decode", base2, d, [p], decode_body, "", 5, 0)
         cancel_case("disagg_prefill", base2, p, [d], long_body, "Prefill ", 0, 0.03)
         for w in workers.values():
-            check(f"{w.name} worker alive", w.proc.poll() is None, w.tail(20))
+            check(f"{w.name} worker alive", w.running(), w.tail(20))
         return 0 if all(results["checks"].values()) else 1
     except Exception as e:  # noqa: BLE001 - reported, then the logs
         check("ran without an exception", False, repr(e))
@@ -355,13 +275,7 @@ def main() -> int:
     finally:
         results["figures"]["total_s"] = round(time.monotonic() - t0, 1)
         for p_ in reversed(procs):
-            if isinstance(p_, Proc) and p_.name == "nats":
-                try:
-                    assert p_.proc.stdin is not None
-                    p_.proc.stdin.close()
-                except OSError:
-                    pass
-            p_.stop()
+            p_.stop(20)
         results["pass"] = bool(results["checks"]) and all(results["checks"].values())
         say("SUMMARY", json.dumps(results))
         say("RESULT:", "PASS" if results["pass"] else "FAIL")

@@ -32,6 +32,10 @@ from ..cli import _common as _cli
 MODEL = "mock-llm"
 HANG = 60.0
 
+# free_port, http_get, Proc and wait_until below are a small starter of the demo's
+# own: the tests' and benchmarks' process harness (python/tests/harness) is test
+# code that the wheel does not ship, so the package cannot import it.
+
 
 def free_port() -> int:
     with socket.socket() as s:

@@ -53,12 +53,7 @@ class NatsHost(Proc):
 
     def stop(self, timeout: float = 10.0) -> Optional[str]:
         """Close its stdin (it shuts its runtime down and exits); SIGKILL if it lingers."""
-        self.close_stdin()
-        try:
-            self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.kill()
-        return None
+        return self.stop_by_stdin(timeout)
 
 
 _BIN = ROOT / "build" / "nats-server"

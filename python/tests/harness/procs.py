@@ -426,6 +426,20 @@ class Proc:
             except OSError:
                 pass
 
+    def stop_by_stdin(self, timeout: float = 10.0) -> Optional[str]:
+        """Close its stdin (the NATS host and the serving helper scripts then shut down and
+        exit); SIGKILL if it has not exited within ``timeout``, and say so."""
+        self.close_stdin()
+        try:
+            self.proc.wait(timeout)
+            return None
+        except subprocess.TimeoutExpired:
+            self.kill()
+            return f"{self.name} did not exit within {timeout:g} s of its stdin closing and was killed"
+
+    async def stop_by_stdin_async(self, timeout: float = 10.0) -> Optional[str]:
+        return await asyncio.get_running_loop().run_in_executor(None, self.stop_by_stdin, timeout)
+
     def stop(self, timeout: float = 10.0) -> Optional[str]:
         """SIGTERM, then SIGKILL if it has not exited within ``timeout`` (a stopped
         process is sent SIGCONT too). Returns a complaint when SIGKILL was needed, else None."""

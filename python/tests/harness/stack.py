@@ -262,7 +262,8 @@ class Stack:
         )
 
     def start(
-        self, workers: List[dict], frontend: bool = True, migration_limit: Optional[int] = None, frontend_args: Optional[List[str]] = None
+        self, workers: List[dict], frontend: bool = True, migration_limit: Optional[int] = None,
+        frontend_args: Optional[List[str]] = None, frontend_log: bool = True,
     ) -> "Stack":
         """Start all processes at once, then wait until each is ready and the frontend sees the backends.
 
@@ -271,7 +272,8 @@ class Stack:
         in the Hugging Face layout, served as ``model``), ``args`` (more worker arguments),
         ``env`` (added to the process's environment), ``name``, ``command`` (what runs
         instead of ``python -m dynamo_ctx.worker``). May be called again to add workers
-        (then ``frontend=False`` or not yet started).
+        (then ``frontend=False`` or not yet started). ``frontend_log=False``: the frontend
+        logs too little to say it listens (``--log-level WARNING``): its /health says so.
         """
         started = []
         for i, spec in enumerate(workers):
@@ -286,7 +288,8 @@ class Stack:
             w.ready()
         self.workers += started
         if self.frontend is not None:
-            self.frontend.ready()
+            if frontend_log:
+                self.frontend.ready()
             backends = [w for w in self.workers if w.mode != "prefill"]
             for model in sorted({str(w.model) for w in backends}):
                 self.frontend.wait_instances(len(backends), model)

@@ -8,6 +8,20 @@ from typing import Any, Dict, Mapping, Optional, Type
 from ._aio import wait_for_state
 from ._lib import native
 
+_STATE_NAMES = ("LIVE", "STOPPED", "KILLED")
+
+
+def __getattr__(name: str) -> int:
+    """``context.LIVE``, ``STOPPED`` and ``KILLED``: the library's state values.
+
+    They are read from the native module on first use (importing this module
+    must not load the library), so no value is restated here.
+    """
+    if name in _STATE_NAMES:
+        return int(getattr(native(), name))
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 _real_classes: Dict[type, type] = {}
 _real_lock = threading.Lock()
 

@@ -545,3 +545,13 @@ def test_bad_timeout_value(bad):
 def test_bad_timeout_type(bad):
     with pytest.raises(TypeError, match="timeout"):
         Context(timeout=bad)
+
+
+def test_context_module_state_values_come_from_the_library() -> None:
+    """``dynamo_ctx.context.STOPPED`` and friends are the library's values."""
+    import dynamo_ctx.context as context_module
+    from dynamo_ctx._lib import native
+
+    assert (context_module.LIVE, context_module.STOPPED, context_module.KILLED) == (native().LIVE, native().STOPPED, native().KILLED)
+    with pytest.raises(AttributeError):
+        context_module.NOT_A_STATE  # noqa: B018

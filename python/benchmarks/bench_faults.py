@@ -17,7 +17,7 @@ from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-TESTS = ["python/tests/fault_tolerance/test_ft_under_fire.py", "python/tests/fault_tolerance/test_ft_cluster.py"]
+TESTS = ["python/tests/fault_tolerance/test_ft_faults_mid_stream.py", "python/tests/fault_tolerance/test_ft_cluster.py"]
 LINE = re.compile(r"(?P<label>(?:SIGKILL|SIGSTOP|cluster)[^:]*): (?P<ok>\d+)/(?P<n>\d+) streams complete token-exact; "
                   r"(?:\S+ )+-> next success (?P<rec>\d+) ms; longest gap in a stream (?P<gap>\d+) ms")
 

@@ -1,4 +1,4 @@
-"""A worker process for test_kill_rules_processes.py.
+"""A worker process for test_kill_rules.py (its last section).
 
 Usage: python kill_worker.py PATH [--hang-after N]. NATS_SERVER in the
 environment names the NATS server. Prints {"event": "ready", "instance": id}

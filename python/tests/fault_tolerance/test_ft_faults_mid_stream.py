@@ -1,4 +1,4 @@
-"""Migration under fire: 64 concurrent streams through the frontend while a worker is
+"""Faults mid-stream: 64 concurrent streams through the frontend while a worker is
 SIGKILLed, SIGSTOPped past the liveness bound, or the process hosting the embedded NATS
 server (which also runs a worker) is SIGKILLed. Every stream completes token-exact (none
 lost, none repeated) and a new request succeeds soon after the fault.
@@ -28,7 +28,7 @@ def prompt_of(i: int) -> str:
     return f"stream {i} " + "x" * (i % 23)
 
 
-async def _under_fire(stack, fault):
+async def _through_fault(stack, fault):
     """Run STREAMS streams, call ``fault()`` once they are a few tokens in, then request
     until one succeeds; returns (results, seconds from the fault to that success, seconds
     until every stream ended)."""
@@ -60,16 +60,16 @@ def _wait_idle(stack, workers):
             time.sleep(0.05)
 
 
-def test_sigkill_worker_under_fire(stack):
+def test_sigkill_worker_through_fault(stack):
     stack.start([{"decode": DECODE}] * 3, migration_limit=2)
     victim = stack.workers[0]
-    results, recovered, _ = asyncio.run(_under_fire(stack, victim.kill))
+    results, recovered, _ = asyncio.run(_through_fault(stack, victim.kill))
     _check(stack, results, recovered, "SIGKILL worker")
     assert victim.returncode == -signal.SIGKILL
     _wait_idle(stack, stack.workers[1:])
 
 
-def test_sigstop_worker_under_fire(stack):
+def test_sigstop_worker_through_fault(stack):
     stack.start([{"decode": DECODE}] * 3, migration_limit=2)
     victim = stack.workers[0]
 
@@ -79,7 +79,7 @@ def test_sigstop_worker_under_fire(stack):
         threading.Timer(STALL, lambda: victim.thaw()).start()
 
     t0 = time.monotonic()
-    results, recovered, took = asyncio.run(_under_fire(stack, stall))
+    results, recovered, took = asyncio.run(_through_fault(stack, stall))
     _check(stack, results, recovered, "SIGSTOP worker")
     # Nothing waited for the stall to end: the migrated streams finished on the others.
     assert took < 0.7 + STALL + 3 * MAX_TOKENS * DECODE + 20, took
@@ -87,7 +87,7 @@ def test_sigstop_worker_under_fire(stack):
     _wait_idle(stack, stack.workers)  # the resumed worker cleaned up its abandoned requests
 
 
-def test_sigkill_nats_host_worker_under_fire(stack):
+def test_sigkill_nats_host_worker_through_fault(stack):
     # The first worker hosts the embedded NATS server on its own port; the frontend and the
     # other workers join it, and take the address over when it dies.
     port = free_port()
@@ -96,7 +96,7 @@ def test_sigkill_nats_host_worker_under_fire(stack):
     stack.env["NATS_SERVER"] = url
     stack.start([{"decode": DECODE}] * 2, migration_limit=2)
     host = stack.workers[0]
-    results, recovered, _ = asyncio.run(_under_fire(stack, host.kill))
+    results, recovered, _ = asyncio.run(_through_fault(stack, host.kill))
     _check(stack, results, recovered, "SIGKILL NATS host + worker")
     assert recovered < 10, recovered
     _wait_idle(stack, stack.workers[1:])

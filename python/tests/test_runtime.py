@@ -1,52 +1,34 @@
-"""The runtime and request plane (docs/design.md, sections 3 and 6), caller and handler in one process.
+"""The runtime and request plane (docs/design.md, sections 3 and 6): requests, context
+relay, stop and kill, handler errors, kills across hops, errors as exceptions; first with
+caller and handler in one process, then (last section) across processes: kills and stops
+reaching a handler in another process (plane_worker.py), a caller's or a worker's death
+(SIGKILL), a frozen caller's deadline, and the embedded default NATS address shared by
+processes.
 
-Cross-process cases are in test_runtime_processes.py.
+A handler's items on their way (encoding, batching, the native sends) are in
+test_handler_sends.py.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import gc
 import json
+import os
+import sys
+import time
 import uuid
+from pathlib import Path
 
 import pytest
 
 from dynamo_ctx import Context, DistributedRuntime, NoResponders, RuntimeClosed, StreamIncomplete
-from helpers import HANG, run
+from harness import start_script
+from helpers import HANG, ServedEndpoint, collect, run
 
-
-
-class Harness:
-    """A runtime serving one endpoint (unique path per test) plus a client of it."""
-
-    def __init__(self, nats_url, handler):
-        self.runtime = DistributedRuntime(nats_url=nats_url)
-        self.path = f"test{uuid.uuid4().hex[:8]}.backend.generate"
-        self.endpoint = self.runtime.endpoint(self.path)
-        self.handler = handler
-
-    async def __aenter__(self):
-        self.serve_task = asyncio.ensure_future(self.endpoint.serve_endpoint(self.handler))
-        self.instance_id = await self.endpoint.serving()
-        self.client = await self.endpoint.client()
-        await self.client.wait_for_instances()
-        return self
-
-    async def __aexit__(self, *exc):
-        self.runtime.shutdown()
-        await asyncio.wait_for(self.serve_task, HANG)
-
-    async def open(self):
-        """A plain (not annotated) stream of an empty request, with a fresh
-        Context of its own: (ctx, stream)."""
-        ctx = Context()
-        return ctx, await self.client.generate({}, annotated=False, context=ctx)
-
-
-async def collect(stream):
-    return [item async for item in stream]
+HERE = Path(__file__).resolve().parent
 
 
 def test_roundtrip_annotated_and_plain(nats_url):
@@ -55,7 +37,7 @@ def test_roundtrip_annotated_and_plain(nats_url):
             yield {"i": i}
 
     async def main():
-        async with Harness(nats_url, handler) as h:
+        async with ServedEndpoint(nats_url, handler) as h:
             assert h.client.instance_ids() == [h.instance_id]
             items = await collect(await h.client.generate({"n": 5}))
             assert [it.data() for it in items] == [{"i": i} for i in range(5)]
@@ -75,7 +57,7 @@ def test_context_id_is_relayed(nats_url):
         yield context.id()
 
     async def main():
-        async with Harness(nats_url, handler) as h:
+        async with ServedEndpoint(nats_url, handler) as h:
             ctx = Context(id="req-42")
             assert [x.data() for x in await collect(await h.client.generate({}, context=ctx))] == ["req-42"]
             fresh = [x.data() for x in await collect(await h.client.generate({}))]
@@ -112,7 +94,7 @@ def test_context_parameter_detection(nats_url):
 
     async def main():
         for handler, want in ((no_context, 1), (wrapped, 2), (Worker().generate, 3)):
-            async with Harness(nats_url, handler) as h:
+            async with ServedEndpoint(nats_url, handler) as h:
                 got = await collect(await h.client.generate({}, annotated=False, context=Context("cid")))
                 assert got == [want]
 
@@ -128,7 +110,7 @@ def test_client_stop_stops_handler_and_stream_ends_cleanly(nats_url):
         yield {"stopped": context.is_stopped(), "killed": context.is_killed(), "reason": context.reason()}
 
     async def main():
-        async with Harness(nats_url, handler) as h:
+        async with ServedEndpoint(nats_url, handler) as h:
             ctx, stream = await h.open()
             got = []
             async for item in stream:
@@ -153,7 +135,7 @@ def test_client_kill_kills_handler(nats_url):
 
     async def main():
         seen["done"] = asyncio.Event()
-        async with Harness(nats_url, handler) as h:
+        async with ServedEndpoint(nats_url, handler) as h:
             ctx, stream = await h.open()
             assert await stream.__anext__() == 0
             ctx.kill()
@@ -175,7 +157,7 @@ def test_context_stopped_before_generate(nats_url):
             i += 1
 
     async def main():
-        async with Harness(nats_url, handler) as h:
+        async with ServedEndpoint(nats_url, handler) as h:
             ctx = Context()
             ctx.stop_generating()
             assert await collect(await h.client.generate({}, context=ctx)) == []
@@ -190,7 +172,7 @@ def test_break_cancels_nothing(nats_url):
             yield i
 
     async def main():
-        async with Harness(nats_url, handler) as h:
+        async with ServedEndpoint(nats_url, handler) as h:
             stream = await h.client.generate({}, annotated=False)
             first = []
             async for item in stream:
@@ -217,7 +199,7 @@ def test_aclose_and_garbage_collection_kill(nats_url):
 
     async def main():
         done[1], done[2] = asyncio.Event(), asyncio.Event()
-        async with Harness(nats_url, handler) as h:
+        async with ServedEndpoint(nats_url, handler) as h:
             stream = await h.client.generate({})
             await stream.__anext__()
             await stream.aclose()
@@ -251,7 +233,7 @@ def test_handler_stopping_itself_is_incomplete(nats_url):
         seen.append((context.is_stopped(), context.is_killed()))
 
     async def main():
-        async with Harness(nats_url, handler) as h:
+        async with ServedEndpoint(nats_url, handler) as h:
             err = await error_after_first_item(h, StreamIncomplete)
             assert str(err).startswith("Stream ended before generation completed")
             assert isinstance(err, ValueError)
@@ -269,7 +251,7 @@ def test_handler_exception_becomes_value_error(nats_url):
         raise RuntimeError("boom")
 
     async def main():
-        async with Harness(nats_url, handler) as h:
+        async with ServedEndpoint(nats_url, handler) as h:
             err = await error_after_first_item(h, ValueError)
             assert str(err) == "a python exception was caught while processing the async generator: RuntimeError: boom"
             assert not isinstance(err, StreamIncomplete)
@@ -298,7 +280,7 @@ def test_handler_ignoring_cancellation_is_closed(nats_url):
 
     async def main():
         state["closed"] = asyncio.Event()
-        async with Harness(nats_url, handler) as h:
+        async with ServedEndpoint(nats_url, handler) as h:
             ctx, stream = await h.open()
             await stream.__anext__()
             ctx.kill()
@@ -325,14 +307,14 @@ def test_kill_crosses_hops(nats_url):
                 inner_seen["reason"] = context.reason()
                 inner_seen["killed"].set()
 
-        async with Harness(nats_url, inner) as hin:
+        async with ServedEndpoint(nats_url, inner) as hin:
 
             async def outer(request, context):
                 stream = await hin.client.generate(request, annotated=False, context=context)
                 async for x in stream:
                     yield x
 
-            async with Harness(nats_url, outer) as hout:
+            async with ServedEndpoint(nats_url, outer) as hout:
                 ctx = Context("hop-id")
                 stream = await hout.client.generate({}, annotated=False, context=ctx)
                 assert await stream.__anext__() == "inner-start"
@@ -349,7 +331,7 @@ def test_no_responders(nats_url):
         yield 1
 
     async def main():
-        async with Harness(nats_url, handler) as h:
+        async with ServedEndpoint(nats_url, handler) as h:
             with pytest.raises(NoResponders):
                 await h.client.direct({}, 12345)
 
@@ -390,356 +372,191 @@ def test_errors_are_exceptions(nats_url):
     run(main())
 
 
-def test_item_encoding_matches_json_dumps():
-    """Items are encoded by a cached C encoder: the same bytes as json.dumps,
-    and the same TypeError for what JSON cannot carry."""
-    import json as _json
-
-    from dynamo_ctx.runtime import _dumps
-
-    values = [0, -7, 2**70, 1.5, "", "é\n\"\\", None, True, False, [], {}, [1, [2, {"a": None}]],
-              {"token_ids": [1, 2, 3], "finish_reason": None}, {"ü": ["\u2028", 1e-300]}]
-    for v in values:
-        assert _dumps(v) == _json.dumps(v, separators=(",", ":"), allow_nan=False).encode()
-    cyclic: list = []
-    cyclic.append(cyclic)
-    for bad in (float("nan"), float("inf"), object(), {1j: 1}, cyclic, {"a": {1, 2}}):
-        with pytest.raises(TypeError, match="not JSON-serialisable"):
-            _dumps(bad)
+# --- across processes -----------------------------------------------------------
 
 
-def test_items_yielded_without_suspending_are_batched_but_never_held(nats_url):
-    """Items a handler yields back to back go to the library together, and
-    still: every item yielded before a raise arrives before the error, a lone
-    item arrives while the handler waits, and a kill while it waits reaches
-    the handler's await (its finally runs)."""
-    log = []
+def unique_path():
+    return f"proc{uuid.uuid4().hex[:8]}.worker.generate"
 
-    async def handler(request, context):
-        mode = request["mode"]
-        if mode == "raise":
-            for i in range(300):  # more than one batch and than the send buffer
-                yield i
-            raise RuntimeError("after 300")
-        if mode == "lone":
-            yield "first"
+
+@contextlib.asynccontextmanager
+async def ready_worker(nats_url):
+    """plane_worker.py serving a fresh path, once it is ready: yields
+    (worker, path); the worker is SIGKILLed at the end."""
+    path = unique_path()
+    worker = start_script(HERE / "plane_worker.py", path, nats_url=nats_url)
+    try:
+        await worker.event_async("ready")
+        yield worker, path
+    finally:
+        worker.kill()
+
+
+def test_remote_kill_and_stop(nats_url):
+    async def main():
+        async with ready_worker(nats_url) as (worker, path):
+            rt = DistributedRuntime(nats_url=nats_url)
+            client = await rt.endpoint(path).client()
+            await client.wait_for_instances()
+
+            assert await collect(await client.generate({"mode": "count", "n": 5}, annotated=False)) == list(range(5))
+
+            ctx = Context("remote-kill")
+            stream = await client.generate({"mode": "wait_kill"}, annotated=False, context=ctx)
+            assert await stream.__anext__() == 0
+            ctx.kill()
+            ev = await worker.event_async("killed")
+            assert (ev["id"], ev["reason"], ev["stopped"]) == ("remote-kill", "kill", True)
+            rt.shutdown()
+
+    run(main())
+
+
+def test_caller_death_kills_handler_with_connection_lost(nats_url):
+    async def main():
+        async with ready_worker(nats_url) as (worker, path):
+            caller = start_script(HERE / "plane_caller.py", path, json.dumps({"mode": "wait_kill"}), nats_url=nats_url)
+            await caller.event_async("item")
+            caller.kill()
+            ev = await worker.event_async("killed")
+            assert (ev["id"], ev["reason"]) == ("caller-req", "connection_lost")
+
+    run(main())
+
+
+def test_worker_death_breaks_stream_and_instance_disappears(nats_url):
+    async def main():
+        path = unique_path()
+        worker = start_script(HERE / "plane_worker.py", path, nats_url=nats_url)
+        ready = await worker.event_async("ready")
+        rt = DistributedRuntime(nats_url=nats_url)
+        client = await rt.endpoint(path).client()
+        t0 = time.monotonic()
+        assert await client.wait_for_instances() == [ready["instance"]]
+        appeared = time.monotonic() - t0
+
+        stream = await client.generate({"mode": "forever"}, annotated=False)
+        assert await stream.__anext__() == 0
+        worker.kill()
+        with pytest.raises(StreamIncomplete, match="^Stream ended before generation completed"):
+            async for _ in stream:
+                pass
+
+        # The dead instance fails fast, then leaves discovery.
+        with pytest.raises(NoResponders):
+            await client.direct({"mode": "count"}, ready["instance"])
+        t1 = time.monotonic()
+        while client.instance_ids():
+            assert time.monotonic() - t1 < 15, "dead instance still listed"
+            await asyncio.sleep(0.05)
+        gone = time.monotonic() - t1
+        print(f"instance appeared after {appeared:.3f}s, disappeared {gone:.3f}s after SIGKILL")
+        rt.shutdown()
+
+    run(main())
+
+
+_DEFAULT_SCRIPT = (
+    "import asyncio, sys\n"
+    "from dynamo_ctx import DistributedRuntime\n"
+    "async def handler(request):\n"
+    "    yield 'hello from the embedded default'\n"
+    "async def main():\n"
+    "    rt = DistributedRuntime()\n"
+    "    print(rt.nats_url, flush=True)\n"
+    "    ep = rt.endpoint('embedded.default.generate')\n"
+    "    if sys.argv[1] == 'serve':\n"
+    "        t = asyncio.ensure_future(ep.serve_endpoint(handler))\n"
+    "        await ep.serving()\n"
+    "        print('serving', flush=True)\n"
+    "        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)\n"
+    "        rt.shutdown(); await t\n"
+    "    else:\n"
+    "        c = await ep.client(); await c.wait_for_instances()\n"
+    "        print([x.data() async for x in await c.generate({})][0], flush=True)\n"
+    "        rt.shutdown()\n"
+    "asyncio.run(main())\n"
+)
+
+# Runs in its own process: the first child hosts NATS at the default address,
+# the second joins it. Exit status 0 when both saw what they should. It starts its
+# two children itself, not through the harness: it is one command run inside a
+# private network namespace (below), where only the interpreter's own modules are at hand.
+_DEFAULT_DRIVER = """
+import subprocess, sys
+script = sys.argv[1]
+server = subprocess.Popen([sys.executable, "-c", script, "serve"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+try:
+    url = server.stdout.readline().strip()
+    assert url == "nats://127.0.0.1:4222", url
+    assert server.stdout.readline().strip() == "serving"
+    out = subprocess.run([sys.executable, "-c", script, "call"], stdout=subprocess.PIPE, text=True, timeout=60)
+    assert out.returncode == 0
+    assert out.stdout.split("\\n")[:2] == ["nats://127.0.0.1:4222", "hello from the embedded default"], out.stdout
+    server.stdin.write("\\n"); server.stdin.flush()
+    assert server.wait(60) == 0
+    print("ok")
+finally:
+    if server.poll() is None:
+        server.kill()
+"""
+
+
+def _private_network() -> list:
+    """A command prefix running its argument in a network namespace of its own
+    (so the default address 4222 is this test's alone), or [] when the machine
+    does not allow one."""
+    import shutil
+    import subprocess
+
+    if shutil.which("unshare") is None or shutil.which("ip") is None:
+        return []
+    prefix = ["unshare", "-rn", "sh", "-c", 'ip link set lo up && exec "$0" "$@"']
+    try:
+        ok = subprocess.run(prefix + ["true"], capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        ok = False
+    return prefix if ok else []
+
+
+def test_embedded_default_is_shared_by_processes(tmp_path):
+    """With no NATS_SERVER, the first process hosts NATS on 127.0.0.1:4222 and the next joins it.
+
+    Run in a private network namespace where the machine allows one, so that
+    suites and demos running beside this one keep their 4222; otherwise only
+    when nothing answers at 4222."""
+    import socket
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if k != "NATS_SERVER"}
+    env["PYTHONPATH"] = str(HERE.parent)
+    env["DYNAMO_CTX_RUNTIME_DIR"] = str(tmp_path / "rt")
+    prefix = _private_network()
+    if not prefix:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", 4222)) == 0:
+                pytest.skip("127.0.0.1:4222 is in use and no private network namespace is available")
+    r = subprocess.run(prefix + [sys.executable, "-c", _DEFAULT_DRIVER, _DEFAULT_SCRIPT], env=env,
+                       capture_output=True, text=True, timeout=2 * HANG)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stdout + r.stderr
+
+
+def test_frozen_callers_deadline_fires_on_the_worker(nats_url):
+    """A caller with a deadline, frozen (SIGSTOP) mid-stream: no kill can come from it, and
+    the worker's handler is killed with reason deadline by the worker's own timer."""
+
+    async def main():
+        async with ready_worker(nats_url) as (worker, path):
+            caller = start_script(HERE / "plane_caller.py", path, json.dumps({"mode": "wait_kill"}), "1.5", nats_url=nats_url)
             try:
-                await context.killed()  # the item must not wait for this
+                await caller.event_async("item")
+                caller.freeze()
+                t0 = time.monotonic()
+                ev = await worker.event_async("killed")
+                assert (ev["id"], ev["reason"]) == ("caller-req", "deadline")
+                assert time.monotonic() - t0 < 1.5 + 5, "within the deadline plus a generous bound"
             finally:
-                log.append("finally")
-        if mode == "many-then-wait":
-            for i in range(1000):
-                yield i
-            try:
-                await asyncio.sleep(3600)
-            except asyncio.CancelledError:
-                log.append("cancelled")
-                raise
-
-    class Counter:  # an async iterator that is not an async generator
-        def __init__(self):
-            self.i = 0
-
-        def __aiter__(self):
-            return self
-
-        async def __anext__(self):
-            if self.i == 5:
-                raise StopAsyncIteration
-            self.i += 1
-            return self.i
-
-    async def declared(request):  # what the wrapper below says it is
-        yield 0
-
-    @functools.wraps(declared)
-    def iterator_handler(request):
-        return Counter()
-
-    async def main():
-        async with Harness(nats_url, handler) as h:
-            stream = await h.client.generate({"mode": "raise"}, annotated=False)
-            got = []
-            with pytest.raises(ValueError, match="after 300"):
-                async for x in stream:
-                    got.append(x)
-            assert got == list(range(300))
-
-            stream = await h.client.generate({"mode": "lone"}, annotated=False)
-            assert await asyncio.wait_for(stream.__anext__(), HANG) == "first"
-            await stream.aclose()
-            for _ in range(200):
-                if log:
-                    break
-                await asyncio.sleep(0.01)
-            assert log == ["finally"]
-
-            stream = await h.client.generate({"mode": "many-then-wait"}, annotated=False)
-            got = []
-            async for x in stream:
-                got.append(x)
-                if len(got) == 1000:
-                    break
-            assert got == list(range(1000))
-            await stream.aclose()
-            for _ in range(200):
-                if len(log) == 2:
-                    break
-                await asyncio.sleep(0.01)
-            assert log == ["finally", "cancelled"]
-
-        async with Harness(nats_url, iterator_handler) as h:
-            stream = await h.client.generate({}, annotated=False)
-            assert await collect(stream) == [1, 2, 3, 4, 5]
-
-    run(main())
-
-
-def test_items_of_many_requests_cross_together(nats_url):
-    """What every handler yields in one turn of the worker's loop goes to the
-    library in one call (request_send_multi), each request's items in order;
-    a request whose handler keeps yielding gets its items, interleaved with
-    the others', complete."""
-    from dynamo_ctx import runtime as rt_mod
-
-    go = asyncio.Event()
-    calls = []
-
-    async def handler(request, context):
-        await go.wait()
-        for i in range(request["n"]):
-            yield [request["k"], i]
-            if i % 7 == 0:
-                await asyncio.sleep(0)
-
-    async def main():
-        async with Harness(nats_url, handler) as h:
-            real = rt_mod._Sends.flush
-
-            def counting(self):
-                calls.append(len([b for b in self.pending.values() if b]))
-                real(self)
-
-            rt_mod._Sends.flush = counting
-            try:
-                streams = [await h.client.generate({"k": k, "n": 1 if k < 40 else 300}, annotated=False) for k in range(50)]
-                await asyncio.sleep(0.2)  # every request is waiting in its handler
-                go.set()
-                got = await asyncio.wait_for(asyncio.gather(*[collect(s) for s in streams]), HANG)
-            finally:
-                rt_mod._Sends.flush = real
-        for k, items in enumerate(got):
-            assert items == [[k, i] for i in range(1 if k < 40 else 300)]
-        assert max(calls) >= 40  # the 40 lone items (and the first of the others) crossed together
-
-    run(main())
-
-
-def test_send_multi_rejects_bad_input():
-    """request_send_multi: a clear error for what is not a list of handles and
-    a list of lists of bytes; a bad handle is an error code for its own entry."""
-    from dynamo_ctx._lib import native
-
-    lib = native()
-    assert lib.request_send_multi([], []) == []
-    assert lib.request_send_multi([0, 2**64 - 1], [[b"1"], []]) == [-lib.EBADF, -lib.EBADF]
-    for reqs, batches, exc in [
-        ((0,), [[b"1"]], TypeError),
-        ([0], ([b"1"],), TypeError),
-        ([0], [[b"1"], [b"2"]], ValueError),
-        (["x"], [[b"1"]], TypeError),
-        ([-1], [[b"1"]], OverflowError),
-        ([0], [[1]], TypeError),
-        ([0], [b"1"], TypeError),
-    ]:
-        with pytest.raises(exc):
-            lib.request_send_multi(reqs, batches)
-    with pytest.raises(TypeError):
-        lib.request_send_many(0, (b"1",))
-    # A turn of a busy loop: more items in all than one request may send in
-    # one call is fine (each entry here is its own stale handle's error).
-    assert lib.request_send_multi([0] * 600, [[b"1"] * 128] * 600) == [-lib.EBADF] * 600
-
-
-def test_stream_take_json_is_stream_take_as_one_array(nats_url):
-    """stream_take_json gives what stream_take gives, as the text of one JSON
-    array; both refuse a bad handle the same way."""
-    from dynamo_ctx._lib import native
-
-    lib = native()
-    for take in (lib.stream_take, lib.stream_take_json):
-        with pytest.raises(ValueError, match="bad handle"):
-            take(0)
-
-    async def handler(request):
-        for v in [0, "é\u2028\"", {"a": [1.5, None, True]}, [], "x" * 20000]:
-            yield v
-
-    async def main():
-        async with Harness(nats_url, handler) as h:
-            for take in (lib.stream_take, lib.stream_take_json):
-                stream = await h.client.generate({}, annotated=False)
-                await stream._wait_started()
-                got = []
-                while True:
-                    code, value = take(stream._handle)
-                    if code == lib.EAGAIN:
-                        await asyncio.sleep(0.01)
-                        continue
-                    if code != lib.OK:
-                        assert code == lib.EOF
-                        break
-                    got += json.loads(value) if isinstance(value, str) else [json.loads(v) for v in value]
-                assert got == [0, "é\u2028\"", {"a": [1.5, None, True]}, [], "x" * 20000]
-
-    run(main())
-
-
-def test_eager_task():
-    """eager_task runs a coroutine at once up to its first suspension: done
-    already when it never suspends, a task for the rest otherwise (sends,
-    results, exceptions and cancellation reach the coroutine as in a task)."""
-    from dynamo_ctx._aio import eager_task
-
-    log = []
-
-    async def sync(x):
-        log.append(("sync", x))
-        return x * 2
-
-    async def boom():
-        raise KeyError("k")
-
-    async def suspends():
-        log.append("start")
-        try:
-            await asyncio.sleep(0.01)
-            log.append("resumed")
-            await asyncio.sleep(3600)
-        except asyncio.CancelledError:
-            log.append("cancelled")
-            raise
-
-    async def main():
-        f = eager_task(sync(3))
-        assert f.done() and f.result() == 6 and log == [("sync", 3)]
-        f = eager_task(boom())
-        assert f.done() and isinstance(f.exception(), KeyError)
-        t = eager_task(suspends())
-        assert log[-1] == "start" and not t.done()
-        await asyncio.sleep(0.05)
-        assert log[-1] == "resumed"
-        t.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await t
-        assert log[-1] == "cancelled"
-
-    run(main())
-
-
-def test_native_item_encoder_matches_json_dumps():
-    """encode_json (the C encoder of common items) gives json.dumps's bytes
-    exactly, and None (Python's encoder then) for what it does not cover:
-    random values, nested, with the strings, numbers and subclasses that
-    json.dumps treats specially."""
-    import enum
-    import json as _json
-    import random
-
-    from dynamo_ctx._lib import native
-
-    enc = native().encode_json
-
-    class IE(enum.IntEnum):
-        A = 1
-
-    class S(str):
-        pass
-
-    rng = random.Random(13)
-    scalars = [None, True, False, 0, -1, 2**63 - 1, -(2**63), 2**63, 2**70, 1.5, 1e300, "", "abc", 'a"b', "a\\b", "é", "\n",
-               "\x7f", "~ ", IE.A, S("s"), "x" * 300]
-
-    def rand(d=0):
-        r = rng.random()
-        if d > 5 or r < 0.3:
-            return rng.choice(scalars + [rng.randrange(-10**6, 10**6), "".join(chr(rng.randrange(0x20, 0x7F)) for _ in range(8))])
-        if r < 0.55:
-            return [rand(d + 1) for _ in range(rng.randrange(5))]
-        if r < 0.7:
-            return tuple(rand(d + 1) for _ in range(rng.randrange(4)))
-        return {rng.choice(["a", "token_ids", "é", 'q"', 1, S("k")]): rand(d + 1) for _ in range(rng.randrange(5))}
-
-    fast = 0
-    for _ in range(20000):
-        v = rand()
-        got = enc(v)
-        if got is not None:
-            fast += 1
-            assert got == _json.dumps(v, separators=(",", ":"), allow_nan=False).encode(), v
-    assert fast > 5000
-    assert enc({"token_ids": [1, 2], "finish_reason": None}) == b'{"token_ids":[1,2],"finish_reason":null}'
-    cyclic: list = []
-    cyclic.append(cyclic)
-    deep: list = []
-    cur = deep
-    for _ in range(100):
-        cur.append([])
-        cur = cur[0]
-    assert enc(cyclic) is None and enc(deep) is None and enc(1.5) is None and enc(object()) is None
-
-
-def test_send_multi_has_no_limit_across_requests():
-    """request_send_multi: the library's bounds on one call (65536 requests,
-    65536 items a request) are bounds per request, as they were when each
-    request crossed on its own: many requests are not an error of the whole
-    call, and a request of too many items is its own entry's error (an error
-    of the call leaves every request's items unsent)."""
-    from dynamo_ctx._lib import native
-
-    lib = native()
-    # 2 x 40000 items: each request's count is within the bound, the sum is not.
-    assert lib.request_send_multi([0, 0], [[b"1"] * 40000, [b"1"] * 40000]) == [-lib.EBADF, -lib.EBADF]
-    # A request of 65537 items, beside another.
-    assert lib.request_send_multi([0, 0], [[b"1"] * 65537, [b"1"]]) == [-lib.EINVAL, -lib.EBADF]
-    # 65537 requests of one item each.
-    n = (1 << 16) + 1
-    assert lib.request_send_multi([0] * n, [[b"1"]] * n) == [-lib.EBADF] * n
-
-
-def test_a_busy_turn_still_sends_every_request(nats_url):
-    """When the handlers of one turn of the loop yield more than 65536 items
-    in all (here 520 requests of 127 items, each below _SEND_BATCH), every
-    request's items still go out at the end of the turn: none waits for its
-    handler's next item or its end."""
-    k, per = 520, 127
-    go = asyncio.Event()
-    got_all = asyncio.Event()
-
-    async def handler(request, context):
-        await go.wait()
-        for i in range(per):
-            yield i
-        await got_all.wait()  # the items must not wait for the handler to end
-
-    async def main():
-        async with Harness(nats_url, handler) as h:
-            streams = [await h.client.generate({"k": j}, annotated=False) for j in range(k)]
-            await asyncio.sleep(0.5)  # every request is waiting in its handler
-            go.set()
-
-            async def first_items(s):
-                out = []
-                async for item in s:
-                    out.append(item)
-                    if len(out) == per:
-                        return out
-                return out
-
-            try:
-                got = await asyncio.wait_for(asyncio.gather(*[first_items(s) for s in streams]), 20)
-            finally:
-                got_all.set()
-            assert all(g == list(range(per)) for g in got)
+                caller.thaw()
+                caller.kill()
 
     run(main())

@@ -25,7 +25,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Dict, List
+from typing import Callable, Dict, List
 
 from ..cli import _common as _cli
 
@@ -118,84 +118,84 @@ def wait_until(cond, what: str, timeout: float = HANG) -> None:
         time.sleep(0.02)
 
 
-def main() -> int:
-    from openai import APITimeoutError, OpenAI
+class Demo:
+    """The stack's processes (a prefill and a decode worker, the frontend) in a namespace
+    of their own, and the table of the cancellations measured through them."""
 
-    from dynamo_ctx import DistributedRuntime
+    def __init__(self, nats_url: str) -> None:
+        env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        env["NATS_SERVER"] = nats_url
+        self.run = uuid.uuid4().hex[:8]
+        self.namespace = f"demo-{self.run}"
+        self.http_port, self.prefill_port, self.decode_port = free_port(), free_port(), free_port()
+        common = ["--model", MODEL, "--namespace", self.namespace]
+        self.procs = [
+            Proc("prefill", ["dynamo_ctx.worker", "--mode", "prefill", *common, "--metrics-port", str(self.prefill_port),
+                             "--prefill-time-per-token", "0.002"], env),
+            Proc("decode", ["dynamo_ctx.worker", "--mode", "decode", *common, "--metrics-port", str(self.decode_port),
+                            "--decode-time-per-token", "0.01"], env),
+            Proc("frontend", ["dynamo_ctx.frontend", "--http-port", str(self.http_port), "--http-host", "127.0.0.1",
+                              "--namespace", self.namespace], env),
+        ]
+        self.prefill, self.decode, self.frontend = self.procs
+        self.base = f"http://127.0.0.1:{self.http_port}/v1"
+        self.rows: List[tuple] = []
+        self.ok = True
 
-    # This process hosts NATS on a free port (or joins NATS_SERVER's); the
-    # workers and the frontend started below get the address it really uses.
-    given = os.environ.get("NATS_SERVER")
-    try:
-        runtime = DistributedRuntime(nats_url=given or "nats://127.0.0.1:0")
-    except RuntimeError as e:
-        if getattr(e, "code_name", "") == "ECONNECT":
-            raise _cli.connect_error(e, given, None) from None
-        raise
-    print(f"NATS at {runtime.nats_url} ({'NATS_SERVER' if given else 'embedded here'})")
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    env["NATS_SERVER"] = runtime.nats_url
-    run = uuid.uuid4().hex[:8]
-    namespace = f"demo-{run}"
-    http_port, prefill_port, decode_port = free_port(), free_port(), free_port()
-    common = ["--model", MODEL, "--namespace", namespace]
-    procs = [
-        Proc("prefill", ["dynamo_ctx.worker", "--mode", "prefill", *common, "--metrics-port", str(prefill_port),
-                         "--prefill-time-per-token", "0.002"], env),
-        Proc("decode", ["dynamo_ctx.worker", "--mode", "decode", *common, "--metrics-port", str(decode_port),
-                        "--decode-time-per-token", "0.01"], env),
-        Proc("frontend", ["dynamo_ctx.frontend", "--http-port", str(http_port), "--http-host", "127.0.0.1",
-                          "--namespace", namespace], env),
-    ]
-    prefill, decode, frontend = procs
-    rows = []
-    ok = True
-    try:
-        prefill.wait_log(r"serving \S+ as instance")
-        decode.wait_log(r"serving \S+ as instance")
-        frontend.wait_log(r"frontend listening")
-        wait_until(lambda: MODEL in http_get(http_port, "/v1/models"), "the model to be listed")
-        print(f"frontend on http://127.0.0.1:{http_port}, namespace {namespace}, model {MODEL!r}: prefill worker + decode worker\n")
-        base = f"http://127.0.0.1:{http_port}/v1"
+    def ready(self) -> None:
+        self.prefill.wait_log(r"serving \S+ as instance")
+        self.decode.wait_log(r"serving \S+ as instance")
+        self.frontend.wait_log(r"frontend listening")
+        wait_until(lambda: MODEL in http_get(self.http_port, "/v1/models"), "the model to be listed")
 
-        def before() -> Dict[str, Dict[str, float]]:
-            return {"fe": scrape(http_port), "p": scrape(prefill_port), "d": scrape(decode_port)}
+    def stop(self) -> None:
+        for p in reversed(self.procs):
+            p.stop()
 
-        def cancelled(rid: str, phase_expected: str, send) -> None:
-            nonlocal ok
-            m0 = before()
-            t0 = time.perf_counter()
-            send(rid)
-            # The worker that held the request logs the abort; the frontend
-            # records disconnect -> confirmation.
-            who = prefill if phase_expected == "prefill" else decode
-            label = "Prefill " if phase_expected == "prefill" else ""
-            who.wait_log(rf"Aborted {label}Request ID: {re.escape(rid)}")
-            wait_until(lambda: scrape(http_port).get("dynamo_ctx_frontend_aborts_confirmed_total", 0)
-                       > m0["fe"].get("dynamo_ctx_frontend_aborts_confirmed_total", 0), "the frontend to count the confirmation")
-            m1 = before()
-            key = "dynamo_ctx_frontend_disconnect_to_abort_seconds_sum"
-            latency = m1["fe"][key] - m0["fe"].get(key, 0.0)
-            freed = sum(
-                m1[k].get("dynamo_ctx_worker_abort_freed_kv_blocks_total", 0)
-                - m0[k].get("dynamo_ctx_worker_abort_freed_kv_blocks_total", 0)
-                for k in ("p", "d")
+    def scrape_all(self) -> Dict[str, Dict[str, float]]:
+        return {"fe": scrape(self.http_port), "p": scrape(self.prefill_port), "d": scrape(self.decode_port)}
+
+    def cancelled(self, rid: str, phase_expected: str, send: Callable[[str], None]) -> None:
+        """Send ``rid`` as ``send`` does (a client that goes away), wait for the worker's
+        confirmed abort and the frontend's count of it, and add the request's row."""
+        m0 = self.scrape_all()
+        t0 = time.perf_counter()
+        send(rid)
+        # The worker that held the request logs the abort; the frontend
+        # records disconnect -> confirmation.
+        who = self.prefill if phase_expected == "prefill" else self.decode
+        label = "Prefill " if phase_expected == "prefill" else ""
+        who.wait_log(rf"Aborted {label}Request ID: {re.escape(rid)}")
+        wait_until(lambda: scrape(self.http_port).get("dynamo_ctx_frontend_aborts_confirmed_total", 0)
+                   > m0["fe"].get("dynamo_ctx_frontend_aborts_confirmed_total", 0), "the frontend to count the confirmation")
+        m1 = self.scrape_all()
+        key = "dynamo_ctx_frontend_disconnect_to_abort_seconds_sum"
+        latency = m1["fe"][key] - m0["fe"].get(key, 0.0)
+        freed = sum(
+            m1[k].get("dynamo_ctx_worker_abort_freed_kv_blocks_total", 0)
+            - m0[k].get("dynamo_ctx_worker_abort_freed_kv_blocks_total", 0)
+            for k in ("p", "d")
+        )
+        clean = all(
+            m1[k]["dynamo_ctx_worker_running_requests"] == 0 and m1[k]["dynamo_ctx_worker_kv_blocks_in_use"] == 0 for k in ("p", "d")
+        )
+        self.ok = self.ok and clean
+        self.rows.append(
+            (
+                rid,
+                phase_expected,
+                f"{latency * 1000:.2f} ms",
+                f"{int(freed)} KV blocks",
+                "yes" if clean else "NO",
+                f"{(time.perf_counter() - t0):.2f} s",
             )
-            clean = all(
-                m1[k]["dynamo_ctx_worker_running_requests"] == 0 and m1[k]["dynamo_ctx_worker_kv_blocks_in_use"] == 0 for k in ("p", "d")
-            )
-            ok = ok and clean
-            rows.append(
-                (
-                    rid,
-                    phase_expected,
-                    f"{latency * 1000:.2f} ms",
-                    f"{int(freed)} KV blocks",
-                    "yes" if clean else "NO",
-                    f"{(time.perf_counter() - t0):.2f} s",
-                )
-            )
+        )
 
+    def requests(self) -> None:
+        """One request that completes, then three cancelled at different phases."""
+        from openai import APITimeoutError, OpenAI
+
+        base, run = self.base, self.run
         client = OpenAI(base_url=base, api_key="unused", max_retries=0)
 
         # 1. A request that completes.
@@ -213,7 +213,7 @@ def main() -> int:
             except APITimeoutError:
                 pass
 
-        cancelled(f"demo-prefill-timeout-{run}", "prefill", timeout_in_prefill)
+        self.cancelled(f"demo-prefill-timeout-{run}", "prefill", timeout_in_prefill)
 
         # 3. Client timeout during decode (non-streaming chat, 1000 tokens at 10 ms each).
         def timeout_in_decode(rid: str) -> None:
@@ -228,7 +228,7 @@ def main() -> int:
             except APITimeoutError:
                 pass
 
-        cancelled(f"demo-decode-timeout-{run}", "decode", timeout_in_decode)
+        self.cancelled(f"demo-decode-timeout-{run}", "decode", timeout_in_decode)
 
         # 4. A streaming chat the client closes after 5 chunks.
         def close_stream(rid: str) -> None:
@@ -244,22 +244,46 @@ def main() -> int:
                     break
             stream.close()
 
-        cancelled(f"demo-stream-closed-{run}", "decode", close_stream)
-    finally:
-        for p in reversed(procs):
-            p.stop()
-        runtime.shutdown()
+        self.cancelled(f"demo-stream-closed-{run}", "decode", close_stream)
 
-    header = ("request id", "phase cancelled", "disconnect -> abort", "freed", "workers at zero", "wall time")
-    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
-    line = "  ".join("{:<%d}" % w for w in widths)
-    print(line.format(*header))
-    print(line.format(*("-" * w for w in widths)))
-    for row in rows:
-        print(line.format(*row))
-    print()
-    print("every cancellation confirmed, every resource freed" if ok and len(rows) == 3 else "SOMETHING LEAKED")
-    return 0 if ok and len(rows) == 3 else 1
+    def table(self) -> bool:
+        """Print the rows; whether every cancellation was confirmed and freed everything."""
+        header = ("request id", "phase cancelled", "disconnect -> abort", "freed", "workers at zero", "wall time")
+        widths = [max(len(str(x)) for x in col) for col in zip(header, *self.rows)]
+        line = "  ".join("{:<%d}" % w for w in widths)
+        print(line.format(*header))
+        print(line.format(*("-" * w for w in widths)))
+        for row in self.rows:
+            print(line.format(*row))
+        print()
+        good = self.ok and len(self.rows) == 3
+        print("every cancellation confirmed, every resource freed" if good else "SOMETHING LEAKED")
+        return good
+
+
+def main() -> int:
+    from dynamo_ctx import DistributedRuntime
+
+    # This process hosts NATS on a free port (or joins NATS_SERVER's); the
+    # workers and the frontend started below get the address it really uses.
+    given = os.environ.get("NATS_SERVER")
+    try:
+        runtime = DistributedRuntime(nats_url=given or "nats://127.0.0.1:0")
+    except RuntimeError as e:
+        if getattr(e, "code_name", "") == "ECONNECT":
+            raise _cli.connect_error(e, given, None) from None
+        raise
+    print(f"NATS at {runtime.nats_url} ({'NATS_SERVER' if given else 'embedded here'})")
+    demo = Demo(runtime.nats_url)
+    try:
+        demo.ready()
+        print(f"frontend on http://127.0.0.1:{demo.http_port}, namespace {demo.namespace}, model {MODEL!r}: "
+              "prefill worker + decode worker\n")
+        demo.requests()
+    finally:
+        demo.stop()
+        runtime.shutdown()
+    return 0 if demo.table() else 1
 
 
 def _run() -> int:

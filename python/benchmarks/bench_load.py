@@ -9,7 +9,7 @@ tokens/s, time between tokens (p50 against the step), time to the first
 token, CPU per token of the frontend and of the worker.
 
 Under load:
-Runs the stack as processes (the fault-tolerance harness: frontend, mock
+Runs the stack as processes (python/tests/harness: frontend, mock
 workers, NATS host), opens ``--streams`` streaming completions at once on raw
 sockets and keeps them all reading. Once every stream has its first token,
 ``--cancel`` of them are closed one at a time at random moments; each close

@@ -1,7 +1,7 @@
 """OpenAI compatibility of the frontend, through the ``openai`` client, over one mock worker.
 
 The mock is deterministic: a request with seed ``1000 + k`` gets the tokens a
-prompt ``k`` tokens longer gets without one (see conftest.expected_tokens), which
+prompt ``k`` tokens longer gets without one (see harness.expected_tokens), which
 is how the texts of seeded choices are checked without another copy of the
 stand-in detokenizer.
 """

@@ -194,6 +194,7 @@ class Proc:
         self._out = _Lines() if events else None
         self._out_pos = 0  # stdout lines consumed by event() and read_line()
         self._open_pipes = 0
+        self._file_lock = threading.Lock()  # two reading threads (events=True) share the file
         try:
             self.proc = subprocess.Popen(
                 self.argv, env=env, cwd=cwd, stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
@@ -224,17 +225,17 @@ class Proc:
         try:
             for line in f:
                 lines.add(line)
-                try:
-                    self._file.write(line)
-                except (OSError, ValueError):  # disk full, or closed: the lines in memory still count
-                    pass
+                with self._file_lock:
+                    try:
+                        self._file.write(line)
+                    except (OSError, ValueError):  # disk full, or closed: the lines in memory still count
+                        pass
         finally:
             lines.add(None)
-            with _files_lock:
+            with self._file_lock:
                 self._open_pipes -= 1
-                last = self._open_pipes == 0
-            if last:
-                self._file.close()
+                if self._open_pipes == 0:
+                    self._file.close()
 
     # ------------------------------------------------------------ state
 

@@ -300,7 +300,7 @@ def test_metadata_reaches_handler_and_survives_stop(nats_url):
     run(main())
 
 
-async def start_worker(nats_url, ns):
+async def start_compat_worker(nats_url, ns):
     """compat_worker.py (made with @dynamo_worker) serving namespace ``ns``, once ready."""
     worker = start_script(HERE / "compat_worker.py", ns, nats_url=nats_url)
     await worker.event_async("ready")
@@ -313,7 +313,7 @@ def test_metadata_across_processes_and_child_requests(nats_url):
     # own context: metadata goes caller -> outer -> generate.
     async def main():
         ns = unique_ns()
-        worker = await start_worker(nats_url, ns)
+        worker = await start_compat_worker(nats_url, ns)
         runtime = DistributedRuntime(asyncio.get_running_loop(), "etcd", "tcp", nats_url=nats_url)
         try:
             client = await runtime.endpoint(f"{ns}.backend.outer").client()
@@ -342,7 +342,7 @@ def test_metadata_survives_migration(nats_url):
     # mid-stream; the retry on the other carries the same metadata and id.
     async def main():
         ns = unique_ns()
-        workers = [await start_worker(nats_url, ns) for _ in range(2)]
+        workers = [await start_compat_worker(nats_url, ns) for _ in range(2)]
         runtime = DistributedRuntime(asyncio.get_running_loop(), "etcd", "tcp", nats_url=nats_url)
         try:
             client = await runtime.endpoint(f"{ns}.backend.generate").client(migration_limit=1)

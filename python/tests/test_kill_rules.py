@@ -490,7 +490,7 @@ def test_shutdown_during_wait_for_instances(nats_url):
 # --- items 4 and 5 with the worker in another process ------------------------
 
 
-async def start_worker(nats_url, path, *args):
+async def start_kill_worker(nats_url, path, *args):
     """kill_worker.py serving ``path``, once ready: its ``instance`` is set."""
     worker = start_script(HERE / "kill_worker.py", path, *args, nats_url=nats_url)
     worker.instance = (await worker.event_async("ready"))["instance"]
@@ -503,7 +503,7 @@ async def worker_and_runtime(nats_url, prefix):
     suffix) and a runtime to call it: yields (worker, runtime, path). The
     runtime shuts down and the worker is SIGKILLed at the end."""
     path = f"{prefix}{uuid.uuid4().hex[:8]}.worker.generate"
-    worker = await start_worker(nats_url, path)
+    worker = await start_kill_worker(nats_url, path)
     rt = DistributedRuntime(nats_url=nats_url)
     try:
         yield worker, rt, path
@@ -544,7 +544,7 @@ def test_kill_during_migrated_stream_across_processes(nats_url):
         async with worker_and_runtime(nats_url, "killm") as (steady, rt, path):
             client = await rt.endpoint(path).client(migration_limit=2)
             for i in range(3):
-                doomed = await start_worker(nats_url, path, "--hang-after", "3")
+                doomed = await start_kill_worker(nats_url, path, "--hang-after", "3")
                 while doomed.instance not in client.instance_ids() or steady.instance not in client.instance_ids():
                     await asyncio.sleep(0.01)
                 ctx = Context(f"xmig-{i}")

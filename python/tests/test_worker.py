@@ -12,7 +12,7 @@ from harness import Worker, child_env
 from helpers import HANG, run
 
 
-async def start_worker(nats_url, namespace, *args, mode="agg", name="worker"):
+async def start_mock_worker(nats_url, namespace, *args, mode="agg", name="worker"):
     """``python -m dynamo_ctx.worker`` serving model "mock", once it serves."""
     w = Worker(name, child_env(nats_url), namespace=namespace, mode=mode, model="mock", engine=None, args=args)
     return await w.ready_async()
@@ -26,7 +26,7 @@ def test_sigkill_mid_stream_migrates_to_second_worker(nats_url):
     async def main():
         space = f"w{uuid.uuid4().hex[:8]}"
         args = ["--decode-time-per-token", "0.01", "--migration-limit", "2"]
-        workers = [await start_worker(nats_url, space, *args, name=f"worker{i}") for i in range(2)]
+        workers = [await start_mock_worker(nats_url, space, *args, name=f"worker{i}") for i in range(2)]
         try:
             rt = DistributedRuntime(nats_url=nats_url)
             client = await rt.endpoint(f"{space}.backend.generate").client(migration_limit=2)
@@ -59,8 +59,8 @@ def test_sigkill_mid_stream_migrates_to_second_worker(nats_url):
 def test_decode_cancel_during_prefill_aborts_remote_prefill(nats_url):
     async def main():
         space = f"w{uuid.uuid4().hex[:8]}"
-        prefill = await start_worker(nats_url, space, "--prefill-time-per-token", "0.01", mode="prefill", name="prefill")
-        decode = await start_worker(nats_url, space, mode="decode", name="decode")
+        prefill = await start_mock_worker(nats_url, space, "--prefill-time-per-token", "0.01", mode="prefill", name="prefill")
+        decode = await start_mock_worker(nats_url, space, mode="decode", name="decode")
         try:
             rt = DistributedRuntime(nats_url=nats_url)
             client = await rt.endpoint(f"{space}.backend.generate").client()
@@ -96,7 +96,7 @@ def test_worker_serves_and_aborts_on_either_event_loop(nats_url, event_loop):
     async def main():
         space = f"w{uuid.uuid4().hex[:8]}"
         args = ["--decode-time-per-token", "0.005", "--event-loop", event_loop]
-        worker = await start_worker(nats_url, space, *args, "--log-level", "debug")
+        worker = await start_mock_worker(nats_url, space, *args, "--log-level", "debug")
         try:
             await worker.wait_log_async("runs on " + ("uvloop" if event_loop == "uvloop" else "asyncio's event loop"))
             rt = DistributedRuntime(nats_url=nats_url)
@@ -127,8 +127,8 @@ def test_engine_death_hands_streams_over_and_exits_nonzero(nats_url):
     async def main():
         space = f"d{uuid.uuid4().hex[:8]}"
         common = ["--decode-time-per-token", "0.005", "--prefill-time-per-token", "0"]
-        healthy = await start_worker(nats_url, space, *common, name="healthy")
-        doomed = await start_worker(nats_url, space, *common, "--mock-die-after-steps", "30", name="doomed")
+        healthy = await start_mock_worker(nats_url, space, *common, name="healthy")
+        doomed = await start_mock_worker(nats_url, space, *common, "--mock-die-after-steps", "30", name="doomed")
         doomed_id = doomed.instance_id
         rt = DistributedRuntime(nats_url=nats_url)
         client = await rt.endpoint(f"{space}.backend.generate").client(migration_limit=2)

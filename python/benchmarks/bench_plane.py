@@ -29,6 +29,7 @@ import sys
 import tempfile
 import time
 import uuid
+from typing import Optional
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -51,15 +52,12 @@ WARMUP_ITEMS = 20_000
 WARMUP_KILLS = 20
 HANG = 120  # a bound on the whole run, so a broken plane cannot hang it
 
-# The targets printed in (c). docs/design.md (Performance targets) holds the
-# project's current ones, which differ from three of these: at least 500,000
-# items/s through one connection, an in-process kill p50 of at most 30 us, and
-# a cross-process kill p50 of at most 2x the loopback floor (the per-item
-# overhead has no target there).
-TARGET_ITEMS_PER_S = 100_000
-TARGET_US_PER_ITEM = 10.0
-TARGET_INPROC_P50_US = 50.0
-TARGET_LOOPBACK_P50_US = 200.0
+# The targets printed in (c), as docs/design.md (Performance targets) states
+# them. The per-item overhead has none; the cross-process kill's p50 is bound
+# to twice the loopback floor, which bench_vs_dynamo.py measures and checks
+# in its own run, so here it is printed for information.
+TARGET_ITEMS_PER_S = 500_000
+TARGET_INPROC_P50_US = 30.0
 TARGET_LOOPBACK_P99_US = 1000.0
 
 results = []  # (figure, value text, target text, meets)
@@ -126,7 +124,7 @@ async def report_stream(label: str, client) -> None:
     us = dt / STREAM_ITEMS * 1e6
     print(f"  {label}: {STREAM_ITEMS} ints in {dt * 1e3:.0f} ms (best of 2)")
     results.append((f"stream items/s, {label}", f"{rate:,.0f}/s", f">= {TARGET_ITEMS_PER_S:,}/s", rate >= TARGET_ITEMS_PER_S))
-    results.append((f"per-item overhead, {label}", f"{us:.2f} us", f"<= {TARGET_US_PER_ITEM:g} us", us <= TARGET_US_PER_ITEM))
+    results.append((f"per-item overhead, {label}", f"{us:.2f} us", "none", None))
 
 
 async def kill_latencies(client, n: int, next_event, prefix: str = "bench-kill") -> list:
@@ -151,14 +149,17 @@ async def kill_latencies(client, n: int, next_event, prefix: str = "bench-kill")
     return out
 
 
-def report_kill(label: str, lat_ns: list, p50_target: float, p99_target: float = None) -> None:
+def report_kill(label: str, lat_ns: list, p50_target: Optional[float], p99_target: Optional[float] = None) -> None:
     us = [x / 1e3 for x in lat_ns]
     p50, p99 = pct(us, 50), pct(us, 99)
     print(
         f"  {label}: p50 {p50:.0f} us, p90 {pct(us, 90):.0f} us, p99 {p99:.0f} us, "
         f"max {max(us):.0f} us, mean {statistics.mean(us):.0f} us (n={len(us)})"
     )
-    results.append((f"kill -> killed() p50, {label}", f"{p50:.0f} us", f"<= {p50_target:g} us", p50 <= p50_target))
+    if p50_target is not None:
+        results.append((f"kill -> killed() p50, {label}", f"{p50:.0f} us", f"<= {p50_target:g} us", p50 <= p50_target))
+    else:
+        results.append((f"kill -> killed() p50, {label}", f"{p50:.0f} us", "2x floor (bench_vs_dynamo)", None))
     if p99_target is not None:
         results.append((f"kill -> killed() p99, {label}", f"{p99:.0f} us", f"<= {p99_target:g} us", p99 <= p99_target))
     else:
@@ -354,7 +355,7 @@ async def main() -> None:
 
         print("\n(b) remote kill: caller ctx.kill() -> handler's `await context.killed()` resolves")
         await b.kills(True, WARMUP_KILLS)
-        report_kill("handler in another process (loopback)", await b.kills(True, KILL_REQUESTS), TARGET_LOOPBACK_P50_US,
+        report_kill("handler in another process (loopback)", await b.kills(True, KILL_REQUESTS), None,
                     TARGET_LOOPBACK_P99_US)
         await b.kills(False, WARMUP_KILLS)
         report_kill("handler in this process", await b.kills(False, KILL_REQUESTS), TARGET_INPROC_P50_US)

@@ -1,13 +1,10 @@
 package frontend
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"strings"
 	"testing"
-	"unicode"
-	"unicode/utf8"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -55,42 +52,6 @@ func TestCheckKeys(t *testing.T) {
 	for _, k := range []string{"model", "max_tokens", "include_usage", "role", "content", "type", "text", "stop_token_ids"} {
 		assert.Contains(t, requestKeys, k)
 	}
-}
-
-// A key folds to a request key (foldASCII, foldedKeys) exactly when
-// strings.EqualFold says it matches one.
-func TestFoldMatchesEqualFold(t *testing.T) {
-	words := []string{"max_tokens", "MAX_TOKENS", "max_to\u212aens", "\u017ftream", "STREAM", "model", "Mode", "\u212a", "k", "K",
-		"\u00df", "SS", "\xff", "\ufffd", "", "Stream_Options", "\u0130nclude_usage", "\u0131nclude_usage", "TOP_P", "top_\u03c1"}
-	for _, w := range words {
-		var want string
-		for k := range requestKeys {
-			if strings.EqualFold(w, k) {
-				want = k
-			}
-		}
-		f, ok := foldASCII(nil, []byte(w))
-		got := ""
-		if ok {
-			got = foldedKeys[string(f)]
-		}
-		assert.Equal(t, want, got, "%q", w)
-	}
-}
-
-// foldASCII's premise: the only runes outside ASCII whose fold orbit holds
-// an ASCII rune are U+017F and U+212A.
-func TestOnlyTwoRunesFoldToASCII(t *testing.T) {
-	var found []rune
-	for r := rune(utf8.RuneSelf); r <= unicode.MaxRune; r++ {
-		for f := unicode.SimpleFold(r); f != r; f = unicode.SimpleFold(f) {
-			if f < utf8.RuneSelf {
-				found = append(found, r)
-				break
-			}
-		}
-	}
-	assert.Equal(t, []rune{'\u017f', '\u212a'}, found)
 }
 
 func benchBodies() map[string][]byte {
@@ -145,92 +106,4 @@ func BenchmarkUnmarshal(b *testing.B) {
 			}
 		})
 	}
-}
-
-// checkKeysByTokens is checkKeys written on json.Decoder.Token: the
-// reference the hand scan is checked against.
-func checkKeysByTokens(body []byte) (code, param string) {
-	dec := json.NewDecoder(bytes.NewReader(body))
-	type frame struct {
-		object, wantKey bool
-		seen            map[string]bool
-	}
-	var stack []*frame
-	for {
-		tok, err := dec.Token()
-		if err != nil {
-			return "", ""
-		}
-		top := (*frame)(nil)
-		if len(stack) > 0 {
-			top = stack[len(stack)-1]
-		}
-		if top != nil && top.object && top.wantKey {
-			if d, ok := tok.(json.Delim); ok && d == '}' {
-				stack = stack[:len(stack)-1]
-				if len(stack) > 0 && stack[len(stack)-1].object {
-					stack[len(stack)-1].wantKey = true
-				}
-				continue
-			}
-			key := tok.(string)
-			top.wantKey = false
-			if _, ok := requestKeys[key]; ok {
-				if top.seen[key] {
-					return "duplicate_key", key
-				}
-				top.seen[key] = true
-			} else {
-				for k := range requestKeys {
-					if strings.EqualFold(key, k) {
-						return "ambiguous_key", k
-					}
-				}
-			}
-			continue
-		}
-		switch tok {
-		case json.Delim('{'):
-			stack = append(stack, &frame{object: true, wantKey: true, seen: map[string]bool{}})
-			continue
-		case json.Delim('['):
-			stack = append(stack, &frame{})
-			continue
-		case json.Delim('}'), json.Delim(']'):
-			stack = stack[:len(stack)-1]
-		}
-		// A value ended: the enclosing object wants a key next.
-		if len(stack) > 0 && stack[len(stack)-1].object {
-			stack[len(stack)-1].wantKey = true
-		}
-	}
-}
-
-func FuzzCheckKeys(f *testing.F) {
-	for _, s := range []string{
-		`{"model":"m","prompt":"hi","max_tokens":1,"MAX_TOKENS":7}`,
-		`{"model":"m","prompt":"a\\\"b","max_to\u212aens":7}`,
-		`{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"x"}]}],"stream_options":{"include_usage":true}}`,
-		`{"a":{"model":1},"model":2,"b":[{"text":1,"TEXT":2}]}`,
-		`{"x\"y":1,"mo\u0064el":"m","model":"n"}`,
-		`[{"n":1},{"n":2,"N":3}]`,
-	} {
-		f.Add([]byte(s))
-	}
-	f.Fuzz(func(t *testing.T, body []byte) {
-		if !json.Valid(body) {
-			return
-		}
-		code, param := checkKeysByTokens(body)
-		re := checkKeys(body)
-		if code == "" {
-			if re != nil {
-				t.Fatalf("%q: checkKeys refused (%s %s), the reference accepts", body, re.code, re.param)
-			}
-			return
-		}
-		if re == nil || re.code != code || re.param != param {
-			t.Fatalf("%q: checkKeys %+v, the reference %s %s", body, re, code, param)
-		}
-	})
 }

@@ -17,6 +17,8 @@ package tokens
 import (
 	"encoding/json"
 	"fmt"
+
+	"github.com/dynamo-ctx/dynamo-ctx/go/jsonscan"
 )
 
 // Item is a response item as the schema defines it.
@@ -127,7 +129,7 @@ func scanItem(b []byte, id func(v int, lit []byte)) (finish *string, ok bool) {
 				v = -v
 			}
 			id(v, b[start:i])
-			i = skipWS(b, i)
+			i = jsonscan.SkipSpace(b, i)
 			if hasAt(b, i, `]`) {
 				i++
 				break
@@ -135,10 +137,10 @@ func scanItem(b []byte, id func(v int, lit []byte)) (finish *string, ok bool) {
 			if !hasAt(b, i, `,`) {
 				return nil, false
 			}
-			i = skipWS(b, i+1)
+			i = jsonscan.SkipSpace(b, i+1)
 		}
 	}
-	i = skipWS(b, i)
+	i = jsonscan.SkipSpace(b, i)
 	if hasAt(b, i, `,`) {
 		if i, ok = expect(b, i, `,`, `"finish_reason"`, `:`); !ok {
 			return nil, false
@@ -164,9 +166,9 @@ func scanItem(b []byte, id func(v int, lit []byte)) (finish *string, ok bool) {
 		default:
 			return nil, false
 		}
-		i = skipWS(b, i)
+		i = jsonscan.SkipSpace(b, i)
 	}
-	if !hasAt(b, i, `}`) || skipWS(b, i+1) != len(b) {
+	if !hasAt(b, i, `}`) || jsonscan.SkipSpace(b, i+1) != len(b) {
 		return nil, false
 	}
 	return finish, true
@@ -176,24 +178,16 @@ func scanItem(b []byte, id func(v int, lit []byte)) (finish *string, ok bool) {
 // each: the index after the last (and its whitespace), or false.
 func expect(b []byte, i int, lits ...string) (int, bool) {
 	for _, s := range lits {
-		i = skipWS(b, i)
+		i = jsonscan.SkipSpace(b, i)
 		if !hasAt(b, i, s) {
 			return i, false
 		}
-		i = skipWS(b, i+len(s))
+		i = jsonscan.SkipSpace(b, i+len(s))
 	}
 	return i, true
 }
 
 func hasAt(b []byte, i int, s string) bool { return len(b)-i >= len(s) && string(b[i:i+len(s)]) == s }
-
-// skipWS returns the index of the first byte at or after i that is not JSON whitespace.
-func skipWS(b []byte, i int) int {
-	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
-		i++
-	}
-	return i
-}
 
 // Continuation carries a token request across migration attempts: it
 // records the token ids of the items passed to the caller (Observe), and

@@ -1,0 +1,151 @@
+// Package jsonscan reads JSON text by hand where encoding/json would cost a
+// second pass, and matches object member names exactly: the one scanner of
+// the request envelope (go/plane) and of the OpenAI request bodies
+// (go/frontend), and the one whitespace skipper of the token schema's fast
+// path (go/tokens).
+//
+// encoding/json matches a member's name to a field without regard to case,
+// with Unicode folding (the Kelvin sign matches k, the long s matches s), and
+// the last of several matches wins. A reader in front of ours that matches
+// names exactly (most do) would read {"max_tokens": 1, "MAX_TOKENS": 7} as
+// max_tokens 1 and encoding/json as 7. Keys finds the names on which the two
+// readers disagree.
+//
+// Guarantees:
+//
+//   - SkipSpace and StringEnd are defined on any input: they never index
+//     outside b.
+//   - SkipValue, Object (and Members.Next) and Keys.Check require valid
+//     JSON (json.Valid); on it they split values exactly where
+//     encoding/json does, and they never allocate (Check, only to decode a
+//     name written with escapes).
+//   - Keys.Match and Keys.Check report every member name that a reader
+//     matching names exactly reads differently from encoding/json: a name
+//     that is not a key but equals one up to case (strings.EqualFold), and
+//     a key named twice in one object. Names that are neither are ignored,
+//     as encoding/json ignores them.
+//
+// It imports nothing of this project's: it sits at the bottom of the layers
+// (docs/architecture.md).
+package jsonscan
+
+import "bytes"
+
+// SkipSpace returns the index of the first byte at or after i that is not
+// JSON whitespace (len(b) if there is none).
+func SkipSpace(b []byte, i int) int {
+	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
+		i++
+	}
+	return i
+}
+
+// StringEnd returns the index of the quote that closes the string whose
+// contents start at b[from] (just after its opening quote), and whether the
+// string holds escapes. Where b is not valid JSON and no quote closes the
+// string, it returns len(b)-1 and true.
+func StringEnd(b []byte, from int) (end int, escaped bool) {
+	q := bytes.IndexByte(b[from:], '"')
+	if q < 0 {
+		return len(b) - 1, true
+	}
+	e := bytes.IndexByte(b[from:from+q], '\\')
+	if e < 0 {
+		return from + q, false
+	}
+	for i := from + e; i < len(b); i++ {
+		switch b[i] {
+		case '\\':
+			i++ // the escaped byte (a \uXXXX's digits are no quotes)
+		case '"':
+			return i, true
+		}
+	}
+	return len(b) - 1, true
+}
+
+// SkipValue returns the index just past the JSON value that starts at b[i],
+// b being valid JSON (json.Valid).
+func SkipValue(b []byte, i int) int {
+	switch b[i] {
+	case '"':
+		end, _ := StringEnd(b, i+1)
+		return end + 1
+	case '{', '[':
+		depth := 0
+		for ; ; i++ {
+			c := b[i]
+			if !structural[c] {
+				continue
+			}
+			switch c {
+			case '"':
+				i, _ = StringEnd(b, i+1) // the closing quote
+			case '{', '[':
+				depth++
+			case '}', ']':
+				if depth--; depth == 0 {
+					return i + 1
+				}
+			}
+		}
+	default: // a number, true, false or null
+		for ; i < len(b); i++ {
+			switch b[i] {
+			case ',', '}', ']', ' ', '\t', '\r', '\n':
+				return i
+			}
+		}
+		return i
+	}
+}
+
+// structural marks the bytes that SkipValue looks for inside an object or
+// an array (a table lookup costs less than a switch on each byte).
+var structural = [256]bool{'"': true, '{': true, '[': true, '}': true, ']': true}
+
+// Members walks the members of one JSON object, in order (Object).
+type Members struct {
+	b []byte
+	i int // the next member's name, or the object's closing brace
+}
+
+// Member is one member of an object, as written.
+type Member struct {
+	// Name is the bytes between the name's quotes, escapes as written.
+	Name []byte
+	// Escaped says whether Name holds escapes (then it is not the name
+	// itself, which only decoding it gives).
+	Escaped bool
+	// Value is the member's value, without the whitespace around it.
+	Value []byte
+}
+
+// Object returns the members of the object that b holds, b being valid JSON
+// (json.Valid); false if b holds another value.
+func Object(b []byte) (Members, bool) {
+	i := SkipSpace(b, 0)
+	if i == len(b) || b[i] != '{' {
+		return Members{}, false
+	}
+	return Members{b: b, i: SkipSpace(b, i+1)}, true
+}
+
+// Next returns the next member, or false after the last.
+func (m *Members) Next() (Member, bool) {
+	b, i := m.b, m.i
+	if i >= len(b) || b[i] != '"' {
+		return Member{}, false // '}', or the zero Members
+	}
+	end, escaped := StringEnd(b, i+1)
+	name := b[i+1 : end]
+	i = SkipSpace(b, SkipSpace(b, end+1)+1) // past ':'
+	end = SkipValue(b, i)
+	value := b[i:end]
+	i = SkipSpace(b, end)
+	if b[i] == ',' {
+		i = SkipSpace(b, i+1)
+	}
+	m.i = i
+	return Member{Name: name, Escaped: escaped, Value: value}, true
+}

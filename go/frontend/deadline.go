@@ -19,21 +19,16 @@ import (
 	"github.com/dynamo-ctx/dynamo-ctx/go/ctxtree"
 )
 
-const (
-	// RequestTimeoutHeader is the header in which a client gives its
-	// request's timeout, in seconds.
-	RequestTimeoutHeader = "x-request-timeout"
-	// EnvRequestTimeout is the environment variable of the default timeout
-	// (Options.RequestTimeout), read when the frontend starts.
-	EnvRequestTimeout = "DYNAMO_CTX_REQUEST_TIMEOUT"
-)
+// RequestTimeoutHeader is the header in which a client gives its request's
+// timeout, in seconds.
+const RequestTimeoutHeader = "x-request-timeout"
 
 // errDeadline ends a response whose deadline passed.
 var errDeadline = errors.New("the request's deadline passed (" + RequestTimeoutHeader + " or the frontend's --request-timeout)")
 
 // ParseTimeout reads a timeout in seconds (a decimal number, finite, not
-// negative, below ctxtree.MaxTimeout): the header's and the environment
-// variable's one parser.
+// negative, below ctxtree.MaxTimeout): the header's and EnvRequestTimeout's
+// one parser.
 func ParseTimeout(s string) (time.Duration, error) {
 	v, err := strconv.ParseFloat(strings.TrimSpace(s), 64)
 	if err != nil {

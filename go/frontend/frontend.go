@@ -63,10 +63,12 @@
 //     prompt byte, a fixed word per output token), for tests and demos.
 //
 // The files: frontend.go holds the options, the routes and the drain;
+// env.go reads the options' environment variables (their one parser);
 // serve.go serves a request, respond.go writes its response, errors.go
 // answers and logs failures, models.go reads the instances' metadata,
 // aborts.go counts a disconnect's abort, openai.go reads the OpenAI request
-// surface, text.go is the models' languages.
+// surface, jsonkeys.go refuses keys not named exactly, text.go is the
+// models' languages.
 package frontend
 
 import (
@@ -77,9 +79,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"os"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -99,7 +98,7 @@ type Options struct {
 	// DefaultMaxTokens applies to a completions request that gives none
 	// (16 if 0); a chat request without one runs to the context length.
 	DefaultMaxTokens int
-	// MaxBodyBytes bounds a request body (0: DYNAMO_CTX_MAX_BODY_BYTES, else
+	// MaxBodyBytes bounds a request body (0: EnvMaxBodyBytes, else
 	// DefaultMaxBodyBytes).
 	MaxBodyBytes int64
 	// DefaultMaxModelLen is a model's context length when none of its
@@ -108,21 +107,26 @@ type Options struct {
 	DefaultMaxModelLen int
 	// MaxIdleConnections bounds the connections not serving a request (new
 	// ones before their first request's headers, kept-alive ones between
-	// requests); past it the oldest is closed (0:
-	// DYNAMO_CTX_MAX_IDLE_CONNECTIONS, else DefaultMaxIdleConnections).
+	// requests); past it the oldest is closed (0: EnvMaxIdleConnections,
+	// else DefaultMaxIdleConnections).
 	MaxIdleConnections int
 	// Deadlines (0: the defaults below). ReadTimeout bounds reading the
 	// headers and body; it is lifted once the body is read, so long streams
 	// are not cut.
 	ReadHeaderTimeout, ReadTimeout, IdleTimeout, WriteStallTimeout time.Duration
 	// RequestTimeout is every request's timeout unless its
-	// x-request-timeout header gives a smaller one (0: none; deadline.go).
+	// x-request-timeout header gives a smaller one (0: EnvRequestTimeout,
+	// else none; deadline.go).
 	RequestTimeout time.Duration
 	// MaxQueuedRequests bounds the requests of a model that wait for a
 	// worker with a free place when every one is full (admission.go); past
-	// it they are answered 503 overloaded. 0: DYNAMO_CTX_MAX_QUEUED_REQUESTS,
-	// else DefaultMaxQueuedRequests; below 0: no queue.
+	// it they are answered 503 overloaded. 0: EnvMaxQueuedRequests, else
+	// DefaultMaxQueuedRequests; below 0: no queue.
 	MaxQueuedRequests int
+	// Getenv reads the environment variables of the options left zero
+	// (env.go); nil: os.Getenv. (A library loaded into a host reads the
+	// host's environment as it is now, which os.Getenv does not see.)
+	Getenv func(name string) string
 }
 
 // Defaults of Options.
@@ -135,38 +139,17 @@ const (
 	DefaultWriteStallTimeout = 30 * time.Second
 	// MaxHeaderBytes bounds the request line and headers.
 	MaxHeaderBytes = 64 << 10
-	// EnvMaxBodyBytes overrides DefaultMaxBodyBytes (a number of bytes).
-	EnvMaxBodyBytes = "DYNAMO_CTX_MAX_BODY_BYTES"
 	// DefaultMaxIdleConnections is the default of
 	// Options.MaxIdleConnections.
 	DefaultMaxIdleConnections = 1024
-	// EnvMaxIdleConnections overrides DefaultMaxIdleConnections.
-	EnvMaxIdleConnections = "DYNAMO_CTX_MAX_IDLE_CONNECTIONS"
 	// DefaultMaxQueuedRequests is the default of Options.MaxQueuedRequests.
 	DefaultMaxQueuedRequests = 1024
-	// EnvMaxQueuedRequests overrides DefaultMaxQueuedRequests (0: no queue).
-	EnvMaxQueuedRequests = "DYNAMO_CTX_MAX_QUEUED_REQUESTS"
 )
 
-// ParseMaxQueued reads a queue bound as EnvMaxQueuedRequests spells it (a
-// number of requests, 0 for none) as Options.MaxQueuedRequests takes it.
-func ParseMaxQueued(v string) (int, error) {
-	n, err := strconv.Atoi(strings.TrimSpace(v))
-	if err != nil || n < 0 || n > maxQueuedLimit {
-		return 0, fmt.Errorf("%s=%q: want a number of requests from 0 (no queue) to %d", EnvMaxQueuedRequests, v, maxQueuedLimit)
-	}
-	if n == 0 {
-		return -1, nil
-	}
-	return n, nil
-}
-
-// maxQueuedLimit bounds the queue bound: a waiting request costs a
-// goroutine and its body, so a million is already more than a process
-// should hold.
-const maxQueuedLimit = 1 << 20
-
 func (o *Options) defaults() error {
+	if err := o.fromEnv(); err != nil {
+		return err
+	}
 	if o.Namespace == "" {
 		o.Namespace = "dynamo"
 	}
@@ -175,36 +158,15 @@ func (o *Options) defaults() error {
 	}
 	if o.MaxBodyBytes <= 0 {
 		o.MaxBodyBytes = DefaultMaxBodyBytes
-		if v := os.Getenv(EnvMaxBodyBytes); v != "" {
-			n, err := strconv.ParseInt(v, 10, 64)
-			if err != nil || n <= 0 {
-				return fmt.Errorf("%s=%q: want a positive number of bytes", EnvMaxBodyBytes, v)
-			}
-			o.MaxBodyBytes = n
-		}
 	}
 	if o.MaxIdleConnections <= 0 {
 		o.MaxIdleConnections = DefaultMaxIdleConnections
-		if v := os.Getenv(EnvMaxIdleConnections); v != "" {
-			n, err := strconv.Atoi(v)
-			if err != nil || n <= 0 {
-				return fmt.Errorf("%s=%q: want a positive number of connections", EnvMaxIdleConnections, v)
-			}
-			o.MaxIdleConnections = n
-		}
 	}
 	if o.DefaultMaxModelLen <= 0 {
 		o.DefaultMaxModelLen = DefaultMaxModelLen
 	}
 	if o.MaxQueuedRequests == 0 {
 		o.MaxQueuedRequests = DefaultMaxQueuedRequests
-		if v := os.Getenv(EnvMaxQueuedRequests); v != "" {
-			n, err := ParseMaxQueued(v)
-			if err != nil {
-				return err
-			}
-			o.MaxQueuedRequests = n
-		}
 	}
 	if o.MaxQueuedRequests < 0 {
 		o.MaxQueuedRequests = -1

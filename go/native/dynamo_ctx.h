@@ -317,13 +317,15 @@ int dc_log_next(int *level, char *buf, size_t cap, size_t *len);
    handle in *out. addr is the listen address ("127.0.0.1:8000"); ns
    (NULL for "dynamo") is the namespace where workers serve "<ns>.backend.generate";
    migration_limit < 0 means "as the model's workers declare". The body
-   limit is DYNAMO_CTX_MAX_BODY_BYTES, and every request's default timeout
-   DYNAMO_CTX_REQUEST_TIMEOUT (seconds; none without it), and a model's
-   queue of requests waiting for a worker with a free place
+   limit is DYNAMO_CTX_MAX_BODY_BYTES, the bound of connections not serving
+   a request DYNAMO_CTX_MAX_IDLE_CONNECTIONS, every request's default
+   timeout DYNAMO_CTX_REQUEST_TIMEOUT (seconds; none without it), and a
+   model's queue of requests waiting for a worker with a free place
    DYNAMO_CTX_MAX_QUEUED_REQUESTS (default 1024; 0: none), as the process's
    environment has them now (the host may set them after loading the
-   library). Errors: DC_EBADF, DC_EINVAL (also for a bad variable), DC_EIO
-   (cannot listen). */
+   library); the library is their one parser. Errors: DC_EBADF, DC_EINVAL
+   (also for a bad variable: the message begins with its name and value,
+   NAME="value"), DC_EIO (cannot listen). */
 int dc_frontend_start(uint64_t rt, const char *addr, size_t addr_len, const char *ns, size_t ns_len, int migration_limit, uint64_t *out);
 
 /* Copies the address the frontend listens on into buf, as dc_context_id does. */

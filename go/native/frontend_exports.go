@@ -11,7 +11,7 @@ import "C"
 
 import (
 	"context"
-	"strconv"
+	"errors"
 	"time"
 	"unsafe"
 
@@ -36,40 +36,18 @@ func dc_frontend_start(rtH C.uint64_t, addr *C.char, addrLen C.size_t, namespace
 	if rc != C.DC_OK {
 		return rc
 	}
-	var maxBody int64
-	if v := cGetenv(frontend.EnvMaxBodyBytes); v != "" {
-		n, err := strconv.ParseInt(v, 10, 64)
-		if err != nil || n <= 0 {
-			return fail(C.DC_EINVAL, "dc_frontend_start: %s=%q: want a positive number of bytes", frontend.EnvMaxBodyBytes, v)
-		}
-		maxBody = n
-	}
-	var timeout time.Duration
-	if v := cGetenv(frontend.EnvRequestTimeout); v != "" {
-		d, err := frontend.ParseTimeout(v)
-		if err != nil {
-			return fail(C.DC_EINVAL, "dc_frontend_start: %s: %v", frontend.EnvRequestTimeout, err)
-		}
-		timeout = d
-	}
-	var queued int
-	if v := cGetenv(frontend.EnvMaxQueuedRequests); v != "" {
-		n, err := frontend.ParseMaxQueued(v)
-		if err != nil {
-			return fail(C.DC_EINVAL, "dc_frontend_start: %v", err)
-		}
-		queued = n
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), connectTimeout)
 	defer cancel()
 	f, err := frontend.New(ctx, rt, frontend.Options{
-		Addr:              string(goBytes(addr, addrLen)),
-		Namespace:         string(goBytes(namespace, nsLen)),
-		MigrationLimit:    int(migrationLimit),
-		MaxBodyBytes:      maxBody,
-		RequestTimeout:    timeout,
-		MaxQueuedRequests: queued,
+		Addr:           string(goBytes(addr, addrLen)),
+		Namespace:      string(goBytes(namespace, nsLen)),
+		MigrationLimit: int(migrationLimit),
+		Getenv:         cGetenv, // the frontend's variables, as the host's environment is now
 	})
+	var bad *frontend.SettingError
+	if errors.As(err, &bad) {
+		return fail(C.DC_EINVAL, "dc_frontend_start: %v", err)
+	}
 	if err != nil {
 		return fail(C.DC_EIO, "dc_frontend_start: %v", err)
 	}

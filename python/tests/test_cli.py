@@ -80,11 +80,8 @@ def held_port() -> socket.socket:
         (FRONTEND, [], {"DYNAMO_CTX_EVENT_LOOP": "x"}, "DYNAMO_CTX_EVENT_LOOP='x': 'x' is not one of auto, uvloop, asyncio"),
         (FRONTEND, ["--http-port", "-1"], {}, "argument --http-port: -1 is not a port"),
         (FRONTEND, ["--migration-limit", "-5"], {}, "argument --migration-limit: -5 is negative"),
-        (FRONTEND, ["--max-body-bytes", "0"], {}, "argument --max-body-bytes: 0 is not positive"),
-        (FRONTEND, ["--max-idle-connections", "0"], {}, "argument --max-idle-connections: 0 is not positive"),
         (FRONTEND, [], {"DYN_HTTP_PORT": "70000"}, "DYN_HTTP_PORT='70000': 70000 is not a port"),
-        (FRONTEND, ["--request-timeout", "-1"], {}, "argument --request-timeout: -1 is negative"),
-        (FRONTEND, [], {"DYNAMO_CTX_REQUEST_TIMEOUT": "soon"}, "DYNAMO_CTX_REQUEST_TIMEOUT='soon': 'soon' is not a number"),
+        (FRONTEND, ["--max-body-bytes", ""], {}, "argument --max-body-bytes: expected a value"),
     ],
 )
 def test_bad_arguments_exit_2_with_one_line(prog, args, env, expected):
@@ -92,6 +89,29 @@ def test_bad_arguments_exit_2_with_one_line(prog, args, env, expected):
     assert r.returncode == 2, r.stderr
     line = one_line(r, prog)
     assert expected in line and line.endswith(f"see {prog} --help"), line
+
+
+@pytest.mark.parametrize(
+    "args,env,expected",
+    [
+        (["--max-body-bytes", "0"], {}, '--max-body-bytes "0": want a positive number of bytes'),
+        (["--max-idle-connections", "0"], {}, '--max-idle-connections "0": want a positive number of connections'),
+        (["--request-timeout", "-1"], {}, '--request-timeout "-1": timeout is negative'),
+        (["--max-queued-requests", "many"], {}, '--max-queued-requests "many": want a number of requests from 0 (no queue)'),
+        ([], {"DYNAMO_CTX_REQUEST_TIMEOUT": "soon"}, 'DYNAMO_CTX_REQUEST_TIMEOUT="soon": "soon" is not a number'),
+        ([], {"DYNAMO_CTX_MAX_BODY_BYTES": "lots"}, 'DYNAMO_CTX_MAX_BODY_BYTES="lots": want a positive number of bytes'),
+        (["--max-body-bytes", "7"], {"DYNAMO_CTX_MAX_QUEUED_REQUESTS": "-1"}, 'DYNAMO_CTX_MAX_QUEUED_REQUESTS="-1"'),
+    ],
+)
+def test_bad_frontend_settings_exit_2_with_one_line(nats_url, args, env, expected):
+    """The frontend's settings that the library reads (their flags handed on
+    through their variables) are checked by the library, the one parser,
+    when the frontend starts: a bad one, from a flag or a variable, is a
+    usage error that names it."""
+    r = run_cmd(FRONTEND, "--http-host", "127.0.0.1", "--http-port", "0", *args, NATS_SERVER=nats_url, **env)
+    assert r.returncode == 2, r.stderr
+    line = one_line(r, FRONTEND)
+    assert expected in line and line.endswith(f"see {FRONTEND} --help"), line
 
 
 def test_event_loop_choice(monkeypatch):

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import os
 import signal
 from typing import List, Optional
 
@@ -75,12 +74,38 @@ GET /metrics. A client that disconnects cancels its request on the worker.
 EPILOG = """\
 environment: NATS_SERVER (NATS address), DYN_HTTP_HOST, DYN_HTTP_PORT,
 DYN_NAMESPACE, DYN_MIGRATION_LIMIT, DYNAMO_CTX_MAX_BODY_BYTES,
-DYNAMO_CTX_REQUEST_TIMEOUT, DYNAMO_CTX_MAX_QUEUED_REQUESTS, DYN_LOG (log
-level), DYN_LOGGING_JSONL=1 (JSON lines). A flag given wins over its
-variable.
+DYNAMO_CTX_MAX_IDLE_CONNECTIONS, DYNAMO_CTX_REQUEST_TIMEOUT,
+DYNAMO_CTX_MAX_QUEUED_REQUESTS, DYN_LOG (log level), DYN_LOGGING_JSONL=1
+(JSON lines). A flag given wins over its variable.
 """
 
 PROG = "python -m dynamo_ctx.frontend"
+
+#: The flags whose settings the library reads from their environment variables
+#: and parses (go/frontend/env.go, their one parser): flag, variable, help. A
+#: flag given is handed on through its variable as typed
+#: (``_cli.hand_to_library``); the variables are not read here.
+LIBRARY_FLAGS = (
+    ("--max-body-bytes", "DYNAMO_CTX_MAX_BODY_BYTES", "largest request body accepted, in bytes (default: 4 MiB); larger ones get 413"),
+    (
+        "--max-idle-connections",
+        "DYNAMO_CTX_MAX_IDLE_CONNECTIONS",
+        "connections held that are not serving a request (new or kept alive; default: 1024); "
+        "past it a new one takes the place of the oldest once that has waited 1 s",
+    ),
+    (
+        "--request-timeout",
+        "DYNAMO_CTX_REQUEST_TIMEOUT",
+        "seconds every request may take unless its x-request-timeout header says less (default: none); "
+        "past it the request is killed at every hop (504, or a last SSE error event, code deadline_exceeded)",
+    ),
+    (
+        "--max-queued-requests",
+        "DYNAMO_CTX_MAX_QUEUED_REQUESTS",
+        "requests of a model that wait for a free place when every worker of it is at its --max-num-seqs "
+        "(default: 1024; 0: none); past it the frontend answers 503 overloaded with Retry-After at once",
+    ),
+)
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
@@ -95,33 +120,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         help="retries of a broken stream (default: as the workers declare)",
     )
     p.add("--nats-url", help="NATS address (default: $NATS_SERVER, else nats://127.0.0.1:4222)")
-    p.add(
-        "--max-body-bytes",
-        type=_cli.positive_int,
-        env="DYNAMO_CTX_MAX_BODY_BYTES",
-        help="largest request body accepted, in bytes (default: 4 MiB); larger ones get 413",
-    )
-    p.add(
-        "--max-idle-connections",
-        type=_cli.positive_int,
-        env="DYNAMO_CTX_MAX_IDLE_CONNECTIONS",
-        help="connections held that are not serving a request (new or kept alive; default: 1024); "
-        "past it a new one takes the place of the oldest once that has waited 1 s",
-    )
-    p.add(
-        "--request-timeout",
-        type=_cli.non_negative_float,
-        env="DYNAMO_CTX_REQUEST_TIMEOUT",
-        help="seconds every request may take unless its x-request-timeout header says less (default: none); "
-        "past it the request is killed at every hop (504, or a last SSE error event, code deadline_exceeded)",
-    )
-    p.add(
-        "--max-queued-requests",
-        type=_cli.non_negative_int,
-        env="DYNAMO_CTX_MAX_QUEUED_REQUESTS",
-        help="requests of a model that wait for a free place when every worker of it is at its --max-num-seqs "
-        "(default: 1024; 0: none); past it the frontend answers 503 overloaded with Retry-After at once",
-    )
+    for flag, env, text in LIBRARY_FLAGS:
+        p.add_library(flag, env=env, help=text)
     _cli.add_drain_timeout(p, "seconds the requests in flight get to finish after SIGTERM; then they are killed with reason shutdown")
     p.add_event_loop()
     p.add_logging()
@@ -129,14 +129,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
 
 
 async def run(args: argparse.Namespace) -> None:
-    if args.max_body_bytes is not None:
-        os.environ["DYNAMO_CTX_MAX_BODY_BYTES"] = str(args.max_body_bytes)  # read by the frontend when it starts
-    if args.max_idle_connections is not None:
-        os.environ["DYNAMO_CTX_MAX_IDLE_CONNECTIONS"] = str(args.max_idle_connections)  # likewise
-    if args.request_timeout is not None:
-        os.environ["DYNAMO_CTX_REQUEST_TIMEOUT"] = repr(args.request_timeout)  # likewise
-    if args.max_queued_requests is not None:
-        os.environ["DYNAMO_CTX_MAX_QUEUED_REQUESTS"] = str(args.max_queued_requests)  # likewise
+    # Read, and checked, by the frontend when it starts.
+    given = _cli.hand_to_library(PROG, args, {flag: env for flag, env, _ in LIBRARY_FLAGS})
     loop = asyncio.get_running_loop()
     runtime = await _cli.connect_runtime(args.nats_url)
     try:
@@ -146,9 +140,9 @@ async def run(args: argparse.Namespace) -> None:
     except OSError as e:
         runtime.shutdown()
         raise _cli.listen_error(e, args.http_host, args.http_port, "--http-port", "--http-host") from None
-    except ValueError as e:  # a value the library refuses (--request-timeout too large, ...)
+    except ValueError as e:  # a value the library refuses (a flag's or a variable's)
         runtime.shutdown()
-        raise _cli.UsageError(f"{_cli.native_reason(e)}; see {PROG} --help") from None
+        raise _cli.UsageError(f"{_cli.library_error(e, given)}; see {PROG} --help") from None
     logger.info("frontend listening on http://%s (namespace %s)", fe.address, args.namespace)
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

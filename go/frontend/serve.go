@@ -76,73 +76,82 @@ func (c *choice) take(it workerItem) (string, bool) {
 	return text, false
 }
 
+// serve serves a completions (chat: chat completions) request: read and
+// check it (parse), wait for a place on a worker (admit), send a worker
+// request per choice (dispatch), then write the response from their streams
+// (respond).
 func (f *Frontend) serve(w http.ResponseWriter, r *http.Request, chat bool) {
+	in, ok := f.parse(w, r, chat)
+	if !ok {
+		return
+	}
+	place, ok := f.admit(w, r, in)
+	if !ok {
+		return
+	}
+	choices, ok := f.dispatch(w, in, place)
+	if !ok {
+		return
+	}
+	defer f.track(choices)()
+	f.respond(w, r, in, choices)
+}
+
+// incoming is a request as parse read and checked it.
+type incoming struct {
+	id       string
+	deadline time.Time // zero: none
+	ctl      *http.ResponseController
+	chat     bool
+	req      *completionRequest
+	plan     *plan
+	client   *plane.Client // the model's instances
+	text     text          // the model's language
+	prompts  []prompt      // dropped once the worker requests are sent (dispatch)
+	budgets  []int         // each prompt's max_tokens
+	// promptTokens is the number of the prompts' tokens (usage).
+	promptTokens int
+}
+
+// parse reads the request and checks it: its id and deadline headers, its
+// body (bounded, JSON, keys named exactly), the model, the OpenAI surface,
+// the prompts in the model's tokens and their budgets. A request it
+// refuses is answered, and ok is false.
+func (f *Frontend) parse(w http.ResponseWriter, r *http.Request, chat bool) (in *incoming, ok bool) {
 	start := time.Now()
 	id, err := requestID(r)
 	if err != nil {
 		badRequest(w, err.Error(), "", "invalid_request_id")
-		return
+		return nil, false
 	}
 	w.Header().Set("x-request-id", id)
 	deadline, err := f.requestDeadline(r, start)
 	if err != nil {
 		badRequest(w, err.Error(), "", "invalid_request_timeout")
-		return
+		return nil, false
 	}
 	ctl := http.NewResponseController(w)
-	body, err := readBody(w, r, f.opts.MaxBodyBytes)
-	if err != nil {
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			tooLarge(w, fmt.Sprintf("the request body exceeds %d bytes", mbe.Limit))
-			return
-		}
-		badRequest(w, "could not read the request body", "", "invalid_body")
-		return
+	req, ok := f.readRequest(w, r, ctl)
+	if !ok {
+		return nil, false
 	}
-	// The body is read: the read deadline (there for slow senders) must not
-	// cut a long response, nor make the server's background read (which
-	// notices a disconnect) fail while the response is streaming.
-	_ = ctl.SetReadDeadline(time.Time{})
-	var req completionRequest
-	if err := json.Unmarshal(body, &req); err != nil {
-		badRequest(w, "the request body is not valid JSON: "+err.Error(), "", "invalid_json")
-		return
-	}
-	if re := checkKeys(body); re != nil {
-		badRequest(w, re.msg, re.param, re.code)
-		return
-	}
-	body = nil
-	if req.Model == "" {
-		badRequest(w, "model is required", "model", "missing_model")
-		return
-	}
-	p := &plan{req: &req, chat: chat}
-	refuse := func(err error) {
-		var re *requestError
-		if errors.As(err, &re) {
-			badRequest(w, re.msg, re.param, re.code)
-			return
-		}
-		badRequest(w, err.Error(), "", "invalid_request")
-	}
+	p := &plan{req: req, chat: chat}
 	if err := p.check(); err != nil {
-		refuse(err)
-		return
+		refuse(w, err)
+		return nil, false
 	}
 	if !f.hasModel(req.Model) {
 		modelNotFound(w, req.Model)
-		return
+		return nil, false
 	}
 	client, err := f.modelClient(req.Model)
 	if err != nil {
 		writeError(w, http.StatusServiceUnavailable, err.Error(), "service_unavailable", "", "service_unavailable")
-		return
+		return nil, false
 	}
 	if len(client.Instances()) == 0 {
 		modelNotFound(w, req.Model)
-		return
+		return nil, false
 	}
 	// The model's language: its own tokenizer and chat template, or the
 	// stand-in. Prompt sizes are checked before a text is expanded into
@@ -151,84 +160,148 @@ func (f *Frontend) serve(w http.ResponseWriter, r *http.Request, chat bool) {
 	tx, err := f.textOf(req.Model, f.metas(client))
 	if err != nil {
 		writeError(w, http.StatusServiceUnavailable, err.Error(), "service_unavailable", "", "model_unavailable")
-		return
+		return nil, false
 	}
 	limit := f.maxModelLen(client)
-	prompts, err := parsePrompts(&req, chat, limit, tx)
+	prompts, err := parsePrompts(req, chat, limit, tx)
 	if err != nil {
-		refuse(err)
-		return
+		refuse(w, err)
+		return nil, false
 	}
 	if len(prompts)*p.n > MaxChoices {
-		refuse(invalid("n", "invalid_n", "prompts times n must be at most %d", MaxChoices))
-		return
+		refuse(w, invalid("n", "invalid_n", "prompts times n must be at most %d", MaxChoices))
+		return nil, false
 	}
-	budgets := make([]int, len(prompts))
+	in = &incoming{id: id, deadline: deadline, ctl: ctl, chat: chat, req: req, plan: p, client: client, text: tx,
+		prompts: prompts, budgets: make([]int, len(prompts))}
 	for i, pr := range prompts {
-		if budgets[i], err = p.maxTokens(len(pr.tokens), limit, f.opts.DefaultMaxTokens); err != nil {
-			refuse(err)
-			return
+		if in.budgets[i], err = p.maxTokens(len(pr.tokens), limit, f.opts.DefaultMaxTokens); err != nil {
+			refuse(w, err)
+			return nil, false
 		}
+		in.promptTokens += len(pr.tokens)
 	}
-	_ = client.SetMigrationLimit(f.migrationLimit(client)) // never below 0
-	if !deadline.IsZero() && !time.Now().Before(deadline) {
-		deadlineExceeded(w) // spent before anything was sent (reading, tokenizing)
-		return
-	}
-	// A place on a worker, or a wait in the model's queue for one.
-	place, err := f.gateOf(req.Model).admit(r.Context(), deadline, f.stopping)
-	if err != nil {
-		f.notAdmitted(w, req.Model, len(prompts)*p.n, err)
-		return
-	}
+	return in, true
+}
 
-	// One worker request per choice, all under the request's id.
-	choices := make([]*choice, 0, len(prompts)*p.n)
-	killAll := func() {
-		for _, c := range choices {
-			if s := c.stream(); s != nil {
-				s.Kill() // no-op once it ended; releases it otherwise
-			}
+// readRequest reads the body (at most Options.MaxBodyBytes) and decodes it,
+// once its keys are found named exactly; then a model must be named. A
+// request it refuses is answered, and ok is false.
+func (f *Frontend) readRequest(w http.ResponseWriter, r *http.Request, ctl *http.ResponseController) (*completionRequest, bool) {
+	body, err := readBody(w, r, f.opts.MaxBodyBytes)
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			tooLarge(w, fmt.Sprintf("the request body exceeds %d bytes", mbe.Limit))
+			return nil, false
 		}
+		badRequest(w, "could not read the request body", "", "invalid_body")
+		return nil, false
 	}
-	for i, pr := range prompts {
+	// The body is read: the read deadline (there for slow senders) must not
+	// cut a long response, nor make the server's background read (which
+	// notices a disconnect) fail while the response is streaming.
+	_ = ctl.SetReadDeadline(time.Time{})
+	var req completionRequest
+	if err := json.Unmarshal(body, &req); err != nil {
+		badRequest(w, "the request body is not valid JSON: "+err.Error(), "", "invalid_json")
+		return nil, false
+	}
+	if re := checkKeys(body); re != nil {
+		badRequest(w, re.msg, re.param, re.code)
+		return nil, false
+	}
+	if req.Model == "" {
+		badRequest(w, "model is required", "model", "missing_model")
+		return nil, false
+	}
+	return &req, true
+}
+
+// refuse answers a request whose content parse refused: 400 with the
+// requestError's param and code, if it is one.
+func refuse(w http.ResponseWriter, err error) {
+	var re *requestError
+	if errors.As(err, &re) {
+		badRequest(w, re.msg, re.param, re.code)
+		return
+	}
+	badRequest(w, err.Error(), "", "invalid_request")
+}
+
+// admit waits for a place on a worker of the model, or in the model's
+// queue for one (admission.go), unless the deadline is already spent. A
+// request it refuses is answered, and ok is false; the place may be nil
+// (no bound on the model's places).
+func (f *Frontend) admit(w http.ResponseWriter, r *http.Request, in *incoming) (place *plane.Reservation, ok bool) {
+	_ = in.client.SetMigrationLimit(f.migrationLimit(in.client)) // never below 0
+	if !in.deadline.IsZero() && !time.Now().Before(in.deadline) {
+		deadlineExceeded(w) // spent before anything was sent (reading, tokenizing)
+		return nil, false
+	}
+	place, err := f.gateOf(in.req.Model).admit(r.Context(), in.deadline, f.stopping)
+	if err != nil {
+		f.notAdmitted(w, in.req.Model, len(in.prompts)*in.plan.n, err)
+		return nil, false
+	}
+	return place, true
+}
+
+// dispatch sends one worker request per choice, all under the request's
+// id and deadline, the first into place. If one cannot be sent, those sent
+// are killed, the request is answered, and ok is false. The prompts are
+// dropped once sent.
+func (f *Frontend) dispatch(w http.ResponseWriter, in *incoming, place *plane.Reservation) (choices []*choice, ok bool) {
+	p := in.plan
+	choices = make([]*choice, 0, len(in.prompts)*p.n)
+	for i, pr := range in.prompts {
 		for j := 0; j < p.n; j++ {
-			c := &choice{index: i*p.n + j, reqCtx: f.rt.NewContext(id), stop: stopper{stops: p.stops}, text: tx.decoder(pr.tokens)}
-			if !deadline.IsZero() {
-				c.reqCtx.SetDeadline(deadline) // travels to every hop as time left
+			c := &choice{index: i*p.n + j, reqCtx: f.rt.NewContext(in.id), stop: stopper{stops: p.stops}, text: in.text.decoder(pr.tokens)}
+			if !in.deadline.IsZero() {
+				c.reqCtx.SetDeadline(in.deadline) // travels to every hop as time left
 			}
-			payload := p.payload(req.Model, pr.tokens, budgets[i], c.index)
+			payload := p.payload(in.req.Model, pr.tokens, in.budgets[i], c.index)
+			client := in.client
 			c.resend = func() (*plane.Stream, error) { return client.Generate(payload, c.reqCtx, plane.RoundRobin, 0) }
 			var opts []plane.GenerateOption
 			if place != nil {
 				// The first choice goes into the request's place (and owns it).
 				opts, place = append(opts, plane.WithReservation(place)), nil
 			}
-			var s *plane.Stream
-			s, err = client.Generate(payload, c.reqCtx, plane.RoundRobin, 0, opts...)
-			if err == nil {
-				c.st.Store(s)
-			}
+			s, err := client.Generate(payload, c.reqCtx, plane.RoundRobin, 0, opts...)
 			if err != nil {
-				killAll()
+				killAll(choices)
 				if errors.Is(err, plane.ErrTooLarge) {
 					tooLarge(w, err.Error())
-					return
+					return nil, false
 				}
 				writeError(w, http.StatusInternalServerError, err.Error(), "internal_error", "", "internal_error")
-				return
+				return nil, false
 			}
+			c.st.Store(s)
 			choices = append(choices, c)
-			f.metrics.request(req.Model)
+			f.metrics.request(in.req.Model)
 		}
 	}
-	defer f.track(choices)()
-	promptTokens := 0
-	for _, pr := range prompts {
-		promptTokens += len(pr.tokens)
-	}
-	prompts = nil
+	in.prompts = nil
+	return choices, true
+}
 
+// killAll kills the choices' worker requests: a no-op for one that ended;
+// it releases one that did not.
+func killAll(choices []*choice) {
+	for _, c := range choices {
+		if s := c.stream(); s != nil {
+			s.Kill()
+		}
+	}
+}
+
+// respond writes the response from the choices' streams (streaming or
+// not), watching for the client going away, then kills what still runs
+// and counts each choice's outcome.
+func (f *Frontend) respond(w http.ResponseWriter, r *http.Request, in *incoming, choices []*choice) {
+	model := in.req.Model
 	// A client that goes away kills the requests: each context is the
 	// request's context, so the kill reaches the worker (and its prefill
 	// call) at once. once: a run started by the AfterFunc and the check
@@ -236,7 +309,7 @@ func (f *Frontend) serve(w http.ResponseWriter, r *http.Request, chat bool) {
 	// (Do returns only when f has), so the pending entry exists before the
 	// streams are killed. A choice whose stream is complete (written out, or
 	// ended by the worker) cancelled nothing.
-	out := &stallWriter{w: w, ctl: ctl, stall: f.opts.WriteStallTimeout}
+	out := &stallWriter{w: w, ctl: in.ctl, stall: f.opts.WriteStallTimeout}
 	// The response loop's context: r.Context(), and also cancelled by the
 	// disconnect handler before it kills anything. A stream that the
 	// handler killed ends as cleanly as a finished one; the loop must see
@@ -254,7 +327,7 @@ func (f *Frontend) serve(w http.ResponseWriter, r *http.Request, chat bool) {
 				// Complete as the client saw it, or as the worker ended it
 				// (its final frame is here, not yet written out).
 				if !c.complete.Load() && !c.stream().Completed() {
-					f.disconnected(c.reqCtx, c.stream(), id, req.Model)
+					f.disconnected(c.reqCtx, c.stream(), in.id, model)
 				}
 			}
 		})
@@ -267,7 +340,7 @@ func (f *Frontend) serve(w http.ResponseWriter, r *http.Request, chat bool) {
 	defer func() {
 		if p := recover(); p != nil {
 			stopWatching()
-			killAll()
+			killAll(choices)
 			panic(p)
 		}
 	}()
@@ -276,14 +349,14 @@ func (f *Frontend) serve(w http.ResponseWriter, r *http.Request, chat bool) {
 	}
 
 	prefix := "cmpl-"
-	if chat {
+	if in.chat {
 		prefix = "chatcmpl-"
 	}
 	resp := &response{
-		f: f, w: out, ctx: respCtx, plan: p, choices: choices, id: prefix + id, model: req.Model,
-		created: time.Now().Unix(), promptTokens: promptTokens,
+		f: f, w: out, ctx: respCtx, plan: in.plan, choices: choices, id: prefix + in.id, model: model,
+		created: time.Now().Unix(), promptTokens: in.promptTokens,
 	}
-	if req.Stream {
+	if in.req.Stream {
 		resp.stream()
 	} else {
 		resp.unary()
@@ -297,9 +370,9 @@ func (f *Frontend) serve(w http.ResponseWriter, r *http.Request, chat bool) {
 	if respCtx.Err() != nil || r.Context().Err() != nil || out.failed {
 		onDisconnect()
 	}
-	killAll()
+	killAll(choices)
 	for _, c := range choices {
-		f.metrics.outcome(req.Model, c.outcome())
+		f.metrics.outcome(model, c.outcome())
 	}
 }
 

@@ -366,3 +366,43 @@ func newSecret() string {
 	_, _ = rand.Read(b[:]) // never fails (Go >= 1.24)
 	return hex.EncodeToString(b[:])
 }
+
+// serverAuth is what an embedded server requires: a token, or a user and
+// password.
+type serverAuth struct{ token, user, password string }
+
+func (a serverAuth) empty() bool { return a.token == "" && a.user == "" }
+
+// loadServerAuth decides the credentials of a single address: the user's
+// own (NATS_TOKEN, NATS_USER/NATS_PASSWORD) when given, else the token file
+// of an embedded server there, if any.
+func (b *Bus) loadServerAuth() error {
+	switch {
+	case b.auth.User != "":
+		b.srvAuth = serverAuth{user: b.auth.User, password: b.auth.Password}
+	case b.auth.Token != "":
+		b.srvAuth = serverAuth{token: b.auth.Token}
+	case b.auth.explicit(), !b.takeover, urlHasUser(b.url):
+		// The user's own credentials (nats.go reads those of the URL), or
+		// an address that can only be an external server: no token file.
+		b.srvAuth = serverAuth{}
+	default:
+		tok, err := readToken(b.host, b.port)
+		if err != nil {
+			return err
+		}
+		b.srvAuth = serverAuth{token: tok}
+	}
+	return nil
+}
+
+func (b *Bus) credentialsHint() string {
+	if b.auth.explicit() || urlHasUser(b.url) {
+		return "the credentials given by NATS_* variables or the URL"
+	}
+	if b.srvAuth.token != "" {
+		p, _ := TokenFile(b.host, b.port)
+		return "the token in " + p + "; is the server another user's, or was the file replaced?"
+	}
+	return "none were given: put them in the URL or set NATS_USER and NATS_PASSWORD, NATS_TOKEN, NATS_CREDS or NATS_NKEY"
+}

@@ -2,6 +2,7 @@ package natsbus
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -157,5 +158,37 @@ func TestStaleTokenFilesAreSwept(t *testing.T) {
 	for name, removed := range files {
 		_, err := os.Stat(filepath.Join(d, name))
 		assert.Equal(t, removed, os.IsNotExist(err), name)
+	}
+}
+
+// TestSquattedRuntimeDirDoesNotBlock: without DYNAMO_CTX_RUNTIME_DIR and
+// XDG_RUNTIME_DIR (containers, services, cron, ssh without a login session)
+// the runtime directory is <temp dir>/dynamo-ctx-<uid>, a name any other
+// user can create first in the shared /tmp. A directory of another user
+// there does not stop this user's runtimes: RuntimeDir falls back to the
+// user's cache directory, and an embedded NATS server starts. Root only: it
+// makes the directory another user's.
+func TestSquattedRuntimeDirDoesNotBlock(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("needs root to create a directory owned by another user")
+	}
+	tmp := t.TempDir()
+	require.NoError(t, os.Chmod(tmp, 0o1777))
+	t.Setenv("TMPDIR", tmp)
+	t.Setenv(EnvRuntimeDir, "")
+	t.Setenv("XDG_RUNTIME_DIR", "")
+	squat := filepath.Join(tmp, fmt.Sprintf("dynamo-ctx-%d", os.Getuid()))
+	require.NoError(t, os.Mkdir(squat, 0o700))
+	require.NoError(t, os.Chown(squat, 65534, 65534)) // nobody got there first
+	cache := t.TempDir()
+	t.Setenv("XDG_CACHE_HOME", cache)
+	d, err := RuntimeDir()
+	assert.NoError(t, err, "another user's directory at the predictable path blocks this user")
+	assert.Equal(t, filepath.Join(cache, "dynamo-ctx-run"), d)
+	if err == nil {
+		b, err := Connect(context.Background(), Options{URL: "nats://127.0.0.1:0", Logger: quiet})
+		if assert.NoError(t, err) {
+			b.Close()
+		}
 	}
 }

@@ -54,19 +54,13 @@ package natsbus
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
-	"net/url"
 	"os"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -219,34 +213,7 @@ func Connect(ctx context.Context, opts Options) (*Bus, error) {
 	b.pin = single && isLoopback(host) && !b.auth.explicit() && !urlHasUser(raw)
 	b.foreign.Store(-1)
 	if single && port == "0" {
-		// Ephemeral: nothing to join, always embed.
-		b.srvAuth = serverAuth{token: b.auth.Token, user: b.auth.User, password: b.auth.Password}
-		if b.srvAuth.empty() {
-			b.srvAuth.token = newSecret()
-		}
-		srv, err := startServer(host, "0", b.srvAuth)
-		if err != nil {
-			return nil, fmt.Errorf("natsbus: start embedded server on %s: %w", redact(raw), err)
-		}
-		b.url = clientURL(srv, host)
-		if b.auth.Token == "" && b.auth.User == "" {
-			// The port is new: the file is ours to (over)write, and to
-			// remove when we leave (Close).
-			_, port, _ := splitAddr(b.url)
-			if _, err := writeToken(host, port, b.srvAuth.token, true); err != nil {
-				shutdown(srv)
-				return nil, err
-			}
-			b.tokenHost, b.tokenPort = host, port
-			sweepStaleTokens()
-		}
-		if err := b.dial(name); err != nil {
-			shutdown(srv)
-			return nil, err
-		}
-		b.srv = srv
-		b.start()
-		return b, nil
+		return b.connectEphemeral(raw, host, name)
 	}
 
 	embeddable := single && (opts.EmbedIfAbsent || envEmbed() || isDefault(host, port))
@@ -259,7 +226,7 @@ func Connect(ctx context.Context, opts Options) (*Bus, error) {
 		return nil, b.foreignErr(raw)
 	}
 	if errors.Is(err, nats.ErrAuthorization) {
-		return nil, fmt.Errorf("natsbus: the NATS server at %s refused our credentials (%s): %w", redact(raw), b.credentialsHint(), err)
+		return nil, b.refusedErr(raw, err)
 	}
 	if err == nil || !embeddable {
 		if err != nil {
@@ -268,66 +235,118 @@ func Connect(ctx context.Context, opts Options) (*Bus, error) {
 		b.start()
 		return b, nil
 	}
+	if err := b.embedOrJoin(ctx, raw, name, err); err != nil {
+		return nil, err
+	}
+	b.start()
+	return b, nil
+}
 
+// connectEphemeral is Connect to an address whose port is 0: nothing to
+// join, always embed (on a port the kernel chooses).
+func (b *Bus) connectEphemeral(raw, host, name string) (*Bus, error) {
+	b.srvAuth = serverAuth{token: b.auth.Token, user: b.auth.User, password: b.auth.Password}
+	if b.srvAuth.empty() {
+		b.srvAuth.token = newSecret()
+	}
+	srv, err := startServer(host, "0", b.srvAuth)
+	if err != nil {
+		return nil, fmt.Errorf("natsbus: start embedded server on %s: %w", redact(raw), err)
+	}
+	b.url = clientURL(srv, host)
+	if b.auth.Token == "" && b.auth.User == "" {
+		// The port is new: the file is ours to (over)write, and to
+		// remove when we leave (Close).
+		_, port, _ := splitAddr(b.url)
+		if _, err := writeToken(host, port, b.srvAuth.token, true); err != nil {
+			shutdown(srv)
+			return nil, err
+		}
+		b.tokenHost, b.tokenPort = host, port
+		sweepStaleTokens()
+	}
+	if err := b.dial(name); err != nil {
+		shutdown(srv)
+		return nil, err
+	}
+	b.srv = srv
+	b.start()
+	return b, nil
+}
+
+// embedOrJoin is Connect to an embeddable address where nothing answered
+// (err: the first dial's error): it hosts a server there, or joins the
+// process that beat it to the port, retrying while that one comes up.
+func (b *Bus) embedOrJoin(ctx context.Context, raw, name string, err error) error {
 	for attempt := 0; ; attempt++ {
 		// Every process racing to host agrees on one token first.
 		if err := b.loadServerAuth(); err != nil {
-			return nil, err
+			return err
 		}
 		if b.srvAuth.empty() {
-			tok, err := sharedToken(host, port)
+			tok, err := sharedToken(b.host, b.port)
 			if err != nil {
-				return nil, err
+				return err
 			}
 			b.srvAuth.token = tok
 		}
-		srv, serr := startServer(host, port, b.srvAuth)
+		srv, serr := startServer(b.host, b.port, b.srvAuth)
 		if serr == nil {
 			if err = b.dial(name); err != nil {
 				shutdown(srv)
-				return nil, err
+				return err
 			}
 			b.srv = srv
 			b.log.Debug("hosting embedded NATS server", "url", redact(b.url))
 			if b.fileToken() {
-				b.tokenHost, b.tokenPort = host, port
+				b.tokenHost, b.tokenPort = b.host, b.port
 				sweepStaleTokens()
 			}
-			break
+			return nil
 		}
 		if !errors.Is(serr, errPortTaken) {
-			return nil, fmt.Errorf("natsbus: nothing answers at %s and embedding a server there failed: %w", redact(raw), serr)
+			return fmt.Errorf("natsbus: nothing answers at %s and embedding a server there failed: %w", redact(raw), serr)
 		}
 		// Another process holds the port: one that won a race with us, or
 		// one still starting that did not answer our first dial. Join it;
 		// the retries give a starting server time to answer. (A first dial
 		// that timed out met a silent holder: see below.)
 		if attempt == 0 && isTimeout(err) {
-			return nil, fmt.Errorf("natsbus: %s is bound by another process that does not answer as a NATS server; stop it, or set %s to another address: %w", redact(raw), EnvURL, err)
+			return b.silentHolderErr(raw, err)
 		}
 		if err = b.dialSingle(name); err == nil {
-			break
+			return nil
 		}
 		if b.foreign.Load() >= 0 {
-			return nil, b.foreignErr(raw)
+			return b.foreignErr(raw)
 		}
 		if errors.Is(err, nats.ErrAuthorization) {
-			return nil, fmt.Errorf("natsbus: the NATS server at %s refused our credentials (%s): %w", redact(raw), b.credentialsHint(), err)
+			return b.refusedErr(raw, err)
 		}
 		// A holder that accepted the connection but said nothing within
 		// the connect timeout is not a NATS server starting up (one
 		// answers within milliseconds of binding): fail now, with a hint.
 		if attempt+1 >= embedAttempts || isTimeout(err) {
-			return nil, fmt.Errorf("natsbus: %s is bound by another process that does not answer as a NATS server; stop it, or set %s to another address: %w", redact(raw), EnvURL, err)
+			return b.silentHolderErr(raw, err)
 		}
 		select {
 		case <-ctx.Done():
-			return nil, fmt.Errorf("natsbus: connect %s: %w", redact(raw), ctx.Err())
+			return fmt.Errorf("natsbus: connect %s: %w", redact(raw), ctx.Err())
 		case <-time.After(time.Duration(attempt+1) * 50 * time.Millisecond):
 		}
 	}
-	b.start()
-	return b, nil
+}
+
+// refusedErr is Connect's error when the server at raw refused the
+// credentials.
+func (b *Bus) refusedErr(raw string, err error) error {
+	return fmt.Errorf("natsbus: the NATS server at %s refused our credentials (%s): %w", redact(raw), b.credentialsHint(), err)
+}
+
+// silentHolderErr is Connect's error when the port of raw is held by a
+// process that does not answer as a NATS server.
+func (b *Bus) silentHolderErr(raw string, err error) error {
+	return fmt.Errorf("natsbus: %s is bound by another process that does not answer as a NATS server; stop it, or set %s to another address: %w", redact(raw), EnvURL, err)
 }
 
 // foreignErr is Connect's error when the server at raw runs as another user.
@@ -355,175 +374,9 @@ func (b *Bus) dialSingle(name string) error {
 	return err
 }
 
-// serverAuth is what an embedded server requires: a token, or a user and
-// password.
-type serverAuth struct{ token, user, password string }
-
-func (a serverAuth) empty() bool { return a.token == "" && a.user == "" }
-
-// loadServerAuth decides the credentials of a single address: the user's
-// own (NATS_TOKEN, NATS_USER/NATS_PASSWORD) when given, else the token file
-// of an embedded server there, if any.
-func (b *Bus) loadServerAuth() error {
-	switch {
-	case b.auth.User != "":
-		b.srvAuth = serverAuth{user: b.auth.User, password: b.auth.Password}
-	case b.auth.Token != "":
-		b.srvAuth = serverAuth{token: b.auth.Token}
-	case b.auth.explicit(), !b.takeover, urlHasUser(b.url):
-		// The user's own credentials (nats.go reads those of the URL), or
-		// an address that can only be an external server: no token file.
-		b.srvAuth = serverAuth{}
-	default:
-		tok, err := readToken(b.host, b.port)
-		if err != nil {
-			return err
-		}
-		b.srvAuth = serverAuth{token: tok}
-	}
-	return nil
-}
-
-func (b *Bus) credentialsHint() string {
-	if b.auth.explicit() || urlHasUser(b.url) {
-		return "the credentials given by NATS_* variables or the URL"
-	}
-	if b.srvAuth.token != "" {
-		p, _ := TokenFile(b.host, b.port)
-		return "the token in " + p + "; is the server another user's, or was the file replaced?"
-	}
-	return "none were given: put them in the URL or set NATS_USER and NATS_PASSWORD, NATS_TOKEN, NATS_CREDS or NATS_NKEY"
-}
-
-// urlHasUser reports whether a server URL carries credentials (user,
-// user:password or a token) in its user part.
-func urlHasUser(raw string) bool {
-	for _, one := range strings.Split(raw, ",") {
-		if u, err := url.Parse(strings.TrimSpace(one)); err == nil && u.User != nil {
-			return true
-		}
-	}
-	return false
-}
-
-func isTimeout(err error) bool {
-	var ne net.Error
-	return errors.Is(err, nats.ErrTimeout) || (errors.As(err, &ne) && ne.Timeout())
-}
-
 func envEmbed() bool {
 	v := strings.ToLower(strings.TrimSpace(os.Getenv(EnvEmbed)))
 	return v == "1" || v == "true" || v == "yes"
-}
-
-// OnReconnect registers f to run (on a client callback goroutine; it must
-// not block for long) after each reconnection, once subscriptions are
-// restored.
-func (b *Bus) OnReconnect(f func()) {
-	b.mu.Lock()
-	b.onReconnect = append(b.onReconnect, f)
-	b.mu.Unlock()
-}
-
-type sessionCtx struct {
-	ctx    context.Context
-	cancel context.CancelFunc
-}
-
-func newSession() *sessionCtx {
-	ctx, cancel := context.WithCancel(context.Background())
-	return &sessionCtx{ctx, cancel}
-}
-
-// Session is a context cancelled when the connection next goes down. A
-// request/reply waiting under it ends at once when the server it was sent
-// to dies (the message may have died with it) instead of running into its
-// timeout; the caller sends it again once connected.
-func (b *Bus) Session() context.Context { return b.session.Load().ctx }
-
-// Settling reports whether the connection is down, or came back less than
-// SettleWindow ago (see the package documentation).
-func (b *Bus) Settling() bool {
-	if b.down.Load() {
-		return true
-	}
-	last := b.lastChange.Load()
-	return last != 0 && time.Since(time.Unix(0, last)) < SettleWindow
-}
-
-// WaitConnected returns nil once the connection is up (at once if it is),
-// or ctx's error; ErrClosed-like errors come from the client library once
-// the Bus is closed.
-func (b *Bus) WaitConnected(ctx context.Context) error {
-	for !b.nc.IsConnected() {
-		if b.nc.IsClosed() {
-			return nats.ErrConnectionClosed
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(5 * time.Millisecond):
-		}
-	}
-	return nil
-}
-
-// Conn returns the underlying connection. It stays valid (and reconnects by
-// itself) until Close; callers must not close it themselves.
-func (b *Bus) Conn() *nats.Conn { return b.nc }
-
-// URL returns the address the Bus connected to; for an ephemeral embedded
-// server it carries the actual port, so other clients can be pointed at it.
-func (b *Bus) URL() string { return b.url }
-
-// Embedded reports whether this process currently hosts the server, either
-// since Connect or after a takeover.
-func (b *Bus) Embedded() bool {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.srv != nil
-}
-
-// Close drains the connection (pending publishes are sent, handlers of
-// messages already received finish), closes it, then shuts down the
-// embedded server if this process hosts it and waits for that shutdown.
-// Clients of other processes lose the server at that point; embeddable ones
-// take over. Close is idempotent and safe to call concurrently.
-func (b *Bus) Close() {
-	b.closeOnce.Do(func() {
-		// Stop the takeover loop first: closing the connection fires the
-		// disconnect handler, which must not start a new server.
-		close(b.stop)
-		b.wg.Wait()
-		if err := b.nc.Drain(); err != nil {
-			b.nc.Close()
-		}
-		select {
-		case <-b.closed:
-		case <-time.After(drainTimeout + time.Second):
-			// Drain is bounded by DrainTimeout; this is a safety net.
-			b.nc.Close()
-			<-b.closed
-		}
-		b.mu.Lock()
-		srv := b.srv
-		b.srv = nil
-		b.mu.Unlock()
-		if srv != nil {
-			// Before the server goes: a process that takes the address
-			// over writes the file again (takeoverLoop).
-			if b.tokenPort != "" {
-				removeToken(b.tokenHost, b.tokenPort, b.srvAuth.token)
-			}
-			shutdown(srv)
-		}
-	})
-}
-
-// fileToken reports whether this Bus's embedded server uses a token from
-// the runtime directory's file (not the user's own credentials).
-func (b *Bus) fileToken() bool {
-	return b.srvAuth.token != "" && b.srvAuth.user == "" && !b.auth.explicit() && !urlHasUser(b.url)
 }
 
 // dial connects b.nc to b.url with the Bus's client options. The first
@@ -603,180 +456,4 @@ func (b *Bus) dial(name string) error {
 	b.nc = nc
 	b.noteServer(nc)
 	return nil
-}
-
-// noteServer records whether nc is connected to an embedded server. Called
-// on connect and reconnect; a disconnect leaves the last value in place,
-// which is the one the takeover decision needs.
-func (b *Bus) noteServer(nc *nats.Conn) {
-	if name := nc.ConnectedServerName(); name != "" {
-		b.onEmbedded.Store(strings.HasPrefix(name, embeddedNamePrefix))
-	}
-}
-
-// start launches the takeover loop when the address allows it.
-func (b *Bus) start() {
-	if !b.takeover {
-		return
-	}
-	b.wg.Add(1)
-	go b.takeoverLoop()
-}
-
-// requestTakeover is called from client callbacks, which must not block.
-func (b *Bus) requestTakeover() {
-	if !b.takeover {
-		return
-	}
-	select {
-	case b.kick <- struct{}{}:
-	default:
-	}
-}
-
-// takeoverLoop tries to host the server each time the connection reports a
-// disconnect or a failed reconnect. Binding the port decides the race among
-// survivors; a loser simply keeps reconnecting, now to the winner.
-func (b *Bus) takeoverLoop() {
-	defer b.wg.Done()
-	for {
-		select {
-		case <-b.stop:
-			return
-		case <-b.kick:
-		}
-		if b.Embedded() || b.nc.IsConnected() || !b.onEmbedded.Load() {
-			continue
-		}
-		srv, err := startServer(b.host, b.port, b.srvAuth)
-		if err != nil {
-			if !errors.Is(err, errPortTaken) {
-				b.log.Warn("could not host replacement NATS server", "url", redact(b.url), "error", err)
-			}
-			continue
-		}
-		b.mu.Lock()
-		b.srv = srv
-		b.mu.Unlock()
-		if b.fileToken() {
-			// The host that left removed its file: newcomers need it.
-			if _, err := writeToken(b.host, b.port, b.srvAuth.token, true); err == nil {
-				b.tokenHost, b.tokenPort = b.host, b.port
-			}
-		}
-		b.log.Info("hosting replacement embedded NATS server", "url", redact(b.url))
-	}
-}
-
-// errPortTaken means another process holds the listening port.
-var errPortTaken = errors.New("port already in use")
-
-// startServer starts an in-process nats-server listening on host:port
-// (port "0" means an ephemeral port) and returns once it accepts clients.
-// It returns errPortTaken if the port is bound by someone else.
-func startServer(host, port string, auth serverAuth) (*server.Server, error) {
-	p, err := strconv.Atoi(port)
-	if err != nil || p < 0 || p > 65535 {
-		return nil, fmt.Errorf("invalid port %q", port)
-	}
-	if p != 0 {
-		// Probe the port ourselves: nats-server records a bind failure only
-		// in unexported state, and it would report "not ready" only after a
-		// full timeout. The probe also tells "taken" (join the holder) from
-		// errors such as a host that is not a local address (fail).
-		l, err := net.Listen("tcp", net.JoinHostPort(host, port))
-		if err != nil {
-			if errors.Is(err, syscall.EADDRINUSE) {
-				return nil, errPortTaken
-			}
-			return nil, err
-		}
-		l.Close()
-	} else {
-		// nats-server reads 0 as "the default port 4222"; RANDOM_PORT asks
-		// the kernel for a free one.
-		p = server.RANDOM_PORT
-	}
-	var id [8]byte
-	_, _ = rand.Read(id[:])
-	srv, err := server.NewServer(&server.Options{
-		// Unique, as nats-server requires within a cluster, and marked as
-		// embedded for the takeover decision.
-		ServerName: embeddedNamePrefix + hex.EncodeToString(id[:]),
-		Host:       host,
-		Port:       p,
-		// No logger is configured at all (never ConfigureLogger), so the
-		// server cannot write to stdout/stderr; NoLog states the intent.
-		NoLog: true,
-		// Signal handling belongs to the host application.
-		NoSigs:     true,
-		MaxPayload: maxPayload,
-		// Nobody without the user's credentials gets in (credentials.go).
-		Authorization: auth.token,
-		Username:      auth.user,
-		Password:      auth.password,
-	})
-	if err != nil {
-		return nil, err
-	}
-	// Start binds the client port synchronously before returning; if that
-	// failed (another process won the race after our probe), Addr is nil.
-	srv.Start()
-	if srv.Addr() == nil {
-		shutdown(srv)
-		return nil, errPortTaken
-	}
-	if !srv.ReadyForConnections(readyTimeout) {
-		shutdown(srv)
-		return nil, fmt.Errorf("embedded server not ready after %s", readyTimeout)
-	}
-	return srv, nil
-}
-
-func shutdown(srv *server.Server) {
-	srv.Shutdown()
-	srv.WaitForShutdown()
-}
-
-// clientURL is the URL clients use to reach srv listening on host, with the
-// port the kernel actually assigned.
-func clientURL(srv *server.Server, host string) string {
-	port := srv.Addr().(*net.TCPAddr).Port
-	return "nats://" + net.JoinHostPort(host, strconv.Itoa(port))
-}
-
-// splitAddr returns the host and port of a single-server URL, and false for
-// a server list or an address it cannot parse (which is then only dialed).
-func splitAddr(raw string) (host, port string, ok bool) {
-	if strings.Contains(raw, ",") {
-		return "", "", false
-	}
-	s := raw
-	if !strings.Contains(s, "://") {
-		s = "nats://" + s
-	}
-	u, err := url.Parse(s)
-	if err != nil || u.Scheme != "nats" || u.Hostname() == "" {
-		return "", "", false
-	}
-	port = u.Port()
-	if port == "" {
-		port = "4222"
-	}
-	return u.Hostname(), port, true
-}
-
-// isDefault reports whether host:port is DefaultURL's address.
-func isDefault(host, port string) bool {
-	dh, dp, _ := splitAddr(DefaultURL)
-	return host == dh && port == dp
-}
-
-// redact hides credentials embedded in a URL before it appears in an error.
-func redact(raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil || u.User == nil {
-		return raw
-	}
-	return u.Redacted()
 }

@@ -174,7 +174,7 @@ func TestReserveUsesASuspectWithRoomBeforeRefusing(t *testing.T) {
 // streams, kills at random moments, reservations used, released unused, or
 // sent with bad payloads), every place comes back.
 func TestPlacesComeBackUnderChurn(t *testing.T) {
-	const path = "test.review.churn"
+	const path = "test.capacity.churn"
 	host := planetest.Embedded(t)
 	planetest.Serve(t, planetest.Join(t, host), path, planetest.Tokens, planetest.WithMetadata([]byte(`{"max_num_seqs":3}`)))
 	planetest.Serve(t, planetest.Join(t, host), path, func(w *planetest.Worker, req *plane.Request) {
@@ -233,7 +233,7 @@ func TestPlacesComeBackUnderChurn(t *testing.T) {
 // Closing the caller's runtime with requests in flight, in the backoff
 // between migration attempts and before dispatch, gives every place back.
 func TestPlacesComeBackWhenTheRuntimeCloses(t *testing.T) {
-	const path = "test.review.rtclose"
+	const path = "test.capacity.rtclose"
 	host := planetest.Embedded(t)
 	got := make(chan *plane.Request, 64)
 	planetest.Serve(t, planetest.Join(t, host), path, planetest.Hold(got), planetest.WithMetadata([]byte(`{"max_num_seqs":3}`)))
@@ -266,7 +266,7 @@ func TestPlacesComeBackWhenTheRuntimeCloses(t *testing.T) {
 // it shares the load with an instance that declares a capacity instead of
 // taking it all.
 func TestUndeclaredCapacitySharesTheLoad(t *testing.T) {
-	const path = "test.review.mixed"
+	const path = "test.capacity.mixed"
 	host := planetest.Embedded(t)
 	got := make(chan *plane.Request, 64)
 	declared := planetest.Serve(t, planetest.Join(t, host), path, planetest.Hold(got), planetest.WithMetadata([]byte(`{"max_num_seqs":8}`)))

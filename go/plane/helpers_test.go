@@ -113,3 +113,28 @@ func (f *flood) waitBlocked(tb testing.TB) int64 {
 	}
 	return last
 }
+
+// The goroutines of a stream on each side, as their stacks name them
+// (planetest.GoroutineGone).
+const (
+	streamRun  = "plane.(*Stream).run"
+	requestRun = "plane.(*Request).run"
+)
+
+// drainAll takes whatever is left, so that a failed test releases what the
+// stream holds, and returns the terminal error.
+func drainAll(s *plane.Stream) error {
+	_, _, err := planetest.Drain(s, 0)
+	return err
+}
+
+// killedOrKill waits a moment for req's context to be killed, and kills it
+// when it is not (TestKillDuringSendReachesHandler), so that a flood
+// handler returns either way.
+func killedOrKill(req *plane.Request) {
+	select {
+	case <-req.Ctx.Killed():
+	case <-time.After(time.Second):
+		req.Ctx.Kill()
+	}
+}

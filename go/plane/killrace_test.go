@@ -50,8 +50,8 @@ func TestKillRaceNoItemAfterKill(t *testing.T) {
 				s := planetest.Generate(t, c, fmt.Sprintf(`{"n":%d}`, n), parent)
 				takeSeq(t, s, k+1)
 				if i%3 == 2 {
-					// The old bug, deterministically: the stream ended with
-					// items still buffered, then the caller kills.
+					// Deterministically: the stream ended with items
+					// still buffered, then the caller kills.
 					streamEnded(t, parent)
 				}
 				parent.Kill()
@@ -172,5 +172,54 @@ func TestEndedRequestIsNotCancelledAfterward(t *testing.T) {
 	for i, req := range ended {
 		st, r := req.Ctx.State()
 		require.Equal(t, ctxtree.Live, st, "request %d: %s by the endpoint's shutdown", i, r)
+	}
+}
+
+// A caller's kill (or loss) that arrives while Request.run is in
+// Outgoing.SendBatch, which it makes fail, reaches the handler's context
+// with reason kill (or connection_lost), every time: whichever of the
+// failed send and the control event the worker sees first, the handler
+// does not keep generating, its Sends dropped, after the client left.
+func TestKillDuringSendReachesHandler(t *testing.T) {
+	for _, how := range []string{"kill", "caller lost"} {
+		t.Run(how, func(t *testing.T) {
+			const path, tries = "test.killsend.generate", 100
+			host := planetest.Embedded(t)
+			f := newFlood(1 << 30)
+			planetest.Serve(t, host, path, f.handle)
+			missed := 0
+			for range tries {
+				crt := planetest.Join(t, host)
+				c := planetest.Client(t, crt, path)
+				planetest.WaitInstances(t, c, 1)
+				s := planetest.Generate(t, c, `{}`, nil)
+				req := planetest.Recv(t, f.reqs, "the request")
+				// The caller consumes as fast as it can: the handler streams
+				// at full speed and Request.run is in SendBatch most of the time.
+				drained := make(chan struct{})
+				go func() { defer close(drained); _ = drainAll(s) }()
+				for base := f.sent.Load(); f.sent.Load() < base+2000; {
+					time.Sleep(time.Millisecond)
+				}
+				want := ctxtree.ReasonKill
+				if how == "kill" {
+					s.Kill()
+				} else {
+					want = ctxtree.ReasonConnectionLost
+					crt.Close()
+				}
+				select {
+				case <-req.Ctx.Killed():
+					assert.Equal(t, want, req.Ctx.Reason())
+				case <-time.After(time.Second):
+					missed++
+					// The handler runs on with Sends that drop everything.
+					req.Ctx.Kill()
+				}
+				<-drained
+				crt.Close()
+			}
+			assert.Zero(t, missed, "the worker's context was not killed in %d of %d tries", missed, tries)
+		})
 	}
 }

@@ -234,5 +234,7 @@ func TestEndpointCloseWaitsForEnvelopeReaders(t *testing.T) {
 	w.EP.Close()
 	buf := make([]byte, 1<<20)
 	stacks := string(buf[:runtime.Stack(buf, true)])
-	require.NotContains(t, stacks, "(*Endpoint).receive")
+	// A frame of receive, not a "created by" line: the handlers of the
+	// envelopes read before Close (Request.run) may still be ending.
+	require.NotContains(t, stacks, "(*Endpoint).receive(")
 }

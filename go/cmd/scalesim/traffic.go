@@ -57,16 +57,11 @@ func (s *sim) idle(res *result) error {
 	return nil
 }
 
+// requests measures the request window: the callers send requests for
+// Window (load), the stream connections are sampled meanwhile
+// (watchSockets), and the traffic per request is what NATS's counters grew
+// by, less the window's announcements (requestResults).
 func (s *sim) requests(res *result) error {
-	var (
-		stop    atomic.Bool
-		wg      sync.WaitGroup
-		mu      sync.Mutex
-		lats    []time.Duration
-		errs    int
-		pairs   = map[[2]uint64]bool{}
-		payload = mustJSON(job{Op: "tokens", N: s.cfg.Items})
-	)
 	settle := min(500*time.Millisecond, s.cfg.Window/4)
 	time.Sleep(settle) // what the phase before sent has landed
 	_, tw0, sockErr := streamSockets(s.ports)
@@ -82,68 +77,14 @@ func (s *sim) requests(res *result) error {
 		return err
 	}
 	cpu0, t0 := cpuTime(), time.Now()
-	for _, c := range s.callers {
-		var (
-			mine []uint64
-			turn atomic.Uint64
-		)
-		if share < len(s.workers) {
-			for k := range share {
-				mine = append(mine, s.workers[(c.idx*share+k)%len(s.workers)].ep.InstanceID())
-			}
-		}
-		for range s.cfg.Concurrency {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for !stop.Load() {
-					t0 := time.Now()
-					route, to := plane.RoundRobin, uint64(0)
-					if mine != nil {
-						_ = c.client.InstanceIDs()
-						route, to = plane.Direct, mine[(turn.Add(1)-1)%uint64(len(mine))]
-					}
-					inst, err := s.oneRequest(c.client, payload, s.cfg.Items, route, to)
-					lat := time.Since(t0)
-					mu.Lock()
-					if err != nil {
-						errs++
-					} else {
-						lats = append(lats, lat)
-						pairs[[2]uint64{uint64(c.idx), inst}] = true
-					}
-					mu.Unlock()
-				}
-			}()
-		}
-	}
-	peak, peakCaller := 0, 0
+	l := s.startLoad(share)
 	callerPorts := map[int]bool{}
 	for _, c := range s.callers {
 		callerPorts[c.port] = true
 	}
-	end := time.Now().Add(s.cfg.Window)
-	for time.Now().Before(end) {
-		time.Sleep(min(250*time.Millisecond, s.cfg.Window/5))
-		if sockErr != nil {
-			continue
-		}
-		est, _, err := streamSockets(s.ports)
-		if err != nil {
-			sockErr = err
-			continue
-		}
-		total := 0
-		for p, n := range est {
-			total += n
-			if callerPorts[p] && n > peakCaller {
-				peakCaller = n
-			}
-		}
-		peak = max(peak, total)
-	}
-	stop.Store(true)
-	wg.Wait()
+	peak, peakCaller, sockErr := s.watchSockets(callerPorts, sockErr)
+	l.stop.Store(true)
+	l.wg.Wait()
 	// The replies of the last requests land before the counters are read.
 	time.Sleep(settle)
 	cpu, elapsed := cpuTime()-cpu0, time.Since(t0)
@@ -164,24 +105,11 @@ func (s *sim) requests(res *result) error {
 			leftCaller = max(leftCaller, n)
 		}
 	}
-	d := after.minus(before)
-	n := len(lats)
+	n := len(l.lats)
 	if n == 0 {
-		return fmt.Errorf("no request completed (%d errors)", errs)
+		return fmt.Errorf("no request completed (%d errors)", l.errs)
 	}
-	// Publishes and bytes: the window's announcements taken out (the
-	// meter counted them; their size is the idle window's).
-	res.Requests, res.RequestErrors = n, errs
-	res.ReqPerSec = float64(n) / s.cfg.Window.Seconds()
-	res.MsgsPub = float64(d.inClient-d.announcements) / float64(n)
-	res.MsgsDeliv = float64(d.reqDeliv+d.replyDeliv) / float64(n)
-	res.MsgsRoute = float64(d.reqRoute+d.replyRoute) / float64(n)
-	res.BytesPub = (float64(d.inClientB) - float64(d.announcements)*s.upBytes) / float64(n)
-	res.CPUPerRequest = (float64(cpu) - s.idleCPU*float64(elapsed)) / float64(n) / float64(time.Microsecond)
-	slices.Sort(lats)
-	res.ReqP50 = ms(lats[n/2])
-	res.ReqP99 = ms(lats[n*99/100])
-	res.Pairs = len(pairs)
+	s.requestResults(res, after.minus(before), l, cpu, elapsed)
 	if sockErr == nil {
 		res.StreamConnPeak, res.StreamConnCall = peak, peakCaller
 		res.StreamConnLeft, res.StreamConnLeftCall = left, leftCaller
@@ -192,6 +120,107 @@ func (s *sim) requests(res *result) error {
 		res.StreamConnPeak, res.StreamConnCall, res.StreamConnLeft, res.StreamConnLeftCall, res.TimeWaitPerReq = -1, -1, -1, -1, -1
 	}
 	return nil
+}
+
+// load is the request window's traffic: Concurrency goroutines per caller,
+// each sending one request after another until stop, and what they
+// measured.
+type load struct {
+	stop  atomic.Bool
+	wg    sync.WaitGroup
+	mu    sync.Mutex
+	lats  []time.Duration
+	errs  int
+	pairs map[[2]uint64]bool // the (caller, worker) pairs that served a request
+}
+
+// startLoad starts the callers' requests, each caller over share workers
+// of its own (every worker, round robin, when share is all of them).
+func (s *sim) startLoad(share int) *load {
+	l := &load{pairs: map[[2]uint64]bool{}}
+	payload := mustJSON(job{Op: "tokens", N: s.cfg.Items})
+	for _, c := range s.callers {
+		var (
+			mine []uint64
+			turn atomic.Uint64
+		)
+		if share < len(s.workers) {
+			for k := range share {
+				mine = append(mine, s.workers[(c.idx*share+k)%len(s.workers)].ep.InstanceID())
+			}
+		}
+		for range s.cfg.Concurrency {
+			l.wg.Add(1)
+			go func() {
+				defer l.wg.Done()
+				for !l.stop.Load() {
+					t0 := time.Now()
+					route, to := plane.RoundRobin, uint64(0)
+					if mine != nil {
+						_ = c.client.InstanceIDs()
+						route, to = plane.Direct, mine[(turn.Add(1)-1)%uint64(len(mine))]
+					}
+					inst, err := s.oneRequest(c.client, payload, s.cfg.Items, route, to)
+					lat := time.Since(t0)
+					l.mu.Lock()
+					if err != nil {
+						l.errs++
+					} else {
+						l.lats = append(l.lats, lat)
+						l.pairs[[2]uint64{uint64(c.idx), inst}] = true
+					}
+					l.mu.Unlock()
+				}
+			}()
+		}
+	}
+	return l
+}
+
+// watchSockets samples the established stream connections for Window: the
+// peak of them all, and of one caller's. Once a sample fails (sockErr), it
+// only waits.
+func (s *sim) watchSockets(callerPorts map[int]bool, sockErr error) (peak, peakCaller int, _ error) {
+	end := time.Now().Add(s.cfg.Window)
+	for time.Now().Before(end) {
+		time.Sleep(min(250*time.Millisecond, s.cfg.Window/5))
+		if sockErr != nil {
+			continue
+		}
+		est, _, err := streamSockets(s.ports)
+		if err != nil {
+			sockErr = err
+			continue
+		}
+		total := 0
+		for p, n := range est {
+			total += n
+			if callerPorts[p] && n > peakCaller {
+				peakCaller = n
+			}
+		}
+		peak = max(peak, total)
+	}
+	return peak, peakCaller, sockErr
+}
+
+// requestResults fills res with the window's traffic per request (d: what
+// the counters grew by), its CPU beyond idle, and the latencies.
+func (s *sim) requestResults(res *result, d counts, l *load, cpu, elapsed time.Duration) {
+	n := len(l.lats)
+	// Publishes and bytes: the window's announcements taken out (the
+	// meter counted them; their size is the idle window's).
+	res.Requests, res.RequestErrors = n, l.errs
+	res.ReqPerSec = float64(n) / s.cfg.Window.Seconds()
+	res.MsgsPub = float64(d.inClient-d.announcements) / float64(n)
+	res.MsgsDeliv = float64(d.reqDeliv+d.replyDeliv) / float64(n)
+	res.MsgsRoute = float64(d.reqRoute+d.replyRoute) / float64(n)
+	res.BytesPub = (float64(d.inClientB) - float64(d.announcements)*s.upBytes) / float64(n)
+	res.CPUPerRequest = (float64(cpu) - s.idleCPU*float64(elapsed)) / float64(n) / float64(time.Microsecond)
+	slices.Sort(l.lats)
+	res.ReqP50 = ms(l.lats[n/2])
+	res.ReqP99 = ms(l.lats[n*99/100])
+	res.Pairs = len(l.pairs)
 }
 
 // pairCap is how many workers each caller may send to in the request

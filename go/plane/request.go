@@ -1,0 +1,359 @@
+package plane
+
+// A request being served: the response stream to its caller (connected,
+// the caller's control frames applied to its context, the handler's items
+// written, then its end) and what the handler calls (Send, Complete, Fail).
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/dynamo-ctx/dynamo-ctx/go/ctxtree"
+	"github.com/dynamo-ctx/dynamo-ctx/go/killtrace"
+	"github.com/dynamo-ctx/dynamo-ctx/go/transport"
+)
+
+// Request is one request being served: its payload, its context, and the
+// buffer of items the handler produces.
+type Request struct {
+	ep *Endpoint
+	// ID is the caller's correlation id (also the context's id); Key is the
+	// request's internal identity (see NewKey), the same for every migration
+	// attempt of one logical request.
+	ID, Key string
+	Payload json.RawMessage
+	// Metadata is the caller's request metadata (a JSON object), nil if none.
+	Metadata json.RawMessage
+	Ctx      *ctxtree.Context
+
+	wake     chan struct{} // buffered(1): items queued or the handler finished
+	hostDone chan struct{} // closed when the host's handler completed or failed
+	doneOnce sync.Once
+
+	mu            sync.Mutex
+	items         [][]byte
+	finished      bool
+	failMsg       string
+	clientStopped bool
+	writable      arm
+	localHooks    []func() bool // in-process caller: see followLocalCaller
+}
+
+// run connects the response stream, relays control frames into the context,
+// and writes the handler's items until the end.
+func (r *Request) run(addr, token string) {
+	defer r.ep.forget(r)
+	defer r.unfollowLocalCaller()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	out, err := r.ep.rt.dialStream(ctx, addr, token)
+	if err != nil {
+		slog.Warn("could not connect the response stream to the caller", "request_id", r.ID, "caller", addr, "error", err)
+		r.Ctx.Cancel(ctxtree.Killed, ctxtree.ReasonConnectionLost)
+		return
+	}
+	defer out.Close()
+	// From here ctx ends every wait of this stream (waiting for credit) the
+	// moment the request is killed, whoever killed it (the caller, the
+	// endpoint's shutdown). A request killed before it was sent is still
+	// delivered, already killed, so the handler sees it end.
+	defer r.Ctx.Notify(ctxtree.Killed, cancel)()
+
+	// Control frames -> context, on the stream's reader goroutine as each
+	// frame is read (no goroutine of our own: one hop less for a kill).
+	out.OnControl(func(ev transport.Event) { r.control(out, ev) })
+	if !r.waitAttached(out, addr) {
+		return
+	}
+	r.ep.publish(r)
+	r.write(ctx, out)
+}
+
+// control applies a control frame of the caller's to the request's context.
+func (r *Request) control(out *transport.Outgoing, ev transport.Event) {
+	switch ev {
+	case transport.EventStop:
+		r.mu.Lock()
+		r.clientStopped = true
+		r.mu.Unlock()
+		r.Ctx.Cancel(ctxtree.Stopped, ctxtree.ReasonStopGenerating)
+	case transport.EventKill:
+		if r.Ctx.IsKilled() {
+			break // in-process callers killed it already (followLocalCaller)
+		}
+		killtrace.Mark("worker.frame_read", r.ID)
+		r.Ctx.Cancel(ctxtree.Killed, remoteKillReason(ctxtree.Reason(out.KillCause())))
+		killtrace.Mark("worker.ctx_killed", r.ID) // its watchers (the host's fd) signalled
+	case transport.EventLost:
+		r.Ctx.Cancel(ctxtree.Killed, ctxtree.ReasonConnectionLost)
+	}
+}
+
+// waitAttached waits for the caller to answer the stream, and reports
+// whether the handler may start. The handler starts once the caller has
+// answered: a caller that gave up on this request (its acknowledgement came
+// too late, as from a worker that was frozen) refuses the stream, and the
+// request is dropped unstarted. A request killed meanwhile still reaches
+// the handler, killed, so that it sees it end.
+func (r *Request) waitAttached(out *transport.Outgoing, addr string) bool {
+	attachWait := time.NewTimer(transport.DefaultConnectTimeout) // a caller that never answers (liveness off) holds nothing
+	defer attachWait.Stop()
+	select {
+	case <-out.Attached():
+	case <-r.Ctx.Killed():
+	case <-attachWait.C:
+	case <-out.Lost():
+		slog.Debug("the caller no longer expects the request: not started", "request_id", r.ID, "caller", addr)
+		r.Ctx.Cancel(ctxtree.Killed, ctxtree.ReasonConnectionLost)
+		r.release()
+		return false
+	}
+	return true
+}
+
+// write sends the handler's items as they are queued, then the end of the
+// stream (end), until the handler finishes or the request is killed.
+func (r *Request) write(ctx context.Context, out *transport.Outgoing) {
+	killed := r.Ctx.Killed()
+	for {
+		select {
+		case <-r.wake:
+		case <-killed:
+			time.Sleep(transport.KillSettle) // the host's thread first: see KillSettle
+			r.release()
+			go r.confirmAbort()
+			return
+		}
+		r.mu.Lock()
+		items := r.items
+		r.items = nil
+		finished, failMsg, clientStopped := r.finished, r.failMsg, r.clientStopped
+		f := r.writable.take()
+		r.mu.Unlock()
+		call(f)
+		if len(items) > 0 {
+			if _, err := out.SendBatch(ctx, items); err != nil {
+				r.sendFailed(out)
+				return
+			}
+		}
+		if finished {
+			r.end(out, failMsg, clientStopped)
+			return
+		}
+	}
+}
+
+// sendFailed applies what broke a send: a Kill or a lost caller may be
+// what made SendBatch fail, and the handler must see it even if the
+// control event has not been delivered yet.
+func (r *Request) sendFailed(out *transport.Outgoing) {
+	select {
+	case <-out.Killed():
+		r.Ctx.Cancel(ctxtree.Killed, ctxtree.ReasonKill)
+	case <-out.Lost():
+		r.Ctx.Cancel(ctxtree.Killed, ctxtree.ReasonConnectionLost)
+	default:
+		r.Ctx.Cancel(ctxtree.Killed, ctxtree.ReasonConnectionLost)
+	}
+	r.release()
+	go r.confirmAbort()
+}
+
+// end ends the stream of a handler that is done: its failure, its own stop
+// (incomplete), or its end frame.
+func (r *Request) end(out *transport.Outgoing, failMsg string, clientStopped bool) {
+	// The handler is done: from here on neither the endpoint's
+	// shutdown nor an in-process caller cancels its context, so
+	// nothing moves it after the caller has seen the end frame.
+	r.ep.forget(r)
+	r.unfollowLocalCaller()
+	// A killed request gets no end frame, and a confirmation once
+	// the handler has returned; so does one whose end frame the
+	// Kill overtook (the write fails with ErrKilled). The caller
+	// sees the same thing: an end frame after its Kill means the
+	// Kill aborted nothing (see Stream.KillOutcome).
+	var err error
+	switch {
+	case r.Ctx.IsKilled():
+		err = transport.ErrKilled
+	case failMsg != "":
+		err = out.Fail(HandlerErrorPrefix + failMsg)
+	case r.Ctx.IsStopped() && !clientStopped:
+		// The handler stopped its own request: the caller reports it
+		// as incomplete, and migration knows not to retry it.
+		err = out.Incomplete("the handler stopped the request")
+	default:
+		err = out.Finish()
+	}
+	if errors.Is(err, transport.ErrKilled) {
+		go r.confirmAbort()
+	}
+}
+
+// release wakes a handler blocked on a full buffer after the stream ended,
+// so it sees the kill instead of waiting.
+func (r *Request) release() {
+	r.mu.Lock()
+	r.finished = true
+	r.items = nil
+	f := r.writable.take()
+	r.mu.Unlock()
+	call(f)
+}
+
+func (r *Request) poke() { poke(r.wake) }
+
+// Send queues one item (a JSON value) for the caller. It never blocks:
+// ErrFull means the buffer is full (Arm, then retry); after the request was
+// killed or finished, items are dropped silently (the handler is being
+// closed).
+func (r *Request) Send(item []byte) error {
+	if !json.Valid(item) {
+		return ErrNotJSON
+	}
+	r.mu.Lock()
+	if r.finished {
+		r.mu.Unlock()
+		return nil
+	}
+	if len(r.items) >= sendBuffer {
+		r.mu.Unlock()
+		return ErrFull
+	}
+	r.items = append(r.items, item)
+	first := len(r.items) == 1
+	r.mu.Unlock()
+	if first {
+		r.poke()
+	}
+	return nil
+}
+
+// SendMany queues items (each a JSON value) in order, as many as the
+// buffer takes, and reports how many it took: all of them, or fewer with
+// ErrFull (Arm, then send the rest). One call wakes the stream's writer
+// once, however many items it queues. An item that is not JSON fails the
+// call with ErrNotJSON after the items before it were queued. After the
+// request was killed or finished, items are dropped silently (all taken).
+func (r *Request) SendMany(items [][]byte) (int, error) {
+	for i, it := range items {
+		if !json.Valid(it) {
+			n, err := r.sendMany(items[:i])
+			if err != nil {
+				return n, err
+			}
+			return n, ErrNotJSON
+		}
+	}
+	return r.sendMany(items)
+}
+
+func (r *Request) sendMany(items [][]byte) (int, error) {
+	if len(items) == 0 {
+		return 0, nil
+	}
+	r.mu.Lock()
+	if r.finished {
+		r.mu.Unlock()
+		return len(items), nil
+	}
+	n := min(len(items), sendBuffer-len(r.items))
+	if n <= 0 {
+		r.mu.Unlock()
+		return 0, ErrFull
+	}
+	first := len(r.items) == 0
+	r.items = append(r.items, items[:n]...)
+	r.mu.Unlock()
+	if first {
+		r.poke()
+	}
+	if n < len(items) {
+		return n, ErrFull
+	}
+	return n, nil
+}
+
+// Arm runs f once when Send may succeed again (or the request ended).
+func (r *Request) Arm(f func()) {
+	r.mu.Lock()
+	r.writable.setLocked(&r.mu, len(r.items) < sendBuffer || r.finished, f)
+}
+
+// Complete ends the request normally: queued items are sent, then the final
+// marker, unless the handler stopped the request itself (then the caller
+// sees an incomplete stream) or it was killed.
+func (r *Request) Complete() { r.finish("") }
+
+// Fail ends the request with a handler error; msg is "<Type>: <message>".
+func (r *Request) Fail(msg string) {
+	if msg == "" {
+		msg = "unknown error"
+	}
+	r.finish(msg)
+}
+
+func (r *Request) finish(msg string) {
+	r.doneOnce.Do(func() { close(r.hostDone) })
+	r.mu.Lock()
+	if r.finished {
+		r.mu.Unlock()
+		return
+	}
+	r.finished = true
+	r.failMsg = msg
+	r.mu.Unlock()
+	r.poke()
+}
+
+// followLocalCaller is the in-process shortcut: when the caller is this
+// runtime, its request context's stop and kill reach the handler's context
+// synchronously, not after a trip through the TCP stream (which still
+// carries them too; the second delivery changes nothing). The reasons are
+// the ones the control frames would give.
+func (r *Request) followLocalCaller(token string) {
+	caller := r.ep.rt.localCaller(token)
+	if caller == nil {
+		return
+	}
+	r.localHooks = []func() bool{
+		caller.Notify(ctxtree.Stopped, func() {
+			if caller.IsKilled() {
+				// A kill fires Stopped hooks too (before the Killed ones,
+				// in registration order): the handler must see the kill,
+				// not a stop_generating on the way to it.
+				return
+			}
+			r.mu.Lock()
+			r.clientStopped = true
+			r.mu.Unlock()
+			r.Ctx.Cancel(ctxtree.Stopped, ctxtree.ReasonStopGenerating)
+		}),
+		caller.Notify(ctxtree.Killed, func() {
+			r.Ctx.Cancel(ctxtree.Killed, remoteKillReason(caller.Cause()))
+			killtrace.Mark("worker.ctx_killed", r.ID) // in-process: no frame
+		}),
+	}
+}
+
+// unfollowLocalCaller undoes followLocalCaller (idempotent).
+func (r *Request) unfollowLocalCaller() {
+	for _, stop := range r.localHooks {
+		stop()
+	}
+}
+
+// remoteKillReason is the reason a handler's context gets when its caller
+// kills it: the cause the caller sent (client_disconnected, shutdown,
+// deadline, ...), or kill when there is none.
+func remoteKillReason(cause ctxtree.Reason) ctxtree.Reason {
+	if !cause.Valid() || cause == ctxtree.ReasonParent || cause == ctxtree.ReasonStopGenerating {
+		return ctxtree.ReasonKill
+	}
+	return cause
+}

@@ -1,0 +1,433 @@
+package tokenizer
+
+// Parsing of the pipeline's components in tokenizer.json: the normalizer,
+// the pre-tokenizer, the decoder and the post-processor (config.go holds
+// the rules every component follows, the model and the file's settings).
+
+import (
+	"encoding/json"
+	"fmt"
+	"math"
+
+	"golang.org/x/text/unicode/norm"
+)
+
+func parseNormalizer(raw json.RawMessage) (normalizer, error) {
+	typ, err := componentType("normalizer", raw)
+	if err != nil || typ == "" {
+		return nil, err
+	}
+	kind := "normalizer " + typ
+	switch typ {
+	case "NFC":
+		return unicodeNormalizer{norm.NFC}, nil
+	case "NFD":
+		return unicodeNormalizer{norm.NFD}, nil
+	case "NFKC":
+		return unicodeNormalizer{norm.NFKC}, nil
+	case "NFKD":
+		return unicodeNormalizer{norm.NFKD}, nil
+	case "Lowercase":
+		return lowercaseNormalizer{}, nil
+	case "Nmt":
+		return nmtNormalizer{}, nil
+	case "StripAccents":
+		return stripAccentsNormalizer{}, nil
+	case "ByteLevel":
+		return byteLevelNormalizer{}, nil
+	case "Strip":
+		var v struct {
+			Left  *bool `json:"strip_left"`
+			Right *bool `json:"strip_right"`
+		}
+		if err := decodeInto(kind, raw, &v); err != nil || v.Left == nil || v.Right == nil {
+			return nil, orMissing(err, kind, "strip_left/strip_right")
+		}
+		return stripNormalizer{*v.Left, *v.Right}, nil
+	case "Replace":
+		m, content, err := parseReplace(kind, raw)
+		if err != nil {
+			return nil, err
+		}
+		return replaceNormalizer{m, content}, nil
+	case "Prepend":
+		var v struct {
+			Prepend *string `json:"prepend"`
+		}
+		if err := decodeInto(kind, raw, &v); err != nil || v.Prepend == nil {
+			return nil, orMissing(err, kind, "prepend")
+		}
+		return prependNormalizer{*v.Prepend}, nil
+	case "BertNormalizer", "Bert":
+		var v struct {
+			CleanText    *bool `json:"clean_text"`
+			ChineseChars *bool `json:"handle_chinese_chars"`
+			StripAccents *bool `json:"strip_accents"`
+			Lowercase    *bool `json:"lowercase"`
+		}
+		if err := decodeInto(kind, raw, &v); err != nil || v.CleanText == nil || v.ChineseChars == nil || v.Lowercase == nil {
+			return nil, orMissing(err, kind, "clean_text/handle_chinese_chars/lowercase")
+		}
+		n := bertNormalizer{cleanText: *v.CleanText, chineseChars: *v.ChineseChars, lowercase: *v.Lowercase}
+		n.stripAccents = n.lowercase
+		if v.StripAccents != nil {
+			n.stripAccents = *v.StripAccents
+		}
+		return n, nil
+	case "Sequence":
+		var v struct {
+			Normalizers *[]json.RawMessage `json:"normalizers"`
+		}
+		if err := decodeInto(kind, raw, &v); err != nil || v.Normalizers == nil {
+			return nil, orMissing(err, kind, "normalizers")
+		}
+		return parseSequence[sequenceNormalizer](kind, *v.Normalizers, parseNormalizer)
+	}
+	return nil, fmt.Errorf("unsupported normalizer type %q", typ)
+}
+
+func parsePreTokenizer(raw json.RawMessage) (preTokenizer, error) {
+	typ, err := componentType("pre_tokenizer", raw)
+	if err != nil || typ == "" {
+		return nil, err
+	}
+	kind := "pre_tokenizer " + typ
+	switch typ {
+	case "ByteLevel":
+		var v struct {
+			AddPrefixSpace *bool `json:"add_prefix_space"`
+			UseRegex       *bool `json:"use_regex"`
+		}
+		if err := decodeInto(kind, raw, &v); err != nil || v.AddPrefixSpace == nil {
+			return nil, orMissing(err, kind, "add_prefix_space")
+		}
+		p := byteLevelPre{addPrefixSpace: *v.AddPrefixSpace, useRegex: true}
+		if v.UseRegex != nil {
+			p.useRegex = *v.UseRegex
+		}
+		return p, nil
+	case "Split":
+		var v struct {
+			Pattern  *patternJSON `json:"pattern"`
+			Behavior *string      `json:"behavior"`
+			Invert   *bool        `json:"invert"`
+		}
+		if err := decodeInto(kind, raw, &v); err != nil || v.Behavior == nil || v.Invert == nil {
+			return nil, orMissing(err, kind, "behavior/invert")
+		}
+		b, err := parseBehavior(*v.Behavior)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", kind, err)
+		}
+		m, err := v.Pattern.matcher(kind)
+		if err != nil {
+			return nil, err
+		}
+		return splitPre{m: m, b: b, invert: *v.Invert}, nil
+	case "Metaspace":
+		m, err := parseMetaspace(kind, raw)
+		if err != nil {
+			return nil, err
+		}
+		return metaspacePre{rep: m.rep, repStr: string(m.rep), scheme: m.scheme, splitPieces: m.split}, nil
+	case "Whitespace":
+		return whitespacePre{}, nil
+	case "WhitespaceSplit":
+		return charSplitPre{isWhitespace, behRemoved}, nil
+	case "Digits":
+		var v struct {
+			Individual *bool `json:"individual_digits"`
+		}
+		if err := decodeInto(kind, raw, &v); err != nil || v.Individual == nil {
+			return nil, orMissing(err, kind, "individual_digits")
+		}
+		if *v.Individual {
+			return charSplitPre{isNumber, behIsolated}, nil
+		}
+		return charSplitPre{isNumber, behContiguous}, nil
+	case "Punctuation":
+		var v struct {
+			Behavior *string `json:"behavior"`
+		}
+		if err := decodeInto(kind, raw, &v); err != nil {
+			return nil, err
+		}
+		b := behIsolated
+		if v.Behavior != nil {
+			if b, err = parseBehavior(*v.Behavior); err != nil {
+				return nil, fmt.Errorf("%s: %w", kind, err)
+			}
+		}
+		return charSplitPre{isPunct, b}, nil
+	case "BertPreTokenizer":
+		return sequencePre{charSplitPre{isWhitespace, behRemoved}, charSplitPre{isPunct, behIsolated}}, nil
+	case "CharDelimiterSplit", "Delimiter":
+		var v struct {
+			Delimiter *string `json:"delimiter"`
+		}
+		if err := decodeInto(kind, raw, &v); err != nil {
+			return nil, err
+		}
+		d, err := oneRune(kind, "delimiter", v.Delimiter)
+		if err != nil {
+			return nil, err
+		}
+		return charSplitPre{func(r rune) bool { return r == d }, behRemoved}, nil
+	case "FixedLength":
+		var v struct {
+			Length *uint64 `json:"length"`
+		}
+		if err := decodeInto(kind, raw, &v); err != nil {
+			return nil, err
+		}
+		n := uint64(5)
+		if v.Length != nil {
+			n = *v.Length
+		}
+		if n == 0 || n > math.MaxInt32 {
+			return nil, fmt.Errorf("%s: length must be in 1..%d", kind, math.MaxInt32)
+		}
+		return fixedLengthPre{int(n)}, nil
+	case "Sequence":
+		var v struct {
+			PreTokenizers *[]json.RawMessage `json:"pretokenizers"`
+		}
+		if err := decodeInto(kind, raw, &v); err != nil || v.PreTokenizers == nil {
+			return nil, orMissing(err, kind, "pretokenizers")
+		}
+		return parseSequence[sequencePre](kind, *v.PreTokenizers, parsePreTokenizer)
+	}
+	return nil, fmt.Errorf("unsupported pre_tokenizer type %q", typ)
+}
+
+type metaspaceConf struct {
+	rep    rune
+	scheme prependScheme
+	split  bool
+}
+
+func parseMetaspace(kind string, raw json.RawMessage) (metaspaceConf, error) {
+	var v struct {
+		Replacement    *string `json:"replacement"`
+		AddPrefixSpace *bool   `json:"add_prefix_space"`
+		PrependScheme  *string `json:"prepend_scheme"`
+		Split          *bool   `json:"split"`
+	}
+	var c metaspaceConf
+	if err := decodeInto(kind, raw, &v); err != nil {
+		return c, err
+	}
+	r, err := oneRune(kind, "replacement", v.Replacement)
+	if err != nil {
+		return c, err
+	}
+	c.rep, c.scheme, c.split = r, prependAlways, true
+	if v.PrependScheme != nil {
+		switch *v.PrependScheme {
+		case "always":
+			c.scheme = prependAlways
+		case "first":
+			c.scheme = prependFirst
+		case "never":
+			c.scheme = prependNever
+		default:
+			return c, fmt.Errorf("%s: unsupported prepend_scheme %q", kind, *v.PrependScheme)
+		}
+	}
+	if v.AddPrefixSpace != nil && !*v.AddPrefixSpace {
+		if c.scheme != prependNever {
+			return c, fmt.Errorf("%s: add_prefix_space does not match declared prepend_scheme", kind)
+		}
+	}
+	if v.Split != nil {
+		c.split = *v.Split
+	}
+	return c, nil
+}
+
+func parseDecoder(raw json.RawMessage) (decoder, error) {
+	typ, err := componentType("decoder", raw)
+	if err != nil || typ == "" {
+		return nil, err
+	}
+	kind := "decoder " + typ
+	switch typ {
+	case "ByteLevel":
+		return byteLevelDecoder{}, nil
+	case "Metaspace":
+		m, err := parseMetaspace(kind, raw)
+		if err != nil {
+			return nil, err
+		}
+		return metaspaceDecoder{rep: m.rep, scheme: m.scheme}, nil
+	case "Replace":
+		m, content, err := parseReplace(kind, raw)
+		if err != nil {
+			return nil, err
+		}
+		return replaceDecoder{m, content}, nil
+	case "ByteFallback":
+		return byteFallbackDecoder{}, nil
+	case "Fuse":
+		return fuseDecoder{}, nil
+	case "Strip":
+		var v struct {
+			Content *string `json:"content"`
+			Start   *uint64 `json:"start"`
+			Stop    *uint64 `json:"stop"`
+		}
+		if err := decodeInto(kind, raw, &v); err != nil {
+			return nil, err
+		}
+		c, err := oneRune(kind, "content", v.Content)
+		if err != nil {
+			return nil, err
+		}
+		if v.Start == nil || v.Stop == nil {
+			return nil, missing(kind, "start/stop")
+		}
+		return stripDecoder{c, int(min(*v.Start, math.MaxInt32)), int(min(*v.Stop, math.MaxInt32))}, nil
+	case "WordPiece":
+		var v struct {
+			Prefix  *string `json:"prefix"`
+			Cleanup *bool   `json:"cleanup"`
+		}
+		if err := decodeInto(kind, raw, &v); err != nil || v.Prefix == nil || v.Cleanup == nil {
+			return nil, orMissing(err, kind, "prefix/cleanup")
+		}
+		return wordPieceDecoder{*v.Prefix, *v.Cleanup}, nil
+	case "BPEDecoder":
+		var v struct {
+			Suffix *string `json:"suffix"`
+		}
+		if err := decodeInto(kind, raw, &v); err != nil || v.Suffix == nil {
+			return nil, orMissing(err, kind, "suffix")
+		}
+		return bpeDecoder{*v.Suffix}, nil
+	case "CTC":
+		var v struct {
+			Pad     *string `json:"pad_token"`
+			Delim   *string `json:"word_delimiter_token"`
+			Cleanup *bool   `json:"cleanup"`
+		}
+		if err := decodeInto(kind, raw, &v); err != nil || v.Pad == nil || v.Delim == nil || v.Cleanup == nil {
+			return nil, orMissing(err, kind, "pad_token/word_delimiter_token/cleanup")
+		}
+		return ctcDecoder{*v.Pad, *v.Delim, *v.Cleanup}, nil
+	case "Sequence":
+		var v struct {
+			Decoders *[]json.RawMessage `json:"decoders"`
+		}
+		if err := decodeInto(kind, raw, &v); err != nil || v.Decoders == nil {
+			return nil, orMissing(err, kind, "decoders")
+		}
+		return parseSequence[sequenceDecoder](kind, *v.Decoders, parseDecoder)
+	}
+	return nil, fmt.Errorf("unsupported decoder type %q", typ)
+}
+
+// tokenAndID is the ["token", id] pair of Bert/Roberta processing.
+func tokenAndID(kind, field string, raw json.RawMessage) (int, error) {
+	var pair []json.RawMessage
+	if isNull(raw) {
+		return 0, missing(kind, field)
+	}
+	if err := json.Unmarshal(raw, &pair); err != nil || len(pair) != 2 {
+		return 0, fmt.Errorf("%s: %q must be [token, id]", kind, field)
+	}
+	var tok string
+	var id uint32
+	if json.Unmarshal(pair[0], &tok) != nil || json.Unmarshal(pair[1], &id) != nil {
+		return 0, fmt.Errorf("%s: %q must be [token, id]", kind, field)
+	}
+	return int(id), nil
+}
+
+func parsePostProcessor(raw json.RawMessage) (postProcessor, error) {
+	typ, err := componentType("post_processor", raw)
+	if err != nil || typ == "" {
+		return nil, err
+	}
+	kind := "post_processor " + typ
+	switch typ {
+	case "ByteLevel":
+		return byteLevelPost{}, nil
+	case "TemplateProcessing":
+		return parseTemplate(kind, raw)
+	case "BertProcessing", "RobertaProcessing":
+		var v struct {
+			Sep json.RawMessage `json:"sep"`
+			Cls json.RawMessage `json:"cls"`
+		}
+		if err := decodeInto(kind, raw, &v); err != nil {
+			return nil, err
+		}
+		sep, err := tokenAndID(kind, "sep", v.Sep)
+		if err != nil {
+			return nil, err
+		}
+		cls, err := tokenAndID(kind, "cls", v.Cls)
+		if err != nil {
+			return nil, err
+		}
+		return clsSepPost{cls: cls, sep: sep}, nil
+	case "Sequence":
+		var v struct {
+			Processors *[]json.RawMessage `json:"processors"`
+		}
+		if err := decodeInto(kind, raw, &v); err != nil || v.Processors == nil {
+			return nil, orMissing(err, kind, "processors")
+		}
+		return parseSequence[sequencePost](kind, *v.Processors, parsePostProcessor)
+	}
+	return nil, fmt.Errorf("unsupported post_processor type %q", typ)
+}
+
+func parseTemplate(kind string, raw json.RawMessage) (postProcessor, error) {
+	type pieceJSON struct {
+		Sequence *struct {
+			ID string `json:"id"`
+		} `json:"Sequence"`
+		SpecialToken *struct {
+			ID string `json:"id"`
+		} `json:"SpecialToken"`
+	}
+	var v struct {
+		Single        *[]pieceJSON `json:"single"`
+		Pair          *[]pieceJSON `json:"pair"`
+		SpecialTokens *map[string]struct {
+			ID     string   `json:"id"`
+			IDs    []uint32 `json:"ids"`
+			Tokens []string `json:"tokens"`
+		} `json:"special_tokens"`
+	}
+	if err := decodeInto(kind, raw, &v); err != nil || v.Single == nil || v.Pair == nil || v.SpecialTokens == nil {
+		return nil, orMissing(err, kind, "single/pair/special_tokens")
+	}
+	var t templatePost
+	for _, p := range *v.Single {
+		switch {
+		case p.Sequence != nil && p.SpecialToken == nil:
+			if p.Sequence.ID != "A" {
+				return nil, fmt.Errorf("%s: the single template uses sequence %q", kind, p.Sequence.ID)
+			}
+			t = append(t, templatePiece{seq: true})
+		case p.SpecialToken != nil && p.Sequence == nil:
+			st, ok := (*v.SpecialTokens)[p.SpecialToken.ID]
+			if !ok {
+				return nil, fmt.Errorf("%s: missing special token %q", kind, p.SpecialToken.ID)
+			}
+			if len(st.IDs) != len(st.Tokens) {
+				return nil, fmt.Errorf("%s: special token %q: ids and tokens differ in length", kind, p.SpecialToken.ID)
+			}
+			ids := make([]int, len(st.IDs))
+			for i, id := range st.IDs {
+				ids[i] = int(id)
+			}
+			t = append(t, templatePiece{ids: ids})
+		default:
+			return nil, fmt.Errorf("%s: template pieces must be {\"Sequence\": ...} or {\"SpecialToken\": ...}", kind)
+		}
+	}
+	return t, nil
+}

@@ -67,6 +67,15 @@ var envSettings = []struct {
 	}},
 }
 
+// CheckSettings parses the frontend's environment variables as New would,
+// through getenv (nil: os.Getenv), and returns the first refusal, a
+// *SettingError, or nil. A command checks them with it before it connects,
+// so a bad value is reported before anything else can fail.
+func CheckSettings(getenv func(string) string) error {
+	o := Options{Getenv: getenv}
+	return o.fromEnv()
+}
+
 // fromEnv sets the options left zero from their environment variables, those
 // that are set and not empty.
 func (o *Options) fromEnv() error {

@@ -64,3 +64,13 @@ func TestOptionsFromEnvironment(t *testing.T) {
 		}
 	}
 }
+
+// CheckSettings refuses what New would, before anything starts.
+func TestCheckSettings(t *testing.T) {
+	assert.NoError(t, CheckSettings(func(string) string { return "" }))
+	assert.NoError(t, CheckSettings(func(name string) string { return map[string]string{EnvMaxBodyBytes: "64"}[name] }))
+	err := CheckSettings(func(name string) string { return map[string]string{EnvMaxQueuedRequests: "-1"}[name] })
+	var bad *SettingError
+	require.ErrorAs(t, err, &bad)
+	assert.Equal(t, EnvMaxQueuedRequests, bad.Name)
+}

@@ -328,6 +328,12 @@ int dc_log_next(int *level, char *buf, size_t cap, size_t *len);
    NAME="value"), DC_EIO (cannot listen). */
 int dc_frontend_start(uint64_t rt, const char *addr, size_t addr_len, const char *ns, size_t ns_len, int migration_limit, uint64_t *out);
 
+/* Parses the frontend's environment variables (those dc_frontend_start
+   reads) as the process's environment has them now, and starts nothing: a
+   host checks them before it connects. Errors: DC_EINVAL for a bad one (the
+   message as dc_frontend_start's). */
+int dc_frontend_check_settings(void);
+
 /* Copies the address the frontend listens on into buf, as dc_context_id does. */
 int dc_frontend_addr(uint64_t h, char *buf, size_t cap, size_t *len);
 

@@ -55,6 +55,17 @@ func dc_frontend_start(rtH C.uint64_t, addr *C.char, addrLen C.size_t, namespace
 	return C.DC_OK
 }
 
+// dc_frontend_check_settings: see dynamo_ctx.h, the reference.
+//
+//export dc_frontend_check_settings
+func dc_frontend_check_settings() (rc C.int) {
+	defer guard("dc_frontend_check_settings", &rc)
+	if err := frontend.CheckSettings(cGetenv); err != nil {
+		return fail(C.DC_EINVAL, "dc_frontend_check_settings: %v", err)
+	}
+	return C.DC_OK
+}
+
 // dc_frontend_addr: see dynamo_ctx.h, the reference.
 //
 //export dc_frontend_addr

@@ -287,6 +287,13 @@ static PyObject* mod_frontend_start(PyObject* m, PyObject* args) {
     return PyLong_FromUnsignedLongLong(h);
 }
 
+static PyObject* mod_frontend_check_settings(PyObject* m, PyObject* unused) {
+    if (check_fork() < 0) return NULL;
+    int rc = dc_frontend_check_settings();
+    if (rc != DC_OK) return raise_rc(rc);
+    Py_RETURN_NONE;
+}
+
 static PyObject* mod_frontend_addr(PyObject* m, PyObject* arg) {
     uint64_t h;
     if (parse_u64(arg, &h) < 0 || check_fork() < 0) return NULL;
@@ -351,6 +358,7 @@ PyMethodDef plane_methods[] = {
     {"request_fail", mod_request_fail, METH_VARARGS, "request_fail(req, message)"},
     {"request_free", mod_request_free, METH_O, "request_free(req)"},
     {"frontend_start", mod_frontend_start, METH_VARARGS, "frontend_start(rt, addr, namespace=None, migration_limit=-1) -> handle"},
+    {"frontend_check_settings", mod_frontend_check_settings, METH_NOARGS, "frontend_check_settings() -> None; ValueError for a bad setting"},
     {"frontend_addr", mod_frontend_addr, METH_O, "frontend_addr(fe) -> 'host:port'"},
     {"frontend_free", mod_frontend_free, METH_O, "frontend_free(fe)"},
     {"frontend_drain", mod_frontend_drain, METH_VARARGS, "frontend_drain(fe, seconds): stop accepting, finish, kill the rest"},

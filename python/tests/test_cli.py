@@ -103,12 +103,12 @@ def test_bad_arguments_exit_2_with_one_line(prog, args, env, expected):
         (["--max-body-bytes", "7"], {"DYNAMO_CTX_MAX_QUEUED_REQUESTS": "-1"}, 'DYNAMO_CTX_MAX_QUEUED_REQUESTS="-1"'),
     ],
 )
-def test_bad_frontend_settings_exit_2_with_one_line(nats_url, args, env, expected):
+def test_bad_frontend_settings_exit_2_with_one_line(args, env, expected):
     """The frontend's settings that the library reads (their flags handed on
     through their variables) are checked by the library, the one parser,
-    when the frontend starts: a bad one, from a flag or a variable, is a
-    usage error that names it."""
-    r = run_cmd(FRONTEND, "--http-host", "127.0.0.1", "--http-port", "0", *args, NATS_SERVER=nats_url, **env)
+    before the command connects (NATS_SERVER here is never a server): a bad
+    one, from a flag or a variable, is a usage error that names it."""
+    r = run_cmd(FRONTEND, "--http-host", "127.0.0.1", "--http-port", "0", *args, **env)
     assert r.returncode == 2, r.stderr
     line = one_line(r, FRONTEND)
     assert expected in line and line.endswith(f"see {FRONTEND} --help"), line

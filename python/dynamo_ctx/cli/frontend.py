@@ -131,6 +131,10 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
 async def run(args: argparse.Namespace) -> None:
     # Read, and checked, by the frontend when it starts.
     given = _cli.hand_to_library(PROG, args, {flag: env for flag, env, _ in LIBRARY_FLAGS})
+    try:  # before connecting, so a bad value is what the user hears of first
+        native().frontend_check_settings()
+    except ValueError as e:
+        raise _cli.UsageError(f"{_cli.library_error(e, given)}; see {PROG} --help") from None
     loop = asyncio.get_running_loop()
     runtime = await _cli.connect_runtime(args.nats_url)
     try:

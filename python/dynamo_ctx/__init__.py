@@ -5,6 +5,7 @@ or DistributedRuntime created does (see ``dynamo_ctx._lib``), so processes
 may still fork until then.
 """
 
+from . import _aio, _lib, errors
 from .context import Context
 from .runtime import (
     Annotated,
@@ -23,6 +24,11 @@ from .runtime import (
 )
 
 from typing import Any
+
+# The two Python functions the library's C code calls, told to _lib here: the
+# one module that imports both it and them (they import _lib). Importing any
+# dynamo_ctx.* module runs this file first, so no road to the library misses it.
+_lib.set_callbacks(exception_for=errors._exception_for, flush_local=_aio._flush_local)
 
 
 def __getattr__(name: str) -> Any:

@@ -132,7 +132,8 @@ def _free_queue(lib: Any, queue: int) -> None:
 
 def _flush_local() -> None:
     """Called by the native module right after this thread cancelled a
-    context (registered with it by ``_lib``). If the thread runs an event loop with an event queue, what the
+    context (the package's ``__init__`` tells ``_lib`` of it, which registers
+    it). If the thread runs an event loop with an event queue, what the
     cancellation woke there (the futures and callbacks of an in-process
     handler or waiter) is delivered now instead of after the loop's next poll
     of the fd: one wake-up less for an in-process kill. Never raises."""

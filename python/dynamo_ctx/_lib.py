@@ -10,10 +10,14 @@ Go never calls Python. Its log records wait in a queue inside the library
 whose file descriptor a daemon thread here watches; the thread drains them
 into the ``dynamo_ctx`` logger.
 
-Nor does the module's C code import Python modules: loading it here
-registers the Python functions it calls (``_register_callbacks``): the one
-table from error codes to exceptions (``errors._exception_for``) and the
-flush of what a cancel woke on the running loop (``_aio._flush_local``).
+Nor does the module's C code import Python modules: it calls two Python
+functions registered with it (``_register_callbacks``): the one table from
+error codes to exceptions (``errors._exception_for``) and the flush of what
+a cancel woke on the running loop (``_aio._flush_local``). This module
+imports neither (both import it): the package's ``__init__`` tells it of them
+(:func:`set_callbacks`), and loading the library registers them before any
+call can raise. Importing any ``dynamo_ctx.*`` module runs that ``__init__``
+first, so every road to the library passes there.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import logging
 import select
 import threading
 from types import ModuleType
-from typing import Any, Optional
+from typing import Any, Callable, Dict, Optional
 
 logger = logging.getLogger("dynamo_ctx")
 
@@ -31,6 +35,18 @@ _lock = threading.Lock()
 # returning means every record taken so far has been logged.
 _log_lock = threading.Lock()
 _native: Optional[ModuleType] = None
+# The Python functions the module's C code calls, by _register_callbacks'
+# argument names: set by set_callbacks, registered when the library loads.
+_callbacks: Dict[str, Callable[..., Any]] = {}
+
+
+def set_callbacks(*, exception_for: Callable[[int, str], BaseException], flush_local: Callable[[], None]) -> None:
+    """Tell the library the package's functions its C code calls: registered
+    when it loads, or now if it is loaded (a later call replaces them)."""
+    with _lock:
+        _callbacks.update(exception_for=exception_for, flush_local=flush_local)
+        if _native is not None:
+            _native._register_callbacks(**_callbacks)
 
 
 def native() -> ModuleType:
@@ -45,12 +61,11 @@ def _load() -> ModuleType:
     global _native
     with _lock:
         if _native is None:
+            if not _callbacks:  # the package's __init__ sets them before anything can load
+                raise RuntimeError("dynamo_ctx._lib: the package's callbacks are not set (see set_callbacks)")
             from dynamo_ctx import _native as mod  # noqa: PLC0415 - lazy on purpose
 
-            from ._aio import _flush_local  # noqa: PLC0415 - they import this module
-            from .errors import _exception_for  # noqa: PLC0415
-
-            mod._register_callbacks(exception_for=_exception_for, flush_local=_flush_local)
+            mod._register_callbacks(**_callbacks)
             mod.log_set_level(logger.getEffectiveLevel() or logging.WARNING)
             threading.Thread(target=_pump_logs, args=(mod,), name="dynamo_ctx-log", daemon=True).start()
             _native = mod

@@ -74,8 +74,9 @@ class _IOFailure(OSError, RuntimeError):
 
 # The one table from the library's error codes (by name, see
 # ``_native.ERROR_NAMES``) to exception classes; codes not here raise
-# RuntimeError. The native module builds its exceptions here too:
-# ``_lib`` registers ``_exception_for`` with it when it loads it.
+# RuntimeError. The native module builds its exceptions here too: the
+# package's ``__init__`` tells ``_lib`` of ``_exception_for``, which
+# registers it with the module when it loads it.
 _EXCEPTIONS = {
     "EINVAL": ValueError,
     "EBADF": ValueError,

@@ -1,6 +1,7 @@
 """The extension module dynamo_ctx._native as the package loads it: the
-Python functions it calls are registered by dynamo_ctx._lib (its C code
-imports no Python module), and the package reads the library's constants
+Python functions it calls are told to dynamo_ctx._lib by the package's
+__init__ and registered when _lib loads the module (its C code imports no
+Python module), and the package reads the library's constants
 (states, the state word's layout) from it rather than restating them."""
 
 from __future__ import annotations
@@ -45,6 +46,37 @@ def test_errors_before_and_after_the_package_registers_its_callbacks():
         "    print(type(e).__name__, getattr(e, 'code_name', None))\n"
     )
     assert _run_fresh(code).splitlines() == ["RuntimeError True", "ValueError EINVAL"]
+
+
+def test_every_road_to_the_library_registers_the_table():
+    """Importing only dynamo_ctx._lib (or a command's module) still runs the
+    package's __init__, which tells _lib the callbacks: the first error the
+    library raises is already the table's."""
+    code = (
+        "import sys\n"
+        "import dynamo_ctx._lib as _lib\n"
+        "assert 'dynamo_ctx._native' not in sys.modules\n"
+        "try:\n"
+        "    _lib.native().endpoint_path_check('no dots')\n"
+        "except Exception as e:\n"
+        "    print(type(e).__name__, getattr(e, 'code_name', None))\n"
+    )
+    assert _run_fresh(code) == "ValueError EINVAL"
+
+
+def test_callbacks_set_after_loading_are_registered_at_once():
+    from dynamo_ctx import _aio, errors
+    from dynamo_ctx._lib import native, set_callbacks
+
+    lib = native()
+    set_callbacks(exception_for=lambda code, message: KeyError(message), flush_local=_aio._flush_local)
+    try:
+        with pytest.raises(KeyError):
+            lib.endpoint_path_check("no dots")
+    finally:
+        set_callbacks(exception_for=errors._exception_for, flush_local=_aio._flush_local)
+    with pytest.raises(ValueError):
+        lib.endpoint_path_check("no dots")
 
 
 def test_the_registered_table_makes_the_exceptions():

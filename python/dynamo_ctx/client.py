@@ -6,16 +6,13 @@ from __future__ import annotations
 import collections
 import json
 import logging
-from typing import TYPE_CHECKING, Any, Deque, List, Optional
+from typing import Any, Deque, List, Optional, Protocol
 
 from ._aio import arm
 from ._json import _dumps
 from ._lib import _release, native
 from .context import Context, _has_metadata, _real_class
 from .errors import _raise_for
-
-if TYPE_CHECKING:
-    from .runtime import Endpoint
 
 logger = logging.getLogger("dynamo_ctx")
 
@@ -38,10 +35,25 @@ class Annotated:
         return f"Annotated(data={self._data!r})"
 
 
+class _Runtime(Protocol):
+    def _h(self) -> int: ...  # the handle; RuntimeClosed after shutdown
+
+
+class _Endpoint(Protocol):
+    """What a Client uses of its ``runtime.Endpoint``: described here, since
+    runtime.py imports this module and so this one does not import it."""
+
+    @property
+    def path(self) -> str: ...
+
+    @property
+    def _runtime(self) -> _Runtime: ...
+
+
 class Client:
     """Sends requests to the instances of one endpoint."""
 
-    def __init__(self, endpoint: Endpoint, handle: int) -> None:
+    def __init__(self, endpoint: _Endpoint, handle: int) -> None:
         self.endpoint = endpoint
         self._lib = native()
         self._handle: Optional[int] = handle

@@ -1,17 +1,17 @@
 """Dynamo compatibility (docs/dynamo-compat.md): Dynamo's constructor forms
-of DistributedRuntime and the ``dynamo_worker`` decorator."""
+of DistributedRuntime, and the environment ``dynamo_worker`` reads (the
+decorator itself is runtime.py's: it makes a DistributedRuntime, and
+runtime.py imports this module)."""
 
 from __future__ import annotations
 
-import asyncio
-import functools
 import logging
 import os
-from typing import Any, Awaitable, Callable, Dict, Optional, Set, Tuple, TypeVar
+from typing import Any, Dict, Optional, Set, Tuple
 
 logger = logging.getLogger("dynamo_ctx")
 
-__all__ = ["DISCOVERY_BACKENDS", "REQUEST_PLANES", "dynamo_worker"]
+__all__ = ["DISCOVERY_BACKENDS", "REQUEST_PLANES"]
 
 
 #: Dynamo 1.x values of DistributedRuntime's discovery_backend and
@@ -70,44 +70,8 @@ def _check_dynamo_args(
         _log_ignored("enable_nats", enable_nats)
 
 
-_F = TypeVar("_F", bound=Callable[..., Awaitable[Any]])
-
-
-def dynamo_worker(enable_nats: Optional[bool] = None, register_shutdown: bool = False, *, static: bool = False) -> Callable[[_F], _F]:
-    """Decorator: run an async worker function with a new DistributedRuntime as its first argument.
-
-    ``@dynamo_worker()`` (also ``static=`` of Dynamo 0.5 and ``enable_nats=``
-    of 1.x, both without effect here). The runtime is made on the running
-    loop from ``DYN_DISCOVERY_BACKEND`` and ``DYN_REQUEST_PLANE`` (checked as
-    by the constructor) and is shut down when the function returns or
-    raises. With ``register_shutdown=True``, SIGINT and SIGTERM shut the
-    runtime down (so ``serve_endpoint`` returns).
-    """
-
-    def decorator(func: _F) -> _F:
-        @functools.wraps(func)
-        async def wrapper(*args: Any, **kwargs: Any) -> Any:
-            from .runtime import DistributedRuntime  # here: runtime imports this module
-
-            loop = asyncio.get_running_loop()
-            runtime = DistributedRuntime(
-                loop,
-                os.environ.get("DYN_DISCOVERY_BACKEND", "etcd"),
-                os.environ.get("DYN_REQUEST_PLANE", "tcp"),
-                enable_nats,
-            )
-            if static:
-                _log_ignored("static", static)
-            if register_shutdown:
-                import signal
-
-                for sig in (signal.SIGINT, signal.SIGTERM):
-                    loop.add_signal_handler(sig, runtime.shutdown)
-            try:
-                return await func(runtime, *args, **kwargs)
-            finally:
-                runtime.shutdown()
-
-        return wrapper  # type: ignore[return-value]
-
-    return decorator
+def _worker_forms() -> Tuple[str, str]:
+    """``dynamo_worker``'s discovery_backend and request_plane: Dynamo's
+    ``DYN_DISCOVERY_BACKEND`` and ``DYN_REQUEST_PLANE`` (checked as the
+    constructor's, by ``_check_dynamo_args``)."""
+    return os.environ.get("DYN_DISCOVERY_BACKEND", "etcd"), os.environ.get("DYN_REQUEST_PLANE", "tcp")

@@ -16,7 +16,7 @@ import functools
 import inspect
 import logging
 import os
-from typing import Any, AsyncIterator, Callable, Dict, Optional, Set
+from typing import Any, AsyncIterator, Awaitable, Callable, Dict, Optional, Set, TypeVar
 
 from ._aio import arm, handler_task
 from ._aio import cancel_on_kill as cancel_on_kill
@@ -29,13 +29,12 @@ from ._json import _fast_encoder as _fast_encoder
 from ._lib import _release as _release
 from ._lib import native
 from .client import Annotated, Client, ResponseStream
-from .compat import _F as _F
 from .compat import DISCOVERY_BACKENDS as DISCOVERY_BACKENDS
 from .compat import REQUEST_PLANES as REQUEST_PLANES
 from .compat import _check_dynamo_args as _check_dynamo_args
 from .compat import _log_ignored as _log_ignored
 from .compat import _logged_values as _logged_values
-from .compat import dynamo_worker
+from .compat import _worker_forms
 from .context import Context, _has_metadata as _has_metadata, _real_class as _real_class
 from .errors import (
     BackendCancelled,
@@ -372,3 +371,40 @@ class Endpoint:
 
 #: How often drain() looks whether the requests in flight have finished.
 _DRAIN_POLL = 0.02
+
+
+_F = TypeVar("_F", bound=Callable[..., Awaitable[Any]])
+
+
+def dynamo_worker(enable_nats: Optional[bool] = None, register_shutdown: bool = False, *, static: bool = False) -> Callable[[_F], _F]:
+    """Decorator: run an async worker function with a new DistributedRuntime as its first argument.
+
+    ``@dynamo_worker()`` (also ``static=`` of Dynamo 0.5 and ``enable_nats=``
+    of 1.x, both without effect here). The runtime is made on the running
+    loop from ``DYN_DISCOVERY_BACKEND`` and ``DYN_REQUEST_PLANE`` (checked as
+    by the constructor) and is shut down when the function returns or
+    raises. With ``register_shutdown=True``, SIGINT and SIGTERM shut the
+    runtime down (so ``serve_endpoint`` returns).
+    """
+
+    def decorator(func: _F) -> _F:
+        @functools.wraps(func)
+        async def wrapper(*args: Any, **kwargs: Any) -> Any:
+            loop = asyncio.get_running_loop()
+            discovery_backend, request_plane = _worker_forms()
+            runtime = DistributedRuntime(loop, discovery_backend, request_plane, enable_nats)
+            if static:
+                _log_ignored("static", static)
+            if register_shutdown:
+                import signal
+
+                for sig in (signal.SIGINT, signal.SIGTERM):
+                    loop.add_signal_handler(sig, runtime.shutdown)
+            try:
+                return await func(runtime, *args, **kwargs)
+            finally:
+                runtime.shutdown()
+
+        return wrapper  # type: ignore[return-value]
+
+    return decorator

@@ -44,31 +44,6 @@ var (
 	streams   = handle.NewTable[*plane.Batch](kindStream)
 )
 
-// The C route codes are plane's (compile-time check, as for the reasons).
-var (
-	_ = [1]int{}[plane.RoundRobin-C.DC_ROUTE_ROUND_ROBIN]
-	_ = [1]int{}[C.DC_ROUTE_ROUND_ROBIN-plane.RoundRobin]
-	_ = [1]int{}[plane.Random-C.DC_ROUTE_RANDOM]
-	_ = [1]int{}[C.DC_ROUTE_RANDOM-plane.Random]
-	_ = [1]int{}[plane.Direct-C.DC_ROUTE_DIRECT]
-	_ = [1]int{}[C.DC_ROUTE_DIRECT-plane.Direct]
-)
-
-func get[T any](t *handle.Table[T], name string, h C.uint64_t) (T, C.int) {
-	v, err := t.Get(uint64(h))
-	if err != nil {
-		return v, fail(C.DC_EBADF, "%s: %v", name, err)
-	}
-	return v, C.DC_OK
-}
-
-func goBytes(p *C.char, n C.size_t) []byte {
-	if p == nil || n == 0 {
-		return nil
-	}
-	return C.GoBytes(unsafe.Pointer(p), C.int(n))
-}
-
 // planeError maps an error of the plane to a code and records its message.
 func planeError(name string, err error) C.int {
 	var he *plane.HandlerError

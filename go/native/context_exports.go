@@ -1,0 +1,316 @@
+package main
+
+// The exports of contexts: making them (their state word outside the Go
+// heap), ids, states and their one transition rule, cancelling, children,
+// deadlines, and the reasons' names; and the kill count C reads.
+
+/*
+#include <stddef.h>
+#include <stdint.h>
+#define DC_ENUMS_ONLY
+#include "dynamo_ctx.h"
+#include <stdlib.h>
+
+// Defined in errors.c.
+extern uint64_t dc_kill_epoch;
+*/
+import "C"
+
+import (
+	"runtime"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"github.com/dynamo-ctx/dynamo-ctx/go/ctxtree"
+)
+
+func init() {
+	// Kills are counted where C reads the count without calling into Go
+	// (py_client.c's kill_epoch).
+	ctxtree.CountKills((*atomic.Uint64)(unsafe.Pointer(&C.dc_kill_epoch)))
+}
+
+func getContext(name string, h C.uint64_t) (*ctxtree.Context, C.int) {
+	c, err := contexts.Get(uint64(h))
+	if err != nil {
+		return nil, fail(C.DC_EBADF, "%s: %v", name, err)
+	}
+	return c, C.DC_OK
+}
+
+// newContext allocates the state word outside the Go heap, so C code may keep
+// a pointer to it and poll it without calling into Go. The word is freed by
+// the garbage collector's cleanup once the Go context is unreachable: its
+// handle is gone and no parent or propagation holds it any more.
+func newContext(id string) *ctxtree.Context {
+	word := C.calloc(1, 4)
+	if word == nil {
+		panic("out of memory")
+	}
+	c := ctxtree.New(id, ctxtree.WithStateWord((*atomic.Uint32)(word)))
+	runtime.AddCleanup(c, func(p unsafe.Pointer) { C.free(p) }, word)
+	return c
+}
+
+func putContext(c *ctxtree.Context, out *C.uint64_t) {
+	*out = C.uint64_t(contexts.Insert(c))
+}
+
+// dc_context_new: see dynamo_ctx.h, the reference.
+//
+//export dc_context_new
+func dc_context_new(id *C.char, idLen C.size_t, out *C.uint64_t) (rc C.int) {
+	defer guard("dc_context_new", &rc)
+	if id == nil || out == nil {
+		return fail(C.DC_EINVAL, "dc_context_new: id and out must not be NULL")
+	}
+	if err := ctxtree.ValidateID(cString(id, idLen)); err != nil {
+		return fail(C.DC_EINVAL, "dc_context_new: %v", err)
+	}
+	putContext(newContext(C.GoStringN(id, C.int(idLen))), out)
+	return C.DC_OK
+}
+
+// dc_id_check: see dynamo_ctx.h, the reference.
+//
+//export dc_id_check
+func dc_id_check(id *C.char, idLen C.size_t) (rc C.int) {
+	defer guard("dc_id_check", &rc)
+	if id == nil && idLen > 0 {
+		return fail(C.DC_EINVAL, "dc_id_check: id must not be NULL")
+	}
+	if err := ctxtree.ValidateID(cString(id, idLen)); err != nil {
+		return fail(C.DC_EINVAL, "dc_id_check: %v", err)
+	}
+	return C.DC_OK
+}
+
+// dc_context_new_uuid: see dynamo_ctx.h, the reference.
+//
+//export dc_context_new_uuid
+func dc_context_new_uuid(out *C.uint64_t) (rc C.int) {
+	defer guard("dc_context_new_uuid", &rc)
+	if out == nil {
+		return fail(C.DC_EINVAL, "dc_context_new_uuid: out must not be NULL")
+	}
+	putContext(newContext(ctxtree.NewID()), out)
+	return C.DC_OK
+}
+
+// dc_context_free: see dynamo_ctx.h, the reference.
+//
+//export dc_context_free
+func dc_context_free(h C.uint64_t) (rc C.int) {
+	defer guard("dc_context_free", &rc)
+	if _, err := contexts.Remove(uint64(h)); err != nil {
+		return fail(C.DC_EBADF, "dc_context_free: %v", err)
+	}
+	return C.DC_OK
+}
+
+// dc_context_id: see dynamo_ctx.h, the reference.
+//
+//export dc_context_id
+func dc_context_id(h C.uint64_t, buf *C.char, bufLen C.size_t, n *C.size_t) (rc C.int) {
+	defer guard("dc_context_id", &rc)
+	c, rc := getContext("dc_context_id", h)
+	if rc != C.DC_OK {
+		return rc
+	}
+	return writeString("dc_context_id", c.ID(), buf, bufLen, n)
+}
+
+// dc_context_state: see dynamo_ctx.h, the reference.
+//
+//export dc_context_state
+func dc_context_state(h C.uint64_t, word *C.uint32_t) (rc C.int) {
+	defer guard("dc_context_state", &rc)
+	if word == nil {
+		return fail(C.DC_EINVAL, "dc_context_state: word must not be NULL")
+	}
+	c, rc := getContext("dc_context_state", h)
+	if rc != C.DC_OK {
+		return rc
+	}
+	*word = C.uint32_t(c.StateWord().Load())
+	return C.DC_OK
+}
+
+// dc_context_state_word: see dynamo_ctx.h, the reference.
+//
+//export dc_context_state_word
+func dc_context_state_word(h C.uint64_t, out **C.uint32_t) (rc C.int) {
+	defer guard("dc_context_state_word", &rc)
+	if out == nil {
+		return fail(C.DC_EINVAL, "dc_context_state_word: out must not be NULL")
+	}
+	c, rc := getContext("dc_context_state_word", h)
+	if rc != C.DC_OK {
+		return rc
+	}
+	*out = (*C.uint32_t)(unsafe.Pointer(c.StateWord()))
+	return C.DC_OK
+}
+
+// dc_context_cancel: see dynamo_ctx.h, the reference.
+//
+//export dc_context_cancel
+func dc_context_cancel(h C.uint64_t, state C.uint32_t, reason C.uint32_t) C.int {
+	return cancelContext("dc_context_cancel", h, state, reason)
+}
+
+func cancelContext(name string, h C.uint64_t, state C.uint32_t, reason C.uint32_t) (rc C.int) {
+	defer guard(name, &rc)
+	st, r, rc := cancelArgs(name, state, reason)
+	if rc != C.DC_OK {
+		return rc
+	}
+	c, rc := getContext(name, h)
+	if rc != C.DC_OK {
+		return rc
+	}
+	c.Cancel(st, r)
+	return C.DC_OK
+}
+
+// cancelArgs checks the state and reason of a cancel: DC_STOPPED or
+// DC_KILLED, and a defined reason other than DC_REASON_NONE.
+func cancelArgs(name string, state, reason C.uint32_t) (ctxtree.State, ctxtree.Reason, C.int) {
+	st, r := ctxtree.State(state), ctxtree.Reason(reason)
+	if st != ctxtree.Stopped && st != ctxtree.Killed {
+		return st, r, fail(C.DC_EINVAL, "%s: state must be DC_STOPPED or DC_KILLED, got %d", name, state)
+	}
+	if !r.Valid() {
+		return st, r, fail(C.DC_EINVAL, "%s: unknown reason %d", name, reason)
+	}
+	return st, r, C.DC_OK
+}
+
+// dc_state_word_next: see dynamo_ctx.h, the reference.
+//
+//export dc_state_word_next
+func dc_state_word_next(word C.uint32_t, state C.uint32_t, reason C.uint32_t, out *C.uint32_t) (rc C.int) {
+	defer guard("dc_state_word_next", &rc)
+	if out == nil {
+		return fail(C.DC_EINVAL, "dc_state_word_next: out must not be NULL")
+	}
+	st, r, rc := cancelArgs("dc_state_word_next", state, reason)
+	if rc != C.DC_OK {
+		return rc
+	}
+	next, _ := ctxtree.Next(uint32(word), st, r, r) // a direct cancel: its cause is its reason
+	*out = C.uint32_t(next)
+	return C.DC_OK
+}
+
+// dc_context_stop_generating: see dynamo_ctx.h, the reference.
+//
+//export dc_context_stop_generating
+func dc_context_stop_generating(h C.uint64_t) C.int {
+	return cancelContext("dc_context_stop_generating", h, C.DC_STOPPED, C.DC_REASON_STOP_GENERATING)
+}
+
+// dc_context_kill: see dynamo_ctx.h, the reference.
+//
+//export dc_context_kill
+func dc_context_kill(h C.uint64_t) C.int {
+	return cancelContext("dc_context_kill", h, C.DC_KILLED, C.DC_REASON_KILL)
+}
+
+// dc_context_link_child: see dynamo_ctx.h, the reference.
+//
+//export dc_context_link_child
+func dc_context_link_child(parent, child C.uint64_t) (rc C.int) {
+	defer guard("dc_context_link_child", &rc)
+	p, rc := getContext("dc_context_link_child (parent)", parent)
+	if rc != C.DC_OK {
+		return rc
+	}
+	c, rc := getContext("dc_context_link_child (child)", child)
+	if rc != C.DC_OK {
+		return rc
+	}
+	p.LinkChild(c)
+	return C.DC_OK
+}
+
+// dc_context_child: see dynamo_ctx.h, the reference.
+//
+//export dc_context_child
+func dc_context_child(parent C.uint64_t, out *C.uint64_t) (rc C.int) {
+	defer guard("dc_context_child", &rc)
+	if out == nil {
+		return fail(C.DC_EINVAL, "dc_context_child: out must not be NULL")
+	}
+	p, rc := getContext("dc_context_child", parent)
+	if rc != C.DC_OK {
+		return rc
+	}
+	c := newContext(p.ID())
+	p.LinkChild(c)
+	putContext(c, out)
+	return C.DC_OK
+}
+
+// dc_context_set_timeout: see dynamo_ctx.h, the reference.
+//
+//export dc_context_set_timeout
+func dc_context_set_timeout(h C.uint64_t, seconds C.double) (rc C.int) {
+	defer guard("dc_context_set_timeout", &rc)
+	if err := ctxtree.TimeoutError(float64(seconds)); err != nil {
+		return fail(C.DC_EINVAL, "dc_context_set_timeout: %v", err)
+	}
+	c, rc := getContext("dc_context_set_timeout", h)
+	if rc != C.DC_OK {
+		return rc
+	}
+	c.SetDeadline(time.Now().Add(time.Duration(float64(seconds) * float64(time.Second))))
+	return C.DC_OK
+}
+
+// dc_context_remaining: see dynamo_ctx.h, the reference.
+//
+//export dc_context_remaining
+func dc_context_remaining(h C.uint64_t, seconds *C.double) (rc C.int) {
+	defer guard("dc_context_remaining", &rc)
+	if seconds == nil {
+		return fail(C.DC_EINVAL, "dc_context_remaining: seconds must not be NULL")
+	}
+	c, rc := getContext("dc_context_remaining", h)
+	if rc != C.DC_OK {
+		return rc
+	}
+	left, ok := c.Remaining()
+	if !ok {
+		*seconds = -1
+		return C.DC_OK
+	}
+	*seconds = C.double(left.Seconds())
+	return C.DC_OK
+}
+
+// dc_context_finish: see dynamo_ctx.h, the reference.
+//
+//export dc_context_finish
+func dc_context_finish(h C.uint64_t) (rc C.int) {
+	defer guard("dc_context_finish", &rc)
+	c, rc := getContext("dc_context_finish", h)
+	if rc != C.DC_OK {
+		return rc
+	}
+	c.Finish()
+	return C.DC_OK
+}
+
+// dc_reason_name: see dynamo_ctx.h, the reference.
+//
+//export dc_reason_name
+func dc_reason_name(reason C.uint32_t, buf *C.char, bufLen C.size_t, n *C.size_t) (rc C.int) {
+	defer guard("dc_reason_name", &rc)
+	r := ctxtree.Reason(reason)
+	if !r.Valid() {
+		return fail(C.DC_EINVAL, "dc_reason_name: unknown reason %d", reason)
+	}
+	return writeString("dc_reason_name", r.String(), buf, bufLen, n)
+}

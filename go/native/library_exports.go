@@ -1,0 +1,108 @@
+package main
+
+// The exports of the library as a whole: its version, the string constants
+// Go owns, the calling thread's last error, and the diagnostics (handle
+// counts, runtime statistics, the panic self-test).
+
+/*
+#include <stddef.h>
+#include <stdint.h>
+#define DC_ENUMS_ONLY
+#include "dynamo_ctx.h"
+
+// Implemented in errors.c.
+size_t dc_copy_error(char* buf, size_t cap);
+*/
+import "C"
+
+import (
+	"runtime"
+
+	"github.com/dynamo-ctx/dynamo-ctx/go/killtrace"
+	"github.com/dynamo-ctx/dynamo-ctx/go/plane"
+)
+
+var cVersion = C.CString(version) // static for the life of the process
+
+// dc_version: see dynamo_ctx.h, the reference.
+//
+//export dc_version
+func dc_version() *C.char { return cVersion }
+
+// stringConstants are the facts Python needs that Go owns (see
+// dc_string_constant): each is written once, in its Go package.
+var stringConstants = map[string]string{
+	"handler_error_prefix": plane.HandlerErrorPrefix,
+	"nats_env":             plane.NATSEnv,
+	"nats_default_url":     plane.DefaultNATSURL,
+	"kill_trace_env":       killtrace.Env,
+}
+
+// dc_string_constant: see dynamo_ctx.h, the reference.
+//
+//export dc_string_constant
+func dc_string_constant(name *C.char, buf *C.char, bufLen C.size_t, n *C.size_t) (rc C.int) {
+	defer guard("dc_string_constant", &rc)
+	if name == nil {
+		return fail(C.DC_EINVAL, "dc_string_constant: name is NULL")
+	}
+	key := C.GoString(name)
+	v, ok := stringConstants[key]
+	if !ok {
+		return fail(C.DC_ENOENT, "dc_string_constant: no constant %q", key)
+	}
+	return writeString("dc_string_constant", v, buf, bufLen, n)
+}
+
+// dc_last_error: see dynamo_ctx.h, the reference.
+//
+//export dc_last_error
+func dc_last_error(buf *C.char, bufLen C.size_t) C.size_t {
+	return C.dc_copy_error(buf, bufLen)
+}
+
+// dc_handle_counts: see dynamo_ctx.h, the reference.
+//
+//export dc_handle_counts
+func dc_handle_counts(nContexts, nQueues, nOther *C.uint64_t) (rc C.int) {
+	defer guard("dc_handle_counts", &rc)
+	if nContexts != nil {
+		*nContexts = C.uint64_t(contexts.Len())
+	}
+	if nQueues != nil {
+		*nQueues = C.uint64_t(queues.Len())
+	}
+	if nOther != nil {
+		*nOther = C.uint64_t(runtimes.Len() + endpoints.Len() + requests.Len() + clients.Len() + streams.Len() + frontends.Len())
+	}
+	return C.DC_OK
+}
+
+// dc_runtime_stats: see dynamo_ctx.h, the reference.
+//
+//export dc_runtime_stats
+func dc_runtime_stats(collect C.int, goroutines, heapBytes *C.uint64_t) (rc C.int) {
+	defer guard("dc_runtime_stats", &rc)
+	if collect != 0 {
+		runtime.GC()
+	}
+	if goroutines != nil {
+		*goroutines = C.uint64_t(runtime.NumGoroutine())
+	}
+	if heapBytes != nil {
+		var ms runtime.MemStats
+		runtime.ReadMemStats(&ms)
+		*heapBytes = C.uint64_t(ms.HeapAlloc)
+	}
+	return C.DC_OK
+}
+
+// dc_selftest_panic: see dynamo_ctx.h, the reference.
+//
+//export dc_selftest_panic
+func dc_selftest_panic() (rc C.int) {
+	defer guard("dc_selftest_panic", &rc)
+	var m map[string]int
+	m["boom"]++ // a real runtime panic (nil map write), not just panic("...")
+	return C.DC_OK
+}

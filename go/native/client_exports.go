@@ -1,8 +1,8 @@
 package main
 
 // The exports of the caller's side of the request plane: clients and the
-// response streams their requests return (plane_exports.go has the handle
-// tables, the error map, and the serving side).
+// response streams their requests return (plane_exports.go has the error
+// map and the serving side).
 
 /*
 #include <stddef.h>

@@ -275,7 +275,8 @@ int dc_queue_unwatch(uint64_t q, uint64_t token);
    ------------------------------------------------------------------ */
 
 /* Stores the numbers of live context handles, queue handles and all other
-   handles (runtimes, endpoints, requests, clients, streams), for leak tests.
+   handles (runtimes, endpoints, requests, clients, streams, frontends), for
+   leak tests.
    Any pointer may be NULL. */
 int dc_handle_counts(uint64_t *contexts, uint64_t *queues, uint64_t *other);
 

@@ -21,19 +21,43 @@ import (
 	"unsafe"
 
 	"github.com/dynamo-ctx/dynamo-ctx/go/ctxtree"
+	"github.com/dynamo-ctx/dynamo-ctx/go/frontend"
 	"github.com/dynamo-ctx/dynamo-ctx/go/handle"
+	"github.com/dynamo-ctx/dynamo-ctx/go/plane"
 	"github.com/dynamo-ctx/dynamo-ctx/go/wake"
 )
 
+// The handle kinds, one per table, all here: a table tells its handles from
+// another's by the kind alone (go/handle), so no two tables may share one
+// (TestHandleKindsDiffer).
 const (
-	kindContext handle.Kind = 1
-	kindQueue   handle.Kind = 2
+	kindContext handle.Kind = iota + 1
+	kindQueue
+	kindRuntime
+	kindEndpoint
+	kindRequest
+	kindClient
+	kindStream
+	kindFrontend
 )
 
 var (
-	contexts = handle.NewTable[*ctxtree.Context](kindContext)
-	queues   = handle.NewTable[*wake.EventQueue](kindQueue)
+	contexts  = handle.NewTable[*ctxtree.Context](kindContext)
+	queues    = handle.NewTable[*wake.EventQueue](kindQueue)
+	runtimes  = handle.NewTable[*plane.Runtime](kindRuntime)
+	endpoints = handle.NewTable[*plane.Endpoint](kindEndpoint)
+	requests  = handle.NewTable[*plane.Request](kindRequest)
+	clients   = handle.NewTable[*plane.Client](kindClient)
+	streams   = handle.NewTable[*plane.Batch](kindStream)
+	frontends = handle.NewTable[*frontend.Frontend](kindFrontend)
 )
+
+// otherTables are the tables of neither contexts nor queues
+// (dc_handle_counts' "other").
+var otherTables = []interface {
+	Kind() handle.Kind
+	Len() int
+}{runtimes, endpoints, requests, clients, streams, frontends}
 
 // fail records msg as the calling thread's last error and returns code.
 func fail(code C.int, format string, args ...any) C.int {

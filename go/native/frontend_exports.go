@@ -17,12 +17,7 @@ import (
 
 	"github.com/dynamo-ctx/dynamo-ctx/go/ctxtree"
 	"github.com/dynamo-ctx/dynamo-ctx/go/frontend"
-	"github.com/dynamo-ctx/dynamo-ctx/go/handle"
 )
-
-const kindFrontend handle.Kind = 8
-
-var frontends = handle.NewTable[*frontend.Frontend](kindFrontend)
 
 // dc_frontend_start: see dynamo_ctx.h, the reference.
 //

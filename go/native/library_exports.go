@@ -73,7 +73,11 @@ func dc_handle_counts(nContexts, nQueues, nOther *C.uint64_t) (rc C.int) {
 		*nQueues = C.uint64_t(queues.Len())
 	}
 	if nOther != nil {
-		*nOther = C.uint64_t(runtimes.Len() + endpoints.Len() + requests.Len() + clients.Len() + streams.Len() + frontends.Len())
+		other := 0
+		for _, t := range otherTables {
+			other += t.Len()
+		}
+		*nOther = C.uint64_t(other)
 	}
 	return C.DC_OK
 }

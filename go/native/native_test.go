@@ -9,7 +9,9 @@ import (
 	"testing"
 	"unsafe"
 
+	"github.com/dynamo-ctx/dynamo-ctx/go/handle"
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 )
 
@@ -37,6 +39,17 @@ func TestNilPointersAreInvalid(t *testing.T) {
 	assert.EqualValues(t, 22, dc_log_next(nil, nil, 0, nil))
 	assert.EqualValues(t, 22, dc_request_send_multi(nil, nil, 1, nil, nil, nil, nil))
 	assert.EqualValues(t, 0, dc_request_send_multi(nil, nil, 0, nil, nil, nil, nil), "nothing to send")
+}
+
+func TestHandleKindsDiffer(t *testing.T) {
+	seen := map[handle.Kind]int{contexts.Kind(): 0, queues.Kind(): 1}
+	require.Len(t, seen, 2, "contexts and queues share a kind")
+	for i, tb := range otherTables {
+		k := tb.Kind()
+		_, dup := seen[k]
+		require.False(t, dup, "table %d of otherTables has kind %d, another table's", i, k)
+		seen[k] = i + 2
+	}
 }
 
 func TestPanicIsRecovered(t *testing.T) {

@@ -1,9 +1,9 @@
 package main
 
 // The exports of the request plane's serving side: runtimes, endpoints and
-// the requests a handler serves, with what every plane export shares (the
-// handle tables, planeError) and dc_arm, the readiness of any plane object.
-// client_exports.go has the caller's side.
+// the requests a handler serves, with what every plane export shares
+// (planeError, connectTimeout) and dc_arm, the readiness of any plane
+// object. client_exports.go has the caller's side.
 
 /*
 #include <stddef.h>
@@ -26,23 +26,7 @@ import (
 	"github.com/dynamo-ctx/dynamo-ctx/go/tokens"
 )
 
-const (
-	kindRuntime  handle.Kind = 3
-	kindEndpoint handle.Kind = 4
-	kindRequest  handle.Kind = 5
-	kindClient   handle.Kind = 6
-	kindStream   handle.Kind = 7
-
-	connectTimeout = 15 * time.Second
-)
-
-var (
-	runtimes  = handle.NewTable[*plane.Runtime](kindRuntime)
-	endpoints = handle.NewTable[*plane.Endpoint](kindEndpoint)
-	requests  = handle.NewTable[*plane.Request](kindRequest)
-	clients   = handle.NewTable[*plane.Client](kindClient)
-	streams   = handle.NewTable[*plane.Batch](kindStream)
-)
+const connectTimeout = 15 * time.Second
 
 // planeError maps an error of the plane to a code and records its message.
 func planeError(name string, err error) C.int {

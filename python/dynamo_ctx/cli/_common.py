@@ -37,12 +37,16 @@ EVENT_LOOPS = ("auto", "uvloop", "asyncio")
 ENV_EVENT_LOOP = "DYNAMO_CTX_EVENT_LOOP"
 
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+LOG_LEVEL = "info"  # without --log-level or $DYN_LOG
 LOG_FORMATS = ("text", "json")
 
 #: The text format: [created] is the epoch time in seconds with microseconds,
 #: which benchmarks compare with a client's clock on the same machine.
 TEXT_FORMAT = "%(asctime)s [%(created).6f] %(levelname)s %(name)s: %(message)s"
 
+#: The words that make DYN_LOGGING_JSONL (read only here) true, Dynamo's for
+#: its variables. The library's one switch, DYNAMO_CTX_EMBED_NATS, is read by
+#: go/natsbus/natsbus.go (envEmbed) alone, which takes 1, true and yes.
 _TRUE = ("1", "true", "yes", "on")
 
 logger = logging.getLogger("dynamo_ctx.cli")
@@ -124,11 +128,7 @@ def add_flag(
     conv = type or str
     if choices is not None:
         conv = _choice(choices, conv)
-    if env is not None and os.environ.get(env, "") != "":
-        try:
-            default = conv(os.environ[env])
-        except (argparse.ArgumentTypeError, ValueError) as e:
-            parser.error(f"{env}={os.environ[env]!r}: {e}")
+    default = env_default(parser, env, conv, default)
     notes = []
     if env is not None:
         notes.append(f"env {env}")
@@ -137,6 +137,54 @@ def add_flag(
     if notes:
         help = f"{help} ({'; '.join(notes)})"
     parser.add_argument(flag, type=conv, default=default, help=help, metavar=_metavar(flag, choices))
+
+
+def env_default(parser: argparse.ArgumentParser, env: Optional[str], conv: Callable[[str], Any], default: Any) -> Any:
+    """``$env`` parsed by ``conv`` when it is set, else ``default``: the one
+    reading of a command's variable (a value ``conv`` refuses is a usage
+    error naming the variable)."""
+    if env is None or os.environ.get(env, "") == "":
+        return default
+    try:
+        return conv(os.environ[env])
+    except (argparse.ArgumentTypeError, ValueError) as e:
+        parser.error(f"{env}={os.environ[env]!r}: {e}")
+
+
+class _HelpWhenShown(argparse.Action):
+    """A flag kept as given, whose help is made when the help is shown
+    (``help_of()``): for help that names the library's values, which
+    loading the library at parse time would cost the worker its order (it
+    loads its engine, which may fork, before the library)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, help_of: Callable[[], str], **kwargs: Any) -> None:
+        self._help_of = help_of
+        super().__init__(option_strings, dest, **kwargs)
+
+    @property
+    def help(self) -> str:
+        return self._help_of()
+
+    @help.setter
+    def help(self, value: Optional[str]) -> None:
+        pass  # made by help_of
+
+    def __call__(
+        self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any, option_string: Optional[str] = None
+    ) -> None:
+        setattr(namespace, self.dest, values)
+
+
+def add_nats_url(parser: argparse.ArgumentParser) -> None:
+    """--nats-url, handed to the runtime as given: without it the library
+    applies its rule ($NATS_SERVER, else its default address), which the
+    help names from the library."""
+
+    def help_of() -> str:
+        lib = native()
+        return f"NATS address (default: ${lib.NATS_ENV}, else {lib.DEFAULT_NATS_URL})"
+
+    parser.add_argument("--nats-url", action=_HelpWhenShown, help_of=help_of, metavar="NATS_URL")
 
 
 def add_library_flag(parser: argparse.ArgumentParser, flag: str, *, env: str, help: str) -> None:
@@ -178,9 +226,22 @@ def library_error(e: BaseException, given: Dict[str, str]) -> str:
     return reason
 
 
+def level_of(parser: argparse.ArgumentParser, given: Optional[str]) -> str:
+    """The level a command logs at when its --log-level is not add_logging's
+    (the worker's, under vLLM's engine arguments, is vLLM's): ``given``, else
+    $DYN_LOG, else LOG_LEVEL, as add_logging's flag would have it."""
+    if given:
+        try:
+            return log_level(given)
+        except argparse.ArgumentTypeError as e:
+            parser.error(f"--log-level: {e}")
+    level: str = env_default(parser, ENV_LOG, log_level, LOG_LEVEL)
+    return level
+
+
 def add_logging(parser: argparse.ArgumentParser) -> None:
     """--log-level and --log-format, shared by every command."""
-    add_flag(parser, "--log-level", type=log_level, default="info", env=ENV_LOG, help="lowest level logged: " + ", ".join(LOG_LEVELS))
+    add_flag(parser, "--log-level", type=log_level, default=LOG_LEVEL, env=ENV_LOG, help="lowest level logged: " + ", ".join(LOG_LEVELS))
     add_flag(
         parser,
         "--log-format",
@@ -352,7 +413,16 @@ def setup_logging(level: str, fmt: str) -> None:
 
 
 def nats_address(nats_url: Optional[str]) -> str:
-    """The NATS address a runtime made with ``nats_url`` uses, for messages."""
+    """The NATS address a runtime made with ``nats_url`` uses, for messages.
+
+    The rule is go/natsbus's (the URL given, else $NATS_SERVER, else the
+    default address), applied by the library when the runtime connects;
+    the commands pass ``nats_url`` through unresolved. They must still know
+    the address before there is a runtime to ask (``nats_url`` of a
+    DistributedRuntime): the worker's /health names it while the connect
+    waits, and a connect that fails names it with its fix. So it is
+    restated here, with the library's names for the variable and the
+    default."""
     lib = native()
     return nats_url or os.environ.get(lib.NATS_ENV) or lib.DEFAULT_NATS_URL  # type: ignore[no-any-return]
 

@@ -158,13 +158,10 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     )
     _add_worker_flags(p)
     args = p.parse_args(argv)
-    # The level the worker logs at: its --log-level, or vLLM's (whose value
-    # stays vLLM's too), else $DYN_LOG, else info.
-    level = getattr(args, "log_level", None)
-    try:
-        args.worker_log_level = _cli.log_level(str(level or os.environ.get(_cli.ENV_LOG) or "info"))
-    except argparse.ArgumentTypeError as e:
-        p.error(f"--log-level: {e}")
+    # The level the worker logs at: its --log-level (which add_logging's
+    # parsing already made $DYN_LOG's or the default), or vLLM's (whose
+    # value stays vLLM's too), else as add_logging's would be.
+    args.worker_log_level = _cli.level_of(p, getattr(args, "log_level", None))
     return args
 
 
@@ -187,7 +184,7 @@ def _add_worker_flags(p: argparse.ArgumentParser) -> None:
         "--metrics-max-connections", type=_cli.positive_int, default=METRICS_MAX_CONNECTIONS,
         help="metrics connections held at once; one more closes the oldest still sending its request",
     )
-    add("--nats-url", help="NATS address (default: $NATS_SERVER, else nats://127.0.0.1:4222)")
+    _cli.add_nats_url(p)
     add(
         "--prefill-time-per-token",
         type=_cli.non_negative_float,

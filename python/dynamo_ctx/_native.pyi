@@ -53,7 +53,7 @@ REASON_NAMES: Tuple[Optional[str], ...]
 HANDLER_ERROR_PREFIX: str
 #: The environment variable naming the NATS address ("NATS_SERVER").
 NATS_ENV: str
-#: The NATS address used when none is given ("nats://127.0.0.1:4222").
+#: The NATS address used when none is given (the library's default, go/natsbus's).
 DEFAULT_NATS_URL: str
 #: The environment variable naming the file the library appends kill hops to (benchmarks).
 KILL_TRACE_ENV: str

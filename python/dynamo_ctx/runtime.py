@@ -82,7 +82,8 @@ class DistributedRuntime:
     """One process's membership in the request plane.
 
     ``DistributedRuntime()`` uses NATS at the ``NATS_SERVER`` environment
-    variable, else nats://127.0.0.1:4222, starting an in-process NATS server
+    variable, else the library's default address (``_native.DEFAULT_NATS_URL``;
+    go/natsbus owns the rule), starting an in-process NATS server
     there when nothing answers (so other processes on the machine join it).
     ``nats_url=`` names a server or cluster explicitly.
 

@@ -31,7 +31,10 @@ from typing import Any, AsyncIterator, Callable, Dict, List, Optional, Set
 
 __all__ = ["find", "vocabulary", "max_model_len", "files_handler", "MAX_TOKENIZER_BYTES"]
 
-#: The largest tokenizer.json read (as the frontend's bound).
+#: The largest tokenizer.json read, and the largest config.json: the
+#: frontend's bounds, go/hfmodel's MaxTokenizerBytes and MaxConfigBytes
+#: (go/hfmodel/hfmodel.go), restated because the library does not export
+#: them (a change to those is one to these).
 MAX_TOKENIZER_BYTES = 256 << 20
 _MAX_CONFIG_BYTES = 16 << 20
 

@@ -119,7 +119,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         env="DYN_MIGRATION_LIMIT",
         help="retries of a broken stream (default: as the workers declare)",
     )
-    p.add("--nats-url", help="NATS address (default: $NATS_SERVER, else nats://127.0.0.1:4222)")
+    _cli.add_nats_url(p)
     for flag, env, text in LIBRARY_FLAGS:
         p.add_library(flag, env=env, help=text)
     _cli.add_drain_timeout(p, "seconds the requests in flight get to finish after SIGTERM; then they are killed with reason shutdown")

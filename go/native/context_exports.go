@@ -11,7 +11,7 @@ package main
 #include "dynamo_ctx.h"
 #include <stdlib.h>
 
-// Defined in errors.c.
+// Defined in kill_epoch.c.
 extern uint64_t dc_kill_epoch;
 */
 import "C"

@@ -48,6 +48,11 @@ enum {
     DC_ECONNECT = 1006       /* could not connect to NATS or set up the runtime */
 };
 
+/* The size of a buffer that holds any message dc_last_error gives: a message
+   is at most DC_ERROR_MESSAGE_MAX - 1 bytes (the library truncates a longer
+   one), plus the NUL. */
+enum { DC_ERROR_MESSAGE_MAX = 1024 };
+
 /* Context states, in bits 0-7 of a state word. A state only moves forward:
    live -> stopped -> killed. */
 enum { DC_LIVE = 0, DC_STOPPED = 1, DC_KILLED = 2 };
@@ -118,8 +123,9 @@ const char *dc_version(void);
 int dc_string_constant(const char *name, char *buf, size_t cap, size_t *len);
 
 /* Copies the calling thread's last error message into buf (NUL-terminated,
-   truncated to cap-1 bytes) and returns its full length. buf may be NULL to
-   ask for the length. Messages are per thread and only set by failing calls. */
+   truncated to cap-1 bytes) and returns its full length, which is below
+   DC_ERROR_MESSAGE_MAX. buf may be NULL to ask for the length. Messages are
+   per thread and only set by failing calls. */
 size_t dc_last_error(char *buf, size_t cap);
 
 
@@ -276,8 +282,7 @@ int dc_queue_unwatch(uint64_t q, uint64_t token);
 
 /* Stores the numbers of live context handles, queue handles and all other
    handles (runtimes, endpoints, requests, clients, streams, frontends), for
-   leak tests.
-   Any pointer may be NULL. */
+   leak tests. Any pointer may be NULL. */
 int dc_handle_counts(uint64_t *contexts, uint64_t *queues, uint64_t *other);
 
 /* Stores the number of goroutines and the bytes of live Go heap (after a

@@ -5,17 +5,14 @@
 #include <stdint.h>
 #include <string.h>
 
-// How many contexts have been killed so far in this process (Go adds to it:
-// ctxtree.CountKills). A reader that sees it unchanged since it found a
-// stream not killed need not ask Go again (py_client.c's kill_epoch).
-_Alignas(8) uint64_t dc_kill_epoch;
+#define DC_ENUMS_ONLY
+#include "dynamo_ctx.h" // DC_ERROR_MESSAGE_MAX
 
-#define DC_ERRMSG_MAX 1024
-static __thread char dc_errmsg[DC_ERRMSG_MAX];
+static __thread char dc_errmsg[DC_ERROR_MESSAGE_MAX];
 static __thread size_t dc_errlen;
 
 void dc_set_error(const char* msg, size_t len) {
-    if (len >= DC_ERRMSG_MAX) len = DC_ERRMSG_MAX - 1;
+    if (len >= DC_ERROR_MESSAGE_MAX) len = DC_ERROR_MESSAGE_MAX - 1;
     if (len > 0) memcpy(dc_errmsg, msg, len);
     dc_errmsg[len] = 0;
     dc_errlen = len;

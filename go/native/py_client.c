@@ -8,7 +8,7 @@
 #include <string.h>
 
 static PyObject* code_and_message(int rc) {
-    char msg[1024];
+    char msg[DC_ERROR_MESSAGE_MAX];
     dc_last_error(msg, sizeof msg);
     return Py_BuildValue("(is)", rc, msg);
 }
@@ -187,7 +187,7 @@ static PyObject* mod_stream_context(PyObject* m, PyObject* args) {
 static PyObject* mod_stream_kill(PyObject* m, PyObject* arg) { return call_h(arg, dc_stream_kill, 1); }
 static PyObject* mod_stream_free(PyObject* m, PyObject* arg) { return call_h(arg, dc_stream_free, 1); }
 
-extern uint64_t dc_kill_epoch; // errors.c
+extern uint64_t dc_kill_epoch; // kill_epoch.c
 
 // kill_epoch() -> int: how many contexts this process has killed so far. A
 // stream that stream_killed found not killed is still not killed while this

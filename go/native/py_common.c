@@ -61,7 +61,7 @@ static PyObject* mod_register_callbacks(PyObject* m, PyObject* args, PyObject* k
 // dynamo_ctx.errors._exception_for(code, message), registered at load;
 // before that, RuntimeError with the message.
 PyObject* raise_rc(int rc) {
-    char msg[1024];
+    char msg[DC_ERROR_MESSAGE_MAX];
     dc_last_error(msg, sizeof msg);
     PyObject* table = exception_for_cb;
     if (table == NULL) {

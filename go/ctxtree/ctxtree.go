@@ -98,28 +98,31 @@ const (
 	ReasonDeadline           Reason = 5
 	ReasonConnectionLost     Reason = 6
 	ReasonShutdown           Reason = 7
-	numReasons                      = 8
+
+	// NumReasons is the number of reason codes, ReasonNone included: every
+	// reason is below it (the header's DC_REASON_COUNT).
+	NumReasons = 8
 )
 
-var reasonNames = [numReasons]string{
+var reasonNames = [NumReasons]string{
 	"", "stop_generating", "kill", "client_disconnected", "parent",
 	"deadline", "connection_lost", "shutdown",
 }
 
 // String returns the reason's name as the Python API spells it ("" for ReasonNone).
 func (r Reason) String() string {
-	if r < numReasons {
+	if r < NumReasons {
 		return reasonNames[r]
 	}
 	return "invalid"
 }
 
 // Valid reports whether r is one of the defined reasons other than ReasonNone.
-func (r Reason) Valid() bool { return r > ReasonNone && r < numReasons }
+func (r Reason) Valid() bool { return r > ReasonNone && r < NumReasons }
 
 // ReasonFromString is the inverse of Reason.String for the defined reasons.
 func ReasonFromString(s string) (Reason, bool) {
-	for i := Reason(1); i < numReasons; i++ {
+	for i := Reason(1); i < NumReasons; i++ {
 		if reasonNames[i] == s {
 			return i, true
 		}

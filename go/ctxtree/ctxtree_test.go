@@ -103,7 +103,7 @@ func TestReasonNames(t *testing.T) {
 
 func TestPackUnpack(t *testing.T) {
 	for s := Live; s <= Killed; s++ {
-		for r := ReasonNone; r < numReasons; r++ {
+		for r := ReasonNone; r < NumReasons; r++ {
 			gs, gr := Unpack(Pack(s, r))
 			assert.Equal(t, s, gs)
 			assert.Equal(t, r, gr)
@@ -644,9 +644,9 @@ func TestCountKills(t *testing.T) {
 func TestNextIsCancelsRule(t *testing.T) {
 	states := []State{Stopped, Killed}
 	for _, s1 := range states {
-		for r1 := ReasonStopGenerating; r1 < numReasons; r1++ {
+		for r1 := ReasonStopGenerating; r1 < NumReasons; r1++ {
 			for _, s2 := range states {
-				for r2 := ReasonStopGenerating; r2 < numReasons; r2++ {
+				for r2 := ReasonStopGenerating; r2 < NumReasons; r2++ {
 					c := New("x")
 					w := c.StateWord().Load()
 					w1, changed1 := Next(w, s1, r1, r1)

@@ -64,7 +64,8 @@ enum { DC_STATE_MASK = 0xff, DC_REASON_SHIFT = 8, DC_CAUSE_SHIFT = 16, DC_FIELD_
 
 /* Cancellation reasons, in bits 8-15 of a state word (and the cause, the
    reason where the cancellation started, in bits 16-23). dc_reason_name
-   gives each one's name. */
+   gives each one's name. DC_REASON_COUNT is the number of codes,
+   DC_REASON_NONE included: every reason is below it. */
 enum {
     DC_REASON_NONE = 0,
     DC_REASON_STOP_GENERATING = 1,
@@ -73,7 +74,8 @@ enum {
     DC_REASON_PARENT = 4,
     DC_REASON_DEADLINE = 5,
     DC_REASON_CONNECTION_LOST = 6,
-    DC_REASON_SHUTDOWN = 7
+    DC_REASON_SHUTDOWN = 7,
+    DC_REASON_COUNT = 8
 };
 
 /* How dc_client_generate picks a worker instance. */

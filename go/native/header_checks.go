@@ -52,6 +52,8 @@ var (
 	_ = [1]int{}[C.DC_REASON_CONNECTION_LOST-ctxtree.ReasonConnectionLost]
 	_ = [1]int{}[ctxtree.ReasonShutdown-C.DC_REASON_SHUTDOWN]
 	_ = [1]int{}[C.DC_REASON_SHUTDOWN-ctxtree.ReasonShutdown]
+	_ = [1]int{}[ctxtree.NumReasons-C.DC_REASON_COUNT]
+	_ = [1]int{}[C.DC_REASON_COUNT-ctxtree.NumReasons]
 	_ = [1]int{}[ctxtree.MaxIDLen-C.DC_MAX_ID_LEN]
 	_ = [1]int{}[C.DC_MAX_ID_LEN-ctxtree.MaxIDLen]
 	_ = [1]int{}[int64(ctxtree.MaxTimeout/time.Second)-C.DC_MAX_TIMEOUT_SECONDS]

@@ -75,13 +75,13 @@ static const struct { const char* name; long value; } error_codes[] = {
 #undef DC_CONST
 
 // REASON_NAMES: the reasons' names by code as the library spells them (Go
-// owns them: dc_reason_name), None at index 0 (live).
+// owns them: dc_reason_name), None at index 0 (live); DC_REASON_COUNT codes.
 static PyObject* reason_names(void) {
-    PyObject* t = PyTuple_New(DC_REASON_SHUTDOWN + 1);
+    PyObject* t = PyTuple_New(DC_REASON_COUNT);
     if (t == NULL) return NULL;
     Py_INCREF(Py_None);
     PyTuple_SetItem(t, 0, Py_None);
-    for (uint32_t r = 1; r <= DC_REASON_SHUTDOWN; r++) {
+    for (uint32_t r = 1; r < DC_REASON_COUNT; r++) {
         char buf[64];
         size_t n = 0;
         if (dc_reason_name(r, buf, sizeof buf, &n) != DC_OK) {

@@ -2,7 +2,8 @@
 
     procs.py        free ports, child environments, Proc (a child with its own log file:
                     start, wait for a log line or an event, SIGTERM then SIGKILL, kill -9,
-                    SIGSTOP/SIGCONT, its log dumped on failure), helper scripts
+                    SIGSTOP/SIGCONT, its log dumped on failure), helper scripts, a fresh
+                    interpreter run to its end (run_python)
     http_client.py  GET/POST, raw-socket requests, Prometheus text
     sse.py          streamed completions read with asyncio (hundreds at once)
     nats.py         the NATS host (an embedded server in a process of its own) and real
@@ -26,7 +27,7 @@ from .http_client import (
 from .nats import NatsCluster, NatsHost, NatsServer, nats_server_binary
 from .procs import (
     HANG, PY_DIR, ROOT, STARTED, TESTS_DIR, Proc, ProcError, child_env, dump_logs, free_port, keep_logs, log_root,
-    start_script, wait_until,
+    run_python, start_script, wait_until,
 )
 from .sse import Result, stream_completion, streams_through_fault
 from .stack import MODEL, Frontend, Stack, Worker, expected_text, expected_tokens, new_id, new_namespace
@@ -36,6 +37,6 @@ __all__ = [
     "Frontend", "NatsCluster", "NatsHost", "NatsServer", "Proc", "ProcError", "Result", "Stack", "Worker",
     "child_env", "dump_logs", "expected_text", "expected_tokens", "free_port", "http_get", "http_json", "http_request",
     "keep_logs", "log_root", "metric_sums", "nats_server_binary", "new_id", "new_namespace", "parse_prometheus",
-    "read_all", "scrape", "send_post", "split_response", "start_script", "stream_completion", "streams_through_fault",
-    "wait_until",
+    "read_all", "run_python", "scrape", "send_post", "split_response", "start_script", "stream_completion",
+    "streams_through_fault", "wait_until",
 ]

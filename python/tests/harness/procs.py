@@ -467,6 +467,18 @@ def start_script(script: Union[str, Path], *args: str, nats_url: Optional[str] =
                 env if env is not None else child_env(nats_url), log_dir=log_dir, stdin=stdin, events=True)
 
 
+def run_python(*args: str, env: Optional[Dict[str, str]] = None, prefix: Sequence[str] = (),
+               timeout: Optional[float] = HANG, capture: bool = True) -> "subprocess.CompletedProcess[str]":
+    """A fresh interpreter run to its end: ``python ARGS...`` (``"-c", code``,
+    ``"-m", module`` or a script and its arguments) in ``env`` (default:
+    ``child_env()``: the in-tree package first, no NATS_SERVER), under ``prefix``
+    (a command that runs it, e.g. in a private network namespace). Its output is
+    captured as text, or with ``capture=False`` left on this process's (a
+    benchmark's run of itself). ``timeout`` (None: none) bounds it."""
+    return subprocess.run([*prefix, sys.executable, *args], env=child_env() if env is None else env,
+                          capture_output=capture, text=True, timeout=timeout)
+
+
 def dump_logs(procs: Sequence[Proc]) -> str:
     """Each process's header and log, one after the other."""
     return "\n".join(p.dump() for p in procs)

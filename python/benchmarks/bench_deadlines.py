@@ -9,8 +9,8 @@ once, each with ``Context(timeout=T)``; the deadline of each is its context's
 creation time + T on this machine's clock. Reported, p50/p99/max of (time -
 deadline):
 
-- the timers: when each hop's own timer ran (the library's kill trace,
-  ``DYNAMO_CTX_KILL_TRACE``: ``deadline.fired`` marks, in the caller and in the
+- the timers: when each hop's own timer ran (the library's kill trace, set
+  by killtrace.py: ``deadline.fired`` marks, in the caller and in the
   worker, whose deadline is the caller's plus the time the request took to
   reach it: a hop's timer that finds its context already killed by the
   caller's kill frame marks nothing);
@@ -31,13 +31,15 @@ import asyncio
 import os
 import re
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Dict, List
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(ROOT / "python"), str(ROOT / "python" / "tests")]  # the package, the harness
+
+import killtrace  # noqa: E402 - beside this script
 
 
 def pct(xs: List[float], p: float) -> float:
@@ -59,8 +61,7 @@ def with_trace() -> None:
     fd, path = tempfile.mkstemp(prefix="dc-deadline-trace-")
     os.close(fd)
     try:
-        env = dict(os.environ, DYNAMO_CTX_KILL_TRACE=path)
-        sys.exit(subprocess.call([sys.executable, __file__, *sys.argv[1:]], env=env))
+        sys.exit(killtrace.run_traced([__file__, *sys.argv[1:]], path))
     finally:
         os.unlink(path)
 
@@ -70,14 +71,12 @@ async def main() -> None:
     ap.add_argument("--n", type=int, default=1000)
     ap.add_argument("--timeout", type=float, default=2.0)
     args = ap.parse_args()
-    sys.path.insert(0, str(ROOT / "python"))
-    sys.path.insert(0, str(ROOT / "python" / "tests"))  # the harness
     from dynamo_ctx import Context, DistributedRuntime
     from harness import Worker, child_env
 
     host = DistributedRuntime(nats_url="nats://127.0.0.1:0")
     ns = f"dl{os.getpid()}"
-    trace = os.environ.get("DYNAMO_CTX_KILL_TRACE", "")
+    trace = killtrace.enabled()
     worker = Worker("worker", child_env(host.nats_url), namespace=ns, mode=None, model="m",
                     args=["--decode-time-per-token", "0.05", "--prefill-time-per-token", "0"])
     try:
@@ -121,7 +120,7 @@ async def main() -> None:
                     fired.append(int(parts[0]) / 1e9 - deadlines[parts[2]])
             print(row("timers fired (both hops)", fired))
         else:
-            print("  (run with DYNAMO_CTX_KILL_TRACE=<file> set for the timers' own figures)")
+            print("  (the kill trace is off: the timers' own figures need it; see killtrace.py)")
         print(row("caller: context killed", caller_late))
         if worker_late:
             print(row("worker: abort confirmed", worker_late))
@@ -133,6 +132,6 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    if not os.environ.get("DYNAMO_CTX_KILL_TRACE"):
+    if not killtrace.enabled():
         with_trace()
     asyncio.run(main())

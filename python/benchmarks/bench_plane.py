@@ -275,16 +275,12 @@ async def failure_detection(host, url, worker, remote_client, remote_path, remot
 async def kill_breakdown() -> None:
     """Run this script again with the library's kill trace on (only there:
     tracing writes a line per hop), and print where a kill's time goes."""
-    from dynamo_ctx._lib import native
-
     print("\n(b2) kill breakdown: timestamps at each hop (a separate run with the kill trace on)")
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "kills.trace")
-        env = dict(os.environ, **{native().KILL_TRACE_ENV: path})
-        proc = await asyncio.create_subprocess_exec(sys.executable, __file__, "--kill-breakdown", env=env)
-        await proc.wait()
-        if proc.returncode != 0 or not os.path.exists(path):
-            print(f"  (the traced run failed: exit {proc.returncode})")
+        rc = await asyncio.get_running_loop().run_in_executor(None, killtrace.run_traced, [__file__, "--kill-breakdown"], path)
+        if rc != 0 or not os.path.exists(path):
+            print(f"  (the traced run failed: exit {rc})")
             return
         killtrace.report(path, "trace-remote", "handler in another process (loopback)")
         killtrace.report(path, "trace-local", "handler in this process")

@@ -35,7 +35,6 @@ import importlib
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -46,7 +45,7 @@ from typing import Any, Dict, List, Optional
 HERE = Path(__file__).resolve()
 sys.path.insert(0, str(HERE.parents[1]))
 sys.path.insert(0, str(HERE.parents[1] / "tests"))  # the harness
-from harness import start_script  # noqa: E402
+from harness import child_env, run_python, start_script  # noqa: E402
 
 MONO = time.CLOCK_MONOTONIC
 ITEMS = 10_000
@@ -384,11 +383,11 @@ def main() -> None:
     if len(names) == 1:
         print("ai-dynamo-runtime is not installed here (pip install '.[bench]'): dynamo_ctx's figures only\n")
     tmp = tempfile.mkdtemp(prefix="dc-bench-file-kv-")
-    env = dict(os.environ, DYN_FILE_KV=tmp, DYN_LOG="error")
+    env = child_env(os.environ.get("NATS_SERVER"), DYN_FILE_KV=tmp, DYN_LOG="error")
     results: Dict[str, List[Dict[str, float]]] = {n: [] for n in names + ["floor"]}
     for r in range(args.runs):
         for n in names + ["floor"]:
-            p = subprocess.run([sys.executable, str(HERE), "--child", n], env=env, capture_output=True, text=True, timeout=600)
+            p = run_python(str(HERE), "--child", n, env=env, timeout=600)
             if p.returncode != 0:
                 print(f"run {r + 1}, {n}: failed\n{p.stderr[-3000:]}")
                 continue

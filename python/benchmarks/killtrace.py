@@ -14,7 +14,7 @@ from __future__ import annotations
 import atexit
 import os
 import time
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
 #: The hops of a kill, in order. Absent ones (no frame in one process) are skipped.
 HOPS = [
@@ -39,6 +39,19 @@ def enabled() -> Optional[str]:
     if _path is None:
         _path = os.environ.get(native().KILL_TRACE_ENV) or ""
     return _path or None
+
+
+def run_traced(args: Sequence[str], path: str) -> int:
+    """``python ARGS...`` (a benchmark's run of itself) with the library's
+    kill trace appended to ``path`` (its variable set in the child's
+    environment: the library reads it when it loads), its output on this
+    process's; the child's exit status. Started by the harness (the
+    benchmarks put python/tests on sys.path)."""
+    from dynamo_ctx._lib import native
+    from harness import child_env, run_python
+
+    env = child_env(os.environ.get("NATS_SERVER"), **{native().KILL_TRACE_ENV: path})
+    return run_python(*args, env=env, timeout=None, capture=False).returncode
 
 
 _marks: List[str] = []

@@ -461,18 +461,19 @@ int dc_request_send(uint64_t h, const char *data, size_t len);
    many it took in *sent. Errors: DC_EAGAIN when the buffer took fewer than
    count (dc_arm the request, then send the rest), DC_EINVAL when an item is
    not JSON (the items before it were queued), a NULL pointer, or more than
-   65536 items. After a kill, items are dropped silently (all count taken). */
+   DC_SEND_MANY_MAX items. After a kill, items are dropped silently (all count taken). */
 int dc_request_send_many(uint64_t h, const char *const *items, const size_t *lens, size_t count, size_t *sent);
 
 /* dc_request_send_many for n requests in one call: request hs[i] is given
    the next counts[i] items of items/lens (so items holds the sum of counts,
    in order). Stores in sent[i] how many it took and in rcs[i] its code, as
-   dc_request_send_many's (DC_OK, DC_EAGAIN, DC_EBADF for a stale handle...);
+   dc_request_send_many's (DC_OK, DC_EAGAIN, DC_EBADF for a stale handle,
+   DC_EINVAL for more than DC_SEND_MANY_MAX items, which are skipped...);
    one request's error leaves the others unaffected. Returns DC_EINVAL (and
-   queues nothing, and stores nothing in sent and rcs) for a NULL pointer, or
-   more requests (DC_SEND_MULTI_MAX_REQUESTS), items for one request
-   (DC_SEND_MANY_MAX) or items in all (DC_SEND_MULTI_MAX_ITEMS) than its
-   bounds. One call into the library however many requests: the
+   queues nothing, and stores nothing in sent and rcs) for a NULL pointer,
+   more requests than DC_SEND_MULTI_MAX_REQUESTS, or more items in all than
+   DC_SEND_MULTI_MAX_ITEMS (counting only the requests within
+   DC_SEND_MANY_MAX). One call into the library however many requests: the
    worker's event loop hands over a decode step's items with it. */
 int dc_request_send_multi(const uint64_t *hs, const size_t *counts, size_t n, const char *const *items, const size_t *lens,
                           size_t *sent, int *rcs);

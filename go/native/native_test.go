@@ -6,6 +6,7 @@ package main
 // helpers behind them.
 
 import (
+	"runtime"
 	"testing"
 	"unsafe"
 
@@ -147,9 +148,10 @@ func sendMulti[H ~uint64, Z ~uint64, Ch any, R ~int32](f func(*H, *Z, Z, **Ch, *
 }
 
 // The bounds of dc_request_send_multi (dynamo_ctx.h): a whole call is
-// refused for more than 65536 requests, more than 65536 items for one
-// request or 2^24 in all, counts that do not fit however large, NULL arrays
-// with items to send; a stale handle is its own entry's error.
+// refused for more than 65536 requests, more than 2^24 items in all, counts
+// that do not fit however large, NULL arrays with items to send; a stale
+// handle, or more than 65536 items for one request, is its own entry's
+// error.
 func TestSendMultiBounds(t *testing.T) {
 	one := [][]byte{[]byte("1")}
 	rc, sent, rcs := sendMulti(dc_request_send_multi, []uint64{0, ^uint64(0)}, []uint64{1, 0}, one)
@@ -160,7 +162,6 @@ func TestSendMultiBounds(t *testing.T) {
 	for name, counts := range map[string][]uint64{
 		"a count past 2^63": {^uint64(0), 1},
 		"counts that wrap":  {1 << 63, 1 << 63, 1},
-		"65537 for one":     {1, 1<<16 + 1},
 	} {
 		rc, _, rcs := sendMulti(dc_request_send_multi, make([]uint64, len(counts)), counts, one)
 		assert.EqualValues(t, 22, rc, name)
@@ -179,4 +180,29 @@ func TestSendMultiBounds(t *testing.T) {
 	rc, _, rcs = sendMulti(dc_request_send_multi, make([]uint64, 1<<16), make([]uint64, 1<<16), nil)
 	assert.EqualValues(t, 0, rc, "65536 requests of no item")
 	assert.EqualValues(t, 9, rcs[1<<16-1])
+}
+
+// A request of more items than dc_request_send_many takes is refused on its
+// own, with a message, and its items are skipped: the others are sent.
+func TestSendMultiRefusesARequestOfTooManyItems(t *testing.T) {
+	runtime.LockOSThread() // the last error is the calling thread's
+	defer runtime.UnlockOSThread()
+	one := [][]byte{[]byte("1")}
+	rc, sent, rcs := sendMulti(dc_request_send_multi, []uint64{0, 0}, []uint64{1, 1<<16 + 1}, one)
+	assert.EqualValues(t, 0, rc)
+	assert.EqualValues(t, []int32{9, 22}, []int32{int32(rcs[0]), int32(rcs[1])})
+	assert.EqualValues(t, []uint64{0, 0}, []uint64{uint64(sent[0]), uint64(sent[1])})
+	assert.Equal(t, "dc_request_send_multi: 65537 items for request 0x0, at most 65536", lastError(dc_last_error))
+
+	// Alone, a request past 2^24 items: no bound of the call is passed.
+	rc, _, rcs = sendMulti(dc_request_send_multi, []uint64{0}, []uint64{1<<24 + 1}, one)
+	assert.EqualValues(t, 0, rc)
+	assert.EqualValues(t, 22, rcs[0])
+}
+
+// lastError is the calling thread's last error message (dc_last_error, f).
+func lastError[Ch any, Z ~uint64](f func(*Ch, Z) Z) string {
+	buf := make([]byte, 1024)
+	n := f((*Ch)(unsafe.Pointer(&buf[0])), Z(len(buf)))
+	return string(buf[:min(int(n), len(buf)-1)])
 }

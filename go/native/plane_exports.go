@@ -365,32 +365,46 @@ func dc_request_send_multi(hs *C.uint64_t, counts *C.size_t, n C.size_t, items *
 		return fail(C.DC_EINVAL, "dc_request_send_multi: %d requests, at most %d per call", n, maxSendMulti)
 	}
 	handles, cs := unsafe.Slice(hs, int(n)), unsafe.Slice(counts, int(n))
-	total := 0
-	for i, c := range cs {
-		if c > maxSendMany {
-			return fail(C.DC_EINVAL, "dc_request_send_multi: %d items for request %d, at most %d", c, i, maxSendMany)
+	// A request of more items than dc_request_send_many takes is refused on
+	// its own, below; the call's bound counts the items of the others.
+	var all, total uint64
+	for _, c := range cs {
+		if all += uint64(c); all < uint64(c) {
+			return fail(C.DC_EINVAL, "dc_request_send_multi: the counts overflow")
 		}
-		if total += int(c); total > maxSendMultiItems {
+		if c > maxSendMany {
+			continue
+		}
+		if total += uint64(c); total > maxSendMultiItems {
 			return fail(C.DC_EINVAL, "dc_request_send_multi: more than %d items in one call", maxSendMultiItems)
 		}
 	}
-	if total > 0 && (items == nil || lens == nil) {
+	if all > 0 && (items == nil || lens == nil) {
 		return fail(C.DC_EINVAL, "dc_request_send_multi: items and lens must not be NULL")
 	}
-	var ptrs []*C.char
-	var ns []C.size_t
-	if total > 0 {
-		ptrs, ns = unsafe.Slice(items, total), unsafe.Slice(lens, total)
-	}
 	outN, outRC := unsafe.Slice(sent, int(n)), unsafe.Slice(rcs, int(n))
-	off := 0
+	var off uintptr
 	for i, h := range handles {
-		c := int(cs[i])
-		taken, code := sendMany("dc_request_send_multi", h, ptrs[off:off+c], ns[off:off+c])
-		outN[i], outRC[i] = C.size_t(taken), code
-		off += c
+		c := cs[i]
+		if c > maxSendMany {
+			outN[i] = 0
+			outRC[i] = fail(C.DC_EINVAL, "dc_request_send_multi: %d items for request %#x, at most %d", c, uint64(h), maxSendMany)
+		} else {
+			taken, code := sendMany("dc_request_send_multi", h, cArray(items, off, c), cArray(lens, off, c))
+			outN[i], outRC[i] = C.size_t(taken), code
+		}
+		off += uintptr(c)
 	}
 	return C.DC_OK
+}
+
+// cArray is the n elements of the C array p from its element off on (nil
+// for none).
+func cArray[T any](p *T, off uintptr, n C.size_t) []T {
+	if n == 0 {
+		return nil
+	}
+	return unsafe.Slice((*T)(unsafe.Add(unsafe.Pointer(p), off*unsafe.Sizeof(*p))), int(n))
 }
 
 // dc_request_complete: see dynamo_ctx.h, the reference.

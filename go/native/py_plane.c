@@ -217,25 +217,19 @@ static PyObject* mod_request_send_multi(PyObject* m, PyObject* args) {
             lens[k] = (size_t)len;
         }
     }
-    // The library refuses a whole call of more than 65536 requests, of a
-    // request of more than 65536 items, or of more than 2^24 items in all
-    // (dc_request_send_multi): the requests cross in as many calls as that
-    // takes, each within the bounds, so that the bound stays one per request
-    // (dc_request_send_many's). A request of more items than that is refused
-    // on its own, as dc_request_send_many refuses it.
-    enum { CALL_REQUESTS = DC_SEND_MULTI_MAX_REQUESTS, REQUEST_ITEMS = DC_SEND_MANY_MAX, CALL_ITEMS = DC_SEND_MULTI_MAX_ITEMS };
+    // The library refuses a whole call of more than DC_SEND_MULTI_MAX_REQUESTS
+    // requests or DC_SEND_MULTI_MAX_ITEMS items in all (dc_request_send_multi):
+    // the requests cross in as many calls as that takes, each call within
+    // those bounds and holding at least one request, so that no request is
+    // refused for what the others hold. (A request of more items than one
+    // request may hold is the library's to refuse, on its own.)
+    enum { CALL_REQUESTS = DC_SEND_MULTI_MAX_REQUESTS, CALL_ITEMS = DC_SEND_MULTI_MAX_ITEMS };
     Py_ssize_t i0 = 0;
     size_t k0 = 0;
     while (i0 < n) {
-        if (counts[i0] > REQUEST_ITEMS) {
-            sent[i0] = 0;
-            rcs[i0] = DC_EINVAL;
-            k0 += counts[i0++];
-            continue;
-        }
-        Py_ssize_t i1 = i0;
-        size_t in_call = 0;
-        while (i1 < n && i1 - i0 < CALL_REQUESTS && counts[i1] <= REQUEST_ITEMS && counts[i1] <= CALL_ITEMS - in_call) in_call += counts[i1++];
+        Py_ssize_t i1 = i0 + 1;
+        size_t in_call = counts[i0];
+        while (i1 < n && i1 - i0 < CALL_REQUESTS && in_call <= CALL_ITEMS && counts[i1] <= CALL_ITEMS - in_call) in_call += counts[i1++];
         int rc = dc_request_send_multi(hs + i0, counts + i0, (size_t)(i1 - i0), items + k0, lens + k0, sent + i0, rcs + i0);
         if (rc != DC_OK) {
             raise_rc(rc);

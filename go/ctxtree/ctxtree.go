@@ -51,117 +51,12 @@
 package ctxtree
 
 import (
-	"context"
-	"errors"
-	"fmt"
 	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 	"weak"
-
-	"github.com/dynamo-ctx/dynamo-ctx/go/killtrace"
 )
-
-// State is the cancellation state of a Context. The numeric values are part of
-// the C ABI: they are what the state word holds.
-type State uint32
-
-const (
-	Live    State = 0 // not cancelled
-	Stopped State = 1 // stop_generating: finish cleanly, produce no more
-	Killed  State = 2 // kill: abort now, do not drain
-)
-
-func (s State) String() string {
-	switch s {
-	case Live:
-		return "live"
-	case Stopped:
-		return "stopped"
-	case Killed:
-		return "killed"
-	}
-	return "invalid"
-}
-
-// Reason says why a context was cancelled. The numeric values are part of the
-// C ABI.
-type Reason uint32
-
-const (
-	ReasonNone               Reason = 0 // still live
-	ReasonStopGenerating     Reason = 1
-	ReasonKill               Reason = 2
-	ReasonClientDisconnected Reason = 3
-	ReasonParent             Reason = 4 // propagated from a parent
-	ReasonDeadline           Reason = 5
-	ReasonConnectionLost     Reason = 6
-	ReasonShutdown           Reason = 7
-
-	// NumReasons is the number of reason codes, ReasonNone included: every
-	// reason is below it (the header's DC_REASON_COUNT).
-	NumReasons = 8
-)
-
-var reasonNames = [NumReasons]string{
-	"", "stop_generating", "kill", "client_disconnected", "parent",
-	"deadline", "connection_lost", "shutdown",
-}
-
-// String returns the reason's name as the Python API spells it ("" for ReasonNone).
-func (r Reason) String() string {
-	if r < NumReasons {
-		return reasonNames[r]
-	}
-	return "invalid"
-}
-
-// Valid reports whether r is one of the defined reasons other than ReasonNone.
-func (r Reason) Valid() bool { return r > ReasonNone && r < NumReasons }
-
-// ReasonFromString is the inverse of Reason.String for the defined reasons.
-func ReasonFromString(s string) (Reason, bool) {
-	for i := Reason(1); i < NumReasons; i++ {
-		if reasonNames[i] == s {
-			return i, true
-		}
-	}
-	return ReasonNone, false
-}
-
-// The state word's layout (part of the C ABI: the header's DC_STATE_MASK,
-// DC_REASON_SHIFT, DC_CAUSE_SHIFT and DC_FIELD_MASK are checked equal to
-// these at compile time): the state in bits 0-7, the reason in bits 8-15,
-// the cause in bits 16-23, zero above.
-const (
-	StateMask   = 0xff // w & StateMask is the state
-	ReasonShift = 8    // w >> ReasonShift & FieldMask is the reason
-	CauseShift  = 16   // w >> CauseShift & FieldMask is the cause
-	FieldMask   = 0xff // each field is 8 bits
-)
-
-// Pack builds a state word; Unpack splits one.
-func Pack(s State, r Reason) uint32 { return packCause(s, r, r) }
-
-// packCause adds the cause: the reason at the origin of the cancellation,
-// which a propagated context's own reason (ReasonParent) hides.
-func packCause(s State, r, cause Reason) uint32 {
-	return uint32(s) | uint32(r)<<ReasonShift | uint32(cause)<<CauseShift
-}
-
-// stateOf and causeOf read one field of a state word.
-func stateOf(w uint32) State  { return State(w & StateMask) }
-func causeOf(w uint32) Reason { return Reason(w >> CauseShift & FieldMask) }
-
-// Cause returns the reason the cancellation had where it started: c's own
-// reason if it was cancelled directly, else the reason of the ancestor whose
-// cancellation reached it (ReasonNone while live). A context cancelled over
-// a connection is cancelled directly, with the cause the caller sent.
-func (c *Context) Cause() Reason { return causeOf(c.word.Load()) }
-
-// Unpack splits a state word into its state and reason.
-func Unpack(w uint32) (State, Reason) { return stateOf(w), Reason(w >> ReasonShift & FieldMask) }
 
 var seqCounter atomic.Uint64
 
@@ -188,31 +83,6 @@ type Context struct {
 	nextHook   uint64
 	dl         *deadline // nil: no deadline (most contexts): 8 bytes, not 32
 }
-
-// deadline is a context's deadline and the timer that kills it then.
-type deadline struct {
-	at    time.Time
-	timer *time.Timer
-}
-
-// MaxTimeout bounds a timeout (a deadline that far or farther is refused by
-// the callers that take one: the C ABI, the HTTP frontend).
-const MaxTimeout = 365 * 24 * time.Hour
-
-type hook struct {
-	target State
-	f      func()
-}
-
-// killCount, when set (CountKills), counts transitions of any context to Killed.
-var killCount atomic.Pointer[atomic.Uint64]
-
-// CountKills makes every later transition of any context to Killed add one to
-// *n, after that context's state word shows Killed. So a reader that finds n
-// unchanged since it last found a context not killed may take it as still not
-// killed without reading it again. (The library keeps n where C code reads it
-// without calling into Go.) nil stops the counting.
-func CountKills(n *atomic.Uint64) { killCount.Store(n) }
 
 // Option configures New.
 type Option func(*Context)
@@ -247,6 +117,12 @@ func (c *Context) IsKilled() bool { return stateOf(c.word.Load()) == Killed }
 // Reason returns why the context was cancelled, ReasonNone while it is live.
 func (c *Context) Reason() Reason { _, r := c.State(); return r }
 
+// Cause returns the reason the cancellation had where it started: c's own
+// reason if it was cancelled directly, else the reason of the ancestor whose
+// cancellation reached it (ReasonNone while live). A context cancelled over
+// a connection is cancelled directly, with the cause the caller sent.
+func (c *Context) Cause() Reason { return causeOf(c.word.Load()) }
+
 // StopGenerating moves the context to Stopped with ReasonStopGenerating.
 func (c *Context) StopGenerating() { c.Cancel(Stopped, ReasonStopGenerating) }
 
@@ -259,21 +135,6 @@ func (c *Context) Child(opts ...Option) *Context {
 	ch := New(c.id, opts...)
 	c.LinkChild(ch)
 	return ch
-}
-
-// Next is the one transition rule of a state word: the word a context whose
-// word is w has after a cancel to target with reason and cause, and whether
-// the cancel changes it. States only move forward, and the reason and cause
-// change only with the state: a cancel to a state w is already at or past
-// changes nothing. target is Stopped or Killed (Cancel's callers check it).
-// It is pure: transition applies it to a context under its lock, and the C
-// ABI's dc_state_word_next to a word with no context behind it yet (a
-// Python Context before its Go side is made).
-func Next(w uint32, target State, reason, cause Reason) (uint32, bool) {
-	if old, _ := Unpack(w); old >= target {
-		return w, false
-	}
-	return packCause(target, reason, cause), true
 }
 
 // Cancel moves c to target (Stopped or Killed) with the given reason, and every
@@ -311,17 +172,6 @@ func (c *Context) cancel(target State, reason, cause Reason) bool {
 		stack = append(stack, more...)
 	}
 	return true
-}
-
-// afterUnlock is what one node's transition leaves to do outside its lock: the
-// Notify functions, then the channels to close. Closing a channel a
-// goroutine waits on wakes a thread, which costs the cancelling thread tens
-// of microseconds when the CPUs are idle; the hooks (which signal event
-// loops, write Kill frames) do not wait for that.
-type afterUnlock struct {
-	hooks      []func()
-	chans      [2]chan struct{}
-	stopClosed *atomic.Bool // chans[0] is closed by whoever sets it first
 }
 
 // transition moves one node under its lock and returns what the caller must
@@ -376,18 +226,6 @@ func (c *Context) transition(target State, reason, cause Reason) ([]*Context, af
 	return kids, f, true
 }
 
-func runHooks(f afterUnlock) {
-	for _, h := range f.hooks {
-		h()
-	}
-	if f.chans[0] != nil && f.stopClosed.CompareAndSwap(false, true) {
-		close(f.chans[0])
-	}
-	if f.chans[1] != nil {
-		close(f.chans[1])
-	}
-}
-
 // LinkChild makes child follow c: stopping c stops child, killing c kills
 // child. If c is already Stopped or Killed, child is moved to that state
 // before LinkChild returns. Linking a context to itself or building a cycle is
@@ -431,105 +269,6 @@ func (c *Context) LinkChild(child *Context) {
 	if !inherit.IsZero() {
 		child.SetDeadline(inherit)
 	}
-}
-
-// SetDeadline kills c with ReasonDeadline at d (see the package comment):
-// it arms c's one timer, or kills c before it returns if d has passed. A
-// deadline later than c's own, or one given to a killed or finished
-// context, changes nothing. The children linked below c take d when it is
-// earlier than theirs, before SetDeadline returns.
-func (c *Context) SetDeadline(d time.Time) {
-	stack := []*Context{c}
-	for len(stack) > 0 {
-		n := stack[len(stack)-1]
-		stack = stack[:len(stack)-1]
-		kids, passed, ok := n.setDeadline(d)
-		if !ok {
-			continue
-		}
-		if passed {
-			n.Cancel(Killed, ReasonDeadline) // reaches the children too
-			continue
-		}
-		stack = append(stack, kids...)
-	}
-}
-
-// setDeadline sets one context's deadline under its lock and returns its
-// children to visit, whether d has passed, and whether anything changed.
-func (c *Context) setDeadline(d time.Time) (kids []*Context, passed, ok bool) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if stateOf(c.word.Load()) == Killed || c.finished || (c.dl != nil && !d.Before(c.dl.at)) {
-		return nil, false, false
-	}
-	wait := time.Until(d)
-	if c.dl == nil {
-		c.dl = &deadline{}
-	}
-	c.stopTimerLocked()
-	c.dl.at = d
-	if wait <= 0 {
-		return nil, true, true
-	}
-	// The timer holds c weakly: a context nothing else holds (its handle
-	// freed, its request over) is not kept alive until its deadline, and
-	// neither is the timer (Go collects unreferenced timers).
-	wp := weak.Make(c)
-	c.dl.timer = time.AfterFunc(wait, func() {
-		if c := wp.Value(); c != nil {
-			killtrace.Mark("deadline.fired", c.id) // for the benchmarks: how late the timer ran
-			c.Cancel(Killed, ReasonDeadline)
-		}
-	})
-	for wp := range c.children {
-		if k := wp.Value(); k != nil {
-			kids = append(kids, k)
-		}
-	}
-	return kids, false, true
-}
-
-// stopTimerLocked stops the deadline's timer, if any (c.mu held).
-func (c *Context) stopTimerLocked() {
-	if c.dl != nil && c.dl.timer != nil {
-		c.dl.timer.Stop()
-		c.dl.timer = nil
-	}
-}
-
-// Deadline returns c's deadline, and whether it has one.
-func (c *Context) Deadline() (time.Time, bool) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.dl == nil {
-		return time.Time{}, false
-	}
-	return c.dl.at, true
-}
-
-// Remaining returns the time left until c's deadline (0 once it has passed),
-// and whether c has one.
-func (c *Context) Remaining() (time.Duration, bool) {
-	d, ok := c.Deadline()
-	if !ok {
-		return 0, false
-	}
-	return max(0, time.Until(d)), true
-}
-
-// TimeoutError checks a timeout given in seconds: a finite number, not
-// negative, below MaxTimeout. The message names what is wrong.
-func TimeoutError(seconds float64) error {
-	switch {
-	case seconds != seconds:
-		return errors.New("timeout is not a number")
-	case seconds < 0:
-		return errors.New("timeout is negative")
-	case seconds >= MaxTimeout.Seconds():
-		return fmt.Errorf("timeout is too large (at most %d seconds)", int64(MaxTimeout.Seconds())-1)
-	}
-	return nil
 }
 
 // maybePruneLocked drops children the garbage collector has reclaimed, once
@@ -579,109 +318,6 @@ func (c *Context) NumChildren() int {
 		}
 	}
 	return len(c.children)
-}
-
-var closedCh = func() chan struct{} { ch := make(chan struct{}); close(ch); return ch }()
-
-// Stopped returns a channel that is closed when c becomes Stopped or Killed.
-func (c *Context) Stopped() <-chan struct{} { return c.stateCh(Stopped, &c.stopCh) }
-
-// Killed returns a channel that is closed when c becomes Killed.
-func (c *Context) Killed() <-chan struct{} { return c.stateCh(Killed, &c.killCh) }
-
-// stateCh returns a channel that is closed once c has reached state at
-// (States are ordered): closedCh if it has already, else *ch, made on first
-// use and closed by transition. The check and the making happen under c.mu, as
-// transition's close does, so no transition falls between them.
-func (c *Context) stateCh(at State, ch *chan struct{}) <-chan struct{} {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if stateOf(c.word.Load()) >= at {
-		return closedCh
-	}
-	if *ch == nil {
-		*ch = make(chan struct{})
-	}
-	return *ch
-}
-
-// Notify arranges for f to run exactly once when c reaches target (Stopped
-// also fires on Killed). f runs synchronously on the goroutine that cancels
-// c, after c's lock is released, or in Notify itself if c is already there;
-// it must not block. The returned stop function unregisters f and reports
-// whether it did so before f ran.
-func (c *Context) Notify(target State, f func()) (stop func() bool) {
-	c.mu.Lock()
-	if st, _ := Unpack(c.word.Load()); st >= target {
-		c.mu.Unlock()
-		f()
-		return func() bool { return false }
-	}
-	if c.hooks == nil {
-		c.hooks = make(map[uint64]hook)
-	}
-	c.nextHook++
-	key := c.nextHook
-	c.hooks[key] = hook{target: target, f: f}
-	c.mu.Unlock()
-	return func() bool {
-		c.mu.Lock()
-		defer c.mu.Unlock()
-		if _, ok := c.hooks[key]; ok {
-			delete(c.hooks, key)
-			return true
-		}
-		return false
-	}
-}
-
-type ctxKey struct{}
-
-// Std returns a context.Context that is done when c is Stopped or Killed, for
-// Go code that only knows the standard interface. It starts no goroutine.
-// Err returns context.Canceled (context.DeadlineExceeded for ReasonDeadline).
-// FromStd recovers c from it or from any context derived from it.
-func (c *Context) Std() context.Context { return stdContext{c} }
-
-type stdContext struct{ c *Context }
-
-func (s stdContext) Deadline() (time.Time, bool) { return s.c.Deadline() }
-func (s stdContext) Done() <-chan struct{}       { return s.c.Stopped() }
-func (s stdContext) Err() error {
-	st, r := s.c.State()
-	switch {
-	case st == Live:
-		return nil
-	case r == ReasonDeadline:
-		return context.DeadlineExceeded
-	default:
-		return context.Canceled
-	}
-}
-func (s stdContext) Value(key any) any {
-	if key == (ctxKey{}) {
-		return s.c
-	}
-	return nil
-}
-
-// FromStd returns the Context behind a context.Context made by Std, or nil.
-func FromStd(ctx context.Context) *Context {
-	c, _ := ctx.Value(ctxKey{}).(*Context)
-	return c
-}
-
-// FollowStd kills c when std is done: with ReasonDeadline if std's deadline
-// passed, ReasonParent otherwise. It uses context.AfterFunc, so no goroutine
-// exists until std is done. The returned stop function detaches c from std.
-func (c *Context) FollowStd(std context.Context) (stop func() bool) {
-	return context.AfterFunc(std, func() {
-		r := ReasonParent
-		if errors.Is(context.Cause(std), context.DeadlineExceeded) {
-			r = ReasonDeadline
-		}
-		c.Cancel(Killed, r)
-	})
 }
 
 // StateWord returns the word that holds c's state and reason (see Pack). It

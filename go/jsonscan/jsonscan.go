@@ -1,8 +1,9 @@
 // Package jsonscan reads JSON text by hand where encoding/json would cost a
 // second pass, and matches object member names exactly: the one scanner of
 // the request envelope (go/plane) and of the OpenAI request bodies
-// (go/frontend), and the one whitespace skipper of the token schema's fast
-// path (go/tokens).
+// (go/frontend), the whitespace skipper and literal matcher of the token
+// schema's fast path (go/tokens), and the one test of a value absent or
+// null (IsNull).
 //
 // encoding/json matches a member's name to a field without regard to case,
 // with Unicode folding (the Kelvin sign matches k, the long s matches s), and
@@ -13,8 +14,8 @@
 //
 // Guarantees:
 //
-//   - SkipSpace and StringEnd are defined on any input: they never index
-//     outside b.
+//   - SkipSpace, StringEnd, HasAt, Expect and IsNull are defined on any
+//     input: they never index outside b.
 //   - SkipValue, Object (and Members.Next) and Keys.Check require valid
 //     JSON (json.Valid); on it they split values exactly where
 //     encoding/json does, and they never allocate (Check, only to decode a
@@ -38,6 +39,32 @@ func SkipSpace(b []byte, i int) int {
 		i++
 	}
 	return i
+}
+
+// HasAt reports whether b holds lit at index i.
+func HasAt(b []byte, i int, lit string) bool {
+	return len(b)-i >= len(lit) && string(b[i:i+len(lit)]) == lit
+}
+
+// Expect reads each of lits in turn from i, with JSON whitespace around
+// each: the index after the last (and the whitespace after it), or false.
+func Expect(b []byte, i int, lits ...string) (int, bool) {
+	for _, s := range lits {
+		i = SkipSpace(b, i)
+		if !HasAt(b, i, s) {
+			return i, false
+		}
+		i = SkipSpace(b, i+len(s))
+	}
+	return i, true
+}
+
+// IsNull reports whether b, a JSON value as encoding/json hands it over
+// (json.RawMessage), is absent or null: nothing but JSON whitespace, or
+// null with JSON whitespace around it.
+func IsNull(b []byte) bool {
+	i := SkipSpace(b, 0)
+	return i == len(b) || (HasAt(b, i, "null") && SkipSpace(b, i+len("null")) == len(b))
 }
 
 // StringEnd returns the index of the quote that closes the string whose

@@ -20,6 +20,32 @@ func TestSkipSpace(t *testing.T) {
 	assert.Equal(t, 1, SkipSpace([]byte("a\v b"), 1), "\\v is no JSON whitespace")
 }
 
+func TestHasAtAndExpect(t *testing.T) {
+	b := []byte(` { "a" :[`)
+	assert.True(t, HasAt(b, 1, `{`))
+	assert.False(t, HasAt(b, 0, `{`))
+	assert.False(t, HasAt(b, len(b)-1, `[1`), "past the end")
+	assert.False(t, HasAt(b, len(b), `x`))
+	i, ok := Expect(b, 0, `{`, `"a"`, `:`, `[`)
+	assert.True(t, ok)
+	assert.Equal(t, len(b), i)
+	i, ok = Expect(b, 0, `{`, `"b"`)
+	assert.False(t, ok)
+	assert.Equal(t, 3, i, "where the literal was not")
+	_, ok = Expect(b, 0, `{`, `"a"`, `:`, `[`, `]`)
+	assert.False(t, ok, "the end of b")
+}
+
+func TestIsNull(t *testing.T) {
+	for _, s := range []string{"", " ", "null", " \t\r\nnull\n "} {
+		assert.True(t, IsNull([]byte(s)), "%q", s)
+	}
+	for _, s := range []string{"nul", "nulll", "null x", "0", `"null"`, "[]", "\vnull", "Null"} {
+		assert.False(t, IsNull([]byte(s)), "%q", s)
+	}
+	assert.True(t, IsNull(nil))
+}
+
 func TestStringEnd(t *testing.T) {
 	for _, c := range []struct {
 		text    string // a string's contents and what follows it

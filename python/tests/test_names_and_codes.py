@@ -1,6 +1,7 @@
-"""Each rule the Python API applies is the native library's (issue 11): the
-endpoint path rule, the reason and error names, the route codes, the version,
-and one table from error codes to exceptions, used by the native module too."""
+"""The names and codes the Python API uses are the native library's: the
+endpoint path and name rule, the reason and error names, the route codes, the
+version, and one table from error codes to exceptions, used by the native
+module too."""
 
 from __future__ import annotations
 
@@ -13,8 +14,7 @@ import dynamo_ctx
 from dynamo_ctx import Context, DistributedRuntime, RuntimeClosed
 from dynamo_ctx._lib import native
 from dynamo_ctx.runtime import _exception_for
-
-HANG = 30.0  # seconds: catches a hang, never a timing assertion
+from harness import HANG
 
 
 def test_version_is_the_librarys():

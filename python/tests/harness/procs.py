@@ -468,14 +468,15 @@ def start_script(script: Union[str, Path], *args: str, nats_url: Optional[str] =
 
 
 def run_python(*args: str, env: Optional[Dict[str, str]] = None, prefix: Sequence[str] = (),
-               timeout: Optional[float] = HANG, capture: bool = True) -> "subprocess.CompletedProcess[str]":
+               timeout: Optional[float] = HANG, capture: bool = True,
+               cwd: Optional[Union[str, Path]] = None) -> "subprocess.CompletedProcess[str]":
     """A fresh interpreter run to its end: ``python ARGS...`` (``"-c", code``,
     ``"-m", module`` or a script and its arguments) in ``env`` (default:
     ``child_env()``: the in-tree package first, no NATS_SERVER), under ``prefix``
-    (a command that runs it, e.g. in a private network namespace). Its output is
-    captured as text, or with ``capture=False`` left on this process's (a
+    (a command that runs it, e.g. in a private network namespace), in ``cwd``. Its
+    output is captured as text, or with ``capture=False`` left on this process's (a
     benchmark's run of itself). ``timeout`` (None: none) bounds it."""
-    return subprocess.run([*prefix, sys.executable, *args], env=child_env() if env is None else env,
+    return subprocess.run([*prefix, sys.executable, *args], env=child_env() if env is None else env, cwd=cwd,
                           capture_output=capture, text=True, timeout=timeout)
 
 

@@ -42,9 +42,10 @@ def new_namespace(prefix: str) -> str:
     return prefix + uuid.uuid4().hex[:8]
 
 
-def expected_tokens(prompt: str, n: int, seed: int = 1000, vocab: int = 32000) -> List[int]:
-    """The mock engine's tokens for ``prompt`` as the frontend tokenizes it (one token per UTF-8 byte)."""
-    p = len(prompt.encode())
+def expected_tokens(prompt: Union[str, Sequence[int]], n: int, seed: int = 1000, vocab: int = 32000) -> List[int]:
+    """The mock engine's first ``n`` tokens for ``prompt``: a text as the frontend
+    tokenizes it (one token per UTF-8 byte), or the token ids sent to a worker."""
+    p = len(prompt.encode()) if isinstance(prompt, str) else len(prompt)
     return [(seed + p + i) % vocab for i in range(n)]
 
 

@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import gc
 import select
-import subprocess
-import sys
 import threading
 from pathlib import Path
 from typing import List, Optional, Tuple
@@ -30,12 +28,12 @@ import pytest
 cffi = pytest.importorskip("cffi")
 
 import dynamo_ctx  # noqa: E402 - importing the package does not load the library
+from harness import TESTS_DIR, run_python  # noqa: E402
 
 PACKAGE_DIR = Path(dynamo_ctx.__file__).resolve().parent
 LIB_PATH = PACKAGE_DIR / "_native.abi3.so"
 HEADER_PATH = PACKAGE_DIR / "include" / "dynamo_ctx.h"  # the public header, shipped
 GENERATED_HEADER_PATH = PACKAGE_DIR / "_native.abi3.h"  # cgo's, internal (source tree only)
-HANG = 10.0  # seconds: a generous bound that only catches hangs, never a sleep
 
 # ---------------------------------------------------------------------------
 # Declarations: the shipped header itself, as a C user's #include gives them
@@ -219,13 +217,13 @@ def run_in_fresh_interpreter(module: str, function: str) -> None:
     """
     code = (
         "import sys\n"
-        f"sys.path[:0] = [{str(Path(__file__).resolve().parent)!r}, {str(PACKAGE_DIR.parent)!r}]\n"
+        f"sys.path.insert(0, {str(TESTS_DIR)!r})\n"
         f"import {module}\n"
         f"{module}.{function}()\n"
         "assert 'dynamo_ctx._native' not in sys.modules\n"
         "print('done')\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    proc = run_python("-c", code)
     assert proc.returncode == 0 and proc.stdout.strip() == "done", (
         f"{function} failed in a fresh interpreter (exit {proc.returncode}):\n{proc.stderr}"
     )

@@ -4,12 +4,11 @@ process harness (harness/): running a coroutine, and a handler served in this pr
 from __future__ import annotations
 
 import asyncio
-import uuid
 from typing import Any, Coroutine, TypeVar
 
-T = TypeVar("T")
+from harness import HANG, new_namespace
 
-HANG = 60  # seconds: a wait this long means something hangs (bounds catch hangs, they do not time)
+T = TypeVar("T")
 
 
 def run(coro: "Coroutine[Any, Any, T]") -> T:
@@ -25,7 +24,7 @@ class ServedEndpoint:
         from dynamo_ctx import DistributedRuntime
 
         self.runtime = DistributedRuntime(nats_url=nats_url)
-        self.path = f"test{uuid.uuid4().hex[:8]}.backend.generate"
+        self.path = f"{new_namespace('test')}.backend.generate"
         self.endpoint = self.runtime.endpoint(self.path)
         self.handler = handler
 

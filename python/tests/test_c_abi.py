@@ -27,7 +27,6 @@ from c_abi import (
     DC_REASON_NONE,
     ENUM_VALUES,
     GENERATED_HEADER_PATH,
-    HANG,
     HEADER_PATH,
     LIB_PATH,
     PACKAGE_DIR,
@@ -44,6 +43,7 @@ from c_abi import (
     ok,
     state,
 )
+from harness import HANG
 
 
 # ---------------------------------------------------------------------------

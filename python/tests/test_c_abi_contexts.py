@@ -22,7 +22,6 @@ from c_abi import (
     DC_REASON_SHUTDOWN,
     DC_REASON_STOP_GENERATING,
     DC_STOPPED,
-    HANG,
     REASON_NAMES,
     counts,
     ctx_id,
@@ -36,6 +35,7 @@ from c_abi import (
     ok,
     state,
 )
+from harness import HANG
 
 
 # ---------------------------------------------------------------------------

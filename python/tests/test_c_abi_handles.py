@@ -19,7 +19,6 @@ from c_abi import (
     DC_REASON_NONE,
     DC_REASON_PARENT,
     DC_REASON_SHUTDOWN,
-    HANG,
     counts,
     drain,
     expect,
@@ -32,6 +31,7 @@ from c_abi import (
     ok,
     state,
 )
+from harness import HANG
 
 
 # ---------------------------------------------------------------------------

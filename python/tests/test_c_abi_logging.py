@@ -11,7 +11,6 @@ from c_abi import (
     DC_EINVAL,
     DC_ERANGE,
     DC_OK,
-    HANG,
     expect,
     ffi,
     lib_fixture,  # noqa: F401 - the fixture "lib"
@@ -20,6 +19,7 @@ from c_abi import (
     readable,
     run_in_fresh_interpreter,
 )
+from harness import HANG
 
 
 # ---------------------------------------------------------------------------

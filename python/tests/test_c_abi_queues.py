@@ -18,7 +18,6 @@ from c_abi import (
     DC_LIVE,
     DC_REASON_PARENT,
     DC_STOPPED,
-    HANG,
     counts,
     drain,
     expect,
@@ -32,6 +31,7 @@ from c_abi import (
     readable,
     state,
 )
+from harness import HANG
 
 
 # ---------------------------------------------------------------------------

@@ -17,17 +17,13 @@ import socket
 import subprocess
 import sys
 import time
-import uuid
-from pathlib import Path
 
 import pytest
 
 from dynamo_ctx import DistributedRuntime, HandlerError
 from dynamo_ctx.cli import _common as _cli
-from harness import Worker, http_get, wait_until
-from helpers import HANG
+from harness import HANG, Worker, child_env, http_get, new_namespace, run_python, wait_until
 
-HERE = Path(__file__).resolve().parent
 WORKER = "python -m dynamo_ctx.worker"
 FRONTEND = "python -m dynamo_ctx.frontend"
 DEMO = "python -m dynamo_ctx.demo"
@@ -35,18 +31,16 @@ MODULES = {WORKER: "dynamo_ctx.worker", FRONTEND: "dynamo_ctx.frontend", DEMO: "
 
 
 def env_for(**extra: str) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DYN")}
-    env["PYTHONPATH"] = str(HERE.parent)
-    env["COLUMNS"] = "200"  # --help on long lines, so that phrases stay whole
-    env["NATS_SERVER"] = "nats://127.0.0.1:1"  # never a real server: these runs must not reach one
-    env.update(extra)
-    return env
+    """A command's environment: the harness's (the in-tree package first)
+    without this process's DYN* settings, help on long lines (so that phrases
+    stay whole) and, unless ``extra`` says otherwise, a NATS_SERVER where no
+    server ever runs: these runs must not reach one."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("DYN")}
+    return child_env("nats://127.0.0.1:1", base=base, COLUMNS="200", **extra)
 
 
 def run_cmd(prog: str, *args: str, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", MODULES[prog], *args], env=env_for(**env), capture_output=True, text=True, timeout=HANG,
-    )
+    return run_python("-m", MODULES[prog], *args, env=env_for(**env))
 
 
 def one_line(r: subprocess.CompletedProcess, prog: str) -> str:
@@ -191,7 +185,7 @@ def poll(fn, what: str):
 def test_decode_worker_answers_before_a_prefill_worker_exists(nats_url):
     """/metrics and /health answer at once; /health says what it waits for
     (503, JSON) until a prefill worker comes, then 200; HEAD works; the logs are JSON lines."""
-    ns = f"cli{uuid.uuid4().hex[:8]}"
+    ns = new_namespace("cli")
     # The command as a user runs it: no --engine, --model or --log-level of the harness's.
     decode = Worker("decode", env_for(NATS_SERVER=nats_url, DYN_LOGGING_JSONL="1"), namespace=ns, mode="decode",
                     model=None, engine=None)
@@ -230,7 +224,7 @@ def test_handler_error_is_logged_once_with_request_id_and_traceback(nats_url, ca
 
     async def main():
         rt = DistributedRuntime(nats_url=nats_url)
-        ep = rt.endpoint(f"cli{uuid.uuid4().hex[:8]}.backend.generate")
+        ep = rt.endpoint(f"{new_namespace('cli')}.backend.generate")
         task = asyncio.ensure_future(ep.serve_endpoint(handler))
         await ep.serving()
         client = await ep.client()

@@ -7,16 +7,13 @@ import gc
 import logging
 import os
 import re
-import subprocess
-import sys
 import threading
-from pathlib import Path
 
 import pytest
 
-import dynamo_ctx
 from dynamo_ctx import Context
-from helpers import HANG, run
+from harness import HANG, run_python
+from helpers import run
 
 
 
@@ -39,8 +36,7 @@ def test_import_does_not_load_the_library():
         "assert '_native.abi3' in open('/proc/self/maps').read()\n"
         "print('ok')\n"
     )
-    env = dict(os.environ, PYTHONPATH=str(Path(dynamo_ctx.__file__).parents[1]))
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=HANG)
+    out = run_python("-c", code)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ok"
     assert out.stderr == "", "the library never writes to stderr"

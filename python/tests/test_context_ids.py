@@ -6,13 +6,13 @@ accepts is accepted by generate and reaches the handler unchanged."""
 from __future__ import annotations
 
 import asyncio
-import uuid
 
 import pytest
 
 from dynamo_ctx import Context, DistributedRuntime
 from dynamo_ctx._lib import native
-from helpers import HANG, run
+from harness import HANG, new_namespace
+from helpers import run
 
 RULE = "1 to 256 bytes of printable UTF-8"
 
@@ -83,7 +83,7 @@ def test_accepted_ids_are_accepted_by_generate(nats_url):
     async def main():
         rt = DistributedRuntime(nats_url=nats_url)
         try:
-            endpoint = rt.endpoint(f"ids{uuid.uuid4().hex[:8]}.backend.generate")
+            endpoint = rt.endpoint(f"{new_namespace('ids')}.backend.generate")
             serving = asyncio.ensure_future(endpoint.serve_endpoint(handler))
             await endpoint.serving()
             client = await endpoint.client()

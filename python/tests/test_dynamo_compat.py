@@ -9,7 +9,6 @@ import inspect
 import logging
 import os
 import signal
-import uuid
 from pathlib import Path
 from unittest import mock
 
@@ -25,14 +24,10 @@ from dynamo_ctx import (
 )
 from dynamo_ctx import runtime as runtime_mod
 from dynamo_ctx.runtime import dynamo_worker
-from harness import start_script
-from helpers import HANG, run
+from harness import HANG, new_namespace, start_script
+from helpers import run
 
 HERE = Path(__file__).resolve().parent
-
-
-def unique_ns() -> str:
-    return f"compat{uuid.uuid4().hex[:8]}"
 
 
 class MockServer:
@@ -116,7 +111,7 @@ async def mock_served(nats_url, *args):
     down."""
     runtime = DistributedRuntime(asyncio.get_running_loop(), *args, nats_url=nats_url)
     try:
-        handler, task, client = await serve_mock(runtime, unique_ns())
+        handler, task, client = await serve_mock(runtime, new_namespace("compat"))
         yield handler, client
         await stop_serving(task)
     finally:
@@ -145,7 +140,7 @@ def test_constructor_forms_serve_and_call(nats_url, args, kwargs):
             runtime = DistributedRuntime(loop, *args, **kwargs)
         try:
             assert runtime.nats_url == nats_url
-            handler, task, client = await serve_mock(runtime, unique_ns())
+            handler, task, client = await serve_mock(runtime, new_namespace("compat"))
             stream = await client.generate("raise_runtime_error")
             with pytest.raises(HandlerError):
                 async for _ in stream:
@@ -226,7 +221,7 @@ def test_endpoint_path_forms_component_and_connection_id(nats_url):
     async def main():
         runtime = DistributedRuntime(asyncio.get_running_loop(), "etcd", "tcp", nats_url=nats_url)
         try:
-            ns = unique_ns()
+            ns = new_namespace("compat")
             ep = runtime.endpoint(f"dyn://{ns}.backend.generate")
             assert ep.path == f"{ns}.backend.generate"
             assert ep.component() is ep.component and ep.component().name == "backend"
@@ -312,7 +307,7 @@ def test_metadata_across_processes_and_child_requests(nats_url):
     # process, whose "outer" handler calls its "generate" endpoint with its
     # own context: metadata goes caller -> outer -> generate.
     async def main():
-        ns = unique_ns()
+        ns = new_namespace("compat")
         worker = await start_compat_worker(nats_url, ns)
         runtime = DistributedRuntime(asyncio.get_running_loop(), "etcd", "tcp", nats_url=nats_url)
         try:
@@ -341,7 +336,7 @@ def test_metadata_survives_migration(nats_url):
     # Two worker processes; the one serving the first attempt is SIGKILLed
     # mid-stream; the retry on the other carries the same metadata and id.
     async def main():
-        ns = unique_ns()
+        ns = new_namespace("compat")
         workers = [await start_compat_worker(nats_url, ns) for _ in range(2)]
         runtime = DistributedRuntime(asyncio.get_running_loop(), "etcd", "tcp", nats_url=nats_url)
         try:
@@ -488,7 +483,7 @@ def test_dynamo_worker_gives_a_runtime_and_shuts_it_down(nats_url):
 
     env = {"NATS_SERVER": nats_url, "DYN_DISCOVERY_BACKEND": "kubernetes", "DYN_REQUEST_PLANE": "nats"}
     with mock.patch.dict(os.environ, env):
-        assert run(worker(unique_ns(), greeting="hi")) == {"i": 0, "metadata": {"g": "hi", "iteration": "0"}}
+        assert run(worker(new_namespace("compat"), greeting="hi")) == {"i": 0, "metadata": {"g": "hi", "iteration": "0"}}
     assert seen["runtime"].is_shutdown(), "the runtime lives as long as the worker function"
     assert worker.__name__ == "worker"
 

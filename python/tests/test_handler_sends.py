@@ -16,7 +16,8 @@ from dynamo_ctx import Context
 from dynamo_ctx import serving as rt_mod
 from dynamo_ctx._aio import handler_task
 from dynamo_ctx._lib import native
-from helpers import HANG, ServedEndpoint, collect, run
+from harness import HANG
+from helpers import ServedEndpoint, collect, run
 
 
 def test_item_encoding_matches_json_dumps():

@@ -20,21 +20,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-import uuid
 from pathlib import Path
 
 import pytest
 
 from dynamo_ctx import Context, DistributedRuntime, RuntimeClosed
-from harness import start_script
-from helpers import HANG, run
+from harness import HANG, new_namespace, start_script
+from helpers import run
 
 HERE = Path(__file__).resolve().parent
 
 
 
 def unique_path(kind="generate"):
-    return f"kill{uuid.uuid4().hex[:8]}.backend.{kind}"
+    return f"{new_namespace('kill')}.backend.{kind}"
 
 
 async def serve(runtime, path, handler):
@@ -502,7 +501,7 @@ async def worker_and_runtime(nats_url, prefix):
     """A kill_worker.py process serving a fresh path (prefix + a random
     suffix) and a runtime to call it: yields (worker, runtime, path). The
     runtime shuts down and the worker is SIGKILLed at the end."""
-    path = f"{prefix}{uuid.uuid4().hex[:8]}.worker.generate"
+    path = f"{new_namespace(prefix)}.worker.generate"
     worker = await start_kill_worker(nats_url, path)
     rt = DistributedRuntime(nats_url=nats_url)
     try:

@@ -7,22 +7,17 @@ Python module), and the package reads the library's constants
 from __future__ import annotations
 
 import ast
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 import dynamo_ctx
 from dynamo_ctx import Context
-
-HANG = 60.0  # seconds: only catches a hang
+from harness import run_python
 
 
 def _run_fresh(code: str) -> str:
-    env = dict(os.environ, PYTHONPATH=str(Path(dynamo_ctx.__file__).parents[1]))
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=HANG)
+    out = run_python("-c", code)
     assert out.returncode == 0, out.stderr
     assert out.stderr == ""
     return out.stdout.strip()

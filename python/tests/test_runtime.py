@@ -16,8 +16,6 @@ import contextlib
 import functools
 import gc
 import json
-import os
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -25,8 +23,8 @@ from pathlib import Path
 import pytest
 
 from dynamo_ctx import Context, DistributedRuntime, NoResponders, RuntimeClosed, StreamIncomplete
-from harness import start_script
-from helpers import HANG, ServedEndpoint, collect, run
+from harness import HANG, child_env, new_namespace, run_python, start_script
+from helpers import ServedEndpoint, collect, run
 
 HERE = Path(__file__).resolve().parent
 
@@ -341,7 +339,7 @@ def test_no_responders(nats_url):
 def test_errors_are_exceptions(nats_url):
     async def main():
         rt = DistributedRuntime(nats_url=nats_url)
-        ep = rt.endpoint(f"t{uuid.uuid4().hex[:6]}.c.e")
+        ep = rt.endpoint(f"{new_namespace('t')}.c.e")
         with pytest.raises(TypeError):
 
             async def not_a_generator(request):
@@ -376,7 +374,7 @@ def test_errors_are_exceptions(nats_url):
 
 
 def unique_path():
-    return f"proc{uuid.uuid4().hex[:8]}.worker.generate"
+    return f"{new_namespace('proc')}.worker.generate"
 
 
 @contextlib.asynccontextmanager
@@ -526,18 +524,14 @@ def test_embedded_default_is_shared_by_processes(tmp_path):
     suites and demos running beside this one keep their 4222; otherwise only
     when nothing answers at 4222."""
     import socket
-    import subprocess
 
-    env = {k: v for k, v in os.environ.items() if k != "NATS_SERVER"}
-    env["PYTHONPATH"] = str(HERE.parent)
-    env["DYNAMO_CTX_RUNTIME_DIR"] = str(tmp_path / "rt")
+    env = child_env(DYNAMO_CTX_RUNTIME_DIR=str(tmp_path / "rt"))  # no NATS_SERVER
     prefix = _private_network()
     if not prefix:
         with socket.socket() as s:
             if s.connect_ex(("127.0.0.1", 4222)) == 0:
                 pytest.skip("127.0.0.1:4222 is in use and no private network namespace is available")
-    r = subprocess.run(prefix + [sys.executable, "-c", _DEFAULT_DRIVER, _DEFAULT_SCRIPT], env=env,
-                       capture_output=True, text=True, timeout=2 * HANG)
+    r = run_python("-c", _DEFAULT_DRIVER, _DEFAULT_SCRIPT, env=env, prefix=prefix, timeout=2 * HANG)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stdout + r.stderr
 
 

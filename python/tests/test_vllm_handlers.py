@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import uuid
 
 import pytest
 
 from dynamo_ctx import Context, DistributedRuntime
 from dynamo_ctx.backends.vllm import AggregatedHandler, DecodeHandler, PrefillHandler
 from dynamo_ctx.mocker import MockAsyncLLM, MockEngineArgs
+from harness import new_namespace
 from helpers import run
-
 
 
 class Served:
@@ -41,7 +40,7 @@ class Served:
 
 
 def ns():
-    return f"h{uuid.uuid4().hex[:8]}"
+    return new_namespace("h")
 
 
 @pytest.mark.parametrize("cancel", ["kill", "stop_generating"])

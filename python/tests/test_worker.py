@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import uuid
 
 import pytest
 
 from dynamo_ctx import Context, DistributedRuntime
-from harness import Worker, child_env
-from helpers import HANG, run
+from harness import HANG, Worker, child_env, expected_tokens, new_namespace
+from helpers import run
 
 
 async def start_mock_worker(nats_url, namespace, *args, mode="agg", name="worker"):
@@ -18,13 +17,9 @@ async def start_mock_worker(nats_url, namespace, *args, mode="agg", name="worker
     return await w.ready_async()
 
 
-def expected_tokens(prompt_len, n, seed=1000, vocab=32000):
-    return [(seed + prompt_len + i) % vocab for i in range(n)]
-
-
 def test_sigkill_mid_stream_migrates_to_second_worker(nats_url):
     async def main():
-        space = f"w{uuid.uuid4().hex[:8]}"
+        space = new_namespace("w")
         args = ["--decode-time-per-token", "0.01", "--migration-limit", "2"]
         workers = [await start_mock_worker(nats_url, space, *args, name=f"worker{i}") for i in range(2)]
         try:
@@ -45,7 +40,7 @@ def test_sigkill_mid_stream_migrates_to_second_worker(nats_url):
                             victim = w
                     assert victim is not None
                     victim.kill()
-            assert tokens == expected_tokens(3, 60), "one continuous stream: no token lost or repeated"
+            assert tokens == expected_tokens([1, 2, 3], 60), "one continuous stream: no token lost or repeated"
             survivor = next(w for w in workers if w is not victim)
             await survivor.wait_log_async(r"New Request ID: migrate-me")
             rt.shutdown()
@@ -58,7 +53,7 @@ def test_sigkill_mid_stream_migrates_to_second_worker(nats_url):
 
 def test_decode_cancel_during_prefill_aborts_remote_prefill(nats_url):
     async def main():
-        space = f"w{uuid.uuid4().hex[:8]}"
+        space = new_namespace("w")
         prefill = await start_mock_worker(nats_url, space, "--prefill-time-per-token", "0.01", mode="prefill", name="prefill")
         decode = await start_mock_worker(nats_url, space, mode="decode", name="decode")
         try:
@@ -94,7 +89,7 @@ def test_worker_serves_and_aborts_on_either_event_loop(nats_url, event_loop):
         pytest.importorskip("uvloop")
 
     async def main():
-        space = f"w{uuid.uuid4().hex[:8]}"
+        space = new_namespace("w")
         args = ["--decode-time-per-token", "0.005", "--event-loop", event_loop]
         worker = await start_mock_worker(nats_url, space, *args, "--log-level", "debug")
         try:
@@ -103,7 +98,7 @@ def test_worker_serves_and_aborts_on_either_event_loop(nats_url, event_loop):
             client = await rt.endpoint(f"{space}.backend.generate").client()
             await client.wait_for_instances()
             whole = [t async for item in await client.generate({"token_ids": [1, 2], "max_tokens": 20}) for t in item.data()["token_ids"]]
-            assert whole == expected_tokens(2, 20)
+            assert whole == expected_tokens([1, 2], 20)
             ctx = Context(f"kill-on-{event_loop}")
             stream = await client.generate({"token_ids": [1, 2], "max_tokens": 10_000}, context=ctx)
             async for _ in stream:
@@ -125,7 +120,7 @@ def test_engine_death_hands_streams_over_and_exits_nonzero(nats_url):
     exits with status 1 and one line saying why."""
 
     async def main():
-        space = f"d{uuid.uuid4().hex[:8]}"
+        space = new_namespace("d")
         common = ["--decode-time-per-token", "0.005", "--prefill-time-per-token", "0"]
         healthy = await start_mock_worker(nats_url, space, *common, name="healthy")
         doomed = await start_mock_worker(nats_url, space, *common, "--mock-die-after-steps", "30", name="doomed")
@@ -145,7 +140,7 @@ def test_engine_death_hands_streams_over_and_exits_nonzero(nats_url):
 
             results = await asyncio.wait_for(asyncio.gather(*(tokens_of(s) for s in streams)), HANG)
             for tokens in results:
-                assert tokens == expected_tokens(3, 80), "migrated token-exact"
+                assert tokens == expected_tokens([1, 2, 3], 80), "migrated token-exact"
             assert await doomed.wait_async(HANG) == 1  # and its output is read to the end
             text = doomed.log()
             assert text.count("the engine died: EngineDeadError") == 2, text  # the log line, and the exit's one line

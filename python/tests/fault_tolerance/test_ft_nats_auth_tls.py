@@ -18,13 +18,12 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from harness import NatsServer
+from harness import NatsServer, run_python
 
 USER, PASSWORD = "dcuser", "s3cret-pass"
 REFUSAL_BOUND = 15.0  # a refused connection must fail well within this (it takes well under a second)
@@ -79,7 +78,7 @@ def _connect_attempt(env: dict) -> subprocess.CompletedProcess:
         "else:\n"
         "    print('CONNECTED'); rt.shutdown()\n"
     )
-    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    return run_python("-c", code, env=env)
 
 
 def _clean_env(stack) -> dict:

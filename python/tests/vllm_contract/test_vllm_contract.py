@@ -45,7 +45,6 @@ import inspect  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import subprocess  # noqa: E402
-import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any, Dict, List, Optional, Tuple  # noqa: E402
 
@@ -62,10 +61,11 @@ from dynamo_ctx.backends import mocker  # noqa: E402
 from dynamo_ctx.backends import vllm as handlers  # noqa: E402
 from dynamo_ctx.backends.mocker import MockAsyncLLM, MockEngineArgs  # noqa: E402
 from dynamo_ctx.backends.vllm import AggregatedHandler, DecodeHandler, PrefillHandler  # noqa: E402
+from harness import HANG, child_env, run_python  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[3]
 PYTHON_DIR = ROOT / "python"
-HANG = 120  # seconds: a bound that turns a hang into a failure
+VLLM_HANG = 2 * HANG  # vLLM's import and engine start take a while: twice the harness's bound
 
 #: The worker's source files (read for the import of EngineDeadError).
 WORKER_SOURCES = [PYTHON_DIR / "dynamo_ctx" / "cli" / "worker.py", PYTHON_DIR / "dynamo_ctx" / "backends" / "vllm.py"]
@@ -117,10 +117,8 @@ def _has_accelerator() -> bool:
 
 def _run_worker(args: List[str], env: Dict[str, str], literal: bool = False) -> subprocess.CompletedProcess:
     """``python -m dynamo_ctx.worker args`` (through WORKER_MAIN where the CPU shim is needed, unless ``literal``)."""
-    env = dict(env)
-    env["PYTHONPATH"] = os.pathsep.join([str(PYTHON_DIR)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-    cmd = [sys.executable, "-m", "dynamo_ctx.worker"] if literal or not CPU_SHIM else [sys.executable, "-c", WORKER_MAIN]
-    return subprocess.run(cmd + args, env=env, cwd=str(ROOT), capture_output=True, text=True, timeout=HANG)
+    cmd = ["-m", "dynamo_ctx.worker"] if literal or not CPU_SHIM else ["-c", WORKER_MAIN]
+    return run_python(*cmd, *args, env=child_env(env.get("NATS_SERVER"), base=env), cwd=ROOT, timeout=VLLM_HANG)
 
 
 # --------------------------------------------------------------------------- recording the handlers' calls
@@ -262,7 +260,7 @@ def recorded() -> Recorded:
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(handlers, "sampling_params_for", recording_sampling_params_for)
-        scenarios = asyncio.run(asyncio.wait_for(_scenarios(engines), HANG))
+        scenarios = asyncio.run(asyncio.wait_for(_scenarios(engines), VLLM_HANG))
     return Recorded(list(engines.values()), params_calls, scenarios)
 
 

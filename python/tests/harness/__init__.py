@@ -5,7 +5,8 @@
                     SIGSTOP/SIGCONT, its log dumped on failure), helper scripts, a fresh
                     interpreter run to its end (run_python)
     http_client.py  GET/POST, raw-socket requests, Prometheus text
-    sse.py          streamed completions read with asyncio (hundreds at once)
+    sse.py          streamed completions read with asyncio (hundreds at once), or one read
+                    event by event from a raw socket (SSEStream)
     nats.py         the NATS host (an embedded server in a process of its own) and real
                     nats-server processes (one, or a cluster)
     stack.py        the worker and frontend commands as processes, and a stack of them
@@ -29,12 +30,12 @@ from .procs import (
     HANG, PY_DIR, ROOT, STARTED, TESTS_DIR, Proc, ProcError, child_env, dump_logs, free_port, keep_logs, log_root,
     run_python, start_script, wait_until,
 )
-from .sse import Result, stream_completion, streams_through_fault
+from .sse import Result, SSEStream, stream_completion, streams_through_fault
 from .stack import MODEL, Frontend, Stack, Worker, expected_text, expected_tokens, new_id, new_namespace
 
 __all__ = [
     "HANG", "MODEL", "PY_DIR", "ROOT", "STARTED", "TESTS_DIR",
-    "Frontend", "NatsCluster", "NatsHost", "NatsServer", "Proc", "ProcError", "Result", "Stack", "Worker",
+    "Frontend", "NatsCluster", "NatsHost", "NatsServer", "Proc", "ProcError", "Result", "SSEStream", "Stack", "Worker",
     "child_env", "dump_logs", "expected_text", "expected_tokens", "free_port", "http_get", "http_json", "http_request",
     "keep_logs", "log_root", "metric_sums", "nats_server_binary", "new_id", "new_namespace", "parse_prometheus",
     "read_all", "run_python", "scrape", "send_post", "split_response", "start_script", "stream_completion",

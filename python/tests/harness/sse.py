@@ -1,18 +1,24 @@
-"""A minimal asyncio HTTP/1.0 client for the frontend's streamed completions (SSE).
+"""Clients of the frontend's streamed completions (SSE).
 
-HTTP/1.0 makes the Go server send the body unchunked and close the connection at
-its end, so the client needs no chunked decoding; hundreds or thousands of these
-run concurrently on one event loop (the soak test, the fault tests).
-streams_through_fault is the fault tests' run of many streams across one fault.
+``stream_completion`` is a minimal asyncio HTTP/1.0 client: HTTP/1.0 makes the Go
+server send the body unchunked and close the connection at its end, so the client
+needs no chunked decoding; hundreds or thousands of these run concurrently on one
+event loop (the soak test, the fault tests). streams_through_fault is the fault
+tests' run of many streams across one fault.
+
+``SSEStream`` reads one stream event by event from a raw socket (blocking, for a
+test's threads), so that a test can act between two events: drop the connection,
+open another.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import time
 from dataclasses import dataclass, field
-from typing import Callable, List, Optional, Tuple
+from typing import Any, Callable, Iterator, List, Optional, Tuple
 
 
 @dataclass
@@ -136,3 +142,42 @@ async def streams_through_fault(
             await asyncio.sleep(0.01)
     results = await asyncio.wait_for(asyncio.gather(*tasks), stack.hang)
     return results, recovered, time.monotonic() - t0
+
+
+class SSEStream:
+    """The response on ``sock`` (a streamed completion sent on it, e.g. by
+    ``send_post``), read event by event; ``status`` is its HTTP status. The
+    frontend writes each event in one piece, so its ``data:`` lines are read
+    as lines of the body whatever framing carries them. Closes the socket at
+    ``close()`` or at the end of a ``with`` block."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.f = sock.makefile("rb")
+        parts = self.f.readline().split()
+        self.status = int(parts[1]) if len(parts) > 1 else 0
+        while self.f.readline() not in (b"\r\n", b"\n", b""):
+            pass
+
+    def __enter__(self) -> "SSEStream":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def data(self) -> Iterator[str]:
+        """Each event's data (``[DONE]`` too) until the connection ends."""
+        for line in self.f:
+            line = line.strip()
+            if line.startswith(b"data: "):
+                yield line[len(b"data: "):].decode()
+
+    def event(self) -> Optional[dict]:
+        """The next event's JSON, None for ``[DONE]``; fails if the stream ends first."""
+        for data in self.data():
+            return None if data == "[DONE]" else json.loads(data)
+        raise AssertionError("the stream ended without [DONE]")
+
+    def close(self) -> None:
+        self.f.close()
+        self.sock.close()

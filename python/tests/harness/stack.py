@@ -22,9 +22,10 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
-from .http_client import http_get, parse_prometheus, read_all, send_post
+from .http_client import http_get, http_request, parse_prometheus, read_all, send_post
 from .nats import NatsHost
 from .procs import HANG, Proc, child_env, free_port
+from .sse import SSEStream
 
 MODEL = "ft-mock"
 CONFIRM_TIMEOUT = 10.0  # the frontend learns of a confirmed abort within milliseconds
@@ -150,9 +151,20 @@ class Frontend(Proc):
         host, port = self.addr.rsplit(":", 1)
         return host, int(port)
 
+    def request(self, method: str, path: str, body: Optional[Any] = None,
+                headers: Optional[Dict[str, str]] = None) -> Tuple[int, Dict[str, str], bytes]:
+        """One request to ``path`` (``body`` JSON unless bytes); an error status is
+        returned, not raised."""
+        return http_request(method, self.url + path, body, headers)
+
+    def request_json(self, method: str, path: str, body: Optional[Any] = None,
+                     headers: Optional[Dict[str, str]] = None) -> Tuple[int, Dict[str, str], Any]:
+        """``request``, its body parsed as JSON (an error's body too)."""
+        status, hdrs, raw = self.request(method, path, body, headers)
+        return status, hdrs, json.loads(raw)
+
     def get_json(self, path: str) -> Tuple[int, Dict[str, str], Any]:
-        status, headers, body = http_get(self.url + path)
-        return status, headers, json.loads(body)
+        return self.request_json("GET", path)
 
     def raw_metrics(self) -> Dict[str, float]:
         _, _, body = http_get(self.url + "/metrics")
@@ -305,6 +317,10 @@ class Stack:
         return send_post(host, port, "/v1/completions", body, headers, timeout=self.hang)
 
     read_response = staticmethod(read_all)
+
+    def open_stream(self, body: dict, headers: Optional[Dict[str, str]] = None) -> SSEStream:
+        """``send_completion`` of ``body`` streamed, its response read event by event."""
+        return SSEStream(self.send_completion(dict(body, stream=True), headers))
 
     def worker(self, mode: str) -> Worker:
         (w,) = [w for w in self.workers if w.mode == mode]

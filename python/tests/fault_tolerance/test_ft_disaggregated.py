@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import json
 import re
-import socket
 
 import pytest
 
@@ -51,15 +49,8 @@ def test_disaggregated_cancelled_during_prefill_by_socket_close(stack):
     fe, prefill, decode = stack.frontend, stack.worker("prefill"), stack.worker("decode")
     f0, p0, d0 = fe.metrics(), prefill.metrics(), decode.metrics()
     rid = stack.new_id("disagg-prefill")
-    body = json.dumps({"model": stack.model, "prompt": "p" * PROMPT_CHARS, "max_tokens": 50}).encode()
-    host, port = fe.host_port
-    head = (
-        f"POST /v1/completions HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {len(body)}\r\nx-request-id: {rid}\r\n\r\n"
-    ).encode()
-    sock = socket.create_connection((host, port), timeout=stack.hang)
+    sock = stack.send_completion({"model": stack.model, "prompt": "p" * PROMPT_CHARS, "max_tokens": 50}, {"x-request-id": rid})
     try:
-        sock.sendall(head + body)
         prefill.wait_log(rf"New Prefill Request ID: {re.escape(rid)}(?: |$)")
         m = prefill.metrics()
         assert m["dynamo_ctx_worker_running_requests"] == 1

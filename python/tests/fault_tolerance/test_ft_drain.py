@@ -18,20 +18,12 @@ DECODE = 0.01
 
 
 def stream_lines(stack, body, rid, out, ready=None):
-    """A streamed completion over a raw socket, its SSE data lines appended to out."""
-    with stack.send_completion(dict(body, stream=True), {"x-request-id": rid}) as s:
-        buf = b""
-        while True:
-            chunk = s.recv(65536)
-            if not chunk:
-                break
-            buf += chunk
-            *lines, buf = buf.split(b"\n")
-            for ln in lines:
-                if ln.startswith(b"data: "):
-                    out.append(ln[6:].decode().strip())
-                    if ready is not None:
-                        ready.set()
+    """A streamed completion over a raw socket, its SSE events' data appended to out."""
+    with stack.open_stream(body, {"x-request-id": rid}) as stream:
+        for data in stream.data():
+            out.append(data)
+            if ready is not None:
+                ready.set()
 
 
 def text_of(events):

@@ -8,10 +8,7 @@ stand-in detokenizer.
 
 from __future__ import annotations
 
-import json
 import re
-import urllib.error
-import urllib.request
 
 import openai
 import pytest
@@ -22,15 +19,6 @@ PROMPT = "hello"
 def _seeded_text(stack, prompt_len: int, n: int, seed: int) -> str:
     """The text of ``n`` tokens for a prompt of ``prompt_len`` tokens with ``seed`` (>= 1000)."""
     return stack.expected_text("x" * (prompt_len + seed - 1000), n)
-
-
-def _raw(fe, method: str, path: str, body: bytes = b""):
-    req = urllib.request.Request(fe.url + path, data=body or None, method=method, headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=30) as r:
-            return r.status, r.headers, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, e.headers, json.loads(e.read())
 
 
 def _assert_error_shape(body, code):
@@ -210,13 +198,13 @@ def test_refusals_errors_and_logs(stack):
     assert stack.worker("agg").log_count(r"New Request ID") == 0
 
     # JSON errors on unknown paths and wrong methods.
-    status, headers, body = _raw(fe, "POST", "/v1/nope", b"{}")
+    status, headers, body = fe.request_json("POST", "/v1/nope", {})
     assert status == 404
     _assert_error_shape(body, "unknown_url")
-    status, headers, body = _raw(fe, "GET", "/v1/completions")
+    status, headers, body = fe.request_json("GET", "/v1/completions")
     assert status == 405 and "POST" in headers["Allow"]
     _assert_error_shape(body, "method_not_allowed")
-    status, _, body = _raw(fe, "DELETE", "/v1/models")
+    status, _, body = fe.request_json("DELETE", "/v1/models")
     assert status == 405
     _assert_error_shape(body, "method_not_allowed")
 

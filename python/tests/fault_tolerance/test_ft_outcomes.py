@@ -14,13 +14,10 @@ OUTCOMES = ("completed", "stopped", "cancelled", "deadline", "failed", "rejected
 
 def streamed(stack, body, headers, close_after=None):
     """A streamed completion; with close_after, the socket closes after that many chunks."""
-    with stack.send_completion(dict(body, stream=True), headers) as s:
+    with stack.open_stream(body, headers) as stream:
         chunks = 0
-        while True:
-            data = s.recv(65536)
-            if not data:
-                return
-            chunks += data.count(b"data: {")
+        for data in stream.data():
+            chunks += data.startswith("{")
             if close_after is not None and chunks >= close_after:
                 return
 

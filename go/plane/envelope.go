@@ -1,11 +1,89 @@
 package plane
 
+// The request envelope, the message a caller sends a worker over NATS: its
+// fields, how the caller writes it (encode), how the worker reads it
+// (readEnvelope) and what the worker checks before it uses it (check).
+
 import (
 	"encoding/json"
 	"errors"
+	"net"
+	"strconv"
 
+	"github.com/dynamo-ctx/dynamo-ctx/go/ctxtree"
 	"github.com/dynamo-ctx/dynamo-ctx/go/jsonscan"
 )
+
+// envelope is the request message sent over NATS.
+type envelope struct {
+	ID string `json:"id"` // the correlation id (the caller's context id)
+	// Key identifies the logical request internally (see NewKey).
+	Key     string          `json:"key"`
+	Addr    string          `json:"addr"`
+	Token   string          `json:"token"`
+	State   ctxtree.State   `json:"state,omitempty"`
+	Request json.RawMessage `json:"request"`
+	// Metadata is the request's metadata (a JSON object, see WithMetadata).
+	Metadata json.RawMessage `json:"metadata,omitempty"`
+	// TimeoutUs is the time left until the request's deadline when it was
+	// sent, in microseconds (nil: no deadline): never a wall-clock instant,
+	// so the worker's own timer needs no clock in common with the caller's.
+	TimeoutUs *int64 `json:"timeout_us,omitempty"`
+}
+
+// encode is json.Marshal of env without its cost for a large request: the
+// request and metadata, already checked JSON (Generate, WithMetadata), are
+// copied as they are instead of scanned and compacted again. Every request
+// pays it, once per attempt.
+func (env *envelope) encode() []byte {
+	b := make([]byte, 0, len(env.Request)+len(env.Metadata)+len(env.ID)+len(env.Addr)+128)
+	b = append(b, `{"id":`...)
+	b = append(b, mustJSON(env.ID)...) // the id may hold any printable UTF-8
+	b = append(b, `,"key":`...)
+	b = append(b, mustJSON(env.Key)...)
+	b = append(b, `,"addr":`...)
+	b = append(b, mustJSON(env.Addr)...)
+	b = append(b, `,"token":`...)
+	b = append(b, mustJSON(env.Token)...)
+	if env.State != 0 {
+		b = append(b, `,"state":`...)
+		b = strconv.AppendUint(b, uint64(env.State), 10)
+	}
+	b = append(b, `,"request":`...)
+	b = append(b, env.Request...)
+	if len(env.Metadata) > 0 {
+		b = append(b, `,"metadata":`...)
+		b = append(b, env.Metadata...)
+	}
+	if env.TimeoutUs != nil {
+		b = append(b, `,"timeout_us":`...)
+		b = strconv.AppendInt(b, *env.TimeoutUs, 10)
+	}
+	return append(b, '}')
+}
+
+// check rejects an envelope that no plane of ours would have sent: a
+// stranger on the bus can reach a worker's subject, so everything the
+// worker uses is checked before it allocates anything for the request.
+func (env *envelope) check() error {
+	if ValidateID(env.ID) != nil || !ValidKey(env.Key) || !ValidKey(env.Token) {
+		return errMalformedEnvelope
+	}
+	if host, port, err := net.SplitHostPort(env.Addr); err != nil || host == "" || port == "" {
+		return errMalformedEnvelope
+	}
+	// readEnvelope checked the whole message, so a request that is there is JSON.
+	if env.State > ctxtree.Killed || len(env.Request) == 0 {
+		return errMalformedEnvelope
+	}
+	if len(env.Metadata) > 0 && checkMetadata(env.Metadata) != nil {
+		return errMalformedEnvelope
+	}
+	if env.TimeoutUs != nil && (*env.TimeoutUs < 0 || *env.TimeoutUs >= ctxtree.MaxTimeout.Microseconds()) {
+		return errMalformedEnvelope
+	}
+	return nil
+}
 
 var errMalformedEnvelope = errors.New("malformed request envelope")
 

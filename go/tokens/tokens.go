@@ -99,16 +99,16 @@ func ParseItem(raw []byte) (Item, error) {
 // it means or whether it is an error. For what it accepts, the result is
 // the one encoding/json gives.
 func scanItem(b []byte, id func(v int, lit []byte)) (finish *string, ok bool) {
-	i, ok := expect(b, 0, `{`, `"token_ids"`, `:`, `[`)
+	i, ok := jsonscan.Expect(b, 0, `{`, `"token_ids"`, `:`, `[`)
 	if !ok {
 		return nil, false
 	}
-	if hasAt(b, i, `]`) {
+	if jsonscan.HasAt(b, i, `]`) {
 		i++
 	} else {
 		for {
 			start := i
-			neg := hasAt(b, i, `-`)
+			neg := jsonscan.HasAt(b, i, `-`)
 			if neg {
 				i++
 			}
@@ -130,64 +130,47 @@ func scanItem(b []byte, id func(v int, lit []byte)) (finish *string, ok bool) {
 			}
 			id(v, b[start:i])
 			i = jsonscan.SkipSpace(b, i)
-			if hasAt(b, i, `]`) {
+			if jsonscan.HasAt(b, i, `]`) {
 				i++
 				break
 			}
-			if !hasAt(b, i, `,`) {
+			if !jsonscan.HasAt(b, i, `,`) {
 				return nil, false
 			}
 			i = jsonscan.SkipSpace(b, i+1)
 		}
 	}
 	i = jsonscan.SkipSpace(b, i)
-	if hasAt(b, i, `,`) {
-		if i, ok = expect(b, i, `,`, `"finish_reason"`, `:`); !ok {
+	if jsonscan.HasAt(b, i, `,`) {
+		if i, ok = jsonscan.Expect(b, i, `,`, `"finish_reason"`, `:`); !ok {
 			return nil, false
 		}
 		switch {
-		case hasAt(b, i, `null`):
+		case jsonscan.HasAt(b, i, `null`):
 			i += len(`null`)
-		case hasAt(b, i, `"`):
-			start := i + 1
-			i = start
-			for i < len(b) && b[i] != '"' {
-				if b[i] < 0x20 || b[i] > 0x7e || b[i] == '\\' {
+		case jsonscan.HasAt(b, i, `"`):
+			end, escaped := jsonscan.StringEnd(b, i+1)
+			if escaped {
+				return nil, false // or no closing quote
+			}
+			for _, c := range b[i+1 : end] {
+				if c < 0x20 || c > 0x7e {
 					return nil, false
 				}
-				i++
 			}
-			if i == len(b) {
-				return nil, false
-			}
-			f := string(b[start:i])
+			f := string(b[i+1 : end])
 			finish = &f
-			i++
+			i = end + 1
 		default:
 			return nil, false
 		}
 		i = jsonscan.SkipSpace(b, i)
 	}
-	if !hasAt(b, i, `}`) || jsonscan.SkipSpace(b, i+1) != len(b) {
+	if !jsonscan.HasAt(b, i, `}`) || jsonscan.SkipSpace(b, i+1) != len(b) {
 		return nil, false
 	}
 	return finish, true
 }
-
-// expect reads each of lits in turn from i, with JSON whitespace around
-// each: the index after the last (and its whitespace), or false.
-func expect(b []byte, i int, lits ...string) (int, bool) {
-	for _, s := range lits {
-		i = jsonscan.SkipSpace(b, i)
-		if !hasAt(b, i, s) {
-			return i, false
-		}
-		i = jsonscan.SkipSpace(b, i+len(s))
-	}
-	return i, true
-}
-
-func hasAt(b []byte, i int, s string) bool { return len(b)-i >= len(s) && string(b[i:i+len(s)]) == s }
 
 // Continuation carries a token request across migration attempts: it
 // records the token ids of the items passed to the caller (Observe), and

@@ -1,7 +1,8 @@
 // Command muxcompare measures ways to carry many response streams between
-// one worker process and one caller process (issue 28, item 2): hashicorp/yamux,
-// xtaci/smux and gRPC bidi streams, each over one long-lived TCP connection,
-// against the project's own transport (today one TCP connection per stream).
+// one worker process and one caller process, to choose by measurement the
+// machinery of the multiplexed transport: hashicorp/yamux, xtaci/smux and
+// gRPC bidi streams, each over one long-lived TCP connection, against the
+// project's own transport (today one TCP connection per stream).
 //
 // Everything runs in this one process over loopback TCP. The worker side and
 // the caller side are separate groups of goroutines that share nothing but

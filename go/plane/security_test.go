@@ -1,7 +1,8 @@
 package plane_test
 
-// Request identity and forged messages (issue 9): the keys the plane makes,
-// the payload bound, and what a stranger on the bus can send a worker.
+// Request identity and forged messages, as an attacker would try them: the
+// keys the plane makes, the payload bound, and what a stranger on the bus
+// can send a worker.
 
 import (
 	"encoding/json"

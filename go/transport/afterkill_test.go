@@ -36,9 +36,9 @@ func TestNothingFollowsTheKill(t *testing.T) {
 // The Kill is the last frame the caller sends (writeKill): a Stop that
 // races with it must either go first or not at all. Stop checks killed
 // under mu but writes after releasing it, so a Kill can slip in between
-// and the Stop follows the Kill on the wire. (The plane calls Stop and
-// Kill on the cancelling goroutines since dd56319: a stop_generating() on
-// one thread and a kill() on another.)
+// and the Stop follows the Kill on the wire. (The plane writes a caller's
+// Stop and Kill frames on the goroutines that cancel: a stop_generating()
+// on one thread and a kill() on another race so.)
 func TestNoFrameAfterKill(t *testing.T) {
 	t.Run("stop", func(t *testing.T) { noFrameAfterKill(t, false) })
 	// The same for the credit a Recv grants as the consumer takes an item

@@ -1,10 +1,11 @@
 package plane
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
+
+	"github.com/dynamo-ctx/dynamo-ctx/go/jsonscan"
 )
 
 // MaxMetadataBytes bounds a request's metadata (its JSON encoding): it
@@ -56,7 +57,7 @@ func checkMetadata(meta []byte) error {
 	if len(meta) > MaxMetadataBytes {
 		return fmt.Errorf("%w of at most %d bytes, got %d", ErrBadMetadata, MaxMetadataBytes, len(meta))
 	}
-	if t := bytes.TrimLeft(meta, " \t\r\n"); len(t) == 0 || t[0] != '{' || !json.Valid(meta) {
+	if !jsonscan.HasAt(meta, jsonscan.SkipSpace(meta, 0), "{") || !json.Valid(meta) {
 		return ErrBadMetadata
 	}
 	return nil

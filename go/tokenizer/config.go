@@ -1,13 +1,14 @@
 package tokenizer
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
 	"strings"
 	"unicode/utf8"
+
+	"github.com/dynamo-ctx/dynamo-ctx/go/jsonscan"
 )
 
 // Parsing of the tokenizer.json components. Each component is selected by
@@ -20,7 +21,7 @@ type typed struct {
 
 // componentType returns the "type" of a component, "" for JSON null.
 func componentType(kind string, raw json.RawMessage) (string, error) {
-	if isNull(raw) {
+	if jsonscan.IsNull(raw) {
 		return "", nil
 	}
 	var t typed
@@ -31,10 +32,6 @@ func componentType(kind string, raw json.RawMessage) (string, error) {
 		return "", fmt.Errorf("%s: no \"type\" (components without one are not supported)", kind)
 	}
 	return *t.Type, nil
-}
-
-func isNull(raw json.RawMessage) bool {
-	return len(bytes.TrimSpace(raw)) == 0 || string(bytes.TrimSpace(raw)) == "null"
 }
 
 func decodeInto(kind string, raw json.RawMessage, v any) error {
@@ -128,7 +125,7 @@ type truncationConf struct {
 }
 
 func parseTruncation(raw json.RawMessage) (*truncationConf, error) {
-	if isNull(raw) {
+	if jsonscan.IsNull(raw) {
 		return nil, nil
 	}
 	var v struct {
@@ -170,7 +167,7 @@ type paddingConf struct {
 }
 
 func parsePadding(raw json.RawMessage) (*paddingConf, error) {
-	if isNull(raw) {
+	if jsonscan.IsNull(raw) {
 		return nil, nil
 	}
 	var v struct {
@@ -181,7 +178,7 @@ func parsePadding(raw json.RawMessage) (*paddingConf, error) {
 		PadType   *uint32         `json:"pad_type_id"`
 		PadToken  *string         `json:"pad_token"`
 	}
-	if err := decodeInto("padding", raw, &v); err != nil || v.Direction == nil || v.PadID == nil || v.PadType == nil || v.PadToken == nil || isNull(v.Strategy) {
+	if err := decodeInto("padding", raw, &v); err != nil || v.Direction == nil || v.PadID == nil || v.PadType == nil || v.PadToken == nil || jsonscan.IsNull(v.Strategy) {
 		return nil, orMissing(err, "padding", "strategy/direction/pad_id/pad_type_id/pad_token")
 	}
 	c := &paddingConf{fixed: -1, padID: int(*v.PadID)}
@@ -218,11 +215,11 @@ func parsePadding(raw json.RawMessage) (*paddingConf, error) {
 // parseMerges accepts both spellings of BPE merges: [["a", "b"], ...] and
 // ["a b", ...] (lines of a merges.txt; "#version" lines are skipped).
 func parseMerges(raw json.RawMessage) ([][2]string, error) {
-	b := bytes.TrimLeft(raw, " \t\r\n")
-	if len(b) > 0 && b[0] == '[' {
-		b = bytes.TrimLeft(b[1:], " \t\r\n")
+	i := jsonscan.SkipSpace(raw, 0)
+	if jsonscan.HasAt(raw, i, "[") {
+		i = jsonscan.SkipSpace(raw, i+1)
 	}
-	if len(b) == 0 || b[0] != '"' {
+	if !jsonscan.HasAt(raw, i, `"`) {
 		var pairs [][]string
 		if err := json.Unmarshal(raw, &pairs); err != nil {
 			return nil, errors.New("model BPE: merges must be a list of [a, b] pairs or of \"a b\" strings")
@@ -255,7 +252,7 @@ func parseMerges(raw json.RawMessage) ([][2]string, error) {
 }
 
 func parseModel(raw json.RawMessage) (model, error) {
-	if isNull(raw) {
+	if jsonscan.IsNull(raw) {
 		return nil, errors.New("model: missing")
 	}
 	typ, err := componentType("model", raw)
@@ -265,7 +262,7 @@ func parseModel(raw json.RawMessage) (model, error) {
 		var probe struct {
 			Merges json.RawMessage `json:"merges"`
 		}
-		if json.Unmarshal(raw, &probe) != nil || isNull(probe.Merges) {
+		if json.Unmarshal(raw, &probe) != nil || jsonscan.IsNull(probe.Merges) {
 			return nil, err
 		}
 		typ = "BPE"
@@ -284,7 +281,7 @@ func parseModel(raw json.RawMessage) (model, error) {
 			Vocab        *map[string]uint32 `json:"vocab"`
 			Merges       json.RawMessage    `json:"merges"`
 		}
-		if err := decodeInto(kind, raw, &v); err != nil || v.Vocab == nil || isNull(v.Merges) {
+		if err := decodeInto(kind, raw, &v); err != nil || v.Vocab == nil || jsonscan.IsNull(v.Merges) {
 			return nil, orMissing(err, kind, "vocab/merges")
 		}
 		if v.Dropout != nil && *v.Dropout != 0 {

@@ -10,6 +10,8 @@ import (
 	"math"
 
 	"golang.org/x/text/unicode/norm"
+
+	"github.com/dynamo-ctx/dynamo-ctx/go/jsonscan"
 )
 
 func parseNormalizer(raw json.RawMessage) (normalizer, error) {
@@ -329,7 +331,7 @@ func parseDecoder(raw json.RawMessage) (decoder, error) {
 // tokenAndID is the ["token", id] pair of Bert/Roberta processing.
 func tokenAndID(kind, field string, raw json.RawMessage) (int, error) {
 	var pair []json.RawMessage
-	if isNull(raw) {
+	if jsonscan.IsNull(raw) {
 		return 0, missing(kind, field)
 	}
 	if err := json.Unmarshal(raw, &pair); err != nil || len(pair) != 2 {

@@ -5,6 +5,8 @@
                     SIGSTOP/SIGCONT, its log dumped on failure), helper scripts, a fresh
                     interpreter run to its end (run_python)
     http_client.py  GET/POST, raw-socket requests, Prometheus text
+    aio_http.py     HTTP/1.1 on asyncio streams: a request per connection, kept-alive
+                    connections, a streamed completion held open (benchmarks' clients)
     sse.py          streamed completions read with asyncio (hundreds at once), or one read
                     event by event from a raw socket (SSEStream)
     nats.py         the NATS host (an embedded server in a process of its own) and real
@@ -22,8 +24,10 @@ The shipped demo (dynamo_ctx/examples/demo.py) keeps a small starter of its own,
 since the package cannot import from the tests.
 """
 
+from .aio_http import error_code, open_stream_async, read_response, request_async, send_request, sse_data
 from .http_client import (
-    http_get, http_json, http_request, metric_sums, parse_prometheus, read_all, scrape, send_post, split_response,
+    http_get, http_json, http_request, metric_sums, parse_prometheus, read_all, request_bytes, scrape, send_post,
+    split_response,
 )
 from .nats import NatsCluster, NatsHost, NatsServer, nats_server_binary
 from .procs import (
@@ -36,8 +40,9 @@ from .stack import MODEL, Frontend, Stack, Worker, expected_text, expected_token
 __all__ = [
     "HANG", "MODEL", "PY_DIR", "ROOT", "STARTED", "TESTS_DIR",
     "Frontend", "NatsCluster", "NatsHost", "NatsServer", "Proc", "ProcError", "Result", "SSEStream", "Stack", "Worker",
-    "child_env", "dump_logs", "expected_text", "expected_tokens", "free_port", "http_get", "http_json", "http_request",
-    "keep_logs", "log_root", "metric_sums", "nats_server_binary", "new_id", "new_namespace", "parse_prometheus",
-    "read_all", "run_python", "scrape", "send_post", "split_response", "start_script", "stream_completion",
+    "child_env", "dump_logs", "error_code", "expected_text", "expected_tokens", "free_port", "http_get", "http_json",
+    "http_request", "keep_logs", "log_root", "metric_sums", "nats_server_binary", "new_id", "new_namespace",
+    "open_stream_async", "parse_prometheus", "read_all", "read_response", "request_async", "request_bytes", "run_python",
+    "scrape", "send_post", "send_request", "split_response", "sse_data", "start_script", "stream_completion",
     "streams_through_fault", "wait_until",
 ]

@@ -1,6 +1,6 @@
 """HTTP for tests and benchmarks: requests with urllib, raw sockets, Prometheus text.
 
-(SSE streams of completions, read with asyncio, are in sse.py.)
+(SSE streams of completions are in sse.py; HTTP on asyncio streams in aio_http.py.)
 """
 
 from __future__ import annotations
@@ -70,18 +70,27 @@ def scrape(port: int, host: str = "127.0.0.1") -> DefaultDict[str, float]:
     return metric_sums(http_get(f"http://{host}:{port}/metrics")[2].decode())
 
 
+def request_bytes(method: str, path: str, body: Optional[Any] = None, headers: Optional[Dict[str, str]] = None,
+                  close: bool = False, host: str = "x") -> bytes:
+    """An HTTP/1.1 request as sent on a raw connection: ``body`` JSON unless bytes
+    (none: no body), ``close``: ``Connection: close``."""
+    payload = b"" if body is None else body if isinstance(body, bytes) else json.dumps(body).encode()
+    head = f"{method} {path} HTTP/1.1\r\nHost: {host}\r\n"
+    if body is not None:
+        head += f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n"
+    head += "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
+    if close:
+        head += "Connection: close\r\n"
+    return (head + "\r\n").encode() + payload
+
+
 def send_post(host: str, port: int, path: str, body: Any, headers: Optional[Dict[str, str]] = None,
               close: bool = True, timeout: Optional[float] = HANG) -> socket.socket:
     """POST ``body`` (JSON unless bytes) over a raw HTTP/1.1 connection and return the
     socket, the response unread: the caller reads it (``read_all``), or closes the
     socket to play a client that goes away. ``close``: send ``Connection: close``."""
-    payload = body if isinstance(body, bytes) else json.dumps(body).encode()
-    head = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
-    if close:
-        head += "Connection: close\r\n"
     s = socket.create_connection((host, port), timeout=timeout)
-    s.sendall(f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
-              f"Content-Length: {len(payload)}\r\n{head}\r\n".encode() + payload)
+    s.sendall(request_bytes("POST", path, body, headers, close, host=f"{host}:{port}"))
     return s
 
 

@@ -65,10 +65,11 @@ def child_env(nats_url: Optional[str] = None, base: Optional[Dict[str, str]] = N
 
 
 def wait_until(cond: Callable[[], Any], what: str, timeout: float = HANG, every: float = 0.02,
-               ignore: Tuple[type, ...] = (OSError,)) -> Any:
+               ignore: Tuple[type, ...] = (OSError,), fail: bool = True) -> Any:
     """Poll ``cond()`` until it returns a true value and return that value; ``cond``
     raising one of ``ignore`` (a connection refused while a server starts) counts as
-    false. Fails after ``timeout`` seconds."""
+    false. Fails after ``timeout`` seconds, or with ``fail=False`` returns None then
+    (a check that reports, rather than a test that fails)."""
     deadline = time.monotonic() + timeout
     while True:
         try:
@@ -78,6 +79,8 @@ def wait_until(cond: Callable[[], Any], what: str, timeout: float = HANG, every:
         except ignore:
             pass
         if time.monotonic() > deadline:
+            if not fail:
+                return None
             raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
         time.sleep(every)
 

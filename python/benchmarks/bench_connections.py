@@ -32,7 +32,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tests"))  # the harness
 from bench_load import dynamo_frontend, dynamo_python  # noqa: E402
-from harness import Stack  # noqa: E402
+from harness import Stack, read_response, send_request  # noqa: E402
 
 
 def sockets() -> List[Tuple[str, str, str]]:
@@ -59,25 +59,11 @@ def listening(pids: List[int]) -> Set[str]:
 async def client(host: str, port: int, body: bytes, count: List[int], stop_at: int) -> None:
     """One keep-alive HTTP/1.1 client sending completions until count reaches stop_at."""
     reader, writer = await asyncio.open_connection(host, port)
-    req = (f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-           f"Content-Length: {len(body)}\r\n\r\n").encode() + body
     try:
         while count[0] < stop_at:
             count[0] += 1
-            writer.write(req)
-            head = await reader.readuntil(b"\r\n\r\n")
-            status = int(head.split(b" ", 2)[1])
-            headers = {k.strip().lower(): v.strip() for k, _, v in (h.partition(b":") for h in head.split(b"\r\n")[1:] if h)}
-            if b"content-length" in headers:
-                data = await reader.readexactly(int(headers[b"content-length"]))
-            else:  # chunked
-                data = b""
-                while True:
-                    size = int((await reader.readuntil(b"\r\n")).strip(), 16)
-                    chunk = await reader.readexactly(size + 2)
-                    if size == 0:
-                        break
-                    data += chunk[:-2]
+            send_request(writer, "POST", "/v1/completions", body)
+            status, _, data = await read_response(reader)
             if status != 200:
                 raise RuntimeError(f"HTTP {status}: {data[:200]!r}")
     finally:

@@ -29,22 +29,20 @@ from typing import List
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))  # the harness
-from harness import Stack  # noqa: E402
+from harness import Stack, request_async, sse_data  # noqa: E402
 
 TOKENS = 400
 DECODE = 0.01
 
 
 async def stream(host: str, port: int, body: dict, headers: dict) -> List[str]:
-    """One streamed completion over a raw connection: its SSE data lines."""
-    reader, writer = await asyncio.open_connection(host, port)
-    payload = json.dumps(dict(body, stream=True)).encode()
-    head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
-    writer.write(f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {len(payload)}\r\n"
-                 f"{head}Connection: close\r\n\r\n".encode() + payload)
-    data = await reader.read()
-    writer.close()
-    return [ln[6:].strip() for ln in data.decode("utf-8", "replace").split("\n") if ln.startswith("data: ")]
+    """One streamed completion on a connection of its own: its SSE events' data (none
+    when the connection broke: a lost stream)."""
+    try:
+        _, _, data = await request_async(host, port, "POST", "/v1/completions", dict(body, stream=True), headers)
+    except (asyncio.IncompleteReadError, ConnectionError):
+        return []
+    return sse_data(data)
 
 
 def lost(events_list: List[List[str]], want: str) -> int:

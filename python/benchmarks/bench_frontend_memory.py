@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import List
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the harness
-from harness import Stack  # noqa: E402
+from harness import Stack, open_stream_async, request_async  # noqa: E402
 
 MODEL = "mem-model"
 
@@ -72,18 +72,8 @@ class MemStack(Stack):
 
 
 async def open_stream(port: int, body: bytes):
-    reader, writer = await asyncio.open_connection("127.0.0.1", port, limit=1 << 16)
-    writer.write(
-        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-        + f"Content-Length: {len(body)}\r\n\r\n".encode() + body
-    )
-    await writer.drain()
-    while True:  # headers, then the first event: the request is in flight
-        line = await reader.readline()
-        if not line:
-            raise RuntimeError("closed before the first token")
-        if line.startswith(b"data: "):
-            return reader, writer
+    """A streamed completion held open once its first token has come."""
+    return await open_stream_async("127.0.0.1", port, body)
 
 
 async def in_flight(stack: MemStack, counts: List[int]) -> None:
@@ -109,16 +99,9 @@ async def in_flight(stack: MemStack, counts: List[int]) -> None:
 
 
 async def post(port: int, body: bytes) -> int:
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(
-        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nConnection: close\r\n"
-        + f"Content-Length: {len(body)}\r\n\r\n".encode()
-    )
-    writer.write(body)
-    await writer.drain()
-    code = int((await reader.readline()).split()[1])
-    writer.close()
-    return code
+    """One completion on a connection of its own: its status."""
+    status, _, _ = await request_async("127.0.0.1", port, "POST", "/v1/completions", body)
+    return status
 
 
 def bodies(model: str, max_body: int, context_len: int):

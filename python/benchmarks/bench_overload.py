@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import sys
 import time
 from pathlib import Path
@@ -24,7 +23,7 @@ from typing import Dict, List, Tuple
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))  # the harness
-from harness import Stack  # noqa: E402
+from harness import Stack, error_code, request_async  # noqa: E402
 
 DECODE = 0.01
 TOKENS = 50
@@ -33,24 +32,10 @@ QUEUE = 64
 
 
 async def post(host: str, port: int, body: dict, headers: Dict[str, str]) -> Tuple[int, str, float]:
-    """One completion over a raw connection: (status, error code or "", seconds)."""
+    """One completion on a connection of its own: (status, error code or "", seconds)."""
     t0 = time.monotonic()
-    reader, writer = await asyncio.open_connection(host, port)
-    payload = json.dumps(body).encode()
-    head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
-    writer.write(f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {len(payload)}\r\n"
-                 f"{head}Connection: close\r\n\r\n".encode() + payload)
-    data = await reader.read()
-    took = time.monotonic() - t0
-    writer.close()
-    status = int(data.split(b" ", 2)[1])
-    code = ""
-    if status != 200:
-        try:
-            code = json.loads(data.partition(b"\r\n\r\n")[2])["error"]["code"]
-        except (ValueError, KeyError):
-            code = "?"
-    return status, code, took
+    status, _, data = await request_async(host, port, "POST", "/v1/completions", body, headers)
+    return status, "" if status == 200 else error_code(data), time.monotonic() - t0
 
 
 def pct(xs: List[float], p: float) -> float:

@@ -25,7 +25,6 @@ and ``E2E RESULT: PASS|FAIL``; exits 0 on pass, 1 on a failed check, 2 when it c
 from __future__ import annotations
 
 import argparse
-import http.client
 import json
 import os
 import re
@@ -38,7 +37,9 @@ from typing import Any, Callable, Dict, List
 
 HERE = Path(__file__).resolve()
 sys.path.insert(0, str(HERE.parents[2] / "tests"))  # the harness (this script runs from a checkout)
-from harness import NatsHost, Proc, ProcError, child_env, http_get, http_json, metric_sums, wait_until  # noqa: E402
+from harness import (  # noqa: E402
+    NatsHost, Proc, ProcError, SSEStream, child_env, http_get, http_json, metric_sums, scrape, send_post, wait_until,
+)
 from harness import Frontend as _Frontend  # noqa: E402
 from harness import Worker as _Worker  # noqa: E402
 
@@ -58,24 +59,9 @@ def check(name: str, ok: bool, detail: Any = "", on_pass: Any = "") -> bool:
     return ok
 
 
-def get_text(url: str) -> str:
-    status, _, body = http_get(url)
-    if status != 200:
-        raise OSError(f"{url}: HTTP {status}")
-    return body.decode()
-
-
-def metrics(port: int) -> Dict[str, float]:
-    """Samples by name (the labels dropped; summed over label sets)."""
-    return metric_sums(get_text(f"http://127.0.0.1:{port}/metrics"))
-
-
-def poll(cond: Callable[[], bool], timeout: float, every: float = 0.05) -> bool:
+def poll(cond: Callable[[], bool], what: str, timeout: float) -> bool:
     """Whether ``cond()`` came true within ``timeout`` (a failed scrape is not a verdict)."""
-    try:
-        return bool(wait_until(cond, "the condition", timeout, every, ignore=(Exception,)))
-    except AssertionError:
-        return False
+    return bool(wait_until(cond, what, timeout, 0.05, ignore=(Exception,), fail=False))
 
 
 def logged(proc: Proc, pattern: str, timeout: float) -> bool:
@@ -103,7 +89,7 @@ class Worker(_Worker):
         self.port = self.metrics_port
 
     def gauges(self) -> Dict[str, float]:
-        m = metrics(self.port)
+        m = scrape(self.port)
         if self.engine == "vllm":
             return {"running": m.get("vllm:num_requests_running", -1), "waiting": m.get("vllm:num_requests_waiting", -1),
                     "kv_usage": m.get("vllm:kv_cache_usage_perc", -1)}
@@ -115,56 +101,47 @@ class Worker(_Worker):
         return g["running"] == 0 and g["waiting"] == 0 and g["kv_usage"] == 0
 
 
-def stream_and_close(base: str, body: dict, rid: str, close_after_chunks: int, close_after_s: float) -> Dict[str, Any]:
+def stream_and_close(fe: _Frontend, body: dict, rid: str, close_after_chunks: int, close_after_s: float) -> Dict[str, Any]:
     """Open a streamed completion, read close_after_chunks chunks (or wait close_after_s
     when 0 chunks), then close the connection; returns what was seen."""
-    host, port = base.replace("http://", "").rsplit(":", 1)
-    conn = http.client.HTTPConnection(host, int(port), timeout=60)
-    conn.request("POST", "/v1/completions", json.dumps(dict(body, stream=True)),
-                 {"content-type": "application/json", "x-request-id": rid})
+    host, port = fe.host_port
+    sock = send_post(host, port, "/v1/completions", dict(body, stream=True), {"x-request-id": rid}, close=False, timeout=60)
     chunks = 0
     if close_after_chunks == 0:
         time.sleep(close_after_s)
     else:
-        resp = conn.getresponse()
-        if resp.status != 200:
-            return {"status": resp.status, "body": resp.read()[:500].decode("utf-8", "replace")}
-        while chunks < close_after_chunks:
-            line = resp.fp.readline()
-            if not line:
+        stream = SSEStream(sock)
+        if stream.status != 200:
+            rest = stream.f.read()[:500].decode("utf-8", "replace")
+            stream.close()
+            return {"status": stream.status, "body": rest}
+        for data in stream.data():
+            chunks += data.startswith("{")
+            if chunks >= close_after_chunks:
                 break
-            if line.startswith(b"data: {"):
-                chunks += 1
-    sock = conn.sock
     closed_at = time.time()
     try:
         sock.shutdown(socket.SHUT_RDWR)
     except OSError:
         pass
-    conn.close()
+    sock.close()
     return {"status": 200, "chunks": chunks, "closed_at": closed_at}
 
 
-def frontend_latency(port_base: str) -> Dict[str, float]:
-    text = get_text(port_base + "/metrics")
-    out = {"sum": 0.0, "count": 0.0, "cancellations": 0.0, "confirmed": 0.0}
-    for line in text.splitlines():
-        if line.startswith("dynamo_ctx_frontend_disconnect_to_abort_seconds_sum"):
-            out["sum"] += float(line.rsplit(" ", 1)[1])
-        elif line.startswith("dynamo_ctx_frontend_disconnect_to_abort_seconds_count"):
-            out["count"] += float(line.rsplit(" ", 1)[1])
-        elif line.startswith("dynamo_ctx_frontend_cancellations_total"):
-            out["cancellations"] += float(line.rsplit(" ", 1)[1])
-        elif line.startswith("dynamo_ctx_frontend_aborts_confirmed_total"):
-            out["confirmed"] += float(line.rsplit(" ", 1)[1])
-    return out
+def frontend_latency(fe: _Frontend) -> Dict[str, float]:
+    m = metric_sums(http_get(fe.url + "/metrics")[2].decode())
+    return {"sum": m["dynamo_ctx_frontend_disconnect_to_abort_seconds_sum"],
+            "count": m["dynamo_ctx_frontend_disconnect_to_abort_seconds_count"],
+            "cancellations": m["dynamo_ctx_frontend_cancellations_total"],
+            "confirmed": m["dynamo_ctx_frontend_aborts_confirmed_total"]}
 
 
-def cancel_case(name: str, base: str, worker: Worker, others: List[Worker], body: dict, label: str, chunks: int, wait: float) -> None:
+def cancel_case(name: str, fe: _Frontend, worker: Worker, others: List[Worker], body: dict, label: str, chunks: int,
+                wait: float) -> None:
     """One disconnect: the worker confirms the abort, the engine's gauges come back to zero."""
     rid = f"{name}-{int(time.time() * 1000)}"
-    before = frontend_latency(base)
-    seen = stream_and_close(base, body, rid, chunks, wait)
+    before = frontend_latency(fe)
+    seen = stream_and_close(fe, body, rid, chunks, wait)
     if not check(f"{name}: stream opened", seen.get("status") == 200, seen):
         return
     ok = logged(worker, rf"Aborted {label}Request ID: {re.escape(rid)}", 30)
@@ -172,15 +149,15 @@ def cancel_case(name: str, base: str, worker: Worker, others: List[Worker], body
     after: Dict[str, float] = {}
 
     def confirmed() -> bool:
-        after.update(frontend_latency(base))
+        after.update(frontend_latency(fe))
         return after["count"] > before["count"]
 
-    if check(f"{name}: frontend counted the confirmation", poll(confirmed, 15), after, after):
+    if check(f"{name}: frontend counted the confirmation", poll(confirmed, "the confirmation", 15), after, after):
         ms = (after["sum"] - before["sum"]) / (after["count"] - before["count"]) * 1000
         results["figures"][f"{name}_disconnect_to_abort_ms"] = round(ms, 3)
         say(f"{name}: disconnect -> abort confirmed {ms:.2f} ms (frontend's histogram)")
     for w in [worker, *others]:
-        ok = poll(w.idle, 10)
+        ok = poll(w.idle, f"{w.name} idle", 10)
         g = w.gauges()
         check(f"{name}: {w.name} engine back to zero (running, waiting, KV usage)", ok, g, g)
 
@@ -232,7 +209,7 @@ def main() -> int:
             results["figures"][f"{name}_start_s"] = round(time.monotonic() - t, 1)
         base, base2 = fe.url, fe2.url
         for b in (base, base2):
-            poll(lambda b=b: MODEL in [m["id"] for m in http_json("GET", b + "/v1/models")["data"]], 30)
+            poll(lambda b=b: MODEL in [m["id"] for m in http_json("GET", b + "/v1/models")["data"]], f"{MODEL} at {b}", 30)
 
         # The model's text, aggregated and through the pair (greedy: the same text).
         body = {"model": MODEL, "prompt": "the quick fox jumps over the lazy dog", "max_tokens": 24, "temperature": 0, "ignore_eos": True}
@@ -252,7 +229,7 @@ def main() -> int:
         results["figures"]["disagg_text_equals_agg"] = same
         say("disaggregated text equals the aggregated worker's:", same)
         if args.engine == "vllm":
-            dm = metrics(workers["decode"].port)
+            dm = scrape(workers["decode"].port)
             results["figures"]["decode_external_prefix_cache_hits"] = dm.get("vllm:external_prefix_cache_hits_total", -1)
             say("decode worker external prefix cache hits (KV from the prefill worker):", dm.get("vllm:external_prefix_cache_hits_total"))
 
@@ -260,10 +237,10 @@ def main() -> int:
         long_body = {"model": MODEL, "prompt": long_prompt, "max_tokens": 64, "ignore_eos": True}
         decode_body = {"model": MODEL, "prompt": "the quick fox", "max_tokens": 1800, "ignore_eos": True}
         a, p, d = workers["agg"], workers["prefill"], workers["decode"]
-        cancel_case("agg_decode", base, a, [], decode_body, "", 5, 0)
-        cancel_case("agg_prefill", base, a, [], long_body, "", 0, 0.03)
-        cancel_case("disagg_decode", base2, d, [p], decode_body, "", 5, 0)
-        cancel_case("disagg_prefill", base2, p, [d], long_body, "Prefill ", 0, 0.03)
+        cancel_case("agg_decode", fe, a, [], decode_body, "", 5, 0)
+        cancel_case("agg_prefill", fe, a, [], long_body, "", 0, 0.03)
+        cancel_case("disagg_decode", fe2, d, [p], decode_body, "", 5, 0)
+        cancel_case("disagg_prefill", fe2, p, [d], long_body, "Prefill ", 0, 0.03)
         for w in workers.values():
             check(f"{w.name} worker alive", w.running(), w.tail(20))
         return 0 if all(results["checks"].values()) else 1

@@ -28,7 +28,6 @@ import statistics
 import sys
 import tempfile
 import time
-import uuid
 from typing import Optional
 from pathlib import Path
 
@@ -43,14 +42,14 @@ sys.path.insert(0, str(HERE))
 import killtrace  # noqa: E402
 
 sys.path.insert(0, str(HERE.parent / "tests"))  # the harness
-from harness import Proc, start_script  # noqa: E402
+from harness import HANG, Proc, new_namespace, start_script  # noqa: E402
 
 MONO = time.CLOCK_MONOTONIC
 STREAM_ITEMS = 200_000
 KILL_REQUESTS = 300
 WARMUP_ITEMS = 20_000
 WARMUP_KILLS = 20
-HANG = 120  # a bound on the whole run, so a broken plane cannot hang it
+RUN_LIMIT = 2 * HANG  # a bound on the whole run, so a broken plane cannot hang it
 
 # The targets printed in (c), as docs/design.md (Performance targets) states
 # them. The per-item overhead has none; the cross-process kill's p50 is bound
@@ -204,7 +203,7 @@ async def failure_detection(host, url, worker, remote_client, remote_path, remot
     print("\n(d) discovery and failure detection (for information; timed in this process, so each")
     print("    figure includes reading the helper's stdout pipe and, after SIGKILL, the kernel's teardown)")
     # A client watching an endpoint that has no instance yet.
-    path = f"bench{uuid.uuid4().hex[:8]}.late.generate"
+    path = f"{new_namespace('bench')}.late.generate"
     t0 = time.monotonic()
     watching = await host.endpoint(path).client()
     print(f"  endpoint.client() while no instance exists (query answered 'no responders'): {ms(t0)}")
@@ -296,11 +295,11 @@ class Bench:
         self.host = DistributedRuntime(nats_url="nats://127.0.0.1:0")
         self.url = self.host.nats_url
         # The worker process starts (imports, connects) while this one sets up.
-        self.remote_path = f"bench{uuid.uuid4().hex[:8]}.worker.generate"
+        self.remote_path = f"{new_namespace('bench')}.worker.generate"
         self.worker = start_helper(self.url, "serve", self.remote_path)
         self.serve_task = None
         try:
-            local = self.host.endpoint(f"bench{uuid.uuid4().hex[:8]}.local.generate")
+            local = self.host.endpoint(f"{new_namespace('bench')}.local.generate")
             self.serve_task = asyncio.ensure_future(local.serve_endpoint(handler))
             await local.serving()
             self.local_client = await local.client()
@@ -370,9 +369,9 @@ async def main() -> None:
 
 if __name__ == "__main__":
     if sys.argv[1:] == ["--kill-breakdown"]:
-        asyncio.run(asyncio.wait_for(traced_kills(), HANG))
+        asyncio.run(asyncio.wait_for(traced_kills(), RUN_LIMIT))
         sys.exit(0)
     try:
-        asyncio.run(asyncio.wait_for(main(), HANG))
+        asyncio.run(asyncio.wait_for(main(), RUN_LIMIT))
     except asyncio.TimeoutError:
-        print(f"benchmark did not finish within {HANG} s")
+        print(f"benchmark did not finish within {RUN_LIMIT} s")

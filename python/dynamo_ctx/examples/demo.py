@@ -30,7 +30,7 @@ from typing import Callable, Dict, List
 from ..cli import _common as _cli
 
 MODEL = "mock-llm"
-HANG = 60.0
+HANG = 60.0  # seconds: the starter's bound on a hang (the harness's HANG, which the package cannot import)
 
 # free_port, http_get, Proc and wait_until below are a small starter of the demo's
 # own: the tests' and benchmarks' process harness (python/tests/harness) is test

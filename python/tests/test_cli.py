@@ -1,4 +1,4 @@
-"""The commands as a user meets them (issue 12): every failure is one line on
+"""The commands as a user meets them: every failure is one line on
 stderr with exit status 2 (bad arguments) or 1 (run time); --help is plain
 text with defaults; the worker answers /metrics and /health from start-up;
 handler errors are logged on the worker; JSON-lines logs.

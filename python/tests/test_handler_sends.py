@@ -337,7 +337,7 @@ def test_send_multi_has_no_limit_across_requests():
     assert lib.request_send_multi([0] * n, [[b"1"]] * n) == [-lib.EBADF] * n
 
 
-def test_a_busy_turn_still_sends_every_request(nats_url):
+def test_a_busy_turn_sends_every_request(nats_url):
     """When the handlers of one turn of the loop yield more than 65536 items
     in all (here 520 requests of 127 items, each below _SEND_BATCH), every
     request's items still go out at the end of the turn: none waits for its

@@ -1,4 +1,4 @@
-"""Kills, handler errors and a closed runtime (issue 8, items 4-7).
+"""Kills, handler errors and a closed runtime.
 
 - A kill ends the stream: after the caller's context is killed (or the stream
   is closed), no item is returned, however the producer raced the kill.

@@ -49,7 +49,7 @@ def test_monitor_is_released_when_the_engine_call_fails(monkeypatch):
     assert aborts == 0 and not aborting, f"a request that never ran was aborted: {aborting}"
 
 
-def test_a_failed_abort_still_closes_the_engine_stream_and_forgets_it():
+def test_a_failed_abort_closes_the_engine_stream_and_forgets_it():
     """engine.abort raising in the handler's finally must not skip closing
     the engine's stream nor leave the request in _aborting."""
 

@@ -30,7 +30,10 @@ from .sse import SSEStream
 MODEL = "ft-mock"
 CONFIRM_TIMEOUT = 10.0  # the frontend learns of a confirmed abort within milliseconds
 
-# The frontend's stand-in detokenizer (go/frontend/frontend.go: words, detokenize).
+# The frontend's stand-in text (go/frontend/text.go: words, standInDecoder), restated: the
+# tests' expected text must not come from the frontend under test (a response would give
+# the words, but a frontend that got them wrong would then pass), and expected_text is
+# needed where no frontend runs yet.
 _WORDS = "the of and to in is was for on that with as by at from it an be this are which or".split()
 
 

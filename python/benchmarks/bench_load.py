@@ -1,4 +1,5 @@
-"""End to end and under load (issue 13, goals 4 and 5), through the frontend.
+"""End to end and under load, through the frontend, against the performance targets of
+docs/design.md.
 
     python python/benchmarks/bench_load.py [--streams 1000] [--cancel 200] [--only e2e|load]
 

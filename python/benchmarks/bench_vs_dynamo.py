@@ -242,7 +242,7 @@ async def remote(L: Lib, path: str, env: Dict[str, str]) -> Dict[str, float]:
             if i:
                 best = min(best, time.perf_counter() - t0)
         out["items_ms"] = best * 1e3
-        # A lone item (issue 13, goal 3: batching must not hold it): the
+        # A lone item (batching must not hold it: docs/design.md, Performance targets): the
         # handler yields one item every 2 ms, each timed from its yield to
         # its arrival here (one clock, the machine's monotonic one).
         s = await L.generate(client, {"mode": "stamps", "n": LONE_N + 10, "gap": 0.002}, L.context())
@@ -410,17 +410,18 @@ def main() -> None:
         ratio = f"{meds[0] / meds[1]:.2f}" if meds[0] and meds[1] else ""
         print(f"{label:<70} {cols[0]:>24} {cols[1]:>22} {ratio:>6}")
     print(f"\n{args.runs} runs each, libraries alternating; ratio = dynamo_ctx median / Dynamo median")
-    print_goals(results)
+    print_targets(results)
 
 
-def print_goals(results: Dict[str, List[Dict[str, float]]]) -> None:
-    """Issue 13's goals 1 and 2 against this run: each run's figure over the
+def print_targets(results: Dict[str, List[Dict[str, float]]]) -> None:
+    """The targets of docs/design.md (Performance targets) for Context() and a
+    remote stop or kill, against this run: each run's figure over the
     floor measured in the same run (its spread), then the verdict on the
     medians."""
     ours, floors, dyn = results["dynamo_ctx"], results["floor"], results.get("Dynamo", [])
     if not ours:
         return
-    print("\ngoals (issue 13), per run and on the medians:")
+    print("\ntargets (docs/design.md, Performance targets), per run and on the medians:")
 
     def med(rows: List[Dict[str, float]], key: str) -> Optional[float]:
         vals = [x[key] for x in rows if key in x]

@@ -1,4 +1,4 @@
-"""The kill-latency breakdown (issue 13, goal 2): where a kill's time goes.
+"""The kill-latency breakdown: where a remote kill's time goes, hop by hop.
 
 With the library's kill trace on (its variable, ``_native.KILL_TRACE_ENV``,
 naming a file before the library loads), the Go side appends one line per

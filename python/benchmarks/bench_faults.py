@@ -10,13 +10,16 @@ the time to detect the stall and resume the stream elsewhere).
 from __future__ import annotations
 
 import argparse
+import os
 import re
-import subprocess
 import sys
 from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "python" / "tests"))  # the harness
+from harness import child_env, run_python  # noqa: E402
+
 TESTS = ["python/tests/fault_tolerance/test_ft_faults_mid_stream.py", "python/tests/fault_tolerance/test_ft_cluster.py"]
 LINE = re.compile(r"(?P<label>(?:SIGKILL|SIGSTOP|cluster)[^:]*): (?P<ok>\d+)/(?P<n>\d+) streams complete token-exact; "
                   r"(?:\S+ )+-> next success (?P<rec>\d+) ms; longest gap in a stream (?P<gap>\d+) ms")
@@ -29,8 +32,8 @@ def main() -> int:
     data = defaultdict(list)
     failed = 0
     for _ in range(args.runs):
-        p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", *TESTS],
-                           cwd=ROOT, capture_output=True, text=True)
+        p = run_python("-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", *TESTS,
+                       env=child_env(os.environ.get("NATS_SERVER")), cwd=ROOT, timeout=None)
         failed += p.returncode != 0
         for line in p.stdout.splitlines():
             m = LINE.search(line)

@@ -150,11 +150,12 @@ def ensure_model(model: Path) -> None:
         say(f"MODEL {model} (exists)")
         return
     # In a child process: nothing of transformers' model code runs in this one
-    # before vLLM forks its engine.
-    import subprocess
+    # before vLLM forks its engine. Started by the harness (python/tests/harness).
+    sys.path.insert(0, str(HERE.parents[1] / "tests"))
+    from harness import run_python
 
     t = time.monotonic()
-    r = subprocess.run([sys.executable, str(HERE / "make_tiny_llama.py"), str(model)], capture_output=True, text=True)
+    r = run_python(str(HERE / "make_tiny_llama.py"), str(model), timeout=None)
     if r.returncode != 0:
         say(f"ERROR make_tiny_llama.py failed ({r.returncode}): {(r.stdout + r.stderr)[-2000:]}")
         finish(2, "no model")

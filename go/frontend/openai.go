@@ -23,12 +23,12 @@ package frontend
 //     text) and values out of OpenAI's ranges.
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"math"
 	"math/rand/v2"
 
+	"github.com/dynamo-ctx/dynamo-ctx/go/jsonscan"
 	"github.com/dynamo-ctx/dynamo-ctx/go/tokens"
 )
 
@@ -102,12 +102,6 @@ func unsupported(param, what string) *requestError {
 	return invalid(param, "unsupported_parameter", "%s is not supported: the engine interface does not carry it", what)
 }
 
-// isNull reports whether a raw JSON value is absent or null.
-func isNull(raw json.RawMessage) bool {
-	t := bytes.TrimSpace(raw)
-	return len(t) == 0 || string(t) == "null"
-}
-
 // prompt is one prompt of a request: its token ids (the stand-in tokenizer's
 // for text).
 type prompt struct{ tokens []int }
@@ -177,7 +171,7 @@ func (p *plan) check() error {
 		p.seed = &s
 	}
 	// What the engine interface does not carry.
-	if !isNull(req.Logprobs) && string(bytes.TrimSpace(req.Logprobs)) != "false" {
+	if !jsonscan.IsNull(req.Logprobs) && string(jsonscan.Trim(req.Logprobs)) != "false" {
 		return unsupported("logprobs", "logprobs")
 	}
 	if req.TopLogprobs != nil && *req.TopLogprobs != 0 {
@@ -195,7 +189,7 @@ func (p *plan) check() error {
 	if len(req.LogitBias) > 0 {
 		return unsupported("logit_bias", "logit_bias")
 	}
-	if t := bytes.TrimSpace(req.Tools); !isNull(t) && string(t) != "[]" {
+	if t := jsonscan.Trim(req.Tools); !jsonscan.IsNull(t) && string(t) != "[]" {
 		return unsupported("tools", "tools")
 	}
 	if rf := req.ResponseFormat; rf != nil && rf.Type != "" && rf.Type != "text" {
@@ -207,7 +201,7 @@ func (p *plan) check() error {
 // parseStop reads OpenAI's stop: null, a string, or an array of up to
 // MaxStop strings; empty strings are dropped (they match nothing).
 func parseStop(raw json.RawMessage) ([]string, error) {
-	if isNull(raw) {
+	if jsonscan.IsNull(raw) {
 		return nil, nil
 	}
 	var one string
@@ -291,7 +285,7 @@ func parsePrompts(req *completionRequest, chat bool, limit int, tx text) ([]prom
 		return []prompt{p}, err
 	}
 	bad := invalid("prompt", "invalid_prompt", "prompt must be a string, an array of strings, an array of token ids or an array of arrays of token ids")
-	raw := bytes.TrimSpace(req.Prompt)
+	raw := jsonscan.Trim(req.Prompt)
 	if len(raw) == 0 {
 		return nil, invalid("prompt", "invalid_prompt", "prompt is required")
 	}
@@ -321,7 +315,7 @@ func parsePrompts(req *completionRequest, chat bool, limit int, tx text) ([]prom
 	if json.Unmarshal(raw, &items) != nil || len(items) == 0 {
 		return nil, bad
 	}
-	switch first := bytes.TrimSpace(items[0]); {
+	switch first := jsonscan.Trim(items[0]); {
 	case len(first) > 0 && first[0] == '"':
 		var list []string
 		if json.Unmarshal(raw, &list) != nil {

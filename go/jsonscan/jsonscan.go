@@ -35,11 +35,23 @@ import "bytes"
 // SkipSpace returns the index of the first byte at or after i that is not
 // JSON whitespace (len(b) if there is none).
 func SkipSpace(b []byte, i int) int {
-	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
+	for i < len(b) && isSpace(b[i]) {
 		i++
 	}
 	return i
 }
+
+// Trim returns b without the JSON whitespace at either end.
+func Trim(b []byte) []byte {
+	b = b[SkipSpace(b, 0):]
+	j := len(b)
+	for j > 0 && isSpace(b[j-1]) {
+		j--
+	}
+	return b[:j]
+}
+
+func isSpace(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\r' }
 
 // HasAt reports whether b holds lit at index i.
 func HasAt(b []byte, i int, lit string) bool {

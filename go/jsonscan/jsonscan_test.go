@@ -36,6 +36,12 @@ func TestHasAtAndExpect(t *testing.T) {
 	assert.False(t, ok, "the end of b")
 }
 
+func TestTrim(t *testing.T) {
+	for in, want := range map[string]string{"": "", " \t\r\n": "", " null\n": "null", "[1, 2]": "[1, 2]", "\u00a0x": "\u00a0x"} {
+		assert.Equal(t, want, string(Trim([]byte(in))), "%q", in)
+	}
+}
+
 func TestIsNull(t *testing.T) {
 	for _, s := range []string{"", " ", "null", " \t\r\nnull\n "} {
 		assert.True(t, IsNull([]byte(s)), "%q", s)

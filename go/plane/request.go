@@ -154,7 +154,10 @@ func (r *Request) write(ctx context.Context, out *transport.Outgoing) {
 func (r *Request) sendFailed(out *transport.Outgoing) {
 	select {
 	case <-out.Killed():
-		r.Ctx.Cancel(ctxtree.Killed, ctxtree.ReasonKill)
+		// The Kill's cause is set before Killed closes: the handler sees
+		// why (client_disconnected, shutdown, ...) whether this or the
+		// reader's control() applies the kill first.
+		r.Ctx.Cancel(ctxtree.Killed, remoteKillReason(ctxtree.Reason(out.KillCause())))
 	case <-out.Lost():
 		r.Ctx.Cancel(ctxtree.Killed, ctxtree.ReasonConnectionLost)
 	default:

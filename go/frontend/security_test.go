@@ -1,6 +1,6 @@
 package frontend_test
 
-// Adversarial tests of the frontend (issue 9): what an HTTP client or a
+// Adversarial tests of the frontend: what an HTTP client or a
 // process on the bus can do to other clients' requests and to the
 // frontend's memory and CPU (bodies and parameters whose cost must stay
 // linear in their size), and bodies that a gateway reading keys exactly
@@ -153,6 +153,7 @@ func TestInvalidRequestIDs(t *testing.T) {
 			}
 			assert.Equal(t, "invalid_request_id", m["error"]["code"])
 			assert.Equal(t, "invalid_request_error", m["error"]["type"])
+			assert.Contains(t, m["error"]["message"], ctxtree.IDRule, "the message states the one id rule")
 		})
 	}
 	assert.Empty(t, w.Reqs, "an invalid id reached the worker")

@@ -26,7 +26,7 @@ func requestID(r *http.Request) (string, error) {
 			continue // an empty header is no id
 		}
 		if err := plane.ValidateID(v); err != nil {
-			return "", fmt.Errorf("the %s header must be 1 to %d bytes of printable UTF-8", h, plane.MaxIDLen)
+			return "", fmt.Errorf("the %s header is not a valid id: %w", h, err)
 		}
 		return v, nil
 	}

@@ -4,7 +4,6 @@ package main
 
 import (
 	"context"
-	"io"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -29,32 +28,7 @@ func runShort(m machinery) shortResult {
 	defer cancel()
 
 	jobs := make(chan string, concurrency)
-	var workers sync.WaitGroup
-	workers.Add(1)
-	go func() {
-		defer workers.Done()
-		for tok := range jobs {
-			workers.Add(1)
-			go func() {
-				defer workers.Done()
-				w, err := m.Open(context.Background(), tok)
-				if err != nil {
-					errs.Add(1)
-					return
-				}
-				for range 2 {
-					if err := w.Send(item64); err != nil {
-						errs.Add(1)
-						w.Close()
-						return
-					}
-				}
-				if err := w.Finish(); err != nil {
-					errs.Add(1)
-				}
-			}()
-		}
-	}()
+	workers := serveItems(m, jobs, 2, &errs)
 	pass0, act0 := tcpOpens()
 	cpu0, t0 := cpuTime(), time.Now()
 	var callers sync.WaitGroup
@@ -66,16 +40,10 @@ func runShort(m machinery) shortResult {
 				tok := newToken()
 				c := m.Expect(tok)
 				jobs <- tok
-				for {
-					_, err := c.Recv()
-					if err == io.EOF {
-						done.Add(1)
-						break
-					}
-					if err != nil {
-						errs.Add(1)
-						break
-					}
+				if _, finished := readAll(c); finished {
+					done.Add(1)
+				} else {
+					errs.Add(1)
 				}
 			}
 		}()

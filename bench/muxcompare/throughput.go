@@ -3,8 +3,6 @@ package main
 // Scenario 2: throughput.
 
 import (
-	"context"
-	"io"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -26,33 +24,7 @@ func runThroughput(m machinery) thruResult {
 	cpu0, t0 := cpuTime(), time.Now()
 	for time.Since(t0) < dur {
 		jobs := make(chan string, streams)
-		var wg sync.WaitGroup
-		// Worker side.
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for tok := range jobs {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					w, err := m.Open(context.Background(), tok)
-					if err != nil {
-						errs.Add(1)
-						return
-					}
-					for range per {
-						if err := w.Send(item64); err != nil {
-							errs.Add(1)
-							w.Close()
-							return
-						}
-					}
-					if err := w.Finish(); err != nil {
-						errs.Add(1)
-					}
-				}()
-			}
-		}()
+		wg := serveItems(m, jobs, per, &errs)
 		// Caller side.
 		var got atomic.Int64
 		var callers sync.WaitGroup
@@ -63,16 +35,10 @@ func runThroughput(m machinery) thruResult {
 				tok := newToken()
 				c := m.Expect(tok)
 				jobs <- tok
-				for {
-					_, err := c.Recv()
-					if err == io.EOF {
-						return
-					}
-					if err != nil {
-						errs.Add(1)
-						return
-					}
-					got.Add(1)
+				n, finished := readAll(c)
+				got.Add(n)
+				if !finished {
+					errs.Add(1)
 				}
 			}()
 		}

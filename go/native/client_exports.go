@@ -95,7 +95,7 @@ func clientGenerate(name string, h C.uint64_t, payload, meta []byte, ctxH C.uint
 	}
 	var parent *ctxtree.Context
 	if ctxH != 0 {
-		p, rc := getContext(name, ctxH)
+		p, rc := get(contexts, name, ctxH)
 		if rc != C.DC_OK {
 			return rc
 		}

@@ -31,14 +31,6 @@ func init() {
 	ctxtree.CountKills((*atomic.Uint64)(unsafe.Pointer(&C.dc_kill_epoch)))
 }
 
-func getContext(name string, h C.uint64_t) (*ctxtree.Context, C.int) {
-	c, err := contexts.Get(uint64(h))
-	if err != nil {
-		return nil, fail(C.DC_EBADF, "%s: %v", name, err)
-	}
-	return c, C.DC_OK
-}
-
 // newContext allocates the state word outside the Go heap, so C code may keep
 // a pointer to it and poll it without calling into Go. The word is freed by
 // the garbage collector's cleanup once the Go context is unreachable: its
@@ -114,7 +106,7 @@ func dc_context_free(h C.uint64_t) (rc C.int) {
 //export dc_context_id
 func dc_context_id(h C.uint64_t, buf *C.char, bufLen C.size_t, n *C.size_t) (rc C.int) {
 	defer guard("dc_context_id", &rc)
-	c, rc := getContext("dc_context_id", h)
+	c, rc := get(contexts, "dc_context_id", h)
 	if rc != C.DC_OK {
 		return rc
 	}
@@ -129,7 +121,7 @@ func dc_context_state(h C.uint64_t, word *C.uint32_t) (rc C.int) {
 	if word == nil {
 		return fail(C.DC_EINVAL, "dc_context_state: word must not be NULL")
 	}
-	c, rc := getContext("dc_context_state", h)
+	c, rc := get(contexts, "dc_context_state", h)
 	if rc != C.DC_OK {
 		return rc
 	}
@@ -145,7 +137,7 @@ func dc_context_state_word(h C.uint64_t, out **C.uint32_t) (rc C.int) {
 	if out == nil {
 		return fail(C.DC_EINVAL, "dc_context_state_word: out must not be NULL")
 	}
-	c, rc := getContext("dc_context_state_word", h)
+	c, rc := get(contexts, "dc_context_state_word", h)
 	if rc != C.DC_OK {
 		return rc
 	}
@@ -166,7 +158,7 @@ func cancelContext(name string, h C.uint64_t, state C.uint32_t, reason C.uint32_
 	if rc != C.DC_OK {
 		return rc
 	}
-	c, rc := getContext(name, h)
+	c, rc := get(contexts, name, h)
 	if rc != C.DC_OK {
 		return rc
 	}
@@ -223,11 +215,11 @@ func dc_context_kill(h C.uint64_t) C.int {
 //export dc_context_link_child
 func dc_context_link_child(parent, child C.uint64_t) (rc C.int) {
 	defer guard("dc_context_link_child", &rc)
-	p, rc := getContext("dc_context_link_child (parent)", parent)
+	p, rc := get(contexts, "dc_context_link_child (parent)", parent)
 	if rc != C.DC_OK {
 		return rc
 	}
-	c, rc := getContext("dc_context_link_child (child)", child)
+	c, rc := get(contexts, "dc_context_link_child (child)", child)
 	if rc != C.DC_OK {
 		return rc
 	}
@@ -243,7 +235,7 @@ func dc_context_child(parent C.uint64_t, out *C.uint64_t) (rc C.int) {
 	if out == nil {
 		return fail(C.DC_EINVAL, "dc_context_child: out must not be NULL")
 	}
-	p, rc := getContext("dc_context_child", parent)
+	p, rc := get(contexts, "dc_context_child", parent)
 	if rc != C.DC_OK {
 		return rc
 	}
@@ -261,7 +253,7 @@ func dc_context_set_timeout(h C.uint64_t, seconds C.double) (rc C.int) {
 	if err := ctxtree.TimeoutError(float64(seconds)); err != nil {
 		return fail(C.DC_EINVAL, "dc_context_set_timeout: %v", err)
 	}
-	c, rc := getContext("dc_context_set_timeout", h)
+	c, rc := get(contexts, "dc_context_set_timeout", h)
 	if rc != C.DC_OK {
 		return rc
 	}
@@ -277,7 +269,7 @@ func dc_context_remaining(h C.uint64_t, seconds *C.double) (rc C.int) {
 	if seconds == nil {
 		return fail(C.DC_EINVAL, "dc_context_remaining: seconds must not be NULL")
 	}
-	c, rc := getContext("dc_context_remaining", h)
+	c, rc := get(contexts, "dc_context_remaining", h)
 	if rc != C.DC_OK {
 		return rc
 	}
@@ -295,7 +287,7 @@ func dc_context_remaining(h C.uint64_t, seconds *C.double) (rc C.int) {
 //export dc_context_finish
 func dc_context_finish(h C.uint64_t) (rc C.int) {
 	defer guard("dc_context_finish", &rc)
-	c, rc := getContext("dc_context_finish", h)
+	c, rc := get(contexts, "dc_context_finish", h)
 	if rc != C.DC_OK {
 		return rc
 	}

@@ -311,17 +311,21 @@ func dc_request_send_many(h C.uint64_t, items **C.char, lens *C.size_t, count C.
 		return fail(C.DC_EINVAL, "dc_request_send_many: items, lens and sent must not be NULL")
 	}
 	*sent = 0
-	if count > maxSendMany {
-		return fail(C.DC_EINVAL, "dc_request_send_many: %d items, at most %d per call", count, maxSendMany)
-	}
-	n, rc := sendMany("dc_request_send_many", h, unsafe.Slice(items, int(count)), unsafe.Slice(lens, int(count)))
+	n, rc := sendMany("dc_request_send_many", h, items, lens, 0, count)
 	*sent = C.size_t(n)
 	return rc
 }
 
-// sendMany queues items (ptrs[i] is ns[i] bytes) for request h: how many
-// were taken, and the code (DC_EAGAIN when fewer than all).
-func sendMany(name string, h C.uint64_t, ptrs []*C.char, ns []C.size_t) (int, C.int) {
+// sendMany queues the count items of the C arrays items and lens from
+// element off on (item i is lens[i] bytes at items[i]) for request h: how
+// many were taken, and the code (DC_EAGAIN when fewer than all; DC_EINVAL
+// for more than DC_SEND_MANY_MAX items, the bound of one request's items in
+// one call).
+func sendMany(name string, h C.uint64_t, items **C.char, lens *C.size_t, off uintptr, count C.size_t) (int, C.int) {
+	if count > maxSendMany {
+		return 0, fail(C.DC_EINVAL, "%s: %d items for request %#x, at most %d", name, count, uint64(h), maxSendMany)
+	}
+	ptrs, ns := cArray(items, off, count), cArray(lens, off, count)
 	req, rc := get(requests, name, h)
 	if rc != C.DC_OK {
 		return 0, rc
@@ -385,15 +389,9 @@ func dc_request_send_multi(hs *C.uint64_t, counts *C.size_t, n C.size_t, items *
 	outN, outRC := unsafe.Slice(sent, int(n)), unsafe.Slice(rcs, int(n))
 	var off uintptr
 	for i, h := range handles {
-		c := cs[i]
-		if c > maxSendMany {
-			outN[i] = 0
-			outRC[i] = fail(C.DC_EINVAL, "dc_request_send_multi: %d items for request %#x, at most %d", c, uint64(h), maxSendMany)
-		} else {
-			taken, code := sendMany("dc_request_send_multi", h, cArray(items, off, c), cArray(lens, off, c))
-			outN[i], outRC[i] = C.size_t(taken), code
-		}
-		off += uintptr(c)
+		taken, code := sendMany("dc_request_send_multi", h, items, lens, off, cs[i])
+		outN[i], outRC[i] = C.size_t(taken), code
+		off += uintptr(cs[i])
 	}
 	return C.DC_OK
 }
@@ -451,7 +449,7 @@ func dc_request_free(h C.uint64_t) (rc C.int) {
 //export dc_arm
 func dc_arm(h C.uint64_t, q C.uint64_t, token C.uint64_t) (rc C.int) {
 	defer guard("dc_arm", &rc)
-	eq, rc := getQueue("dc_arm", q)
+	eq, rc := get(queues, "dc_arm", q)
 	if rc != C.DC_OK {
 		return rc
 	}

@@ -19,14 +19,6 @@ import (
 	"github.com/dynamo-ctx/dynamo-ctx/go/wake"
 )
 
-func getQueue(name string, h C.uint64_t) (*wake.EventQueue, C.int) {
-	q, err := queues.Get(uint64(h))
-	if err != nil {
-		return nil, fail(C.DC_EBADF, "%s: %v", name, err)
-	}
-	return q, C.DC_OK
-}
-
 // dc_queue_new: see dynamo_ctx.h, the reference.
 //
 //export dc_queue_new
@@ -52,7 +44,7 @@ func dc_queue_drain_after(h C.uint64_t, bytes *C.size_t) (rc C.int) {
 	if bytes == nil {
 		return fail(C.DC_EINVAL, "dc_queue_drain_after: bytes must not be NULL")
 	}
-	e, rc := getQueue("dc_queue_drain_after", h)
+	e, rc := get(queues, "dc_queue_drain_after", h)
 	if rc != C.DC_OK {
 		return rc
 	}
@@ -81,7 +73,7 @@ func dc_queue_drain(h C.uint64_t, buf *C.uint64_t, bufLen C.size_t, n *C.size_t)
 	if n == nil || (buf == nil && bufLen > 0) {
 		return fail(C.DC_EINVAL, "dc_queue_drain: buf and n must not be NULL")
 	}
-	e, rc := getQueue("dc_queue_drain", h)
+	e, rc := get(queues, "dc_queue_drain", h)
 	if rc != C.DC_OK {
 		return rc
 	}
@@ -103,11 +95,11 @@ func dc_context_watch(h C.uint64_t, q C.uint64_t, state C.uint32_t, token C.uint
 	if st != ctxtree.Stopped && st != ctxtree.Killed {
 		return fail(C.DC_EINVAL, "dc_context_watch: state must be DC_STOPPED or DC_KILLED, got %d", state)
 	}
-	c, rc := getContext("dc_context_watch", h)
+	c, rc := get(contexts, "dc_context_watch", h)
 	if rc != C.DC_OK {
 		return rc
 	}
-	e, rc := getQueue("dc_context_watch", q)
+	e, rc := get(queues, "dc_context_watch", q)
 	if rc != C.DC_OK {
 		return rc
 	}
@@ -126,7 +118,7 @@ func dc_context_watch(h C.uint64_t, q C.uint64_t, state C.uint32_t, token C.uint
 //export dc_queue_unwatch
 func dc_queue_unwatch(q C.uint64_t, token C.uint64_t) (rc C.int) {
 	defer guard("dc_queue_unwatch", &rc)
-	e, rc := getQueue("dc_queue_unwatch", q)
+	e, rc := get(queues, "dc_queue_unwatch", q)
 	if rc != C.DC_OK {
 		return rc
 	}

@@ -86,7 +86,7 @@ func (r *Request) control(out *transport.Outgoing, ev transport.Event) {
 			break // in-process callers killed it already (followLocalCaller)
 		}
 		killtrace.Mark("worker.frame_read", r.ID)
-		r.Ctx.Cancel(ctxtree.Killed, remoteKillReason(ctxtree.Reason(out.KillCause())))
+		r.Ctx.Cancel(ctxtree.Killed, frameKillReason(out))
 		killtrace.Mark("worker.ctx_killed", r.ID) // its watchers (the host's fd) signalled
 	case transport.EventLost:
 		r.Ctx.Cancel(ctxtree.Killed, ctxtree.ReasonConnectionLost)
@@ -152,17 +152,16 @@ func (r *Request) write(ctx context.Context, out *transport.Outgoing) {
 // what made SendBatch fail, and the handler must see it even if the
 // control event has not been delivered yet.
 func (r *Request) sendFailed(out *transport.Outgoing) {
+	reason := ctxtree.ReasonConnectionLost // the caller is lost, or the send broke otherwise
 	select {
 	case <-out.Killed():
 		// The Kill's cause is set before Killed closes: the handler sees
 		// why (client_disconnected, shutdown, ...) whether this or the
 		// reader's control() applies the kill first.
-		r.Ctx.Cancel(ctxtree.Killed, remoteKillReason(ctxtree.Reason(out.KillCause())))
-	case <-out.Lost():
-		r.Ctx.Cancel(ctxtree.Killed, ctxtree.ReasonConnectionLost)
+		reason = frameKillReason(out)
 	default:
-		r.Ctx.Cancel(ctxtree.Killed, ctxtree.ReasonConnectionLost)
 	}
+	r.Ctx.Cancel(ctxtree.Killed, reason)
 	r.release()
 	go r.confirmAbort()
 }
@@ -349,6 +348,12 @@ func (r *Request) unfollowLocalCaller() {
 	for _, stop := range r.localHooks {
 		stop()
 	}
+}
+
+// frameKillReason is the reason the caller's Kill frame on out gives the
+// handler's context.
+func frameKillReason(out *transport.Outgoing) ctxtree.Reason {
+	return remoteKillReason(ctxtree.Reason(out.KillCause()))
 }
 
 // remoteKillReason is the reason a handler's context gets when its caller

@@ -19,6 +19,7 @@ import (
 	"unicode"
 
 	"github.com/dynamo-ctx/dynamo-ctx/go/hfmodel"
+	"github.com/dynamo-ctx/dynamo-ctx/go/jsonscan"
 	"github.com/dynamo-ctx/dynamo-ctx/go/tokenizer"
 )
 
@@ -218,7 +219,7 @@ func chatMessages(messages []chatMessage, sep string) ([]hfmodel.Message, error)
 			return nil, errors.New("a message's role must not contain control characters")
 		}
 		out[i].Role = m.Role
-		if len(m.Content) == 0 || string(m.Content) == "null" {
+		if jsonscan.IsNull(m.Content) {
 			continue
 		}
 		var s string

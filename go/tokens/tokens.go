@@ -231,7 +231,7 @@ func continuation(payload []byte, received []json.RawMessage) ([]byte, error) {
 	reduce := func(m map[string]json.RawMessage) {
 		var n int64
 		// null (no limit) stays null: Unmarshal of null leaves n at 0.
-		if raw, ok := m["max_tokens"]; ok && string(raw) != "null" && json.Unmarshal(raw, &n) == nil {
+		if raw, ok := m["max_tokens"]; ok && !jsonscan.IsNull(raw) && json.Unmarshal(raw, &n) == nil {
 			n -= int64(len(received))
 			if n < 0 {
 				n = 0

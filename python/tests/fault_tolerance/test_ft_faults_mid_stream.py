@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from harness import free_port, streams_through_fault
+from harness import check_streams, free_port, streams_through_fault
 
 pytestmark = pytest.mark.slow
 
@@ -28,25 +28,14 @@ def prompt_of(i: int) -> str:
     return f"stream {i} " + "x" * (i % 23)
 
 
+PROMPTS = [prompt_of(i) for i in range(STREAMS)]
+
+
 async def _through_fault(stack, fault):
     """Run STREAMS streams, call ``fault()`` once they are a few tokens in, then request
     until one succeeds; returns (results, seconds from the fault to that success, seconds
     until every stream ended)."""
-    prompts = [prompt_of(i) for i in range(STREAMS)]
-    return await streams_through_fault(stack, fault, prompts, MAX_TOKENS, "fire", "after the fault")
-
-
-def _check(stack, results, recovered, label):
-    bad = []
-    for i, r in enumerate(results):
-        want = stack.expected_text(prompt_of(i), MAX_TOKENS)
-        if not (r.status == 200 and r.done and r.finish == "length" and r.text == want and not r.error):
-            bad.append((i, r.status, r.done, r.finish, r.error, len(r.texts), r.text == want))
-    print(f"{label}: {STREAMS - len(bad)}/{STREAMS} streams complete token-exact; "
-          f"fault -> next success {recovered if recovered is None else round(recovered * 1000)} ms; "
-          f"longest gap in a stream {max(r.max_gap for r in results) * 1000:.0f} ms")
-    assert not bad, f"{len(bad)} streams lost or wrong: {bad[:5]}"
-    assert recovered is not None, "no request succeeded after the fault"
+    return await streams_through_fault(stack, fault, PROMPTS, MAX_TOKENS, "fire", "after the fault")
 
 
 def _wait_idle(stack, workers):
@@ -64,7 +53,7 @@ def test_sigkill_worker_through_fault(stack):
     stack.start([{"decode": DECODE}] * 3, migration_limit=2)
     victim = stack.workers[0]
     results, recovered, _ = asyncio.run(_through_fault(stack, victim.kill))
-    _check(stack, results, recovered, "SIGKILL worker")
+    check_streams(stack, PROMPTS, MAX_TOKENS, results, recovered, "SIGKILL worker")
     assert victim.returncode == -signal.SIGKILL
     _wait_idle(stack, stack.workers[1:])
 
@@ -80,7 +69,7 @@ def test_sigstop_worker_through_fault(stack):
 
     t0 = time.monotonic()
     results, recovered, took = asyncio.run(_through_fault(stack, stall))
-    _check(stack, results, recovered, "SIGSTOP worker")
+    check_streams(stack, PROMPTS, MAX_TOKENS, results, recovered, "SIGSTOP worker")
     # Nothing waited for the stall to end: the migrated streams finished on the others.
     assert took < 0.7 + STALL + 3 * MAX_TOKENS * DECODE + 20, took
     time.sleep(max(0.0, t0 + 0.7 + STALL + 0.2 - time.monotonic()))
@@ -97,7 +86,7 @@ def test_sigkill_nats_host_worker_through_fault(stack):
     stack.start([{"decode": DECODE}] * 2, migration_limit=2)
     host = stack.workers[0]
     results, recovered, _ = asyncio.run(_through_fault(stack, host.kill))
-    _check(stack, results, recovered, "SIGKILL NATS host + worker")
+    check_streams(stack, PROMPTS, MAX_TOKENS, results, recovered, "SIGKILL NATS host + worker")
     assert recovered < 10, recovered
     _wait_idle(stack, stack.workers[1:])
     stack.frontend.wait_instances(2)

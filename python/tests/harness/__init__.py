@@ -34,7 +34,7 @@ from .procs import (
     HANG, PY_DIR, ROOT, STARTED, TESTS_DIR, Proc, ProcError, child_env, dump_logs, free_port, keep_logs, log_root,
     run_python, start_script, wait_until,
 )
-from .sse import Result, SSEStream, stream_completion, streams_through_fault
+from .sse import Result, SSEStream, check_streams, stream_completion, streams_through_fault
 from .stack import MODEL, Frontend, Stack, Worker, expected_text, expected_tokens, new_id, new_namespace
 
 __all__ = [
@@ -44,5 +44,5 @@ __all__ = [
     "http_request", "keep_logs", "log_root", "metric_sums", "nats_server_binary", "new_id", "new_namespace",
     "open_stream_async", "parse_prometheus", "read_all", "read_response", "request_async", "request_bytes", "run_python",
     "scrape", "send_post", "send_request", "split_response", "sse_data", "start_script", "stream_completion",
-    "streams_through_fault", "wait_until",
+    "streams_through_fault", "check_streams", "wait_until",
 ]

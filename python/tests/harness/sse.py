@@ -144,6 +144,26 @@ async def streams_through_fault(
     return results, recovered, time.monotonic() - t0
 
 
+def check_streams(stack, prompts: List[str], max_tokens: int, results: List[Result],
+                  recovered: Optional[float], label: str, fault: str = "fault") -> None:
+    """Asserts that every stream of ``streams_through_fault`` completed
+    token-exact (status 200, its end, finish ``length``, no error) and that a
+    request succeeded after the fault, after printing one line that
+    python/benchmarks/bench_faults.py reads: ``<label>: ok/n streams complete
+    token-exact; <fault> -> next success <ms> ms; longest gap in a stream
+    <ms> ms``."""
+    bad = []
+    for i, (prompt, r) in enumerate(zip(prompts, results)):
+        want = stack.expected_text(prompt, max_tokens)
+        if not (r.status == 200 and r.done and r.finish == "length" and r.text == want and not r.error):
+            bad.append((i, r.status, r.done, r.finish, r.error, len(r.texts), r.text == want))
+    print(f"{label}: {len(results) - len(bad)}/{len(results)} streams complete token-exact; "
+          f"{fault} -> next success {recovered if recovered is None else round(recovered * 1000)} ms; "
+          f"longest gap in a stream {max(r.max_gap for r in results) * 1000:.0f} ms")
+    assert not bad, f"{len(bad)} streams lost or wrong: {bad[:5]}"
+    assert recovered is not None, f"no request succeeded after the {fault}"
+
+
 class SSEStream:
     """The response on ``sock`` (a streamed completion sent on it, e.g. by
     ``send_post``), read event by event; ``status`` is its HTTP status. The

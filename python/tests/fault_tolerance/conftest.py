@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness import Stack
+from harness import Stack, dump_logs
 
 
 @pytest.fixture
@@ -24,5 +24,5 @@ def stack(tmp_path):
     finally:
         complaints = s.close()
         if complaints:
-            print(s.logs())
+            print(dump_logs([s.nats_host, *s.procs]))
             pytest.fail("; ".join(complaints))

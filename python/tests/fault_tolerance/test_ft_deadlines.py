@@ -9,13 +9,15 @@ import time
 
 import pytest
 
+from harness import read_all
+
 DECODE = 0.01  # seconds per token: a 1,000-token completion takes 10 s
 
 
 def sse_events(stack, body, headers):
     """Stream a completion over a raw socket; return (status, [event data], seconds taken)."""
     t0 = time.monotonic()
-    data = stack.read_response(stack.send_completion(body, headers))
+    data = read_all(stack.send_completion(body, headers))
     took = time.monotonic() - t0
     status = int(data.split(b" ", 2)[1])
     events = [m.group(1).decode() for m in re.finditer(rb"data: (.*?)\r?\n", data)]

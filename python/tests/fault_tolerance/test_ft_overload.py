@@ -10,7 +10,7 @@ import re
 import threading
 import time
 
-from harness import split_response
+from harness import read_all, split_response
 
 DECODE = 0.01  # seconds per token
 OUTCOMES = ("completed", "stopped", "cancelled", "deadline", "failed", "rejected")
@@ -23,7 +23,7 @@ def post(stack, body, headers, read=True):
     s = stack.send_completion(body, headers)
     if not read:
         return s
-    data = stack.read_response(s)
+    data = read_all(s)
     took = time.monotonic() - t0
     return (*split_response(data), took)
 

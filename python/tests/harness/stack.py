@@ -22,7 +22,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
-from .http_client import http_get, http_request, parse_prometheus, read_all, send_post
+from .http_client import http_get, http_request, parse_prometheus, send_post
 from .nats import NatsHost
 from .procs import HANG, Proc, child_env, free_port
 from .sse import SSEStream
@@ -314,12 +314,10 @@ class Stack:
     def send_completion(self, body: dict, headers: Optional[Dict[str, str]] = None) -> socket.socket:
         """POST ``body`` to the frontend's /v1/completions over a raw connection (HTTP/1.1,
         ``Connection: close``) and return the socket, its response unread: the test reads it
-        (``read_response``), or closes it to play a client that goes away."""
+        (``read_all``), or closes it to play a client that goes away."""
         assert self.frontend is not None
         host, port = self.frontend.host_port
         return send_post(host, port, "/v1/completions", body, headers, timeout=self.hang)
-
-    read_response = staticmethod(read_all)
 
     def open_stream(self, body: dict, headers: Optional[Dict[str, str]] = None) -> SSEStream:
         """``send_completion`` of ``body`` streamed, its response read event by event."""
@@ -339,9 +337,6 @@ class Stack:
                 complaints.append(c)
         self.nats_host.stop()
         return complaints
-
-    def logs(self) -> str:
-        return "\n".join(p.dump() for p in [self.nats_host, *self.procs])
 
     # ------------------------------------------------------------------ checks
 

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/dynamo-ctx/dynamo-ctx/go/plane"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 )
@@ -116,11 +117,11 @@ func (c counts) minus(o counts) counts {
 	}
 }
 
-// Subject prefixes of the plane (docs/request-plane.md sections 4 and 5).
+// Subject prefixes of the plane (docs/request-plane.md sections 4 and 5);
+// discovery keeps the first two unexported.
 const (
 	annPrefix   = "dc.inst."
 	reqPrefix   = "dc.req."
-	abortPrefix = "dc.aborted"
 	inboxPrefix = "_INBOX."
 )
 
@@ -143,7 +144,7 @@ func (c *counts) add(subject string, n int64, route, meter bool) {
 		pick(&c.reqDeliv, &c.reqRoute)
 	case strings.HasPrefix(subject, inboxPrefix):
 		pick(&c.replyDeliv, &c.replyRoute)
-	case strings.HasPrefix(subject, abortPrefix):
+	case strings.HasPrefix(subject, plane.AbortedSubject):
 		pick(&c.abortDeliv, &c.abortRoute)
 	case !route:
 		c.otherDeliv += n

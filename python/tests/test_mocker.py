@@ -13,7 +13,8 @@ from helpers import run
 
 
 def engine(**kw):
-    return MockAsyncLLM(MockEngineArgs(prefill_time_per_token=0.0, decode_time_per_token=0.0, block_size=4, **kw))
+    kw = {"prefill_time_per_token": 0.0, "decode_time_per_token": 0.0, "block_size": 4, **kw}
+    return MockAsyncLLM(MockEngineArgs(**kw))
 
 
 def test_generates_deterministic_cumulative_tokens():
@@ -166,7 +167,7 @@ def test_abort_of_the_last_request_ends_a_long_step():
     prefill step) stops when no request is left: no task outlives the work."""
 
     async def main():
-        e = MockAsyncLLM(MockEngineArgs(prefill_time_per_token=10.0, prefill_chunk_tokens=400))
+        e = MockAsyncLLM(MockEngineArgs(prefill_time_per_token=10.0, max_num_batched_tokens=400))
         gen = e.generate(list(range(400)), SamplingParams(max_tokens=2), "long")
         nxt = asyncio.ensure_future(gen.__anext__())
         await asyncio.sleep(0.01)
@@ -310,6 +311,298 @@ def test_max_num_seqs_holds_the_rest_first_come_first_served():
         assert most <= 2, most
         started = [rid for rid in started if rid != "gone"]  # its one output is the abort's
         assert started[:2] == ["r0", "r1"] and started[2:] == ["r2", "r3", "r4", "d"], started
-        assert e.stats.running_requests == 0 and e.stats.kv_blocks_in_use == 0 and e._scheduled == 0
+        assert e.stats.running_requests == 0 and e.stats.kv_blocks_in_use == 0 and e.stats.num_requests_running == 0
+
+    run(main())
+
+
+# --------------------------------------------------------------------------- vLLM V1's scheduler shape
+
+
+def record_steps(e):
+    """The (sequences, tokens) of every step ``e`` runs, from its step_time."""
+    shapes = []
+    step_time = e.step_time
+
+    def recording(seqs, tokens):
+        shapes.append((seqs, tokens))
+        return step_time(seqs, tokens)
+
+    e.step_time = recording
+    return shapes
+
+
+def assert_idle(e):
+    s = e.stats
+    assert (s.running_requests, s.num_requests_running, s.num_requests_waiting, s.kv_blocks_in_use) == (0, 0, 0, 0), s
+    assert e.running_request_ids() == [] and e.waiting_request_ids() == [] and s.kv_cache_usage == 0.0
+
+
+async def first_token_steps(e, prompts, max_tokens):
+    """Run one request a prompt, concurrently: the engine step at which each got its first token, and their outputs."""
+    firsts, outs = {}, {}
+
+    async def one(rid, prompt):
+        got = []
+        async for o in e.generate(prompt, SamplingParams(max_tokens=max_tokens), rid):
+            if not got:
+                firsts[rid] = e.stats.steps
+            got.append(o)
+        outs[rid] = got
+
+    await asyncio.gather(*[one(f"r{i}", p) for i, p in enumerate(prompts)])
+    return firsts, outs
+
+
+def test_continuous_batching_admits_every_prompt_in_one_step():
+    """Forty prompts that arrive together are prefilled in the same step (the
+    budget holds them all) and decode together: 3 tokens take 3 steps, not 120."""
+
+    async def main():
+        e = MockAsyncLLM(MockEngineArgs(decode_time_per_token=0.001, prefill_time_per_token=0.0, block_size=4))
+        shapes = record_steps(e)
+        firsts, outs = await first_token_steps(e, [[i] * 10 for i in range(40)], 3)
+        assert set(firsts.values()) == {1}, firsts
+        assert e.stats.steps == 3 and shapes == [(40, 400), (40, 40), (40, 40)], shapes
+        assert all(len(o[-1].outputs[0].token_ids) == 3 for o in outs.values())
+        assert_idle(e)
+
+    run(main())
+
+
+def test_token_budget_is_respected_every_step():
+    """With max_num_batched_tokens=64, twenty 30-token prompts are prefilled
+    64 tokens a step (chunks may end mid-prompt), decode tokens count against
+    the same budget, and every token is scheduled once."""
+
+    async def main():
+        e = engine(max_num_batched_tokens=64)
+        shapes = record_steps(e)
+        waiting_seen = []
+        e_schedule = e._sched.schedule
+
+        def schedule():
+            out = e_schedule()
+            waiting_seen.append(e.stats.num_requests_waiting)
+            return out
+
+        e._sched.schedule = schedule
+        firsts, outs = await first_token_steps(e, [[i] * 30 for i in range(20)], 4)
+        assert all(tokens <= 64 for _, tokens in shapes), shapes
+        assert sum(tokens for _, tokens in shapes) == 20 * 30 + 20 * 3  # each prompt once, then one token per further output
+        assert sum(1 for _, tokens in shapes if tokens == 64) >= 9, shapes  # the budget is filled while prompts wait
+        order = [firsts[f"r{i}"] for i in range(20)]
+        assert max(waiting_seen) > 0 and order == sorted(order) and order[0] < order[-1]  # first come first served
+        for rid, o in outs.items():
+            assert [len(x.outputs[0].token_ids) for x in o] == [1, 2, 3, 4], rid
+        assert_idle(e)
+
+    run(main())
+
+
+def test_chunked_prefill_of_a_long_prompt_beside_a_decode():
+    """A 300-token prompt with a budget of 64 is prefilled over five steps
+    while a running stream keeps decoding a token each step (running requests
+    are scheduled first); its blocks grow chunk by chunk; its first token comes
+    with its last chunk."""
+
+    async def main():
+        e = engine(max_num_batched_tokens=64)
+        shapes = record_steps(e)
+        blocks = []
+        step_time = e.step_time
+
+        def probe(seqs, tokens):  # right after the step is scheduled
+            r = e._running.get("long")
+            if r is not None and r.phase == "prefill":
+                blocks.append(r.blocks)
+            return step_time(seqs, tokens)
+
+        e.step_time = probe
+        short = e.generate([1, 2], SamplingParams(max_tokens=20, output_kind=RequestOutputKind.DELTA), "short")
+        await short.__anext__()
+        long = e.generate(list(range(300)), SamplingParams(max_tokens=2), "long")
+        first = await long.__anext__()
+        assert first.outputs[0].token_ids == [(1000 + 300) % 32000]
+        at = shapes.index((2, 64))
+        assert shapes[at:at + 5] == [(2, 64)] * 4 + [(2, 1 + 300 - 4 * 63)], shapes  # 1 decode token + 63 prompt tokens a step
+        assert shapes[:at] == [(1, 2)] + [(1, 1)] * (at - 1), shapes
+        assert blocks == [16, 32, 48, 63, 75], blocks  # 63, 126, 189, 252, 300 prompt tokens (block_size 4)
+        short_tokens = [t for o in [o async for o in short] for t in o.outputs[0].token_ids]
+        assert len(short_tokens) == 19  # one a step all along
+        await long.aclose()
+        assert_idle(e)
+
+    run(main())
+
+
+def preemption_engine(**kw):
+    """Three requests of 8 prompt tokens and 16 output tokens: 23 computed tokens, 6 blocks of 4 each, 18 in all."""
+    return engine(num_kv_blocks=12, **kw)
+
+
+PREEMPTION_REQUESTS = [
+    ("a", [1] * 8, SamplingParams(max_tokens=16)),
+    ("b", [2] * 8, SamplingParams(max_tokens=16, seed=5)),
+    ("c", [3] * 8, SamplingParams(max_tokens=16, output_kind=RequestOutputKind.DELTA)),
+]
+
+
+async def run_all(e, requests):
+    async def one(rid, prompt, params):
+        return rid, [o async for o in e.generate(prompt, params, rid)]
+
+    return dict(await asyncio.gather(*[one(*r) for r in requests]))
+
+
+def test_preemption_when_blocks_run_out_is_token_exact():
+    """Twelve blocks cannot hold three sequences of six: when "a" needs a
+    block, "c" (admitted last) is preempted, frees its blocks, waits, and is
+    recomputed (prompt and tokens so far) once blocks are free. Its output is
+    token for token what it is without preemption, and no token comes twice."""
+
+    async def main():
+        ref = await run_all(engine(), PREEMPTION_REQUESTS)
+        e = preemption_engine()
+        shapes = record_steps(e)
+        got = await run_all(e, PREEMPTION_REQUESTS)
+        assert e.stats.num_preemptions == 1
+        assert max(tokens for _, tokens in shapes) == 8 + 8 + 8
+        assert any(tokens > 2 for seqs, tokens in shapes[1:] if seqs == 1), shapes  # the recompute of "c"
+        for rid in ("a", "b"):
+            assert [len(o.outputs[0].token_ids) for o in got[rid]] == list(range(1, 17)), rid
+            assert got[rid][-1].outputs[0].token_ids == ref[rid][-1].outputs[0].token_ids, rid
+        delta = [t for o in got["c"] for t in o.outputs[0].token_ids]
+        assert delta == [t for o in ref["c"] for t in o.outputs[0].token_ids] and len(delta) == 16
+        assert all(len(o.outputs[0].token_ids) == 1 for o in got["c"])
+        assert got["c"][-1].outputs[0].finish_reason == "length"
+        assert_idle(e)
+
+    run(main())
+
+
+async def until(cond, what):
+    for _ in range(10000):
+        if cond():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError(f"never: {what}")
+
+
+def test_abort_frees_blocks_at_once_running_waiting_and_preempted():
+    async def main():
+        # Preempted: "c" holds no block and waits; its abort ends its stream and frees nothing more.
+        e = preemption_engine(decode_time_per_token=0.001)
+        tasks = asyncio.ensure_future(run_all(e, PREEMPTION_REQUESTS))
+        await until(lambda: e.stats.num_preemptions == 1, "a preemption")
+        assert e.waiting_request_ids() == ["c"] and e.phase("c") == "decode" and e._running["c"].blocks == 0
+        in_use = e.stats.kv_blocks_in_use
+        assert await e.abort("c") == 0 and e.stats.kv_blocks_in_use == in_use
+        assert e.waiting_request_ids() == [] and e.stats.num_requests_waiting == 0 and e.stats.aborts_confirmed == 1
+        got = await tasks
+        assert got["c"][-1].outputs[0].finish_reason == "abort" and len(got["a"]) == 16
+        assert e.stats.prefill_aborts == 0
+        assert_idle(e)
+
+        # Waiting for a place: its abort frees nothing and takes it off the queue.
+        e = engine(max_num_seqs=1, decode_time_per_token=0.001)
+        first = e.generate([1, 2], SamplingParams(max_tokens=50), "first")
+        await first.__anext__()
+        second = e.generate([1, 2], SamplingParams(max_tokens=5), "second")
+        pending = asyncio.ensure_future(second.__anext__())
+        await until(lambda: e.waiting_request_ids() == ["second"], "second waits")
+        assert e.stats.num_requests_waiting == 1 and e.stats.num_requests_running == 1
+        assert await e.abort("second") == 0 and e.stats.num_requests_waiting == 0
+        assert (await pending).outputs[0].finish_reason == "abort" and e.stats.prefill_aborts == 1
+        assert await e.abort("first") == e.confirmed_aborts["first"] > 0
+        assert_idle(e)
+
+        # Running, in the middle of a (long) chunked prefill step: every block it took, at once.
+        e = engine(max_num_batched_tokens=64, prefill_time_per_token=1.0)
+        gen = e.generate(list(range(300)), SamplingParams(max_tokens=2), "long")
+        nxt = asyncio.ensure_future(gen.__anext__())
+        await until(lambda: e.stats.kv_blocks_in_use == 16, "the first chunk's blocks")
+        assert await e.abort("long") == 16 and e.stats.kv_blocks_in_use == 0
+        assert (await nxt).outputs[0].finish_reason == "abort"
+        assert_idle(e)
+
+    run(main())
+
+
+def test_remote_prefill_costs_nothing_but_waits_for_its_blocks():
+    """A decode whose prompt was prefilled elsewhere computes one token (a
+    step of one sequence and one token) but needs its whole prompt's blocks:
+    it waits while they are taken, rather than failing."""
+
+    async def main():
+        e = engine(num_kv_blocks=12, prefill_time_per_token=10.0)  # a prompt token here would take 10 s
+        e.args.prefill_time_per_token = 0.0
+        hog = e.generate([1] * 32, SamplingParams(max_tokens=5), "hog")  # 8 blocks, then 9
+        await hog.__anext__()
+        e.args.prefill_time_per_token = 10.0
+        shapes = record_steps(e)
+        held = []
+        step_time = e.step_time
+
+        def probe(seqs, tokens):
+            held.append((e.waiting_request_ids(), e.stats.kv_blocks_in_use))
+            return step_time(seqs, tokens)
+
+        e.step_time = probe
+        remote = SamplingParams(max_tokens=3, extra_args={"kv_transfer_params": {"do_remote_prefill": True}})
+        gen = e.generate(list(range(40)), remote, "remote")  # 10 blocks
+        first = asyncio.ensure_future(gen.__anext__())
+        await until(lambda: e.waiting_request_ids() == ["remote"], "the remote decode waits")
+        async for _ in hog:
+            pass
+        out = await asyncio.wait_for(first, 5)
+        assert out.outputs[0].token_ids == [1040]
+        queued = next(i for i, (waiting, _) in enumerate(held) if waiting)  # it came while the hog ran
+        admitted = next(i for i in range(queued, len(held)) if not held[i][0])
+        assert admitted > queued and shapes[admitted] == (1, 1) and held[admitted][1] == 10  # the hog ended; its prompt's blocks
+        assert all(kv == 9 for _, kv in held[queued:admitted]), held  # the hog's 33..36 tokens: too few blocks left
+        assert all(tokens == seqs for seqs, tokens in shapes), shapes  # no prompt token computed here
+        rest = [o async for o in gen]
+        assert rest[-1].outputs[0].token_ids == [1040, 1041, 1042]
+        assert_idle(e)
+
+    run(main())
+
+
+def test_what_can_never_fit_fails_clearly():
+    """A prompt larger than the whole KV cache is refused at once; a sequence
+    that would outgrow it ends with "length" (the cache is the mock's
+    max_model_len); max_num_seqs above the budget is refused as vLLM does."""
+
+    async def main():
+        e = engine(num_kv_blocks=4)  # 16 tokens
+        with pytest.raises(ValueError, match="can never fit"):
+            await e.generate(list(range(17)), SamplingParams(max_tokens=1), "huge").__anext__()
+        outs = [o async for o in e.generate(list(range(10)), SamplingParams(max_tokens=100), "grows")]
+        assert len(outs[-1].outputs[0].token_ids) == 7 and outs[-1].outputs[0].finish_reason == "length"
+        assert_idle(e)
+        with pytest.raises(ValueError, match="max_num_seqs"):
+            engine(max_num_seqs=100, max_num_batched_tokens=64)
+
+    run(main())
+
+
+def test_gauges_and_kv_usage():
+    async def main():
+        e = engine(num_kv_blocks=100, max_num_seqs=2, decode_time_per_token=0.001)
+        gens = [e.generate([i] * 8, SamplingParams(max_tokens=50), f"g{i}") for i in range(3)]
+        firsts = [asyncio.ensure_future(g.__anext__()) for g in gens]
+        await firsts[0]
+        s = e.stats
+        assert (s.num_requests_running, s.num_requests_waiting, s.running_requests) == (2, 1, 3)
+        assert s.kv_cache_usage == s.kv_blocks_in_use / 100 and s.kv_blocks_in_use >= 4
+        # Consumers that cancel abort their requests (running or waiting): everything is freed.
+        firsts[2].cancel()
+        await asyncio.gather(firsts[2], return_exceptions=True)
+        await firsts[1]
+        for g in gens[:2]:
+            await g.aclose()
+        assert e.stats.aborts_confirmed == 3 and e.stats.prefill_aborts == 1  # "g2" waited: still in prefill
+        assert_idle(e)
 
     run(main())

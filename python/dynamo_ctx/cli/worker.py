@@ -189,14 +189,34 @@ def _add_worker_flags(p: argparse.ArgumentParser) -> None:
         "--prefill-time-per-token",
         type=_cli.non_negative_float,
         default=MockEngineArgs.prefill_time_per_token,
-        help="mock engine: seconds per prompt token",
+        help="mock engine: seconds per prompt token (each token in a step beyond one per sequence)",
     )
     add(
         "--decode-time-per-token",
         type=_cli.non_negative_float,
         default=MockEngineArgs.decode_time_per_token,
-        help="mock engine: seconds per output token",
+        help="mock engine: seconds a step that decodes one sequence takes (a lone stream's time per output token)",
     )
+    add(
+        "--decode-time-per-seq",
+        type=_cli.non_negative_float,
+        default=MockEngineArgs.decode_time_per_seq,
+        help="mock engine: seconds each sequence after the first adds to a step (--decode-time-per-token is a step of one)",
+    )
+    # The mock's scheduler and KV cache, by vLLM's names (with --engine vllm these are vLLM's own).
+    if "--max-num-batched-tokens" not in p._option_string_actions:
+        add(
+            "--max-num-batched-tokens", type=_cli.positive_int,
+            help=f"mock engine: tokens scheduled in one step, at most (default: {MockEngineArgs.max_num_batched_tokens}, "
+            "or --max-num-seqs if larger)",
+        )
+    if "--block-size" not in p._option_string_actions:
+        add("--block-size", type=_cli.positive_int, default=MockEngineArgs.block_size, help="mock engine: tokens a KV cache block holds")
+    if "--num-gpu-blocks-override" not in p._option_string_actions:
+        add(
+            "--num-gpu-blocks-override", type=_cli.positive_int, default=MockEngineArgs.num_kv_blocks,
+            help="mock engine: blocks in its KV cache (requests wait for free blocks; the last admitted is preempted when they run out)",
+        )
     add(
         "--mock-die-after-steps", type=_cli.positive_int,
         help="mock engine: its core dies after this many engine steps, a rehearsal of engine death (default: never)",
@@ -250,9 +270,15 @@ def mock_model(args: argparse.Namespace) -> Tuple[Any, Model]:
     its vocabulary and the context length is its config.json's unless
     --max-model-len says otherwise."""
     path = model_dir.find(args.model)
+    batched = args.max_num_batched_tokens
+    if batched is None:
+        batched = max(MockEngineArgs.max_num_batched_tokens, args.max_num_seqs or 0)
+    elif args.max_num_seqs is not None and batched < args.max_num_seqs:
+        raise _cli.UsageError(f"--max-num-batched-tokens {batched} must be at least --max-num-seqs {args.max_num_seqs}")
     mock = MockEngineArgs(
         prefill_time_per_token=args.prefill_time_per_token, decode_time_per_token=args.decode_time_per_token,
-        die_after_steps=args.mock_die_after_steps, max_num_seqs=args.max_num_seqs,
+        decode_time_per_seq=args.decode_time_per_seq, max_num_batched_tokens=batched, block_size=args.block_size,
+        num_kv_blocks=args.num_gpu_blocks_override, die_after_steps=args.mock_die_after_steps, max_num_seqs=args.max_num_seqs,
     )
     length = args.max_model_len
     if path is not None:

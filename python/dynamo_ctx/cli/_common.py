@@ -294,6 +294,18 @@ def fail(prog: str, message: str, status: int) -> NoReturn:
     raise SystemExit(status)
 
 
+def exit_now(prog: str, message: str, status: int) -> NoReturn:
+    """``fail`` without the interpreter's finalization: the logs are flushed and
+    the process ends here, its listeners answering until this moment. For a
+    process whose state is beyond saving (a worker whose engine died), whose
+    finalization could wait seconds on what died."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.write(f"{prog}: {message}\n")
+    sys.stderr.flush()
+    os._exit(status)
+
+
 # ---------------------------------------------------------------- value types
 
 

@@ -40,6 +40,7 @@ from ..backends import model_dir
 from ..backends.mocker import MockAsyncLLM, MockEngineArgs
 from ..backends.vllm import AggregatedHandler, BaseWorkerHandler, DecodeHandler, PrefillHandler, WorkerMetrics
 from . import _common as _cli
+from . import reaper
 
 logger = logging.getLogger("dynamo_ctx.worker")
 
@@ -440,7 +441,7 @@ class _EngineRef:
 
 #: How often the worker checks that its engine is alive while no request
 #: would tell it (vLLM's engine core can die between requests).
-ENGINE_CHECK_INTERVAL = 1.0
+ENGINE_CHECK_INTERVAL = 0.1
 
 
 async def _watch_engine(engine: Any, dead: Any) -> None:
@@ -454,6 +455,22 @@ async def _watch_engine(engine: Any, dead: Any) -> None:
         if errored:
             dead(getattr(engine, "dead_error", None) or RuntimeError("the engine reports itself errored"))
             return
+
+
+#: Seconds a dead engine's shutdown may take before the worker exits anyway.
+ENGINE_SHUTDOWN_TIMEOUT = 10.0
+
+
+async def _shutdown_engine(engine: Any) -> None:
+    """Shut the engine down (vLLM's ``AsyncLLM.shutdown`` stops its processes)
+    in a thread, so that the event loop keeps answering /health meanwhile."""
+    shutdown = getattr(engine, "shutdown", None)
+    if not callable(shutdown):
+        return
+    try:
+        await asyncio.wait_for(asyncio.get_running_loop().run_in_executor(None, shutdown), ENGINE_SHUTDOWN_TIMEOUT)
+    except Exception as e:  # noqa: BLE001 - a dead engine may fail its own shutdown; the worker exits all the same
+        logger.debug("the engine's shutdown failed: %s: %s", type(e).__name__, e)
 
 
 async def run(args: argparse.Namespace) -> None:
@@ -494,6 +511,10 @@ async def run(args: argparse.Namespace) -> None:
             loop.call_soon(runtime.shutdown)
 
     try:
+        if args.engine == "vllm":
+            # vLLM's engine runs in processes of its own: they must die with this
+            # worker, also when it is SIGKILLed (see reaper's doc).
+            reaper.start()
         engine, model = vllm_model(args) if args.engine == "vllm" else mock_model(args)
         ref.engine = engine
         readiness.waiting_for = f"NATS at {_cli.nats_address(args.nats_url)}"
@@ -553,17 +574,22 @@ async def run(args: argparse.Namespace) -> None:
         if drain is not None:
             finished = await drain
             logger.info("drained: %s", "every request finished" if finished else "the requests still running were handed over")
-        if died:
-            raise _cli.CommandError(f"{died[0]}; exiting so that the worker is restarted")
     finally:
         if watch is not None:
             watch.cancel()
         if files_serving is not None:
             files_serving.cancel()
-        if metrics_server is not None:
-            metrics_server.close()
         if runtime is not None:
             runtime.shutdown()
+        if died:
+            # /health keeps saying why until the process ends: the engine's own
+            # shutdown (its processes) runs while the listener answers, then the
+            # process ends at once (its finalization would wait seconds on what
+            # the dead engine held) with status 1, for its orchestrator.
+            await _shutdown_engine(ref.engine)
+            _cli.exit_now(PROG, f"{died[0]}; exiting so that the worker is restarted", 1)
+        if metrics_server is not None:
+            metrics_server.close()
 
 
 def main(argv: Optional[List[str]] = None) -> None:

@@ -459,6 +459,9 @@ async def _watch_engine(engine: Any, dead: Any) -> None:
 
 #: Seconds a dead engine's shutdown may take before the worker exits anyway.
 ENGINE_SHUTDOWN_TIMEOUT = 10.0
+#: Seconds, at least, that /health answers 503 with the reason after the
+#: engine died, before the worker exits.
+DEAD_ENGINE_HEALTH_SECONDS = 1.0
 
 
 async def _shutdown_engine(engine: Any) -> None:
@@ -493,6 +496,7 @@ async def run(args: argparse.Namespace) -> None:
     runtime: Optional[DistributedRuntime] = None
     handler: BaseWorkerHandler
     died: List[str] = []
+    died_at: List[float] = []
     watch: "Optional[asyncio.Future[None]]" = None
     files_serving: "Optional[asyncio.Future[None]]" = None
 
@@ -505,6 +509,7 @@ async def run(args: argparse.Namespace) -> None:
             return
         reason = f"the engine died: {type(error).__name__}: {error}"
         died.append(reason)
+        died_at.append(loop.time())
         readiness.failed = reason
         logger.error("%s; handing the requests in flight over to other workers and exiting", reason)
         if runtime is not None:
@@ -587,6 +592,8 @@ async def run(args: argparse.Namespace) -> None:
             # process ends at once (its finalization would wait seconds on what
             # the dead engine held) with status 1, for its orchestrator.
             await _shutdown_engine(ref.engine)
+            # Long enough for a probe to read why (a load balancer's, a person's).
+            await asyncio.sleep(max(0.0, died_at[0] + DEAD_ENGINE_HEALTH_SECONDS - loop.time()))
             _cli.exit_now(PROG, f"{died[0]}; exiting so that the worker is restarted", 1)
         if metrics_server is not None:
             metrics_server.close()

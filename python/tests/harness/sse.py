@@ -18,7 +18,7 @@ import json
 import socket
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 
 @dataclass
@@ -34,6 +34,7 @@ class Result:
     first_item: float = 0.0  # monotonic time of the first text chunk
     last_item: float = 0.0
     max_gap: float = 0.0  # the longest wait between two text chunks (a stall, a migration)
+    stamps: List[float] = field(default_factory=list)  # monotonic time of each text chunk
     ended: float = 0.0
 
     @property
@@ -44,15 +45,18 @@ class Result:
 async def stream_completion(
     host_port: Tuple[str, int], model: str, prompt: str, max_tokens: int, rid: str,
     stop_after: Optional[int] = None, stream: bool = True, res: Optional[Result] = None,
+    extra: Optional[Dict[str, Any]] = None, headers: Optional[Dict[str, str]] = None,
 ) -> Result:
     """POST /v1/completions and read the stream; ``stop_after``: close the socket after that many chunks.
 
-    ``res``: fill this Result (still readable if the caller cancels the call)."""
+    ``res``: fill this Result (still readable if the caller cancels the call). ``extra``:
+    more fields of the request (``temperature``, ...); ``headers``: more headers."""
     res = res if res is not None else Result(rid)
-    body = json.dumps({"model": model, "prompt": prompt, "max_tokens": max_tokens, "stream": stream}).encode()
+    body = json.dumps({"model": model, "prompt": prompt, "max_tokens": max_tokens, "stream": stream, **(extra or {})}).encode()
+    more = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
     head = (
         f"POST /v1/completions HTTP/1.0\r\nHost: {host_port[0]}\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {len(body)}\r\nx-request-id: {rid}\r\n\r\n"
+        f"Content-Length: {len(body)}\r\nx-request-id: {rid}\r\n{more}\r\n"
     ).encode()
     reader, writer = await asyncio.open_connection(*host_port)
     try:
@@ -96,6 +100,7 @@ async def stream_completion(
                 else:
                     res.max_gap = max(res.max_gap, now - res.last_item)
                 res.last_item = now
+                res.stamps.append(now)
                 res.texts.append(ch["text"])
             if ch.get("finish_reason"):
                 res.finish = ch["finish_reason"]

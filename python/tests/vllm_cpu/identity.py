@@ -1,0 +1,106 @@
+"""Text identity with vLLM's own OpenAI server: the requests, and their comparison.
+
+Each case is sent to vLLM's server and to our frontend with the ``openai`` client,
+once whole and once streamed (``stream_options.include_usage``). The same request
+must give the same text of every choice, the same finish reasons and the same usage
+(prompt, completion and total tokens). Ids and timestamps differ by nature and are not
+compared.
+
+A case with ``stop_from`` gets its stop string from vLLM's own greedy output of the
+same request without one (the characters ``stop_from`` slices), since a random-weight
+model's text cannot be foreseen: the stop string then does occur in the output.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Tuple
+
+MODEL = "tiny"
+
+_C = "completion"
+_CH = "chat"
+
+
+def _msgs(*pairs: Tuple[str, str]) -> List[Dict[str, str]]:
+    return [{"role": r, "content": c} for r, c in pairs]
+
+
+#: (name, kind, request fields); greedy unless a case says otherwise.
+CASES: List[Tuple[str, str, Dict[str, Any]]] = [
+    ("plain", _C, {"prompt": "Hello, my name is", "max_tokens": 24}),
+    ("japanese", _C, {"prompt": "東京の天気は今日", "max_tokens": 24}),
+    ("chinese", _C, {"prompt": "人工智能的未来是", "max_tokens": 24}),
+    ("korean", _C, {"prompt": "안녕하세요, 저는", "max_tokens": 20}),
+    ("emoji", _C, {"prompt": "I love 🍕 and 🎉 and 👩‍👩‍👧‍👦, do you", "max_tokens": 24}),
+    ("accents", _C, {"prompt": "Ünïcödé façade naïve café — «quoted»", "max_tokens": 20}),
+    ("code", _C, {"prompt": "def fibonacci(n):\n    \"\"\"Return the n-th number.\"\"\"\n    ", "max_tokens": 32}),
+    ("markdown", _C, {"prompt": "```python\nimport os\nfor root, dirs, files in os.walk('.'):\n", "max_tokens": 24}),
+    ("whitespace", _C, {"prompt": "  leading spaces\n\n\ttabs\r\nand CRLF  ", "max_tokens": 16}),
+    ("one-token", _C, {"prompt": "Count: one, two,", "max_tokens": 1}),
+    ("token-ids", _C, {"prompt": [128000, 9906, 11, 1917, 0, 358, 1097], "max_tokens": 16}),
+    ("stop-string", _C, {"prompt": "The list of colours:", "max_tokens": 40, "stop_from": (12, 3)}),
+    ("stop-two", _C, {"prompt": "Once upon a time", "max_tokens": 40, "stop_from": (20, 2)}),
+    ("n2-seed", _C, {"prompt": "A random thought:", "max_tokens": 16, "n": 2, "temperature": 0.9, "seed": 7}),
+    ("n3-seed-top-p", _C, {"prompt": "Tell me", "max_tokens": 12, "n": 3, "temperature": 1.0, "top_p": 0.9, "seed": 42}),
+    ("seed-sampled", _C, {"prompt": "Sampling with a seed", "max_tokens": 20, "temperature": 0.7, "seed": 1234}),
+    ("chat-plain", _CH, {"messages": _msgs(("user", "Hello! Who are you?")), "max_tokens": 24}),
+    ("chat-system", _CH, {"messages": _msgs(("system", "You are terse."), ("user", "Explain KV caches.")), "max_tokens": 24}),
+    ("chat-multi-turn", _CH, {"messages": _msgs(("user", "Hi"), ("assistant", "Hello, how can I help?"),
+                                                  ("user", "Write a haiku.")), "max_tokens": 24}),
+    ("chat-cjk", _CH, {"messages": _msgs(("user", "请用中文介绍一下你自己。日本語でもどうぞ。")), "max_tokens": 24}),
+    ("chat-emoji", _CH, {"messages": _msgs(("user", "Reply with emoji only 🙂🚀🔥")), "max_tokens": 20}),
+    ("chat-code", _CH, {"messages": _msgs(("user", "Fix this:\n```js\nconst x = [1,2,3].map(x => x*2\n```")), "max_tokens": 32}),
+    ("chat-stop", _CH, {"messages": _msgs(("user", "List three fruits.")), "max_tokens": 40, "stop_from": (8, 3)}),
+    ("chat-n2-seed", _CH, {"messages": _msgs(("user", "Pick a number.")), "max_tokens": 12, "n": 2, "temperature": 0.8,
+                           "seed": 3}),
+    ("chat-seed-top-p", _CH, {"messages": _msgs(("user", "Say something.")), "max_tokens": 16, "temperature": 1.0,
+                              "top_p": 0.8, "seed": 99}),
+]
+
+
+def _fields(fields: Dict[str, Any]) -> Dict[str, Any]:
+    out = {"temperature": 0.0}
+    out.update({k: v for k, v in fields.items() if k != "stop_from"})
+    return out
+
+
+def _call(client: Any, kind: str, fields: Dict[str, Any], stream: bool) -> Dict[str, Any]:
+    """One request; its choices' text and finish reasons by index, and its usage."""
+    api = client.completions if kind == _C else client.chat.completions
+    texts: Dict[int, str] = {}
+    finish: Dict[int, Optional[str]] = {}
+    usage: Any = None
+    if not stream:
+        r = api.create(model=MODEL, **fields)
+        for ch in r.choices:
+            texts[ch.index] = ch.text if kind == _C else (ch.message.content or "")
+            finish[ch.index] = ch.finish_reason
+        usage = r.usage
+    else:
+        for chunk in api.create(model=MODEL, stream=True, stream_options={"include_usage": True}, **fields):
+            for ch in chunk.choices:
+                piece = ch.text if kind == _C else (ch.delta.content or "")
+                texts[ch.index] = texts.get(ch.index, "") + (piece or "")
+                if ch.finish_reason is not None:
+                    finish[ch.index] = ch.finish_reason
+            if chunk.usage is not None:
+                usage = chunk.usage
+    u = None if usage is None else (usage.prompt_tokens, usage.completion_tokens, usage.total_tokens)
+    return {"texts": texts, "finish": finish, "usage": u}
+
+
+def compare(theirs: Any, ours: Any) -> List[Dict[str, Any]]:
+    """Every case, whole and streamed, on both clients: what each returned, and whether the same."""
+    results = []
+    for name, kind, fields in CASES:
+        req = _fields(fields)
+        if "stop_from" in fields:
+            start, n = fields["stop_from"]
+            full = _call(theirs, kind, req, False)["texts"][0]
+            stop = full[start:start + n] if len(full) >= start + n else full[-n:]
+            req["stop"] = [stop]
+        for stream in (False, True):
+            a = _call(theirs, kind, req, stream)
+            b = _call(ours, kind, req, stream)
+            results.append({"case": name, "stream": stream, "same": a == b, "vllm": a, "ours": b})
+    return results

@@ -1,0 +1,438 @@
+"""The mission's end-to-end tests on the real engine: vLLM on CPU behind our stack.
+
+``make test-vllm`` runs this module in ``.venv-vllm-cpu`` (make_env.sh: vLLM built for
+CPU) on a random-weight Llama with Llama 3's own tokenizer (make_model.py). Where vLLM
+is not installed (the dev venv, CI) it is skipped before anything heavy is imported.
+
+The processes, started once for the module (each engine takes about a minute to start
+on the machine's 2 cores):
+
+- vLLM's own OpenAI server on the same model and engine arguments: the reference for
+  what a client receives;
+- a stack of a frontend (migration limit 3, at most 2 requests queued) and three
+  aggregated workers (``--max-num-seqs 4``); the tests that kill or drain a worker
+  start its replacement;
+- a prefill and a decode worker with vLLM's ExampleConnector (KV blocks through files),
+  in a namespace of their own behind a second frontend.
+
+Checks use vLLM's own metrics (``vllm:num_requests_running``,
+``vllm:kv_cache_usage_perc``, ``vllm:prompt_tokens_by_source_total``) and the worker's
+log ("Aborted Request ID: ... (reason: ...)"), never the text alone.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+if importlib.util.find_spec("vllm") is None:
+    pytest.skip(
+        "vLLM is not installed here: `make test-vllm` runs these tests in .venv-vllm-cpu",
+        allow_module_level=True,
+    )
+
+import asyncio  # noqa: E402
+import os  # noqa: E402
+import signal  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any, Dict, List, Optional  # noqa: E402
+
+import harness  # noqa: E402
+from cpu_stack import (  # noqa: E402
+    ENGINE_START, MODEL, VllmServer, alive, engine_flags, engine_gauges, engine_processes, environment,
+    kv_connector_flags, model_dir, scrape_url, vllm_metric, wait_engine_idle, wait_gone,
+)
+from harness import Frontend, Result, Stack, Worker, http_get, new_id, stream_completion  # noqa: E402
+from identity import CASES, compare  # noqa: E402
+
+GREEDY = {"temperature": 0.0}
+
+
+def long_prompt(tag: str) -> str:
+    """About 200 tokens, new from its first (so vLLM's prefix cache holds none of it): a
+    prefill of several engine steps (32 tokens a step) and a full KV block (128 tokens)."""
+    return f"{tag}: " + " ".join(f"item {i} of the list, with words to read" for i in range(20))
+
+REAPED = 5.0  # seconds: a dead worker's engine processes are gone within this
+EXITED = 5.0  # seconds: a worker whose engine died exits within this (after 1 s of 503s)
+
+
+def start_workers(stack: Stack, n: int, names: List[str], flags: List[str], wait: bool = True) -> List[Worker]:
+    """``n`` aggregated vLLM workers in ``stack``'s namespace, kept for the module (not the test's)."""
+    out = []
+    for name in names[:n]:
+        w = Worker(name, stack.env, namespace=stack.namespace, model=MODEL, model_dir=model_dir(), engine="vllm",
+                   args=flags, log_dir=stack.log_dir)
+        harness.STARTED.remove(w)  # the module's, not the test's that started it (conftest stops a test's own)
+        stack.procs.append(w)
+        out.append(w)
+    if wait:
+        for w in out:
+            w.ready(ENGINE_START)
+        stack.workers += out
+    return out
+
+
+@pytest.fixture(scope="module")
+def log_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("vllm-cpu")
+
+
+@pytest.fixture(scope="module")
+def fleet(log_dir):
+    """vLLM's server and the aggregated stack, started together."""
+    env = environment()
+    flags = engine_flags(max_num_seqs=4)
+    stack = Stack(log_dir=log_dir, prefix="vc")
+    stack.env.update(env)
+    stack.env["DYNAMO_CTX_DRAIN_TIMEOUT"] = "2"
+    server = VllmServer("vllm-server", model_dir(), stack.env, flags, log_dir=log_dir)
+    harness.STARTED.remove(server)
+    workers = start_workers(stack, 3, ["agg-a", "agg-b", "agg-c"], flags, wait=False)
+    stack.frontend = Frontend("frontend", stack.env, namespace=stack.namespace, migration_limit=3,
+                              args=["--max-queued-requests", "2"], log_dir=log_dir)
+    harness.STARTED.remove(stack.frontend)
+    stack.procs.append(stack.frontend)
+    try:
+        server.ready()
+        for w in workers:
+            w.ready(ENGINE_START)
+        stack.workers += workers
+        stack.frontend.ready()
+        stack.frontend.wait_instances(3, MODEL)
+        yield {"stack": stack, "server": server, "flags": flags}
+    finally:
+        server.stop()
+        stack.close()
+
+
+def greedy_text(fe: Frontend, prompt: str, max_tokens: int) -> Dict[str, Any]:
+    status, _, body = fe.request_json("POST", "/v1/completions", dict(GREEDY, model=MODEL, prompt=prompt, max_tokens=max_tokens))
+    assert status == 200, body
+    return body["choices"][0]
+
+
+def stream(fe: Frontend, prompt: str, max_tokens: int, rid: str, **kw: Any) -> Result:
+    extra = dict(GREEDY, **kw.pop("extra", {}))
+    return asyncio.run(stream_completion(fe.host_port, MODEL, prompt, max_tokens, rid, extra=extra, **kw))
+
+
+def serving_worker(stack: Stack, rid: str, timeout: float = 30.0) -> Worker:
+    """The worker whose log says it took request ``rid``."""
+    def find() -> Optional[Worker]:
+        for w in stack.workers:
+            if w.running() and w.log_count(rf"New Request ID: {rid}\b"):
+                return w
+        return None
+
+    return harness.wait_until(find, f"a worker to take {rid}", timeout)
+
+
+# --------------------------------------------------------------------------- text identity
+
+
+def test_text_identity_with_vllms_own_server(fleet):
+    """The same requests to vLLM's server and to our frontend: the same text, finish
+    reasons and usage, streamed and not, for every case (CJK, emoji, code, stop strings,
+    n > 1 with a seed, chat)."""
+    server, fe = fleet["server"], fleet["stack"].frontend
+    theirs, ours = server.openai(), fe.openai()
+    results = compare(theirs, ours)
+    bad = [r for r in results if not r["same"]]
+    print(f"text identity: {len(results) - len(bad)}/{len(results)} requests the same as vLLM's server")
+    assert len(results) >= 30
+    assert not bad, bad[:3]
+    assert len(CASES) * 2 == len(results)
+
+
+# --------------------------------------------------------------------------- disconnects
+
+
+def disconnect(fe: Frontend, in_prefill, prompt: str, rid: str, chunks: int) -> Dict[str, Any]:
+    """Stream ``prompt`` and close the connection after ``chunks`` text chunks (0: once
+    ``in_prefill(rid)`` returns, before its first token)."""
+    host, port = fe.host_port
+    body = dict(GREEDY, model=MODEL, prompt=prompt, max_tokens=250, stream=True)
+    sock = harness.send_post(host, port, "/v1/completions", body, {"x-request-id": rid}, close=False, timeout=60)
+    seen = 0
+    if chunks == 0:
+        in_prefill(rid)
+    else:
+        s = harness.SSEStream(sock)
+        assert s.status == 200
+        for data in s.data():
+            seen += data.startswith("{")
+            if seen >= chunks:
+                break
+    sock.close()
+    return {"chunks": seen}
+
+
+@pytest.mark.parametrize("phase", ["decode", "prefill"])
+def test_disconnect_aborts_the_engine(fleet, phase):
+    """A client that leaves in decode (after 3 chunks) or in prefill (before its first
+    token, during a chunked prefill): the worker confirms vLLM's abort with reason
+    client_disconnected, vLLM's own gauges return to zero, the frontend counts it."""
+    stack = fleet["stack"]
+    fe = stack.frontend
+    rid = new_id(f"dc-{phase}")
+    before_fe = fe.metrics(MODEL)
+    gen_before = {w.name: vllm_metric(scrape_url(w.metrics_url), "vllm:generation_tokens_total") for w in stack.workers}
+
+    def in_prefill(r: str) -> None:  # the engine runs it: its prefill takes several steps of 32 tokens
+        w = serving_worker(stack, r)
+        harness.wait_until(lambda: engine_gauges(scrape_url(w.metrics_url))["running"] >= 1, "the engine to run it", 30, 0.005)
+
+    got = disconnect(fe, in_prefill, long_prompt(rid), rid, 3 if phase == "decode" else 0)
+    w = serving_worker(stack, rid)
+    w.wait_log(rf"Aborted Request ID: {rid} \(reason: client_disconnected\)")
+    wait_engine_idle(w.metrics_url, f"{w.name} after {rid}")
+    fe.wait_metrics(lambda m: m["confirmed"] >= before_fe["confirmed"] + 1, f"abort of {rid} confirmed", MODEL)
+    generated = vllm_metric(scrape_url(w.metrics_url), "vllm:generation_tokens_total") - gen_before[w.name]
+    if phase == "prefill":
+        assert got["chunks"] == 0 and generated <= 1, generated  # left before its first token reached the client
+    else:
+        assert generated >= 3
+
+
+# --------------------------------------------------------------------------- deadline, admission
+
+
+def test_deadline_kills_at_every_hop(fleet):
+    """x-request-timeout: past it the stream ends with deadline_exceeded and the engine's
+    abort is confirmed with reason deadline."""
+    stack = fleet["stack"]
+    rid = new_id("deadline")
+    r = stream(stack.frontend, long_prompt(rid), 250, rid, headers={"x-request-timeout": "1.5"})
+    assert r.status in (200, 504), r
+    assert "deadline_exceeded" in r.error and r.finish is None, r
+    w = serving_worker(stack, rid)
+    w.wait_log(rf"Aborted Request ID: {rid} \(reason: deadline\)")
+    wait_engine_idle(w.metrics_url, f"{w.name} after {rid}")
+
+
+def wait_queued(fe: Frontend, n: int) -> None:
+    """Until the frontend holds ``n`` requests in its queue."""
+    harness.wait_until(lambda: vllm_metric(fe.raw_metrics(), "dynamo_ctx_frontend_queued_requests") >= n,
+                       f"{n} requests queued in the frontend", 60)
+
+
+def test_admission_by_max_num_seqs(fleet):
+    """Three workers of --max-num-seqs 4 and a queue of 2: 14 streams are taken (12 run,
+    2 wait in the frontend, none in an engine), a 15th is refused at once with 503
+    overloaded; every stream completes."""
+    stack = fleet["stack"]
+    fe = stack.frontend
+    peak: Dict[str, float] = {"running": 0, "waiting": 0}
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            for w in stack.workers:
+                try:
+                    g = engine_gauges(scrape_url(w.metrics_url))
+                except OSError:
+                    continue
+                peak["running"] = max(peak["running"], g["running"])
+                peak["waiting"] = max(peak["waiting"], g["waiting"])
+            time.sleep(0.02)
+
+    async def run() -> List[Result]:
+        tasks = [asyncio.ensure_future(stream_completion(fe.host_port, MODEL, f"admission {i}", 40, new_id(f"adm{i}"), extra=GREEDY))
+                 for i in range(14)]
+        await asyncio.get_running_loop().run_in_executor(None, wait_queued, fe, 2)
+        refused = await stream_completion(fe.host_port, MODEL, "one too many", 40, new_id("adm-over"), extra=GREEDY)
+        assert refused.status == 503 and "overloaded" in refused.error, refused
+        return await asyncio.gather(*tasks)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        results = asyncio.run(run())
+    finally:
+        done.set()
+        sampler.join()
+    assert all(r.status == 200 and r.done and r.finish in ("length", "stop") for r in results), results
+    assert peak["running"] <= 4 and peak["waiting"] == 0, peak
+
+
+# --------------------------------------------------------------------------- faults
+
+
+def migrated_stream(fleet, tag: str, fault) -> None:
+    """A greedy stream that ``fault(worker)`` breaks after 10 chunks continues on another
+    worker token-exact: the same text as an uninterrupted run."""
+    stack = fleet["stack"]
+    fe = stack.frontend
+    prompt = f"The {tag} story begins"
+    want = greedy_text(fe, prompt, 120)
+    rid = new_id(tag)
+    res = Result(rid)
+
+    async def run() -> None:
+        task = asyncio.ensure_future(stream_completion(fe.host_port, MODEL, prompt, 120, rid, res=res, extra=GREEDY))
+        while len(res.texts) < 10 and not task.done():
+            await asyncio.sleep(0.005)
+        w = serving_worker(stack, rid)
+        await asyncio.get_running_loop().run_in_executor(None, fault, w)
+        await asyncio.wait_for(task, 120)
+
+    asyncio.run(run())
+    assert res.status == 200 and res.done and not res.error, res
+    assert res.text == want["text"] and res.finish == want["finish_reason"], (res.text, want)
+
+
+def test_worker_sigkill_migrates_reaps_and_is_replaced(fleet):
+    """A worker SIGKILLed mid-stream: the stream continues token-exact on another worker,
+    the dead worker's engine processes are gone within a few seconds, and a new worker
+    starts in its place and serves."""
+    stack = fleet["stack"]
+    engines: Dict[str, Any] = {}
+
+    def kill(w: Worker) -> None:
+        engines["pids"] = engine_processes(w.pid)
+        assert engines["pids"], "no engine processes under the worker"
+        w.kill()
+        stack.workers.remove(w)
+
+    migrated_stream(fleet, "sigkill", kill)
+    took = wait_gone(engines["pids"], REAPED)
+    print(f"engine processes of the SIGKILLed worker gone {took:.2f} s after the kill")
+    (new,) = start_workers(stack, 1, ["agg-d"], fleet["flags"])
+    stack.frontend.wait_instances(3, MODEL)
+    assert greedy_text(stack.frontend, "after the replacement", 5)["text"]
+
+
+def test_engine_core_death(fleet):
+    """The EngineCore process killed mid-stream: the stream migrates token-exact, the
+    worker's /health answers 503 with the reason until it exits non-zero, within a few
+    seconds, and its engine processes are gone."""
+    stack = fleet["stack"]
+    probes: List[Any] = []
+    victim: Dict[str, Any] = {}
+
+    def kill_core(w: Worker) -> None:
+        pids = engine_processes(w.pid)
+        core = [p for p in pids if "EngineCore" in _title(p)]
+        assert core, pids
+        victim.update(worker=w, pids=pids, t0=time.monotonic())
+        os.kill(core[0], signal.SIGKILL)
+        while w.running() and time.monotonic() - victim["t0"] < 30:
+            try:
+                status, _, body = http_get(w.metrics_url + "/health", timeout=2)
+                probes.append((time.monotonic(), status, body.decode()))
+            except OSError as e:
+                probes.append((time.monotonic(), None, repr(e)))
+            time.sleep(0.01)
+        victim["exited"] = time.monotonic() - victim["t0"]
+        stack.workers.remove(w)
+
+    migrated_stream(fleet, "enginecore", kill_core)
+    w = victim["worker"]
+    rc = w.wait(30)
+    exited = victim["exited"]
+    print(f"worker exited {rc} {exited:.2f} s after its EngineCore was killed; /health answers: "
+          f"{sorted({(str(p[1]), p[2][:40]) for p in probes})}")
+    assert rc != 0 and exited < EXITED, (rc, exited)
+    # Every answer is "ready" (before the death was seen) or 503 with the reason; a probe
+    # goes unanswered only as the process ends (the last few probes of the loop).
+    answered = [p for p in probes if p[1] is not None]
+    assert any(p[1] == 503 for p in answered), "no probe saw the 503"
+    for _t, status, body in answered:
+        assert status == 200 or (status == 503 and "the engine died" in body), (status, body)
+    unanswered = [i for i, p in enumerate(probes) if p[1] is None]
+    assert not unanswered or (unanswered == list(range(unanswered[0], len(probes))) and len(unanswered) <= 5), probes[-10:]
+    assert not alive(victim["pids"])
+    start_workers(stack, 1, ["agg-e"], fleet["flags"])
+    stack.frontend.wait_instances(3, MODEL)
+
+
+def _title(pid: int) -> str:
+    import psutil
+
+    try:
+        return psutil.Process(pid).name()
+    except psutil.Error:
+        return ""
+
+
+def test_sigterm_drain_hands_streams_over(fleet):
+    """SIGTERM to a worker with streams in flight: it leaves discovery, its streams run
+    past its drain timeout (2 s) and are handed over, continuing token-exact on the other
+    workers; it exits 0."""
+    stack = fleet["stack"]
+    rcs: Dict[str, int] = {}
+
+    def drain(w: Worker) -> None:
+        w.send_signal(signal.SIGTERM)
+        rcs["rc"] = w.wait(60)
+        stack.workers.remove(w)
+
+    migrated_stream(fleet, "drain", drain)
+    assert rcs["rc"] == 0
+
+
+# --------------------------------------------------------------------------- disaggregated
+
+
+@pytest.fixture(scope="module")
+def pair(fleet, log_dir):
+    """A prefill and a decode worker with vLLM's ExampleConnector (KV blocks through
+    files), in a namespace of their own behind a frontend of their own."""
+    storage = log_dir / "kv"
+    storage.mkdir()
+    stack = Stack(log_dir=log_dir, prefix="vd")
+    stack.env.update(environment())
+    # The ExampleConnector stores a request's KV at its first engine step: a prompt
+    # prefilled in chunks would be stored with only its first chunk computed. So the
+    # pair prefills each prompt whole (a budget above the context length).
+    flags = engine_flags(max_num_seqs=4, max_num_batched_tokens=1024) + kv_connector_flags(str(storage))
+    procs = []
+    for mode in ("prefill", "decode"):
+        w = Worker(mode, stack.env, namespace=stack.namespace, mode=mode, model=MODEL, model_dir=model_dir(), engine="vllm",
+                   args=flags, log_dir=log_dir)
+        harness.STARTED.remove(w)
+        stack.procs.append(w)
+        procs.append(w)
+    stack.frontend = Frontend("frontend-pd", stack.env, namespace=stack.namespace, log_dir=log_dir)
+    harness.STARTED.remove(stack.frontend)
+    stack.procs.append(stack.frontend)
+    try:
+        for w in procs:
+            w.ready(ENGINE_START)
+        stack.workers += procs
+        stack.frontend.ready()
+        stack.frontend.wait_instances(1, MODEL)
+        yield stack
+    finally:
+        stack.close()
+
+
+def test_disaggregated_decode_loads_the_prefills_kv(fleet, pair):
+    """Prefill + decode give the aggregated workers' text, and the decode engine loaded
+    the prompt's KV blocks from the prefill engine (vLLM's own counter of prompt tokens by
+    source), rather than computing them again."""
+    prompt = long_prompt(new_id("pd"))
+    want = greedy_text(fleet["stack"].frontend, prompt, 24)
+    decode = pair.worker("decode")
+    before = vllm_metric(scrape_url(decode.metrics_url), "vllm:prompt_tokens_by_source_total", source="external_kv_transfer")
+    got = greedy_text(pair.frontend, prompt, 24)
+    after = vllm_metric(scrape_url(decode.metrics_url), "vllm:prompt_tokens_by_source_total", source="external_kv_transfer")
+    print(f"decode engine: {after - before:.0f} prompt tokens loaded from the prefill engine")
+    assert got == want
+    assert after - before >= 128, (before, after)  # at least one full block of the prompt
+
+
+def test_disaggregated_disconnect_in_prefill(pair):
+    """A client that leaves while the prefill worker computes its prompt: the prefill
+    worker confirms vLLM's abort with reason client_disconnected (the reason that started
+    the cascade), and both engines' gauges return to zero."""
+    rid = new_id("pd-dc")
+    prefill, decode = pair.worker("prefill"), pair.worker("decode")
+    disconnect(pair.frontend, lambda r: prefill.wait_log(rf"New Prefill Request ID: {r}\b"), long_prompt(rid), rid, 0)
+    prefill.wait_log(rf"Aborted Prefill Request ID: {rid} \(reason: client_disconnected\)")
+    wait_engine_idle(prefill.metrics_url, "prefill")
+    wait_engine_idle(decode.metrics_url, "decode")

@@ -476,23 +476,30 @@ async def _shutdown_engine(engine: Any) -> None:
         logger.debug("the engine's shutdown failed: %s: %s", type(e).__name__, e)
 
 
+async def _metrics_listener(args: argparse.Namespace, metrics: WorkerMetrics, ref: "_EngineRef",
+                            readiness: Readiness) -> Optional[asyncio.Server]:
+    """The /metrics and /health listener of --metrics-port (None without one)."""
+    if args.metrics_port is None:
+        return None
+    try:
+        server = await serve_metrics(
+            args.metrics_host, args.metrics_port, metrics, ref, args.metrics_read_timeout, args.metrics_max_connections, readiness
+        )
+    except OSError as e:
+        raise _cli.listen_error(e, args.metrics_host, args.metrics_port, "--metrics-port", "--metrics-host") from None
+    host, port = server.sockets[0].getsockname()[:2]
+    logger.info("metrics at http://%s:%d/metrics, readiness at /health", host, port)
+    return server
+
+
 async def run(args: argparse.Namespace) -> None:
     loop = asyncio.get_running_loop()
     name = served_model_name(args)
     metrics = WorkerMetrics(name)
     ref = _EngineRef()
     readiness = Readiness("the engine to load")
-    metrics_server = None
-    if args.metrics_port is not None:
-        # First of all: the worker answers /metrics and /health before it waits on anything.
-        try:
-            metrics_server = await serve_metrics(
-                args.metrics_host, args.metrics_port, metrics, ref, args.metrics_read_timeout, args.metrics_max_connections, readiness
-            )
-        except OSError as e:
-            raise _cli.listen_error(e, args.metrics_host, args.metrics_port, "--metrics-port", "--metrics-host") from None
-        host, port = metrics_server.sockets[0].getsockname()[:2]
-        logger.info("metrics at http://%s:%d/metrics, readiness at /health", host, port)
+    # First of all: the worker answers /metrics and /health before it waits on anything.
+    metrics_server = await _metrics_listener(args, metrics, ref, readiness)
     runtime: Optional[DistributedRuntime] = None
     handler: BaseWorkerHandler
     died: List[str] = []

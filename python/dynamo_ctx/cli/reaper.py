@@ -7,16 +7,21 @@ run on, orphaned: on a GPU they keep its memory, so the worker that replaces the
 dead one cannot start. vLLM's own server leaves them behind the same way.
 
 So a worker that serves an engine with processes of its own starts a *reaper*
-first: ``python -m dynamo_ctx.cli.reaper PID``, in a session of its own (a signal
-to the worker's process group does not take it first), holding the read end of a
-pipe whose write end only the worker holds. Every ``SCAN_INTERVAL`` seconds the
-reaper records the worker's descendants (their pid and start time, read from
-``/proc``). When the pipe reaches end of file, the worker is gone (however it
-died: the kernel closes its descriptors): the reaper SIGKILLs every process it
-recorded that still runs with the same start time (so a reused pid is never
-hit), and every descendant of theirs, then exits. A worker that exits cleanly
-closes the pipe too, after its engine has shut down: whatever is still left of
-the engine then goes as well.
+first, and waits for its first scan: ``python -m dynamo_ctx.cli.reaper PID``, in
+a session of its own (a signal to the worker's process group does not take it
+first), holding the read end of a pipe whose write end only the worker holds
+(close-on-exec, and closed in any child the worker forks: vLLM forks its engine
+where it can). Every ``SCAN_INTERVAL`` seconds the reaper records the worker's
+descendants (their pid and start time, read from ``/proc``). When the pipe
+reaches end of file, the worker is gone (however it died: the kernel closes its
+descriptors): the reaper SIGKILLs every process it recorded that still runs
+with the same start time (so a reused pid is never hit), and every descendant
+of theirs, then exits. Python multiprocessing's resource tracker, if one is
+among them, gets ``TRACKER_GRACE`` seconds to free what the killed processes
+leaked (shared memory, semaphores) and exit by itself. A worker that exits
+cleanly closes the pipe too, after its engine has shut down: whatever is still
+left of the engine then goes as well. The reaper serves only the process that
+started it (PID must be its parent, its standard input a pipe).
 
 The reaper reads ``/proc`` only (Linux); elsewhere the worker does without one.
 """
@@ -26,16 +31,22 @@ from __future__ import annotations
 import os
 import select
 import signal
+import stat
 import subprocess
 import sys
+import time
 from typing import Dict, IO, List, Optional, Set
 
 #: Seconds between two scans of the worker's descendants: a process the
 #: engine started less than this before the worker died may be missed.
 SCAN_INTERVAL = 0.25
 #: Rounds of kills at the end: each kills what was recorded and what those
-#: processes started since the last scan.
+#: processes started since the last scan; a pause between two rounds.
 KILL_ROUNDS = 3
+KILL_PAUSE = 0.05
+#: Seconds multiprocessing's resource tracker gets to clean up after the
+#: killed processes (shared memory, semaphores) and exit, before it is killed.
+TRACKER_GRACE = 5.0
 
 
 def start_time(pid: int) -> Optional[int]:
@@ -110,66 +121,136 @@ def descendants(roots: List[int]) -> Set[int]:
     return found
 
 
-def reap(watched: int, pipe: IO[bytes]) -> None:
-    """Record ``watched``'s descendants until ``pipe`` ends, then kill them."""
+def _is_resource_tracker(pid: int) -> bool:
+    """Whether ``pid`` is Python multiprocessing's resource tracker: it frees the
+    shared memory and semaphores its users leaked once they are all gone, and
+    then exits by itself."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"resource_tracker" in f.read()
+    except OSError:
+        return False
+
+
+def _kill(pids: List[int]) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def reap(watched: int, pipe: IO[bytes], ready: Optional[IO[bytes]] = None) -> None:
+    """Record ``watched``'s descendants until ``pipe`` ends, then kill them.
+
+    ``ready``: closed after the first scan (the worker waits for it before it
+    starts its engine)."""
     me = os.getpid()
     seen: Dict[int, int] = {}  # pid -> start time
     while True:
-        for pid in descendants([watched]):
-            if pid != me and pid not in seen:
-                t = start_time(pid)
-                if t is not None:
-                    seen[pid] = t
-        ready, _, _ = select.select([pipe], [], [], SCAN_INTERVAL)
-        if ready and not os.read(pipe.fileno(), 4096):
+        now = {pid: start_time(pid) for pid in descendants([watched]) if pid != me}
+        # A pid the kernel gave to a new process holds the new start time;
+        # the processes that ended are forgotten, so this stays small.
+        seen = {pid: t for pid, t in seen.items() if start_time(pid) == t}
+        seen.update({pid: t for pid, t in now.items() if t is not None})
+        if ready is not None:
+            ready.close()
+            ready = None
+        readable, _, _ = select.select([pipe], [], [], SCAN_INTERVAL)
+        if readable and not os.read(pipe.fileno(), 4096):
             break
+    trackers: List[int] = []
     for _ in range(KILL_ROUNDS):
         alive = [pid for pid, t in seen.items() if start_time(pid) == t]
         for pid in descendants(alive):  # what they started since the last scan
-            if pid != me and pid not in seen:
-                t = start_time(pid)
-                if t is not None:
-                    seen[pid] = t
-                    alive.append(pid)
-        if not alive:
+            t = start_time(pid)
+            if pid != me and t is not None and seen.get(pid) != t:
+                seen[pid] = t
+                alive.append(pid)
+        trackers = [pid for pid in alive if _is_resource_tracker(pid)]
+        victims = [pid for pid in alive if pid not in trackers]
+        if not victims:
+            break
+        _kill(victims)
+        time.sleep(KILL_PAUSE)
+    # The resource trackers clean up after the processes just killed, then exit;
+    # one that has not within TRACKER_GRACE is killed too.
+    deadline = time.monotonic() + TRACKER_GRACE
+    while time.monotonic() < deadline:
+        trackers = [pid for pid in trackers if start_time(pid) == seen.get(pid)]
+        if not trackers:
             return
-        for pid in alive:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
+        time.sleep(KILL_PAUSE)
+    _kill(trackers)
+
+
+def _close_held() -> None:
+    """In a child forked from the worker (vLLM forks its engine where it can):
+    its copies of the pipe's write end would keep the pipe open after the
+    worker died."""
+    for fd in _held:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _held.clear()
+
+
+#: Seconds a new reaper has to make its first scan before the worker goes on without waiting.
+READY_TIMEOUT = 10.0
 
 
 def start() -> Optional["subprocess.Popen[bytes]"]:
-    """Start this process's reaper (see the module's doc); None where /proc is not there.
+    """Start this process's reaper (see the module's doc) and wait until it
+    watches; None where /proc is not there.
 
-    The pipe's write end stays open in this process, never inherited by its
-    children (close-on-exec), and is closed by the kernel when it exits."""
+    The pipe's write end stays open in this process only: never inherited by
+    a child that execs (close-on-exec), closed in a child that forks, and
+    closed by the kernel when this process exits."""
     if not os.path.isdir(f"/proc/{os.getpid()}"):
         return None
     read_end, write_end = os.pipe()
+    ready_read, ready_write = os.pipe()
     try:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "dynamo_ctx.cli.reaper", str(os.getpid())],
-            stdin=read_end, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True,
+            [sys.executable, "-m", "dynamo_ctx.cli.reaper", str(os.getpid()), str(ready_write)],
+            stdin=read_end, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+            pass_fds=(ready_write,),
         )
     finally:
         os.close(read_end)
+        os.close(ready_write)
     os.set_inheritable(write_end, False)
     # Kept for the life of the process (its end of file is the signal).
     _held.append(write_end)
+    global _fork_hook
+    if not _fork_hook:
+        os.register_at_fork(after_in_child=_close_held)
+        _fork_hook = True
+    try:
+        select.select([ready_read], [], [], READY_TIMEOUT)  # its first scan done (or it died)
+    finally:
+        os.close(ready_read)
     return proc
 
 
 _held: List[int] = []
+_fork_hook = False
 
 
 def main(argv: Optional[List[str]] = None) -> None:
     args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1 or not args[0].isdigit():
-        raise SystemExit("usage: python -m dynamo_ctx.cli.reaper PID  (standard input: a pipe the process PID holds open)")
+    usage = "usage: python -m dynamo_ctx.cli.reaper PID [READY_FD]  (run by PID, its standard input a pipe PID holds open)"
+    if len(args) not in (1, 2) or not all(a.isdigit() for a in args):
+        raise SystemExit(usage)
+    # Only for the process that started it, through a pipe: never a way to
+    # kill another process's children (a reaper given a pid not its parent's,
+    # or a standard input that ends at once, refuses).
+    if int(args[0]) != os.getppid() or not stat.S_ISFIFO(os.fstat(0).st_mode):
+        raise SystemExit(usage)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is for the worker: the reaper follows its death
-    reap(int(args[0]), sys.stdin.buffer)
+    ready = os.fdopen(int(args[1]), "wb") if len(args) == 2 else None
+    reap(int(args[0]), sys.stdin.buffer, ready)
 
 
 if __name__ == "__main__":

@@ -16,8 +16,9 @@ serving layers' cost show):
 - tokens/s, TTFT and ITL (p50/p99) at 16 and 64 concurrent streams (each 128 tokens,
   ``ignore_eos``; three runs, the median one shown), and the CPU seconds per 1,000
   tokens of every process;
-- disconnect -> engine abort (p50/p99), in decode (after 3 chunks) and in prefill (30 ms
-  after sending a 300-token prompt, before any token): the time from the client's close
+- disconnect -> engine abort (p50/p99), in decode (after 3 chunks) and in prefill (at
+  half the lone time to the first token of a prompt of about 440 tokens, before any
+  token): the time from the client's close
   to the return of vLLM's ``AsyncLLM.abort`` in the process that runs it, taken by the
   same hook in both stacks (``vllm_abort_hook/sitecustomize.py``);
 - goodput under abandonment: 16 client loops for 30 s, 3 requests of every 10 closed
@@ -32,6 +33,7 @@ import argparse
 import asyncio
 import json
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -235,7 +237,9 @@ def inner(stack: str, model: str, out: Path) -> None:
 def run_in_namespace(stack: str, model: str) -> Dict[str, Any]:
     with tempfile.TemporaryDirectory() as d:
         out = Path(d) / "result.json"
-        cmd = f"ip link set lo up && exec {sys.executable} {Path(__file__)} --inner {stack} --model {model} --out {out}"
+        q = shlex.quote
+        argv = [sys.executable, str(Path(__file__)), "--inner", stack, "--model", model, "--out", str(out)]
+        cmd = "ip link set lo up && exec " + " ".join(q(a) for a in argv)
         subprocess.run(["unshare", "-n", "sh", "-c", cmd], check=True)
         return json.loads(out.read_text())
 

@@ -184,22 +184,28 @@ CHECK_FACTOR = 2.0
 
 
 def check(engine: Dict[str, Any], consts: Dict[str, float]) -> bool:
-    """Run the same measurements on the mock engine calibrated with ``consts`` (and the
-    engine's token budget and places) and print them beside the engine's; whether every
-    figure is within CHECK_FACTOR of the engine's."""
+    """Run the same measurements on the mock engine as shipped (MockEngineArgs'
+    defaults) and as calibrated with ``consts`` now (each with the engine's token budget
+    and places) and print them beside the engine's; whether every figure of both is
+    within CHECK_FACTOR of the engine's."""
+    ok = _check_one(engine, {}, "the mock as shipped")
+    return _check_one(engine, consts, "the mock fitted now") and ok
+
+
+def _check_one(engine: Dict[str, Any], consts: Dict[str, float], label: str) -> bool:
     from dynamo_ctx.backends.mocker import MockAsyncLLM, MockEngineArgs
 
     mock = MockAsyncLLM(MockEngineArgs(max_num_seqs=64, max_num_batched_tokens=2048, **consts))
     m = asyncio.run(measure("", [], mock=mock))
     ok = True
-    print(f"{'the mock against the engine':<28}{'engine ms':>10}{'mock ms':>10}{'ratio':>8}")
+    print(f"{label + ' against the engine':<36}{'engine ms':>10}{'mock ms':>10}{'ratio':>8}")
     for kind in ("decode", "prefill", "ttft"):
         for k, real in engine[kind].items():
             ratio = m[kind][k] / real
             good = 1 / CHECK_FACTOR <= ratio <= CHECK_FACTOR
             ok &= good
-            print(f"{f'{kind} {k}':<28}{real * 1e3:>10.3f}{m[kind][k] * 1e3:>10.3f}{ratio:>8.2f}{'' if good else '  OUT OF BOUNDS'}")
-    print(f"mock check: {'every figure' if ok else 'NOT every figure'} within {CHECK_FACTOR:g}x of the engine's")
+            print(f"{f'{kind} {k}':<36}{real * 1e3:>10.3f}{m[kind][k] * 1e3:>10.3f}{ratio:>8.2f}{'' if good else '  OUT OF BOUNDS'}")
+    print(f"mock check, {label}: {'every figure' if ok else 'NOT every figure'} within {CHECK_FACTOR:g}x of the engine's")
     return ok
 
 

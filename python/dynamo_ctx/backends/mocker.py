@@ -72,8 +72,8 @@ from typing import Any, AsyncGenerator, Deque, Dict, List, Optional, Tuple, Unio
 from .mock_scheduler import WAITING, Batch, EngineStats, SchedRequest, Scheduler
 
 __all__ = [
-    "RequestOutputKind", "SamplingParams", "CompletionOutput", "RequestOutput", "MockEngineArgs", "MockAsyncLLM", "EngineStats",
-    "EngineDeadError",
+    "DEFAULT_MAX_NUM_BATCHED_TOKENS", "RequestOutputKind", "SamplingParams", "CompletionOutput", "RequestOutput",
+    "MockEngineArgs", "MockAsyncLLM", "EngineStats", "EngineDeadError",
 ]
 
 
@@ -139,6 +139,10 @@ class RequestOutput:
     kv_transfer_params: Optional[Dict[str, Any]] = None
 
 
+#: The step's token budget when MockEngineArgs gives none (see there).
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
+
+
 @dataclass
 class MockEngineArgs:
     """Engine configuration. Times are seconds.
@@ -174,10 +178,11 @@ class MockEngineArgs:
     prefill_time_per_token: float = 2.0e-05
     decode_time_per_token: float = 0.00275  # a step that decodes one sequence
     decode_time_per_seq: float = 7.5e-05  # each further sequence in a step
-    #: Tokens scheduled in one step, at most (vLLM's name). The default is
-    #: vLLM's on a CPU for its API server (``vllm serve``), per
-    #: vllm/engine/arg_utils.py (2048; 4096 for the offline ``LLM`` class).
-    max_num_batched_tokens: int = 2048
+    #: Tokens scheduled in one step, at most (vLLM's name). None: vLLM's
+    #: default on a CPU for its API server (``vllm serve``), per
+    #: vllm/engine/arg_utils.py: DEFAULT_MAX_NUM_BATCHED_TOKENS (2048; 4096
+    #: for the offline ``LLM`` class), or ``max_num_seqs`` if that is larger.
+    max_num_batched_tokens: Optional[int] = None
     block_size: int = 16
     #: The KV cache: blocks of ``block_size`` tokens. A prompt longer than
     #: the whole cache is refused; a sequence that would outgrow it ends
@@ -222,7 +227,10 @@ class MockAsyncLLM:
             setattr(self.args, k, v)
         self.stats = EngineStats()
         a = self.args
-        self._sched = Scheduler(self.stats, a.max_num_batched_tokens, a.max_num_seqs, a.num_kv_blocks, a.block_size)
+        budget = a.max_num_batched_tokens
+        if budget is None:
+            budget = max(DEFAULT_MAX_NUM_BATCHED_TOKENS, a.max_num_seqs or 0)
+        self._sched = Scheduler(self.stats, budget, a.max_num_seqs, a.num_kv_blocks, a.block_size)
         # request id -> the request, from generate until it ends (waiting or running)
         self._running: Dict[str, _Request] = {}
         # request id -> KV blocks its abort freed (the most recent ones only)

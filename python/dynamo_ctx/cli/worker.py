@@ -37,7 +37,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from .. import DistributedRuntime
 from ..backends import model_dir
-from ..backends.mocker import MockAsyncLLM, MockEngineArgs
+from ..backends.mocker import DEFAULT_MAX_NUM_BATCHED_TOKENS, MockAsyncLLM, MockEngineArgs
 from ..backends.vllm import AggregatedHandler, BaseWorkerHandler, DecodeHandler, PrefillHandler, WorkerMetrics
 from . import _common as _cli
 from . import reaper
@@ -208,7 +208,7 @@ def _add_worker_flags(p: argparse.ArgumentParser) -> None:
     if "--max-num-batched-tokens" not in p._option_string_actions:
         add(
             "--max-num-batched-tokens", type=_cli.positive_int,
-            help=f"mock engine: tokens scheduled in one step, at most (default: {MockEngineArgs.max_num_batched_tokens}, "
+            help=f"mock engine: tokens scheduled in one step, at most (default: {DEFAULT_MAX_NUM_BATCHED_TOKENS}, "
             "or --max-num-seqs if larger)",
         )
     if "--block-size" not in p._option_string_actions:
@@ -272,10 +272,6 @@ def mock_model(args: argparse.Namespace) -> Tuple[Any, Model]:
     --max-model-len says otherwise."""
     path = model_dir.find(args.model)
     batched = args.max_num_batched_tokens
-    if batched is None:
-        batched = max(MockEngineArgs.max_num_batched_tokens, args.max_num_seqs or 0)
-    elif args.max_num_seqs is not None and batched < args.max_num_seqs:
-        raise _cli.UsageError(f"--max-num-batched-tokens {batched} must be at least --max-num-seqs {args.max_num_seqs}")
     mock = MockEngineArgs(
         prefill_time_per_token=args.prefill_time_per_token, decode_time_per_token=args.decode_time_per_token,
         decode_time_per_seq=args.decode_time_per_seq, max_num_batched_tokens=batched, block_size=args.block_size,
@@ -288,7 +284,11 @@ def mock_model(args: argparse.Namespace) -> Tuple[Any, Model]:
             length = model_dir.max_model_len(path)
     elif os.path.isdir(args.model):
         raise _cli.UsageError(f"--model {args.model}: the directory has no tokenizer.json (a model directory in the Hugging Face layout)")
-    return MockAsyncLLM(mock), Model(served_model_name(args), path, length, args.max_num_seqs)
+    try:
+        engine = MockAsyncLLM(mock)
+    except ValueError as e:  # the mock's own rule (e.g. a token budget below --max-num-seqs), in its words
+        raise _cli.UsageError(f"mock engine: {e}") from None
+    return engine, Model(served_model_name(args), path, length, args.max_num_seqs)
 
 
 def vllm_model(args: argparse.Namespace) -> Tuple[Any, Model]:
@@ -598,10 +598,12 @@ async def run(args: argparse.Namespace) -> None:
             # shutdown (its processes) runs while the listener answers, then the
             # process ends at once (its finalization would wait seconds on what
             # the dead engine held) with status 1, for its orchestrator.
-            await _shutdown_engine(ref.engine)
-            # Long enough for a probe to read why (a load balancer's, a person's).
-            await asyncio.sleep(max(0.0, died_at[0] + DEAD_ENGINE_HEALTH_SECONDS - loop.time()))
-            _cli.exit_now(PROG, f"{died[0]}; exiting so that the worker is restarted", 1)
+            try:
+                await _shutdown_engine(ref.engine)
+                # Long enough for a probe to read why (a load balancer's, a person's).
+                await asyncio.sleep(max(0.0, died_at[0] + DEAD_ENGINE_HEALTH_SECONDS - loop.time()))
+            finally:
+                _cli.exit_now(PROG, f"{died[0]}; exiting so that the worker is restarted", 1)
         if metrics_server is not None:
             metrics_server.close()
 

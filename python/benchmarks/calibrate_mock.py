@@ -184,12 +184,15 @@ CHECK_FACTOR = 2.0
 
 
 def check(engine: Dict[str, Any], consts: Dict[str, float]) -> bool:
-    """Run the same measurements on the mock engine as shipped (MockEngineArgs'
-    defaults) and as calibrated with ``consts`` now (each with the engine's token budget
-    and places) and print them beside the engine's; whether every figure of both is
-    within CHECK_FACTOR of the engine's."""
-    ok = _check_one(engine, {}, "the mock as shipped")
-    return _check_one(engine, consts, "the mock fitted now") and ok
+    """Run the same measurements on the mock engine as calibrated with ``consts`` now and
+    as shipped (MockEngineArgs' defaults), each with the engine's token budget and places,
+    and print them beside the engine's. Whether every figure of the mock calibrated now is
+    within CHECK_FACTOR of the engine's: the mock schedules and steps like the engine. The
+    shipped defaults' figures are printed for information only: a busy machine slows
+    the engine several-fold (a step of 9 ms for the usual 3), the mock's timers less."""
+    ok = _check_one(engine, consts, "the mock fitted now")
+    _check_one(engine, {}, "the mock as shipped (information)")
+    return ok
 
 
 def _check_one(engine: Dict[str, Any], consts: Dict[str, float], label: str) -> bool:
@@ -237,7 +240,8 @@ def main(argv: List[str]) -> int:
     p.add_argument("--model", required=True, help="a model directory in the Hugging Face layout")
     p.add_argument("--json", help="also write the measurements and the fit to this file")
     p.add_argument("--check", action="store_true",
-                   help=f"then run the same measurements on the mock so calibrated; fail unless each is within {CHECK_FACTOR:g}x")
+                   help=f"then run the same measurements on the mock so calibrated (and as shipped); fail unless each of the "
+                   f"first is within {CHECK_FACTOR:g}x of the engine's")
     args = p.parse_args(argv)
     result = report(asyncio.run(measure(args.model, extra)), args.model)
     if args.json:

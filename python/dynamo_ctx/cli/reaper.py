@@ -35,7 +35,7 @@ import stat
 import subprocess
 import sys
 import time
-from typing import Dict, IO, List, Optional, Set
+from typing import IO, Dict, List, Optional, Set, Union
 
 #: Seconds between two scans of the worker's descendants: a process the
 #: engine started less than this before the worker died may be missed.
@@ -49,15 +49,20 @@ KILL_PAUSE = 0.05
 TRACKER_GRACE = 5.0
 
 
-def start_time(pid: int) -> Optional[int]:
-    """The process's start time (clock ticks since boot), None when it does not run."""
+def _stat(pid: Union[int, str]) -> List[bytes]:
+    """The fields of /proc/PID/stat from the third on (state, ppid, ...); [] when it cannot be read."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             stat = f.read()
     except OSError:
-        return None
+        return []
     # The command name (field 2) may hold spaces and parentheses: fields are counted after its last ')'.
-    fields = stat[stat.rfind(b")") + 2:].split()
+    return stat[stat.rfind(b")") + 2:].split()
+
+
+def start_time(pid: int) -> Optional[int]:
+    """The process's start time (clock ticks since boot), None when it does not run."""
+    fields = _stat(pid)
     try:
         if fields[0] == b"Z":
             return None  # a zombie holds nothing
@@ -93,10 +98,8 @@ def _parents() -> Dict[int, List[int]]:
         if not name.isdigit():
             continue
         try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                stat = f.read()
-            ppid = int(stat[stat.rfind(b")") + 2:].split()[1])
-        except (OSError, ValueError, IndexError):
+            ppid = int(_stat(name)[1])
+        except (ValueError, IndexError):
             continue
         kids.setdefault(ppid, []).append(int(name))
     return kids
@@ -149,9 +152,10 @@ def reap(watched: int, pipe: IO[bytes], ready: Optional[IO[bytes]] = None) -> No
     seen: Dict[int, int] = {}  # pid -> start time
     while True:
         now = {pid: start_time(pid) for pid in descendants([watched]) if pid != me}
-        # A pid the kernel gave to a new process holds the new start time;
-        # the processes that ended are forgotten, so this stays small.
-        seen = {pid: t for pid, t in seen.items() if start_time(pid) == t}
+        # A pid the kernel gave to a new process holds the new start time; a
+        # process no longer under the worker (its parent died) is kept while it
+        # runs; those that ended are forgotten, so this stays small.
+        seen = {pid: t for pid, t in seen.items() if pid not in now and start_time(pid) == t}
         seen.update({pid: t for pid, t in now.items() if t is not None})
         if ready is not None:
             ready.close()

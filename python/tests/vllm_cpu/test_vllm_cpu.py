@@ -60,15 +60,18 @@ REAPED = 5.0  # seconds: a dead worker's engine processes are gone within this
 EXITED = 5.0  # seconds: a worker whose engine died exits within this (after 1 s of 503s)
 
 
-def start_workers(stack: Stack, n: int, names: List[str], flags: List[str], wait: bool = True) -> List[Worker]:
-    """``n`` aggregated vLLM workers in ``stack``'s namespace, kept for the module (not the test's)."""
-    out = []
-    for name in names[:n]:
-        w = Worker(name, stack.env, namespace=stack.namespace, model=MODEL, model_dir=model_dir(), engine="vllm",
-                   args=flags, log_dir=stack.log_dir)
-        harness.STARTED.remove(w)  # the module's, not the test's that started it (conftest stops a test's own)
-        stack.procs.append(w)
-        out.append(w)
+def keep(stack: Stack, proc: Any) -> Any:
+    """``proc`` is the module's, stopped with ``stack``: not the test's that started it
+    (conftest stops the processes a test started when it ends)."""
+    harness.STARTED.remove(proc)
+    stack.procs.append(proc)
+    return proc
+
+
+def start_workers(stack: Stack, names: List[str], flags: List[str], mode: str = "agg", wait: bool = True) -> List[Worker]:
+    """vLLM workers of ``mode`` named ``names`` in ``stack``'s namespace, kept for the module."""
+    out = [keep(stack, Worker(name, stack.env, namespace=stack.namespace, mode=mode, model=MODEL, model_dir=model_dir(),
+                              engine="vllm", args=flags, log_dir=stack.log_dir)) for name in names]
     if wait:
         for w in out:
             w.ready(ENGINE_START)
@@ -91,11 +94,9 @@ def fleet(log_dir):
     stack.env["DYNAMO_CTX_DRAIN_TIMEOUT"] = "2"
     server = VllmServer("vllm-server", model_dir(), stack.env, flags, log_dir=log_dir)
     harness.STARTED.remove(server)
-    workers = start_workers(stack, 3, ["agg-a", "agg-b", "agg-c"], flags, wait=False)
-    stack.frontend = Frontend("frontend", stack.env, namespace=stack.namespace, migration_limit=3,
-                              args=["--max-queued-requests", "2"], log_dir=log_dir)
-    harness.STARTED.remove(stack.frontend)
-    stack.procs.append(stack.frontend)
+    workers = start_workers(stack, ["agg-a", "agg-b", "agg-c"], flags, wait=False)
+    stack.frontend = keep(stack, Frontend("frontend", stack.env, namespace=stack.namespace, migration_limit=3,
+                                          args=["--max-queued-requests", "2"], log_dir=log_dir))
     try:
         server.ready()
         for w in workers:
@@ -301,7 +302,7 @@ def test_worker_sigkill_migrates_reaps_and_is_replaced(fleet):
     migrated_stream(fleet, "sigkill", kill)
     took = wait_gone(engines["pids"], REAPED)
     print(f"engine processes of the SIGKILLed worker gone {took:.2f} s after the kill")
-    (new,) = start_workers(stack, 1, ["agg-d"], fleet["flags"])
+    start_workers(stack, ["agg-d"], fleet["flags"])
     stack.frontend.wait_instances(3, MODEL)
     assert greedy_text(stack.frontend, "after the replacement", 5)["text"]
 
@@ -346,7 +347,7 @@ def test_engine_core_death(fleet):
     unanswered = [i for i, p in enumerate(probes) if p[1] is None]
     assert not unanswered or (unanswered == list(range(unanswered[0], len(probes))) and len(unanswered) <= 5), probes[-10:]
     assert not alive(victim["pids"])
-    start_workers(stack, 1, ["agg-e"], fleet["flags"])
+    start_workers(stack, ["agg-e"], fleet["flags"])
     stack.frontend.wait_instances(3, MODEL)
 
 
@@ -390,16 +391,8 @@ def pair(fleet, log_dir):
     # prefilled in chunks would be stored with only its first chunk computed. So the
     # pair prefills each prompt whole (a budget above the context length).
     flags = engine_flags(max_num_seqs=4, max_num_batched_tokens=1024) + kv_connector_flags(str(storage))
-    procs = []
-    for mode in ("prefill", "decode"):
-        w = Worker(mode, stack.env, namespace=stack.namespace, mode=mode, model=MODEL, model_dir=model_dir(), engine="vllm",
-                   args=flags, log_dir=log_dir)
-        harness.STARTED.remove(w)
-        stack.procs.append(w)
-        procs.append(w)
-    stack.frontend = Frontend("frontend-pd", stack.env, namespace=stack.namespace, log_dir=log_dir)
-    harness.STARTED.remove(stack.frontend)
-    stack.procs.append(stack.frontend)
+    procs = [start_workers(stack, [mode], flags, mode=mode, wait=False)[0] for mode in ("prefill", "decode")]
+    stack.frontend = keep(stack, Frontend("frontend-pd", stack.env, namespace=stack.namespace, log_dir=log_dir))
     try:
         for w in procs:
             w.ready(ENGINE_START)

@@ -106,8 +106,8 @@ func (b *Bus) Close() {
 		if srv != nil {
 			// Before the server goes: a process that takes the address
 			// over writes the file again (takeoverLoop).
-			if b.tokenPort != "" {
-				removeToken(b.tokenHost, b.tokenPort, b.srvAuth.token)
+			if b.tokenFile != "" {
+				removeToken(b.tokenFile, b.srvAuth.token)
 			}
 			shutdown(srv)
 		}

@@ -9,7 +9,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -26,12 +25,13 @@ import (
 //	$DYNAMO_CTX_RUNTIME_DIR, else $XDG_RUNTIME_DIR/dynamo-ctx, else
 //	<temp dir>/dynamo-ctx-<uid> (<cache dir>/dynamo-ctx-run if another
 //	user took that name first); the directory mode 0700, the file
-//	nats-<host>-<port>.token mode 0600.
+//	nats-<host>-<port>-net<inode>.token mode 0600 (see TokenFile).
 //
-// Every process of that user that connects to the address reads the token
-// from there, so the user's processes join (and take over) each other's
-// servers, and other users' processes cannot connect: they cannot read the
-// file. The other way round, a server of another user that holds the
+// Every process of that user that connects to the address from the same
+// network namespace reads the token from there, so the user's processes
+// join (and take over) each other's servers, and other users' processes
+// cannot connect: they cannot read the file. Each network namespace has its
+// own file, as it has its own loopback address. The other way round, a server of another user that holds the
 // address (it bound it first, or while the user's host was being replaced)
 // is refused before anything is sent to it, the token included: see
 // ownerDialer. A directory or file that others could read or write is refused, not
@@ -204,19 +204,59 @@ func private(path string, dir bool) error {
 	return nil
 }
 
-// TokenFile is the path of the token file of the embedded server at host:port.
+// TokenFile is the path of the token file of the embedded server at
+// host:port, as seen from this process's network namespace:
+// nats-<host>-<port>-net<inode>.token on Linux (the inode of
+// /proc/self/ns/net), nats-<host>-<port>.token where there are no network
+// namespaces. Two namespaces of one user each have their own 127.0.0.1:4222,
+// served by different servers with different tokens, so each has its own
+// file: one namespace's stack never reads, replaces or removes another's.
 func TokenFile(host, port string) (string, error) {
 	d, err := RuntimeDir()
 	if err != nil {
 		return "", err
 	}
+	return filepath.Join(d, tokenName(host, port, netNamespace())), nil
+}
+
+// tokenName is the name of the token file of host:port in the network
+// namespace ns ("" where there are none).
+func tokenName(host, port, ns string) string {
 	safe := strings.Map(func(r rune) rune {
 		if r == '.' || r == '-' || (r >= '0' && r <= '9') || (r >= 'a' && r <= 'z') || (r >= 'A' && r <= 'Z') {
 			return r
 		}
 		return '_'
 	}, host)
-	return filepath.Join(d, "nats-"+safe+"-"+port+".token"), nil
+	name := "nats-" + safe + "-" + port
+	if ns != "" {
+		name += "-net" + ns
+	}
+	return name + ".token"
+}
+
+// netNamespace identifies this process's network namespace: the inode
+// number of /proc/self/ns/net (the link reads "net:[4026531840]"), or ""
+// where there is no such link (outside Linux).
+func netNamespace() string {
+	l, err := os.Readlink("/proc/self/ns/net")
+	if err != nil {
+		return ""
+	}
+	ino, ok := strings.CutPrefix(l, "net:[")
+	if ino, ok = strings.CutSuffix(ino, "]"); !ok || !allDigits(ino) {
+		return ""
+	}
+	return ino
+}
+
+func allDigits(s string) bool {
+	for _, r := range s {
+		if r < '0' || r > '9' {
+			return false
+		}
+	}
+	return s != ""
 }
 
 // readToken returns the token stored for host:port, or "" if there is none.
@@ -225,6 +265,11 @@ func readToken(host, port string) (string, error) {
 	if err != nil {
 		return "", err
 	}
+	return readTokenFile(p)
+}
+
+// readTokenFile returns the token in the file at p, or "" if there is none.
+func readTokenFile(p string) (string, error) {
 	b, err := os.ReadFile(p)
 	if errors.Is(err, fs.ErrNotExist) {
 		return "", nil
@@ -242,25 +287,49 @@ func readToken(host, port string) (string, error) {
 // none. Creation is atomic (a hard link that fails if the file exists), so
 // processes racing to host a server all end up with the same token.
 func sharedToken(host, port string) (string, error) {
-	if t, err := readToken(host, port); err != nil || t != "" {
-		return t, err
-	}
-	return writeToken(host, port, newSecret(), false)
-}
-
-// writeToken stores tok for host:port and returns the token now in the file
-// (another process's, if one won the race and replace is false).
-func writeToken(host, port, tok string, replace bool) (string, error) {
 	p, err := TokenFile(host, port)
 	if err != nil {
 		return "", err
 	}
+	if t, err := readTokenFile(p); err != nil || t != "" {
+		return t, err
+	}
+	tmp, err := tempToken(p, newSecret())
+	if err != nil {
+		return "", err
+	}
+	defer os.Remove(tmp)
+	if err := os.Link(tmp, p); err != nil && !errors.Is(err, fs.ErrExist) {
+		return "", fmt.Errorf("natsbus: token file: %w", err)
+	}
+	return readTokenFile(p) // ours, or that of the process that won the race
+}
+
+// replaceToken stores tok as the token of host:port (this process hosts the
+// server there now) and returns the file's path.
+func replaceToken(host, port, tok string) (string, error) {
+	p, err := TokenFile(host, port)
+	if err != nil {
+		return "", err
+	}
+	tmp, err := tempToken(p, tok)
+	if err != nil {
+		return "", err
+	}
+	defer os.Remove(tmp)
+	if err := os.Rename(tmp, p); err != nil {
+		return "", fmt.Errorf("natsbus: token file: %w", err)
+	}
+	return p, nil
+}
+
+// tempToken writes tok to a new private file beside p and returns its path.
+func tempToken(p, tok string) (string, error) {
 	f, err := os.CreateTemp(filepath.Dir(p), ".token-*")
 	if err != nil {
 		return "", fmt.Errorf("natsbus: token file: %w", err)
 	}
 	tmp := f.Name()
-	defer os.Remove(tmp)
 	_, err = f.WriteString(tok + "\n")
 	if cerr := f.Close(); err == nil {
 		err = cerr
@@ -269,28 +338,17 @@ func writeToken(host, port, tok string, replace bool) (string, error) {
 		err = os.Chmod(tmp, 0o600)
 	}
 	if err != nil {
+		os.Remove(tmp)
 		return "", fmt.Errorf("natsbus: token file: %w", err)
 	}
-	if replace {
-		if err := os.Rename(tmp, p); err != nil {
-			return "", fmt.Errorf("natsbus: token file: %w", err)
-		}
-		return tok, nil
-	}
-	if err := os.Link(tmp, p); err != nil && !errors.Is(err, fs.ErrExist) {
-		return "", fmt.Errorf("natsbus: token file: %w", err)
-	}
-	return readToken(host, port)
+	return tmp, nil
 }
 
-// removeToken removes the token file of host:port if it still holds tok
-// (a host leaving: a process that takes over its address writes it again).
-func removeToken(host, port, tok string) {
-	p, err := TokenFile(host, port)
-	if err != nil {
-		return
-	}
-	if t, err := readToken(host, port); err == nil && t == tok {
+// removeToken removes the token file p if it still holds tok (a host
+// leaving: a process that takes over its address writes it again). p is the
+// path the host wrote, in its own namespace.
+func removeToken(p, tok string) {
+	if t, err := readTokenFile(p); err == nil && t == tok {
 		_ = os.Remove(p)
 	}
 }
@@ -299,13 +357,16 @@ func removeToken(host, port, tok string) {
 // a host writes its file just before its server listens.
 const staleAfter = time.Minute
 
-// maxSweep bounds the files one sweep looks at.
+// maxSweep bounds the addresses one sweep dials.
 const maxSweep = 1024
 
 // sweepStaleTokens removes the token files, older than staleAfter, of
 // embedded servers whose address no longer accepts connections (their host
 // exited without removing the file: it was killed). A host starting its
 // server calls it, so the runtime directory holds the live servers' files.
+// Only the files of this network namespace are looked at: an address is
+// dialled where it was served, and another namespace's server, which this
+// process cannot reach, keeps its file.
 func sweepStaleTokens() {
 	d, err := RuntimeDir()
 	if err != nil {
@@ -315,10 +376,11 @@ func sweepStaleTokens() {
 	if err != nil {
 		return
 	}
+	ours := netNamespace()
 	seen := 0
 	for _, e := range entries {
-		host, port, ok := tokenAddr(e.Name())
-		if !ok {
+		host, port, ns, ok := tokenAddr(e.Name())
+		if !ok || ns != ours {
 			continue
 		}
 		if seen++; seen > maxSweep {
@@ -339,26 +401,28 @@ func sweepStaleTokens() {
 	}
 }
 
-// tokenAddr reads the address back from a token file's name (TokenFile),
-// for the hosts a name keeps whole: IPv4 addresses and names.
-func tokenAddr(name string) (host, port string, ok bool) {
+// tokenAddr reads the address and namespace back from a token file's name
+// (tokenName), for the hosts a name keeps whole: IPv4 addresses and names.
+func tokenAddr(name string) (host, port, ns string, ok bool) {
 	rest, ok := strings.CutPrefix(name, "nats-")
 	if !ok {
-		return "", "", false
+		return "", "", "", false
 	}
-	rest, ok = strings.CutSuffix(rest, ".token")
-	if !ok {
-		return "", "", false
+	if rest, ok = strings.CutSuffix(rest, ".token"); !ok {
+		return "", "", "", false
+	}
+	if i := strings.LastIndex(rest, "-net"); i > 0 && allDigits(rest[i+4:]) {
+		rest, ns = rest[:i], rest[i+4:]
 	}
 	i := strings.LastIndexByte(rest, '-')
 	if i <= 0 {
-		return "", "", false
+		return "", "", "", false
 	}
 	host, port = rest[:i], rest[i+1:]
-	if _, err := strconv.Atoi(port); err != nil || strings.ContainsRune(host, '_') {
-		return "", "", false
+	if !allDigits(port) || strings.ContainsRune(host, '_') {
+		return "", "", "", false
 	}
-	return host, port, true
+	return host, port, ns, true
 }
 
 func newSecret() string {

@@ -107,6 +107,38 @@ func TestTokenFileRemovedWhenHostLeaves(t *testing.T) {
 	assert.NoFileExists(t, path)
 }
 
+// The token file is named by the network namespace too (Linux): another
+// namespace's file for the same address, with its server's token, is
+// neither read, nor replaced, nor removed by a host here.
+func TestTokenFileOfAnotherNamespaceUntouched(t *testing.T) {
+	t.Setenv(EnvRuntimeDir, filepath.Join(t.TempDir(), "rt"))
+	ns := netNamespace()
+	if ns == "" {
+		t.Skip("no network namespaces here (/proc/self/ns/net)")
+	}
+	port := freePort(t)
+	path, err := TokenFile("127.0.0.1", port)
+	require.NoError(t, err)
+	assert.Equal(t, "nats-127.0.0.1-"+port+"-net"+ns+".token", filepath.Base(path))
+	host, gotPort, gotNs, ok := tokenAddr(filepath.Base(path))
+	assert.True(t, ok)
+	assert.Equal(t, []string{"127.0.0.1", port, ns}, []string{host, gotPort, gotNs})
+
+	theirs := filepath.Join(filepath.Dir(path), tokenName("127.0.0.1", port, "1"+ns))
+	require.NoError(t, os.WriteFile(theirs, []byte("their-token\n"), 0o600))
+	b, err := Connect(context.Background(), Options{URL: "nats://127.0.0.1:" + port, EmbedIfAbsent: true, Logger: quiet})
+	require.NoError(t, err)
+	require.True(t, b.Embedded())
+	ours, err := os.ReadFile(path)
+	require.NoError(t, err)
+	assert.NotEqual(t, "their-token\n", string(ours), "the other namespace's token was taken")
+	b.Close()
+	assert.NoFileExists(t, path)
+	got, err := os.ReadFile(theirs)
+	require.NoError(t, err, "the other namespace's file was removed")
+	assert.Equal(t, "their-token\n", string(got))
+}
+
 // The process that takes an address over writes its token file again, so
 // that processes arriving later can join.
 func TestTakeoverRewritesTokenFile(t *testing.T) {
@@ -140,13 +172,16 @@ func TestStaleTokenFilesAreSwept(t *testing.T) {
 	defer ln.Close()
 	_, live, _ := net.SplitHostPort(ln.Addr().String())
 	old := time.Now().Add(-2 * staleAfter)
+	ns := netNamespace()
+	other := "1" + ns         // another network namespace
 	files := map[string]bool{ // name -> removed by the sweep
-		"nats-127.0.0.1-" + freePort(t) + ".token": true,  // gone and old
-		"nats-127.0.0.1-" + live + ".token":        false, // listening
-		"nats-__1-4222.token":                      false, // a host the name does not keep whole
+		tokenName("127.0.0.1", freePort(t), ns):    true,  // gone and old
+		tokenName("127.0.0.1", live, ns):           false, // listening
+		tokenName("127.0.0.1", freePort(t), other): false, // another namespace's server
+		tokenName("::1", "4222", ns):               false, // a host the name does not keep whole
 		"notes.txt":                                false,
 	}
-	fresh := "nats-127.0.0.1-" + freePort(t) + ".token" // gone, but just written
+	fresh := tokenName("127.0.0.1", freePort(t), ns) // gone, but just written
 	for name := range files {
 		p := filepath.Join(d, name)
 		require.NoError(t, os.WriteFile(p, []byte("x\n"), 0o600))

@@ -146,8 +146,8 @@ func (b *Bus) takeoverLoop() {
 		b.mu.Unlock()
 		if b.fileToken() {
 			// The host that left removed its file: newcomers need it.
-			if _, err := writeToken(b.host, b.port, b.srvAuth.token, true); err == nil {
-				b.tokenHost, b.tokenPort = b.host, b.port
+			if path, err := replaceToken(b.host, b.port, b.srvAuth.token); err == nil {
+				b.tokenFile = path
 			}
 		}
 		b.log.Info("hosting replacement embedded NATS server", "url", redact(b.url))

@@ -148,9 +148,9 @@ type Bus struct {
 	// are where a replacement server would listen.
 	takeover   bool
 	host, port string
-	// tokenHost, tokenPort: the address whose token file this process's
-	// embedded server wrote or took over, removed when it leaves (Close).
-	tokenHost, tokenPort string
+	// tokenFile: the token file this process's embedded server wrote or
+	// took over, removed when it leaves (Close).
+	tokenFile string
 	// pin: the address is on loopback and reached without explicit
 	// credentials, so only a server of this user is joined (ownerDialer);
 	// foreign is the uid of the last other user's server refused (-1: none).
@@ -258,11 +258,12 @@ func (b *Bus) connectEphemeral(raw, host, name string) (*Bus, error) {
 		// The port is new: the file is ours to (over)write, and to
 		// remove when we leave (Close).
 		_, port, _ := splitAddr(b.url)
-		if _, err := writeToken(host, port, b.srvAuth.token, true); err != nil {
+		path, err := replaceToken(host, port, b.srvAuth.token)
+		if err != nil {
 			shutdown(srv)
 			return nil, err
 		}
-		b.tokenHost, b.tokenPort = host, port
+		b.tokenFile = path
 		sweepStaleTokens()
 	}
 	if err := b.dial(name); err != nil {
@@ -299,7 +300,9 @@ func (b *Bus) embedOrJoin(ctx context.Context, raw, name string, err error) erro
 			b.srv = srv
 			b.log.Debug("hosting embedded NATS server", "url", redact(b.url))
 			if b.fileToken() {
-				b.tokenHost, b.tokenPort = b.host, b.port
+				if p, err := TokenFile(b.host, b.port); err == nil {
+					b.tokenFile = p
+				}
 				sweepStaleTokens()
 			}
 			return nil

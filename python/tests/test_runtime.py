@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from dynamo_ctx import Context, DistributedRuntime, NoResponders, RuntimeClosed, StreamIncomplete
-from harness import HANG, child_env, new_namespace, run_python, start_script
+from harness import HANG, child_env, new_namespace, private_network, run_python, start_script
 from helpers import ServedEndpoint, collect, run
 
 HERE = Path(__file__).resolve().parent
@@ -500,23 +500,6 @@ finally:
 """
 
 
-def _private_network() -> list:
-    """A command prefix running its argument in a network namespace of its own
-    (so the default address 4222 is this test's alone), or [] when the machine
-    does not allow one."""
-    import shutil
-    import subprocess
-
-    if shutil.which("unshare") is None or shutil.which("ip") is None:
-        return []
-    prefix = ["unshare", "-rn", "sh", "-c", 'ip link set lo up && exec "$0" "$@"']
-    try:
-        ok = subprocess.run(prefix + ["true"], capture_output=True, timeout=10).returncode == 0
-    except (OSError, subprocess.SubprocessError):
-        ok = False
-    return prefix if ok else []
-
-
 def test_embedded_default_is_shared_by_processes(tmp_path):
     """With no NATS_SERVER, the first process hosts NATS on 127.0.0.1:4222 and the next joins it.
 
@@ -526,7 +509,7 @@ def test_embedded_default_is_shared_by_processes(tmp_path):
     import socket
 
     env = child_env(DYNAMO_CTX_RUNTIME_DIR=str(tmp_path / "rt"))  # no NATS_SERVER
-    prefix = _private_network()
+    prefix = private_network()
     if not prefix:
         with socket.socket() as s:
             if s.connect_ex(("127.0.0.1", 4222)) == 0:

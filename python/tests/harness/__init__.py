@@ -32,7 +32,7 @@ from .http_client import (
 from .nats import NatsCluster, NatsHost, NatsServer, nats_server_binary
 from .procs import (
     HANG, PY_DIR, ROOT, STARTED, TESTS_DIR, Proc, ProcError, child_env, dump_logs, free_port, keep_logs, log_root,
-    run_python, start_script, wait_until,
+    private_network, run_python, start_script, wait_until,
 )
 from .sse import Result, SSEStream, check_streams, stream_completion, streams_through_fault
 from .stack import MODEL, Frontend, Stack, Worker, expected_text, expected_tokens, new_id, new_namespace
@@ -42,7 +42,7 @@ __all__ = [
     "Frontend", "NatsCluster", "NatsHost", "NatsServer", "Proc", "ProcError", "Result", "SSEStream", "Stack", "Worker",
     "child_env", "dump_logs", "error_code", "expected_text", "expected_tokens", "free_port", "http_get", "http_json",
     "http_request", "keep_logs", "log_root", "metric_sums", "nats_server_binary", "new_id", "new_namespace",
-    "open_stream_async", "parse_prometheus", "read_all", "read_response", "request_async", "request_bytes", "run_python",
+    "open_stream_async", "parse_prometheus", "private_network", "read_all", "read_response", "request_async", "request_bytes", "run_python",
     "scrape", "send_post", "send_request", "split_response", "sse_data", "start_script", "stream_completion",
     "streams_through_fault", "check_streams", "wait_until",
 ]

@@ -486,3 +486,19 @@ def run_python(*args: str, env: Optional[Dict[str, str]] = None, prefix: Sequenc
 def dump_logs(procs: Sequence[Proc]) -> str:
     """Each process's header and log, one after the other."""
     return "\n".join(p.dump() for p in procs)
+
+
+def private_network() -> List[str]:
+    """A command prefix running its argument in a network namespace of its own, with its
+    loopback up (so the default address 127.0.0.1:4222 is its alone), or [] when the
+    machine does not allow one. ``unshare -rn``: a user namespace too, mapping the
+    caller to root in it, so an unprivileged user can make one; files it writes are
+    still the caller's."""
+    if shutil.which("unshare") is None or shutil.which("ip") is None:
+        return []
+    prefix = ["unshare", "-rn", "sh", "-c", 'ip link set lo up && exec "$0" "$@"']
+    try:
+        ok = subprocess.run(prefix + ["true"], capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        ok = False
+    return prefix if ok else []

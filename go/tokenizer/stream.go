@@ -62,12 +62,23 @@ func (t *Tokenizer) NewStreamDecoder(skipSpecialTokens bool, prompt []int) *Stre
 		}
 		ctx = ctx[:len(ctx)-1]
 	}
+	// Nor may it start inside a character (the prompt's last characters
+	// coded as bytes, by byte-fallback or byte-level tokens): decoders that
+	// reassemble bytes would take the orphan bytes and the output's first
+	// bytes for one broken run, and give U+FFFD for the output's text.
+	for len(ctx) > 0 && t.startsInsideCharacter(ctx[0], skipSpecialTokens) {
+		ctx = ctx[1:]
+	}
 	d.ids = ctx
 	d.read = len(ctx)
 	return d
 }
 
-// Next adds output ids to the stream and returns the text they complete.
+// Next adds output ids to the stream and returns the text they complete:
+// all of it, up to the last id after which the text is complete, even when
+// the ids after that one leave a character incomplete (they wait for the
+// next call). So a stream that ends returns everything complete, whatever
+// the size of its calls.
 func (d *StreamDecoder) Next(ids ...int) string {
 	for _, id := range ids {
 		// Ids that decoding skips change nothing; leaving them out keeps
@@ -76,13 +87,19 @@ func (d *StreamDecoder) Next(ids ...int) string {
 			d.ids = append(d.ids, id)
 		}
 	}
-	if d.read == len(d.ids) {
-		return ""
+	for end := len(d.ids); end > d.read; end-- {
+		full, pending := d.t.decode(d.ids[d.prefix:end], d.skip)
+		if !pending {
+			return d.emit(full, end)
+		}
 	}
-	full, pending := d.t.decode(d.ids[d.prefix:], d.skip)
-	if pending {
-		return ""
-	}
+	return ""
+}
+
+// emit returns the text that full, the decoding of ids[prefix:end], adds to
+// what was returned, and moves the window past end: the ids after end stay
+// in it, to be decoded with what comes next.
+func (d *StreamDecoder) emit(full string, end int) string {
 	prev, _ := d.t.decode(d.ids[d.prefix:d.read], d.skip)
 	var text string
 	switch {
@@ -90,7 +107,7 @@ func (d *StreamDecoder) Next(ids ...int) string {
 		text = full[len(prev):]
 		if text == "" {
 			// Nothing new: the returned text still covers the window.
-			d.read = len(d.ids)
+			d.read = end
 			return ""
 		}
 	case len(full) > len(prev):
@@ -104,9 +121,9 @@ func (d *StreamDecoder) Next(ids ...int) string {
 	default:
 		return ""
 	}
-	// The text up to here is complete: the new prefix is what was just
+	// The text up to end is complete: the new prefix is what was just
 	// decoded, and the window drops what lies before it.
-	d.prefix, d.read = d.read, len(d.ids)
+	d.prefix, d.read = d.read, end
 	if d.prefix > 0 {
 		d.scratch = append(d.scratch[:0], d.ids[d.prefix:]...)
 		d.ids, d.scratch = d.scratch, d.ids
@@ -114,4 +131,12 @@ func (d *StreamDecoder) Next(ids ...int) string {
 		d.prefix = 0
 	}
 	return text
+}
+
+// startsInsideCharacter reports whether the text of id, decoded alone,
+// starts with bytes that continue a character begun by an earlier token
+// (decoded as U+FFFD when alone).
+func (t *Tokenizer) startsInsideCharacter(id int, skip bool) bool {
+	text, pending := t.decode([]int{id}, skip)
+	return !pending && strings.HasPrefix(text, "\uFFFD")
 }

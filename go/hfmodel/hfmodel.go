@@ -60,6 +60,10 @@ type Model struct {
 	// vars are the template's variables besides messages: the special
 	// tokens by their tokenizer_config.json names.
 	vars map[string]any
+	// cleanUp: Detokenize applies transformers' clean-up of tokenization
+	// spaces (tokenizer_config.json's clean_up_tokenization_spaces, which
+	// transformers honours for every model but BPE).
+	cleanUp bool
 }
 
 // Message is one chat message as the template sees it.
@@ -143,6 +147,8 @@ func FromFiles(origin string, files Files) (*Model, error) {
 		EOS          json.RawMessage `json:"eos_token"`
 		UNK          json.RawMessage `json:"unk_token"`
 		PAD          json.RawMessage `json:"pad_token"`
+		CleanUp      bool            `json:"clean_up_tokenization_spaces"`
+		CleanUpBPE   bool            `json:"clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output"`
 	}
 	if b, ok := files[TokenizerConfigFile]; ok {
 		if err := json.Unmarshal(b, &cfg); err != nil {
@@ -154,6 +160,7 @@ func FromFiles(origin string, files Files) (*Model, error) {
 			m.vars[name] = s
 		}
 	}
+	m.cleanUp = cfg.CleanUp && (cfg.CleanUpBPE || modelType(raw) != "BPE")
 	src, err := chatTemplate(files, where, cfg.ChatTemplate)
 	if err != nil {
 		return nil, err
@@ -177,27 +184,10 @@ func (m *Model) Tokenizer() *tokenizer.Tokenizer { return m.tok }
 func (m *Model) HasChatTemplate() bool { return m.chat != nil }
 
 // RenderChat renders messages with the model's chat template, ending with
-// the prompt of the assistant's reply (add_generation_prompt).
-func (m *Model) RenderChat(messages []Message) (out string, err error) {
-	if m.chat == nil {
-		return "", fmt.Errorf("model %s has no chat template (tokenizer_config.json chat_template, or %s)", m.dir, ChatTemplateJinja)
-	}
-	msgs := make([]any, len(messages))
-	for i, msg := range messages {
-		msgs[i] = map[string]any{"role": msg.Role, "content": msg.Content}
-	}
-	data := make(map[string]any, len(m.vars)+2)
-	for k, v := range m.vars {
-		data[k] = v
-	}
-	data["messages"] = msgs
-	data["add_generation_prompt"] = true
-	defer func() {
-		if p := recover(); p != nil {
-			out, err = "", fmt.Errorf("the chat template failed: %v", p)
-		}
-	}()
-	return m.chat.Render(data)
+// the prompt of the assistant's reply (add_generation_prompt); RenderChatWith
+// (chat.go) takes the other options of a request.
+func (m *Model) RenderChat(messages []Message) (string, error) {
+	return m.RenderChatWith(messages, ChatOptions{AddGenerationPrompt: true})
 }
 
 // compile compiles a template, turning a panic of the template engine into

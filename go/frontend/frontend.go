@@ -248,6 +248,8 @@ func New(ctx context.Context, rt *plane.Runtime, opts Options) (*Frontend, error
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/completions", f.completions)
 	mux.HandleFunc("POST /v1/chat/completions", f.chatCompletions)
+	mux.HandleFunc("POST /tokenize", f.tokenize)
+	mux.HandleFunc("POST /detokenize", f.detokenize)
 	mux.HandleFunc("GET /v1/models", f.models)
 	mux.HandleFunc("GET /v1/models/{id...}", f.model)
 	mux.HandleFunc("GET /health", f.health)

@@ -28,6 +28,7 @@ import (
 	"math"
 	"math/rand/v2"
 
+	"github.com/dynamo-ctx/dynamo-ctx/go/hfmodel"
 	"github.com/dynamo-ctx/dynamo-ctx/go/jsonscan"
 	"github.com/dynamo-ctx/dynamo-ctx/go/tokens"
 )
@@ -71,7 +72,21 @@ type completionRequest struct {
 	PresencePenalty  *float64        `json:"presence_penalty"`
 	FrequencyPenalty *float64        `json:"frequency_penalty"`
 
+	// The chat template's options (vLLM's extensions of the chat API, and
+	// of /tokenize's chat form): hfmodel.ChatOptions.
+	AddGenerationPrompt  *bool          `json:"add_generation_prompt"`
+	ContinueFinalMessage bool           `json:"continue_final_message"`
+	ChatTemplateKwargs   map[string]any `json:"chat_template_kwargs"`
+	// AddSpecialTokens: the tokenizer's special tokens (its BOS) are added
+	// to the prompt; by default to a completions prompt and not to a
+	// rendered chat, whose template writes them (vLLM's defaults).
+	AddSpecialTokens *bool `json:"add_special_tokens"`
+	// Only on /tokenize and /detokenize (tokenize.go).
+	ReturnTokenStrs bool    `json:"return_token_strs"`
+	Tokens          []int64 `json:"tokens"`
+
 	// Refused unless absent or neutral.
+	ChatTemplate   *string         `json:"chat_template"`
 	Logprobs       json.RawMessage `json:"logprobs"`
 	TopLogprobs    *int            `json:"top_logprobs"`
 	Echo           bool            `json:"echo"`
@@ -195,7 +210,43 @@ func (p *plan) check() error {
 	if rf := req.ResponseFormat; rf != nil && rf.Type != "" && rf.Type != "text" {
 		return unsupported("response_format", "response_format "+rf.Type)
 	}
+	return checkChatOptions(req)
+}
+
+// checkChatOptions refuses chat-template options that contradict each
+// other, and a template sent with the request (vLLM refuses one unless its
+// server trusts request templates; the frontend renders the model's own).
+func checkChatOptions(req *completionRequest) error {
+	if req.ChatTemplate != nil {
+		return invalid("chat_template", "unsupported_parameter", "chat_template is not accepted: the model's own chat template renders the messages")
+	}
+	if err := req.chatOptions().Check(); err != nil {
+		param := "chat_template_kwargs"
+		if req.ContinueFinalMessage {
+			param = "continue_final_message"
+		}
+		return invalid(param, "invalid_chat_options", "%s", err.Error())
+	}
 	return nil
+}
+
+// chatOptions are the request's options for the chat template
+// (add_generation_prompt is true unless the request says otherwise).
+func (req *completionRequest) chatOptions() hfmodel.ChatOptions {
+	return hfmodel.ChatOptions{
+		AddGenerationPrompt:  req.AddGenerationPrompt == nil || *req.AddGenerationPrompt,
+		ContinueFinalMessage: req.ContinueFinalMessage,
+		Vars:                 req.ChatTemplateKwargs,
+	}
+}
+
+// addSpecialTokens: whether the prompt gets the tokenizer's special tokens
+// (chat: a rendered conversation).
+func (req *completionRequest) addSpecialTokens(chat bool) bool {
+	if req.AddSpecialTokens != nil {
+		return *req.AddSpecialTokens
+	}
+	return !chat
 }
 
 // parseStop reads OpenAI's stop: null, a string, or an array of up to
@@ -245,7 +296,7 @@ func parsePrompts(req *completionRequest, chat bool, limit int, tx text) ([]prom
 		if max := tx.maxPromptBytes(limit); max > 0 && len(s) > max {
 			return prompt{}, tooLong(len(s))
 		}
-		ids, err := tx.encode(s, chat)
+		ids, err := tx.encode(s, req.addSpecialTokens(chat))
 		if err != nil {
 			return prompt{}, invalid("prompt", "invalid_prompt", "the prompt could not be tokenized: %s", err.Error())
 		}
@@ -277,7 +328,7 @@ func parsePrompts(req *completionRequest, chat bool, limit int, tx text) ([]prom
 		if err != nil {
 			return nil, invalid("messages", "invalid_prompt", "%s", err.Error())
 		}
-		s, err := tx.chat(msgs)
+		s, err := tx.chat(msgs, req.chatOptions())
 		if err != nil {
 			return nil, invalid("messages", "invalid_prompt", "%s", err.Error())
 		}

@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/dynamo-ctx/dynamo-ctx/go/hfmodel"
 )
 
 // naiveStopper is the stop matcher as it was before it read each byte once:
@@ -94,7 +96,7 @@ func TestChatRoleWithControlCharactersRefused(t *testing.T) {
 	}
 	msgs, err := chatMessages([]chatMessage{{Role: "developer", Content: json.RawMessage(`"hi"`)}}, "")
 	require.NoError(t, err)
-	got, err := standIn{}.chat(msgs)
+	got, err := standIn{}.chat(msgs, hfmodel.ChatOptions{AddGenerationPrompt: true})
 	require.NoError(t, err)
 	require.Equal(t, "developer: hi\n", got)
 }

@@ -188,6 +188,16 @@ func (f *Frontend) parse(w http.ResponseWriter, r *http.Request, chat bool) (in 
 // once its keys are found named exactly; then a model must be named. A
 // request it refuses is answered, and ok is false.
 func (f *Frontend) readRequest(w http.ResponseWriter, r *http.Request, ctl *http.ResponseController) (*completionRequest, bool) {
+	req, ok := f.readBody(w, r, ctl)
+	if ok && req.Model == "" {
+		badRequest(w, "model is required", "model", "missing_model")
+		return nil, false
+	}
+	return req, ok
+}
+
+// readBody is readRequest but for the model, which it does not require.
+func (f *Frontend) readBody(w http.ResponseWriter, r *http.Request, ctl *http.ResponseController) (*completionRequest, bool) {
 	body, err := readBody(w, r, f.opts.MaxBodyBytes)
 	if err != nil {
 		var mbe *http.MaxBytesError
@@ -209,10 +219,6 @@ func (f *Frontend) readRequest(w http.ResponseWriter, r *http.Request, ctl *http
 	}
 	if re := checkKeys(body); re != nil {
 		badRequest(w, re.msg, re.param, re.code)
-		return nil, false
-	}
-	if req.Model == "" {
-		badRequest(w, "model is required", "model", "missing_model")
 		return nil, false
 	}
 	return &req, true

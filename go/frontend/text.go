@@ -26,10 +26,14 @@ import (
 // text is a model's language.
 type text interface {
 	// chat renders a conversation as the prompt text.
-	chat(messages []hfmodel.Message) (string, error)
-	// encode tokenizes a prompt text; chat: it was rendered by chat (its
-	// special tokens are written by the template, none are added).
-	encode(s string, chat bool) ([]int, error)
+	chat(messages []hfmodel.Message, o hfmodel.ChatOptions) (string, error)
+	// encode tokenizes a prompt text, adding the tokenizer's special tokens
+	// (its BOS) or not.
+	encode(s string, addSpecial bool) ([]int, error)
+	// detokenize is the text of ids, special tokens included (/detokenize).
+	detokenize(ids []int) string
+	// tokenStrings are the vocabulary's strings of ids (/tokenize).
+	tokenStrings(ids []int) []string
 	// maxPromptBytes is the longest text that may still fit in limit
 	// tokens: a longer one is refused before it is tokenized (0: no bound
 	// but the body's).
@@ -50,7 +54,12 @@ type decoder interface {
 // standIn is the language of a model without a model directory.
 type standIn struct{}
 
-func (standIn) chat(messages []hfmodel.Message) (string, error) {
+// chat: "<role>: <content>\n" each; an open final message has no line
+// break; template variables mean nothing to it.
+func (standIn) chat(messages []hfmodel.Message, o hfmodel.ChatOptions) (string, error) {
+	if err := o.Check(); err != nil {
+		return "", err
+	}
 	var b strings.Builder
 	for _, m := range messages {
 		b.WriteString(m.Role)
@@ -58,7 +67,23 @@ func (standIn) chat(messages []hfmodel.Message) (string, error) {
 		b.WriteString(m.Content)
 		b.WriteByte('\n')
 	}
-	return b.String(), nil
+	s := b.String()
+	if o.ContinueFinalMessage {
+		s = strings.TrimSuffix(s, "\n")
+	}
+	return s, nil
+}
+
+// detokenize: the stand-in's output text of ids (a word each).
+func (standIn) detokenize(ids []int) string { return standInDecoder{}.next(ids) }
+
+// tokenStrings: each id's word.
+func (standIn) tokenStrings(ids []int) []string {
+	out := make([]string, len(ids))
+	for i, id := range ids {
+		out[i] = strings.TrimPrefix(standInDecoder{}.next([]int{id}), " ")
+	}
+	return out
 }
 
 // encode: one token per byte.
@@ -93,13 +118,17 @@ func (standInDecoder) next(ids []int) string {
 // modelText is the language of a model loaded from its directory.
 type modelText struct{ m *hfmodel.Model }
 
-func (t modelText) chat(messages []hfmodel.Message) (string, error) { return t.m.RenderChat(messages) }
-
-// encode adds the tokenizer's special tokens (its BOS) to a completions
-// prompt, and none to a rendered chat, as vLLM's server does.
-func (t modelText) encode(s string, chat bool) ([]int, error) {
-	return t.m.Tokenizer().Encode(s, !chat)
+func (t modelText) chat(messages []hfmodel.Message, o hfmodel.ChatOptions) (string, error) {
+	return t.m.RenderChatWith(messages, o)
 }
+
+func (t modelText) encode(s string, addSpecial bool) ([]int, error) {
+	return t.m.Tokenizer().Encode(s, addSpecial)
+}
+
+func (t modelText) detokenize(ids []int) string { return t.m.Detokenize(ids) }
+
+func (t modelText) tokenStrings(ids []int) []string { return t.m.TokenStrings(ids) }
 
 func (modelText) maxPromptBytes(int) int { return 0 }
 

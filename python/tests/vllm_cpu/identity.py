@@ -104,3 +104,22 @@ def compare(theirs: Any, ours: Any) -> List[Dict[str, Any]]:
             b = _call(ours, kind, req, stream)
             results.append({"case": name, "stream": stream, "same": a == b, "vllm": a, "ours": b})
     return results
+
+
+#: /tokenize and /detokenize requests, sent to both servers as they are (model included
+#: unless a case leaves it out: both then answer for the one model they serve).
+_CHAT = _msgs(("system", "Be brief."), ("user", "Hi there, café? 🍕"), ("assistant", "Sure, "))
+TOKEN_CASES: List[Tuple[str, Dict[str, Any]]] = [
+    ("/tokenize", {"model": MODEL, "prompt": "Hello, my name is"}),
+    ("/tokenize", {"model": MODEL, "prompt": "東京の天気は今日 🍕", "return_token_strs": True}),
+    ("/tokenize", {"model": MODEL, "prompt": "  leading\n\ttabs ", "add_special_tokens": False, "return_token_strs": True}),
+    ("/tokenize", {"prompt": "no model named"}),
+    ("/tokenize", {"model": MODEL, "messages": _CHAT[:2]}),
+    ("/tokenize", {"model": MODEL, "messages": _CHAT[:2], "add_generation_prompt": False, "return_token_strs": True}),
+    ("/tokenize", {"model": MODEL, "messages": _CHAT, "add_generation_prompt": False, "continue_final_message": True}),
+    ("/tokenize", {"model": MODEL, "messages": _CHAT[:2], "add_special_tokens": True}),
+    ("/tokenize", {"model": MODEL, "messages": _CHAT[:2], "chat_template_kwargs": {"unused_by_the_template": 1}}),
+    ("/detokenize", {"model": MODEL, "tokens": [128000, 9906, 11, 1917, 0, 358, 1097]}),
+    ("/detokenize", {"model": MODEL, "tokens": [128006, 882, 128007, 271, 13347, 128009]}),
+    ("/detokenize", {"tokens": []}),
+]

@@ -45,8 +45,8 @@ from cpu_stack import (  # noqa: E402
     ENGINE_START, MODEL, VllmServer, alive, engine_flags, engine_gauges, engine_processes, environment,
     kv_connector_flags, model_dir, scrape_url, vllm_metric, wait_engine_idle, wait_gone,
 )
-from harness import Frontend, Result, Stack, Worker, http_get, new_id, stream_completion  # noqa: E402
-from identity import CASES, compare  # noqa: E402
+from harness import Frontend, Result, Stack, Worker, http_get, http_json, new_id, stream_completion  # noqa: E402
+from identity import CASES, TOKEN_CASES, compare  # noqa: E402
 
 GREEDY = {"temperature": 0.0}
 
@@ -147,6 +147,16 @@ def test_text_identity_with_vllms_own_server(fleet):
     assert len(results) >= 30
     assert not bad, bad[:3]
     assert len(CASES) * 2 == len(results)
+
+
+def test_tokenize_and_detokenize_as_vllms_server(fleet):
+    """/tokenize and /detokenize answer as vLLM's server does: the same JSON for
+    completions prompts and conversations (with the template's options), token strings
+    and special tokens."""
+    server, fe = fleet["server"], fleet["stack"].frontend
+    for path, body in TOKEN_CASES:
+        theirs = http_json("POST", server.url + path, body)
+        assert http_json("POST", fe.url + path, body) == theirs, (path, body)
 
 
 # --------------------------------------------------------------------------- disconnects

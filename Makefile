@@ -34,8 +34,10 @@ demo: build
 demo-context: build
 	$(PY) -m dynamo_ctx.demo_context
 
+# The test library's hook (-tags dc_selftest) is vetted too.
 vet:
 	go vet ./...
+	go vet -tags dc_selftest ./go/native
 
 # Go: vet and gofmt. Python: ruff (rules and line length in pyproject.toml)
 # and mypy (strict on the public modules; pyproject.toml).
@@ -47,7 +49,11 @@ lint: vet setup
 test-go:
 	go test $(GOTEST_FLAGS) ./...
 
+# The panic-recovery tests load the test library (build.py --selftest: the
+# shipped library plus its self-test hook, in build/selftest); their fixture
+# builds it too, this only shows a failure first.
 test-py: build
+	$(PY) build.py --selftest
 	$(PY) -m pytest $(PYTEST_FLAGS)
 
 test: lint test-go test-py
@@ -105,4 +111,4 @@ fuzz:
 	done
 
 clean:
-	rm -rf $(VENV) dist python/dynamo_ctx/_native.abi3.so python/dynamo_ctx/include
+	rm -rf $(VENV) dist build/selftest python/dynamo_ctx/_native.abi3.so python/dynamo_ctx/include

@@ -17,6 +17,12 @@ Script usage (from anywhere)::
     python build.py --force         # always rebuild
     python build.py --print-lib     # build if stale, then print the library path
     python build.py --print-tag     # the wheel tag the hook would give
+    python build.py --selftest      # the test library instead: build/selftest/_native.abi3.so
+
+The test library is the shipped one built with ``-tags dc_selftest``: it adds
+the panic self-test (dc_selftest_panic, and selftest_panic in the extension
+module; go/native/selftest_exports.go), which the shipped library must not
+carry. Only the tests load it (python/tests/selftest_library.py).
 
 Wheels and sdists: ``pip wheel .``, ``pip install .``, ``pip install -e .``, or
 ``python -m build``. Only the standard library is needed to run this file;
@@ -34,7 +40,7 @@ import subprocess
 import sys
 import sysconfig
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Dict, Iterable, Iterator, List, Optional
 
 ROOT = Path(__file__).resolve().parent
 PACKAGE = "dynamo_ctx"
@@ -46,6 +52,9 @@ GO_HEADER_NAME = "_native.abi3.h"  # what `go build -o _native.abi3.so` writes: 
 PUBLIC_HEADER = Path("go") / "native" / "dynamo_ctx.h"  # the hand-written public header
 HEADER_RELPATH = Path("include") / "dynamo_ctx.h"  # where the public header is shipped
 ABI_TAG = "cp39-abi3"
+SELFTEST_TAG = "dc_selftest"  # the Go build tag of the test library's hooks
+SELFTEST_EXPORTS = frozenset({"dc_selftest_panic"})  # its exports the public header leaves out
+SELFTEST_DIR = Path("build") / "selftest"  # where --selftest puts the test library
 FALLBACK_GO = Path("/usr/local/go/bin/go")
 
 _SKIP_DIRS = {"__pycache__", ".pytest_cache", ".mypy_cache", ".ruff_cache", ".tox", ".venv", "venv"}
@@ -161,22 +170,25 @@ def _join_flags(existing: Optional[str], *extra: str) -> str:
     return " ".join(parts)
 
 
-def build_library(out_dir: Path = PACKAGE_DIR, force: bool = False) -> Path:
+def build_library(out_dir: Optional[Path] = None, force: bool = False, selftest: bool = False) -> Path:
     """Compile the Go core into ``<out_dir>/_native.abi3.so``.
 
     Also copies the public header (go/native/dynamo_ctx.h) to
     ``<out_dir>/include/dynamo_ctx.h`` once its prototypes are checked against
     the ones cgo generated (see check_header); the generated header stays
     beside the library, internal.
+    With ``selftest`` it builds the test library instead (``-tags
+    dc_selftest``; out_dir defaults to build/selftest): its exports are the
+    public header's plus SELFTEST_EXPORTS, and no header is copied.
     The build is skipped when the library (and header) are newer than every
     file under go/ plus go.mod/go.sum, unless ``force`` is true.  Returns the
     absolute path of the library.
     """
     _check_platform()
     _check_extension_suffix()
-    out = _resolve(out_dir)
+    out = _resolve(out_dir if out_dir is not None else SELFTEST_DIR if selftest else PACKAGE_DIR)
     lib = out / LIB_NAME
-    header = out / HEADER_RELPATH
+    header = out / (GO_HEADER_NAME if selftest else HEADER_RELPATH)
     if not force and _is_up_to_date(lib, header):
         _log(f"{_display(lib)} is up to date")
         return lib
@@ -191,7 +203,8 @@ def build_library(out_dir: Path = PACKAGE_DIR, force: bool = False) -> Path:
     # Python symbols are left undefined (go/native/main.go passes GNU ld's
     # --unresolved-symbols=ignore-all); the interpreter provides them at import.
     # -s -w: no symbol table or DWARF, which would more than double the size.
-    cmd = [go, "build", "-buildmode=c-shared", "-trimpath", "-ldflags=-s -w", "-o", _display(lib), GO_PACKAGE]
+    tags = [f"-tags={SELFTEST_TAG}"] if selftest else []
+    cmd = [go, "build", "-buildmode=c-shared", "-trimpath", *tags, "-ldflags=-s -w", "-o", _display(lib), GO_PACKAGE]
     _log("CGO_CFLAGS=%r" % env["CGO_CFLAGS"])
     _log("running: " + " ".join(cmd))
     try:
@@ -208,9 +221,13 @@ def build_library(out_dir: Path = PACKAGE_DIR, force: bool = False) -> Path:
     if not lib.is_file():
         raise BuildError(f"go build did not produce {lib}")
     public = ROOT / PUBLIC_HEADER
-    problems = check_header(public.read_text("utf-8"), generated.read_text("utf-8"))
+    problems = check_header(public.read_text("utf-8"), generated.read_text("utf-8"), SELFTEST_EXPORTS if selftest else ())
     if problems:
         raise BuildError(f"{PUBLIC_HEADER} does not match the exports:\n  " + "\n  ".join(problems))
+    if selftest:
+        os.utime(lib)  # newer than the header cgo wrote with it, for the mtime check
+        _log(f"built the test library {_display(lib)}")
+        return lib
     header.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(public, header)
     # Keep lib strictly newer than the header move for the mtime check.
@@ -241,11 +258,19 @@ def prototypes(text: str) -> Dict[str, tuple]:
     return out
 
 
-def check_header(public: str, generated: str) -> List[str]:
+def check_header(public: str, generated: str, undeclared: Iterable[str] = ()) -> List[str]:
     """Where the public header's prototypes differ from cgo's (names, arity,
     types modulo const); the library's internal helpers (dc_set_error,
-    dc_copy_error) are not exports and are ignored."""
-    want = {n: p for n, p in prototypes(generated).items() if re.search(r"^extern\b[^\n]*\b%s\(" % n, generated, re.M)}
+    dc_copy_error) are not exports and are ignored, and so are the exports
+    named in ``undeclared`` (the test library's hooks, SELFTEST_EXPORTS): so
+    in the shipped library a hook is an export the header does not declare,
+    an error."""
+    skip = set(undeclared)
+    want = {
+        n: p
+        for n, p in prototypes(generated).items()
+        if n not in skip and re.search(r"^extern\b[^\n]*\b%s\(" % n, generated, re.M)
+    }
     have = prototypes(public)
     problems = [f"{n}: exported but not declared" for n in sorted(set(want) - set(have))]
     problems += [f"{n}: declared but not exported" for n in sorted(set(have) - set(want))]
@@ -326,9 +351,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--force", action="store_true", help="rebuild even if up to date")
     p.add_argument("--print-lib", action="store_true", help="print the library path")
     p.add_argument("--print-tag", action="store_true", help="print the wheel tag")
+    p.add_argument("--selftest", action="store_true", help=f"build the test library (-tags {SELFTEST_TAG}) into {SELFTEST_DIR}")
     args = p.parse_args(argv)
     try:
-        lib = build_library(force=args.force)
+        lib = build_library(force=args.force, selftest=args.selftest)
     except BuildError as e:
         print(f"build.py: error: {e}", file=sys.stderr)
         return 1

@@ -292,10 +292,6 @@ int dc_handle_counts(uint64_t *contexts, uint64_t *queues, uint64_t *other);
    benchmarks. Any pointer may be NULL. */
 int dc_runtime_stats(int collect, uint64_t *goroutines, uint64_t *heap_bytes);
 
-/* Panics inside the library on purpose, to test that every export recovers:
-   always returns DC_EINTERNAL with a message, and logs an error record. */
-int dc_selftest_panic(void);
-
 
 /* ------------------------------------------------------------------
    Logging

@@ -2,7 +2,8 @@ package main
 
 // The exports of the library as a whole: its version, the string constants
 // Go owns, the calling thread's last error, and the diagnostics (handle
-// counts, runtime statistics, the panic self-test).
+// counts, runtime statistics). The panic self-test is the test library's
+// alone (selftest_exports.go).
 
 /*
 #include <stddef.h>
@@ -98,15 +99,5 @@ func dc_runtime_stats(collect C.int, goroutines, heapBytes *C.uint64_t) (rc C.in
 		runtime.ReadMemStats(&ms)
 		*heapBytes = C.uint64_t(ms.HeapAlloc)
 	}
-	return C.DC_OK
-}
-
-// dc_selftest_panic: see dynamo_ctx.h, the reference.
-//
-//export dc_selftest_panic
-func dc_selftest_panic() (rc C.int) {
-	defer guard("dc_selftest_panic", &rc)
-	var m map[string]int
-	m["boom"]++ // a real runtime panic (nil map write), not just panic("...")
 	return C.DC_OK
 }

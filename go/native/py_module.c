@@ -1,7 +1,8 @@
 // py_module.c: the extension module dynamo_ctx._native itself: its
 // definition and PyInit__native, which adds the functions of each py_*.c
 // file and the Context type; the module's constants (the header's enums,
-// the reasons' names, the string facts Go owns); and the diagnostics.
+// the reasons' names, the string facts Go owns); and the diagnostics (the
+// panic self-test only in the test library, built with -tags dc_selftest).
 #include "py_native.h"
 
 #ifdef DC_WITH_PYTHON
@@ -26,12 +27,18 @@ static PyObject* mod_runtime_stats(PyObject* m, PyObject* args) {
     return Py_BuildValue("{sKsK}", "goroutines", (unsigned long long)g, "heap_bytes", (unsigned long long)heap);
 }
 
+#ifdef DC_SELFTEST
+// The test library's alone (go/native/selftest_exports.go): the public header
+// does not declare it.
+int dc_selftest_panic(void);
+
 static PyObject* mod_selftest_panic(PyObject* m, PyObject* unused) {
     if (check_fork() < 0) return NULL;
     int rc = dc_selftest_panic();
     if (rc != DC_OK) return raise_rc(rc);
     Py_RETURN_NONE;
 }
+#endif
 
 static PyObject* mod_version(PyObject* m, PyObject* unused) {
     return PyUnicode_FromString(dc_version());
@@ -40,7 +47,9 @@ static PyObject* mod_version(PyObject* m, PyObject* unused) {
 static PyMethodDef module_methods[] = {
     {"handle_counts", mod_handle_counts, METH_NOARGS, "handle_counts() -> {'contexts': n, 'queues': n}"},
     {"runtime_stats", mod_runtime_stats, METH_VARARGS, "runtime_stats(collect=False) -> {'goroutines': n, 'heap_bytes': n}"},
-    {"selftest_panic", mod_selftest_panic, METH_NOARGS, "Panic in Go on purpose; raises RuntimeError."},
+#ifdef DC_SELFTEST
+    {"selftest_panic", mod_selftest_panic, METH_NOARGS, "Panic in Go on purpose; raises RuntimeError (test library only)."},
+#endif
     {"version", mod_version, METH_NOARGS, "The library version."},
     {NULL, NULL, 0, NULL},
 };

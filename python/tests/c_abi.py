@@ -18,6 +18,7 @@ object lives in a module global for the life of the process.
 from __future__ import annotations
 
 import gc
+import os
 import select
 import threading
 from pathlib import Path
@@ -28,7 +29,7 @@ import pytest
 cffi = pytest.importorskip("cffi")
 
 import dynamo_ctx  # noqa: E402 - importing the package does not load the library
-from harness import TESTS_DIR, run_python  # noqa: E402
+from selftest_library import ENV as SELFTEST_ENV  # noqa: E402
 
 PACKAGE_DIR = Path(dynamo_ctx.__file__).resolve().parent
 LIB_PATH = PACKAGE_DIR / "_native.abi3.so"
@@ -91,14 +92,22 @@ _lib = None  # the loaded library; never released, never dlclose'd
 _lib_lock = threading.Lock()
 
 
+# The test library's one export beyond the header's (selftest_library.py).
+SELFTEST_CDEF = "int dc_selftest_panic(void);"
+
+
 def load():
     """cdef the header and dlopen the library, once. RTLD_NODELETE: a Go
-    runtime must never be unloaded."""
+    runtime must never be unloaded. In a fresh interpreter started by
+    selftest_library.run_in_fresh_interpreter it is the test library
+    instead, with dc_selftest_panic declared too."""
     global _lib
     with _lib_lock:
         if _lib is None:
-            ffi.cdef(header_cdef(HEADER_PATH.read_text("utf-8")))
-            _lib = ffi.dlopen(str(LIB_PATH), ffi.RTLD_NOW | ffi.RTLD_NODELETE)
+            test_library = os.environ.get(SELFTEST_ENV)
+            cdef = header_cdef(HEADER_PATH.read_text("utf-8"))
+            ffi.cdef(cdef + "\n" + SELFTEST_CDEF if test_library else cdef)
+            _lib = ffi.dlopen(test_library or str(LIB_PATH), ffi.RTLD_NOW | ffi.RTLD_NODELETE)
         return _lib
 
 
@@ -205,27 +214,3 @@ def counts(lib) -> Tuple[int, int, int]:
     c, q, other = ffi.new("uint64_t *"), ffi.new("uint64_t *"), ffi.new("uint64_t *")
     ok(lib, lib.dc_handle_counts(c, q, other))
     return c[0], q[0], other[0]
-
-
-def run_in_fresh_interpreter(module: str, function: str) -> None:
-    """Run `module`'s `function` (a module of this directory) in a new Python
-    process that only dlopens the library.
-
-    Used for the log queue: it is process-wide, and once the dynamo_ctx Python
-    binding is loaded in this process its daemon thread drains it, so what this
-    process's queue holds depends on which tests ran before.
-    """
-    code = (
-        "import sys\n"
-        f"sys.path.insert(0, {str(TESTS_DIR)!r})\n"
-        f"import {module}\n"
-        f"{module}.{function}()\n"
-        "assert 'dynamo_ctx._native' not in sys.modules\n"
-        "print('done')\n"
-    )
-    proc = run_python("-c", code)
-    assert proc.returncode == 0 and proc.stdout.strip() == "done", (
-        f"{function} failed in a fresh interpreter (exit {proc.returncode}):\n{proc.stderr}"
-    )
-    # The library never writes to stdout/stderr itself.
-    assert proc.stderr == "", proc.stderr

@@ -20,6 +20,15 @@ def nats_server_bin():
     return nats_server_binary()
 
 
+@pytest.fixture(scope="session")
+def selftest_library():
+    """The test library (``build.py --selftest``: the shipped library plus the
+    panic self-test), built once per session; see selftest_library.py."""
+    from selftest_library import build
+
+    return build()
+
+
 @pytest.fixture(scope="module")
 def nats_url():
     """A private embedded NATS server on an ephemeral port, kept for the module."""

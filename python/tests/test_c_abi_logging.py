@@ -17,13 +17,14 @@ from c_abi import (
     load,
     ok,
     readable,
-    run_in_fresh_interpreter,
 )
 from harness import HANG
+from selftest_library import run_in_fresh_interpreter
 
 
 # ---------------------------------------------------------------------------
-# Logging (in a fresh interpreter: the log queue is per process)
+# Logging (in a fresh interpreter: the log queue is per process; on the test
+# library, whose dc_selftest_panic makes a record at will)
 # ---------------------------------------------------------------------------
 
 
@@ -92,12 +93,12 @@ def _scenario_log_fd_readable_after_erange() -> None:
     assert _log_next(lib, needed + 1)[0] == DC_OK
 
 
-def test_log_records():
-    run_in_fresh_interpreter("test_c_abi_logging", "_scenario_log_records")
+def test_log_records(selftest_library):
+    run_in_fresh_interpreter("test_c_abi_logging", "_scenario_log_records", selftest_library)
 
 
-def test_log_fd_stays_readable_after_erange():
-    run_in_fresh_interpreter("test_c_abi_logging", "_scenario_log_fd_readable_after_erange")
+def test_log_fd_stays_readable_after_erange(selftest_library):
+    run_in_fresh_interpreter("test_c_abi_logging", "_scenario_log_fd_readable_after_erange", selftest_library)
 
 
 def test_log_calls_in_process(lib):

@@ -14,6 +14,7 @@ import pytest
 from dynamo_ctx import Context
 from harness import HANG, run_python
 from helpers import run
+from selftest_library import run_with_test_module
 
 
 
@@ -378,21 +379,35 @@ def test_fork_child_gets_clear_error():
     assert ctx.id()  # the parent is unaffected
 
 
-def test_go_panic_is_an_exception_and_logged(caplog):
+def _scenario_go_panic_is_an_exception_and_logged() -> None:
     from dynamo_ctx._lib import drain_logs, native, set_native_log_level
 
+    records: list = []
+    handler = logging.Handler(logging.DEBUG)
+    handler.emit = records.append  # type: ignore[method-assign]
+    log = logging.getLogger("dynamo_ctx")
+    log.addHandler(handler)
+    log.setLevel(logging.DEBUG)
     set_native_log_level(logging.DEBUG)
-    try:
-        with caplog.at_level(logging.DEBUG, logger="dynamo_ctx"):
-            with pytest.raises(RuntimeError, match="panic"):
-                native().selftest_panic()
-            assert Context().id()  # still usable
-            drain_logs()
-            # the log thread may have forwarded it already; either way it arrived
-            assert any("panic" in r.getMessage() and r.levelno == logging.ERROR for r in caplog.records)
-            assert all(r.name == "dynamo_ctx" for r in caplog.records if "panic" in r.getMessage())
-    finally:
-        set_native_log_level(logging.WARNING)
+    with pytest.raises(RuntimeError, match="panic"):
+        native().selftest_panic()
+    assert Context().id()  # still usable
+    drain_logs()
+    # the log thread may have forwarded it already; either way it arrived
+    assert any("panic" in r.getMessage() and r.levelno == logging.ERROR for r in records)
+    assert all(r.name == "dynamo_ctx" for r in records if "panic" in r.getMessage())
+
+
+def test_go_panic_is_an_exception_and_logged(selftest_library):
+    # selftest_panic is the test library's alone: in a fresh interpreter
+    # whose dynamo_ctx._native it is.
+    run_with_test_module("test_context", "_scenario_go_panic_is_an_exception_and_logged", selftest_library)
+
+
+def test_the_shipped_module_has_no_test_hook():
+    from dynamo_ctx._lib import native
+
+    assert not hasattr(native(), "selftest_panic")
 
 
 def test_plain_context_needs_no_go_side():

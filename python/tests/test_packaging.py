@@ -119,6 +119,24 @@ def test_library_is_the_extension_module():
     assert Path(native().__file__).resolve() == lib.resolve()
 
 
+def test_shipped_library_has_no_test_hooks():
+    """The panic self-test is the test library's alone (build.py --selftest,
+    -tags dc_selftest): the shipped library neither exports nor names it, and
+    its header does not declare it."""
+    import ctypes
+
+    import dynamo_ctx
+
+    pkg = Path(dynamo_ctx.__file__).parent
+    lib = pkg / "_native.abi3.so"
+    assert b"selftest" not in lib.read_bytes()
+    assert "selftest" not in (pkg / "include" / "dynamo_ctx.h").read_text("utf-8")
+    assert not hasattr(ctypes.CDLL(str(lib)), "dc_selftest_panic")
+    if shutil.which("nm") is not None:
+        out = subprocess.run(["nm", "-D", "--defined-only", str(lib)], capture_output=True, text=True, check=True).stdout
+        assert "dc_version" in out and "selftest" not in out
+
+
 def test_python_symbols_are_weak():
     """The library must load without an interpreter: no strong Python symbol."""
     import dynamo_ctx

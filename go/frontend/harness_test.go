@@ -29,7 +29,7 @@ import (
 // --- the request plane and the frontend ---------------------------------------
 
 type env struct {
-	t    *testing.T
+	t    testing.TB     // a test's, or BenchmarkIdleFlood's
 	host *plane.Runtime // embeds NATS; the frontend runs on it
 	fe   *frontend.Frontend
 	base string
@@ -39,7 +39,7 @@ type env struct {
 	slow bool
 }
 
-func newEnv(t *testing.T) *env {
+func newEnv(t testing.TB) *env {
 	t.Helper()
 	return &env{t: t, host: planetest.Embedded(t)}
 }

@@ -37,7 +37,7 @@ type flooder struct {
 // startFlood opens n silent connections to s at once, then one more every
 // every (none if every is 0) until the test ends; it keeps at most keep of
 // its own ends open, closing the oldest.
-func startFlood(t *testing.T, s *Server, n int, every time.Duration, keep int) *flooder {
+func startFlood(t testing.TB, s *Server, n int, every time.Duration, keep int) *flooder {
 	t.Helper()
 	f := &flooder{addr: s.Addr().String(), stop: make(chan struct{}), done: make(chan struct{})}
 	for range n {
@@ -63,7 +63,7 @@ func startFlood(t *testing.T, s *Server, n int, every time.Duration, keep int) *
 	return f
 }
 
-func (f *flooder) open(t *testing.T, keep int) {
+func (f *flooder) open(t testing.TB, keep int) {
 	c, err := net.DialTimeout("tcp", f.addr, time.Second)
 	if err != nil {
 		if t != nil {
@@ -98,7 +98,7 @@ func (f *flooder) close() {
 
 // waitFull waits until s holds MaxPendingConns connections without a Hello,
 // all of them old enough to be evicted.
-func waitFull(t *testing.T, s *Server) {
+func waitFull(t testing.TB, s *Server) {
 	t.Helper()
 	require.Eventually(t, func() bool { _, u := held(s); return u == MaxPendingConns }, waitFor, time.Millisecond)
 	time.Sleep(EvictAfter + 20*time.Millisecond)

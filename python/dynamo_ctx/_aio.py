@@ -19,10 +19,10 @@ from __future__ import annotations
 import asyncio
 import itertools
 import sys
+import collections.abc
 import threading
-import types
 import weakref
-from typing import Any, Callable, Coroutine, Dict, Set, Tuple
+from typing import Any, Callable, Coroutine, Dict, Optional, Set, Tuple
 
 from ._lib import native
 
@@ -187,61 +187,86 @@ def on_stopped(ctx: Any, callback: Callable[[], object]) -> Callable[[], None]:
 _EAGER_START = sys.version_info >= (3, 12)
 
 
-@types.coroutine
-def _resume(coro: Any, first: Any) -> Any:
-    """The rest of ``coro``, which has already run up to its first suspension
-    and yielded ``first``: the task gets ``first`` and every later yield, and
-    its sends and throws (a cancellation included) go to ``coro``."""
-    value = first
-    while True:
-        try:
-            sent = yield value
-        except GeneratorExit:
-            coro.close()
-            raise
-        except BaseException as e:  # noqa: BLE001 - delivered where coro awaits
-            try:
-                value = coro.throw(e)
-            except StopIteration as stop:
-                return stop.value
-        else:
-            try:
-                value = coro.send(sent)
-            except StopIteration as stop:
-                return stop.value
+class _Rest(collections.abc.Coroutine):  # type: ignore[type-arg]
+    """The rest of a coroutine whose first step eager_task ran already, for
+    the task that runs it (before 3.12): the task's first send gets what that
+    step yielded; every later send, and every throw (a cancellation
+    included, even one before that first send), goes to the coroutine. With
+    no coroutine (it ended in its first step) a throw raises what it throws."""
+
+    def __init__(self, coro: "Coroutine[Any, Any, Any]") -> None:
+        self._coro: "Optional[Coroutine[Any, Any, Any]]" = coro
+        self._first: Any = None
+        self._started = False
+
+    def send(self, value: Any) -> Any:
+        if self._coro is None:
+            raise StopIteration
+        if not self._started:
+            self._started = True
+            return self._first
+        return self._coro.send(value)
+
+    def throw(self, typ: Any, val: Any = None, tb: Any = None) -> Any:
+        self._started = True
+        if self._coro is None:
+            raise typ if val is None else val
+        return self._coro.throw(typ) if val is None and tb is None else self._coro.throw(typ, val, tb)
+
+    def close(self) -> None:
+        if self._coro is not None:
+            self._coro.close()
+
+    def __next__(self) -> Any:
+        return self.send(None)
+
+    def __iter__(self) -> "_Rest":
+        return self
+
+    def __await__(self) -> "_Rest":
+        return self
 
 
 def eager_task(coro: "Coroutine[Any, Any, Any]") -> "asyncio.Future[Any]":
-    """Run ``coro`` now, up to its first suspension, then as a task: a future
-    of its result, done already when it never suspended (Python 3.12's eager
+    """Run ``coro`` now, up to its first suspension, as a task: a future of
+    its result, done already when it never suspended (Python 3.12's eager
     tasks, on every version).
 
-    On 3.12+ it is one: the task is current while ``coro`` runs, so what
-    needs a task there (``asyncio.timeout``, ``wait_for``) works even when
-    this is called from a plain loop callback. Before 3.12 the first step
-    runs with no current task, even when this is called from inside one (a
-    kill delivered within another request's step: ``deliver_pending``), so
-    that what it starts (a timeout) cannot act on that other task."""
+    The task is current while ``coro`` runs, so what needs a task there
+    (``asyncio.timeout``, ``wait_for``) works even when this is called from a
+    plain loop callback; and it is the task's own, never the caller's, even
+    when this is called from inside another task (a kill delivered within
+    another request's step: ``deliver_pending``), so that what it starts (a
+    timeout) cannot act on that other task. On 3.12+ it is one; before, the
+    task is made first, made current for the first step and left, and then
+    runs the rest (``_Rest``)."""
     loop = asyncio.get_running_loop()
     if _EAGER_START:
         return asyncio.Task(coro, loop=loop, eager_start=True)  # type: ignore[call-arg]
+    rest = _Rest(coro)
+    task: "asyncio.Task[Any]" = loop.create_task(rest)
     caller = asyncio.current_task(loop)
     if caller is not None:
         asyncio.tasks._leave_task(loop, caller)  # type: ignore[attr-defined]
+    asyncio.tasks._enter_task(loop, task)  # type: ignore[attr-defined]
     try:
-        first = coro.send(None)
-    except StopIteration as stop:
-        fut: "asyncio.Future[Any]" = loop.create_future()
-        fut.set_result(stop.value)
-        return fut
+        rest._first = coro.send(None)
     except BaseException as e:  # noqa: BLE001 - the future carries it
-        fut = loop.create_future()
-        fut.set_exception(e)
+        # Done in one step: the task, cancelled before its first step, ends
+        # in _Rest without touching coro.
+        rest._coro = None
+        task.cancel()
+        fut: "asyncio.Future[Any]" = loop.create_future()
+        if isinstance(e, StopIteration):
+            fut.set_result(e.value)
+        else:
+            fut.set_exception(e)
         return fut
     finally:
+        asyncio.tasks._leave_task(loop, task)  # type: ignore[attr-defined]
         if caller is not None:
             asyncio.tasks._enter_task(loop, caller)  # type: ignore[attr-defined]
-    return asyncio.ensure_future(_resume(coro, first))
+    return task
 
 
 async def wait_for_state(ctx: Any, state: int) -> bool:

@@ -48,7 +48,7 @@ def test_eager_task_first_step_never_runs_in_the_callers_task():
     """A kill delivered inside another request's step (deliver_pending) may
     start an engine abort with eager_task: its first step must not run as
     that other request's task (a timeout it starts would cancel the wrong
-    task). On 3.12+ it is its own task; before, it runs with none."""
+    task). It is its own task, on every version: the one that runs the rest."""
     seen = []
 
     async def first_step():
@@ -66,6 +66,7 @@ def test_eager_task_first_step_never_runs_in_the_callers_task():
 
     me = asyncio.run(caller())
     assert seen[0] is not me and seen[1] is not me and seen[1] is not None
+    assert seen[0] is seen[1]
 
 
 def test_more_wake_ups_than_the_pipe_holds_all_arrive_in_order():

@@ -131,17 +131,20 @@ def test_stop_before_the_monitor_is_registered_aborts_once():
     assert items == [] and rec == 1 and conf == 1 and leaked == 0 and not aborting
 
 
-@pytest.mark.skipif(sys.version_info < (3, 12), reason="before 3.12 eager_task runs the first step with no current task")
 def test_an_engine_abort_that_needs_a_task_works_from_the_monitor():
     """The monitor runs in the loop's reader callback and eager_task runs the
-    abort there up to its first suspension, with no current task: an
-    engine.abort using asyncio.wait_for / asyncio.timeout (which need one)
-    fails there, unlike under Python 3.12's eager tasks."""
+    abort there up to its first suspension: as its own task, current then
+    (Python 3.12's eager tasks, on every version), so an engine.abort using
+    asyncio.timeout or wait_for (which need one on 3.11+ and 3.12+) works."""
+    tasks = []
 
     class Engine(MockAsyncLLM):
         async def abort(self, request_id):
-            async with asyncio.timeout(5):  # asyncio.wait_for too, on 3.12+
-                return await super().abort(request_id)
+            tasks.append(asyncio.current_task())
+            if sys.version_info >= (3, 11):
+                async with asyncio.timeout(5):
+                    return await super().abort(request_id)
+            return await asyncio.wait_for(super().abort(request_id), 5)
 
     async def main():
         engine = Engine(MockEngineArgs(decode_time_per_token=0.001, prefill_time_per_token=0.0))
@@ -156,3 +159,4 @@ def test_an_engine_abort_that_needs_a_task_works_from_the_monitor():
         return h.metrics.aborts_confirmed_total
 
     assert run(main()) == 1
+    assert len(tasks) == 1 and tasks[0] is not None

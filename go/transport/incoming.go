@@ -573,3 +573,37 @@ func call(f func()) {
 		f()
 	}
 }
+
+// ring is a FIFO of items. Flow control bounds it by the window, so it grows
+// at most to the window's size and never shrinks while the stream lives.
+type ring struct {
+	buf     [][]byte
+	head, n int
+}
+
+func (r *ring) push(b []byte) {
+	if r.n == len(r.buf) {
+		nb := make([][]byte, max(16, 2*len(r.buf)))
+		for i := 0; i < r.n; i++ {
+			nb[i] = r.buf[(r.head+i)%len(r.buf)]
+		}
+		r.buf, r.head = nb, 0
+	}
+	r.buf[(r.head+r.n)%len(r.buf)] = b
+	r.n++
+}
+
+func (r *ring) pop() ([]byte, bool) {
+	if r.n == 0 {
+		return nil, false
+	}
+	b := r.buf[r.head]
+	r.buf[r.head] = nil // let the consumer own the only reference
+	r.head = (r.head + 1) % len(r.buf)
+	r.n--
+	return b, true
+}
+
+func (r *ring) len() int { return r.n }
+
+func (r *ring) reset() { *r = ring{} }

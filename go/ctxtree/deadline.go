@@ -108,7 +108,10 @@ func (c *Context) Remaining() (time.Duration, bool) {
 }
 
 // TimeoutError checks a timeout given in seconds: a finite number, not
-// negative, below MaxTimeout. The message names what is wrong.
+// negative, below MaxTimeout. The message names what is wrong. It is the one
+// statement of a timeout's range: Timeout and TimeoutMicros check with it,
+// and so does every caller that takes a timeout (the C ABI, the HTTP
+// frontend's header and settings, a request envelope's time left).
 func TimeoutError(seconds float64) error {
 	switch {
 	case seconds != seconds:
@@ -119,4 +122,24 @@ func TimeoutError(seconds float64) error {
 		return fmt.Errorf("timeout is too large (at most %d seconds)", int64(MaxTimeout.Seconds())-1)
 	}
 	return nil
+}
+
+// Timeout is a timeout given in seconds, checked by TimeoutError, as a
+// duration.
+func Timeout(seconds float64) (time.Duration, error) {
+	if err := TimeoutError(seconds); err != nil {
+		return 0, err
+	}
+	return time.Duration(seconds * float64(time.Second)), nil
+}
+
+// TimeoutMicros is a timeout given in whole microseconds (a request
+// envelope's time left), checked by TimeoutError, as a duration. Every
+// int64 is exact in float64 as far as the range reaches (2^53 microseconds
+// is 285 years), so the check is TimeoutError's to the microsecond.
+func TimeoutMicros(us int64) (time.Duration, error) {
+	if err := TimeoutError(float64(us) / 1e6); err != nil {
+		return 0, err
+	}
+	return time.Duration(us) * time.Microsecond, nil
 }

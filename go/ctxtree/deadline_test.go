@@ -172,3 +172,26 @@ func TestTimeoutError(t *testing.T) {
 		assert.Error(t, TimeoutError(bad), bad)
 	}
 }
+
+// Timeout and TimeoutMicros take exactly what TimeoutError takes, to the
+// last microsecond below MaxTimeout, and give it as a duration.
+func TestTimeoutInSecondsAndMicroseconds(t *testing.T) {
+	d, err := Timeout(2.5)
+	require.NoError(t, err)
+	assert.Equal(t, 2500*time.Millisecond, d)
+	_, err = Timeout(-1)
+	assert.EqualError(t, err, TimeoutError(-1).Error())
+
+	last := MaxTimeout.Microseconds() - 1
+	for _, ok := range []int64{0, 1, 2500000, last} {
+		d, err := TimeoutMicros(ok)
+		require.NoError(t, err, ok)
+		assert.Equal(t, time.Duration(ok)*time.Microsecond, d)
+	}
+	for _, bad := range []int64{-1, last + 1, math.MaxInt64, math.MinInt64} {
+		_, err := TimeoutMicros(bad)
+		assert.Error(t, err, bad)
+	}
+	_, err = TimeoutMicros(last + 1)
+	assert.EqualError(t, err, TimeoutError(MaxTimeout.Seconds()).Error())
+}

@@ -26,18 +26,15 @@ const RequestTimeoutHeader = "x-request-timeout"
 // errDeadline ends a response whose deadline passed.
 var errDeadline = errors.New("the request's deadline passed (" + RequestTimeoutHeader + " or the frontend's --request-timeout)")
 
-// ParseTimeout reads a timeout in seconds (a decimal number, finite, not
-// negative, below ctxtree.MaxTimeout): the header's and EnvRequestTimeout's
+// ParseTimeout reads a timeout in seconds (a decimal number, in
+// ctxtree's range: ctxtree.Timeout): the header's and EnvRequestTimeout's
 // one parser.
 func ParseTimeout(s string) (time.Duration, error) {
 	v, err := strconv.ParseFloat(strings.TrimSpace(s), 64)
 	if err != nil {
 		return 0, fmt.Errorf("%q is not a number of seconds", s)
 	}
-	if err := ctxtree.TimeoutError(v); err != nil {
-		return 0, err
-	}
-	return time.Duration(v * float64(time.Second)), nil
+	return ctxtree.Timeout(v)
 }
 
 // requestDeadline is the deadline of a request that arrived at start: the

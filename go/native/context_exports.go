@@ -250,14 +250,26 @@ func dc_context_child(parent C.uint64_t, out *C.uint64_t) (rc C.int) {
 //export dc_context_set_timeout
 func dc_context_set_timeout(h C.uint64_t, seconds C.double) (rc C.int) {
 	defer guard("dc_context_set_timeout", &rc)
-	if err := ctxtree.TimeoutError(float64(seconds)); err != nil {
+	d, err := ctxtree.Timeout(float64(seconds))
+	if err != nil {
 		return fail(C.DC_EINVAL, "dc_context_set_timeout: %v", err)
 	}
 	c, rc := get(contexts, "dc_context_set_timeout", h)
 	if rc != C.DC_OK {
 		return rc
 	}
-	c.SetDeadline(time.Now().Add(time.Duration(float64(seconds) * float64(time.Second))))
+	c.SetDeadline(time.Now().Add(d))
+	return C.DC_OK
+}
+
+// dc_timeout_check: see dynamo_ctx.h, the reference.
+//
+//export dc_timeout_check
+func dc_timeout_check(seconds C.double) (rc C.int) {
+	defer guard("dc_timeout_check", &rc)
+	if err := ctxtree.TimeoutError(float64(seconds)); err != nil {
+		return fail(C.DC_EINVAL, "dc_timeout_check: %v", err)
+	}
 	return C.DC_OK
 }
 

@@ -222,6 +222,13 @@ int dc_context_finish(uint64_t h);
    DC_MAX_TIMEOUT_SECONDS. */
 int dc_context_set_timeout(uint64_t h, double seconds);
 
+/* Checks a timeout in seconds as every function that takes one does
+   (dc_context_set_timeout, dc_frontend_drain, the frontend's settings and
+   header): for a host that checks one before it is used. Errors: DC_EINVAL
+   for seconds that is not a number, negative, or not below
+   DC_MAX_TIMEOUT_SECONDS, with a message saying which. */
+int dc_timeout_check(double seconds);
+
 /* Stores in *seconds the time left until the context's deadline, 0 once it
    has passed, or -1 when the context has none.
    Errors: DC_EBADF, DC_EINVAL for a NULL seconds. */

@@ -12,7 +12,6 @@ import "C"
 import (
 	"context"
 	"errors"
-	"time"
 	"unsafe"
 
 	"github.com/dynamo-ctx/dynamo-ctx/go/ctxtree"
@@ -78,14 +77,15 @@ func dc_frontend_addr(h C.uint64_t, buf *C.char, bufLen C.size_t, n *C.size_t) (
 //export dc_frontend_drain
 func dc_frontend_drain(h C.uint64_t, seconds C.double) (rc C.int) {
 	defer guard("dc_frontend_drain", &rc)
-	if err := ctxtree.TimeoutError(float64(seconds)); err != nil {
+	d, err := ctxtree.Timeout(float64(seconds))
+	if err != nil {
 		return fail(C.DC_EINVAL, "dc_frontend_drain: %v", err)
 	}
 	f, rc := get(frontends, "dc_frontend_drain", h)
 	if rc != C.DC_OK {
 		return rc
 	}
-	_ = f.Drain(time.Duration(float64(seconds) * float64(time.Second)))
+	_ = f.Drain(d)
 	return C.DC_OK
 }
 

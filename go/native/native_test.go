@@ -42,6 +42,16 @@ func TestNilPointersAreInvalid(t *testing.T) {
 	assert.EqualValues(t, 0, dc_request_send_multi(nil, nil, 0, nil, nil, nil, nil), "nothing to send")
 }
 
+// dc_timeout_check is ctxtree's timeout rule (DC_MAX_TIMEOUT_SECONDS is
+// 31536000).
+func TestTimeoutCheck(t *testing.T) {
+	assert.EqualValues(t, 0, dc_timeout_check(0))
+	assert.EqualValues(t, 0, dc_timeout_check(2.5))
+	assert.EqualValues(t, 0, dc_timeout_check(31536000-1))
+	assert.EqualValues(t, 22, dc_timeout_check(-1))
+	assert.EqualValues(t, 22, dc_timeout_check(31536000))
+}
+
 func TestHandleKindsDiffer(t *testing.T) {
 	seen := map[handle.Kind]int{contexts.Kind(): 0, queues.Kind(): 1}
 	require.Len(t, seen, 2, "contexts and queues share a kind")

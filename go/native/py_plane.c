@@ -1,8 +1,9 @@
 // py_plane.c: the serving side of the request plane in the extension
-// module: runtimes, endpoints (and the endpoint path rule's checks), the
-// requests a handler serves, and the HTTP frontend. Each wrapper converts its
-// arguments, releases the GIL around a call that may block, and raises the
-// library's error (py_client.c has the caller's side).
+// module: runtimes, endpoints (and the checks of the endpoint path rule and
+// the timeout rule), the requests a handler serves, and the HTTP frontend.
+// Each wrapper converts its arguments, releases the GIL around a call that
+// may block, and raises the library's error (py_client.c has the caller's
+// side).
 //
 // Functions whose outcome the Python layer branches on (nothing ready, end of
 // stream, a remote error) return (code, value) tuples; the Python layer owns
@@ -307,6 +308,17 @@ static PyObject* mod_frontend_drain(PyObject* m, PyObject* args) {
     Py_RETURN_NONE;
 }
 
+// Checks a timeout in seconds by the library's one rule; ValueError with
+// the library's message if it breaks it.
+static PyObject* mod_timeout_check(PyObject* m, PyObject* arg) {
+    double seconds = PyFloat_AsDouble(arg);
+    if (seconds == -1.0 && PyErr_Occurred()) return NULL;
+    if (check_fork() < 0) return NULL;
+    int rc = dc_timeout_check(seconds);
+    if (rc != DC_OK) return raise_rc(rc);
+    Py_RETURN_NONE;
+}
+
 // Checks a path (whole=1) or one part of it (whole=0) by the library's one
 // rule; ValueError with the library's message if it breaks it.
 static PyObject* path_check(PyObject* arg, int whole) {
@@ -351,6 +363,7 @@ PyMethodDef plane_methods[] = {
     {"request_complete", mod_request_complete, METH_O, "request_complete(req)"},
     {"request_fail", mod_request_fail, METH_VARARGS, "request_fail(req, message)"},
     {"request_free", mod_request_free, METH_O, "request_free(req)"},
+    {"timeout_check", mod_timeout_check, METH_O, "timeout_check(seconds): ValueError unless a timeout the library takes"},
     {"frontend_start", mod_frontend_start, METH_VARARGS, "frontend_start(rt, addr, namespace=None, migration_limit=-1) -> handle"},
     {"frontend_check_settings", mod_frontend_check_settings, METH_NOARGS, "frontend_check_settings() -> None; ValueError for a bad setting"},
     {"frontend_addr", mod_frontend_addr, METH_O, "frontend_addr(fe) -> 'host:port'"},

@@ -79,8 +79,10 @@ func (env *envelope) check() error {
 	if len(env.Metadata) > 0 && checkMetadata(env.Metadata) != nil {
 		return errMalformedEnvelope
 	}
-	if env.TimeoutUs != nil && (*env.TimeoutUs < 0 || *env.TimeoutUs >= ctxtree.MaxTimeout.Microseconds()) {
-		return errMalformedEnvelope
+	if env.TimeoutUs != nil {
+		if _, err := ctxtree.TimeoutMicros(*env.TimeoutUs); err != nil {
+			return errMalformedEnvelope
+		}
 	}
 	return nil
 }

@@ -45,6 +45,18 @@ func TestEnvelopeWithoutRequestIsRefused(t *testing.T) {
 	assert.Error(t, err)
 }
 
+// The time left an envelope may carry is ctxtree's timeout range, in
+// microseconds: up to the last one below ctxtree.MaxTimeout.
+func TestEnvelopeTimeoutIsCtxtreeRange(t *testing.T) {
+	last := ctxtree.MaxTimeout.Microseconds() - 1
+	for us, ok := range map[int64]bool{0: true, 2500000: true, last: true, -1: false, last + 1: false} {
+		env := envelope{ID: "t", Key: NewKey(), Addr: "127.0.0.1:1", Token: NewKey(), Request: json.RawMessage(`{}`), TimeoutUs: &us}
+		_, inRange := ctxtree.TimeoutMicros(us)
+		assert.Equal(t, ok, env.check() == nil, us)
+		assert.Equal(t, ok, inRange == nil, us)
+	}
+}
+
 // Whatever readEnvelope accepts, json.Unmarshal reads the same way; and it
 // accepts whatever encode writes.
 func FuzzReadEnvelope(f *testing.F) {

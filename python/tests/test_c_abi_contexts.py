@@ -410,3 +410,17 @@ def test_timeout_and_remaining(lib):
     expect(lib, lib.dc_context_remaining(h, ffi.NULL), lib.DC_EINVAL, "dc_context_remaining")
     free_all(lib, h, child)
     expect(lib, lib.dc_context_set_timeout(h, 1.0), lib.DC_EBADF, "dc_context_set_timeout")
+
+
+def test_timeout_check_is_the_rule_of_every_timeout(lib):
+    """dc_timeout_check refuses exactly what dc_context_set_timeout refuses,
+    with the same reason: up to the last second below DC_MAX_TIMEOUT_SECONDS."""
+    import math
+
+    h = new_ctx(lib, "timeout-check")
+    for good in (0.0, 2.5, float(lib.DC_MAX_TIMEOUT_SECONDS - 1)):
+        ok(lib, lib.dc_timeout_check(good))
+    for bad in (-1.0, math.nan, math.inf, float(lib.DC_MAX_TIMEOUT_SECONDS)):
+        why = expect(lib, lib.dc_timeout_check(bad), lib.DC_EINVAL, "dc_timeout_check").split(": ", 1)[1]
+        assert expect(lib, lib.dc_context_set_timeout(h, bad), lib.DC_EINVAL, "dc_context_set_timeout").endswith(why)
+    free_all(lib, h)

@@ -107,12 +107,15 @@ func TestIdleConnectionsBounded(t *testing.T) {
 	assert.Zero(t, e.metrics()[key(mCancellations, "m")])
 }
 
-// An invalid DYNAMO_CTX_MAX_IDLE_CONNECTIONS fails New.
-func TestMaxIdleConnectionsFromEnvironment(t *testing.T) {
+// An invalid max_idle_connections setting (here from its variable) fails
+// Start, naming the setting as its source does.
+func TestMaxIdleConnectionsFromSettings(t *testing.T) {
 	e := newEnv(t)
-	t.Setenv(frontend.EnvMaxIdleConnections, "none")
-	_, err := frontend.New(t.Context(), e.host, frontend.Options{Addr: "127.0.0.1:0"})
-	require.ErrorContains(t, err, frontend.EnvMaxIdleConnections)
+	const variable = "DYNAMO_CTX_MAX_IDLE_CONNECTIONS"
+	_, err := frontend.Start(t.Context(), e.host, frontend.Settings{
+		Addr: "127.0.0.1:0", MaxIdleConnections: &frontend.Given{Text: "none", Source: variable},
+	})
+	require.ErrorContains(t, err, variable+`="none"`)
 }
 
 // TestBurstPastBoundIsServed: clients that open five times the bound of

@@ -27,8 +27,8 @@ const RequestTimeoutHeader = "x-request-timeout"
 var errDeadline = errors.New("the request's deadline passed (" + RequestTimeoutHeader + " or the frontend's --request-timeout)")
 
 // ParseTimeout reads a timeout in seconds (a decimal number, in
-// ctxtree's range: ctxtree.Timeout): the header's and EnvRequestTimeout's
-// one parser.
+// ctxtree's range: ctxtree.Timeout): the header's and
+// Settings.RequestTimeout's one parser.
 func ParseTimeout(s string) (time.Duration, error) {
 	v, err := strconv.ParseFloat(strings.TrimSpace(s), 64)
 	if err != nil {

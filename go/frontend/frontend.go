@@ -63,7 +63,7 @@
 //     prompt byte, a fixed word per output token), for tests and demos.
 //
 // The files: frontend.go holds the options, the routes and the drain;
-// env.go reads the options' environment variables (their one parser);
+// settings.go reads a host's settings (Settings, each one's one parser);
 // serve.go serves a request, respond.go writes its response, errors.go
 // answers and logs failures, models.go reads the instances' metadata,
 // aborts.go counts a disconnect's abort, openai.go reads the OpenAI request
@@ -75,7 +75,6 @@ import (
 	"container/list"
 	"context"
 	"encoding/json"
-	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
@@ -98,8 +97,7 @@ type Options struct {
 	// DefaultMaxTokens applies to a completions request that gives none
 	// (16 if 0); a chat request without one runs to the context length.
 	DefaultMaxTokens int
-	// MaxBodyBytes bounds a request body (0: EnvMaxBodyBytes, else
-	// DefaultMaxBodyBytes).
+	// MaxBodyBytes bounds a request body (0: DefaultMaxBodyBytes).
 	MaxBodyBytes int64
 	// DefaultMaxModelLen is a model's context length when none of its
 	// instances declares one ("max_model_len" in their metadata); 0 means
@@ -107,26 +105,21 @@ type Options struct {
 	DefaultMaxModelLen int
 	// MaxIdleConnections bounds the connections not serving a request (new
 	// ones before their first request's headers, kept-alive ones between
-	// requests); past it the oldest is closed (0: EnvMaxIdleConnections,
-	// else DefaultMaxIdleConnections).
+	// requests); past it the oldest is closed (0:
+	// DefaultMaxIdleConnections).
 	MaxIdleConnections int
 	// Deadlines (0: the defaults below). ReadTimeout bounds reading the
 	// headers and body; it is lifted once the body is read, so long streams
 	// are not cut.
 	ReadHeaderTimeout, ReadTimeout, IdleTimeout, WriteStallTimeout time.Duration
 	// RequestTimeout is every request's timeout unless its
-	// x-request-timeout header gives a smaller one (0: EnvRequestTimeout,
-	// else none; deadline.go).
+	// x-request-timeout header gives a smaller one (0: none; deadline.go).
 	RequestTimeout time.Duration
 	// MaxQueuedRequests bounds the requests of a model that wait for a
 	// worker with a free place when every one is full (admission.go); past
-	// it they are answered 503 overloaded. 0: EnvMaxQueuedRequests, else
-	// DefaultMaxQueuedRequests; below 0: no queue.
+	// it they are answered 503 overloaded. 0: DefaultMaxQueuedRequests;
+	// below 0: no queue; at most MaxQueuedLimit.
 	MaxQueuedRequests int
-	// Getenv reads the environment variables of the options left zero
-	// (env.go); nil: os.Getenv. (A library loaded into a host reads the
-	// host's environment as it is now, which os.Getenv does not see.)
-	Getenv func(name string) string
 }
 
 // Defaults of Options.
@@ -147,9 +140,6 @@ const (
 )
 
 func (o *Options) defaults() error {
-	if err := o.fromEnv(); err != nil {
-		return err
-	}
 	if o.Namespace == "" {
 		o.Namespace = "dynamo"
 	}
@@ -170,8 +160,8 @@ func (o *Options) defaults() error {
 	}
 	if o.MaxQueuedRequests < 0 {
 		o.MaxQueuedRequests = -1
-	} else if o.MaxQueuedRequests > maxQueuedLimit {
-		return fmt.Errorf("MaxQueuedRequests %d: at most %d", o.MaxQueuedRequests, maxQueuedLimit)
+	} else if err := checkMaxQueued(o.MaxQueuedRequests); err != nil {
+		return err
 	}
 	for _, d := range []struct {
 		v   *time.Duration

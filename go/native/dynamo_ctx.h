@@ -324,26 +324,37 @@ int dc_log_next(int *level, char *buf, size_t cap, size_t *len);
    HTTP frontend
    ------------------------------------------------------------------ */
 
-/* Starts the OpenAI-compatible HTTP frontend on the runtime and stores its
-   handle in *out. addr is the listen address ("127.0.0.1:8000"); ns
-   (NULL for "dynamo") is the namespace where workers serve "<ns>.backend.generate";
-   migration_limit < 0 means "as the model's workers declare". The body
-   limit is DYNAMO_CTX_MAX_BODY_BYTES, the bound of connections not serving
-   a request DYNAMO_CTX_MAX_IDLE_CONNECTIONS, every request's default
-   timeout DYNAMO_CTX_REQUEST_TIMEOUT (seconds; none without it), and a
-   model's queue of requests waiting for a worker with a free place
-   DYNAMO_CTX_MAX_QUEUED_REQUESTS (default 1024; 0: none), as the process's
-   environment has them now (the host may set them after loading the
-   library); the library is their one parser. Errors: DC_EBADF, DC_EINVAL
-   (also for a bad variable: the message begins with its name and value,
-   NAME="value"), DC_EIO (cannot listen). */
-int dc_frontend_start(uint64_t rt, const char *addr, size_t addr_len, const char *ns, size_t ns_len, int migration_limit, uint64_t *out);
+/* Starts the OpenAI-compatible HTTP frontend on the runtime, configured by
+   settings (settings_len bytes: one JSON object), and stores its handle in
+   *out. The settings' members, each optional but "addr":
+     "addr"                  the listen address, "127.0.0.1:8000";
+     "namespace"             where workers serve "<namespace>.backend.generate"
+                             (default "dynamo");
+     "migration_limit"       a whole number overriding the limit the model's
+                             workers declare (default, or below 0: theirs);
+     "max_body_bytes"        the largest request body, bytes (default 4 MiB);
+     "max_idle_connections"  the bound of connections not serving a request
+                             (default 1024);
+     "request_timeout"       every request's default timeout, seconds, as the
+                             x-request-timeout header gives them (default none);
+     "max_queued_requests"   a model's queue of requests waiting for a worker
+                             with a free place (default 1024; 0: none).
+   The last four are given as a user gave them, {"text": "...", "source":
+   "..."}: the text, which the library parses (their one parser), and where
+   it came from (a flag, "--max-body-bytes", or a variable,
+   "DYNAMO_CTX_MAX_BODY_BYTES"; default the member's name), which a refusal
+   names. The library reads no environment variable for them: the host
+   resolves its own (the command: the flag, else the variable). A member
+   the library does not know, or names only up to case or twice, is
+   refused. Errors: DC_EBADF; DC_EINVAL for settings that are not such an
+   object, or a setting refused (the message begins with its source and the
+   text: --flag "text": why, or NAME="text": why); DC_EIO (cannot listen). */
+int dc_frontend_start(uint64_t rt, const char *settings, size_t settings_len, uint64_t *out);
 
-/* Parses the frontend's environment variables (those dc_frontend_start
-   reads) as the process's environment has them now, and starts nothing: a
-   host checks them before it connects. Errors: DC_EINVAL for a bad one (the
-   message as dc_frontend_start's). */
-int dc_frontend_check_settings(void);
+/* Checks settings as dc_frontend_start would and starts nothing: a host
+   checks them before it connects. Errors: DC_EINVAL, with
+   dc_frontend_start's message. */
+int dc_frontend_check_settings(const char *settings, size_t settings_len);
 
 /* Copies the address the frontend listens on into buf, as dc_context_id does. */
 int dc_frontend_addr(uint64_t h, char *buf, size_t cap, size_t *len);

@@ -5,14 +5,12 @@ package main
 #include <stdint.h>
 #define DC_ENUMS_ONLY
 #include "dynamo_ctx.h"
-#include <stdlib.h>
 */
 import "C"
 
 import (
 	"context"
 	"errors"
-	"unsafe"
 
 	"github.com/dynamo-ctx/dynamo-ctx/go/ctxtree"
 	"github.com/dynamo-ctx/dynamo-ctx/go/frontend"
@@ -21,10 +19,14 @@ import (
 // dc_frontend_start: see dynamo_ctx.h, the reference.
 //
 //export dc_frontend_start
-func dc_frontend_start(rtH C.uint64_t, addr *C.char, addrLen C.size_t, namespace *C.char, nsLen C.size_t, migrationLimit C.int, out *C.uint64_t) (rc C.int) {
+func dc_frontend_start(rtH C.uint64_t, settings *C.char, settingsLen C.size_t, out *C.uint64_t) (rc C.int) {
 	defer guard("dc_frontend_start", &rc)
-	if out == nil || addr == nil {
-		return fail(C.DC_EINVAL, "dc_frontend_start: addr and out must not be NULL")
+	if out == nil || settings == nil {
+		return fail(C.DC_EINVAL, "dc_frontend_start: settings and out must not be NULL")
+	}
+	s, err := frontend.DecodeSettings(goBytes(settings, settingsLen))
+	if err != nil {
+		return fail(C.DC_EINVAL, "dc_frontend_start: %v", err)
 	}
 	rt, rc := get(runtimes, "dc_frontend_start", rtH)
 	if rc != C.DC_OK {
@@ -32,12 +34,7 @@ func dc_frontend_start(rtH C.uint64_t, addr *C.char, addrLen C.size_t, namespace
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), connectTimeout)
 	defer cancel()
-	f, err := frontend.New(ctx, rt, frontend.Options{
-		Addr:           string(goBytes(addr, addrLen)),
-		Namespace:      string(goBytes(namespace, nsLen)),
-		MigrationLimit: int(migrationLimit),
-		Getenv:         cGetenv, // the frontend's variables, as the host's environment is now
-	})
+	f, err := frontend.Start(ctx, rt, s)
 	var bad *frontend.SettingError
 	if errors.As(err, &bad) {
 		return fail(C.DC_EINVAL, "dc_frontend_start: %v", err)
@@ -52,9 +49,16 @@ func dc_frontend_start(rtH C.uint64_t, addr *C.char, addrLen C.size_t, namespace
 // dc_frontend_check_settings: see dynamo_ctx.h, the reference.
 //
 //export dc_frontend_check_settings
-func dc_frontend_check_settings() (rc C.int) {
+func dc_frontend_check_settings(settings *C.char, settingsLen C.size_t) (rc C.int) {
 	defer guard("dc_frontend_check_settings", &rc)
-	if err := frontend.CheckSettings(cGetenv); err != nil {
+	if settings == nil {
+		return fail(C.DC_EINVAL, "dc_frontend_check_settings: settings must not be NULL")
+	}
+	s, err := frontend.DecodeSettings(goBytes(settings, settingsLen))
+	if err == nil {
+		err = s.Check()
+	}
+	if err != nil {
 		return fail(C.DC_EINVAL, "dc_frontend_check_settings: %v", err)
 	}
 	return C.DC_OK
@@ -100,16 +104,4 @@ func dc_frontend_free(h C.uint64_t) (rc C.int) {
 	}
 	_ = f.Close()
 	return C.DC_OK
-}
-
-// cGetenv reads the C environment as it is now: Go's os.Getenv sees a copy
-// taken when the library was loaded.
-func cGetenv(name string) string {
-	cs := C.CString(name)
-	defer C.free(unsafe.Pointer(cs))
-	v := C.getenv(cs)
-	if v == nil {
-		return ""
-	}
-	return C.GoString(v)
 }

@@ -40,6 +40,8 @@ func TestNilPointersAreInvalid(t *testing.T) {
 	assert.EqualValues(t, 22, dc_log_next(nil, nil, 0, nil))
 	assert.EqualValues(t, 22, dc_request_send_multi(nil, nil, 1, nil, nil, nil, nil))
 	assert.EqualValues(t, 0, dc_request_send_multi(nil, nil, 0, nil, nil, nil, nil), "nothing to send")
+	assert.EqualValues(t, 22, dc_frontend_start(1, nil, 0, nil))
+	assert.EqualValues(t, 22, dc_frontend_check_settings(nil, 0))
 }
 
 // dc_timeout_check is ctxtree's timeout rule (DC_MAX_TIMEOUT_SECONDS is

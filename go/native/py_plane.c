@@ -268,23 +268,27 @@ static PyObject* mod_request_fail(PyObject* m, PyObject* args) {
     Py_RETURN_NONE;
 }
 
+// The frontend's settings are one JSON text (dc_frontend_start): a str,
+// passed on as its UTF-8.
 static PyObject* mod_frontend_start(PyObject* m, PyObject* args) {
     unsigned long long rt;
-    const char *addr, *ns = NULL;
-    Py_ssize_t addr_len, ns_len = 0;
-    int limit = -1;
-    if (!PyArg_ParseTuple(args, "Ks#|z#i:frontend_start", &rt, &addr, &addr_len, &ns, &ns_len, &limit)) return NULL;
+    const char* settings;
+    Py_ssize_t settings_len;
+    if (!PyArg_ParseTuple(args, "Ks#:frontend_start", &rt, &settings, &settings_len)) return NULL;
     if (check_fork() < 0) return NULL;
     uint64_t h = 0;
     int rc;
-    CALL_RELEASED(rc, dc_frontend_start(rt, (char*)addr, (size_t)addr_len, (char*)ns, (size_t)ns_len, limit, &h));
+    CALL_RELEASED(rc, dc_frontend_start(rt, (char*)settings, (size_t)settings_len, &h));
     if (rc != DC_OK) return raise_rc(rc);
     return PyLong_FromUnsignedLongLong(h);
 }
 
-static PyObject* mod_frontend_check_settings(PyObject* m, PyObject* unused) {
+static PyObject* mod_frontend_check_settings(PyObject* m, PyObject* args) {
+    const char* settings;
+    Py_ssize_t settings_len;
+    if (!PyArg_ParseTuple(args, "s#:frontend_check_settings", &settings, &settings_len)) return NULL;
     if (check_fork() < 0) return NULL;
-    int rc = dc_frontend_check_settings();
+    int rc = dc_frontend_check_settings((char*)settings, (size_t)settings_len);
     if (rc != DC_OK) return raise_rc(rc);
     Py_RETURN_NONE;
 }
@@ -364,8 +368,8 @@ PyMethodDef plane_methods[] = {
     {"request_fail", mod_request_fail, METH_VARARGS, "request_fail(req, message)"},
     {"request_free", mod_request_free, METH_O, "request_free(req)"},
     {"timeout_check", mod_timeout_check, METH_O, "timeout_check(seconds): ValueError unless a timeout the library takes"},
-    {"frontend_start", mod_frontend_start, METH_VARARGS, "frontend_start(rt, addr, namespace=None, migration_limit=-1) -> handle"},
-    {"frontend_check_settings", mod_frontend_check_settings, METH_NOARGS, "frontend_check_settings() -> None; ValueError for a bad setting"},
+    {"frontend_start", mod_frontend_start, METH_VARARGS, "frontend_start(rt, settings_json) -> handle"},
+    {"frontend_check_settings", mod_frontend_check_settings, METH_VARARGS, "frontend_check_settings(settings_json) -> None; ValueError for a bad setting"},
     {"frontend_addr", mod_frontend_addr, METH_O, "frontend_addr(fe) -> 'host:port'"},
     {"frontend_free", mod_frontend_free, METH_O, "frontend_free(fe)"},
     {"frontend_drain", mod_frontend_drain, METH_VARARGS, "frontend_drain(fe, seconds): stop accepting, finish, kill the rest"},

@@ -299,3 +299,29 @@ def test_string_constants(lib):
     assert _native.NATS_ENV == "NATS_SERVER"
     expect(lib, lib.dc_string_constant(b"no_such_constant", ffi.new("char[64]"), 64, n), DC_ENOENT, "dc_string_constant")
     expect(lib, lib.dc_string_constant(ffi.NULL, ffi.new("char[64]"), 64, n), DC_EINVAL, "dc_string_constant")
+
+
+def test_frontend_settings_are_one_json_value(lib):
+    """dc_frontend_check_settings checks what dc_frontend_start would start
+    with, one JSON object: a setting given as text is parsed by the library
+    and refused naming its source as given (a flag, a variable, else the
+    member); what is not such an object, or names a member only up to case,
+    is DC_EINVAL; nothing is read from the environment."""
+    good = b'{"addr":"127.0.0.1:0","migration_limit":2,"max_body_bytes":{"text":"64","source":"--max-body-bytes"}}'
+    ok(lib, lib.dc_frontend_check_settings(good, len(good)))
+    for settings, why in (
+        (b'{"max_body_bytes":{"text":"0","source":"--max-body-bytes"}}', '--max-body-bytes "0": want a positive number of bytes'),
+        (b'{"request_timeout":{"text":"soon","source":"DYNAMO_CTX_REQUEST_TIMEOUT"}}',
+         'DYNAMO_CTX_REQUEST_TIMEOUT="soon": "soon" is not a number'),
+        (b'{"max_queued_requests":{"text":"-1"}}', 'max_queued_requests="-1": want a number of requests'),
+        (b'{"ADDR":"127.0.0.1:0"}', "ADDR"),
+        (b'{"max_body_bytes":"64"}', "settings"),
+        (b"not json", "settings"),
+    ):
+        msg = expect(lib, lib.dc_frontend_check_settings(settings, len(settings)), DC_EINVAL, "dc_frontend_check_settings")
+        assert why in msg, msg
+    expect(lib, lib.dc_frontend_check_settings(ffi.NULL, 0), DC_EINVAL, "dc_frontend_check_settings")
+    out = ffi.new("uint64_t *")
+    expect(lib, lib.dc_frontend_start(1, ffi.NULL, 0, out), DC_EINVAL, "dc_frontend_start")
+    expect(lib, lib.dc_frontend_start(1, good, len(good), ffi.NULL), DC_EINVAL, "dc_frontend_start")
+    expect(lib, lib.dc_frontend_start(1, good, len(good), out), DC_EBADF, "dc_frontend_start")

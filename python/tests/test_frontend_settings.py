@@ -1,5 +1,7 @@
-"""The frontend's settings from the environment: read by the library when a
-frontend starts (what the command's flags set), not when the library loads."""
+"""The frontend's settings: one typed value handed to the library when a
+frontend starts (``FrontendSettings``), whose settings given as text the
+library parses; ``HttpFrontend`` without the command takes them from the
+environment when it starts, not when the library loads."""
 
 from __future__ import annotations
 
@@ -16,8 +18,9 @@ def _post(address: str, size: int):
 
 
 def test_body_limit_from_environment(monkeypatch):
-    """The frontend reads DYNAMO_CTX_MAX_BODY_BYTES when it starts (what ``--max-body-bytes`` sets),
-    even though the library was loaded before; a value that is not a positive number is refused."""
+    """HttpFrontend takes DYNAMO_CTX_MAX_BODY_BYTES from the environment when it starts (as the
+    command does without ``--max-body-bytes``), even though the library was loaded before, and
+    hands it on in its settings; a value that is not a positive number is refused."""
     from dynamo_ctx import DistributedRuntime
     from dynamo_ctx.frontend import HttpFrontend
 
@@ -40,5 +43,35 @@ def test_body_limit_from_environment(monkeypatch):
             raise AssertionError("an invalid DYNAMO_CTX_MAX_BODY_BYTES was accepted")
         except (ValueError, OSError, RuntimeError) as e:
             assert "DYNAMO_CTX_MAX_BODY_BYTES" in str(e)
+    finally:
+        rt.shutdown()
+
+
+def test_settings_are_one_value_and_nothing_else_is_read(monkeypatch):
+    """``HttpFrontend.start`` takes the whole configuration as one value, as the command
+    does: the library reads no environment variable for it (a bad one set meanwhile is not
+    seen), and a setting it refuses is named as its source gave it."""
+    from dynamo_ctx import DistributedRuntime
+    from dynamo_ctx.frontend import HttpFrontend
+    from dynamo_ctx.cli.frontend import FrontendSettings, Given
+
+    rt = DistributedRuntime(nats_url="nats://127.0.0.1:0")
+    namespace = new_namespace("settings")
+    try:
+        monkeypatch.setenv("DYNAMO_CTX_MAX_BODY_BYTES", "lots")
+        monkeypatch.setenv("DYNAMO_CTX_MAX_QUEUED_REQUESTS", "-1")
+        settings = FrontendSettings("127.0.0.1:0", namespace, 0, max_body_bytes=Given("1024", "--max-body-bytes"))
+        fe = HttpFrontend.start(rt, settings)
+        try:
+            status, body = _post(fe.address, 2048)
+            assert status == 413, body
+        finally:
+            fe.close()
+        bad = FrontendSettings("127.0.0.1:0", namespace, max_idle_connections=Given("0", "--max-idle-connections"))
+        try:
+            HttpFrontend.start(rt, bad).close()
+            raise AssertionError("an invalid max_idle_connections was accepted")
+        except ValueError as e:
+            assert '--max-idle-connections "0": want a positive number of connections' in str(e)
     finally:
         rt.shutdown()

@@ -19,7 +19,7 @@ import logging
 import os
 import sys
 import traceback
-from typing import TYPE_CHECKING, Any, Callable, Coroutine, Dict, List, NoReturn, Optional, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Coroutine, List, NoReturn, Optional, Sequence, TypeVar
 
 from .._lib import native
 
@@ -188,42 +188,12 @@ def add_nats_url(parser: argparse.ArgumentParser) -> None:
 
 
 def add_library_flag(parser: argparse.ArgumentParser, flag: str, *, env: str, help: str) -> None:
-    """Add ``flag``, a setting that the library reads from ``$env`` and parses
-    (its one parser): the flag's text is kept as given, unparsed and without
-    a default, for ``hand_to_library`` to put in ``$env``; ``$env`` itself is
-    never read here. The help text says ``env``, as ``add_flag``'s does."""
+    """Add ``flag``, a setting that the library parses (its one parser): the
+    flag's text is kept as given, unparsed and without a default, for the
+    command to hand on in its settings with where it came from (the
+    frontend's ``library_settings``: the flag, else ``$env``). The help text
+    says ``env``, as ``add_flag``'s does."""
     parser.add_argument(flag, default=None, help=f"{help} (env {env})", metavar=_metavar(flag, None))
-
-
-def hand_to_library(prog: str, args: argparse.Namespace, flags: Dict[str, str]) -> Dict[str, str]:
-    """Put each library flag given on the command line (``flags``: flag ->
-    its variable, as ``add_library_flag`` added them) into its environment
-    variable, as given, so that it wins over the variable; the library reads
-    the environment when it starts the component. Returns the variables so
-    set (variable -> flag), for ``library_error``. An empty value is a usage
-    error here: the library would take it for "not set"."""
-    given: Dict[str, str] = {}
-    for flag, env in flags.items():
-        value = getattr(args, flag.lstrip("-").replace("-", "_"))
-        if value is None:
-            continue
-        if value == "":
-            raise UsageError(f"argument {flag}: expected a value; see {prog} --help")
-        os.environ[env] = value
-        given[env] = flag
-    return given
-
-
-def library_error(e: BaseException, given: Dict[str, str]) -> str:
-    """What the library said of a setting it refused, naming the flag when
-    the value came from one (``hand_to_library``): the library's message
-    begins ``NAME="value": `` for a variable NAME, and becomes
-    ``--flag "value": ``."""
-    reason = native_reason(e)
-    for env, flag in given.items():
-        if reason.startswith(env + "="):
-            return f"{flag} {reason[len(env) + 1:]}"
-    return reason
 
 
 def level_of(parser: argparse.ArgumentParser, given: Optional[str]) -> str:

@@ -19,15 +19,49 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
+import json
 import logging
+import os
 import signal
-from typing import List, Optional
+from typing import Dict, List, Mapping, Optional
 
 from . import _common as _cli
 from .._lib import native
 from ..runtime import DistributedRuntime
 
 logger = logging.getLogger("dynamo_ctx.frontend")
+
+
+@dataclasses.dataclass(frozen=True)
+class Given:
+    """A setting as a user gave it: its text, which the library parses (its
+    one parser), and where it came from (a flag, ``--max-body-bytes``, or a
+    variable, ``DYNAMO_CTX_MAX_BODY_BYTES``), which the library's refusal
+    names."""
+
+    text: str
+    source: str
+
+
+@dataclasses.dataclass(frozen=True)
+class FrontendSettings:
+    """A frontend's configuration as one typed value: what the library's
+    frontend starts with (``to_json``; go/frontend/settings.go reads and
+    checks it, ``Settings``). A setting left None is the library's default:
+    the migration limit the workers declare, the others LIBRARY_SETTINGS'."""
+
+    addr: str
+    namespace: str = "dynamo"
+    migration_limit: Optional[int] = None
+    max_body_bytes: Optional[Given] = None
+    max_idle_connections: Optional[Given] = None
+    request_timeout: Optional[Given] = None
+    max_queued_requests: Optional[Given] = None
+
+    def to_json(self) -> str:
+        """The settings given, as the JSON object the library takes."""
+        return json.dumps({k: v for k, v in dataclasses.asdict(self).items() if v is not None})
 
 
 class HttpFrontend:
@@ -41,9 +75,26 @@ class HttpFrontend:
         namespace: str = "dynamo",
         migration_limit: Optional[int] = None,
     ) -> None:
+        """Start a frontend on ``runtime``, listening on host:port for the
+        workers of ``namespace``; ``migration_limit`` None: as they declare.
+        The library's other settings come from their variables in this
+        process's environment (LIBRARY_SETTINGS), as the command's do
+        without flags. ``start`` takes the whole configuration instead."""
+        limit = None if migration_limit is None else int(migration_limit)
+        self._start(runtime, FrontendSettings(f"{host}:{port}", namespace, limit, **library_settings(os.environ)))
+
+    @classmethod
+    def start(cls, runtime: DistributedRuntime, settings: FrontendSettings) -> "HttpFrontend":
+        """Start a frontend on ``runtime`` as ``settings`` say, nothing else
+        read. A setting the library refuses is ValueError, naming it as its
+        source does; a listener that cannot start is OSError."""
+        fe = cls.__new__(cls)
+        fe._start(runtime, settings)
+        return fe
+
+    def _start(self, runtime: DistributedRuntime, settings: FrontendSettings) -> None:
         self._lib = native()
-        limit = -1 if migration_limit is None else int(migration_limit)
-        self._handle: Optional[int] = self._lib.frontend_start(runtime._h(), f"{host}:{port}", namespace, limit)
+        self._handle: Optional[int] = self._lib.frontend_start(runtime._h(), settings.to_json())
 
     @property
     def address(self) -> str:
@@ -81,31 +132,61 @@ DYNAMO_CTX_MAX_QUEUED_REQUESTS, DYN_LOG (log level), DYN_LOGGING_JSONL=1
 
 PROG = "python -m dynamo_ctx.frontend"
 
-#: The flags whose settings the library reads from their environment variables
-#: and parses (go/frontend/env.go, their one parser): flag, variable, help. A
-#: flag given is handed on through its variable as typed
-#: (``_cli.hand_to_library``); the variables are not read here.
-LIBRARY_FLAGS = (
-    ("--max-body-bytes", "DYNAMO_CTX_MAX_BODY_BYTES", "largest request body accepted, in bytes (default: 4 MiB); larger ones get 413"),
+#: The settings the library parses (go/frontend/settings.go, their one
+#: parser): FrontendSettings' field, its flag, its variable, its help. Each
+#: is handed on as text with where it came from (``library_settings``); the
+#: text is not parsed here.
+LIBRARY_SETTINGS = (
+    ("max_body_bytes", "--max-body-bytes", "DYNAMO_CTX_MAX_BODY_BYTES",
+     "largest request body accepted, in bytes (default: 4 MiB); larger ones get 413"),
     (
+        "max_idle_connections",
         "--max-idle-connections",
         "DYNAMO_CTX_MAX_IDLE_CONNECTIONS",
         "connections held that are not serving a request (new or kept alive; default: 1024); "
         "past it a new one takes the place of the oldest once that has waited 1 s",
     ),
     (
+        "request_timeout",
         "--request-timeout",
         "DYNAMO_CTX_REQUEST_TIMEOUT",
         "seconds every request may take unless its x-request-timeout header says less (default: none); "
         "past it the request is killed at every hop (504, or a last SSE error event, code deadline_exceeded)",
     ),
     (
+        "max_queued_requests",
         "--max-queued-requests",
         "DYNAMO_CTX_MAX_QUEUED_REQUESTS",
         "requests of a model that wait for a free place when every worker of it is at its --max-num-seqs "
         "(default: 1024; 0: none); past it the frontend answers 503 overloaded with Retry-After at once",
     ),
 )
+
+
+def library_settings(environ: Mapping[str, str], args: Optional[argparse.Namespace] = None) -> Dict[str, Given]:
+    """The library's settings given (LIBRARY_SETTINGS), by field: each one's
+    flag in ``args`` when it was given, else its variable in ``environ``
+    when that is set and not empty, else none (the library's default). An
+    empty flag is a usage error: the library would take it for none."""
+    given: Dict[str, Given] = {}
+    for field, flag, env, _ in LIBRARY_SETTINGS:
+        text = None if args is None else getattr(args, flag.lstrip("-").replace("-", "_"))
+        if text == "":
+            raise _cli.UsageError(f"argument {flag}: expected a value; see {PROG} --help")
+        if text is not None:
+            given[field] = Given(text, flag)
+        elif environ.get(env, ""):
+            given[field] = Given(environ[env], env)
+    return given
+
+
+def frontend_settings(args: argparse.Namespace, environ: Mapping[str, str]) -> FrontendSettings:
+    """The command's settings: its flags, else their variables (read by
+    ``add_flag`` for the command's own, by ``library_settings`` for the
+    library's), else the defaults."""
+    return FrontendSettings(
+        f"{args.http_host}:{args.http_port}", args.namespace, args.migration_limit, **library_settings(environ, args)
+    )
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
@@ -120,7 +201,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         help="retries of a broken stream (default: as the workers declare)",
     )
     _cli.add_nats_url(p)
-    for flag, env, text in LIBRARY_FLAGS:
+    for _, flag, env, text in LIBRARY_SETTINGS:
         p.add_library(flag, env=env, help=text)
     _cli.add_drain_timeout(p, "seconds the requests in flight get to finish after SIGTERM; then they are killed with reason shutdown")
     p.add_event_loop()
@@ -129,24 +210,21 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
 
 
 async def run(args: argparse.Namespace) -> None:
-    # Read, and checked, by the frontend when it starts.
-    given = _cli.hand_to_library(PROG, args, {flag: env for flag, env, _ in LIBRARY_FLAGS})
+    settings = frontend_settings(args, os.environ)
     try:  # before connecting, so a bad value is what the user hears of first
-        native().frontend_check_settings()
+        native().frontend_check_settings(settings.to_json())
     except ValueError as e:
-        raise _cli.UsageError(f"{_cli.library_error(e, given)}; see {PROG} --help") from None
+        raise _cli.UsageError(f"{_cli.native_reason(e)}; see {PROG} --help") from None
     loop = asyncio.get_running_loop()
     runtime = await _cli.connect_runtime(args.nats_url)
     try:
-        fe = await loop.run_in_executor(
-            None, lambda: HttpFrontend(runtime, args.http_host, args.http_port, args.namespace, args.migration_limit)
-        )
+        fe = await loop.run_in_executor(None, lambda: HttpFrontend.start(runtime, settings))
     except OSError as e:
         runtime.shutdown()
         raise _cli.listen_error(e, args.http_host, args.http_port, "--http-port", "--http-host") from None
     except ValueError as e:  # a value the library refuses (a flag's or a variable's)
         runtime.shutdown()
-        raise _cli.UsageError(f"{_cli.library_error(e, given)}; see {PROG} --help") from None
+        raise _cli.UsageError(f"{_cli.native_reason(e)}; see {PROG} --help") from None
     logger.info("frontend listening on http://%s (namespace %s)", fe.address, args.namespace)
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

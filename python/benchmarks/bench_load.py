@@ -64,7 +64,7 @@ CLIENT_LOOP = os.environ.get("BENCH_CLIENT_LOOP", "auto")
 
 
 def run_clients(main):  # type: ignore[no-untyped-def]
-    from dynamo_ctx.cli._common import loop_runner
+    from dynamo_ctx.cli._runner import loop_runner
 
     return loop_runner(CLIENT_LOOP)(main)
 

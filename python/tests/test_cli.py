@@ -21,7 +21,7 @@ import time
 import pytest
 
 from dynamo_ctx import DistributedRuntime, HandlerError
-from dynamo_ctx.cli import _common as _cli
+from dynamo_ctx.cli import _args, _errors, _logging, _runner
 from harness import HANG, Worker, child_env, http_get, new_namespace, run_python, wait_until
 
 WORKER = "python -m dynamo_ctx.worker"
@@ -111,18 +111,18 @@ def test_bad_frontend_settings_exit_2_with_one_line(args, env, expected):
 def test_event_loop_choice(monkeypatch):
     """--event-loop: asyncio's own loop when asked; uvloop when asked or, with
     auto, when it is installed; asked for but missing, a usage error (exit 2)."""
-    assert _cli.loop_runner("asyncio") is asyncio.run
+    assert _runner.loop_runner("asyncio") is asyncio.run
     try:
         import uvloop
     except ImportError:
         pass
     else:
-        assert _cli.loop_runner("auto") is uvloop.run
-        assert _cli.loop_runner("uvloop") is uvloop.run
+        assert _runner.loop_runner("auto") is uvloop.run
+        assert _runner.loop_runner("uvloop") is uvloop.run
     monkeypatch.setitem(sys.modules, "uvloop", None)  # as if not installed
-    assert _cli.loop_runner("auto") is asyncio.run
-    with pytest.raises(_cli.UsageError, match="uvloop is not installed"):
-        _cli.loop_runner("uvloop")
+    assert _runner.loop_runner("auto") is asyncio.run
+    with pytest.raises(_errors.UsageError, match="uvloop is not installed"):
+        _runner.loop_runner("uvloop")
 
 
 def test_engine_vllm_without_vllm_exits_2():
@@ -264,16 +264,16 @@ def test_nats_address_held_by_something_else_fails_fast_with_a_hint():
 
 
 def test_log_level_accepts_dynamo_forms_and_json_lines_carry_request_id_and_traceback():
-    assert [_cli.log_level(t) for t in ("DEBUG", "warn", "info,dynamo_runtime=debug")] == ["debug", "warning", "info"]
+    assert [_args.log_level(t) for t in ("DEBUG", "warn", "info,dynamo_runtime=debug")] == ["debug", "warning", "info"]
     for bad in ("foo", "info,debug", ""):
         with pytest.raises(Exception, match="not a log level"):
-            _cli.log_level(bad)
+            _args.log_level(bad)
     try:
         raise RuntimeError("engine exploded")
     except RuntimeError:
         record = logging.LogRecord("dynamo_ctx", logging.ERROR, __file__, 1, "request %s: boom", ("r-1",), sys.exc_info())
     record.request_id = "r-1"
-    line = _cli.JsonFormatter().format(record)
+    line = _logging.JsonFormatter().format(record)
     assert "\n" not in line
     out = json.loads(line)
     assert (out["level"], out["target"], out["message"], out["request_id"]) == ("ERROR", "dynamo_ctx", "request r-1: boom", "r-1")

@@ -26,7 +26,7 @@ import os
 import signal
 from typing import Dict, List, Mapping, Optional
 
-from . import _common as _cli
+from . import _args, _errors, _logging, _runner
 from .._lib import native
 from ..runtime import DistributedRuntime
 
@@ -172,7 +172,7 @@ def library_settings(environ: Mapping[str, str], args: Optional[argparse.Namespa
     for field, flag, env, _ in LIBRARY_SETTINGS:
         text = None if args is None else getattr(args, flag.lstrip("-").replace("-", "_"))
         if text == "":
-            raise _cli.UsageError(f"argument {flag}: expected a value; see {PROG} --help")
+            raise _errors.UsageError(f"argument {flag}: expected a value; see {PROG} --help")
         if text is not None:
             given[field] = Given(text, flag)
         elif environ.get(env, ""):
@@ -190,20 +190,20 @@ def frontend_settings(args: argparse.Namespace, environ: Mapping[str, str]) -> F
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
-    p = _cli.ArgumentParser(PROG, DESCRIPTION, EPILOG)
-    p.add("--http-port", type=_cli.port, default=8000, env="DYN_HTTP_PORT", help="HTTP port (0: any free port)")
+    p = _args.ArgumentParser(PROG, DESCRIPTION, EPILOG)
+    p.add("--http-port", type=_args.port, default=8000, env="DYN_HTTP_PORT", help="HTTP port (0: any free port)")
     p.add("--http-host", default="0.0.0.0", env="DYN_HTTP_HOST", help="HTTP address")
     p.add("--namespace", default="dynamo", env="DYN_NAMESPACE", help="namespace whose models are served")
     p.add(
         "--migration-limit",
-        type=_cli.non_negative_int,
+        type=_args.non_negative_int,
         env="DYN_MIGRATION_LIMIT",
         help="retries of a broken stream (default: as the workers declare)",
     )
-    _cli.add_nats_url(p)
+    _args.add_nats_url(p)
     for _, flag, env, text in LIBRARY_SETTINGS:
         p.add_library(flag, env=env, help=text)
-    _cli.add_drain_timeout(p, "seconds the requests in flight get to finish after SIGTERM; then they are killed with reason shutdown")
+    _args.add_drain_timeout(p, "seconds the requests in flight get to finish after SIGTERM; then they are killed with reason shutdown")
     p.add_event_loop()
     p.add_logging()
     return p.parse_args(argv)
@@ -214,17 +214,17 @@ async def run(args: argparse.Namespace) -> None:
     try:  # before connecting, so a bad value is what the user hears of first
         native().frontend_check_settings(settings.to_json())
     except ValueError as e:
-        raise _cli.UsageError(f"{_cli.native_reason(e)}; see {PROG} --help") from None
+        raise _errors.UsageError(f"{_errors.native_reason(e)}; see {PROG} --help") from None
     loop = asyncio.get_running_loop()
-    runtime = await _cli.connect_runtime(args.nats_url)
+    runtime = await _runner.connect_runtime(args.nats_url)
     try:
         fe = await loop.run_in_executor(None, lambda: HttpFrontend.start(runtime, settings))
     except OSError as e:
         runtime.shutdown()
-        raise _cli.listen_error(e, args.http_host, args.http_port, "--http-port", "--http-host") from None
+        raise _errors.listen_error(e, args.http_host, args.http_port, "--http-port", "--http-host") from None
     except ValueError as e:  # a value the library refuses (a flag's or a variable's)
         runtime.shutdown()
-        raise _cli.UsageError(f"{_cli.native_reason(e)}; see {PROG} --help") from None
+        raise _errors.UsageError(f"{_errors.native_reason(e)}; see {PROG} --help") from None
     logger.info("frontend listening on http://%s (namespace %s)", fe.address, args.namespace)
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -243,8 +243,8 @@ async def run(args: argparse.Namespace) -> None:
 
 def main(argv: Optional[List[str]] = None) -> None:
     args = parse_args(argv)
-    _cli.setup_logging(args.log_level, args.log_format)
-    _cli.run_command(PROG, lambda: run(args), args.log_level == "debug", args.event_loop)
+    _logging.setup_logging(args.log_level, args.log_format)
+    _runner.run_command(PROG, lambda: run(args), args.log_level == "debug", args.event_loop)
 
 
 if __name__ == "__main__":

@@ -39,7 +39,7 @@ from .. import DistributedRuntime
 from ..backends import model_dir
 from ..backends.mocker import DEFAULT_MAX_NUM_BATCHED_TOKENS, MockAsyncLLM, MockEngineArgs
 from ..backends.vllm import AggregatedHandler, BaseWorkerHandler, DecodeHandler, PrefillHandler, WorkerMetrics
-from . import _common as _cli
+from . import _args, _errors, _logging, _runner
 from . import reaper
 
 logger = logging.getLogger("dynamo_ctx.worker")
@@ -93,7 +93,7 @@ def _vllm_parser() -> argparse.ArgumentParser:
     except ImportError:  # older vLLM
         from vllm.utils import FlexibleArgumentParser  # type: ignore[import-not-found,attr-defined,no-redef]
     p = FlexibleArgumentParser(prog=PROG, description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    _cli.one_line_errors(p)
+    _args.one_line_errors(p)
     AsyncEngineArgs.add_cli_args(p)
     return p  # type: ignore[no-any-return]
 
@@ -122,9 +122,11 @@ def _has_accelerator() -> bool:
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     argv = list(sys.argv[1:] if argv is None else argv)
     engine = _engine_of(argv)
-    vllm_installed = _cli.engine_available("vllm")
+    vllm_installed = _args.engine_available("vllm")
     if engine == "vllm" and not vllm_installed:
-        _cli.fail(PROG, f"--engine vllm needs vLLM, which is not installed here; install vllm or use --engine mock; see {PROG} --help", 2)
+        _errors.fail(
+            PROG, f"--engine vllm needs vLLM, which is not installed here; install vllm or use --engine mock; see {PROG} --help", 2
+        )
     helping = "-h" in argv or "--help" in argv
     if engine == "vllm" or (vllm_installed and helping):
         # vLLM's engine arguments as `vllm serve` spells them, parsed by
@@ -135,7 +137,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
             _vllm_cpu_platform()
         p = _vllm_parser()
     else:
-        p = _cli.ArgumentParser(PROG, DESCRIPTION, EPILOG)
+        p = _args.ArgumentParser(PROG, DESCRIPTION, EPILOG)
         p.add("--model", default="mock-model", help="model name, or a model directory in the Hugging Face layout (its tokenizer "
               "and chat template become the frontend's text; the mock engine produces its vocabulary)")
         p.add_argument(
@@ -143,12 +145,12 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
             help="the model's name for clients (default: --model); as vLLM, the first of several is used",
         )
         p.add(
-            "--max-model-len", type=_cli.positive_int,
+            "--max-model-len", type=_args.positive_int,
             help="the model's context length (prompt + max_tokens), published with the instance; the frontend refuses "
             "longer requests (default: the model directory's config.json)",
         )
         p.add(
-            "--max-num-seqs", type=_cli.positive_int,
+            "--max-num-seqs", type=_args.positive_int,
             help="sequences the engine runs at once, as vLLM's (the rest wait in the engine); published with the "
             "instance: the frontend sends each request to the worker with the most free places and queues the rest "
             "(default: no limit)",
@@ -162,80 +164,80 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     # The level the worker logs at: its --log-level (which add_logging's
     # parsing already made $DYN_LOG's or the default), or vLLM's (whose
     # value stays vLLM's too), else as add_logging's would be.
-    args.worker_log_level = _cli.level_of(p, getattr(args, "log_level", None))
+    args.worker_log_level = _args.level_of(p, getattr(args, "log_level", None))
     return args
 
 
 def _add_worker_flags(p: argparse.ArgumentParser) -> None:
     """The worker's flags that are not the engine's."""
-    add = functools.partial(_cli.add_flag, p)
+    add = functools.partial(_args.add_flag, p)
     add("--mode", choices=["agg", "prefill", "decode"], default="agg", help="what this worker does")
     add("--namespace", default="dynamo", env="DYN_NAMESPACE", help="namespace of the endpoints")
     add(
-        "--migration-limit", type=_cli.non_negative_int, default=0, env="DYN_MIGRATION_LIMIT",
+        "--migration-limit", type=_args.non_negative_int, default=0, env="DYN_MIGRATION_LIMIT",
         help="times a broken stream of this model may be moved to another worker",
     )
-    add("--metrics-port", type=_cli.port, env="DYN_SYSTEM_PORT", help="serve /metrics and /health on this port (0: any free port)")
+    add("--metrics-port", type=_args.port, env="DYN_SYSTEM_PORT", help="serve /metrics and /health on this port (0: any free port)")
     add("--metrics-host", default="127.0.0.1", env="DYN_SYSTEM_HOST", help="address of the metrics listener (loopback only by default)")
     add(
-        "--metrics-read-timeout", type=_cli.positive_float, default=METRICS_READ_TIMEOUT,
+        "--metrics-read-timeout", type=_args.positive_float, default=METRICS_READ_TIMEOUT,
         help="seconds a metrics client has to send its request",
     )
     add(
-        "--metrics-max-connections", type=_cli.positive_int, default=METRICS_MAX_CONNECTIONS,
+        "--metrics-max-connections", type=_args.positive_int, default=METRICS_MAX_CONNECTIONS,
         help="metrics connections held at once; one more closes the oldest still sending its request",
     )
-    _cli.add_nats_url(p)
+    _args.add_nats_url(p)
     add(
         "--prefill-time-per-token",
-        type=_cli.non_negative_float,
+        type=_args.non_negative_float,
         default=MockEngineArgs.prefill_time_per_token,
         help="mock engine: seconds per prompt token (each token in a step beyond one per sequence)",
     )
     add(
         "--decode-time-per-token",
-        type=_cli.non_negative_float,
+        type=_args.non_negative_float,
         default=MockEngineArgs.decode_time_per_token,
         help="mock engine: seconds a step that decodes one sequence takes (a lone stream's time per output token)",
     )
     add(
         "--decode-time-per-seq",
-        type=_cli.non_negative_float,
+        type=_args.non_negative_float,
         default=MockEngineArgs.decode_time_per_seq,
         help="mock engine: seconds each sequence after the first adds to a step (--decode-time-per-token is a step of one)",
     )
     # The mock's scheduler and KV cache, by vLLM's names (with --engine vllm these are vLLM's own).
     if "--max-num-batched-tokens" not in p._option_string_actions:
         add(
-            "--max-num-batched-tokens", type=_cli.positive_int,
+            "--max-num-batched-tokens", type=_args.positive_int,
             help=f"mock engine: tokens scheduled in one step, at most (default: {DEFAULT_MAX_NUM_BATCHED_TOKENS}, "
             "or --max-num-seqs if larger)",
         )
     if "--block-size" not in p._option_string_actions:
-        add("--block-size", type=_cli.positive_int, default=MockEngineArgs.block_size, help="mock engine: tokens a KV cache block holds")
+        add("--block-size", type=_args.positive_int, default=MockEngineArgs.block_size, help="mock engine: tokens a KV cache block holds")
     if "--num-gpu-blocks-override" not in p._option_string_actions:
         add(
-            "--num-gpu-blocks-override", type=_cli.positive_int, default=MockEngineArgs.num_kv_blocks,
+            "--num-gpu-blocks-override", type=_args.positive_int, default=MockEngineArgs.num_kv_blocks,
             help="mock engine: blocks in its KV cache (requests wait for free blocks; the last admitted is preempted when they run out)",
         )
     add(
-        "--mock-die-after-steps", type=_cli.positive_int,
+        "--mock-die-after-steps", type=_args.positive_int,
         help="mock engine: its core dies after this many engine steps, a rehearsal of engine death (default: never)",
     )
-    _cli.add_drain_timeout(
+    _args.add_drain_timeout(
         p, "seconds the requests in flight get to finish after SIGTERM (the worker leaves discovery at once); "
         "then the rest are handed over (a migratable end) and the worker exits 0. A second signal ends it at once",
     )
-    _cli.add_event_loop(p)
+    _args.add_event_loop(p)
     if "--log-level" in p._option_string_actions:
         # vLLM's engine arguments have their own (0.33 on): the worker's
         # logging follows it (its values are the same names, upper case).
-        _cli.add_flag(
-            p, "--log-format", type=_cli.log_format, default=_cli.log_format_default(),
+        _args.add_flag(
+            p, "--log-format", type=_args.log_format, default=_args.log_format_default(),
             help="text, or json for one JSON object per line (also env DYN_LOGGING_JSONL=1)",
         )
     else:
-        _cli.add_logging(p)
+        _args.add_logging(p)
 
 
 def served_model_name(args: argparse.Namespace) -> str:
@@ -283,11 +285,13 @@ def mock_model(args: argparse.Namespace) -> Tuple[Any, Model]:
         if length is None:
             length = model_dir.max_model_len(path)
     elif os.path.isdir(args.model):
-        raise _cli.UsageError(f"--model {args.model}: the directory has no tokenizer.json (a model directory in the Hugging Face layout)")
+        raise _errors.UsageError(
+            f"--model {args.model}: the directory has no tokenizer.json (a model directory in the Hugging Face layout)"
+        )
     try:
         engine = MockAsyncLLM(mock)
     except ValueError as e:  # the mock's own rule (e.g. a token budget below --max-num-seqs), in its words
-        raise _cli.UsageError(f"mock engine: {e}") from None
+        raise _errors.UsageError(f"mock engine: {e}") from None
     return engine, Model(served_model_name(args), path, length, args.max_num_seqs)
 
 
@@ -486,7 +490,7 @@ async def _metrics_listener(args: argparse.Namespace, metrics: WorkerMetrics, re
             args.metrics_host, args.metrics_port, metrics, ref, args.metrics_read_timeout, args.metrics_max_connections, readiness
         )
     except OSError as e:
-        raise _cli.listen_error(e, args.metrics_host, args.metrics_port, "--metrics-port", "--metrics-host") from None
+        raise _errors.listen_error(e, args.metrics_host, args.metrics_port, "--metrics-port", "--metrics-host") from None
     host, port = server.sockets[0].getsockname()[:2]
     logger.info("metrics at http://%s:%d/metrics, readiness at /health", host, port)
     return server
@@ -527,8 +531,8 @@ async def run(args: argparse.Namespace) -> None:
             reaper.start()
         engine, model = vllm_model(args) if args.engine == "vllm" else mock_model(args)
         ref.engine = engine
-        readiness.waiting_for = f"NATS at {_cli.nats_address(args.nats_url)}"
-        runtime = await _cli.connect_runtime(args.nats_url)
+        readiness.waiting_for = f"NATS at {_errors.nats_address(args.nats_url)}"
+        runtime = await _runner.connect_runtime(args.nats_url)
         logger.info("migration_limit=%d for model %s", args.migration_limit, model.name)
         if model.path is not None:
             logger.info("model %s: text from %s", model.name, model.path)
@@ -601,15 +605,15 @@ async def run(args: argparse.Namespace) -> None:
                 # Long enough for a probe to read why (a load balancer's, a person's).
                 await asyncio.sleep(max(0.0, died[0][1] + DEAD_ENGINE_HEALTH_SECONDS - loop.time()))
             finally:
-                _cli.exit_now(PROG, f"{died[0][0]}; exiting so that the worker is restarted", 1)
+                _errors.exit_now(PROG, f"{died[0][0]}; exiting so that the worker is restarted", 1)
         if metrics_server is not None:
             metrics_server.close()
 
 
 def main(argv: Optional[List[str]] = None) -> None:
     args = parse_args(argv)
-    _cli.setup_logging(args.worker_log_level, args.log_format)
-    _cli.run_command(PROG, lambda: run(args), args.worker_log_level == "debug", args.event_loop)
+    _logging.setup_logging(args.worker_log_level, args.log_format)
+    _runner.run_command(PROG, lambda: run(args), args.worker_log_level == "debug", args.event_loop)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ import uuid
 from pathlib import Path
 from typing import Callable, Dict, List
 
-from ..cli import _common as _cli
+from ..cli import _args, _errors
 
 MODEL = "mock-llm"
 HANG = 60.0  # seconds: the starter's bound on a hang (the harness's HANG, which the package cannot import)
@@ -271,7 +271,7 @@ def main() -> int:
         runtime = DistributedRuntime(nats_url=given or "nats://127.0.0.1:0")
     except RuntimeError as e:
         if getattr(e, "code_name", "") == "ECONNECT":
-            raise _cli.connect_error(e, given, None) from None
+            raise _errors.connect_error(e, given, None) from None
         raise
     print(f"NATS at {runtime.nats_url} ({'NATS_SERVER' if given else 'embedded here'})")
     demo = Demo(runtime.nats_url)
@@ -289,13 +289,13 @@ def main() -> int:
 def _run() -> int:
     """main(), with the failures a user can act on as one line on stderr."""
     prog = "python -m dynamo_ctx.demo"
-    if not _cli.engine_available("openai"):
-        _cli.fail(prog, "the demo drives the stack through the openai client, which is not installed; "
+    if not _args.engine_available("openai"):
+        _errors.fail(prog, "the demo drives the stack through the openai client, which is not installed; "
                   "install dynamo-ctx[demo] (or openai)", 1)
     try:
         return main()
-    except _cli.CommandError as e:
-        _cli.fail(prog, str(e), e.status)
+    except _errors.CommandError as e:
+        _errors.fail(prog, str(e), e.status)
 
 
 if __name__ == "__main__":

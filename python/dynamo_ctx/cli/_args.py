@@ -1,30 +1,19 @@
-"""What the commands (worker, frontend, demo) share: argument parsing with
-environment-variable defaults, validation, one log format, and turning every
-failure into one line on stderr.
-
-Exit status: 2 for bad arguments (argparse's convention), 1 for a failure at
-run time. Either way stderr gets one line, "<prog>: <what went wrong>; <what
-to do>"; a traceback only appears with ``--log-level debug``.
+"""The commands' arguments (worker, frontend, demo): argparse with one-line
+errors (_errors.py), flags whose default is an environment variable read
+here with the flag's own type (``add_flag``), the flags every command
+shares, and the value types; a setting the library parses is handed on as
+text (``add_library_flag``).
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import datetime
-import errno
 import importlib.util
-import json
-import logging
 import os
-import sys
-import traceback
-from typing import TYPE_CHECKING, Any, Callable, Coroutine, List, NoReturn, Optional, Sequence, TypeVar
+from typing import Any, Callable, List, NoReturn, Optional, Sequence, TypeVar
 
 from .._lib import native
-
-if TYPE_CHECKING:
-    from ..runtime import DistributedRuntime
+from ._errors import fail
 
 _N = TypeVar("_N", int, float)
 
@@ -40,31 +29,10 @@ LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 LOG_LEVEL = "info"  # without --log-level or $DYN_LOG
 LOG_FORMATS = ("text", "json")
 
-#: The text format: [created] is the epoch time in seconds with microseconds,
-#: which benchmarks compare with a client's clock on the same machine.
-TEXT_FORMAT = "%(asctime)s [%(created).6f] %(levelname)s %(name)s: %(message)s"
-
 #: The words that make DYN_LOGGING_JSONL (read only here) true, Dynamo's for
 #: its variables. The library's one switch, DYNAMO_CTX_EMBED_NATS, is read by
 #: go/natsbus/natsbus.go (envEmbed) alone, which takes 1, true and yes.
 _TRUE = ("1", "true", "yes", "on")
-
-logger = logging.getLogger("dynamo_ctx.cli")
-
-
-class CommandError(Exception):
-    """A failure to report as one line; ``status`` is the exit status."""
-
-    def __init__(self, message: str, status: int = 1) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-class UsageError(CommandError):
-    """Bad arguments: exit status 2."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message, 2)
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -257,25 +225,6 @@ def _choice(choices: Sequence[str], conv: Callable[[str], Any]) -> Callable[[str
     return check
 
 
-def fail(prog: str, message: str, status: int) -> NoReturn:
-    """Print ``<prog>: <message>`` on stderr and exit with ``status``."""
-    sys.stderr.write(f"{prog}: {message}\n")
-    sys.stderr.flush()
-    raise SystemExit(status)
-
-
-def exit_now(prog: str, message: str, status: int) -> NoReturn:
-    """``fail`` without the interpreter's finalization: the logs are flushed and
-    the process ends here, its listeners answering until this moment. For a
-    process whose state is beyond saving (a worker whose engine died), whose
-    finalization could wait seconds on what died."""
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.write(f"{prog}: {message}\n")
-    sys.stderr.flush()
-    os._exit(status)
-
-
 # ---------------------------------------------------------------- value types
 
 
@@ -351,141 +300,3 @@ def engine_available(name: str) -> bool:
         return importlib.util.find_spec(name) is not None
     except (ImportError, ValueError):
         return False
-
-
-# ---------------------------------------------------------------- logging
-
-
-class JsonFormatter(logging.Formatter):
-    """One JSON object per line: time (RFC 3339, UTC), level, target (the
-    logger), message, and request_id, reason (an abort's) and exception when the
-    record has them."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        out = {
-            "time": datetime.datetime.fromtimestamp(record.created, datetime.timezone.utc)
-            .isoformat(timespec="microseconds")
-            .replace("+00:00", "Z"),
-            "level": record.levelname,
-            "target": record.name,
-            "message": record.getMessage(),
-        }
-        for field in ("request_id", "reason"):
-            value = getattr(record, field, None)
-            if value is not None:
-                out[field] = value
-        if record.exc_info:
-            out["exception"] = "".join(traceback.format_exception(*record.exc_info)).rstrip()
-        return json.dumps(out, ensure_ascii=False)
-
-
-def setup_logging(level: str, fmt: str) -> None:
-    """One handler on the root logger, on stderr, for Python's records and the
-    library's (which reach the ``dynamo_ctx`` logger through its log queue)."""
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(TEXT_FORMAT))
-    root = logging.getLogger()
-    for h in list(root.handlers):
-        root.removeHandler(h)
-    root.addHandler(handler)
-    root.setLevel(level.upper())
-
-
-# ---------------------------------------------------------------- failures
-
-
-def nats_address(nats_url: Optional[str]) -> str:
-    """The NATS address a runtime made with ``nats_url`` uses, for messages.
-
-    The rule is go/natsbus's (the URL given, else $NATS_SERVER, else the
-    default address), applied by the library when the runtime connects;
-    the commands pass ``nats_url`` through unresolved. They must still know
-    the address before there is a runtime to ask (``nats_url`` of a
-    DistributedRuntime): the worker's /health names it while the connect
-    waits, and a connect that fails names it with its fix. So it is
-    restated here, with the library's names for the variable and the
-    default."""
-    lib = native()
-    return nats_url or os.environ.get(lib.NATS_ENV) or lib.DEFAULT_NATS_URL  # type: ignore[no-any-return]
-
-
-def connect_error(e: BaseException, nats_url: Optional[str], flag: Optional[str] = "--nats-url") -> CommandError:
-    """The one-line report of a runtime that could not be created."""
-    where = nats_address(nats_url)
-    also = f" (or {flag})" if flag else ""
-    return CommandError(
-        f"cannot reach NATS at {where} ({_reason(e)}); start a NATS server there, or set NATS_SERVER{also} "
-        "to one that runs (nats://127.0.0.1:0 runs one inside this process)"
-    )
-
-
-async def connect_runtime(nats_url: Optional[str]) -> "DistributedRuntime":
-    """A DistributedRuntime on nats_url, made off the event loop (connecting
-    blocks); one that cannot connect is the one-line connect_error."""
-    from ..runtime import DistributedRuntime
-
-    loop = asyncio.get_running_loop()
-    try:
-        return await loop.run_in_executor(None, lambda: DistributedRuntime(nats_url=nats_url))
-    except (RuntimeError, OSError, ValueError) as e:
-        if getattr(e, "code_name", "") == "ECONNECT":
-            raise connect_error(e, nats_url) from None
-        raise
-
-
-def listen_error(e: BaseException, host: str, port_: int, flag: str, host_flag: str) -> CommandError:
-    """The one-line report of a listener that could not start on host:port."""
-    text = str(e)
-    code = getattr(e, "errno", None)
-    if code == errno.EADDRINUSE or "address already in use" in text:
-        return CommandError(f"port {port_} is in use; choose another with {flag}")
-    if code == errno.EACCES or "permission denied" in text:
-        return CommandError(f"port {port_} needs privileges this process lacks; choose one above 1023 with {flag}")
-    if code == errno.EADDRNOTAVAIL or "cannot assign requested address" in text or "no such host" in text:
-        return CommandError(f"cannot listen on {host}: not an address of this machine; choose another with {host_flag}")
-    return CommandError(f"cannot listen on {host}:{port_} ({_reason(e)}); check {host_flag} and {flag}")
-
-
-def native_reason(e: BaseException) -> str:
-    """What a native error says, without the function's name ("dc_x: a: b" -> "a: b")."""
-    text = str(e).strip() or type(e).__name__
-    return text.split(": ", 1)[1] if text.startswith("dc_") and ": " in text else text
-
-
-def _reason(e: BaseException) -> str:
-    """The last, most specific part of a native error message ("dc_x: a: b: c" -> "c")."""
-    text = str(e).strip() or type(e).__name__
-    return text.rsplit(": ", 1)[-1] if text.startswith("dc_") else text
-
-
-def loop_runner(choice: str) -> Callable[[Coroutine[Any, Any, None]], None]:
-    """What runs a command's main coroutine for ``--event-loop choice``:
-    ``uvloop.run`` or ``asyncio.run``."""
-    if choice == "asyncio":
-        return asyncio.run
-    try:
-        import uvloop
-    except ImportError:
-        if choice == "uvloop":
-            raise UsageError("--event-loop uvloop: uvloop is not installed; install it or choose --event-loop asyncio") from None
-        return asyncio.run
-    return uvloop.run
-
-
-def run_command(prog: str, main: Callable[[], Coroutine[Any, Any, None]], debug: bool, event_loop: str = "auto") -> None:
-    """Run ``main()`` to completion on ``event_loop`` (see ``loop_runner``);
-    every failure ends the process with one line on stderr (and, with
-    ``debug``, the traceback in the log first)."""
-    try:
-        runner = loop_runner(event_loop)
-        logger.debug("%s runs on %s", prog, "uvloop" if runner is not asyncio.run else "asyncio's event loop")
-        runner(main())
-    except CommandError as e:
-        fail(prog, str(e), e.status)
-    except KeyboardInterrupt:
-        raise SystemExit(130) from None
-    except Exception as e:  # noqa: BLE001 - anything else is reported, not dumped
-        if debug:
-            logger.exception("%s failed", prog)
-        hint = "" if debug else " (run with --log-level debug for the traceback)"
-        fail(prog, f"{type(e).__name__}: {e}{hint}", 1)

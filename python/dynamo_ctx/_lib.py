@@ -57,6 +57,11 @@ def native() -> ModuleType:
     return _load()
 
 
+def loaded() -> bool:
+    """Whether the library is loaded (without loading it)."""
+    return _native is not None
+
+
 def _load() -> ModuleType:
     global _native
     with _lock:

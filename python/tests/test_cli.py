@@ -108,6 +108,73 @@ def test_bad_frontend_settings_exit_2_with_one_line(args, env, expected):
     assert expected in line and line.endswith(f"see {FRONTEND} --help"), line
 
 
+def test_out_of_range_values_are_refused_by_the_librarys_one_range():
+    """A value past its range is a usage error whose reason is the library's,
+    from the one statement of the range (Go's): the timeout range
+    (go/ctxtree, ``_native.MAX_TIMEOUT_SECONDS``) for --request-timeout,
+    which the library parses, and --drain-timeout, which it checks, from a
+    flag or a variable; the queue bound's for --max-queued-requests. The
+    command restates neither the bound nor the message: each line is what
+    the library says of the same value, and the last value in range passes
+    the library's check."""
+    from dynamo_ctx._lib import native
+    from dynamo_ctx.cli.frontend import FrontendSettings, Given
+
+    lib = native()
+    year = lib.MAX_TIMEOUT_SECONDS
+    lib.timeout_check(float(year - 1))
+    with pytest.raises(ValueError) as e:
+        lib.timeout_check(float(year))
+    too_long = _errors.native_reason(e.value)
+    assert str(year - 1) in too_long, too_long
+
+    def library_says(field: str, text: str, source: str) -> str:
+        settings = FrontendSettings("127.0.0.1:0", **{field: Given(text, source)}).to_json()
+        with pytest.raises(ValueError) as e:
+            lib.frontend_check_settings(settings)
+        return _errors.native_reason(e.value)
+
+    assert library_says("request_timeout", str(year), "--request-timeout") == f'--request-timeout "{year}": {too_long}'
+    lib.frontend_check_settings(FrontendSettings("127.0.0.1:0", max_queued_requests=Given("1048576", "x")).to_json())
+    cases = [
+        (["--request-timeout", str(year)], {}, library_says("request_timeout", str(year), "--request-timeout")),
+        ([], {"DYNAMO_CTX_REQUEST_TIMEOUT": str(year)},
+         library_says("request_timeout", str(year), "DYNAMO_CTX_REQUEST_TIMEOUT")),
+        (["--max-queued-requests", "1048577"], {}, library_says("max_queued_requests", "1048577", "--max-queued-requests")),
+        (["--drain-timeout", str(year)], {}, f"argument --drain-timeout: {too_long}"),
+        ([], {"DYNAMO_CTX_DRAIN_TIMEOUT": str(year)}, f"DYNAMO_CTX_DRAIN_TIMEOUT='{year}': {too_long}"),
+    ]
+    for args, env, expected in cases:
+        r = run_cmd(FRONTEND, "--http-host", "127.0.0.1", "--http-port", "0", *args, **env)
+        assert r.returncode == 2, r.stderr
+        line = one_line(r, FRONTEND)
+        assert line == f"{FRONTEND}: {expected}; see {FRONTEND} --help", line
+
+
+def test_a_library_loaded_while_reading_arguments_gets_the_log_level(monkeypatch):
+    """The frontend's --drain-timeout is checked by the library as it is read,
+    which loads it with the level of then; setup_logging tells it the
+    command's level."""
+    from dynamo_ctx import _lib
+    from dynamo_ctx.cli.frontend import parse_args
+
+    assert parse_args(["--drain-timeout", "2.5"]).drain_timeout == 2.5
+    assert _lib.loaded()
+    levels = []
+    monkeypatch.setattr(_lib, "set_native_log_level", levels.append)
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    try:
+        _logging.setup_logging("debug", "text")
+    finally:
+        for h in list(root.handlers):
+            root.removeHandler(h)
+        for h in handlers:
+            root.addHandler(h)
+        root.setLevel(level)
+    assert levels == [logging.DEBUG]
+
+
 def test_event_loop_choice(monkeypatch):
     """--event-loop: asyncio's own loop when asked; uvloop when asked or, with
     auto, when it is installed; asked for but missing, a usage error (exit 2)."""

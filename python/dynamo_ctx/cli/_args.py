@@ -1,8 +1,9 @@
 """The commands' arguments (worker, frontend, demo): argparse with one-line
 errors (_errors.py), flags whose default is an environment variable read
 here with the flag's own type (``add_flag``), the flags every command
-shares, and the value types; a setting the library parses is handed on as
-text (``add_library_flag``).
+shares, and the value types, which state each range once: a value the
+library takes is checked by the library (``timeout_seconds``), and a
+setting the library parses is handed on as text (``add_library_flag``).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import os
 from typing import Any, Callable, List, NoReturn, Optional, Sequence, TypeVar
 
 from .._lib import native
-from ._errors import fail
+from ._errors import fail, native_reason
 
 _N = TypeVar("_N", int, float)
 
@@ -194,9 +195,13 @@ ENV_DRAIN_TIMEOUT = "DYNAMO_CTX_DRAIN_TIMEOUT"
 DRAIN_TIMEOUT = 30.0
 
 
-def add_drain_timeout(parser: argparse.ArgumentParser, help: str) -> None:
-    """--drain-timeout, shared by the commands that serve (worker, frontend)."""
-    add_flag(parser, "--drain-timeout", type=non_negative_float, default=DRAIN_TIMEOUT, env=ENV_DRAIN_TIMEOUT, help=help)
+def add_drain_timeout(parser: argparse.ArgumentParser, help: str, type: Optional[Callable[[str], float]] = None) -> None:
+    """--drain-timeout, shared by the commands that serve (worker, frontend);
+    ``type`` (default ``non_negative_float``) is the value's type: the
+    frontend's, which the library takes, is ``timeout_seconds``."""
+    add_flag(
+        parser, "--drain-timeout", type=type or non_negative_float, default=DRAIN_TIMEOUT, env=ENV_DRAIN_TIMEOUT, help=help
+    )
 
 
 def add_event_loop(parser: argparse.ArgumentParser) -> None:
@@ -265,6 +270,21 @@ non_negative_int = _checked("non_negative_int", _int, lambda n: n >= 0, "{value}
 positive_int = _checked("positive_int", _int, lambda n: n > 0, "{value} is not positive (1 or more)", "A whole number, 1 or more.")
 positive_float = _checked("positive_float", _float, lambda x: x > 0, "{text} is not positive", "A finite number above 0.")
 non_negative_float = _checked("non_negative_float", _float, lambda x: x >= 0, "{text} is negative", "A finite number, 0 or more.")
+
+
+def timeout_seconds(text: str) -> float:
+    """A timeout in seconds as the library takes one: a finite number that
+    the library's one timeout rule accepts (``_native.timeout_check``: 0 or
+    more, below ``_native.MAX_TIMEOUT_SECONDS``), refused with its message.
+    It loads the library: for the commands that may load it while they read
+    their arguments (the frontend; not the worker, which loads its engine,
+    which may fork, first)."""
+    value = _float(text)
+    try:
+        native().timeout_check(value)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(native_reason(e)) from None
+    return value
 
 
 def log_level(text: str) -> str:

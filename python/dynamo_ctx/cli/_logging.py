@@ -10,6 +10,8 @@ import logging
 import sys
 import traceback
 
+from .. import _lib
+
 #: The text format: [created] is the epoch time in seconds with microseconds,
 #: which benchmarks compare with a client's clock on the same machine.
 TEXT_FORMAT = "%(asctime)s [%(created).6f] %(levelname)s %(name)s: %(message)s"
@@ -40,7 +42,9 @@ class JsonFormatter(logging.Formatter):
 
 def setup_logging(level: str, fmt: str) -> None:
     """One handler on the root logger, on stderr, for Python's records and the
-    library's (which reach the ``dynamo_ctx`` logger through its log queue)."""
+    library's (which reach the ``dynamo_ctx`` logger through its log queue).
+    A library already loaded (a value it checked while the arguments were
+    read) took the level of then: it is told the new one."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(TEXT_FORMAT))
     root = logging.getLogger()
@@ -48,3 +52,5 @@ def setup_logging(level: str, fmt: str) -> None:
         root.removeHandler(h)
     root.addHandler(handler)
     root.setLevel(level.upper())
+    if _lib.loaded():
+        _lib.set_native_log_level(_lib.logger.getEffectiveLevel())

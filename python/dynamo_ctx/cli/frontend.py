@@ -203,7 +203,10 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     _args.add_nats_url(p)
     for _, flag, env, text in LIBRARY_SETTINGS:
         p.add_library(flag, env=env, help=text)
-    _args.add_drain_timeout(p, "seconds the requests in flight get to finish after SIGTERM; then they are killed with reason shutdown")
+    _args.add_drain_timeout(
+        p, "seconds the requests in flight get to finish after SIGTERM; then they are killed with reason shutdown",
+        type=_args.timeout_seconds,
+    )
     p.add_event_loop()
     p.add_logging()
     return p.parse_args(argv)

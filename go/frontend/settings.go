@@ -25,7 +25,8 @@ import (
 // over (DecodeSettings reads it from JSON, the members named by the tags)
 // and Start makes the Options of. A setting left out (nil) is its default.
 type Settings struct {
-	// Addr is the listen address ("127.0.0.1:8000").
+	// Addr is the listen address ("127.0.0.1:8000"; "": a free port on
+	// every address, as net.Listen takes it).
 	Addr string `json:"addr"`
 	// Namespace of the workers' endpoints ("": "dynamo").
 	Namespace string `json:"namespace,omitempty"`

@@ -326,8 +326,9 @@ int dc_log_next(int *level, char *buf, size_t cap, size_t *len);
 
 /* Starts the OpenAI-compatible HTTP frontend on the runtime, configured by
    settings (settings_len bytes: one JSON object), and stores its handle in
-   *out. The settings' members, each optional but "addr":
-     "addr"                  the listen address, "127.0.0.1:8000";
+   *out. The settings' members, each optional:
+     "addr"                  the listen address, "127.0.0.1:8000" (without
+                             one: a free port on every address);
      "namespace"             where workers serve "<namespace>.backend.generate"
                              (default "dynamo");
      "migration_limit"       a whole number overriding the limit the model's

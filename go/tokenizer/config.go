@@ -212,45 +212,6 @@ func parsePadding(raw json.RawMessage) (*paddingConf, error) {
 	return c, nil
 }
 
-// parseMerges accepts both spellings of BPE merges: [["a", "b"], ...] and
-// ["a b", ...] (lines of a merges.txt; "#version" lines are skipped).
-func parseMerges(raw json.RawMessage) ([][2]string, error) {
-	i := jsonscan.SkipSpace(raw, 0)
-	if jsonscan.HasAt(raw, i, "[") {
-		i = jsonscan.SkipSpace(raw, i+1)
-	}
-	if !jsonscan.HasAt(raw, i, `"`) {
-		var pairs [][]string
-		if err := json.Unmarshal(raw, &pairs); err != nil {
-			return nil, errors.New("model BPE: merges must be a list of [a, b] pairs or of \"a b\" strings")
-		}
-		out := make([][2]string, len(pairs))
-		for i, p := range pairs {
-			if len(p) != 2 {
-				return nil, fmt.Errorf("model BPE: merge %d is not a pair", i)
-			}
-			out[i] = [2]string{p[0], p[1]}
-		}
-		return out, nil
-	}
-	var lines []string
-	if err := json.Unmarshal(raw, &lines); err != nil {
-		return nil, errors.New("model BPE: merges must be a list of [a, b] pairs or of \"a b\" strings")
-	}
-	out := make([][2]string, 0, len(lines))
-	for _, l := range lines {
-		if strings.HasPrefix(l, "#version") {
-			continue
-		}
-		a, b, ok := strings.Cut(l, " ")
-		if !ok || strings.Contains(b, " ") {
-			return nil, fmt.Errorf("model BPE: merge %d (%q) is not two tokens separated by a space", len(out)+1, l)
-		}
-		out = append(out, [2]string{a, b})
-	}
-	return out, nil
-}
-
 func parseModel(raw json.RawMessage) (model, error) {
 	if jsonscan.IsNull(raw) {
 		return nil, errors.New("model: missing")
@@ -270,79 +231,13 @@ func parseModel(raw json.RawMessage) (model, error) {
 	kind := "model " + typ
 	switch typ {
 	case "BPE":
-		var v struct {
-			Dropout      *float64           `json:"dropout"`
-			Unk          *string            `json:"unk_token"`
-			Prefix       *string            `json:"continuing_subword_prefix"`
-			Suffix       *string            `json:"end_of_word_suffix"`
-			FuseUnk      *bool              `json:"fuse_unk"`
-			ByteFallback *bool              `json:"byte_fallback"`
-			IgnoreMerges *bool              `json:"ignore_merges"`
-			Vocab        *map[string]uint32 `json:"vocab"`
-			Merges       json.RawMessage    `json:"merges"`
-		}
-		if err := decodeInto(kind, raw, &v); err != nil || v.Vocab == nil || jsonscan.IsNull(v.Merges) {
-			return nil, orMissing(err, kind, "vocab/merges")
-		}
-		if v.Dropout != nil && *v.Dropout != 0 {
-			if *v.Dropout < 0 || *v.Dropout > 1 {
-				return nil, fmt.Errorf("%s: dropout must be in [0, 1]", kind)
-			}
-			return nil, fmt.Errorf("%s: dropout %v is not supported (it makes encoding random)", kind, *v.Dropout)
-		}
-		merges, err := parseMerges(v.Merges)
-		if err != nil {
-			return nil, err
-		}
-		str := func(p *string) string {
-			if p == nil {
-				return ""
-			}
-			return *p
-		}
-		flag := func(p *bool) bool { return p != nil && *p }
-		return newBPE(*v.Vocab, merges, v.Unk, str(v.Prefix), str(v.Suffix), flag(v.FuseUnk), flag(v.ByteFallback), flag(v.IgnoreMerges))
+		return parseBPEModel(kind, raw)
 	case "WordLevel":
-		var v struct {
-			Vocab *map[string]uint32 `json:"vocab"`
-			Unk   *string            `json:"unk_token"`
-		}
-		if err := decodeInto(kind, raw, &v); err != nil || v.Vocab == nil || v.Unk == nil {
-			return nil, orMissing(err, kind, "vocab/unk_token")
-		}
-		return &wordLevelModel{vocabulary: newVocabulary(*v.Vocab), unk: *v.Unk}, nil
+		return parseWordLevelModel(kind, raw)
 	case "WordPiece":
-		var v struct {
-			Vocab    *map[string]uint32 `json:"vocab"`
-			Unk      *string            `json:"unk_token"`
-			Prefix   *string            `json:"continuing_subword_prefix"`
-			MaxChars *uint64            `json:"max_input_chars_per_word"`
-		}
-		if err := decodeInto(kind, raw, &v); err != nil || v.Vocab == nil || v.Unk == nil || v.Prefix == nil || v.MaxChars == nil {
-			return nil, orMissing(err, kind, "vocab/unk_token/continuing_subword_prefix/max_input_chars_per_word")
-		}
-		return newWordPiece(*v.Vocab, *v.Unk, *v.Prefix, int(min(*v.MaxChars, math.MaxInt32))), nil
+		return parseWordPieceModel(kind, raw)
 	case "Unigram":
-		var v struct {
-			Vocab        *[][]json.RawMessage `json:"vocab"`
-			UnkID        *uint64              `json:"unk_id"`
-			ByteFallback *bool                `json:"byte_fallback"`
-		}
-		if err := decodeInto(kind, raw, &v); err != nil || v.Vocab == nil {
-			return nil, orMissing(err, kind, "vocab")
-		}
-		pieces := make([]unigramPiece, len(*v.Vocab))
-		for i, e := range *v.Vocab {
-			if len(e) != 2 || json.Unmarshal(e[0], &pieces[i].tok) != nil || json.Unmarshal(e[1], &pieces[i].score) != nil {
-				return nil, fmt.Errorf("%s: vocab entry %d must be [token, score]", kind, i)
-			}
-		}
-		var unk *int
-		if v.UnkID != nil {
-			u := int(min(*v.UnkID, math.MaxInt32))
-			unk = &u
-		}
-		return newUnigram(pieces, unk, v.ByteFallback != nil && *v.ByteFallback)
+		return parseUnigramModel(kind, raw)
 	}
 	return nil, fmt.Errorf("unsupported model type %q", typ)
 }

@@ -1,86 +1,13 @@
 package tokenizer
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"unicode/utf8"
 )
-
-var errMissingUnk = errors.New("unknown token, and the model's unk token is not in its vocabulary")
-
-type wordLevelModel struct {
-	*vocabulary
-	unk string
-}
-
-func (m *wordLevelModel) tokenize(s []byte, out []int) ([]int, error) {
-	if id, ok := m.ids[string(s)]; ok {
-		return append(out, int(id)), nil
-	}
-	if id, ok := m.ids[m.unk]; ok {
-		return append(out, int(id)), nil
-	}
-	return out, errMissingUnk
-}
-
-type wordPieceModel struct {
-	*vocabulary
-	unk      string
-	prefix   string // continuing_subword_prefix
-	maxChars int
-	trie     *byteTrie // values index tokIDs
-	tokIDs   []uint32
-	prefixAt int32 // trie node after the prefix (-1: no token has it)
-}
-
-func newWordPiece(voc map[string]uint32, unk, prefix string, maxChars int) *wordPieceModel {
-	keys := make([]trieKey, 0, len(voc))
-	m := &wordPieceModel{vocabulary: newVocabulary(voc), unk: unk, prefix: prefix, maxChars: maxChars}
-	for tok, id := range voc {
-		keys = append(keys, trieKey{tok, int32(len(m.tokIDs))})
-		m.tokIDs = append(m.tokIDs, id)
-	}
-	m.trie = newByteTrie(keys)
-	m.prefixAt = m.trie.walk(0, prefix)
-	return m
-}
-
-func (m *wordPieceModel) tokenize(s []byte, out []int) ([]int, error) {
-	n0 := len(out)
-	unk := func() ([]int, error) {
-		out = out[:n0] // a word with an unknown part is one unknown token
-		id, ok := m.ids[m.unk]
-		if !ok {
-			return out, errMissingUnk
-		}
-		return append(out, int(id)), nil
-	}
-	if utf8.RuneCount(s) > m.maxChars {
-		return unk()
-	}
-	for start := 0; start < len(s); {
-		// The longest vocabulary token (with the prefix past the start)
-		// that the rest of the word begins with.
-		node := int32(0)
-		if start > 0 {
-			node = m.prefixAt
-		}
-		end, id := -1, uint32(0)
-		for i := start; i < len(s) && node >= 0; i++ {
-			node = m.trie.child(node, s[i])
-			if node >= 0 && m.trie.values[node] >= 0 {
-				end, id = i+1, m.tokIDs[m.trie.values[node]]
-			}
-		}
-		if end < 0 {
-			return unk()
-		}
-		out = append(out, int(id))
-		start = end
-	}
-	return out, nil
-}
 
 type unigramPiece struct {
 	tok   string
@@ -101,6 +28,30 @@ type unigramModel struct {
 const unkPenalty = 10.0
 
 var errUnigramNoUnk = errors.New("unknown token, and the Unigram model has no unk_id")
+
+// parseUnigramModel parses a "Unigram" model.
+func parseUnigramModel(kind string, raw json.RawMessage) (model, error) {
+	var v struct {
+		Vocab        *[][]json.RawMessage `json:"vocab"`
+		UnkID        *uint64              `json:"unk_id"`
+		ByteFallback *bool                `json:"byte_fallback"`
+	}
+	if err := decodeInto(kind, raw, &v); err != nil || v.Vocab == nil {
+		return nil, orMissing(err, kind, "vocab")
+	}
+	pieces := make([]unigramPiece, len(*v.Vocab))
+	for i, e := range *v.Vocab {
+		if len(e) != 2 || json.Unmarshal(e[0], &pieces[i].tok) != nil || json.Unmarshal(e[1], &pieces[i].score) != nil {
+			return nil, fmt.Errorf("%s: vocab entry %d must be [token, score]", kind, i)
+		}
+	}
+	var unk *int
+	if v.UnkID != nil {
+		u := int(min(*v.UnkID, math.MaxInt32))
+		unk = &u
+	}
+	return newUnigram(pieces, unk, v.ByteFallback != nil && *v.ByteFallback)
+}
 
 func newUnigram(pieces []unigramPiece, unkID *int, byteFallback bool) (*unigramModel, error) {
 	m := &unigramModel{pieces: pieces, ids: make(map[string]int, len(pieces)), unkID: -1, byteFallback: byteFallback, cache: newWordCache()}

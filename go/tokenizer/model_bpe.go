@@ -1,77 +1,16 @@
 package tokenizer
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"unicode/utf8"
+
+	"github.com/dynamo-ctx/dynamo-ctx/go/jsonscan"
 )
-
-// model turns a pre-tokenized piece into token ids, appended to out (w
-// is not retained).
-type model interface {
-	tokenize(w []byte, out []int) ([]int, error)
-	tokenToID(tok string) (int, bool)
-	idToToken(id int) (string, bool)
-	// size is the number of entries of the vocabulary (what new added
-	// tokens are numbered from), maxID the highest id (-1 when empty).
-	size() int
-	maxID() int
-}
-
-// vocabulary maps tokens to ids and back.
-type vocabulary struct {
-	ids   map[string]uint32
-	dense []string // id -> token, when the ids are dense enough
-	has   []bool
-	rev   map[uint32]string // otherwise
-	max   int
-}
-
-func newVocabulary(v map[string]uint32) *vocabulary {
-	voc := &vocabulary{ids: v, max: -1}
-	for _, id := range v {
-		voc.max = max(voc.max, int(id))
-	}
-	if voc.max < 2*len(v)+1024 {
-		voc.dense = make([]string, voc.max+1)
-		voc.has = make([]bool, voc.max+1)
-		for tok, id := range v {
-			// Two tokens with one id: keep one, deterministically.
-			if !voc.has[id] || tok < voc.dense[id] {
-				voc.dense[id], voc.has[id] = tok, true
-			}
-		}
-	} else {
-		voc.rev = make(map[uint32]string, len(v))
-		for tok, id := range v {
-			if old, ok := voc.rev[id]; !ok || tok < old {
-				voc.rev[id] = tok
-			}
-		}
-	}
-	return voc
-}
-
-func (v *vocabulary) tokenToID(tok string) (int, bool) {
-	id, ok := v.ids[tok]
-	return int(id), ok
-}
-
-func (v *vocabulary) idToToken(id int) (string, bool) {
-	if id < 0 || id > v.max {
-		return "", false
-	}
-	if v.dense != nil {
-		return v.dense[id], v.has[id]
-	}
-	s, ok := v.rev[uint32(id)]
-	return s, ok
-}
-
-func (v *vocabulary) size() int  { return len(v.ids) }
-func (v *vocabulary) maxID() int { return v.max }
 
 type mergeRule struct{ rank, newID uint32 }
 
@@ -93,6 +32,81 @@ type bpeModel struct {
 }
 
 var errUnkNotInVocab = errors.New("the BPE unk_token is not in the vocabulary")
+
+// parseBPEModel parses a "BPE" model.
+func parseBPEModel(kind string, raw json.RawMessage) (model, error) {
+	var v struct {
+		Dropout      *float64           `json:"dropout"`
+		Unk          *string            `json:"unk_token"`
+		Prefix       *string            `json:"continuing_subword_prefix"`
+		Suffix       *string            `json:"end_of_word_suffix"`
+		FuseUnk      *bool              `json:"fuse_unk"`
+		ByteFallback *bool              `json:"byte_fallback"`
+		IgnoreMerges *bool              `json:"ignore_merges"`
+		Vocab        *map[string]uint32 `json:"vocab"`
+		Merges       json.RawMessage    `json:"merges"`
+	}
+	if err := decodeInto(kind, raw, &v); err != nil || v.Vocab == nil || jsonscan.IsNull(v.Merges) {
+		return nil, orMissing(err, kind, "vocab/merges")
+	}
+	if v.Dropout != nil && *v.Dropout != 0 {
+		if *v.Dropout < 0 || *v.Dropout > 1 {
+			return nil, fmt.Errorf("%s: dropout must be in [0, 1]", kind)
+		}
+		return nil, fmt.Errorf("%s: dropout %v is not supported (it makes encoding random)", kind, *v.Dropout)
+	}
+	merges, err := parseMerges(v.Merges)
+	if err != nil {
+		return nil, err
+	}
+	str := func(p *string) string {
+		if p == nil {
+			return ""
+		}
+		return *p
+	}
+	flag := func(p *bool) bool { return p != nil && *p }
+	return newBPE(*v.Vocab, merges, v.Unk, str(v.Prefix), str(v.Suffix), flag(v.FuseUnk), flag(v.ByteFallback), flag(v.IgnoreMerges))
+}
+
+// parseMerges accepts both spellings of BPE merges: [["a", "b"], ...] and
+// ["a b", ...] (lines of a merges.txt; "#version" lines are skipped).
+func parseMerges(raw json.RawMessage) ([][2]string, error) {
+	i := jsonscan.SkipSpace(raw, 0)
+	if jsonscan.HasAt(raw, i, "[") {
+		i = jsonscan.SkipSpace(raw, i+1)
+	}
+	if !jsonscan.HasAt(raw, i, `"`) {
+		var pairs [][]string
+		if err := json.Unmarshal(raw, &pairs); err != nil {
+			return nil, errors.New("model BPE: merges must be a list of [a, b] pairs or of \"a b\" strings")
+		}
+		out := make([][2]string, len(pairs))
+		for i, p := range pairs {
+			if len(p) != 2 {
+				return nil, fmt.Errorf("model BPE: merge %d is not a pair", i)
+			}
+			out[i] = [2]string{p[0], p[1]}
+		}
+		return out, nil
+	}
+	var lines []string
+	if err := json.Unmarshal(raw, &lines); err != nil {
+		return nil, errors.New("model BPE: merges must be a list of [a, b] pairs or of \"a b\" strings")
+	}
+	out := make([][2]string, 0, len(lines))
+	for _, l := range lines {
+		if strings.HasPrefix(l, "#version") {
+			continue
+		}
+		a, b, ok := strings.Cut(l, " ")
+		if !ok || strings.Contains(b, " ") {
+			return nil, fmt.Errorf("model BPE: merge %d (%q) is not two tokens separated by a space", len(out)+1, l)
+		}
+		out = append(out, [2]string{a, b})
+	}
+	return out, nil
+}
 
 func newBPE(voc map[string]uint32, merges [][2]string, unk *string, prefix, suffix string, fuseUnk, byteFallback, ignoreMerges bool) (*bpeModel, error) {
 	m := &bpeModel{

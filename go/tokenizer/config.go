@@ -8,6 +8,8 @@ import (
 	"strings"
 	"unicode/utf8"
 
+	"golang.org/x/text/unicode/norm"
+
 	"github.com/dynamo-ctx/dynamo-ctx/go/jsonscan"
 )
 
@@ -68,19 +70,6 @@ func parseSequence[S ~[]T, T any](kind string, elems []json.RawMessage, parse fu
 		seq = append(seq, x)
 	}
 	return seq, nil
-}
-
-// parseReplace parses a Replace normalizer or decoder.
-func parseReplace(kind string, raw json.RawMessage) (matcher, string, error) {
-	var v struct {
-		Pattern *patternJSON `json:"pattern"`
-		Content *string      `json:"content"`
-	}
-	if err := decodeInto(kind, raw, &v); err != nil || v.Content == nil {
-		return nil, "", orMissing(err, kind, "content")
-	}
-	m, err := v.Pattern.matcher(kind)
-	return m, *v.Content, err
 }
 
 // patternJSON is {"String": "..."} or {"Regex": "..."}.
@@ -240,4 +229,41 @@ func parseModel(raw json.RawMessage) (model, error) {
 		return parseUnigramModel(kind, raw)
 	}
 	return nil, fmt.Errorf("unsupported model type %q", typ)
+}
+
+func parseNormalizer(raw json.RawMessage) (normalizer, error) {
+	typ, err := componentType("normalizer", raw)
+	if err != nil || typ == "" {
+		return nil, err
+	}
+	kind := "normalizer " + typ
+	switch typ {
+	case "NFC":
+		return unicodeNormalizer{norm.NFC}, nil
+	case "NFD":
+		return unicodeNormalizer{norm.NFD}, nil
+	case "NFKC":
+		return unicodeNormalizer{norm.NFKC}, nil
+	case "NFKD":
+		return unicodeNormalizer{norm.NFKD}, nil
+	case "Lowercase":
+		return lowercaseNormalizer{}, nil
+	case "Nmt":
+		return nmtNormalizer{}, nil
+	case "StripAccents":
+		return stripAccentsNormalizer{}, nil
+	case "ByteLevel":
+		return byteLevelNormalizer{}, nil
+	case "Strip":
+		return parseStripNormalizer(kind, raw)
+	case "Replace":
+		return parseReplaceNormalizer(kind, raw)
+	case "Prepend":
+		return parsePrependNormalizer(kind, raw)
+	case "BertNormalizer", "Bert":
+		return parseBertNormalizer(kind, raw)
+	case "Sequence":
+		return parseSequenceNormalizer(kind, raw)
+	}
+	return nil, fmt.Errorf("unsupported normalizer type %q", typ)
 }

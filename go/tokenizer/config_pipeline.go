@@ -9,84 +9,8 @@ import (
 	"fmt"
 	"math"
 
-	"golang.org/x/text/unicode/norm"
-
 	"github.com/dynamo-ctx/dynamo-ctx/go/jsonscan"
 )
-
-func parseNormalizer(raw json.RawMessage) (normalizer, error) {
-	typ, err := componentType("normalizer", raw)
-	if err != nil || typ == "" {
-		return nil, err
-	}
-	kind := "normalizer " + typ
-	switch typ {
-	case "NFC":
-		return unicodeNormalizer{norm.NFC}, nil
-	case "NFD":
-		return unicodeNormalizer{norm.NFD}, nil
-	case "NFKC":
-		return unicodeNormalizer{norm.NFKC}, nil
-	case "NFKD":
-		return unicodeNormalizer{norm.NFKD}, nil
-	case "Lowercase":
-		return lowercaseNormalizer{}, nil
-	case "Nmt":
-		return nmtNormalizer{}, nil
-	case "StripAccents":
-		return stripAccentsNormalizer{}, nil
-	case "ByteLevel":
-		return byteLevelNormalizer{}, nil
-	case "Strip":
-		var v struct {
-			Left  *bool `json:"strip_left"`
-			Right *bool `json:"strip_right"`
-		}
-		if err := decodeInto(kind, raw, &v); err != nil || v.Left == nil || v.Right == nil {
-			return nil, orMissing(err, kind, "strip_left/strip_right")
-		}
-		return stripNormalizer{*v.Left, *v.Right}, nil
-	case "Replace":
-		m, content, err := parseReplace(kind, raw)
-		if err != nil {
-			return nil, err
-		}
-		return replaceNormalizer{m, content}, nil
-	case "Prepend":
-		var v struct {
-			Prepend *string `json:"prepend"`
-		}
-		if err := decodeInto(kind, raw, &v); err != nil || v.Prepend == nil {
-			return nil, orMissing(err, kind, "prepend")
-		}
-		return prependNormalizer{*v.Prepend}, nil
-	case "BertNormalizer", "Bert":
-		var v struct {
-			CleanText    *bool `json:"clean_text"`
-			ChineseChars *bool `json:"handle_chinese_chars"`
-			StripAccents *bool `json:"strip_accents"`
-			Lowercase    *bool `json:"lowercase"`
-		}
-		if err := decodeInto(kind, raw, &v); err != nil || v.CleanText == nil || v.ChineseChars == nil || v.Lowercase == nil {
-			return nil, orMissing(err, kind, "clean_text/handle_chinese_chars/lowercase")
-		}
-		n := bertNormalizer{cleanText: *v.CleanText, chineseChars: *v.ChineseChars, lowercase: *v.Lowercase}
-		n.stripAccents = n.lowercase
-		if v.StripAccents != nil {
-			n.stripAccents = *v.StripAccents
-		}
-		return n, nil
-	case "Sequence":
-		var v struct {
-			Normalizers *[]json.RawMessage `json:"normalizers"`
-		}
-		if err := decodeInto(kind, raw, &v); err != nil || v.Normalizers == nil {
-			return nil, orMissing(err, kind, "normalizers")
-		}
-		return parseSequence[sequenceNormalizer](kind, *v.Normalizers, parseNormalizer)
-	}
-	return nil, fmt.Errorf("unsupported normalizer type %q", typ)
-}
 
 func parsePreTokenizer(raw json.RawMessage) (preTokenizer, error) {
 	typ, err := componentType("pre_tokenizer", raw)

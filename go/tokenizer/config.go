@@ -267,3 +267,36 @@ func parseNormalizer(raw json.RawMessage) (normalizer, error) {
 	}
 	return nil, fmt.Errorf("unsupported normalizer type %q", typ)
 }
+
+func parsePreTokenizer(raw json.RawMessage) (preTokenizer, error) {
+	typ, err := componentType("pre_tokenizer", raw)
+	if err != nil || typ == "" {
+		return nil, err
+	}
+	kind := "pre_tokenizer " + typ
+	switch typ {
+	case "ByteLevel":
+		return parseByteLevelPre(kind, raw)
+	case "Split":
+		return parseSplitPre(kind, raw)
+	case "Metaspace":
+		return parseMetaspacePre(kind, raw)
+	case "Whitespace":
+		return whitespacePre{}, nil
+	case "WhitespaceSplit":
+		return charSplitPre{isWhitespace, behRemoved}, nil
+	case "Digits":
+		return parseDigitsPre(kind, raw)
+	case "Punctuation":
+		return parsePunctuationPre(kind, raw)
+	case "BertPreTokenizer":
+		return sequencePre{charSplitPre{isWhitespace, behRemoved}, charSplitPre{isPunct, behIsolated}}, nil
+	case "CharDelimiterSplit", "Delimiter":
+		return parseCharDelimiterSplitPre(kind, raw)
+	case "FixedLength":
+		return parseFixedLengthPre(kind, raw)
+	case "Sequence":
+		return parseSequencePre(kind, raw)
+	}
+	return nil, fmt.Errorf("unsupported pre_tokenizer type %q", typ)
+}

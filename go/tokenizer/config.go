@@ -300,3 +300,22 @@ func parsePreTokenizer(raw json.RawMessage) (preTokenizer, error) {
 	}
 	return nil, fmt.Errorf("unsupported pre_tokenizer type %q", typ)
 }
+
+func parsePostProcessor(raw json.RawMessage) (postProcessor, error) {
+	typ, err := componentType("post_processor", raw)
+	if err != nil || typ == "" {
+		return nil, err
+	}
+	kind := "post_processor " + typ
+	switch typ {
+	case "ByteLevel":
+		return byteLevelPost{}, nil
+	case "TemplateProcessing":
+		return parseTemplate(kind, raw)
+	case "BertProcessing", "RobertaProcessing":
+		return parseBertPost(kind, raw)
+	case "Sequence":
+		return parseSequencePost(kind, raw)
+	}
+	return nil, fmt.Errorf("unsupported post_processor type %q", typ)
+}

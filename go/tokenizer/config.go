@@ -319,3 +319,34 @@ func parsePostProcessor(raw json.RawMessage) (postProcessor, error) {
 	}
 	return nil, fmt.Errorf("unsupported post_processor type %q", typ)
 }
+
+func parseDecoder(raw json.RawMessage) (decoder, error) {
+	typ, err := componentType("decoder", raw)
+	if err != nil || typ == "" {
+		return nil, err
+	}
+	kind := "decoder " + typ
+	switch typ {
+	case "ByteLevel":
+		return byteLevelDecoder{}, nil
+	case "Metaspace":
+		return parseMetaspaceDecoder(kind, raw)
+	case "Replace":
+		return parseReplaceDecoder(kind, raw)
+	case "ByteFallback":
+		return byteFallbackDecoder{}, nil
+	case "Fuse":
+		return fuseDecoder{}, nil
+	case "Strip":
+		return parseStripDecoder(kind, raw)
+	case "WordPiece":
+		return parseWordPieceDecoder(kind, raw)
+	case "BPEDecoder":
+		return parseBPEDecoder(kind, raw)
+	case "CTC":
+		return parseCTCDecoder(kind, raw)
+	case "Sequence":
+		return parseSequenceDecoder(kind, raw)
+	}
+	return nil, fmt.Errorf("unsupported decoder type %q", typ)
+}

@@ -1,6 +1,10 @@
 package tokenizer
 
 import (
+	"encoding/json"
+	"fmt"
+	"maps"
+	"slices"
 	"strings"
 	"unicode/utf8"
 )
@@ -17,6 +21,84 @@ type addedToken struct {
 	// form is the token's text as Decode sees it: its normalized content
 	// when it is matched after normalization, else its content.
 	form string
+}
+
+type addedTokenJSON struct {
+	ID         *uint32 `json:"id"`
+	Content    *string `json:"content"`
+	SingleWord *bool   `json:"single_word"`
+	LStrip     *bool   `json:"lstrip"`
+	RStrip     *bool   `json:"rstrip"`
+	Normalized *bool   `json:"normalized"`
+	Special    *bool   `json:"special"`
+}
+
+// addTokens registers the added tokens as the format does: a token takes
+// the id its content already has (added earlier, or in the model's
+// vocabulary), else the next id after the model's vocabulary; the "id"
+// the file records is not consulted.
+func (t *Tokenizer) addTokens(raw []json.RawMessage) error {
+	t.addedByID = map[int]*addedToken{}
+	t.addedByContent = map[string]int{}
+	t.specialContent = map[string]bool{}
+	nextID := t.model.size()
+	for i, r := range raw {
+		var j addedTokenJSON
+		if err := json.Unmarshal(r, &j); err != nil {
+			return fmt.Errorf("added_tokens[%d]: %w", i, err)
+		}
+		if j.ID == nil || j.Content == nil || j.SingleWord == nil || j.LStrip == nil || j.RStrip == nil || j.Normalized == nil || j.Special == nil {
+			return fmt.Errorf("added_tokens[%d]: missing field (id, content, single_word, lstrip, rstrip, normalized and special are required)", i)
+		}
+		tok := &addedToken{content: *j.Content, special: *j.Special, singleWord: *j.SingleWord,
+			lstrip: *j.LStrip, rstrip: *j.RStrip, normalized: *j.Normalized}
+		if tok.content == "" {
+			continue
+		}
+		if id, ok := t.addedByContent[tok.content]; ok {
+			if old := t.addedByID[id]; old != nil && old.content == tok.content && old.special == tok.special &&
+				old.singleWord == tok.singleWord && old.lstrip == tok.lstrip && old.rstrip == tok.rstrip && old.normalized == tok.normalized {
+				continue
+			}
+		}
+		id, ok := t.addedByContent[tok.content]
+		if !ok {
+			if id, ok = t.model.tokenToID(tok.content); !ok {
+				id = nextID
+				nextID++
+			}
+		}
+		tok.id = id
+		tok.form = tok.content
+		if tok.normalized && t.normalizer != nil {
+			n, err := t.normalizer.normalize(tok.content)
+			if err != nil {
+				return fmt.Errorf("added_tokens[%d]: %w", i, err)
+			}
+			tok.form = n
+		}
+		t.addedByContent[tok.content] = id
+		if tok.special {
+			t.specialContent[tok.content] = true
+		}
+		t.addedByID[id] = tok
+	}
+	// By id: where two tokens have the same text to match, the later one
+	// (higher id) is found.
+	ids := slices.Sorted(maps.Keys(t.addedByID))
+	var raws, norms []*addedToken
+	for _, id := range ids {
+		tok := t.addedByID[id]
+		switch {
+		case !tok.normalized:
+			raws = append(raws, tok)
+		case tok.form != "":
+			norms = append(norms, tok)
+		}
+	}
+	t.rawMatcher = newAddedMatcher(raws, func(a *addedToken) string { return a.content })
+	t.normMatcher = newAddedMatcher(norms, func(a *addedToken) string { return a.form })
+	return nil
 }
 
 // addedMatcher finds added tokens in text: at the leftmost position where

@@ -13,97 +13,95 @@ import (
 	"github.com/dynamo-ctx/dynamo-ctx/go/jsonscan"
 )
 
-// Parsing of the tokenizer.json components. Each component is selected by
-// its "type"; a type this package does not implement is an error naming
-// it, and so is a field the format requires that is missing.
+// The tokenizer.json document. FromJSON reads its top level (version,
+// added_tokens, truncation, padding and the five components); each
+// component is dispatched by its "type" to the parser that sits beside its
+// behaviour, in a file named by stage and component (model_bpe.go,
+// normalizer_bert.go, pretokenizer_metaspace.go, postprocessor_template.go,
+// decoder_ctc.go, ...). A type this package does not implement is an error
+// naming it, and so is a field the format requires that is missing; the
+// rules every component's parser follows are at the end of this file.
 
-type typed struct {
-	Type *string `json:"type"`
-}
-
-// componentType returns the "type" of a component, "" for JSON null.
-func componentType(kind string, raw json.RawMessage) (string, error) {
-	if jsonscan.IsNull(raw) {
-		return "", nil
-	}
-	var t typed
-	if err := json.Unmarshal(raw, &t); err != nil {
-		return "", fmt.Errorf("%s: %w", kind, err)
-	}
-	if t.Type == nil {
-		return "", fmt.Errorf("%s: no \"type\" (components without one are not supported)", kind)
-	}
-	return *t.Type, nil
-}
-
-func decodeInto(kind string, raw json.RawMessage, v any) error {
-	if err := json.Unmarshal(raw, v); err != nil {
-		return fmt.Errorf("%s: %w", kind, err)
-	}
-	return nil
-}
-
-func missing(kind, field string) error { return fmt.Errorf("%s: missing field %q", kind, field) }
-
-// orMissing is the error of a component that failed to decode (err) or,
-// if it decoded, lacks a field it requires (fields: "a" or "a/b/c").
-func orMissing(err error, kind, fields string) error {
+// FromJSON parses a tokenizer.json. An unsupported component (model,
+// normalizer, pre-tokenizer, post-processor or decoder type) is an error
+// that names it, never a silent mis-tokenization.
+func FromJSON(data []byte) (*Tokenizer, error) {
+	t, err := fromJSON(data)
 	if err != nil {
-		return err
+		return nil, fmt.Errorf("tokenizer.json: %w", err)
 	}
-	return missing(kind, fields)
+	return t, nil
 }
 
-// parseSequence parses the elements of a Sequence component (S, a []T)
-// with parse; an element that parses to nil (null, or a "type" of "") is
-// an error.
-func parseSequence[S ~[]T, T any](kind string, elems []json.RawMessage, parse func(json.RawMessage) (T, error)) (S, error) {
-	seq := make(S, 0, len(elems))
-	for _, r := range elems {
-		x, err := parse(r)
-		if err != nil {
-			return nil, err
+func fromJSON(data []byte) (*Tokenizer, error) {
+	var f struct {
+		Version       *string           `json:"version"`
+		Truncation    json.RawMessage   `json:"truncation"`
+		Padding       json.RawMessage   `json:"padding"`
+		AddedTokens   []json.RawMessage `json:"added_tokens"`
+		Normalizer    json.RawMessage   `json:"normalizer"`
+		PreTokenizer  json.RawMessage   `json:"pre_tokenizer"`
+		PostProcessor json.RawMessage   `json:"post_processor"`
+		Decoder       json.RawMessage   `json:"decoder"`
+		Model         json.RawMessage   `json:"model"`
+	}
+	if err := json.Unmarshal(data, &f); err != nil {
+		return nil, err
+	}
+	if f.Version != nil && *f.Version != "1.0" {
+		return nil, fmt.Errorf("unknown version %q", *f.Version)
+	}
+	t := &Tokenizer{}
+	var err error
+	parseStep(&err, &t.model, parseModel, f.Model)
+	parseStep(&err, &t.normalizer, parseNormalizer, f.Normalizer)
+	parseStep(&err, &t.pre, parsePreTokenizer, f.PreTokenizer)
+	parseStep(&err, &t.post, parsePostProcessor, f.PostProcessor)
+	parseStep(&err, &t.decoder, parseDecoder, f.Decoder)
+	parseStep(&err, &t.trunc, parseTruncation, f.Truncation)
+	parseStep(&err, &t.pad, parsePadding, f.Padding)
+	if err != nil {
+		return nil, err
+	}
+	if err := t.addTokens(f.AddedTokens); err != nil {
+		return nil, err
+	}
+	t.vocabSize = t.model.maxID() + 1
+	maxAdded := -1
+	for id := range t.addedByID {
+		t.vocabSize = max(t.vocabSize, id+1)
+		maxAdded = max(maxAdded, id)
+	}
+	if maxAdded < 1<<24 {
+		t.addedDense = make([]*addedToken, maxAdded+1)
+		for id, a := range t.addedByID {
+			t.addedDense[id] = a
 		}
-		if any(x) == nil {
-			return nil, errors.New(kind + ": null element")
+	}
+	// Decoding skips, with special tokens, any id whose text is the
+	// content of a special token.
+	t.skipIDs = map[int]bool{}
+	for c := range t.specialContent {
+		if id, ok := t.model.tokenToID(c); ok {
+			if tok, _ := t.IDToToken(id); tok == c {
+				t.skipIDs[id] = true
+			}
 		}
-		seq = append(seq, x)
 	}
-	return seq, nil
-}
-
-// patternJSON is {"String": "..."} or {"Regex": "..."}.
-type patternJSON struct {
-	String *string `json:"String"`
-	Regex  *string `json:"Regex"`
-}
-
-func (p *patternJSON) matcher(kind string) (matcher, error) {
-	switch {
-	case p == nil:
-		return nil, missing(kind, "pattern")
-	case p.String != nil && p.Regex == nil:
-		return compilePattern(true, *p.String)
-	case p.Regex != nil && p.String == nil:
-		m, err := compilePattern(false, *p.Regex)
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", kind, err)
+	for id, a := range t.addedByID {
+		if t.specialContent[a.form] {
+			t.skipIDs[id] = true
 		}
-		return m, nil
 	}
-	return nil, fmt.Errorf("%s: pattern must be {\"String\": ...} or {\"Regex\": ...}", kind)
+	return t, nil
 }
 
-// oneRune parses a JSON string holding exactly one character.
-func oneRune(kind, field string, s *string) (rune, error) {
-	if s == nil {
-		return 0, missing(kind, field)
+// parseStep sets *dst to parse(raw), unless an earlier step failed: the
+// first error (*err) is the one reported, and nothing parses after it.
+func parseStep[T any](err *error, dst *T, parse func(json.RawMessage) (T, error), raw json.RawMessage) {
+	if *err == nil {
+		*dst, *err = parse(raw)
 	}
-	r, n := utf8.DecodeRuneInString(*s)
-	if n == 0 || n != len(*s) {
-		return 0, fmt.Errorf("%s: %q must be a single character", kind, field)
-	}
-	return r, nil
 }
 
 type truncationConf struct {
@@ -349,4 +347,71 @@ func parseDecoder(raw json.RawMessage) (decoder, error) {
 		return parseSequenceDecoder(kind, raw)
 	}
 	return nil, fmt.Errorf("unsupported decoder type %q", typ)
+}
+
+type typed struct {
+	Type *string `json:"type"`
+}
+
+// componentType returns the "type" of a component, "" for JSON null.
+func componentType(kind string, raw json.RawMessage) (string, error) {
+	if jsonscan.IsNull(raw) {
+		return "", nil
+	}
+	var t typed
+	if err := json.Unmarshal(raw, &t); err != nil {
+		return "", fmt.Errorf("%s: %w", kind, err)
+	}
+	if t.Type == nil {
+		return "", fmt.Errorf("%s: no \"type\" (components without one are not supported)", kind)
+	}
+	return *t.Type, nil
+}
+
+func decodeInto(kind string, raw json.RawMessage, v any) error {
+	if err := json.Unmarshal(raw, v); err != nil {
+		return fmt.Errorf("%s: %w", kind, err)
+	}
+	return nil
+}
+
+func missing(kind, field string) error { return fmt.Errorf("%s: missing field %q", kind, field) }
+
+// orMissing is the error of a component that failed to decode (err) or,
+// if it decoded, lacks a field it requires (fields: "a" or "a/b/c").
+func orMissing(err error, kind, fields string) error {
+	if err != nil {
+		return err
+	}
+	return missing(kind, fields)
+}
+
+// parseSequence parses the elements of a Sequence component (S, a []T)
+// with parse; an element that parses to nil (null, or a "type" of "") is
+// an error.
+func parseSequence[S ~[]T, T any](kind string, elems []json.RawMessage, parse func(json.RawMessage) (T, error)) (S, error) {
+	seq := make(S, 0, len(elems))
+	for _, r := range elems {
+		x, err := parse(r)
+		if err != nil {
+			return nil, err
+		}
+		if any(x) == nil {
+			return nil, errors.New(kind + ": null element")
+		}
+		seq = append(seq, x)
+	}
+	return seq, nil
+}
+
+// oneRune parses a JSON string holding exactly one character.
+func oneRune(kind, field string, s *string) (rune, error) {
+	if s == nil {
+		return 0, missing(kind, field)
+	}
+	r, n := utf8.DecodeRuneInString(*s)
+	if n == 0 || n != len(*s) {
+		return 0, fmt.Errorf("%s: %q must be a single character", kind, field)
+	}
+	return r, nil
 }

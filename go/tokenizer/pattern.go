@@ -49,6 +49,28 @@ func compilePattern(literal bool, pat string) (matcher, error) {
 	return &regexMatcher{re: re, src: pat}, nil
 }
 
+// patternJSON is {"String": "..."} or {"Regex": "..."}.
+type patternJSON struct {
+	String *string `json:"String"`
+	Regex  *string `json:"Regex"`
+}
+
+func (p *patternJSON) matcher(kind string) (matcher, error) {
+	switch {
+	case p == nil:
+		return nil, missing(kind, "pattern")
+	case p.String != nil && p.Regex == nil:
+		return compilePattern(true, *p.String)
+	case p.Regex != nil && p.String == nil:
+		m, err := compilePattern(false, *p.Regex)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", kind, err)
+		}
+		return m, nil
+	}
+	return nil, fmt.Errorf("%s: pattern must be {\"String\": ...} or {\"Regex\": ...}", kind)
+}
+
 // translateRegex rewrites the constructs whose meaning differs between
 // the format's regexes and the engine used here: `\w` and `\W`, whose word
 // characters are the Alphabetic ones, marks, decimal numbers and connector

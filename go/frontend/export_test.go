@@ -22,7 +22,7 @@ func StopText(stops, pieces []string) (string, bool) {
 
 // IdleConnections returns how many connections the frontend holds that are
 // not serving a request, and how many it closed for its bound.
-func IdleConnections(f *Frontend) (held int, closed int64) { return f.idle.counts() }
+func IdleConnections(f *Frontend) (held int, closed int64) { return f.srv.IdleConnections() }
 
 // PanicBeforeResponse makes every completion request panic once its worker
 // requests are sent, until the returned function is called: a stand-in for

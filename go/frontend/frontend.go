@@ -21,8 +21,9 @@
 //     Options.WriteStallTimeout counts as a disconnect.
 //   - Connections: at most Options.MaxIdleConnections are held that are not
 //     serving a request; past that a new one takes the place of the oldest
-//     once it has waited EvictAfter (see idleConns). Connections serving a
-//     request are not bounded here.
+//     once it has waited EvictAfter (the policy of go/listener, whose
+//     listener the frontend serves on). Connections serving a request are
+//     not bounded here.
 //   - Confirmations: an abort confirmation counts only if it carries the
 //     Key of a request waiting for one and comes from the instance that
 //     request's current attempt went to.
@@ -75,14 +76,13 @@ import (
 	"container/list"
 	"context"
 	"encoding/json"
-	"log/slog"
-	"net"
 	"net/http"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/dynamo-ctx/dynamo-ctx/go/ctxtree"
+	"github.com/dynamo-ctx/dynamo-ctx/go/listener"
 	"github.com/dynamo-ctx/dynamo-ctx/go/plane"
 )
 
@@ -137,6 +137,11 @@ const (
 	DefaultMaxIdleConnections = 1024
 	// DefaultMaxQueuedRequests is the default of Options.MaxQueuedRequests.
 	DefaultMaxQueuedRequests = 1024
+	// EvictAfter is how long a connection must have waited (since it was
+	// accepted, or since its last response) before it may be closed to make
+	// room for a new one (listener.Options.EvictAfter): long enough for a
+	// burst of real clients past the bound to send their requests.
+	EvictAfter = time.Second
 )
 
 func (o *Options) defaults() error {
@@ -182,11 +187,9 @@ type Frontend struct {
 	rt      *plane.Runtime
 	opts    Options
 	client  *plane.Client // all instances of the backend endpoint
-	srv     *http.Server
-	ln      net.Listener
+	srv     *listener.Server
 	metrics *metrics
-	idle    *idleConns // bounds the connections not serving a request
-	texts   texts      // the models' languages, loaded from their directories
+	texts   texts // the models' languages, loaded from their directories
 
 	unsubscribe func() // from abort confirmations
 
@@ -204,7 +207,6 @@ type Frontend struct {
 	files    *plane.Client                 // the workers serving model files (modelfiles.go), made on first use
 	pending  map[string]*pendingAbort      // request key -> disconnect waiting for its confirmation
 	byAge    list.List                     // the same entries (*pendingAbort), oldest first: expiry
-	serveErr chan error
 }
 
 // New starts the frontend on opts.Addr.
@@ -218,9 +220,9 @@ func New(ctx context.Context, rt *plane.Runtime, opts Options) (*Frontend, error
 		return nil, err
 	}
 	f := &Frontend{
-		rt: rt, opts: opts, client: client, metrics: newMetrics(), idle: newIdleConns(opts.MaxIdleConnections),
+		rt: rt, opts: opts, client: client, metrics: newMetrics(),
 		clients: map[string]*plane.Client{}, gates: map[string]*gate{}, pending: map[string]*pendingAbort{},
-		serveErr: make(chan error, 1), hurry: make(chan struct{}), drained: make(chan struct{}), stopping: make(chan struct{}),
+		hurry: make(chan struct{}), drained: make(chan struct{}), stopping: make(chan struct{}),
 	}
 	unsubscribe, err := rt.OnAbortConfirmed(f.onAbortConfirmed)
 	if err != nil {
@@ -228,13 +230,6 @@ func New(ctx context.Context, rt *plane.Runtime, opts Options) (*Frontend, error
 		return nil, err
 	}
 	f.unsubscribe = unsubscribe
-	ln, err := net.Listen("tcp", opts.Addr)
-	if err != nil {
-		unsubscribe()
-		client.Close()
-		return nil, err
-	}
-	f.ln = ln
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/completions", f.completions)
 	mux.HandleFunc("POST /v1/chat/completions", f.chatCompletions)
@@ -257,20 +252,21 @@ func New(ctx context.Context, rt *plane.Runtime, opts Options) (*Frontend, error
 		}
 		mux.ServeHTTP(rec, r)
 	})
-	f.srv = &http.Server{
-		Handler: handler, ReadHeaderTimeout: opts.ReadHeaderTimeout, ReadTimeout: opts.ReadTimeout,
-		IdleTimeout: opts.IdleTimeout, MaxHeaderBytes: MaxHeaderBytes, ConnState: f.idle.connState,
-		// net/http's own complaints go to the library's log, never stderr.
-		ErrorLog: slog.NewLogLogger(slog.Default().Handler(), slog.LevelDebug),
+	f.srv, err = listener.Listen(listener.Options{
+		Addr: opts.Addr, MaxIdleConnections: opts.MaxIdleConnections, EvictAfter: EvictAfter,
+		ReadHeaderTimeout: opts.ReadHeaderTimeout, ReadTimeout: opts.ReadTimeout, IdleTimeout: opts.IdleTimeout,
+		MaxHeaderBytes: MaxHeaderBytes,
+	}, handler)
+	if err != nil {
+		unsubscribe()
+		client.Close()
+		return nil, err
 	}
-	go func() {
-		f.serveErr <- f.srv.Serve(&admitListener{Listener: ln, idle: f.idle, done: make(chan struct{})})
-	}()
 	return f, nil
 }
 
 // Addr is the address the frontend listens on.
-func (f *Frontend) Addr() string { return f.ln.Addr().String() }
+func (f *Frontend) Addr() string { return f.srv.Addr() }
 
 // Close is Drain(5 s).
 func (f *Frontend) Close() error { return f.Drain(5 * time.Second) }
@@ -310,7 +306,7 @@ func (f *Frontend) Drain(timeout time.Duration) error {
 				_ = f.srv.Close()
 			}
 		}
-		<-f.serveErr
+		_ = f.srv.Wait()
 		f.client.Close() // and the per-model clients made from it
 		f.mu.Lock()
 		files := f.files

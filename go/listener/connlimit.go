@@ -1,4 +1,7 @@
-package frontend
+package listener
+
+// The connection-limit policy of every listener (the package's doc says
+// it in short).
 
 import (
 	"container/list"
@@ -8,24 +11,21 @@ import (
 	"time"
 )
 
-// EvictAfter is how long a connection must have waited (since it was
-// accepted, or since its last response) before it may be closed to make
-// room for a new one.
-const EvictAfter = time.Second
-
 // idleConns bounds the connections that are not serving a request: new ones
 // that have not yet sent a request's headers and kept-alive ones between
 // requests (http.StateNew and http.StateIdle). At the bound, a new
 // connection takes the place of the one that has waited longest, once that
-// one has waited EvictAfter; until then the new connection waits, and those
+// one has waited evictAfter; until then the new connection waits, and those
 // behind it wait in the kernel's listen queue. So a flood of silent
 // connections costs the flooder its own oldest connections and keeps no
 // client out, and a burst of real clients past the bound is served (each
-// sends its headers within EvictAfter, and a connection serving a request
+// sends its headers within evictAfter, and a connection serving a request
 // no longer counts). A connection serving a request (a long stream
-// included) is neither counted nor closed.
+// included) is neither counted nor closed. With evictAfter 0 a new
+// connection closes the oldest waiting one at once.
 type idleConns struct {
-	max int
+	max        int
+	evictAfter time.Duration
 
 	mu    sync.Mutex
 	order list.List                  // *waitingConn, oldest first
@@ -40,8 +40,8 @@ type waitingConn struct {
 	since time.Time
 }
 
-func newIdleConns(max int) *idleConns {
-	return &idleConns{max: max, at: map[net.Conn]*list.Element{}, left: make(chan struct{}, 1)}
+func newIdleConns(max int, evictAfter time.Duration) *idleConns {
+	return &idleConns{max: max, evictAfter: evictAfter, at: map[net.Conn]*list.Element{}, left: make(chan struct{}, 1)}
 }
 
 // connState is the http.Server's ConnState hook.
@@ -72,10 +72,10 @@ func (l *idleConns) connState(c net.Conn, s http.ConnState) {
 }
 
 // evictDue closes the oldest waiting connection if it has waited
-// EvictAfter; mu held.
+// evictAfter; mu held.
 func (l *idleConns) evictDue(now time.Time) bool {
 	w := l.order.Front().Value.(*waitingConn)
-	if now.Sub(w.since) < EvictAfter {
+	if now.Sub(w.since) < l.evictAfter {
 		return false
 	}
 	l.order.Remove(l.order.Front())
@@ -99,7 +99,7 @@ func (l *idleConns) admit(done <-chan struct{}) bool {
 			l.mu.Unlock()
 			continue
 		}
-		wait := l.order.Front().Value.(*waitingConn).since.Add(EvictAfter).Sub(now)
+		wait := l.order.Front().Value.(*waitingConn).since.Add(l.evictAfter).Sub(now)
 		l.mu.Unlock()
 		t := time.NewTimer(wait)
 		select {

@@ -99,6 +99,11 @@ enum { DC_HOST_TICK_MS = 100 };
    items in all. */
 enum { DC_SEND_MANY_MAX = 65536, DC_SEND_MULTI_MAX_REQUESTS = 65536, DC_SEND_MULTI_MAX_ITEMS = 16777216 };
 
+/* The size of a buffer that holds any path of a status listener
+   (dc_status_next): a path is at most DC_STATUS_PATH_MAX - 1 bytes, plus the
+   NUL. */
+enum { DC_STATUS_PATH_MAX = 64 };
+
 /* The library's own cgo preambles include this file for the enums only:
    cgo declares the functions itself, with char* where const char* is meant. */
 #ifndef DC_ENUMS_ONLY
@@ -290,8 +295,8 @@ int dc_queue_unwatch(uint64_t q, uint64_t token);
    ------------------------------------------------------------------ */
 
 /* Stores the numbers of live context handles, queue handles and all other
-   handles (runtimes, endpoints, requests, clients, streams, frontends), for
-   leak tests. Any pointer may be NULL. */
+   handles (runtimes, endpoints, requests, clients, streams, frontends,
+   status listeners), for leak tests. Any pointer may be NULL. */
 int dc_handle_counts(uint64_t *contexts, uint64_t *queues, uint64_t *other);
 
 /* Stores the number of goroutines and the bytes of live Go heap (after a
@@ -319,6 +324,56 @@ int dc_log_set_level(int level);
    first in line); DC_EINVAL for NULL level or len. */
 int dc_log_next(int *level, char *buf, size_t cap, size_t *len);
 
+
+/* ------------------------------------------------------------------
+   Status listener: a process's status endpoints (/metrics, /health, ...)
+   over HTTP, each answer rendered by the host
+   ------------------------------------------------------------------ */
+
+/* Starts a status listener on fd, a listening TCP socket of the caller's
+   (the library serves a copy of it: the caller may close its own at once;
+   binding the port is the caller's, so that it may bind before it loads
+   the library) and stores its handle in *out. paths (paths_len bytes) are
+   the paths the host answers, separated by '\n': each "/" then printable
+   ASCII (no space, no '?'), at most DC_STATUS_PATH_MAX - 1 bytes. A GET or
+   HEAD of one of them waits for the host's answer (dc_status_next,
+   dc_status_answer); another method is 405, another path 404, a query
+   string is ignored. Each connection is closed after its answer. Bounds (0:
+   the default): read_timeout, the seconds a client has to send its
+   request's line and headers (10; at most 16 KiB of them); max_connections
+   (64), the connections held before their request's headers arrived (one
+   more closes the oldest of them at once) and the requests waiting for the
+   host's answer (one more is answered 503 at once); answer_timeout (2), the
+   seconds the host has to answer, else the client gets 503. The listener's
+   connection policy is the frontend's (docs/security.md). Errors: DC_EINVAL
+   for NULL pointers, an fd that is not a listening socket, a bad path or
+   bound; DC_EIO. */
+int dc_status_start(int fd, const char *paths, size_t paths_len, double read_timeout, int max_connections,
+                    double answer_timeout, uint64_t *out);
+
+/* Copies the address the status listener listens on into buf, as
+   dc_context_id does. */
+int dc_status_addr(uint64_t h, char *buf, size_t cap, size_t *len);
+
+/* Takes the oldest request waiting for the host's answer: its id in *id and
+   its path into path (cap at least DC_STATUS_PATH_MAX), as dc_context_id
+   does. Errors: DC_EAGAIN (none waits: dc_arm the listener), DC_ECLOSED,
+   DC_EBADF, DC_EINVAL for NULL pointers or a smaller cap. */
+int dc_status_next(uint64_t h, uint64_t *id, char *path, size_t cap, size_t *len);
+
+/* Answers the request id with the HTTP status code (200 to 599), a content
+   type (ct_len bytes of printable ASCII, at most 256; none when 0) and a
+   body (body_len bytes, at most 64 MiB; a HEAD request gets its length
+   only). Errors: DC_ENOENT when the request no longer waits (its client left,
+   or answer_timeout passed: it was answered 503), DC_EINVAL for a status,
+   content type or body out of bounds, DC_ECLOSED, DC_EBADF. */
+int dc_status_answer(uint64_t h, uint64_t id, int code, const char *content_type, size_t ct_len, const char *body,
+                     size_t body_len);
+
+/* Closes the status listener at once (its connections too: the requests
+   waiting for an answer end) and frees its handle; an armed token is pushed.
+   Errors: DC_EBADF. */
+int dc_status_free(uint64_t h);
 
 /* ------------------------------------------------------------------
    HTTP frontend
@@ -584,7 +639,8 @@ int dc_stream_free(uint64_t h);
 
 /* Pushes token onto queue q once the object h may have progressed: an
    endpoint has a request to accept (or closed), a request's send buffer has
-   room, a client knows an instance, a stream has items, started or ended.
+   room, a client knows an instance, a stream has items, started or ended, a
+   status listener has a request for the host to answer (or closed).
    At once if that is already so. One pending arm per object: a second
    replaces the first. Errors: DC_EBADF for either handle or a handle of
    another kind. */

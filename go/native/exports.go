@@ -24,6 +24,7 @@ import (
 	"github.com/dynamo-ctx/dynamo-ctx/go/frontend"
 	"github.com/dynamo-ctx/dynamo-ctx/go/handle"
 	"github.com/dynamo-ctx/dynamo-ctx/go/plane"
+	"github.com/dynamo-ctx/dynamo-ctx/go/status"
 	"github.com/dynamo-ctx/dynamo-ctx/go/wake"
 )
 
@@ -39,6 +40,7 @@ const (
 	kindClient
 	kindStream
 	kindFrontend
+	kindStatus
 )
 
 var (
@@ -50,6 +52,7 @@ var (
 	clients   = handle.NewTable[*plane.Client](kindClient)
 	streams   = handle.NewTable[*plane.Batch](kindStream)
 	frontends = handle.NewTable[*frontend.Frontend](kindFrontend)
+	statuses  = handle.NewTable[*status.Server](kindStatus)
 )
 
 // otherTables are the tables of neither contexts nor queues
@@ -57,7 +60,7 @@ var (
 var otherTables = []interface {
 	Kind() handle.Kind
 	Len() int
-}{runtimes, endpoints, requests, clients, streams, frontends}
+}{runtimes, endpoints, requests, clients, streams, frontends, statuses}
 
 // fail records msg as the calling thread's last error and returns code.
 func fail(code C.int, format string, args ...any) C.int {

@@ -16,6 +16,7 @@ import (
 
 	"github.com/dynamo-ctx/dynamo-ctx/go/ctxtree"
 	"github.com/dynamo-ctx/dynamo-ctx/go/plane"
+	"github.com/dynamo-ctx/dynamo-ctx/go/status"
 )
 
 // The C enums are the Go packages' values, checked here at compile time, every
@@ -60,6 +61,8 @@ var (
 	_ = [1]int{}[C.DC_MAX_TIMEOUT_SECONDS-int64(ctxtree.MaxTimeout/time.Second)]
 	_ = [1]int{}[int64(plane.HostTickInterval/time.Millisecond)-C.DC_HOST_TICK_MS]
 	_ = [1]int{}[C.DC_HOST_TICK_MS-int64(plane.HostTickInterval/time.Millisecond)]
+	_ = [1]int{}[status.MaxPathLen+1-C.DC_STATUS_PATH_MAX]
+	_ = [1]int{}[C.DC_STATUS_PATH_MAX-status.MaxPathLen-1]
 )
 
 // The C route codes are plane's.

@@ -27,6 +27,7 @@ func TestEveryExportRejectsBadHandles(t *testing.T) {
 		assert.EqualValues(t, 9, call1(dc_context_finish, h))
 		assert.EqualValues(t, 9, call1(dc_queue_free, h))
 		assert.EqualValues(t, 9, call2(dc_queue_unwatch, h, 1))
+		assert.EqualValues(t, 9, call1(dc_status_free, h))
 	}
 }
 
@@ -39,6 +40,7 @@ func TestNilPointersAreInvalid(t *testing.T) {
 	assert.EqualValues(t, 22, dc_log_fd(nil))
 	assert.EqualValues(t, 22, dc_log_next(nil, nil, 0, nil))
 	assert.EqualValues(t, 22, dc_request_send_multi(nil, nil, 1, nil, nil, nil, nil))
+	assert.EqualValues(t, 22, dc_status_start(-1, nil, 0, 0, 0, 0, nil))
 	assert.EqualValues(t, 0, dc_request_send_multi(nil, nil, 0, nil, nil, nil, nil), "nothing to send")
 	assert.EqualValues(t, 22, dc_frontend_start(1, nil, 0, nil))
 	assert.EqualValues(t, 22, dc_frontend_check_settings(nil, 0))

@@ -480,8 +480,14 @@ func dc_arm(h C.uint64_t, q C.uint64_t, token C.uint64_t) (rc C.int) {
 			return rc
 		}
 		st.Arm(push)
+	case kindStatus:
+		sl, rc := get(statuses, "dc_arm", h)
+		if rc != C.DC_OK {
+			return rc
+		}
+		sl.Arm(push)
 	default:
-		return fail(C.DC_EBADF, "dc_arm: handle %#x is not an endpoint, request, client or stream", uint64(h))
+		return fail(C.DC_EBADF, "dc_arm: handle %#x is not an endpoint, request, client, stream or status listener", uint64(h))
 	}
 	return C.DC_OK
 }

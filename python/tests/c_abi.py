@@ -62,6 +62,8 @@ def header_cdef(text: str) -> str:
 # against the header.
 DC_OK, DC_ENOENT, DC_EIO, DC_EBADF, DC_EAGAIN, DC_EEXIST, DC_EINVAL, DC_ERANGE = 0, 2, 5, 9, 11, 17, 22, 34
 DC_EINTERNAL = 1000
+DC_ECLOSED = 1005
+DC_STATUS_PATH_MAX = 64  # a buffer that holds any path of a status listener
 DC_LIVE, DC_STOPPED, DC_KILLED = 0, 1, 2
 DC_STATE_MASK, DC_REASON_SHIFT, DC_CAUSE_SHIFT, DC_FIELD_MASK = 0xFF, 8, 16, 0xFF  # the state word's layout
 (

@@ -284,6 +284,39 @@ def test_decode_worker_answers_before_a_prefill_worker_exists(nats_url):
     assert any(r["message"].startswith("serving ") and r["level"] == "INFO" for r in records), decode.log()
 
 
+def test_a_fresh_worker_exports_every_metric_family_at_zero(nats_url):
+    """Before any request, the worker's /metrics has each of its families with its model,
+    and each labelled family every known label value at 0: every reason a context can be
+    cancelled with (the library's names) and every outcome. A dashboard or an alert sees 0,
+    not "no data"."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from dynamo_ctx._lib import native
+    from dynamo_ctx.backends.metrics import OUTCOMES
+
+    reasons = {name for name in native().REASON_NAMES if name}
+    assert {"client_disconnected", "deadline", "shutdown"} <= reasons
+    with Worker("fresh", env_for(NATS_SERVER=nats_url), namespace=new_namespace("cli"), model="fresh-model") as w:
+        w.ready()
+        status, _, body = get(f"{w.metrics_url}/metrics")
+    assert status == 200
+    samples = {}
+    for family in text_string_to_metric_families(body.decode()):
+        for s in family.samples:
+            if s.name.startswith("dynamo_ctx_worker_") and not s.name.endswith("_created"):
+                samples.setdefault(s.name, {})[tuple(sorted((k, v) for k, v in s.labels.items() if k != "model"))] = s.value
+                assert s.labels["model"] == "fresh-model", s
+    model_only = ("dynamo_ctx_worker_running_requests", "dynamo_ctx_worker_kv_blocks_in_use", "dynamo_ctx_worker_requests_total")
+    by_reason = ("dynamo_ctx_worker_cancellations_received_total", "dynamo_ctx_worker_aborts_confirmed_total",
+                 "dynamo_ctx_worker_abort_freed_kv_blocks_total")
+    assert set(samples) == {*model_only, *by_reason, "dynamo_ctx_worker_outcomes_total"}, sorted(samples)
+    for name in model_only:
+        assert samples[name] == {(): 0.0}, name
+    for name in by_reason:
+        assert samples[name] == {(("reason", r),): 0.0 for r in reasons}, name
+    assert samples["dynamo_ctx_worker_outcomes_total"] == {(("outcome", o),): 0.0 for o in OUTCOMES}
+
+
 def test_handler_error_is_logged_once_with_request_id_and_traceback(nats_url, caplog):
     async def handler(request):
         yield {"ok": 1}

@@ -50,6 +50,7 @@ from typing import Any, AsyncIterator, Callable, Dict, List, Optional
 
 from .._aio import eager_task, on_stopped
 from ..context import Context
+from .metrics import OUTCOMES, WorkerMetrics  # noqa: F401 - WorkerMetrics's home is metrics.py; importable here as before
 
 logger = logging.getLogger("dynamo_ctx.backends.vllm")
 
@@ -73,104 +74,6 @@ def is_engine_dead(error: BaseException, engine: Any) -> bool:
         return bool(getattr(engine, "errored", False))
     except Exception:  # noqa: BLE001 - a property that fails says nothing
         return False
-
-
-#: How a worker's request ends, each exactly once (``dynamo_ctx_worker_outcomes_total``):
-#: the engine finished it; it was stopped (the caller's stop_generating, or the handler's
-#: own); the caller killed it (disconnect, kill, shutdown, a lost caller: ``cancelled``) or
-#: its deadline passed; the handler or the engine failed; it was refused (``rejected``).
-OUTCOMES = ("completed", "stopped", "cancelled", "deadline", "failed", "rejected")
-
-
-class WorkerMetrics:
-    """What a worker counts, exposed through prometheus_client.
-
-    The handlers bump the counters (plain attributes); ``collect`` reads them
-    and the engine's ``stats`` when Prometheus scrapes, so a scrape sees one
-    consistent moment and counting costs nothing. ``registry(engine)`` is a
-    ``CollectorRegistry`` holding them; ``render(engine)`` its text exposition.
-    The cancellations and confirmed aborts are also counted by reason (the
-    context's, e.g. ``client_disconnected``, ``deadline``), and every request's
-    one outcome (``OUTCOMES``).
-    """
-
-    def __init__(self, model: str) -> None:
-        self.model = model
-        self.requests_total = 0
-        self.cancellations_received_total = 0
-        self.aborts_confirmed_total = 0
-        self.abort_freed_kv_blocks_total = 0
-        #: reason -> count, for the three above
-        self.cancellations_by_reason: Dict[str, int] = {}
-        self.aborts_by_reason: Dict[str, int] = {}
-        self.freed_by_reason: Dict[str, int] = {}
-        #: outcome -> count
-        self.outcomes: Dict[str, int] = {o: 0 for o in OUTCOMES}
-
-    def cancellation(self, reason: str) -> None:
-        self.cancellations_received_total += 1
-        self.cancellations_by_reason[reason] = self.cancellations_by_reason.get(reason, 0) + 1
-
-    def abort_confirmed(self, reason: str, freed: int) -> None:
-        self.aborts_confirmed_total += 1
-        self.abort_freed_kv_blocks_total += freed
-        self.aborts_by_reason[reason] = self.aborts_by_reason.get(reason, 0) + 1
-        self.freed_by_reason[reason] = self.freed_by_reason.get(reason, 0) + freed
-
-    def outcome(self, outcome: str) -> None:
-        self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
-
-    def collect(self, engine: Any) -> List[Any]:
-        """The metric families, every sample labelled with the model (and the reason, or the outcome)."""
-        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-
-        stats = getattr(engine, "stats", None)
-        out = []
-        for family, name, help_, value in (
-            (GaugeMetricFamily, "dynamo_ctx_worker_running_requests", "Requests holding engine resources.",
-             getattr(stats, "running_requests", 0)),
-            (GaugeMetricFamily, "dynamo_ctx_worker_kv_blocks_in_use", "KV cache blocks in use.", getattr(stats, "kv_blocks_in_use", 0)),
-            (CounterMetricFamily, "dynamo_ctx_worker_requests_total", "Requests received.", self.requests_total),
-        ):
-            f = family(name, help_, labels=["model"])
-            f.add_metric([self.model], value)
-            out.append(f)
-        for name, help_, by_reason in (
-            ("dynamo_ctx_worker_cancellations_received_total", "Requests whose context was stopped or killed, by reason.",
-             self.cancellations_by_reason),
-            ("dynamo_ctx_worker_aborts_confirmed_total", "Engine aborts confirmed (resources freed), by reason.", self.aborts_by_reason),
-            ("dynamo_ctx_worker_abort_freed_kv_blocks_total", "KV blocks freed by confirmed aborts, by reason.", self.freed_by_reason),
-        ):
-            f = CounterMetricFamily(name, help_, labels=["model", "reason"])
-            for reason, n in sorted(by_reason.items()):
-                f.add_metric([self.model, reason], n)
-            out.append(f)
-        f = CounterMetricFamily("dynamo_ctx_worker_outcomes_total", "Requests by how they ended (each exactly once).",
-                                labels=["model", "outcome"])
-        for o in OUTCOMES:
-            f.add_metric([self.model, o], self.outcomes.get(o, 0))
-        out.append(f)
-        return out
-
-    def registry(self, engine: Any) -> Any:
-        """A prometheus_client ``CollectorRegistry`` with this worker's metrics of ``engine``."""
-        from prometheus_client import CollectorRegistry
-
-        metrics = self
-
-        class _Collector:
-            def collect(self) -> Any:
-                return metrics.collect(engine)
-
-        reg = CollectorRegistry(auto_describe=False)
-        reg.register(_Collector())
-        return reg
-
-    def render(self, engine: Any) -> str:
-        """Prometheus text exposition of this worker's metrics."""
-        from prometheus_client import generate_latest
-
-        return generate_latest(self.registry(engine)).decode()
 
 
 #: The sampling options of a token request that go to the engine's SamplingParams.

@@ -1,12 +1,15 @@
-"""The worker's metrics listener under silent connections: at most the cap are held, the
-oldest silent one makes room for a new connection, so probes get through (in process)."""
+"""The worker's metrics listener (the library's status listener serving the worker's
+routes) under silent connections: at most the cap are held, the oldest silent one makes
+room for a new connection, so probes get through (in process)."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 
-from dynamo_ctx.cli.worker import serve_metrics
+from dynamo_ctx.backends.metrics import WorkerMetrics
+from dynamo_ctx.cli.worker import Readiness, status_routes
+from dynamo_ctx.status import StatusServer, bind
 
 
 async def _probe(port: int) -> bytes:
@@ -31,8 +34,10 @@ def test_silent_connections_make_room_for_probes():
     cap, extra = 8, 20
 
     async def main():
-        server = await serve_metrics("127.0.0.1", 0, None, None, read_timeout=30.0, max_connections=cap)
-        port = server.sockets[0].getsockname()[1]
+        routes = status_routes(WorkerMetrics("m"), None, Readiness(None))
+        server = StatusServer(bind("127.0.0.1", 0), routes, read_timeout=30.0, max_connections=cap)
+        server.start()
+        port = int(server.address.rsplit(":", 1)[1])
         silent = []
         try:
             for i in range(cap + extra):
@@ -57,6 +62,5 @@ def test_silent_connections_make_room_for_probes():
                 w.close()
             await asyncio.sleep(0.2)  # their handlers see the end
             server.close()
-            await server.wait_closed()
 
     asyncio.run(main())

@@ -3,8 +3,10 @@
 Serves a vLLM-style handler over the mock engine (or vLLM's ``AsyncLLM`` with
 ``--engine vllm`` when vLLM is installed) on the request plane, registers the model
 with its migration limit, and exposes Prometheus metrics at ``/metrics`` and its
-readiness at ``/health`` on ``--metrics-port``, from start-up on (before it loads the
-engine, waits for NATS or a prefill worker). Modes: ``agg`` (prefill and decode),
+readiness at ``/health`` on ``--metrics-port``: the port is bound at start-up, and
+the library's status listener (``dynamo_ctx.status``, the frontend's listener code)
+answers it once the engine is made (the library loads after the engine, which may
+fork), before the worker waits for NATS or a prefill worker. Modes: ``agg`` (prefill and decode),
 ``prefill``, ``decode`` (calls a prefill worker first). Endpoints:
 ``<namespace>.backend.generate`` for agg and decode, ``<namespace>.prefill.generate``
 for prefill.
@@ -31,14 +33,16 @@ import json
 import logging
 import os
 import signal
+import socket
 import sys
-from collections import OrderedDict
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from .. import DistributedRuntime
+from .. import status as _status
 from ..backends import model_dir
+from ..backends.metrics import WorkerMetrics
 from ..backends.mocker import DEFAULT_MAX_NUM_BATCHED_TOKENS, MockAsyncLLM, MockEngineArgs
-from ..backends.vllm import AggregatedHandler, BaseWorkerHandler, DecodeHandler, PrefillHandler, WorkerMetrics
+from ..backends.vllm import AggregatedHandler, BaseWorkerHandler, DecodeHandler, PrefillHandler
 from . import _args, _errors, _logging, _runner
 from . import reaper
 
@@ -58,15 +62,6 @@ environment: NATS_SERVER (NATS address), DYN_NAMESPACE, DYN_MIGRATION_LIMIT,
 DYN_SYSTEM_HOST and DYN_SYSTEM_PORT (metrics listener), DYN_LOG (log level),
 DYN_LOGGING_JSONL=1 (JSON lines). A flag given wins over its variable.
 """
-
-#: Defaults of the metrics listener's bounds: a client has this long to send
-#: its request line and headers, at most this many connections are held at
-#: once (one more closes the oldest still sending its request), and a
-#: request's head is at most this long.
-METRICS_READ_TIMEOUT = 10.0
-METRICS_MAX_CONNECTIONS = 64
-METRICS_MAX_HEAD = 16 * 1024
-
 
 #: The worker's own flags that vLLM's engine arguments also define: with
 #: ``--engine vllm`` they are vLLM's (``vllm serve``'s spelling and meaning).
@@ -179,13 +174,15 @@ def _add_worker_flags(p: argparse.ArgumentParser) -> None:
     )
     add("--metrics-port", type=_args.port, env="DYN_SYSTEM_PORT", help="serve /metrics and /health on this port (0: any free port)")
     add("--metrics-host", default="127.0.0.1", env="DYN_SYSTEM_HOST", help="address of the metrics listener (loopback only by default)")
+    # Their defaults are the library's status listener's (0 hands them over).
     add(
-        "--metrics-read-timeout", type=_args.positive_float, default=METRICS_READ_TIMEOUT,
-        help="seconds a metrics client has to send its request",
+        "--metrics-read-timeout", type=_args.positive_float,
+        help="seconds a metrics client has to send its request (default: the library's, 10)",
     )
     add(
-        "--metrics-max-connections", type=_args.positive_int, default=METRICS_MAX_CONNECTIONS,
-        help="metrics connections held at once; one more closes the oldest still sending its request",
+        "--metrics-max-connections", type=_args.positive_int,
+        help="metrics connections held before their request arrived, and requests waiting for their answer; one more "
+        "connection closes the oldest still sending its request, one more request is answered 503 (default: the library's, 64)",
     )
     _args.add_nats_url(p)
     add(
@@ -331,116 +328,27 @@ class Readiness:
             return "200 OK", b'{"status":"ready"}\n'
         return "503 Service Unavailable", (json.dumps({"status": "waiting", "waiting_for": self.waiting_for}) + "\n").encode()
 
-
-def exposition(metrics: WorkerMetrics, engine: Any) -> bytes:
-    """/metrics: prometheus_client's default registry (the engine's own
-    metrics, e.g. vLLM's, and the process's) followed by this worker's."""
-    from prometheus_client import REGISTRY, generate_latest
-
-    return bytes(generate_latest(REGISTRY)) + bytes(generate_latest(metrics.registry(engine)))
+    def answer(self) -> "_status.Answer":
+        """The /health answer for the status listener: code, content type, body."""
+        line, body = self.render()
+        return int(line.split()[0]), "application/json", body
 
 
-async def _read_head(reader: asyncio.StreamReader) -> bytes:
-    """The request line, after reading (and bounding) the headers."""
-    request_line = await reader.readline()
-    size = len(request_line)
-    while True:
-        line = await reader.readline()
-        size += len(line)
-        if size > METRICS_MAX_HEAD:
-            raise ValueError("request head too long")
-        if line in (b"\r\n", b"\n", b""):
-            return request_line
+def status_routes(metrics: WorkerMetrics, engine: Any, readiness: Readiness) -> Dict[str, Callable[[], "_status.Answer"]]:
+    """The worker's status endpoints: ``/metrics`` (Prometheus text, rendered
+    by prometheus_client at each scrape), ``/health`` and ``/ready`` (JSON
+    readiness: 200 when serving, 503 with what it waits for otherwise) and
+    ``/live``."""
 
+    def prometheus() -> "_status.Answer":
+        from prometheus_client import CONTENT_TYPE_LATEST
 
-async def serve_metrics(
-    host: str,
-    port: int,
-    metrics: WorkerMetrics,
-    engine: Any,
-    read_timeout: float = METRICS_READ_TIMEOUT,
-    max_connections: int = METRICS_MAX_CONNECTIONS,
-    readiness: Optional[Readiness] = None,
-) -> asyncio.Server:
-    """A minimal HTTP server for ``GET``/``HEAD`` of ``/metrics`` (Prometheus
-    text, rendered by prometheus_client) and ``/health`` (JSON readiness: 200
-    when serving, 503 with what it waits for otherwise).
+        return 200, CONTENT_TYPE_LATEST, metrics.exposition(engine)
 
-    Each connection gets ``read_timeout`` seconds to send its request line and
-    headers (at most ``METRICS_MAX_HEAD`` bytes), else it is closed. At most
-    ``max_connections`` are held at once: one more closes the oldest that is
-    still sending its request (so silent connections cannot keep probes out:
-    a probe sends its request at once, and is closed only if that many newer
-    connections arrive before it has); when every one is being answered, the
-    new one is closed unanswered. So a client that opens connections and
-    sends nothing holds nothing for long.
-    """
-    active = 0
-    reading: "OrderedDict[asyncio.StreamWriter, None]" = OrderedDict()  # still sending their request, oldest first
-    ready = readiness or Readiness(None)
-
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        nonlocal active
-        if active >= max_connections:
-            if not reading:
-                writer.close()
-                return
-            oldest, _ = reading.popitem(last=False)
-            oldest.transport.abort()  # its handler sees the connection end and returns
-        active += 1
-        reading[writer] = None
-        try:
-            try:
-                request_line = await asyncio.wait_for(_read_head(reader), read_timeout)
-            except (asyncio.TimeoutError, ValueError, ConnectionError, asyncio.LimitOverrunError, asyncio.IncompleteReadError):
-                return
-            finally:
-                reading.pop(writer, None)
-            if writer.transport.is_closing():
-                return  # closed to make room for a newer connection: its request is cut, not answered
-            parts = request_line.decode("latin-1").split()
-            method = parts[0] if parts else ""
-            path = parts[1].split("?")[0] if len(parts) >= 2 else ""
-            ctype = "text/plain; charset=utf-8"
-            if method not in ("GET", "HEAD"):
-                status, body = "405 Method Not Allowed", b"method not allowed\n"
-            elif path == "/metrics":
-                from prometheus_client import CONTENT_TYPE_LATEST
-
-                status, body, ctype = "200 OK", exposition(metrics, engine), CONTENT_TYPE_LATEST
-            elif path in ("/health", "/ready"):
-                (status, body), ctype = ready.render(), "application/json"
-            elif path == "/live":
-                status, body = "200 OK", b"alive\n"
-            else:
-                status, body = "404 Not Found", b"not found\n"
-            extra = "Allow: GET, HEAD\r\n" if status.startswith("405") else ""
-            writer.write(
-                f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\n{extra}Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
-                + (b"" if method == "HEAD" else body)
-            )
-            try:
-                await asyncio.wait_for(writer.drain(), read_timeout)
-            except (asyncio.TimeoutError, ConnectionError):
-                pass
-        finally:
-            active -= 1
-            writer.close()
-
-    return await asyncio.start_server(handle, host, port)
-
-
-class _EngineRef:
-    """The engine for the metrics listener, which starts before the engine
-    exists (vLLM's takes a while to load): its attributes, once there is one."""
-
-    def __init__(self) -> None:
-        self.engine: Any = None
-
-    def __getattr__(self, name: str) -> Any:
-        if self.engine is None:
-            raise AttributeError(name)
-        return getattr(self.engine, name)
+    return {
+        "/metrics": prometheus, "/health": readiness.answer, "/ready": readiness.answer,
+        "/live": lambda: (200, _status.TEXT, b"alive\n"),
+    }
 
 
 #: How often the worker checks that its engine is alive while no request
@@ -480,19 +388,30 @@ async def _shutdown_engine(engine: Any) -> None:
         logger.debug("the engine's shutdown failed: %s: %s", type(e).__name__, e)
 
 
-async def _metrics_listener(args: argparse.Namespace, metrics: WorkerMetrics, ref: "_EngineRef",
-                            readiness: Readiness) -> Optional[asyncio.Server]:
-    """The /metrics and /health listener of --metrics-port (None without one)."""
+def _bind_metrics(args: argparse.Namespace) -> Optional[socket.socket]:
+    """The port of --metrics-port, bound (None without one): clients wait in
+    its listen queue until the library serves it (_serve_status)."""
     if args.metrics_port is None:
         return None
     try:
-        server = await serve_metrics(
-            args.metrics_host, args.metrics_port, metrics, ref, args.metrics_read_timeout, args.metrics_max_connections, readiness
-        )
+        sock = _status.bind(args.metrics_host, args.metrics_port)
     except OSError as e:
         raise _errors.listen_error(e, args.metrics_host, args.metrics_port, "--metrics-port", "--metrics-host") from None
-    host, port = server.sockets[0].getsockname()[:2]
+    host, port = sock.getsockname()[:2]
     logger.info("metrics at http://%s:%d/metrics, readiness at /health", host, port)
+    return sock
+
+
+def _serve_status(sock: Optional[socket.socket], args: argparse.Namespace, routes: Dict[str, Callable[[], "_status.Answer"]]
+                  ) -> Optional[_status.StatusServer]:
+    """The library's status listener on the bound port (it loads the library),
+    answering ``routes`` on the running loop."""
+    if sock is None:
+        return None
+    server = _status.StatusServer(
+        sock, routes, read_timeout=args.metrics_read_timeout or 0, max_connections=args.metrics_max_connections or 0
+    )
+    server.start()
     return server
 
 
@@ -500,10 +419,13 @@ async def run(args: argparse.Namespace) -> None:
     loop = asyncio.get_running_loop()
     name = served_model_name(args)
     metrics = WorkerMetrics(name)
-    ref = _EngineRef()
+    engine: Any = None
     readiness = Readiness("the engine to load")
-    # First of all: the worker answers /metrics and /health before it waits on anything.
-    metrics_server = await _metrics_listener(args, metrics, ref, readiness)
+    # First of all the port is bound; the library answers it once the engine
+    # is made (the engine may fork: the library loads after it), before the
+    # worker waits on anything.
+    metrics_sock = _bind_metrics(args)
+    metrics_server: Optional[_status.StatusServer] = None
     runtime: Optional[DistributedRuntime] = None
     handler: BaseWorkerHandler
     died: List[Tuple[str, float]] = []  # (why, when), once the engine died
@@ -530,7 +452,7 @@ async def run(args: argparse.Namespace) -> None:
             # worker, also when it is SIGKILLed (see reaper's doc).
             reaper.start()
         engine, model = vllm_model(args) if args.engine == "vllm" else mock_model(args)
-        ref.engine = engine
+        metrics_server, metrics_sock = _serve_status(metrics_sock, args, status_routes(metrics, engine, readiness)), None
         readiness.waiting_for = f"NATS at {_errors.nats_address(args.nats_url)}"
         runtime = await _runner.connect_runtime(args.nats_url)
         logger.info("migration_limit=%d for model %s", args.migration_limit, model.name)
@@ -601,13 +523,15 @@ async def run(args: argparse.Namespace) -> None:
             # process ends at once (its finalization would wait seconds on what
             # the dead engine held) with status 1, for its orchestrator.
             try:
-                await _shutdown_engine(ref.engine)
+                await _shutdown_engine(engine)
                 # Long enough for a probe to read why (a load balancer's, a person's).
                 await asyncio.sleep(max(0.0, died[0][1] + DEAD_ENGINE_HEALTH_SECONDS - loop.time()))
             finally:
                 _errors.exit_now(PROG, f"{died[0][0]}; exiting so that the worker is restarted", 1)
         if metrics_server is not None:
             metrics_server.close()
+        if metrics_sock is not None:  # the engine failed before the library served it
+            metrics_sock.close()
 
 
 def main(argv: Optional[List[str]] = None) -> None:

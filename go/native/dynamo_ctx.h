@@ -103,6 +103,12 @@ enum { DC_SEND_MANY_MAX = 65536, DC_SEND_MULTI_MAX_REQUESTS = 65536, DC_SEND_MUL
    (dc_status_next): a path is at most DC_STATUS_PATH_MAX - 1 bytes, plus the
    NUL. */
 enum { DC_STATUS_PATH_MAX = 64 };
+/* A worker's model card (dc_model_card) and its model directory's files
+   (go/hfmodel): a card's JSON is at most DC_MODEL_CARD_MAX_BYTES;
+   tokenizer.json is read up to DC_MODEL_MAX_TOKENIZER_BYTES, the other files
+   of the directory (tokenizer_config.json, the chat template files,
+   config.json) up to DC_MODEL_MAX_CONFIG_BYTES. */
+enum { DC_MODEL_CARD_MAX_BYTES = 16384, DC_MODEL_MAX_TOKENIZER_BYTES = 268435456, DC_MODEL_MAX_CONFIG_BYTES = 16777216 };
 
 /* The library's own cgo preambles include this file for the enums only:
    cgo declares the functions itself, with char* where const char* is meant. */
@@ -134,6 +140,23 @@ int dc_string_constant(const char *name, char *buf, size_t cap, size_t *len);
    DC_ERROR_MESSAGE_MAX. buf may be NULL to ask for the length. Messages are
    per thread and only set by failing calls. */
 size_t dc_last_error(char *buf, size_t cap);
+
+
+/* Builds the model card a worker publishes with its instance (its instance
+   metadata: docs/design.md, "The model card") and copies its JSON into buf,
+   as dc_context_id does (DC_MODEL_CARD_MAX_BYTES + 1 bytes always suffice).
+   model is the name clients use, mode "agg", "prefill" or "decode";
+   migration_limit, max_num_seqs (the capacity) and max_model_len (the
+   context length) are 0 or more, 0 for the last two meaning not declared;
+   model_path is the model directory's absolute path (NULL or path_len 0:
+   none). With a model directory, this call reads its text files (each within
+   the bounds above) for the card's text checksum: it blocks for that read.
+   Errors: DC_EINVAL for a NULL model or mode, or a card that breaks a rule
+   (the message says which); DC_EIO for a model directory whose text files
+   cannot be read; DC_ERANGE. */
+int dc_model_card(const char *model, size_t model_len, const char *mode, size_t mode_len, int64_t migration_limit,
+                  int64_t max_num_seqs, int64_t max_model_len, const char *model_path, size_t path_len, char *buf,
+                  size_t cap, size_t *len);
 
 
 /* ------------------------------------------------------------------

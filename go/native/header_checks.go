@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/dynamo-ctx/dynamo-ctx/go/ctxtree"
+	"github.com/dynamo-ctx/dynamo-ctx/go/hfmodel"
+	"github.com/dynamo-ctx/dynamo-ctx/go/modelcard"
 	"github.com/dynamo-ctx/dynamo-ctx/go/plane"
 	"github.com/dynamo-ctx/dynamo-ctx/go/status"
 )
@@ -73,4 +75,15 @@ var (
 	_ = [1]int{}[C.DC_ROUTE_RANDOM-plane.Random]
 	_ = [1]int{}[plane.Direct-C.DC_ROUTE_DIRECT]
 	_ = [1]int{}[C.DC_ROUTE_DIRECT-plane.Direct]
+)
+
+// The model card's bound and the model directory's are modelcard's and
+// hfmodel's.
+var (
+	_ = [1]int{}[modelcard.MaxBytes-C.DC_MODEL_CARD_MAX_BYTES]
+	_ = [1]int{}[C.DC_MODEL_CARD_MAX_BYTES-modelcard.MaxBytes]
+	_ = [1]int{}[hfmodel.MaxTokenizerBytes-C.DC_MODEL_MAX_TOKENIZER_BYTES]
+	_ = [1]int{}[C.DC_MODEL_MAX_TOKENIZER_BYTES-hfmodel.MaxTokenizerBytes]
+	_ = [1]int{}[hfmodel.MaxConfigBytes-C.DC_MODEL_MAX_CONFIG_BYTES]
+	_ = [1]int{}[C.DC_MODEL_MAX_CONFIG_BYTES-hfmodel.MaxConfigBytes]
 )

@@ -205,6 +205,7 @@ extern DC_HIDDEN PyMethodDef plane_methods[];
 extern DC_HIDDEN PyMethodDef client_methods[];
 extern DC_HIDDEN PyMethodDef json_methods[];
 extern DC_HIDDEN PyMethodDef status_methods[];
+extern DC_HIDDEN PyMethodDef model_methods[];
 
 #endif // DC_WITH_PYTHON
 #endif // DC_PY_NATIVE_H

@@ -32,6 +32,13 @@ HOST_TICK_MS: int
 MAX_ID_LEN: int
 #: A timeout must be below this many seconds (a year; the timeout rule, timeout_check).
 MAX_TIMEOUT_SECONDS: int
+#: The longest model card, in bytes of JSON (go/modelcard's MaxBytes).
+MODEL_CARD_MAX_BYTES: int
+#: The most bytes of a model directory's tokenizer.json read (go/hfmodel's MaxTokenizerBytes).
+MODEL_MAX_TOKENIZER_BYTES: int
+#: The most bytes of the directory's other files read: tokenizer_config.json, the chat
+#: template files, config.json (go/hfmodel's MaxConfigBytes).
+MODEL_MAX_CONFIG_BYTES: int
 OK: int
 ENOENT: int
 EIO: int
@@ -145,3 +152,9 @@ def status_next(h: int) -> Tuple[int, int, Optional[str]]: ...
 def status_answer(h: int, request: int, code: int, content_type: str, body: bytes) -> bool: ...
 def status_free(h: int) -> None: ...
 def arm(handle: int, queue: int, token: int) -> None: ...
+# The JSON of the model card a worker publishes (go/modelcard), with the checksum of
+# model_path's text files when it names one (read now, the GIL released). ValueError for
+# a card that breaks a rule, OSError for a directory that cannot be read.
+def model_card(
+    model: str, mode: str, migration_limit: int = 0, max_num_seqs: int = 0, max_model_len: int = 0, model_path: Optional[str] = None
+) -> str: ...

@@ -325,3 +325,51 @@ def test_frontend_settings_are_one_json_value(lib):
     expect(lib, lib.dc_frontend_start(1, ffi.NULL, 0, out), DC_EINVAL, "dc_frontend_start")
     expect(lib, lib.dc_frontend_start(1, good, len(good), ffi.NULL), DC_EINVAL, "dc_frontend_start")
     expect(lib, lib.dc_frontend_start(1, good, len(good), out), DC_EBADF, "dc_frontend_start")
+
+
+TEST_MODEL = PACKAGE_DIR.parents[1] / "go" / "frontend" / "testdata" / "model"
+
+
+def test_model_card(lib, tmp_path):
+    """dc_model_card: a worker's card as go/modelcard builds and checks it; its bounds and the
+    model directory's are the module's constants."""
+    import json
+
+    from dynamo_ctx import _native
+
+    if not TEST_MODEL.is_dir():
+        pytest.skip("no source tree (an installed wheel)")
+    assert (_native.MODEL_CARD_MAX_BYTES, _native.MODEL_MAX_TOKENIZER_BYTES, _native.MODEL_MAX_CONFIG_BYTES) == (
+        lib.DC_MODEL_CARD_MAX_BYTES, lib.DC_MODEL_MAX_TOKENIZER_BYTES, lib.DC_MODEL_MAX_CONFIG_BYTES)
+    model = tmp_path / "model"
+    shutil.copytree(TEST_MODEL, model)
+    n = ffi.new("size_t *")
+    here = str(model).encode()
+
+    def card(name=b"m", mode=b"agg", limit=1, seqs=0, length=512, path=here, cap=lib.DC_MODEL_CARD_MAX_BYTES + 1):
+        buf = ffi.new("char[]", cap)
+        rc = lib.dc_model_card(name, len(name), mode, len(mode), limit, seqs, length, path or ffi.NULL, len(path or b""), buf, cap, n)
+        return rc, ffi.string(buf).decode() if rc == 0 else None
+
+    rc, text = card()
+    ok(lib, rc)
+    got = json.loads(text)
+    assert n[0] == len(text)
+    assert got == {"model": "m", "mode": "agg", "migration_limit": 1, "max_model_len": 512, "model_path": str(model),
+                   "text_checksum": got["text_checksum"]}
+    assert re.fullmatch(r"sha256:[0-9a-f]{64}", got["text_checksum"])
+    assert json.loads(_native.model_card("m", "agg", 1, max_model_len=512, model_path=str(model))) == got
+    (model / "config.json").write_text("{}")
+    assert json.loads(card()[1]) == got, "only the text files count"
+    (model / "chat_template.jinja").write_text("{{ messages }}")
+    assert json.loads(card()[1])["text_checksum"] != got["text_checksum"]
+    assert json.loads(card(path=None)[1]) == {"model": "m", "mode": "agg", "migration_limit": 1, "max_model_len": 512}
+
+    for bad in (dict(mode=b"aggregated"), dict(name=b""), dict(limit=-1), dict(seqs=-1), dict(path=b"relative/model")):
+        rc, _ = card(**bad)
+        assert "invalid model card" in expect(lib, rc, DC_EINVAL, "dc_model_card"), bad
+    expect(lib, card(path=str(tmp_path / "none").encode())[0], lib.DC_EIO, "dc_model_card")
+    expect(lib, card(cap=8)[0], DC_ERANGE, "dc_model_card")
+    assert n[0] > 8
+    buf = ffi.new("char[64]")
+    expect(lib, lib.dc_model_card(ffi.NULL, 0, b"agg", 3, 0, 0, 0, ffi.NULL, 0, buf, 64, n), DC_EINVAL, "dc_model_card")

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import shutil
+from pathlib import Path
 
 import pytest
 
@@ -153,3 +156,27 @@ def test_engine_death_hands_streams_over_and_exits_nonzero(nats_url):
             healthy.kill()
 
     run(main())
+
+
+def test_worker_publishes_the_librarys_model_card(tmp_path):
+    """The worker's instance metadata is the model card the library builds and checks
+    (go/modelcard): the keys frontends read, and the checksum of the model directory's text
+    files, which follows them; a card the library refuses is never published."""
+    from dynamo_ctx import _native
+    from dynamo_ctx.cli import worker
+
+    d = tmp_path / "model"
+    shutil.copytree(Path(__file__).resolve().parents[2] / "go" / "frontend" / "testdata" / "model", d)
+    model = worker.Model("tiny", str(d), 512, 8)
+    card = worker.model_card(model, "decode", 2)
+    assert card == json.loads(_native.model_card("tiny", "decode", 2, max_num_seqs=8, max_model_len=512, model_path=str(d)))
+    assert list(card) == ["model", "mode", "migration_limit", "max_num_seqs", "max_model_len", "model_path", "text_checksum"]
+    assert card["model_path"] == str(d) and card["text_checksum"].startswith("sha256:")
+    assert worker.model_card(worker.Model("tiny", None, None), "agg", 0) == {"model": "tiny", "mode": "agg", "migration_limit": 0}
+
+    (d / "chat_template.jinja").write_text("{{ messages }}")  # a new revision of the text, in place
+    assert worker.model_card(model, "decode", 2)["text_checksum"] != card["text_checksum"]
+    with pytest.raises(ValueError, match="mode"):
+        worker.model_card(model, "aggregated", 0)
+    with pytest.raises(OSError, match="tokenizer.json"):
+        worker.model_card(worker.Model("tiny", str(tmp_path / "none"), None), "agg", 0)

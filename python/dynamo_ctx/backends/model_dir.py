@@ -17,8 +17,12 @@ another machine): ``files_handler(dir)`` is the handler of the worker's
 ``<namespace>.backend.model_files`` endpoint (the protocol is the frontend's, in
 go/frontend/modelfiles.go).
 
-Reading is bounded (``MAX_TOKENIZER_BYTES``) and needs nothing but the standard
-library: the mock engine runs without ``tokenizers`` or ``transformers``.
+Reading is bounded by the frontend's own bounds (go/hfmodel's, which the native module
+exports: ``max_tokenizer_bytes()``, ``max_config_bytes()``) and needs the standard library
+only besides: the mock engine runs without ``tokenizers`` or ``transformers``.
+
+What the worker publishes about the directory (its path and the checksum of its text
+files) is its model card, built by the library: see ``model_card`` in cli/worker.py.
 """
 
 from __future__ import annotations
@@ -29,14 +33,22 @@ import re
 import stat
 from typing import Any, AsyncIterator, Callable, Dict, List, Optional, Set
 
-__all__ = ["find", "vocabulary", "max_model_len", "files_handler", "MAX_TOKENIZER_BYTES"]
+from .._lib import native
 
-#: The largest tokenizer.json read, and the largest config.json: the
-#: frontend's bounds, go/hfmodel's MaxTokenizerBytes and MaxConfigBytes
-#: (go/hfmodel/hfmodel.go), restated because the library does not export
-#: them (a change to those is one to these).
-MAX_TOKENIZER_BYTES = 256 << 20
-_MAX_CONFIG_BYTES = 16 << 20
+__all__ = ["find", "vocabulary", "max_model_len", "files_handler", "max_tokenizer_bytes", "max_config_bytes"]
+
+
+def max_tokenizer_bytes() -> int:
+    """The most bytes of tokenizer.json read (go/hfmodel's MaxTokenizerBytes, the
+    frontend's bound, from the native module)."""
+    return int(native().MODEL_MAX_TOKENIZER_BYTES)
+
+
+def max_config_bytes() -> int:
+    """The most bytes of config.json (and the directory's other small files) read
+    (go/hfmodel's MaxConfigBytes, from the native module)."""
+    return int(native().MODEL_MAX_CONFIG_BYTES)
+
 
 #: config.json keys that state the context length, as vLLM reads them (the
 #: smallest present wins).
@@ -74,7 +86,7 @@ def find(model: str) -> Optional[str]:
 def vocabulary(path: str) -> List[int]:
     """The ids of ``path``'s tokenizer that are text: its model's vocabulary
     and its added tokens that are not special, sorted."""
-    tok: Dict[str, Any] = _read_json(os.path.join(path, "tokenizer.json"), MAX_TOKENIZER_BYTES)
+    tok: Dict[str, Any] = _read_json(os.path.join(path, "tokenizer.json"), max_tokenizer_bytes())
     vocab = (tok.get("model") or {}).get("vocab") or {}
     ids: Set[int] = set()
     if isinstance(vocab, dict):  # BPE, WordLevel, WordPiece: token -> id
@@ -97,7 +109,7 @@ def max_model_len(path: str) -> Optional[int]:
     cfg_path = os.path.join(path, "config.json")
     if not os.path.isfile(cfg_path):
         return None
-    cfg = _read_json(cfg_path, _MAX_CONFIG_BYTES)
+    cfg = _read_json(cfg_path, max_config_bytes())
     found: List[int] = []
     for section in (cfg, cfg.get("text_config") or {}):
         for key in _LENGTH_KEYS:
@@ -119,8 +131,9 @@ def files_handler(path: str) -> Callable[[Dict[str, Any]], AsyncIterator[Dict[st
     """The handler that serves ``path``'s text files: ``{"files": [names]}`` is answered,
     per name, with ``{"name", "data"}`` pieces of its text and ``{"name", "end": True}``,
     or ``{"name", "missing": True}``. The directory is held open, so it is served as it
-    was found even if it is renamed later; each file is read within MAX_TOKENIZER_BYTES."""
+    was found even if it is renamed later; each file is read within max_tokenizer_bytes()."""
     dir_fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    limit = max_tokenizer_bytes()
 
     def read(name: str) -> Optional[str]:
         try:
@@ -129,13 +142,13 @@ def files_handler(path: str) -> Callable[[Dict[str, Any]], AsyncIterator[Dict[st
             return None
         if not stat.S_ISREG(st.st_mode):
             return None
-        if st.st_size > MAX_TOKENIZER_BYTES:
-            raise ValueError(f"{name} has {st.st_size} bytes, more than the {MAX_TOKENIZER_BYTES} served")
+        if st.st_size > limit:
+            raise ValueError(f"{name} has {st.st_size} bytes, more than the {limit} served")
         fd = os.open(name, os.O_RDONLY, dir_fd=dir_fd)
         with os.fdopen(fd, "rb") as f:
-            data = f.read(MAX_TOKENIZER_BYTES + 1)
-        if len(data) > MAX_TOKENIZER_BYTES:
-            raise ValueError(f"{name} has more than the {MAX_TOKENIZER_BYTES} bytes served")
+            data = f.read(limit + 1)
+        if len(data) > limit:
+            raise ValueError(f"{name} has more than the {limit} bytes served")
         return data.decode("utf-8")
 
     async def model_files(request: Dict[str, Any]) -> AsyncIterator[Dict[str, Any]]:

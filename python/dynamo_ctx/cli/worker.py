@@ -12,8 +12,9 @@ fork), before the worker waits for NATS or a prefill worker. Modes: ``agg`` (pre
 for prefill.
 
 - ``--model`` is a model name or a model directory in the Hugging Face layout; the
-  instance publishes the directory (``model_path``) so that the frontend speaks the
-  model's text, and ``--served-model-name`` (as vLLM's) names it to clients. The mock
+  instance publishes the directory (``model_path``, with the checksum of its text files,
+  in its model card: ``model_card``) so that the frontend speaks the model's text, and
+  ``--served-model-name`` (as vLLM's) names it to clients. The mock
   engine then produces the model's vocabulary, and the context length is its
   config.json's unless ``--max-model-len`` says otherwise.
 - With ``--engine vllm`` the engine arguments are vLLM's, as ``vllm serve`` spells
@@ -39,6 +40,8 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from .. import DistributedRuntime
 from .. import status as _status
+
+from .._lib import native
 from ..backends import model_dir
 from ..backends.metrics import WorkerMetrics
 from ..backends.mocker import DEFAULT_MAX_NUM_BATCHED_TOKENS, MockAsyncLLM, MockEngineArgs
@@ -265,6 +268,19 @@ class Model:
         self.max_num_seqs = max_num_seqs
 
 
+def model_card(model: Model, mode: str, migration_limit: int) -> Dict[str, Any]:
+    """The model card this worker publishes with its instance (docs/design.md, "The
+    model card"): built and checked by the library (go/modelcard, its one definition),
+    which reads the model directory's text files for their checksum. It blocks for that
+    read. ValueError for a card that breaks a rule, OSError for an unreadable directory."""
+    text = native().model_card(
+        model.name, mode, migration_limit, max_num_seqs=model.max_num_seqs or 0, max_model_len=model.max_model_len or 0,
+        model_path=model.path,
+    )
+    card: Dict[str, Any] = json.loads(text)
+    return card
+
+
 def mock_model(args: argparse.Namespace) -> Tuple[Any, Model]:
     """The mock engine and its model: with a model directory, the mock produces
     its vocabulary and the context length is its config.json's unless
@@ -472,20 +488,14 @@ async def run(args: argparse.Namespace) -> None:
         handler.engine_dead = engine_dead
         watch = asyncio.ensure_future(_watch_engine(engine, engine_dead))
         endpoint = runtime.namespace(args.namespace).component(component).endpoint("generate")
-        meta: Dict[str, Any] = {"model": model.name, "mode": args.mode, "migration_limit": args.migration_limit}
-        if model.max_num_seqs is not None:
-            meta["max_num_seqs"] = model.max_num_seqs
-        if model.max_model_len is not None:
-            meta["max_model_len"] = model.max_model_len
-        if model.path is not None:
-            meta["model_path"] = model.path
         readiness.waiting_for = f"registration of {endpoint.path}"
+        card = await loop.run_in_executor(None, model_card, model, args.mode, args.migration_limit)
         if model.path is not None and component == "backend":
-            # For frontends that cannot read the directory (another machine).
+            # For frontends that cannot read the directory (another machine):
+            # the same card, so that a frontend asks a worker with the same files.
             files = runtime.namespace(args.namespace).component(component).endpoint("model_files")
-            files_meta = {"model": model.name, "model_path": model.path}
-            files_serving = asyncio.ensure_future(files.serve_endpoint(model_dir.files_handler(model.path), metadata=files_meta))
-        serving = asyncio.ensure_future(endpoint.serve_endpoint(handler.generate, metadata=meta))
+            files_serving = asyncio.ensure_future(files.serve_endpoint(model_dir.files_handler(model.path), metadata=card))
+        serving = asyncio.ensure_future(endpoint.serve_endpoint(handler.generate, metadata=card))
         instance = await endpoint.serving()
         readiness.waiting_for = None
         logger.info("serving %s as instance %d (model %s, mode %s)", endpoint.path, instance, model.name, args.mode)

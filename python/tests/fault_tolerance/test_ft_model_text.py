@@ -142,3 +142,11 @@ def test_model_files_handler_serves_only_its_text_files(tmp_path):
     for bad in (["../etc/passwd.json"], ["secret.txt"], [".hidden.json"], ["a/b.json"], [], ["x.json"] * 17, "tokenizer.json"):
         with pytest.raises(ValueError):
             asyncio.run(ask(bad))
+    # Each file within the frontend's bound, the library's (go/hfmodel), never restated.
+    from dynamo_ctx import _native
+
+    assert model_dir.max_tokenizer_bytes() == _native.MODEL_MAX_TOKENIZER_BYTES == 256 << 20
+    with open(d / "big.json", "wb") as f:
+        f.truncate(_native.MODEL_MAX_TOKENIZER_BYTES + 1)  # sparse: nothing is read
+    with pytest.raises(ValueError, match=f"more than the {_native.MODEL_MAX_TOKENIZER_BYTES} served"):
+        asyncio.run(ask(["big.json"]))

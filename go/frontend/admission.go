@@ -225,16 +225,20 @@ func (f *Frontend) notAdmitted(w http.ResponseWriter, model string, choices int,
 // requests running (as this frontend counts them) and those waiting.
 func (f *Frontend) writeAdmission(w io.Writer) {
 	f.mu.Lock()
-	models := sortedKeys(f.gates)
-	gates := make([]*gate, len(models))
-	for i, m := range models {
-		gates[i] = f.gates[m]
+	byModel := map[string][]*gate{} // a model's gates: one per text its instances speak (models.go)
+	for key, g := range f.gates {
+		byModel[key.model] = append(byModel[key.model], g)
 	}
 	f.mu.Unlock()
+	models := sortedKeys(byModel)
 	gauge := func(name, help string, value func(g *gate) int) {
 		fmt.Fprintf(w, "# HELP %s %s\n# TYPE %s gauge\n", name, help, name)
-		for i, g := range gates {
-			fmt.Fprintf(w, "%s{%s} %d\n", name, label(models[i]), value(g))
+		for _, m := range models {
+			n := 0
+			for _, g := range byModel[m] {
+				n += value(g)
+			}
+			fmt.Fprintf(w, "%s{%s} %d\n", name, label(m), n)
 		}
 	}
 	gauge("dynamo_ctx_frontend_inflight_requests", "Worker requests running, as this frontend routed them.", func(g *gate) int {

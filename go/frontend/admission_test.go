@@ -2,7 +2,6 @@ package frontend_test
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -19,6 +18,7 @@ import (
 
 	"github.com/dynamo-ctx/dynamo-ctx/go/frontend"
 	"github.com/dynamo-ctx/dynamo-ctx/go/internal/planetest"
+	"github.com/dynamo-ctx/dynamo-ctx/go/modelcard"
 	"github.com/dynamo-ctx/dynamo-ctx/go/plane"
 )
 
@@ -34,7 +34,7 @@ func full(t *testing.T, capacity, queued int) (*env, chan *plane.Request) {
 	t.Helper()
 	e := newEnv(t)
 	got := make(chan *plane.Request, 64)
-	e.workerMeta("w", "dynamo", map[string]any{"model": "m", "max_num_seqs": capacity}, planetest.Hold(got))
+	e.workerMeta("w", "dynamo", modelcard.Card{Model: "m", MaxNumSeqs: capacity}, planetest.Hold(got))
 	e.startWith(frontend.Options{Addr: "127.0.0.1:0", MigrationLimit: -1, MaxQueuedRequests: queued})
 	e.waitModels("m")
 	return e, got
@@ -158,8 +158,8 @@ func TestNoQueueRejectsAtOnce(t *testing.T) {
 func TestRoutesToTheMostFreeCapacity(t *testing.T) {
 	e := newEnv(t)
 	gotSmall, gotBig := make(chan *plane.Request, 8), make(chan *plane.Request, 8)
-	e.workerMeta("small", "dynamo", map[string]any{"model": "m", "max_num_seqs": 1}, planetest.Hold(gotSmall))
-	e.workerMeta("big", "dynamo", map[string]any{"model": "m", "max_num_seqs": 3}, planetest.Hold(gotBig))
+	e.workerMeta("small", "dynamo", modelcard.Card{Model: "m", MaxNumSeqs: 1}, planetest.Hold(gotSmall))
+	e.workerMeta("big", "dynamo", modelcard.Card{Model: "m", MaxNumSeqs: 3}, planetest.Hold(gotBig))
 	e.startWith(frontend.Options{Addr: "127.0.0.1:0", MigrationLimit: -1, MaxQueuedRequests: 4})
 	require.Eventually(t, func() bool {
 		r := e.do(http.MethodGet, "/health", "", nil)
@@ -197,7 +197,7 @@ func (e *env) hiccup(capacity int) (id uint64, served *atomic.Int64) {
 	served = new(atomic.Int64)
 	var first atomic.Bool
 	hand := planetest.NewHandConns(t)
-	meta, _ := json.Marshal(map[string]any{"model": "m", "migration_limit": 0, "max_num_seqs": capacity})
+	meta := cardJSON(e.t, modelcard.Card{Model: "m", MaxNumSeqs: capacity})
 	id = planetest.HandInstance(t, e.host, "dynamo.backend.generate", meta, func(m *nats.Msg) {
 		if first.CompareAndSwap(false, true) {
 			return // not acknowledged
@@ -222,7 +222,7 @@ func (e *env) hiccup(capacity int) (id uint64, served *atomic.Int64) {
 func TestAdmissionUsesASuspectWithRoom(t *testing.T) {
 	e := newEnv(t)
 	gotB := make(chan *plane.Request, 8)
-	e.workerMeta("b", "dynamo", map[string]any{"model": "m", "migration_limit": 0, "max_num_seqs": 1}, planetest.Hold(gotB))
+	e.workerMeta("b", "dynamo", modelcard.Card{Model: "m", MaxNumSeqs: 1}, planetest.Hold(gotB))
 	_, served := e.hiccup(2)
 	e.startWith(queueOf(1))
 	e.waitModels("m")
@@ -290,14 +290,14 @@ func TestRequestAfterTheDrainGaveUpStartsNothing(t *testing.T) {
 // outcomes add up to the requests taken.
 func TestAdmissionChurnWithMigrationAndResends(t *testing.T) {
 	e := newEnv(t)
-	e.workerMeta("w", "dynamo", map[string]any{"model": "m", "max_num_seqs": 3, "migration_limit": 2}, func(w *planetest.Worker, req *plane.Request) {
+	e.workerMeta("w", "dynamo", modelcard.Card{Model: "m", MaxNumSeqs: 3, MigrationLimit: 2}, func(w *planetest.Worker, req *plane.Request) {
 		select {
 		case <-time.After(time.Duration(1+len(req.ID)%5) * time.Millisecond):
 			planetest.Tokens(w, req)
 		case <-req.Ctx.Killed():
 		}
 	})
-	planetest.BlackHole(t, e.host, "dynamo.backend.generate", []byte(`{"model":"m","migration_limit":2,"max_num_seqs":2}`)) // never acknowledges
+	planetest.BlackHole(t, e.host, "dynamo.backend.generate", cardJSON(t, modelcard.Card{Model: "m", MigrationLimit: 2, MaxNumSeqs: 2})) // never acknowledges
 	e.startWith(queueOf(20))
 	e.waitModels("m")
 	var wg sync.WaitGroup
@@ -342,7 +342,7 @@ func TestAdmissionChurnWithMigrationAndResends(t *testing.T) {
 func TestQueuedRequestEndsWhenTheModelHasNoInstanceLeft(t *testing.T) {
 	e := newEnv(t)
 	got := make(chan *plane.Request, 8)
-	w := e.workerMeta("w", "dynamo", map[string]any{"model": "m", "max_num_seqs": 1}, planetest.Hold(got))
+	w := e.workerMeta("w", "dynamo", modelcard.Card{Model: "m", MaxNumSeqs: 1}, planetest.Hold(got))
 	e.startWith(queueOf(8))
 	e.waitModels("m")
 	_, cancelA := e.send("a")

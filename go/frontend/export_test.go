@@ -31,3 +31,11 @@ func PanicBeforeResponse() (restore func()) {
 	testHookBeforeResponse = func() { panic("test: a bug in the response code") }
 	return func() { testHookBeforeResponse = nil }
 }
+
+// Loaded returns how many models' texts the frontend keeps, and how many
+// routes (a model's instances of one text, with their client and gate).
+func Loaded(f *Frontend) (texts, routes int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.texts.loaded(), len(f.clients)
+}

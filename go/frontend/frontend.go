@@ -39,8 +39,9 @@
 //     dynamo_ctx_frontend_disconnect_to_abort_seconds. All are labelled by
 //     model. Every worker request's one outcome is counted too (outcome.go).
 //   - Models: GET /v1/models lists the models that registered worker instances
-//     declare in their metadata ({"model": ...}); requests are routed only to
-//     instances of the requested model.
+//     declare in their metadata, their model cards (go/modelcard); requests
+//     are routed only to instances of the requested model that have the
+//     text (tokenizer, chat template) the request was tokenized with (text.go).
 //   - OpenAI API (openai.go, docs/openai-api.md): usage and
 //     stream_options.include_usage; n (one worker request per choice), stop
 //     strings (matched here), stop_token_ids, seed and sampling options
@@ -100,7 +101,7 @@ type Options struct {
 	// MaxBodyBytes bounds a request body (0: DefaultMaxBodyBytes).
 	MaxBodyBytes int64
 	// DefaultMaxModelLen is a model's context length when none of its
-	// instances declares one ("max_model_len" in their metadata); 0 means
+	// instances declares one (max_model_len in their model card); 0 means
 	// DefaultMaxModelLen.
 	DefaultMaxModelLen int
 	// MaxIdleConnections bounds the connections not serving a request (new
@@ -189,7 +190,8 @@ type Frontend struct {
 	client  *plane.Client // all instances of the backend endpoint
 	srv     *listener.Server
 	metrics *metrics
-	texts   texts // the models' languages, loaded from their directories
+	texts   texts         // the models' languages, loaded from their directories, by content (text.go)
+	turn    atomic.Uint64 // whose text the next request takes, among a model's instances (text.go)
 
 	unsubscribe func() // from abort confirmations
 
@@ -202,8 +204,8 @@ type Frontend struct {
 
 	mu       sync.Mutex
 	inflight map[*ctxtree.Context]struct{} // the contexts of the worker requests being served (Drain)
-	clients  map[string]*plane.Client      // per model
-	gates    map[string]*gate              // per model, with its client: admission (admission.go)
+	clients  map[route]*plane.Client       // per model and text (models.go)
+	gates    map[route]*gate               // with each client: admission (admission.go)
 	files    *plane.Client                 // the workers serving model files (modelfiles.go), made on first use
 	pending  map[string]*pendingAbort      // request key -> disconnect waiting for its confirmation
 	byAge    list.List                     // the same entries (*pendingAbort), oldest first: expiry
@@ -221,7 +223,7 @@ func New(ctx context.Context, rt *plane.Runtime, opts Options) (*Frontend, error
 	}
 	f := &Frontend{
 		rt: rt, opts: opts, client: client, metrics: newMetrics(),
-		clients: map[string]*plane.Client{}, gates: map[string]*gate{}, pending: map[string]*pendingAbort{},
+		clients: map[route]*plane.Client{}, gates: map[route]*gate{}, pending: map[string]*pendingAbort{},
 		hurry: make(chan struct{}), drained: make(chan struct{}), stopping: make(chan struct{}),
 	}
 	unsubscribe, err := rt.OnAbortConfirmed(f.onAbortConfirmed)
@@ -307,7 +309,7 @@ func (f *Frontend) Drain(timeout time.Duration) error {
 			}
 		}
 		_ = f.srv.Wait()
-		f.client.Close() // and the per-model clients made from it
+		f.client.Close() // and the per-model clients made from it (models.go)
 		f.mu.Lock()
 		files := f.files
 		f.mu.Unlock()

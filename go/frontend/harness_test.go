@@ -23,6 +23,7 @@ import (
 	"github.com/dynamo-ctx/dynamo-ctx/go/ctxtree"
 	"github.com/dynamo-ctx/dynamo-ctx/go/frontend"
 	"github.com/dynamo-ctx/dynamo-ctx/go/internal/planetest"
+	"github.com/dynamo-ctx/dynamo-ctx/go/modelcard"
 	"github.com/dynamo-ctx/dynamo-ctx/go/plane"
 )
 
@@ -72,16 +73,23 @@ func (e *env) startWith(opts frontend.Options) {
 // model, declaring migrationLimit in its instance metadata.
 func (e *env) worker(name, namespace, model string, migrationLimit int, h planetest.Handler) *planetest.Worker {
 	e.t.Helper()
-	return e.workerMeta(name, namespace, map[string]any{"model": model, "migration_limit": migrationLimit}, h)
+	return e.workerMeta(name, namespace, modelcard.Card{Model: model, Mode: modelcard.Agg, MigrationLimit: migrationLimit}, h)
 }
 
-// workerMeta is worker with the given instance metadata.
-func (e *env) workerMeta(name, namespace string, metadata map[string]any, h planetest.Handler) *planetest.Worker {
+// workerMeta is worker with the given model card as its instance metadata.
+func (e *env) workerMeta(name, namespace string, card modelcard.Card, h planetest.Handler) *planetest.Worker {
 	e.t.Helper()
-	meta, err := json.Marshal(metadata)
-	require.NoError(e.t, err)
 	return planetest.Serve(e.t, planetest.Join(e.t, e.host), namespace+".backend.generate", h,
-		planetest.Named(name), planetest.WithMetadata(meta))
+		planetest.Named(name), planetest.WithMetadata(cardJSON(e.t, card)))
+}
+
+// cardJSON is card's encoding, as a worker publishes it (go/modelcard), for
+// cards of any test's making (Validate is the worker's business).
+func cardJSON(t testing.TB, card modelcard.Card) []byte {
+	t.Helper()
+	b, err := json.Marshal(card)
+	require.NoError(t, err)
+	return b
 }
 
 // tokenRequest is what the frontend sends a worker.
@@ -140,7 +148,7 @@ type response struct {
 	body   []byte
 }
 
-func (r response) json(t *testing.T) map[string]any {
+func (r response) json(t testing.TB) map[string]any {
 	t.Helper()
 	var m map[string]any
 	require.NoError(t, json.Unmarshal(r.body, &m), "body %s", r.body)

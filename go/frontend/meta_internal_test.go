@@ -5,12 +5,14 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/assert"
+
+	"github.com/dynamo-ctx/dynamo-ctx/go/modelcard"
 )
 
 // The memo gives what parsing gives, for metadata seen before or not,
 // malformed included, and stays bounded.
 func TestParseMetaMemo(t *testing.T) {
-	cases := map[string]instanceMeta{
+	cases := map[string]modelcard.Card{
 		`{"model":"m","migration_limit":2,"max_model_len":8192}`: {Model: "m", MigrationLimit: 2, MaxModelLen: 8192},
 		`{"model":"other"}`: {Model: "other"},
 		`not json`:          {},

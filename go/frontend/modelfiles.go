@@ -1,9 +1,10 @@
 package frontend
 
 // A model directory that this frontend cannot read (it runs on another
-// machine) is read from a worker that serves it: the worker serves
+// machine), or whose files here are not its workers' (text.go), is read from
+// a worker that serves it: the worker serves
 // "<namespace>.backend.model_files" next to its generate endpoint, with the
-// same model and model_path in its metadata, and answers
+// same model card (go/modelcard) as its metadata, and answers
 // {"files": [names]} with the named files of its model directory (only
 // plain names of .json and .jinja files directly in it), each as items
 // {"name", "data": <a piece of its text>} and then {"name", "end": true}
@@ -18,6 +19,7 @@ import (
 	"time"
 
 	"github.com/dynamo-ctx/dynamo-ctx/go/hfmodel"
+	"github.com/dynamo-ctx/dynamo-ctx/go/modelcard"
 	"github.com/dynamo-ctx/dynamo-ctx/go/plane"
 )
 
@@ -43,16 +45,17 @@ type filesItem struct {
 	Missing bool   `json:"missing"`
 }
 
-// fetchModel reads the text files of the model directory at path from a
-// worker that serves it and loads them.
-func (f *Frontend) fetchModel(path string) (*hfmodel.Model, error) {
+// fetchModel reads the text files of text id (textID) from a worker that
+// serves them, whose card names the same text, and loads them if they have
+// the checksum sum ("": any); path names them in messages.
+func (f *Frontend) fetchModel(id, path, sum string) (*hfmodel.Model, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), fetchTimeout)
 	defer cancel()
 	base, err := f.modelFilesClient(ctx)
 	if err != nil {
 		return nil, err
 	}
-	c, err := base.Filtered(func(meta []byte) bool { return parseMeta(meta).ModelPath == path })
+	c, err := base.Filtered(func(meta []byte) bool { return textID(parseMeta(meta)) == id })
 	if err != nil {
 		return nil, err
 	}
@@ -67,7 +70,11 @@ func (f *Frontend) fetchModel(path string) (*hfmodel.Model, error) {
 	case <-wait.Done():
 	}
 	if len(c.Instances()) == 0 {
-		return nil, fmt.Errorf("no worker serves the files of %s on %s.%s", path, f.opts.Namespace, ModelFilesEndpoint)
+		what := path
+		if sum != "" {
+			what += " with checksum " + sum
+		}
+		return nil, fmt.Errorf("no worker serves the files of %s on %s.%s", what, f.opts.Namespace, ModelFilesEndpoint)
 	}
 	payload, _ := json.Marshal(filesRequest{Files: hfmodel.TextFiles})
 	s, err := c.Generate(payload, f.rt.NewContext("model-files"), plane.RoundRobin, 0)
@@ -111,6 +118,10 @@ func (f *Frontend) fetchModel(path string) (*hfmodel.Model, error) {
 		if !done[name] {
 			return nil, fmt.Errorf("reading the files of %s from a worker: %s ended early", path, name)
 		}
+	}
+	if got := modelcard.Checksum(files); sum != "" && got != sum {
+		// Changed in place since the worker published its card.
+		return nil, fmt.Errorf("the files of %s a worker serves (checksum %s) are not those of its card (%s)", path, got, sum)
 	}
 	return hfmodel.FromFiles(path, files)
 }

@@ -6,32 +6,23 @@ import (
 	"sort"
 	"sync"
 
+	"github.com/dynamo-ctx/dynamo-ctx/go/modelcard"
 	"github.com/dynamo-ctx/dynamo-ctx/go/plane"
 )
 
-type instanceMeta struct {
-	Model          string `json:"model"`
-	MigrationLimit int    `json:"migration_limit"`
-	MaxModelLen    int    `json:"max_model_len"`
-	// ModelPath is the model directory (Hugging Face layout) whose
-	// tokenizer and chat template are the model's language (text.go).
-	ModelPath string `json:"model_path"`
-	// MaxNumSeqs is the instance's capacity: the requests its engine runs
-	// at once (0: unlimited; admission.go).
-	MaxNumSeqs int `json:"max_num_seqs"`
-}
-
-// parseMeta reads an instance's metadata. Every request reads every
-// instance's (routing, limits), so the parsed form is kept, by the bytes, for
-// as many distinct metadata as maxParsedMetas; past that the memo starts over.
-func parseMeta(b []byte) instanceMeta {
+// parseMeta reads an instance's metadata, its model card (go/modelcard: the
+// one definition of what a worker publishes), leniently: what does not parse
+// is left at zero. Every request reads every instance's (routing, limits),
+// so the parsed form is kept, by the bytes, for as many distinct metadata as
+// maxParsedMetas; past that the memo starts over.
+func parseMeta(b []byte) modelcard.Card {
 	parsedMetas.RLock()
 	m, ok := parsedMetas.m[string(b)]
 	parsedMetas.RUnlock()
 	if ok {
 		return m
 	}
-	_ = json.Unmarshal(b, &m)
+	m, _ = modelcard.Parse(b)
 	parsedMetas.Lock()
 	if len(parsedMetas.m) >= maxParsedMetas {
 		clear(parsedMetas.m)
@@ -45,63 +36,98 @@ const maxParsedMetas = 1024
 
 var parsedMetas = struct {
 	sync.RWMutex
-	m map[string]instanceMeta
-}{m: map[string]instanceMeta{}}
+	m map[string]modelcard.Card
+}{m: map[string]modelcard.Card{}}
 
-// modelClient returns the client that routes to the instances of model. It
-// shares the frontend's one view of the instances (the one /health and
-// /v1/models show), so a model listed there is routable at once.
-func (f *Frontend) modelClient(model string) (*plane.Client, error) {
+// route names the instances a request may go to: those of one model that
+// speak one text (textID). A model's instances normally all do; while they
+// do not (a new revision of the model's files rolling out, or different
+// files at one path on different machines), each request is tokenized with
+// one text and goes only to the instances that have it (text.go).
+type route struct{ model, text string }
+
+// modelClient returns the client that routes to the instances of key, with
+// its admission gate (made with it). It shares the frontend's one view of the
+// instances (the one /health and /v1/models show), so a model listed there
+// is routable at once. Making one closes the model's routes that nothing
+// uses any more (unused), so that they are bounded by the texts in use.
+func (f *Frontend) modelClient(key route) (*plane.Client, *gate, error) {
 	f.mu.Lock()
-	defer f.mu.Unlock()
-	if c := f.clients[model]; c != nil {
-		return c, nil
+	if c := f.clients[key]; c != nil {
+		g := f.gates[key]
+		f.mu.Unlock()
+		return c, g, nil
 	}
-	c, err := f.client.Filtered(func(meta []byte) bool { return parseMeta(meta).Model == model })
+	c, err := f.client.Filtered(func(meta []byte) bool {
+		m := parseMeta(meta)
+		return m.Model == key.model && textID(m) == key.text
+	})
 	if err != nil {
-		return nil, err
+		f.mu.Unlock()
+		return nil, nil, err
 	}
-	f.gates[model] = newGate(c, max(f.opts.MaxQueuedRequests, 0))
-	f.clients[model] = c
-	return c, nil
-}
-
-// gateOf is the admission of model (made with its client by modelClient).
-func (f *Frontend) gateOf(model string) *gate {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.gates[model]
-}
-
-func (f *Frontend) migrationLimit(c *plane.Client) int {
-	if f.opts.MigrationLimit >= 0 {
-		return f.opts.MigrationLimit
-	}
-	limit := 0
-	for _, in := range c.Instances() {
-		if m := parseMeta(in.Meta); m.MigrationLimit > limit {
-			limit = m.MigrationLimit
+	var stale []*plane.Client
+	for k, old := range f.clients {
+		if k.model == key.model && unused(old, f.gates[k]) {
+			stale = append(stale, old)
+			delete(f.clients, k)
+			delete(f.gates, k)
 		}
 	}
-	return limit
+	g := newGate(c, max(f.opts.MaxQueuedRequests, 0))
+	f.gates[key] = g
+	f.clients[key] = c
+	f.mu.Unlock()
+	for _, old := range stale {
+		old.Close()
+	}
+	return c, g, nil
 }
 
-// metas are the parsed metadata of c's instances.
-func (f *Frontend) metas(c *plane.Client) []instanceMeta {
-	ins := c.Instances()
-	out := make([]instanceMeta, len(ins))
-	for i, in := range ins {
-		out[i] = parseMeta(in.Meta)
+// unused reports whether a route has no instance, no request waiting for a
+// place and none running (a text whose workers are all gone).
+func unused(c *plane.Client, g *gate) bool {
+	if len(c.Instances()) > 0 || g.queued() > 0 {
+		return false
+	}
+	for _, n := range c.Running() {
+		if n > 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// cardsOf are the cards of model's instances, in the instances' order.
+func (f *Frontend) cardsOf(model string) []modelcard.Card {
+	var out []modelcard.Card
+	for _, in := range f.client.Instances() {
+		if m := parseMeta(in.Meta); m.Model == model {
+			out = append(out, m)
+		}
 	}
 	return out
 }
 
+// migrationLimit is the frontend's own, else the largest model's instances
+// declare.
+func (f *Frontend) migrationLimit(model string) int {
+	if f.opts.MigrationLimit >= 0 {
+		return f.opts.MigrationLimit
+	}
+	limit := 0
+	for _, m := range f.cardsOf(model) {
+		limit = max(limit, m.MigrationLimit)
+	}
+	return limit
+}
+
 // maxModelLen is the model's context length: the smallest its instances
 // declare, else Options.DefaultMaxModelLen.
-func (f *Frontend) maxModelLen(c *plane.Client) int {
+func (f *Frontend) maxModelLen(model string) int {
 	limit := 0
-	for _, in := range c.Instances() {
-		if m := parseMeta(in.Meta); m.MaxModelLen > 0 && (limit == 0 || m.MaxModelLen < limit) {
+	for _, m := range f.cardsOf(model) {
+		if m.MaxModelLen > 0 && (limit == 0 || m.MaxModelLen < limit) {
 			limit = m.MaxModelLen
 		}
 	}

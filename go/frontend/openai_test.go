@@ -21,6 +21,7 @@ import (
 
 	"github.com/dynamo-ctx/dynamo-ctx/go/frontend"
 	"github.com/dynamo-ctx/dynamo-ctx/go/internal/planetest"
+	"github.com/dynamo-ctx/dynamo-ctx/go/modelcard"
 	"github.com/dynamo-ctx/dynamo-ctx/go/plane"
 )
 
@@ -286,7 +287,7 @@ func TestRefusedParameters(t *testing.T) {
 
 func TestChatDefaultsToTheContextLimit(t *testing.T) {
 	e := newEnv(t)
-	w := e.workerMeta("w", "dynamo", map[string]any{"model": "m", "max_model_len": 40}, planetest.Tokens)
+	w := e.workerMeta("w", "dynamo", modelcard.Card{Model: "m", MaxModelLen: 40}, planetest.Tokens)
 	e.start()
 	e.waitModels("m")
 	r := e.post("/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"hi"}]}`, nil)

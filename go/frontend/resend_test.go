@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/dynamo-ctx/dynamo-ctx/go/internal/planetest"
+	"github.com/dynamo-ctx/dynamo-ctx/go/modelcard"
 	"github.com/dynamo-ctx/dynamo-ctx/go/plane"
 )
 
@@ -20,7 +21,7 @@ import (
 func TestUnacknowledgedRequestsAreResentWithoutMigration(t *testing.T) {
 	e := newEnv(t)
 	e.worker("w", "dynamo", "m", 0, planetest.Tokens)
-	planetest.BlackHole(t, e.host, "dynamo.backend.generate", []byte(`{"model":"m","migration_limit":0}`)) // never acknowledges
+	planetest.BlackHole(t, e.host, "dynamo.backend.generate", cardJSON(t, modelcard.Card{Model: "m"})) // never acknowledges
 	e.start()
 	e.waitModels("m")
 	require.Eventually(t, func() bool {

@@ -25,6 +25,7 @@ import (
 	"github.com/dynamo-ctx/dynamo-ctx/go/ctxtree"
 	"github.com/dynamo-ctx/dynamo-ctx/go/frontend"
 	"github.com/dynamo-ctx/dynamo-ctx/go/internal/planetest"
+	"github.com/dynamo-ctx/dynamo-ctx/go/modelcard"
 	"github.com/dynamo-ctx/dynamo-ctx/go/natsbus"
 	"github.com/dynamo-ctx/dynamo-ctx/go/plane"
 	"github.com/nats-io/nats.go"
@@ -273,7 +274,7 @@ func TestOversizedBody(t *testing.T) {
 // the frontend's default.
 func TestContextLength(t *testing.T) {
 	e := newEnv(t)
-	w := e.workerMeta("w", "dynamo", map[string]any{"model": "small", "max_model_len": 100}, planetest.Tokens)
+	w := e.workerMeta("w", "dynamo", modelcard.Card{Model: "small", MaxModelLen: 100}, planetest.Tokens)
 	e.worker("d", "dynamo", "m", 0, planetest.Tokens) // declares nothing: the default
 	e.start()
 	e.waitModels("m", "small")
@@ -406,7 +407,7 @@ func TestForgedAbortConfirmations(t *testing.T) {
 func TestBusLimitIs413(t *testing.T) {
 	e := newEnv(t)
 	e.slow = true
-	w := e.workerMeta("w", "dynamo", map[string]any{"model": "m", "max_model_len": 1 << 30}, planetest.Tokens)
+	w := e.workerMeta("w", "dynamo", modelcard.Card{Model: "m", MaxModelLen: 1 << 30}, planetest.Tokens)
 	e.startWith(frontend.Options{Addr: "127.0.0.1:0", MigrationLimit: -1, MaxBodyBytes: 32 << 20})
 	e.waitModels("m")
 	prompt := strings.Repeat("z", int(e.host.Bus().Conn().MaxPayload())/3) // ~4 JSON bytes per token id

@@ -105,7 +105,8 @@ type incoming struct {
 	chat     bool
 	req      *completionRequest
 	plan     *plan
-	client   *plane.Client // the model's instances
+	client   *plane.Client // the model's instances that speak text
+	gate     *gate         // their admission
 	text     text          // the model's language
 	prompts  []prompt      // dropped once the worker requests are sent (dispatch)
 	budgets  []int         // each prompt's max_tokens
@@ -140,11 +141,22 @@ func (f *Frontend) parse(w http.ResponseWriter, r *http.Request, chat bool) (in 
 		refuse(w, err)
 		return nil, false
 	}
-	if !f.hasModel(req.Model) {
+	groups := f.textGroups(req.Model)
+	if len(groups) == 0 {
 		modelNotFound(w, req.Model)
 		return nil, false
 	}
-	client, err := f.modelClient(req.Model)
+	// The model's language: its own tokenizer and chat template, or the
+	// stand-in; the request goes only to the instances that speak it
+	// (text.go). Prompt sizes are checked before a text is expanded into
+	// token ids, and prompt tokens + max_tokens must fit the model's
+	// context length.
+	tx, key, err := f.textOf(req.Model, groups)
+	if err != nil {
+		writeError(w, http.StatusServiceUnavailable, err.Error(), "service_unavailable", "", "model_unavailable")
+		return nil, false
+	}
+	client, gate, err := f.modelClient(key)
 	if err != nil {
 		writeError(w, http.StatusServiceUnavailable, err.Error(), "service_unavailable", "", "service_unavailable")
 		return nil, false
@@ -153,16 +165,7 @@ func (f *Frontend) parse(w http.ResponseWriter, r *http.Request, chat bool) (in 
 		modelNotFound(w, req.Model)
 		return nil, false
 	}
-	// The model's language: its own tokenizer and chat template, or the
-	// stand-in. Prompt sizes are checked before a text is expanded into
-	// token ids, and prompt tokens + max_tokens must fit the model's
-	// context length.
-	tx, err := f.textOf(req.Model, f.metas(client))
-	if err != nil {
-		writeError(w, http.StatusServiceUnavailable, err.Error(), "service_unavailable", "", "model_unavailable")
-		return nil, false
-	}
-	limit := f.maxModelLen(client)
+	limit := f.maxModelLen(req.Model)
 	prompts, err := parsePrompts(req, chat, limit, tx)
 	if err != nil {
 		refuse(w, err)
@@ -172,7 +175,7 @@ func (f *Frontend) parse(w http.ResponseWriter, r *http.Request, chat bool) (in 
 		refuse(w, invalid("n", "invalid_n", "prompts times n must be at most %d", MaxChoices))
 		return nil, false
 	}
-	in = &incoming{id: id, deadline: deadline, ctl: ctl, chat: chat, req: req, plan: p, client: client, text: tx,
+	in = &incoming{id: id, deadline: deadline, ctl: ctl, chat: chat, req: req, plan: p, client: client, gate: gate, text: tx,
 		prompts: prompts, budgets: make([]int, len(prompts))}
 	for i, pr := range prompts {
 		if in.budgets[i], err = p.maxTokens(len(pr.tokens), limit, f.opts.DefaultMaxTokens); err != nil {
@@ -240,12 +243,12 @@ func refuse(w http.ResponseWriter, err error) {
 // request it refuses is answered, and ok is false; the place may be nil
 // (no bound on the model's places).
 func (f *Frontend) admit(w http.ResponseWriter, r *http.Request, in *incoming) (place *plane.Reservation, ok bool) {
-	_ = in.client.SetMigrationLimit(f.migrationLimit(in.client)) // never below 0
+	_ = in.client.SetMigrationLimit(f.migrationLimit(in.req.Model)) // never below 0
 	if !in.deadline.IsZero() && !time.Now().Before(in.deadline) {
 		deadlineExceeded(w) // spent before anything was sent (reading, tokenizing)
 		return nil, false
 	}
-	place, err := f.gateOf(in.req.Model).admit(r.Context(), in.deadline, f.stopping)
+	place, err := in.gate.admit(r.Context(), in.deadline, f.stopping)
 	if err != nil {
 		f.notAdmitted(w, in.req.Model, len(in.prompts)*in.plan.n, err)
 		return nil, false

@@ -2,17 +2,28 @@ package frontend
 
 // The text of a model: how its prompts become token ids and its output
 // becomes text again. A model whose workers name a model directory in the
-// Hugging Face layout ("model_path" in their instance metadata) speaks its
-// own language (go/hfmodel: its tokenizer and chat template), read from that
-// directory, or from a worker that serves it when this frontend cannot read
-// it (modelfiles.go); a model
-// without one gets the stand-in, one token per prompt byte and a fixed word
-// per output token, for tests and demos that need no tokenizer.
+// Hugging Face layout (model_path in their model card, go/modelcard) speaks
+// its own language (go/hfmodel: its tokenizer and chat template), read from
+// that directory, or from a worker that serves it when this frontend cannot
+// read it (modelfiles.go); a model without one gets the stand-in, one token
+// per prompt byte and a fixed word per output token, for tests and demos
+// that need no tokenizer.
+//
+// A text is known by its content, not its path: the card's text_checksum
+// (the checksum of the directory's text files as the worker read them) keys
+// the loaded texts, and a directory is used only if the files this frontend
+// reads (here, or from a worker) have that checksum. A request is tokenized
+// with the text of one group of the model's instances and goes only to the
+// instances of that group (route, models.go), so a directory updated in
+// place, or different files at one path on different machines, never make a
+// worker receive tokens of another text than its own.
 
 import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
+	"path/filepath"
 	"strings"
 	"sync"
 	"time"
@@ -20,6 +31,7 @@ import (
 
 	"github.com/dynamo-ctx/dynamo-ctx/go/hfmodel"
 	"github.com/dynamo-ctx/dynamo-ctx/go/jsonscan"
+	"github.com/dynamo-ctx/dynamo-ctx/go/modelcard"
 	"github.com/dynamo-ctx/dynamo-ctx/go/tokenizer"
 )
 
@@ -144,13 +156,31 @@ func (s streamDecoder) next(ids []int) string { return s.d.Next(ids...) }
 
 // ---------------------------------------------------------------- loading
 
-// texts loads model directories once each and keeps them.
-type texts struct {
-	mu    sync.Mutex
-	byDir map[string]*loading
+// textID names the text an instance's card gives it: the checksum of its
+// model directory's text files (go/modelcard), so that equal files are one
+// text wherever they are and changed files are another at the same path; for
+// a card that names a directory without a checksum (one go/modelcard did not
+// build), "path:" and the path, the directory as this frontend finds it; ""
+// for the stand-in (no directory).
+func textID(c modelcard.Card) string {
+	switch {
+	case c.ModelPath == "":
+		return ""
+	case c.TextChecksum != "":
+		return c.TextChecksum
+	default:
+		return "path:" + c.ModelPath
+	}
 }
 
-// loading is one directory's load: done is closed when m or err is set. A
+// texts loads the models' texts once each, by text id, and keeps the ones
+// that instances still name.
+type texts struct {
+	mu   sync.Mutex
+	byID map[string]*loading
+}
+
+// loading is one text's load: done is closed when m or err is set. A
 // failed load is tried again after textRetry.
 type loading struct {
 	done chan struct{}
@@ -162,14 +192,18 @@ type loading struct {
 // textRetry is how long a failed load is remembered before it is tried again.
 const textRetry = 10 * time.Second
 
-// get returns the model at dir, loading it on first use (concurrent callers
-// wait for the one load) with load.
-func (ts *texts) get(dir string, load func(string) (*hfmodel.Model, error)) (*hfmodel.Model, error) {
+// get returns the model of text id, loading it on first use (concurrent
+// callers wait for the one load) with load. Starting a load first drops the
+// texts loaded before that no instance names any more (inUse: the ids the
+// instances name), so what is kept is bounded by the texts in use: a new
+// revision of a model's files replaces the old one once its last instance
+// is gone.
+func (ts *texts) get(id string, load func() (*hfmodel.Model, error), inUse func() map[string]bool) (*hfmodel.Model, error) {
 	ts.mu.Lock()
-	if ts.byDir == nil {
-		ts.byDir = map[string]*loading{}
+	if ts.byID == nil {
+		ts.byID = map[string]*loading{}
 	}
-	l := ts.byDir[dir]
+	l := ts.byID[id]
 	if l != nil {
 		select {
 		case <-l.done:
@@ -180,10 +214,11 @@ func (ts *texts) get(dir string, load func(string) (*hfmodel.Model, error)) (*hf
 		}
 	}
 	if l == nil {
+		ts.evictLocked(inUse())
 		l = &loading{done: make(chan struct{})}
-		ts.byDir[dir] = l
+		ts.byID[id] = l
 		ts.mu.Unlock()
-		l.m, l.err = load(dir)
+		l.m, l.err = load()
 		l.at = time.Now()
 		close(l.done)
 		return l.m, l.err
@@ -193,42 +228,133 @@ func (ts *texts) get(dir string, load func(string) (*hfmodel.Model, error)) (*hf
 	return l.m, l.err
 }
 
-// load reads a model directory here, or, when this frontend cannot (it
-// runs on another machine), from a worker that serves it (modelfiles.go).
-func (f *Frontend) load(dir string) (*hfmodel.Model, error) {
-	m, err := hfmodel.Load(dir)
+// evictLocked drops the finished loads whose text no instance names.
+func (ts *texts) evictLocked(inUse map[string]bool) {
+	for id, l := range ts.byID {
+		select {
+		case <-l.done:
+			if !inUse[id] {
+				delete(ts.byID, id)
+			}
+		default: // callers wait for it
+		}
+	}
+}
+
+// loaded is how many texts are kept (tests).
+func (ts *texts) loaded() int {
+	ts.mu.Lock()
+	defer ts.mu.Unlock()
+	return len(ts.byID)
+}
+
+// textGroup is the instances of one model that speak one text.
+type textGroup struct {
+	id    string
+	cards []modelcard.Card
+}
+
+// textGroups are model's instances grouped by text (textID), first the group
+// of the instance whose turn it is (the instances take turns, so each group
+// gets its share of requests by its number of instances), then the others
+// in the instances' order; nil when no instance serves model.
+func (f *Frontend) textGroups(model string) []textGroup {
+	cards := f.cardsOf(model)
+	if len(cards) == 0 {
+		return nil
+	}
+	first := int(f.turn.Add(1) % uint64(len(cards)))
+	var groups []textGroup
+	at := map[string]int{}
+	for i := range cards {
+		c := cards[(first+i)%len(cards)]
+		id := textID(c)
+		j, ok := at[id]
+		if !ok {
+			j = len(groups)
+			at[id] = j
+			groups = append(groups, textGroup{id: id})
+		}
+		groups[j].cards = append(groups[j].cards, c)
+	}
+	return groups
+}
+
+// textOf is the language of a request for a model whose instances are
+// groups (textGroups), and the route of the instances that speak it: the
+// first group's whose text loads, so that every instance a request may go to
+// has the files it was tokenized with. The stand-in is the text of
+// instances that name no directory. An error says why no text loaded.
+func (f *Frontend) textOf(model string, groups []textGroup) (text, route, error) {
+	var errs []string
+	for _, g := range groups {
+		key := route{model: model, text: g.id}
+		if g.id == "" {
+			return standIn{}, key, nil
+		}
+		m, err := f.texts.get(g.id, func() (*hfmodel.Model, error) { return f.loadText(g) }, f.textsInUse)
+		if err == nil {
+			return modelText{m}, key, nil
+		}
+		errs = append(errs, err.Error())
+	}
+	return nil, route{}, fmt.Errorf("the frontend could not load the tokenizer of model %q from the directory its workers name: %s",
+		model, strings.Join(errs, "; "))
+}
+
+// textsInUse are the text ids the instances name.
+func (f *Frontend) textsInUse() map[string]bool {
+	ids := map[string]bool{}
+	for _, in := range f.client.Instances() {
+		ids[textID(parseMeta(in.Meta))] = true
+	}
+	return ids
+}
+
+// loadText loads the text of a group: its directory as this frontend reads
+// it (each path the group's cards name, in turn), if its files are the
+// workers' (their checksum); else from a worker that serves the same files
+// (modelfiles.go), when this frontend cannot read the directory (it runs on
+// another machine) or holds other files there (another revision).
+func (f *Frontend) loadText(g textGroup) (*hfmodel.Model, error) {
+	sum := g.cards[0].TextChecksum // the group's: its id ("" for a path id)
+	var errs []string
+	tried := map[string]bool{}
+	for _, c := range g.cards {
+		if tried[c.ModelPath] {
+			continue
+		}
+		tried[c.ModelPath] = true
+		m, err := loadHere(c.ModelPath, sum)
+		if err == nil {
+			return m, nil
+		}
+		errs = append(errs, err.Error())
+	}
+	m, err := f.fetchModel(g.id, g.cards[0].ModelPath, sum)
 	if err == nil {
 		return m, nil
 	}
-	m, ferr := f.fetchModel(dir)
-	if ferr == nil {
-		return m, nil
-	}
-	return nil, fmt.Errorf("%w; nor from a worker: %w", err, ferr)
+	return nil, fmt.Errorf("%s; nor from a worker: %w", strings.Join(errs, "; "), err)
 }
 
-// textOf is the language of the model whose instances' metadata are metas:
-// the model directory they name (the first that loads, in their order), or
-// the stand-in when none names one. An error says why no directory loaded.
-func (f *Frontend) textOf(model string, metas []instanceMeta) (text, error) {
-	var errs []error
-	tried := map[string]bool{}
-	for _, m := range metas {
-		if m.ModelPath == "" || tried[m.ModelPath] {
-			continue
-		}
-		tried[m.ModelPath] = true
-		hm, err := f.texts.get(m.ModelPath, f.load)
-		if err == nil {
-			return modelText{hm}, nil
-		}
-		errs = append(errs, err)
+// loadHere reads the model directory at dir on this machine, if its text
+// files have the checksum sum ("": any).
+func loadHere(dir, sum string) (*hfmodel.Model, error) {
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return nil, fmt.Errorf("model directory %q: %w", dir, err)
 	}
-	if len(errs) == 0 {
-		return standIn{}, nil
+	files, err := hfmodel.ReadDir(abs)
+	if err != nil {
+		return nil, err
 	}
-	return nil, fmt.Errorf("the frontend could not load the tokenizer of model %q from the directory its workers name: %w",
-		model, errors.Join(errs...))
+	if got := modelcard.Checksum(files); sum != "" && got != sum {
+		slog.Info("the model directory here holds other text files than its workers': reading theirs from a worker",
+			"model_path", abs, "checksum_here", got, "checksum", sum)
+		return nil, fmt.Errorf("%s here holds other text files (checksum %s) than its workers' (%s)", abs, got, sum)
+	}
+	return hfmodel.FromFiles(abs, files)
 }
 
 // ---------------------------------------------------------------- messages

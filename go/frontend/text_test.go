@@ -20,7 +20,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/dynamo-ctx/dynamo-ctx/go/frontend"
+	"github.com/dynamo-ctx/dynamo-ctx/go/hfmodel"
 	"github.com/dynamo-ctx/dynamo-ctx/go/internal/planetest"
+	"github.com/dynamo-ctx/dynamo-ctx/go/modelcard"
 	"github.com/dynamo-ctx/dynamo-ctx/go/plane"
 )
 
@@ -67,10 +69,26 @@ func speaker(ids []int, prompts chan<- []int) planetest.Handler {
 	}
 }
 
-func modelEnv(t *testing.T, path string, ids []int) (*env, chan []int) {
+// llamaCard is the card of a worker of model "llama" whose model directory
+// is at path and holds the text files of dir (read here), as go/modelcard
+// builds it on the worker's machine.
+func llamaCard(t *testing.T, path, dir string) modelcard.Card {
+	t.Helper()
+	files, err := hfmodel.ReadDir(dir)
+	require.NoError(t, err)
+	return modelcard.Card{Model: "llama", Mode: modelcard.Agg, MaxModelLen: 512, ModelPath: path, TextChecksum: modelcard.Checksum(files)}
+}
+
+// modelEnv runs a frontend and a speaker worker of the model directory dir.
+func modelEnv(t *testing.T, dir string, ids []int) (*env, chan []int) {
+	return cardEnv(t, llamaCard(t, dir, dir), ids)
+}
+
+// cardEnv runs a frontend and a speaker worker with the given card.
+func cardEnv(t *testing.T, card modelcard.Card, ids []int) (*env, chan []int) {
 	e := newEnv(t)
 	prompts := make(chan []int, 16)
-	e.workerMeta("w", "dynamo", map[string]any{"model": "llama", "model_path": path, "max_model_len": 512}, speaker(ids, prompts))
+	e.workerMeta("w", "dynamo", card, speaker(ids, prompts))
 	e.start()
 	return e, prompts
 }
@@ -168,7 +186,8 @@ func TestModelTextContextLength(t *testing.T) {
 // A model directory the frontend cannot read is a 503 that names it, never
 // a silent fall-back to the stand-in.
 func TestModelTextUnreadableDirectory(t *testing.T) {
-	e, _ := modelEnv(t, "/nonexistent/model-dir", []int{1})
+	dir, _ := modelDir(t)
+	e, _ := cardEnv(t, llamaCard(t, "/nonexistent/model-dir", dir), []int{1})
 	r := e.post("/v1/completions", `{"model":"llama","prompt":"Hi","max_tokens":1}`, nil)
 	assert.Equal(t, http.StatusServiceUnavailable, r.status, "%s", r.body)
 	assert.Contains(t, string(r.body), "/nonexistent/model-dir")
@@ -215,10 +234,29 @@ func TestModelTextFetchedFromAWorker(t *testing.T) {
 	const remote = "/elsewhere/models/llama" // the worker's path, not readable here
 	e := newEnv(t)
 	prompts := make(chan []int, 4)
-	e.workerMeta("w", "dynamo", map[string]any{"model": "llama", "model_path": remote, "max_model_len": 512}, speaker(x.OutputIDs, prompts))
+	card := llamaCard(t, remote, dir)
+	e.workerMeta("w", "dynamo", card, speaker(x.OutputIDs, prompts))
+	asked := serveFiles(t, e, card, dir)
+	e.start()
+
+	c := x.Completions[0]
+	body, _ := json.Marshal(map[string]any{"model": "llama", "prompt": c.Prompt, "max_tokens": len(x.OutputIDs)})
+	r := e.post("/v1/completions", string(body), nil)
+	require.Equal(t, http.StatusOK, r.status, "%s", r.body)
+	assert.Equal(t, c.IDs, received(t, prompts))
+	assert.Equal(t, x.OutputText, choice(t, r.json(t))["text"])
+	assert.Contains(t, <-asked, "tokenizer.json")
+	r = e.post("/v1/completions", string(body), nil) // loaded once
+	require.Equal(t, http.StatusOK, r.status, "%s", r.body)
+	received(t, prompts)
+	assert.Empty(t, asked)
+}
+
+// serveFiles serves the text files of dir on <namespace>.backend.model_files,
+// as a worker with card does, in pieces; it reports the names each request
+// asked for.
+func serveFiles(t *testing.T, e *env, card modelcard.Card, dir string) <-chan []string {
 	asked := make(chan []string, 4)
-	meta, err := json.Marshal(map[string]any{"model": "llama", "model_path": remote})
-	require.NoError(t, err)
 	planetest.Serve(t, planetest.Join(t, e.host), "dynamo."+frontend.ModelFilesEndpoint, func(w *planetest.Worker, req *plane.Request) {
 		var r struct {
 			Files []string `json:"files"`
@@ -239,20 +277,8 @@ func TestModelTextFetchedFromAWorker(t *testing.T) {
 			w.Send(req, mustJSON(map[string]any{"name": name, "end": true}))
 		}
 		req.Complete()
-	}, planetest.Named("files"), planetest.WithMetadata(meta))
-	e.start()
-
-	c := x.Completions[0]
-	body, _ := json.Marshal(map[string]any{"model": "llama", "prompt": c.Prompt, "max_tokens": len(x.OutputIDs)})
-	r := e.post("/v1/completions", string(body), nil)
-	require.Equal(t, http.StatusOK, r.status, "%s", r.body)
-	assert.Equal(t, c.IDs, received(t, prompts))
-	assert.Equal(t, x.OutputText, choice(t, r.json(t))["text"])
-	assert.Contains(t, <-asked, "tokenizer.json")
-	r = e.post("/v1/completions", string(body), nil) // loaded once
-	require.Equal(t, http.StatusOK, r.status, "%s", r.body)
-	received(t, prompts)
-	assert.Empty(t, asked)
+	}, planetest.Named("files"), planetest.WithMetadata(cardJSON(t, card)))
+	return asked
 }
 
 func mustJSON(v any) []byte {

@@ -131,21 +131,17 @@ func (f *Frontend) textRequest(w http.ResponseWriter, r *http.Request) (req *com
 		}
 		req.Model = names[0]
 	}
-	if !f.hasModel(req.Model) {
+	groups := f.textGroups(req.Model)
+	if len(groups) == 0 {
 		modelNotFound(w, req.Model)
 		return nil, nil, 0, false
 	}
-	client, err := f.modelClient(req.Model)
-	if err != nil {
-		writeError(w, http.StatusServiceUnavailable, err.Error(), "service_unavailable", "", "service_unavailable")
-		return nil, nil, 0, false
-	}
-	tx, err = f.textOf(req.Model, f.metas(client))
+	tx, _, err := f.textOf(req.Model, groups)
 	if err != nil {
 		writeError(w, http.StatusServiceUnavailable, err.Error(), "service_unavailable", "", "model_unavailable")
 		return nil, nil, 0, false
 	}
-	return req, tx, f.maxModelLen(client), true
+	return req, tx, f.maxModelLen(req.Model), true
 }
 
 // writeJSON answers 200 with v as JSON.

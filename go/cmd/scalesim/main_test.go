@@ -11,6 +11,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
+
+	"github.com/dynamo-ctx/dynamo-ctx/go/modelcard"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -76,6 +78,15 @@ func TestSimulateTiny(t *testing.T) {
 	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
 	require.Len(t, lines, 2)
 	assert.True(t, strings.HasPrefix(strings.TrimSpace(lines[1]), "4 "), lines[1])
+}
+
+// The simulated workers announce a model card as a real worker does.
+func TestMetaIsAModelCard(t *testing.T) {
+	c, err := modelcard.Parse(meta)
+	require.NoError(t, err)
+	require.NoError(t, c.Validate())
+	assert.Equal(t, modelcard.Agg, c.Mode)
+	assert.NotEmpty(t, c.TextChecksum)
 }
 
 func TestConfigChecked(t *testing.T) {

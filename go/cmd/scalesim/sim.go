@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/dynamo-ctx/dynamo-ctx/go/ctxtree"
+	"github.com/dynamo-ctx/dynamo-ctx/go/hfmodel"
+	"github.com/dynamo-ctx/dynamo-ctx/go/modelcard"
 	"github.com/dynamo-ctx/dynamo-ctx/go/natsbus"
 	"github.com/dynamo-ctx/dynamo-ctx/go/plane"
 )
@@ -149,9 +151,22 @@ type result struct {
 
 const path = "sim.backend.generate"
 
-// meta is a worker's instance metadata, of the size a real worker announces
-// (python/dynamo_ctx/cli/worker.py).
-var meta = []byte(`{"model":"sim-model","mode":"aggregated","migration_limit":0,"max_num_seqs":256,"max_model_len":8192,"model_path":"/models/sim-model"}`)
+// meta is a worker's instance metadata: a model card (go/modelcard) of the
+// size a real worker announces (python/dynamo_ctx/cli/worker.py builds its
+// card through the library), the checksum of stand-in text files included.
+var meta = cardJSON(modelcard.Card{
+	Model: "sim-model", Mode: modelcard.Agg, MaxNumSeqs: 256, MaxModelLen: 8192, ModelPath: "/models/sim-model",
+	TextChecksum: modelcard.Checksum(hfmodel.Files{hfmodel.TokenizerFile: []byte(`{"model":{"type":"BPE"}}`)}),
+})
+
+// cardJSON is a card's encoding; a card that breaks a rule is a bug here.
+func cardJSON(c modelcard.Card) []byte {
+	b, err := c.JSON()
+	if err != nil {
+		panic(err)
+	}
+	return b
+}
 
 // job is a request's payload: what the worker's handler does.
 type job struct {

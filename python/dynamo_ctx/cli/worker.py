@@ -40,7 +40,6 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from .. import DistributedRuntime
 from .. import status as _status
-
 from .._lib import native
 from ..backends import model_dir
 from ..backends.metrics import WorkerMetrics

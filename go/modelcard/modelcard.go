@@ -82,6 +82,31 @@ type Card struct {
 	// TextChecksum is the checksum of ModelPath's text files as the worker
 	// read them (Checksum); set exactly when ModelPath is.
 	TextChecksum string `json:"text_checksum,omitempty"`
+	// Supports are the engine parameters (EngineParams) the instance's
+	// engine honours; a frontend refuses a request that asks it another.
+	Supports []string `json:"supports,omitempty"`
+}
+
+// BaseParams are the sampling parameters every engine takes, in a token
+// request's sampling_options: OpenAI's own.
+var BaseParams = []string{"seed", "temperature", "top_p", "presence_penalty", "frequency_penalty"}
+
+// EngineParams are the parameters a request may ask of an engine besides
+// BaseParams and its stop conditions (vLLM's extensions of the OpenAI API,
+// SamplingParams by name, in a token request's sampling_options). An engine
+// honours them or not; its card says which (Supports).
+var EngineParams = []string{
+	"top_k", "min_p", "repetition_penalty", "min_tokens", "logit_bias", "allowed_token_ids", "bad_words",
+}
+
+// Honours reports whether c's engine honours the engine parameter name.
+func (c Card) Honours(name string) bool {
+	for _, s := range c.Supports {
+		if s == name {
+			return true
+		}
+	}
+	return false
 }
 
 // Parse reads a card from an instance's metadata. It is lenient, as a
@@ -120,6 +145,13 @@ func (c Card) Validate() error {
 		bad = append(bad, fmt.Sprintf("model_path %q needs the checksum of its text files, got %q", c.ModelPath, c.TextChecksum))
 	case c.ModelPath == "" && c.TextChecksum != "":
 		bad = append(bad, "a text checksum without a model_path")
+	}
+	seen := map[string]bool{}
+	for _, p := range c.Supports {
+		if !isEngineParam(p) || seen[p] {
+			bad = append(bad, fmt.Sprintf("supports %q is not one of %s once", p, strings.Join(EngineParams, ", ")))
+		}
+		seen[p] = true
 	}
 	if len(bad) > 0 {
 		return fmt.Errorf("%w: %s", ErrInvalid, strings.Join(bad, "; "))
@@ -197,6 +229,15 @@ func validChecksum(s string) bool {
 func (m Mode) valid() bool {
 	for _, v := range Modes {
 		if m == v {
+			return true
+		}
+	}
+	return false
+}
+
+func isEngineParam(name string) bool {
+	for _, p := range EngineParams {
+		if p == name {
 			return true
 		}
 	}

@@ -72,7 +72,13 @@ func TestValidate(t *testing.T) {
 		`needs the checksum of its text files, got "x"`: {Model: "m", Mode: Agg, ModelPath: dir, TextChecksum: "x"},
 		"a text checksum without a model_path":          {Model: "m", Mode: Agg, TextChecksum: good.TextChecksum},
 		"more than the 16384 allowed":                   {Model: strings.Repeat("m", MaxBytes), Mode: Agg},
+		`supports "temperature" is not one of`:          {Model: "m", Mode: Agg, Supports: []string{"temperature"}},
+		`supports "top_k" is not one of top_k`:          {Model: "m", Mode: Agg, Supports: []string{"top_k", "top_k"}},
 	}
+	honours := Card{Model: "m", Mode: Agg, Supports: EngineParams}
+	require.NoError(t, honours.Validate())
+	assert.True(t, honours.Honours("min_p"))
+	assert.False(t, good.Honours("min_p"), "a card that lists nothing honours nothing")
 	for want, c := range bad {
 		err := c.Validate()
 		require.ErrorIs(t, err, ErrInvalid, want)

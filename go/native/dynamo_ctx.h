@@ -149,14 +149,16 @@ size_t dc_last_error(char *buf, size_t cap);
    migration_limit, max_num_seqs (the capacity) and max_model_len (the
    context length) are 0 or more, 0 for the last two meaning not declared;
    model_path is the model directory's absolute path (NULL or path_len 0:
-   none). With a model directory, this call reads its text files (each within
+   none); supports names the engine parameters the engine honours,
+   comma-separated (NULL or supports_len 0: none; the names are
+   dc_string_constant's "engine_params"). With a model directory, this call reads its text files (each within
    the bounds above) for the card's text checksum: it blocks for that read.
    Errors: DC_EINVAL for a NULL model or mode, or a card that breaks a rule
    (the message says which); DC_EIO for a model directory whose text files
    cannot be read; DC_ERANGE. */
 int dc_model_card(const char *model, size_t model_len, const char *mode, size_t mode_len, int64_t migration_limit,
-                  int64_t max_num_seqs, int64_t max_model_len, const char *model_path, size_t path_len, char *buf,
-                  size_t cap, size_t *len);
+                  int64_t max_num_seqs, int64_t max_model_len, const char *model_path, size_t path_len,
+                  const char *supports, size_t supports_len, char *buf, size_t cap, size_t *len);
 
 
 /* ------------------------------------------------------------------

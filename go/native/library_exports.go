@@ -18,8 +18,10 @@ import "C"
 
 import (
 	"runtime"
+	"strings"
 
 	"github.com/dynamo-ctx/dynamo-ctx/go/killtrace"
+	"github.com/dynamo-ctx/dynamo-ctx/go/modelcard"
 	"github.com/dynamo-ctx/dynamo-ctx/go/plane"
 )
 
@@ -37,6 +39,9 @@ var stringConstants = map[string]string{
 	"nats_env":             plane.NATSEnv,
 	"nats_default_url":     plane.DefaultNATSURL,
 	"kill_trace_env":       killtrace.Env,
+	// The request parameters of go/modelcard, comma-separated.
+	"base_params":   strings.Join(modelcard.BaseParams, ","),
+	"engine_params": strings.Join(modelcard.EngineParams, ","),
 }
 
 // dc_string_constant: see dynamo_ctx.h, the reference.

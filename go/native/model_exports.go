@@ -13,6 +13,7 @@ import "C"
 
 import (
 	"errors"
+	"strings"
 
 	"github.com/dynamo-ctx/dynamo-ctx/go/modelcard"
 )
@@ -21,7 +22,7 @@ import (
 //
 //export dc_model_card
 func dc_model_card(model *C.char, modelLen C.size_t, mode *C.char, modeLen C.size_t, migrationLimit, maxNumSeqs, maxModelLen C.int64_t,
-	modelPath *C.char, pathLen C.size_t, buf *C.char, bufLen C.size_t, n *C.size_t) (rc C.int) {
+	modelPath *C.char, pathLen C.size_t, supports *C.char, supportsLen C.size_t, buf *C.char, bufLen C.size_t, n *C.size_t) (rc C.int) {
 	defer guard("dc_model_card", &rc)
 	if model == nil || mode == nil {
 		return fail(C.DC_EINVAL, "dc_model_card: model and mode must not be NULL")
@@ -33,6 +34,9 @@ func dc_model_card(model *C.char, modelLen C.size_t, mode *C.char, modeLen C.siz
 		MaxNumSeqs:     int(maxNumSeqs),
 		MaxModelLen:    int(maxModelLen),
 		ModelPath:      string(goBytes(modelPath, pathLen)),
+	}
+	if list := string(goBytes(supports, supportsLen)); list != "" {
+		card.Supports = strings.Split(list, ",")
 	}
 	_, b, err := modelcard.Build(card)
 	if errors.Is(err, modelcard.ErrInvalid) {

@@ -115,6 +115,8 @@ static const struct { const char* attr; const char* name; } string_constants[] =
     {"NATS_ENV", "nats_env"},
     {"DEFAULT_NATS_URL", "nats_default_url"},
     {"KILL_TRACE_ENV", "kill_trace_env"},
+    {"BASE_PARAMS", "base_params"},
+    {"ENGINE_PARAMS", "engine_params"},
 };
 
 static int add_string_constants(PyObject* m) {

@@ -61,6 +61,12 @@ REASON_NAMES: Tuple[Optional[str], ...]
 #: What starts the message of a remote handler's failure (Go's plane.HandlerErrorPrefix).
 HANDLER_ERROR_PREFIX: str
 #: The environment variable naming the NATS address ("NATS_SERVER").
+#: The sampling parameters every engine takes (a token request's sampling_options),
+#: comma-separated (go/modelcard's BaseParams).
+BASE_PARAMS: str
+#: The parameters an engine may honour and its model card lists (``supports``),
+#: comma-separated (go/modelcard's EngineParams).
+ENGINE_PARAMS: str
 NATS_ENV: str
 #: The NATS address used when none is given (the library's default, go/natsbus's).
 DEFAULT_NATS_URL: str
@@ -156,5 +162,6 @@ def arm(handle: int, queue: int, token: int) -> None: ...
 # model_path's text files when it names one (read now, the GIL released). ValueError for
 # a card that breaks a rule, OSError for a directory that cannot be read.
 def model_card(
-    model: str, mode: str, migration_limit: int = 0, max_num_seqs: int = 0, max_model_len: int = 0, model_path: Optional[str] = None
+    model: str, mode: str, migration_limit: int = 0, max_num_seqs: int = 0, max_model_len: int = 0, model_path: Optional[str] = None,
+    supports: Optional[str] = None,
 ) -> str: ...

@@ -346,9 +346,10 @@ def test_model_card(lib, tmp_path):
     n = ffi.new("size_t *")
     here = str(model).encode()
 
-    def card(name=b"m", mode=b"agg", limit=1, seqs=0, length=512, path=here, cap=lib.DC_MODEL_CARD_MAX_BYTES + 1):
+    def card(name=b"m", mode=b"agg", limit=1, seqs=0, length=512, path=here, cap=lib.DC_MODEL_CARD_MAX_BYTES + 1, supports=b""):
         buf = ffi.new("char[]", cap)
-        rc = lib.dc_model_card(name, len(name), mode, len(mode), limit, seqs, length, path or ffi.NULL, len(path or b""), buf, cap, n)
+        rc = lib.dc_model_card(name, len(name), mode, len(mode), limit, seqs, length, path or ffi.NULL, len(path or b""),
+                               supports or ffi.NULL, len(supports), buf, cap, n)
         return rc, ffi.string(buf).decode() if rc == 0 else None
 
     rc, text = card()
@@ -365,11 +366,14 @@ def test_model_card(lib, tmp_path):
     assert json.loads(card()[1])["text_checksum"] != got["text_checksum"]
     assert json.loads(card(path=None)[1]) == {"model": "m", "mode": "agg", "migration_limit": 1, "max_model_len": 512}
 
-    for bad in (dict(mode=b"aggregated"), dict(name=b""), dict(limit=-1), dict(seqs=-1), dict(path=b"relative/model")):
+    assert json.loads(card(supports=b"top_k,min_tokens")[1])["supports"] == ["top_k", "min_tokens"]
+    assert json.loads(_native.model_card("m", "agg", supports="min_p"))["supports"] == ["min_p"]
+    for bad in (dict(mode=b"aggregated"), dict(name=b""), dict(limit=-1), dict(seqs=-1), dict(path=b"relative/model"),
+                dict(supports=b"top_k,top_k"), dict(supports=b"temperature"), dict(supports=b"top_k,")):
         rc, _ = card(**bad)
         assert "invalid model card" in expect(lib, rc, DC_EINVAL, "dc_model_card"), bad
     expect(lib, card(path=str(tmp_path / "none").encode())[0], lib.DC_EIO, "dc_model_card")
     expect(lib, card(cap=8)[0], DC_ERANGE, "dc_model_card")
     assert n[0] > 8
     buf = ffi.new("char[64]")
-    expect(lib, lib.dc_model_card(ffi.NULL, 0, b"agg", 3, 0, 0, 0, ffi.NULL, 0, buf, 64, n), DC_EINVAL, "dc_model_card")
+    expect(lib, lib.dc_model_card(ffi.NULL, 0, b"agg", 3, 0, 0, 0, ffi.NULL, 0, ffi.NULL, 0, buf, 64, n), DC_EINVAL, "dc_model_card")

@@ -221,6 +221,12 @@ class _Request(SchedRequest):
 class MockAsyncLLM:
     """``generate(prompt, sampling_params, request_id)`` and ``abort(request_id)`` like vLLM's AsyncLLM."""
 
+    #: The engine parameters beyond every engine's (go/modelcard's EngineParams) that
+    #: the mock honours: its worker's model card lists them, and the frontend refuses
+    #: the others (the mock's tokens are not sampled from a distribution that top_k,
+    #: min_p, penalties or biases could shape).
+    SUPPORTS = ("min_tokens",)
+
     def __init__(self, args: Optional[MockEngineArgs] = None, **overrides: Any) -> None:
         self.args = args or MockEngineArgs()
         for k, v in overrides.items():

@@ -44,9 +44,10 @@ and sampling options go to the engine's SamplingParams. Each response item is
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import secrets
-from typing import Any, AsyncIterator, Callable, Dict, List, Optional
+from typing import Any, AsyncIterator, Callable, Dict, List, Optional, Tuple
 
 from .._aio import eager_task, on_stopped
 from ..context import Context
@@ -76,15 +77,26 @@ def is_engine_dead(error: BaseException, engine: Any) -> bool:
         return False
 
 
-#: The sampling options of a token request that go to the engine's SamplingParams.
-SAMPLING_OPTIONS = ("seed", "temperature", "top_p", "presence_penalty", "frequency_penalty")
+@functools.lru_cache(maxsize=None)
+def sampling_option_names() -> Tuple[str, ...]:
+    """The sampling options of a token request that go to the engine's
+    SamplingParams: every engine's (go/modelcard's BaseParams) and those an
+    engine may honour (EngineParams; the frontend sends them only to engines
+    whose card lists them). Read from the library on first use: the engine
+    may fork, so the library loads after it."""
+    from .._lib import native
+
+    lib = native()
+    return tuple(lib.BASE_PARAMS.split(",")) + tuple(lib.ENGINE_PARAMS.split(","))
 
 
 def request_options(request: Dict[str, Any]) -> Dict[str, Any]:
     """The engine options a token request carries (SamplingParams keyword arguments besides max_tokens)."""
     sc = request.get("stop_conditions") or {}
     so = request.get("sampling_options") or {}
-    opts: Dict[str, Any] = {k: so[k] for k in SAMPLING_OPTIONS if so.get(k) is not None}
+    opts: Dict[str, Any] = {k: so[k] for k in sampling_option_names() if so.get(k) is not None}
+    if "logit_bias" in opts:  # JSON keys are strings; SamplingParams wants token ids
+        opts["logit_bias"] = {int(k): float(v) for k, v in opts["logit_bias"].items()}
     if sc.get("stop_token_ids"):
         opts["stop_token_ids"] = [int(t) for t in sc["stop_token_ids"]]
     if sc.get("ignore_eos") is not None:

@@ -267,14 +267,22 @@ class Model:
         self.max_num_seqs = max_num_seqs
 
 
-def model_card(model: Model, mode: str, migration_limit: int) -> Dict[str, Any]:
+def engine_supports(engine: Any) -> List[str]:
+    """The engine parameters (go/modelcard's EngineParams) ``engine`` honours: vLLM
+    every one (SamplingParams takes them); the mock those it has (``SUPPORTS``)."""
+    if isinstance(engine, MockAsyncLLM):
+        return list(MockAsyncLLM.SUPPORTS)
+    return native().ENGINE_PARAMS.split(",")
+
+
+def model_card(model: Model, mode: str, migration_limit: int, supports: Optional[List[str]] = None) -> Dict[str, Any]:
     """The model card this worker publishes with its instance (docs/design.md, "The
     model card"): built and checked by the library (go/modelcard, its one definition),
     which reads the model directory's text files for their checksum. It blocks for that
     read. ValueError for a card that breaks a rule, OSError for an unreadable directory."""
     text = native().model_card(
         model.name, mode, migration_limit, max_num_seqs=model.max_num_seqs or 0, max_model_len=model.max_model_len or 0,
-        model_path=model.path,
+        model_path=model.path, supports=",".join(supports or []),
     )
     card: Dict[str, Any] = json.loads(text)
     return card
@@ -488,7 +496,7 @@ async def run(args: argparse.Namespace) -> None:
         watch = asyncio.ensure_future(_watch_engine(engine, engine_dead))
         endpoint = runtime.namespace(args.namespace).component(component).endpoint("generate")
         readiness.waiting_for = f"registration of {endpoint.path}"
-        card = await loop.run_in_executor(None, model_card, model, args.mode, args.migration_limit)
+        card = await loop.run_in_executor(None, model_card, model, args.mode, args.migration_limit, engine_supports(engine))
         if model.path is not None and component == "backend":
             # For frontends that cannot read the directory (another machine):
             # the same card, so that a frontend asks a worker with the same files.

@@ -41,6 +41,10 @@ var requestKeys = func() []string {
 			if name == "-" || !f.IsExported() {
 				continue
 			}
+			if f.Anonymous && name == "" { // its fields are the request's
+				walk(f.Type)
+				continue
+			}
 			if name == "" {
 				name = f.Name
 			}

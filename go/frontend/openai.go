@@ -17,10 +17,12 @@ package frontend
 //     ignore_eos go to the engine in stop_conditions.
 //   - seed, temperature, top_p, presence_penalty, frequency_penalty go to
 //     the engine in sampling_options.
+//   - vLLM's extensions (top_k, min_p, ..., skip_special_tokens,
+//     include_stop_str_in_output): extensions.go.
 //   - Refused with 400 invalid_request_error naming the param: what the
 //     engine interface does not carry (logprobs, top_logprobs, echo,
-//     best_of > n, suffix, logit_bias, tools, a response_format other than
-//     text) and values out of OpenAI's ranges.
+//     best_of > n, suffix, tools, a response_format other than text) and
+//     values out of OpenAI's ranges.
 
 import (
 	"encoding/json"
@@ -30,6 +32,7 @@ import (
 
 	"github.com/dynamo-ctx/dynamo-ctx/go/hfmodel"
 	"github.com/dynamo-ctx/dynamo-ctx/go/jsonscan"
+	"github.com/dynamo-ctx/dynamo-ctx/go/modelcard"
 	"github.com/dynamo-ctx/dynamo-ctx/go/tokens"
 )
 
@@ -81,6 +84,9 @@ type completionRequest struct {
 	// to the prompt; by default to a completions prompt and not to a
 	// rendered chat, whose template writes them (vLLM's defaults).
 	AddSpecialTokens *bool `json:"add_special_tokens"`
+	// vLLM's sampling and text extensions (extensions.go).
+	Extensions
+
 	// Only on /tokenize and /detokenize (tokenize.go).
 	ReturnTokenStrs bool    `json:"return_token_strs"`
 	Tokens          []int64 `json:"tokens"`
@@ -92,7 +98,6 @@ type completionRequest struct {
 	Echo           bool            `json:"echo"`
 	BestOf         *int            `json:"best_of"`
 	Suffix         *string         `json:"suffix"`
-	LogitBias      map[string]any  `json:"logit_bias"`
 	Tools          json.RawMessage `json:"tools"`
 	ResponseFormat *struct {
 		Type string `json:"type"`
@@ -130,6 +135,23 @@ type plan struct {
 	stops        []string
 	seed         *int64 // choice j's seed is *seed + j
 	includeUsage bool
+	engine       map[string]any // the engine parameters asked (extensions.go)
+	skipSpecial  bool           // special tokens are not text
+}
+
+// checkExtensions checks vLLM's extensions of the request against the
+// model's text and the cards of the instances it may go to (extensions.go).
+func (p *plan) checkExtensions(model string, tx text, cards []modelcard.Card) error {
+	asked, err := p.req.engineParams(tx.vocabSize())
+	if err != nil {
+		return err
+	}
+	if err := checkHonoured(model, asked, cards); err != nil {
+		return err
+	}
+	p.engine = asked
+	p.skipSpecial, err = p.req.skipSpecial()
+	return err
 }
 
 // check validates the sampling and output parameters.
@@ -200,9 +222,6 @@ func (p *plan) check() error {
 	}
 	if req.Suffix != nil && *req.Suffix != "" {
 		return unsupported("suffix", "suffix")
-	}
-	if len(req.LogitBias) > 0 {
-		return unsupported("logit_bias", "logit_bias")
 	}
 	if t := jsonscan.Trim(req.Tools); !jsonscan.IsNull(t) && string(t) != "[]" {
 		return unsupported("tools", "tools")
@@ -440,6 +459,9 @@ func (p *plan) payload(model string, ids []int, maxTokens, choice int) []byte {
 			sampling[k] = *v
 		}
 	}
+	for k, v := range p.engine {
+		sampling[k] = v
+	}
 	if len(sampling) > 0 {
 		out.SamplingOptions = sampling
 	}
@@ -454,6 +476,7 @@ func (p *plan) payload(model string, ids []int, maxTokens, choice int) []byte {
 // quadratic: the held text was copied and searched again per token).
 type stopper struct {
 	stops   []string
+	include bool      // include_stop_str_in_output: the text ends with the stop string
 	fail    [][]int32 // per stop: its failure function, made on first use
 	state   []int     // per stop: the longest suffix of the text read that is a proper prefix of it
 	pending string    // held back: the longest of those suffixes
@@ -463,7 +486,12 @@ type stopper struct {
 // feed adds text and returns what may be sent, and whether a stop string
 // was found (then nothing after it is ever sent). Of the stop strings found
 // in the held text and text, the one that starts first wins.
-func (s *stopper) feed(text string) (string, bool) {
+func (s *stopper) feed(text string) (string, bool) { return s.feedArmed(text, true) }
+
+// feedArmed is feed; unless armed (min_tokens not yet reached: vLLM checks
+// stop strings only in the text of the tokens after them), a stop string
+// that ends in text is not a stop.
+func (s *stopper) feedArmed(text string, armed bool) (string, bool) {
 	if len(s.stops) == 0 {
 		return text, false
 	}
@@ -475,7 +503,7 @@ func (s *stopper) feed(text string) (string, bool) {
 		}
 	}
 	held := len(s.pending)
-	at := -1 // where the first stop found starts, in pending+text
+	at, atLen := -1, 0 // where the first stop found starts, in pending+text, and its length
 	hold := 0
 	for i, stop := range s.stops {
 		f, st := s.fail[i], s.state[i]
@@ -488,8 +516,12 @@ func (s *stopper) feed(text string) (string, bool) {
 				st++
 			}
 			if st == len(stop) {
+				if !armed {
+					st = int(f[st-1]) // not a stop yet: look for the next one
+					continue
+				}
 				if start := held + j + 1 - len(stop); at < 0 || start < at {
-					at = start
+					at, atLen = start, len(stop)
 				}
 				break // this stop's first occurrence: later ones start later
 			}
@@ -500,6 +532,9 @@ func (s *stopper) feed(text string) (string, bool) {
 	if at >= 0 {
 		all := s.pending + text
 		s.pending, s.hit = "", true
+		if s.include {
+			return all[:at+atLen], true
+		}
 		return all[:at], true
 	}
 	// Hold back the longest suffix that may start a stop string.

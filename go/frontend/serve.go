@@ -56,15 +56,19 @@ type choice struct {
 	endErr   error   // how its stream ended, once it did (io.EOF: cleanly)
 	text     decoder // the model's output as text
 	tokens   int
-	all      strings.Builder // the whole text, for a non-streaming response
-	finish   string
+	// minTokens: stop strings count only in the text of the tokens after
+	// these (min_tokens).
+	minTokens int
+	all       strings.Builder // the whole text, for a non-streaming response
+	finish    string
 }
 
 // take applies an item to the choice; it returns the text to send and
 // whether the choice's finish reason is now known.
 func (c *choice) take(it workerItem) (string, bool) {
+	armed := c.tokens >= c.minTokens // this item's tokens are all past min_tokens
 	c.tokens += len(it.TokenIDs)
-	text, hit := c.stop.feed(c.text.next(it.TokenIDs))
+	text, hit := c.stop.feedArmed(c.text.next(it.TokenIDs), armed)
 	if hit {
 		c.finish = "stop"
 		return text, true
@@ -165,6 +169,10 @@ func (f *Frontend) parse(w http.ResponseWriter, r *http.Request, chat bool) (in 
 		modelNotFound(w, req.Model)
 		return nil, false
 	}
+	if err := p.checkExtensions(req.Model, tx, cardsOfText(groups, key.text)); err != nil {
+		refuse(w, err)
+		return nil, false
+	}
 	limit := f.maxModelLen(req.Model)
 	prompts, err := parsePrompts(req, chat, limit, tx)
 	if err != nil {
@@ -179,6 +187,10 @@ func (f *Frontend) parse(w http.ResponseWriter, r *http.Request, chat bool) (in 
 		prompts: prompts, budgets: make([]int, len(prompts))}
 	for i, pr := range prompts {
 		if in.budgets[i], err = p.maxTokens(len(pr.tokens), limit, f.opts.DefaultMaxTokens); err != nil {
+			refuse(w, err)
+			return nil, false
+		}
+		if err := req.minTokensFits(in.budgets[i]); err != nil {
 			refuse(w, err)
 			return nil, false
 		}
@@ -265,7 +277,8 @@ func (f *Frontend) dispatch(w http.ResponseWriter, in *incoming, place *plane.Re
 	choices = make([]*choice, 0, len(in.prompts)*p.n)
 	for i, pr := range in.prompts {
 		for j := 0; j < p.n; j++ {
-			c := &choice{index: i*p.n + j, reqCtx: f.rt.NewContext(in.id), stop: stopper{stops: p.stops}, text: in.text.decoder(pr.tokens)}
+			c := &choice{index: i*p.n + j, reqCtx: f.rt.NewContext(in.id), stop: stopper{stops: p.stops, include: p.req.IncludeStopStrInOutput},
+				text: in.text.decoder(pr.tokens, p.skipSpecial), minTokens: p.minTokens()}
 			if !in.deadline.IsZero() {
 				c.reqCtx.SetDeadline(in.deadline) // travels to every hop as time left
 			}

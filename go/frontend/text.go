@@ -50,8 +50,11 @@ type text interface {
 	// tokens: a longer one is refused before it is tokenized (0: no bound
 	// but the body's).
 	maxPromptBytes(limit int) int
-	// decoder detokenizes one choice's output incrementally.
-	decoder(prompt []int) decoder
+	// decoder detokenizes one choice's output incrementally; skipSpecial:
+	// special tokens are not text.
+	decoder(prompt []int, skipSpecial bool) decoder
+	// vocabSize is the number of token ids (0: any id).
+	vocabSize() int
 }
 
 // decoder turns one choice's output tokens into text as they arrive.
@@ -109,7 +112,9 @@ func (standIn) encode(s string, _ bool) ([]int, error) {
 
 func (standIn) maxPromptBytes(limit int) int { return limit }
 
-func (standIn) decoder([]int) decoder { return standInDecoder{} }
+func (standIn) decoder([]int, bool) decoder { return standInDecoder{} }
+
+func (standIn) vocabSize() int { return 0 }
 
 type standInDecoder struct{}
 
@@ -144,10 +149,12 @@ func (t modelText) tokenStrings(ids []int) []string { return t.m.TokenStrings(id
 
 func (modelText) maxPromptBytes(int) int { return 0 }
 
-func (t modelText) decoder(prompt []int) decoder {
-	// Special tokens (EOS, the template's markers) are not text, as in
-	// vLLM's default (skip_special_tokens).
-	return streamDecoder{t.m.Tokenizer().NewStreamDecoder(true, prompt)}
+func (t modelText) vocabSize() int { return t.m.Tokenizer().VocabSize() }
+
+func (t modelText) decoder(prompt []int, skipSpecial bool) decoder {
+	// By default special tokens (EOS, the template's markers) are not text,
+	// as in vLLM's default (skip_special_tokens).
+	return streamDecoder{t.m.Tokenizer().NewStreamDecoder(skipSpecial, prompt)}
 }
 
 type streamDecoder struct{ d *tokenizer.StreamDecoder }
@@ -278,6 +285,16 @@ func (f *Frontend) textGroups(model string) []textGroup {
 		groups[j].cards = append(groups[j].cards, c)
 	}
 	return groups
+}
+
+// cardsOfText are the cards of the group of text id (textGroups).
+func cardsOfText(groups []textGroup, id string) []modelcard.Card {
+	for _, g := range groups {
+		if g.id == id {
+			return g.cards
+		}
+	}
+	return nil
 }
 
 // textOf is the language of a request for a model whose instances are

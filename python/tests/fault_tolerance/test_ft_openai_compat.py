@@ -157,6 +157,11 @@ def test_n_seed_and_stop(stack):
     assert c.choices[0].text == stack.expected_text(PROMPT, 4) and c.choices[0].finish_reason == "stop"
     assert c.usage.completion_tokens == 4
 
+    # min_tokens (vLLM's extension) is honoured by the mock: a stop token before it does not stop.
+    c = client.completions.create(model=stack.model, prompt=PROMPT, max_tokens=12,
+                                  extra_body={"stop_token_ids": [tokens[3]], "min_tokens": 6})
+    assert c.usage.completion_tokens > 4
+
     # temperature and top_p are accepted (the mock is deterministic).
     c = client.completions.create(model=stack.model, prompt=PROMPT, max_tokens=3, temperature=0.7, top_p=0.9)
     assert c.choices[0].text == stack.expected_text(PROMPT, 3)
@@ -188,6 +193,11 @@ def test_refusals_errors_and_logs(stack):
             lambda: client.completions.create(model=stack.model, prompt=PROMPT, max_tokens=2, stream_options={"include_usage": True}),
         ),
         ("prompt", lambda: client.completions.create(model=stack.model, prompt=[], max_tokens=2)),
+        # vLLM's extensions the mock engine does not honour: its model card does not list them.
+        ("top_k", lambda: client.completions.create(model=stack.model, prompt=PROMPT, max_tokens=2, extra_body={"top_k": 5})),
+        ("repetition_penalty", lambda: client.chat.completions.create(
+            model=stack.model, messages=chat_msgs, max_tokens=2, extra_body={"repetition_penalty": 1.3})),
+        ("logit_bias", lambda: client.completions.create(model=stack.model, prompt=PROMPT, max_tokens=2, logit_bias={"5": 1})),
     ]
     for param, call in refused:
         with pytest.raises(openai.BadRequestError) as e:

@@ -55,6 +55,18 @@ CASES: List[Tuple[str, str, Dict[str, Any]]] = [
                            "seed": 3}),
     ("chat-seed-top-p", _CH, {"messages": _msgs(("user", "Say something.")), "max_tokens": 16, "temperature": 1.0,
                               "top_p": 0.8, "seed": 99}),
+    # vLLM's extensions (the openai client's extra_body), each honoured as vLLM's server does.
+    ("ext-top-k-min-p", _C, {"prompt": "Sampling, shaped", "max_tokens": 20, "temperature": 0.8, "seed": 5,
+                             "extra_body": {"top_k": 20, "min_p": 0.05}}),
+    ("ext-repetition", _C, {"prompt": "Repeat after me: la la la", "max_tokens": 24, "extra_body": {"repetition_penalty": 1.5}}),
+    ("ext-min-tokens-stop", _C, {"prompt": "The list of colours:", "max_tokens": 40, "stop_from": (2, 2),
+                                 "extra_body": {"min_tokens": 8}}),
+    ("ext-include-stop", _C, {"prompt": "Once upon a time", "max_tokens": 40, "stop_from": (12, 3),
+                              "extra_body": {"include_stop_str_in_output": True}}),
+    ("ext-special-tokens", _CH, {"messages": _msgs(("user", "Hi")), "max_tokens": 16, "extra_body": {"skip_special_tokens": False}}),
+    ("ext-allowed", _C, {"prompt": "Only these:", "max_tokens": 12, "extra_body": {"allowed_token_ids": [1820, 374, 264, 1296, 13]}}),
+    ("ext-logit-bias", _C, {"prompt": "Biased:", "max_tokens": 8, "logit_bias": {"1820": 100}}),
+    ("ext-bad-words", _C, {"prompt": "The cat sat on", "max_tokens": 16, "extra_body": {"bad_words": [" the", " a"]}}),
 ]
 
 

@@ -205,15 +205,11 @@ func parseModel(raw json.RawMessage) (model, error) {
 	}
 	typ, err := componentType("model", raw)
 	if err != nil {
-		// Files from before components had a "type": a BPE is recognised
-		// by its merges.
-		var probe struct {
-			Merges json.RawMessage `json:"merges"`
-		}
-		if json.Unmarshal(raw, &probe) != nil || jsonscan.IsNull(probe.Merges) {
+		legacy, ok := legacyModelType(raw)
+		if !ok {
 			return nil, err
 		}
-		typ = "BPE"
+		typ = legacy
 	}
 	kind := "model " + typ
 	switch typ {
@@ -227,6 +223,33 @@ func parseModel(raw json.RawMessage) (model, error) {
 		return parseUnigramModel(kind, raw)
 	}
 	return nil, fmt.Errorf("unsupported model type %q", typ)
+}
+
+// legacyModelType recognises the model of a file from before models had a
+// "type" (bert-base-uncased's, for one) by the fields it has, as the
+// tokenizers library does, trying each model in its order: BPE (vocab and
+// merges), WordPiece (vocab, unk_token, continuing_subword_prefix and
+// max_input_chars_per_word), WordLevel (vocab and unk_token), Unigram (a
+// vocab that is a list of pieces and scores).
+func legacyModelType(raw json.RawMessage) (string, bool) {
+	var f map[string]json.RawMessage
+	if json.Unmarshal(raw, &f) != nil {
+		return "", false
+	}
+	has := func(name string) bool { return !jsonscan.IsNull(f[name]) }
+	vocab := jsonscan.Trim(f["vocab"])
+	vocabMap := len(vocab) > 0 && vocab[0] == '{'
+	switch {
+	case vocabMap && has("merges"):
+		return "BPE", true
+	case vocabMap && has("unk_token") && has("continuing_subword_prefix") && has("max_input_chars_per_word"):
+		return "WordPiece", true
+	case vocabMap && has("unk_token"):
+		return "WordLevel", true
+	case len(vocab) > 0 && vocab[0] == '[':
+		return "Unigram", true
+	}
+	return "", false
 }
 
 func parseNormalizer(raw json.RawMessage) (normalizer, error) {

@@ -256,3 +256,53 @@ func TestWithoutTruncationAndPadding(t *testing.T) {
 	require.Equal(t, ids[len(ids)-9:], cut[6:], "the same ids, the last 9 of them (truncation from the left)")
 	_ = v
 }
+
+// A file from before models had a "type" (bert-base-uncased's) is read as
+// the tokenizers library reads it: the model is recognised by its fields,
+// and every family's file without its model's "type" encodes as with it.
+func TestModelWithoutType(t *testing.T) {
+	for _, fam := range families(t) {
+		data, err := os.ReadFile(filepath.Join("testdata", fam, "tokenizer.json"))
+		require.NoError(t, err)
+		var f map[string]any
+		require.NoError(t, json.Unmarshal(data, &f))
+		m, ok := f["model"].(map[string]any)
+		require.True(t, ok, fam)
+		typ := m["type"]
+		delete(m, "type")
+		untyped, err := json.Marshal(f)
+		require.NoError(t, err)
+		got, ok := legacyModelType(mustJSON(t, m))
+		require.True(t, ok, fam)
+		require.Equal(t, typ, got, "%s: recognised as another model", fam)
+		tk, v := loadFamily(t, fam)
+		old, err := FromJSON(untyped)
+		require.NoError(t, err, fam)
+		for _, c := range v.Cases {
+			want, err := tk.Encode(c.Text, true)
+			require.NoError(t, err)
+			have, err := old.Encode(c.Text, true)
+			require.NoError(t, err)
+			assert.Equal(t, want, have, "%s: %s", fam, short(c.Text))
+		}
+	}
+	// The library's order and required fields (checked with tokenizers 0.22).
+	for want, model := range map[string]string{
+		"BPE":       `{"vocab":{"a":0},"merges":[],"unk_token":"a","continuing_subword_prefix":"##","max_input_chars_per_word":9}`,
+		"WordPiece": `{"vocab":{"a":0},"unk_token":"a","continuing_subword_prefix":"##","max_input_chars_per_word":9}`,
+		"WordLevel": `{"vocab":{"a":0},"unk_token":"a","max_input_chars_per_word":9}`,
+		"Unigram":   `{"vocab":[["a",0.0]],"unk_id":0}`,
+		"":          `{"vocab":{"a":0},"continuing_subword_prefix":"##","max_input_chars_per_word":9}`,
+	} {
+		got, ok := legacyModelType(json.RawMessage(model))
+		assert.Equal(t, want, got, model)
+		assert.Equal(t, want != "", ok, model)
+	}
+}
+
+func mustJSON(t *testing.T, v any) json.RawMessage {
+	t.Helper()
+	b, err := json.Marshal(v)
+	require.NoError(t, err)
+	return b
+}

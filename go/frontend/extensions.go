@@ -42,6 +42,7 @@ type Extensions struct {
 	LogitBias                  map[string]float64 `json:"logit_bias"`
 	AllowedTokenIDs            []int              `json:"allowed_token_ids"`
 	BadWords                   []string           `json:"bad_words"`
+	StructuredOutputs          *structuredOutputs `json:"structured_outputs"`
 	IncludeStopStrInOutput     bool               `json:"include_stop_str_in_output"`
 	SkipSpecialTokens          *bool              `json:"skip_special_tokens"`
 	SpacesBetweenSpecialTokens *bool              `json:"spaces_between_special_tokens"`
@@ -117,16 +118,21 @@ func (x *Extensions) engineParams(vocab int) (map[string]any, error) {
 }
 
 // checkHonoured refuses the engine parameters asked that an instance the
-// request may go to (cards) does not honour.
-func checkHonoured(model string, asked map[string]any, cards []modelcard.Card) error {
+// request may go to (cards) does not honour; from names the request field
+// that asked one, where it is not the parameter's own name.
+func checkHonoured(model string, asked map[string]any, from map[string]string, cards []modelcard.Card) error {
 	for _, name := range modelcard.EngineParams {
 		if _, ok := asked[name]; !ok {
 			continue
 		}
+		param := name
+		if f, ok := from[name]; ok {
+			param = f
+		}
 		for _, c := range cards {
 			if !c.Honours(name) {
-				return invalid(name, "unsupported_parameter",
-					"%s is not supported by the engine of model %q: its workers' model cards do not list it", name, model)
+				return invalid(param, "unsupported_parameter",
+					"%s is not supported by the engine of model %q: its workers' model cards do not list %s", param, model, name)
 			}
 		}
 	}

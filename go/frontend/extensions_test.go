@@ -110,3 +110,41 @@ func TestTextExtensions(t *testing.T) {
 		<-prompts
 	}
 }
+
+// Structured output goes to engines whose card lists structured_outputs,
+// as vLLM's StructuredOutputsParams fields; elsewhere it is refused naming
+// the field that asked it.
+func TestStructuredOutput(t *testing.T) {
+	e := newEnv(t)
+	w := e.workerMeta("w", "dynamo", modelcard.Card{Model: "m", Mode: modelcard.Agg, Supports: modelcard.EngineParams}, planetest.Tokens)
+	e.worker("mock", "dynamo", "plain", 0, planetest.Tokens)
+	e.start()
+	e.waitModels("m", "plain")
+	schema := `{"type":"object","properties":{"a":{"type":"integer"}}}`
+	for _, c := range []struct{ body, want string }{
+		{`"response_format":{"type":"json_schema","json_schema":{"name":"x","schema":` + schema + `,"strict":true}}`, `{"json":` + schema + `}`},
+		{`"response_format":{"type":"json_object"}`, `{"json_object":true}`},
+		{`"structured_outputs":{"choice":["a","b"]}`, `{"choice":["a","b"]}`},
+		{`"structured_outputs":{"regex":"[0-9]+"}`, `{"regex":"[0-9]+"}`},
+	} {
+		r := e.post("/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":2,`+c.body+`}`, nil)
+		require.Equal(t, http.StatusOK, r.status, "%s: %s", c.body, r.body)
+		got, err := json.Marshal(samplingOf(t, w.NextReq(t))["structured_outputs"])
+		require.NoError(t, err)
+		assert.JSONEq(t, c.want, string(got), c.body)
+
+		r = e.post("/v1/chat/completions", `{"model":"plain","messages":[{"role":"user","content":"hi"}],"max_tokens":2,`+c.body+`}`, nil)
+		require.Equal(t, http.StatusBadRequest, r.status, "%s: %s", c.body, r.body)
+		errObj := r.json(t)["error"].(map[string]any)
+		assert.Equal(t, "unsupported_parameter", errObj["code"], c.body)
+	}
+	for _, body := range []string{
+		`"response_format":{"type":"json_schema","json_schema":{"name":"x"}}`,
+		`"response_format":{"type":"structural_tag"}`,
+		`"structured_outputs":{"choice":["a"],"regex":"a"}`,
+		`"structured_outputs":{"json":3}`,
+	} {
+		r := e.post("/v1/completions", `{"model":"m","prompt":"hi","max_tokens":2,`+body+`}`, nil)
+		require.Equal(t, http.StatusBadRequest, r.status, "%s: %s", body, r.body)
+	}
+}

@@ -18,11 +18,11 @@ package frontend
 //   - seed, temperature, top_p, presence_penalty, frequency_penalty go to
 //     the engine in sampling_options.
 //   - vLLM's extensions (top_k, min_p, ..., skip_special_tokens,
-//     include_stop_str_in_output): extensions.go.
+//     include_stop_str_in_output): extensions.go; structured output
+//     (response_format, structured_outputs): structured.go.
 //   - Refused with 400 invalid_request_error naming the param: what the
 //     engine interface does not carry (logprobs, top_logprobs, echo,
-//     best_of > n, suffix, tools, a response_format other than text) and
-//     values out of OpenAI's ranges.
+//     best_of > n, suffix, tools) and values out of OpenAI's ranges.
 
 import (
 	"encoding/json"
@@ -99,9 +99,7 @@ type completionRequest struct {
 	BestOf         *int            `json:"best_of"`
 	Suffix         *string         `json:"suffix"`
 	Tools          json.RawMessage `json:"tools"`
-	ResponseFormat *struct {
-		Type string `json:"type"`
-	} `json:"response_format"`
+	ResponseFormat *responseFormat `json:"response_format"`
 }
 
 type chatMessage struct {
@@ -146,7 +144,14 @@ func (p *plan) checkExtensions(model string, tx text, cards []modelcard.Card) er
 	if err != nil {
 		return err
 	}
-	if err := checkHonoured(model, asked, cards); err != nil {
+	so, from, err := structured(p.req)
+	if err != nil {
+		return err
+	}
+	if so != nil {
+		asked["structured_outputs"] = so
+	}
+	if err := checkHonoured(model, asked, map[string]string{"structured_outputs": from}, cards); err != nil {
 		return err
 	}
 	p.engine = asked
@@ -225,9 +230,6 @@ func (p *plan) check() error {
 	}
 	if t := jsonscan.Trim(req.Tools); !jsonscan.IsNull(t) && string(t) != "[]" {
 		return unsupported("tools", "tools")
-	}
-	if rf := req.ResponseFormat; rf != nil && rf.Type != "" && rf.Type != "text" {
-		return unsupported("response_format", "response_format "+rf.Type)
 	}
 	return checkChatOptions(req)
 }

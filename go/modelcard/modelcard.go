@@ -97,6 +97,11 @@ var BaseParams = []string{"seed", "temperature", "top_p", "presence_penalty", "f
 // honours them or not; its card says which (Supports).
 var EngineParams = []string{
 	"top_k", "min_p", "repetition_penalty", "min_tokens", "logit_bias", "allowed_token_ids", "bad_words",
+	// structured_outputs: output constrained to a JSON schema, any JSON
+	// object, a regular expression, a choice or a grammar (vLLM's
+	// StructuredOutputsParams by its field names; the OpenAI API's
+	// response_format asks it).
+	"structured_outputs",
 }
 
 // Honours reports whether c's engine honours the engine parameter name.

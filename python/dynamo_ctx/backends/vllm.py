@@ -119,6 +119,10 @@ def sampling_params_for(engine: Any, max_tokens: int, options: Optional[Dict[str
             from vllm.sampling_params import RequestOutputKind as VllmOutputKind  # type: ignore[import-not-found]
 
             opts.setdefault("output_kind", VllmOutputKind.DELTA)
+            if isinstance(opts.get("structured_outputs"), dict):
+                from vllm.sampling_params import StructuredOutputsParams  # type: ignore[import-not-found]
+
+                opts["structured_outputs"] = StructuredOutputsParams(**opts["structured_outputs"])
             return SamplingParams(max_tokens=max_tokens, **opts)
         except ImportError:
             pass

@@ -58,9 +58,15 @@ def engine_flags(max_num_seqs: int = 8, max_num_batched_tokens: int = 32, extra:
     """The engine arguments (``vllm serve``'s spelling) of every engine in a run.
 
     A small token budget per step (chunked prefill) makes a long prompt's prefill take
-    several engine steps: a client can leave during it."""
+    several engine steps: a client can leave during it. Structured output allows no
+    whitespace between JSON tokens: constrained to a schema, a random-weight model
+    otherwise writes whitespace until max_tokens, and its JSON never ends."""
+    import json
+
+    structured = json.dumps({"backend": "xgrammar", "disable_any_whitespace": True})
     return ["--max-model-len", "512", "--max-num-seqs", str(max_num_seqs),
-            "--max-num-batched-tokens", str(max_num_batched_tokens), "--seed", "0", *extra]
+            "--max-num-batched-tokens", str(max_num_batched_tokens), "--seed", "0",
+            "--structured-outputs-config", structured, *extra]
 
 
 def kv_connector_flags(storage: str) -> List[str]:

@@ -25,6 +25,13 @@ def _msgs(*pairs: Tuple[str, str]) -> List[Dict[str, str]]:
     return [{"role": r, "content": c} for r, c in pairs]
 
 
+#: A schema whose every valid answer is short, so that a random-weight model constrained
+#: to it finishes within a few tokens.
+COLOUR_SCHEMA: Dict[str, Any] = {
+    "type": "object", "properties": {"colour": {"type": "string", "enum": ["red", "green", "blue"]}},
+    "required": ["colour"], "additionalProperties": False,
+}
+
 #: (name, kind, request fields); greedy unless a case says otherwise.
 CASES: List[Tuple[str, str, Dict[str, Any]]] = [
     ("plain", _C, {"prompt": "Hello, my name is", "max_tokens": 24}),
@@ -67,6 +74,16 @@ CASES: List[Tuple[str, str, Dict[str, Any]]] = [
     ("ext-allowed", _C, {"prompt": "Only these:", "max_tokens": 12, "extra_body": {"allowed_token_ids": [1820, 374, 264, 1296, 13]}}),
     ("ext-logit-bias", _C, {"prompt": "Biased:", "max_tokens": 8, "logit_bias": {"1820": 100}}),
     ("ext-bad-words", _C, {"prompt": "The cat sat on", "max_tokens": 16, "extra_body": {"bad_words": [" the", " a"]}}),
+    # Structured output: OpenAI's response_format and vLLM's structured_outputs.
+    ("struct-json-schema", _CH, {"messages": _msgs(("user", "Pick a colour as JSON.")), "max_tokens": 48,
+                                 "response_format": {"type": "json_schema", "json_schema": {
+                                     "name": "colour", "schema": COLOUR_SCHEMA, "strict": True}}}),
+    ("struct-json-object", _CH, {"messages": _msgs(("user", "Answer in JSON.")), "max_tokens": 24,
+                                 "response_format": {"type": "json_object"}}),
+    ("struct-choice", _C, {"prompt": "Pick one:", "max_tokens": 8,
+                           "extra_body": {"structured_outputs": {"choice": ["red", "green", "blue"]}}}),
+    ("struct-regex", _C, {"prompt": "A date:", "max_tokens": 16,
+                          "extra_body": {"structured_outputs": {"regex": "[0-9]{4}-[0-9]{2}-[0-9]{2}"}}}),
 ]
 
 

@@ -179,12 +179,13 @@ def _add_worker_flags(p: argparse.ArgumentParser) -> None:
     # Their defaults are the library's status listener's (0 hands them over).
     add(
         "--metrics-read-timeout", type=_args.positive_float,
-        help="seconds a metrics client has to send its request (default: the library's, 10)",
+        help="seconds a metrics client has to send its request (default: the status listener's, docs/c-abi.md)",
     )
     add(
         "--metrics-max-connections", type=_args.positive_int,
         help="metrics connections held before their request arrived, and requests waiting for their answer; one more "
-        "connection closes the oldest still sending its request, one more request is answered 503 (default: the library's, 64)",
+        "connection closes the oldest still sending its request, one more request is answered 503 "
+        "(default: the status listener's, docs/c-abi.md)",
     )
     _args.add_nats_url(p)
     add(

@@ -234,6 +234,24 @@ func (p *plan) check() error {
 	return checkChatOptions(req)
 }
 
+// renderChat renders the request's messages in the model's text, with the
+// request's template options.
+func renderChat(req *completionRequest, tx text) (string, error) {
+	sep := "\n"
+	if _, ok := tx.(standIn); ok {
+		sep = ""
+	}
+	msgs, err := chatMessages(req.Messages, sep)
+	if err != nil {
+		return "", invalid("messages", "invalid_prompt", "%s", err.Error())
+	}
+	s, err := tx.chat(msgs, req.chatOptions())
+	if err != nil {
+		return "", invalid("messages", "invalid_prompt", "%s", err.Error())
+	}
+	return s, nil
+}
+
 // checkChatOptions refuses chat-template options that contradict each
 // other, and a template sent with the request (vLLM refuses one unless its
 // server trusts request templates; the frontend renders the model's own).
@@ -341,17 +359,9 @@ func parsePrompts(req *completionRequest, chat bool, limit int, tx text) ([]prom
 		return prompt{tokens: t}, nil
 	}
 	if chat {
-		sep := "\n"
-		if _, ok := tx.(standIn); ok {
-			sep = ""
-		}
-		msgs, err := chatMessages(req.Messages, sep)
+		s, err := renderChat(req, tx)
 		if err != nil {
-			return nil, invalid("messages", "invalid_prompt", "%s", err.Error())
-		}
-		s, err := tx.chat(msgs, req.chatOptions())
-		if err != nil {
-			return nil, invalid("messages", "invalid_prompt", "%s", err.Error())
+			return nil, err
 		}
 		p, err := fromText(s)
 		return []prompt{p}, err

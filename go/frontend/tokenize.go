@@ -69,17 +69,9 @@ func tokenizeIDs(req *completionRequest, tx text) ([]int, error) {
 	if err := checkChatOptions(req); err != nil {
 		return nil, err
 	}
-	sep := "\n"
-	if _, ok := tx.(standIn); ok {
-		sep = ""
-	}
-	msgs, err := chatMessages(req.Messages, sep)
+	s, err := renderChat(req, tx)
 	if err != nil {
-		return nil, invalid("messages", "invalid_prompt", "%s", err.Error())
-	}
-	s, err := tx.chat(msgs, req.chatOptions())
-	if err != nil {
-		return nil, invalid("messages", "invalid_prompt", "%s", err.Error())
+		return nil, err
 	}
 	return encodeAll(tx, s, req.addSpecialTokens(true))
 }

@@ -102,6 +102,9 @@ var EngineParams = []string{
 	// StructuredOutputsParams by its field names; the OpenAI API's
 	// response_format asks it).
 	"structured_outputs",
+	// logprobs: each output token's log probability and this many
+	// candidates at its position (SamplingParams.logprobs).
+	"logprobs",
 }
 
 // Honours reports whether c's engine honours the engine parameter name.

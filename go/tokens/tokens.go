@@ -25,6 +25,19 @@ import (
 type Item struct {
 	TokenIDs     []int   `json:"token_ids"`
 	FinishReason *string `json:"finish_reason"`
+	// LogProbs and TopLogprobs, when the request asked the engine for
+	// logprobs: per token of TokenIDs, its log probability, and the
+	// engine's candidates at its position (the sampled token first, then
+	// the others by rank).
+	LogProbs    []float64     `json:"log_probs,omitempty"`
+	TopLogprobs [][]Candidate `json:"top_logprobs,omitempty"`
+}
+
+// Candidate is a token the engine weighed at a position.
+type Candidate struct {
+	TokenID int     `json:"token_id"`
+	Logprob float64 `json:"logprob"`
+	Rank    int     `json:"rank"`
 }
 
 // Request is a token request as a worker reads it.

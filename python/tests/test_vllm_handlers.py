@@ -289,3 +289,21 @@ def test_items_carry_new_tokens_whatever_the_output_kind(nats_url, kind):
         await w.stop()
 
     run(main())
+
+
+def test_items_carry_the_engines_logprobs():
+    """add_logprobs: each token's log probability and the engine's candidates in its order
+    (the sampled token first), -inf written as the floor JSON can carry."""
+    from collections import namedtuple
+
+    from dynamo_ctx.backends.vllm import LOGPROB_FLOOR, add_logprobs
+
+    Lp = namedtuple("Lp", "logprob rank decoded_token")
+    steps = [{7: Lp(-0.25, 2, None), 3: Lp(-0.1, 1, None)}, {5: Lp(float("-inf"), 9, None)}]
+    item = {"token_ids": [7, 5]}
+    add_logprobs(item, [7, 5], steps)
+    assert item["log_probs"] == [-0.25, LOGPROB_FLOOR]
+    assert item["top_logprobs"] == [
+        [{"token_id": 7, "logprob": -0.25, "rank": 2}, {"token_id": 3, "logprob": -0.1, "rank": 1}],
+        [{"token_id": 5, "logprob": LOGPROB_FLOOR, "rank": 9}],
+    ]

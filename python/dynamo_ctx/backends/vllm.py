@@ -104,6 +104,28 @@ def request_options(request: Dict[str, Any]) -> Dict[str, Any]:
     return opts
 
 
+#: A log probability below this (vLLM's -inf for an impossible token) is written
+#: as this: JSON has no infinity (OpenAI writes the same floor).
+LOGPROB_FLOOR = -9999.0
+
+
+def add_logprobs(item: Dict[str, Any], token_ids: List[int], steps: Any) -> None:
+    """Put the engine's logprobs of ``token_ids`` into ``item`` (go/tokens' Item):
+    ``log_probs``, each token's log probability, and ``top_logprobs``, the engine's
+    candidates at its position in the engine's order (the sampled token first, then
+    by rank), each ``{"token_id", "logprob", "rank"}``."""
+    log_probs: List[float] = []
+    tops: List[List[Dict[str, Any]]] = []
+    for tid, step in zip(token_ids, steps):
+        chosen = step.get(tid) if step else None
+        if chosen is None:
+            break  # the engine has none for this token: the frontend writes what came
+        log_probs.append(max(chosen.logprob, LOGPROB_FLOOR))
+        tops.append([{"token_id": int(t), "logprob": max(p.logprob, LOGPROB_FLOOR), "rank": p.rank} for t, p in step.items()])
+    item["log_probs"] = log_probs
+    item["top_logprobs"] = tops
+
+
 def sampling_params_for(engine: Any, max_tokens: int, options: Optional[Dict[str, Any]] = None) -> Any:
     """Sampling parameters for ``engine``: vLLM's class when it is vLLM, the mock's otherwise.
 
@@ -263,12 +285,16 @@ class BaseWorkerHandler:
                 if context.is_stopped():
                     break  # the monitor aborts the engine
                 o = out.outputs[0]
+                steps = getattr(o, "logprobs", None)
                 if cumulative:
                     delta = list(o.token_ids[seen:])
+                    steps = steps[seen:] if steps is not None else None
                     seen = len(o.token_ids)
                 else:
                     delta = list(o.token_ids)
                 item: Dict[str, Any] = {"token_ids": delta}
+                if steps is not None:
+                    add_logprobs(item, delta, steps)
                 if o.finish_reason is not None:
                     item["finish_reason"] = o.finish_reason
                 if out.finished:

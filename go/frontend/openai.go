@@ -19,10 +19,11 @@ package frontend
 //     the engine in sampling_options.
 //   - vLLM's extensions (top_k, min_p, ..., skip_special_tokens,
 //     include_stop_str_in_output): extensions.go; structured output
-//     (response_format, structured_outputs): structured.go.
+//     (response_format, structured_outputs): structured.go; logprobs and
+//     top_logprobs: logprobs.go.
 //   - Refused with 400 invalid_request_error naming the param: what the
-//     engine interface does not carry (logprobs, top_logprobs, echo,
-//     best_of > n, suffix, tools) and values out of OpenAI's ranges.
+//     engine interface does not carry (echo, best_of > n, suffix, tools)
+//     and values out of OpenAI's ranges.
 
 import (
 	"encoding/json"
@@ -135,6 +136,7 @@ type plan struct {
 	includeUsage bool
 	engine       map[string]any // the engine parameters asked (extensions.go)
 	skipSpecial  bool           // special tokens are not text
+	logprobsK    int            // candidates asked per token (logprobs.go); -1: no logprobs
 }
 
 // checkExtensions checks vLLM's extensions of the request against the
@@ -144,14 +146,22 @@ func (p *plan) checkExtensions(model string, tx text, cards []modelcard.Card) er
 	if err != nil {
 		return err
 	}
-	so, from, err := structured(p.req)
+	so, soFrom, err := structured(p.req)
 	if err != nil {
 		return err
 	}
 	if so != nil {
 		asked["structured_outputs"] = so
 	}
-	if err := checkHonoured(model, asked, map[string]string{"structured_outputs": from}, cards); err != nil {
+	if p.logprobsK, err = p.logprobsAsked(); err != nil {
+		return err
+	}
+	from := map[string]string{"structured_outputs": soFrom}
+	if p.logprobsK >= 0 {
+		asked["logprobs"] = p.logprobsK
+		from["logprobs"] = "logprobs"
+	}
+	if err := checkHonoured(model, asked, from, cards); err != nil {
 		return err
 	}
 	p.engine = asked
@@ -213,12 +223,6 @@ func (p *plan) check() error {
 		p.seed = &s
 	}
 	// What the engine interface does not carry.
-	if !jsonscan.IsNull(req.Logprobs) && string(jsonscan.Trim(req.Logprobs)) != "false" {
-		return unsupported("logprobs", "logprobs")
-	}
-	if req.TopLogprobs != nil && *req.TopLogprobs != 0 {
-		return unsupported("top_logprobs", "top_logprobs")
-	}
 	if req.Echo {
 		return unsupported("echo", "echo")
 	}

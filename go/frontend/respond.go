@@ -105,6 +105,7 @@ type response struct {
 	created      int64
 	promptTokens int
 	chunkTail    []byte // what follows the choice in each chunk (appendChunk)
+	text         text   // the model's, for logprobs' token texts
 }
 
 func (p *response) object() string {
@@ -241,6 +242,7 @@ type chunkChoice struct {
 	FinishReason *string     `json:"finish_reason"`
 	Index        int         `json:"index"`
 	Text         *string     `json:"text,omitempty"`
+	Logprobs     any         `json:"logprobs,omitempty"`
 }
 
 type chunkDelta struct {
@@ -333,7 +335,13 @@ func (p *response) stream() {
 		}
 		c.started = true
 		buf = append(buf[:0], "data: "...)
-		buf = append(p.appendChunk(buf, ch), "\n\n"...)
+		if c.lp != nil && (c.lp.sent < len(c.lp.all) || finished) {
+			ch.Logprobs = c.lp.object(p.plan.chat, p.text)
+			buf = append(buf, p.chunk([]chunkChoice{ch}, nil)...)
+			buf = append(buf, "\n\n"...)
+		} else {
+			buf = append(p.appendChunk(buf, ch), "\n\n"...)
+		}
 		if _, err := w.Write(buf); err != nil {
 			return err // the client is gone or stalled: serve kills the request
 		}
@@ -394,6 +402,9 @@ func (p *response) unary() {
 	out := make([]any, len(p.choices))
 	for i, c := range p.choices {
 		ch := map[string]any{"index": c.index, "finish_reason": c.finish}
+		if c.lp != nil {
+			ch["logprobs"] = c.lp.object(p.plan.chat, p.text)
+		}
 		if p.plan.chat {
 			ch["message"] = map[string]any{"role": "assistant", "content": c.all.String()}
 		} else {

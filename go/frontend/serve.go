@@ -59,6 +59,7 @@ type choice struct {
 	// minTokens: stop strings count only in the text of the tokens after
 	// these (min_tokens).
 	minTokens int
+	lp        *logprobs       // the tokens' logprobs, when the request asks them
 	all       strings.Builder // the whole text, for a non-streaming response
 	finish    string
 }
@@ -66,6 +67,9 @@ type choice struct {
 // take applies an item to the choice; it returns the text to send and
 // whether the choice's finish reason is now known.
 func (c *choice) take(it workerItem) (string, bool) {
+	if c.lp != nil {
+		c.lp.add(it)
+	}
 	armed := c.tokens >= c.minTokens // this item's tokens are all past min_tokens
 	c.tokens += len(it.TokenIDs)
 	text, hit := c.stop.feedArmed(c.text.next(it.TokenIDs), armed)
@@ -279,6 +283,9 @@ func (f *Frontend) dispatch(w http.ResponseWriter, in *incoming, place *plane.Re
 		for j := 0; j < p.n; j++ {
 			c := &choice{index: i*p.n + j, reqCtx: f.rt.NewContext(in.id), stop: stopper{stops: p.stops, include: p.req.IncludeStopStrInOutput},
 				text: in.text.decoder(pr.tokens, p.skipSpecial), minTokens: p.minTokens()}
+			if p.logprobsK >= 0 {
+				c.lp = &logprobs{k: p.logprobsK}
+			}
 			if !in.deadline.IsZero() {
 				c.reqCtx.SetDeadline(in.deadline) // travels to every hop as time left
 			}
@@ -376,7 +383,7 @@ func (f *Frontend) respond(w http.ResponseWriter, r *http.Request, in *incoming,
 	}
 	resp := &response{
 		f: f, w: out, ctx: respCtx, plan: in.plan, choices: choices, id: prefix + in.id, model: model,
-		created: time.Now().Unix(), promptTokens: in.promptTokens,
+		created: time.Now().Unix(), promptTokens: in.promptTokens, text: in.text,
 	}
 	if in.req.Stream {
 		resp.stream()

@@ -55,6 +55,8 @@ type text interface {
 	decoder(prompt []int, skipSpecial bool) decoder
 	// vocabSize is the number of token ids (0: any id).
 	vocabSize() int
+	// tokenText is one output token's text alone (logprobs.go).
+	tokenText(id int) string
 }
 
 // decoder turns one choice's output tokens into text as they arrive.
@@ -116,6 +118,11 @@ func (standIn) decoder([]int, bool) decoder { return standInDecoder{} }
 
 func (standIn) vocabSize() int { return 0 }
 
+// tokenText: the id's word.
+func (standIn) tokenText(id int) string {
+	return strings.TrimPrefix(standInDecoder{}.next([]int{id}), " ")
+}
+
 type standInDecoder struct{}
 
 var words = strings.Fields("the of and to in is was for on that with as by at from it an be this are which or")
@@ -150,6 +157,8 @@ func (t modelText) tokenStrings(ids []int) []string { return t.m.TokenStrings(id
 func (modelText) maxPromptBytes(int) int { return 0 }
 
 func (t modelText) vocabSize() int { return t.m.Tokenizer().VocabSize() }
+
+func (t modelText) tokenText(id int) string { return t.m.TokenText(id) }
 
 func (t modelText) decoder(prompt []int, skipSpecial bool) decoder {
 	// By default special tokens (EOS, the template's markers) are not text,

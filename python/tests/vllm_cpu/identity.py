@@ -152,3 +152,43 @@ TOKEN_CASES: List[Tuple[str, Dict[str, Any]]] = [
     ("/detokenize", {"model": MODEL, "tokens": [128006, 882, 128007, 271, 13347, 128009]}),
     ("/detokenize", {"tokens": []}),
 ]
+
+
+#: Requests whose logprobs are compared with vLLM's server, whole and streamed (greedy).
+LOGPROB_CASES: List[Tuple[str, str, Dict[str, Any]]] = [
+    ("chat-logprobs", _CH, {"messages": _msgs(("user", "Hello, 你好 🙂")), "max_tokens": 12, "logprobs": True, "top_logprobs": 3}),
+    ("chat-logprobs-0", _CH, {"messages": _msgs(("user", "Count to three.")), "max_tokens": 8, "logprobs": True}),
+    ("completion-logprobs", _C, {"prompt": "The capital of France is", "max_tokens": 12, "logprobs": 2}),
+    ("completion-logprobs-cjk", _C, {"prompt": "東京の天気は", "max_tokens": 10, "logprobs": 0}),
+]
+
+
+def logprobs_of(client: Any, kind: str, fields: Dict[str, Any], stream: bool) -> Any:
+    """The logprobs of a request's one choice: chat, the list of token entries; completions,
+    the four lists; streamed, each concatenated over the chunks."""
+    api = client.completions if kind == _C else client.chat.completions
+    req = dict(fields, temperature=0.0)
+    chunks = api.create(model=MODEL, stream=True, **req) if stream else [api.create(model=MODEL, **req)]
+    out: Any = [] if kind == _CH else {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    for c in chunks:
+        for ch in c.choices:
+            lp = ch.logprobs
+            if lp is None:
+                continue
+            if kind == _CH:
+                out += [e.model_dump() for e in (lp.content or [])]
+            else:
+                for k in out:
+                    out[k] += list(getattr(lp, k) or [])
+    return out
+
+
+def same_logprobs(a: Any, b: Any, tol: float = 1e-4) -> bool:
+    """Equal, floats within ``tol``."""
+    if isinstance(a, float) or isinstance(b, float):
+        return isinstance(a, (int, float)) and isinstance(b, (int, float)) and abs(a - b) <= tol * max(1.0, abs(a))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same_logprobs(a[k], b[k], tol) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(same_logprobs(x, y, tol) for x, y in zip(a, b))
+    return bool(a == b)

@@ -46,15 +46,16 @@ from cpu_stack import (  # noqa: E402
     kv_connector_flags, model_dir, scrape_url, vllm_metric, wait_engine_idle, wait_gone,
 )
 from harness import Frontend, Result, Stack, Worker, http_get, http_json, new_id, stream_completion  # noqa: E402
-from identity import CASES, COLOUR_SCHEMA, TOKEN_CASES, compare  # noqa: E402
+from identity import CASES, COLOUR_SCHEMA, LOGPROB_CASES, TOKEN_CASES, compare, logprobs_of, same_logprobs  # noqa: E402
 
 GREEDY = {"temperature": 0.0}
 
 
-def long_prompt(tag: str) -> str:
-    """About 200 tokens, new from its first (so vLLM's prefix cache holds none of it): a
-    prefill of several engine steps (32 tokens a step) and a full KV block (128 tokens)."""
-    return f"{tag}: " + " ".join(f"item {i} of the list, with words to read" for i in range(20))
+def long_prompt(tag: str, items: int = 20) -> str:
+    """About 10 tokens an item (200 by default), new from its first (so vLLM's prefix
+    cache holds none of it): a prefill of several engine steps (32 tokens a step) and a
+    full KV block (128 tokens)."""
+    return f"{tag}: " + " ".join(f"item {i} of the list, with words to read" for i in range(items))
 
 REAPED = 5.0  # seconds: a dead worker's engine processes are gone within this
 EXITED = 5.0  # seconds: a worker whose engine died exits within this (after 1 s of 503s)
@@ -149,6 +150,17 @@ def test_text_identity_with_vllms_own_server(fleet):
     assert len(CASES) * 2 == len(results)
 
 
+def test_logprobs_as_vllms_server(fleet):
+    """Logprobs, chat and completions, whole and streamed: the same tokens, log
+    probabilities (to 1e-4), candidates, bytes and text offsets as vLLM's server."""
+    server, fe = fleet["server"], fleet["stack"].frontend
+    for name, kind, fields in LOGPROB_CASES:
+        for stream in (False, True):
+            theirs = logprobs_of(server.openai(), kind, fields, stream)
+            ours = logprobs_of(fe.openai(), kind, fields, stream)
+            assert theirs and same_logprobs(theirs, ours), (name, stream, theirs, ours)
+
+
 def test_structured_output_parses_and_validates(fleet):
     """A json_schema response_format on the real engine: the random-weight model's output,
     constrained by vLLM's structured-output backend, is JSON that the schema accepts,
@@ -180,11 +192,11 @@ def test_tokenize_and_detokenize_as_vllms_server(fleet):
 # --------------------------------------------------------------------------- disconnects
 
 
-def disconnect(fe: Frontend, in_prefill, prompt: str, rid: str, chunks: int) -> Dict[str, Any]:
+def disconnect(fe: Frontend, in_prefill, prompt: str, rid: str, chunks: int, max_tokens: int = 250) -> Dict[str, Any]:
     """Stream ``prompt`` and close the connection after ``chunks`` text chunks (0: once
     ``in_prefill(rid)`` returns, before its first token)."""
     host, port = fe.host_port
-    body = dict(GREEDY, model=MODEL, prompt=prompt, max_tokens=250, stream=True)
+    body = dict(GREEDY, model=MODEL, prompt=prompt, max_tokens=max_tokens, stream=True)
     sock = harness.send_post(host, port, "/v1/completions", body, {"x-request-id": rid}, close=False, timeout=60)
     seen = 0
     if chunks == 0:
@@ -215,7 +227,14 @@ def test_disconnect_aborts_the_engine(fleet, phase):
         w = serving_worker(stack, r)
         harness.wait_until(lambda: engine_gauges(scrape_url(w.metrics_url))["running"] >= 1, "the engine to run it", 30, 0.005)
 
-    got = disconnect(fe, in_prefill, long_prompt(rid), rid, 3 if phase == "decode" else 0)
+    if phase == "decode":
+        got = disconnect(fe, in_prefill, long_prompt(rid), rid, 3)
+    else:
+        # 450 tokens, 15 steps of prefill (with max_tokens, within the 512 of the
+        # context): the test sees vLLM's gauge, then leaves, well before the first
+        # token (a 230-token prefill left too little time on a warm engine, and the
+        # client left in decode once in a full run).
+        got = disconnect(fe, in_prefill, long_prompt(rid, items=40), rid, 0, max_tokens=16)
     w = serving_worker(stack, rid)
     w.wait_log(rf"Aborted Request ID: {rid} \(reason: client_disconnected\)")
     wait_engine_idle(w.metrics_url, f"{w.name} after {rid}")

@@ -69,10 +69,11 @@ func (p *plan) logprobsAsked() (int, error) {
 	return k, nil
 }
 
-// tokenLogprob is one output token's logprobs as a worker sent them.
+// tokenLogprob is one token's logprobs as a worker sent them.
 type tokenLogprob struct {
 	id         int
 	logprob    float64
+	none       bool // no logprob (a prompt's first token)
 	candidates []tokens.Candidate
 }
 
@@ -82,10 +83,26 @@ type logprobs struct {
 	all    []tokenLogprob
 	sent   int // streamed: the tokens whose logprobs went out
 	offset int // completions, streamed: the text offset of the next token
+	// prompt: echo's prompt tokens, whose logprobs come first (then nil).
+	prompt []int
 }
 
-// add takes an item's logprobs (an item without them adds nothing).
+// add takes an item's logprobs (an item without them adds nothing): the
+// prompt's first, when echo asked them and this item carries them.
 func (l *logprobs) add(it workerItem) {
+	if l.prompt != nil && len(it.PromptLogProbs) > 0 {
+		for i, id := range l.prompt {
+			t := tokenLogprob{id: id, none: true}
+			if i < len(it.PromptLogProbs) && it.PromptLogProbs[i] != nil {
+				t.logprob, t.none = *it.PromptLogProbs[i], false
+			}
+			if i < len(it.PromptTopLogprobs) {
+				t.candidates = it.PromptTopLogprobs[i]
+			}
+			l.all = append(l.all, t)
+		}
+		l.prompt = nil
+	}
 	for i, id := range it.TokenIDs {
 		if i >= len(it.LogProbs) {
 			return
@@ -140,12 +157,18 @@ func (l *logprobs) chat(ts []tokenLogprob, tx text) map[string]any {
 // token's text starting at offset; it returns the offset after the last.
 func (l *logprobs) completion(ts []tokenLogprob, tx text, offset int) (map[string]any, int) {
 	toks := make([]string, len(ts))
-	lps := make([]float64, len(ts))
+	lps := make([]*float64, len(ts))
 	tops := make([]map[string]float64, len(ts))
 	offsets := make([]int, len(ts))
 	for i, t := range ts {
-		toks[i], lps[i] = tx.tokenText(t.id), clampLogprob(t.logprob)
 		offsets[i] = offset
+		if t.none { // vLLM's server: the token decoded, and nulls
+			toks[i] = tx.detokenize([]int{t.id})
+			offset += utf8.RuneCountInString(toks[i])
+			continue
+		}
+		lp := clampLogprob(t.logprob)
+		toks[i], lps[i] = tx.tokenText(t.id), &lp
 		offset += utf8.RuneCountInString(toks[i])
 		tops[i] = map[string]float64{}
 		for j, c := range t.candidates {

@@ -18,6 +18,11 @@ import (
 // others.
 func weigher(ids []int) planetest.Handler {
 	return func(w *planetest.Worker, req *plane.Request) {
+		prompt := parse(req).TokenIDs
+		var asked struct {
+			SamplingOptions map[string]any `json:"sampling_options"`
+		}
+		_ = json.Unmarshal(req.Payload, &asked)
 		for i, id := range ids {
 			lp := -0.5 - float64(i)
 			item := map[string]any{"token_ids": []int{id}, "log_probs": []float64{lp},
@@ -29,6 +34,14 @@ func weigher(ids []int) planetest.Handler {
 			if i == len(ids)-1 {
 				item["finish_reason"] = "length"
 			}
+			if _, ok := asked.SamplingOptions["prompt_logprobs"]; ok && i == 0 {
+				plps, ptops := []any{nil}, [][]map[string]any{{}}
+				for j, pid := range prompt[1:] {
+					plps = append(plps, -2.0-float64(j))
+					ptops = append(ptops, []map[string]any{{"token_id": pid, "logprob": -2.0 - float64(j), "rank": 1}})
+				}
+				item["prompt_log_probs"], item["prompt_top_logprobs"] = plps, ptops
+			}
 			b, _ := json.Marshal(item)
 			if req.Send(b) != nil {
 				return
@@ -36,6 +49,42 @@ func weigher(ids []int) planetest.Handler {
 		}
 		req.Complete()
 	}
+}
+
+// echo repeats the prompt before the completion; with logprobs, the
+// prompt's tokens come first, the first without a logprob (null), as vLLM's
+// server writes them.
+func TestEcho(t *testing.T) {
+	e := logprobsEnv(t, []int{0, 1})
+	r := e.post("/v1/completions", `{"model":"llama","prompt":"Hi there","max_tokens":2,"echo":true}`, nil)
+	require.Equal(t, http.StatusOK, r.status, "%s", r.body)
+	assert.Equal(t, "Hi there"+"Hello world", choice(t, r.json(t))["text"])
+
+	r = e.post("/v1/completions", `{"model":"llama","prompt":"Hi there","max_tokens":2,"echo":true,"logprobs":0}`, nil)
+	require.Equal(t, http.StatusOK, r.status, "%s", r.body)
+	m := r.json(t)
+	lp := choice(t, m)["logprobs"].(map[string]any)
+	toks, lps, tops := lp["tokens"].([]any), lp["token_logprobs"].([]any), lp["top_logprobs"].([]any)
+	promptTokens := int(m["usage"].(map[string]any)["prompt_tokens"].(float64))
+	require.Len(t, toks, promptTokens+2, "the prompt's tokens (BOS first), then the two output tokens")
+	assert.Equal(t, "<|begin_of_text|>", toks[0])
+	assert.Nil(t, lps[0])
+	assert.Nil(t, tops[0])
+	assert.Equal(t, -2.0, lps[1])
+	assert.Equal(t, []any{-0.5, -1.5}, lps[promptTokens:])
+
+	// Streamed: the first chunk starts with the prompt.
+	resp := e.open("/v1/completions", `{"model":"llama","prompt":"Hi there","max_tokens":2,"echo":true,"stream":true}`, nil)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	ev := newEvents(resp)
+	first := choice(t, ev.chunk(t))["text"].(string)
+	assert.Contains(t, first, "Hi there")
+
+	// Not in the chat API; with logprobs, not where the card lacks prompt_logprobs.
+	r = e.post("/v1/chat/completions", `{"model":"llama","messages":[{"role":"user","content":"x"}],"max_tokens":1,"echo":true}`, nil)
+	require.Equal(t, http.StatusBadRequest, r.status, "%s", r.body)
+	r = e.post("/v1/completions", `{"model":"plain","prompt":"x","max_tokens":1,"echo":true}`, nil)
+	require.Equal(t, http.StatusOK, r.status, "echo alone is the frontend's: %s", r.body)
 }
 
 func logprobsEnv(t *testing.T, ids []int) *env {

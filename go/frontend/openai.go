@@ -22,7 +22,7 @@ package frontend
 //     (response_format, structured_outputs): structured.go; logprobs and
 //     top_logprobs: logprobs.go.
 //   - Refused with 400 invalid_request_error naming the param: what the
-//     engine interface does not carry (echo, best_of > n, suffix, tools)
+//     engine interface does not carry (echo in chat, best_of > n, suffix, tools)
 //     and values out of OpenAI's ranges.
 
 import (
@@ -123,7 +123,10 @@ func unsupported(param, what string) *requestError {
 
 // prompt is one prompt of a request: its token ids (the stand-in tokenizer's
 // for text).
-type prompt struct{ tokens []int }
+type prompt struct {
+	tokens []int
+	text   string // a text prompt's text ("" for token ids), which echo repeats
+}
 
 // plan is a checked request: what to run and how to answer.
 type plan struct {
@@ -160,6 +163,10 @@ func (p *plan) checkExtensions(model string, tx text, cards []modelcard.Card) er
 	if p.logprobsK >= 0 {
 		asked["logprobs"] = p.logprobsK
 		from["logprobs"] = "logprobs"
+		if p.req.Echo { // the prompt's tokens' logprobs too
+			asked["prompt_logprobs"] = p.logprobsK
+			from["prompt_logprobs"] = "echo"
+		}
 	}
 	if err := checkHonoured(model, asked, from, cards); err != nil {
 		return err
@@ -223,8 +230,8 @@ func (p *plan) check() error {
 		p.seed = &s
 	}
 	// What the engine interface does not carry.
-	if req.Echo {
-		return unsupported("echo", "echo")
+	if req.Echo && p.chat {
+		return unsupported("echo", "echo in the chat API")
 	}
 	if req.BestOf != nil && *req.BestOf != p.n {
 		return unsupported("best_of", "best_of other than n")
@@ -346,7 +353,7 @@ func parsePrompts(req *completionRequest, chat bool, limit int, tx text) ([]prom
 		if len(ids) > limit {
 			return prompt{}, tooLong(len(ids))
 		}
-		return prompt{tokens: ids}, nil
+		return prompt{tokens: ids, text: s}, nil
 	}
 	ids := func(t []int) (prompt, error) {
 		if len(t) == 0 {

@@ -250,7 +250,7 @@ func TestRefusedParameters(t *testing.T) {
 		{`"logprobs":1`, "logprobs"},
 		{`"logprobs":0`, "logprobs"},
 		{`"top_logprobs":2`, "top_logprobs"},
-		{`"echo":true`, "echo"},
+		{`"echo":true,"logprobs":0`, "logprobs"},
 		{`"best_of":2`, "best_of"},
 		{`"suffix":"x"`, "suffix"},
 		{`"logit_bias":{"1":5}`, "logit_bias"},

@@ -321,6 +321,9 @@ func (p *response) stream() {
 		if text == "" && !finished && c.started {
 			return nil
 		}
+		if !c.started {
+			text = c.echo + text
+		}
 		ch := chunkChoice{Index: c.index}
 		if finished {
 			ch.FinishReason = &c.finish

@@ -60,6 +60,7 @@ type choice struct {
 	// these (min_tokens).
 	minTokens int
 	lp        *logprobs       // the tokens' logprobs, when the request asks them
+	echo      string          // echo: the prompt's text, which the first chunk starts with
 	all       strings.Builder // the whole text, for a non-streaming response
 	finish    string
 }
@@ -285,6 +286,16 @@ func (f *Frontend) dispatch(w http.ResponseWriter, in *incoming, place *plane.Re
 				text: in.text.decoder(pr.tokens, p.skipSpecial), minTokens: p.minTokens()}
 			if p.logprobsK >= 0 {
 				c.lp = &logprobs{k: p.logprobsK}
+				if p.req.Echo {
+					c.lp.prompt = pr.tokens
+				}
+			}
+			if p.req.Echo { // the prompt's text first, outside the stop strings' reach
+				c.echo = pr.text
+				if c.echo == "" {
+					c.echo = in.text.detokenize(pr.tokens)
+				}
+				c.all.WriteString(c.echo)
 			}
 			if !in.deadline.IsZero() {
 				c.reqCtx.SetDeadline(in.deadline) // travels to every hop as time left

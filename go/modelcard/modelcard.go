@@ -105,6 +105,9 @@ var EngineParams = []string{
 	// logprobs: each output token's log probability and this many
 	// candidates at its position (SamplingParams.logprobs).
 	"logprobs",
+	// prompt_logprobs: the same for the prompt's tokens (the completions
+	// API's echo with logprobs; SamplingParams.prompt_logprobs).
+	"prompt_logprobs",
 }
 
 // Honours reports whether c's engine honours the engine parameter name.

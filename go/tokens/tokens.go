@@ -31,6 +31,11 @@ type Item struct {
 	// the others by rank).
 	LogProbs    []float64     `json:"log_probs,omitempty"`
 	TopLogprobs [][]Candidate `json:"top_logprobs,omitempty"`
+	// PromptLogProbs and PromptTopLogprobs, in the first item when the
+	// request asked prompt logprobs: the same for each prompt token (the
+	// first has none: null and an empty list).
+	PromptLogProbs    []*float64    `json:"prompt_log_probs,omitempty"`
+	PromptTopLogprobs [][]Candidate `json:"prompt_top_logprobs,omitempty"`
 }
 
 // Candidate is a token the engine weighed at a position.

@@ -126,6 +126,21 @@ def add_logprobs(item: Dict[str, Any], token_ids: List[int], steps: Any) -> None
     item["top_logprobs"] = tops
 
 
+def add_prompt_logprobs(item: Dict[str, Any], prompt_ids: List[int], steps: Any) -> None:
+    """Put the engine's logprobs of the prompt's tokens into ``item``
+    (``prompt_log_probs``, ``prompt_top_logprobs``, as ``add_logprobs``); a position the
+    engine has none for (the first) is null, with no candidates."""
+    log_probs: List[Optional[float]] = []
+    tops: List[List[Dict[str, Any]]] = []
+    for tid, step in zip(prompt_ids, steps):
+        chosen = step.get(tid) if step else None
+        log_probs.append(None if chosen is None else max(chosen.logprob, LOGPROB_FLOOR))
+        tops.append([] if not step else
+                    [{"token_id": int(t), "logprob": max(p.logprob, LOGPROB_FLOOR), "rank": p.rank} for t, p in step.items()])
+    item["prompt_log_probs"] = log_probs
+    item["prompt_top_logprobs"] = tops
+
+
 def sampling_params_for(engine: Any, max_tokens: int, options: Optional[Dict[str, Any]] = None) -> Any:
     """Sampling parameters for ``engine``: vLLM's class when it is vLLM, the mock's otherwise.
 
@@ -276,6 +291,7 @@ class BaseWorkerHandler:
         # Outputs carry the new tokens only (DELTA), or every token so far.
         cumulative = getattr(getattr(params, "output_kind", None), "name", "CUMULATIVE") != "DELTA"
         seen = 0
+        prompt_sent = False  # the prompt's logprobs went out (the first item carries them)
         finished = False  # the engine gave its last output: nothing left to abort
         outputs: Any = None
         stop_monitor = on_stopped(context, lambda: self._monitor(engine_id, request_id, context))
@@ -295,6 +311,10 @@ class BaseWorkerHandler:
                 item: Dict[str, Any] = {"token_ids": delta}
                 if steps is not None:
                     add_logprobs(item, delta, steps)
+                prompt_steps = getattr(out, "prompt_logprobs", None)
+                if prompt_steps and not prompt_sent:
+                    prompt_sent = True
+                    add_prompt_logprobs(item, list(out.prompt_token_ids or []), prompt_steps)
                 if o.finish_reason is not None:
                     item["finish_reason"] = o.finish_reason
                 if out.finished:

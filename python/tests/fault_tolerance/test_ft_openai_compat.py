@@ -162,6 +162,10 @@ def test_n_seed_and_stop(stack):
                                   extra_body={"stop_token_ids": [tokens[3]], "min_tokens": 6})
     assert c.usage.completion_tokens > 4
 
+    # echo (the frontend's): the prompt, then the completion.
+    c = client.completions.create(model=stack.model, prompt=PROMPT, max_tokens=3, echo=True)
+    assert c.choices[0].text == PROMPT + stack.expected_text(PROMPT, 3)
+
     # temperature and top_p are accepted (the mock is deterministic).
     c = client.completions.create(model=stack.model, prompt=PROMPT, max_tokens=3, temperature=0.7, top_p=0.9)
     assert c.choices[0].text == stack.expected_text(PROMPT, 3)
@@ -182,7 +186,8 @@ def test_refusals_errors_and_logs(stack):
     refused = [
         ("logprobs", lambda: client.completions.create(model=stack.model, prompt=PROMPT, max_tokens=2, logprobs=2)),
         ("logprobs", lambda: client.chat.completions.create(model=stack.model, messages=chat_msgs, max_tokens=2, logprobs=True)),
-        ("echo", lambda: client.completions.create(model=stack.model, prompt=PROMPT, max_tokens=2, echo=True)),
+        ("logprobs", lambda: client.completions.create(model=stack.model, prompt=PROMPT, max_tokens=2, echo=True, logprobs=0)),
+        ("echo", lambda: client.chat.completions.create(model=stack.model, messages=chat_msgs, max_tokens=2, extra_body={"echo": True})),
         ("best_of", lambda: client.completions.create(model=stack.model, prompt=PROMPT, max_tokens=2, best_of=3)),
         ("n", lambda: client.completions.create(model=stack.model, prompt=PROMPT, max_tokens=2, n=0)),
         ("temperature", lambda: client.completions.create(model=stack.model, prompt=PROMPT, max_tokens=2, temperature=3)),

@@ -74,6 +74,8 @@ CASES: List[Tuple[str, str, Dict[str, Any]]] = [
     ("ext-allowed", _C, {"prompt": "Only these:", "max_tokens": 12, "extra_body": {"allowed_token_ids": [1820, 374, 264, 1296, 13]}}),
     ("ext-logit-bias", _C, {"prompt": "Biased:", "max_tokens": 8, "logit_bias": {"1820": 100}}),
     ("ext-bad-words", _C, {"prompt": "The cat sat on", "max_tokens": 16, "extra_body": {"bad_words": [" the", " a"]}}),
+    ("echo", _C, {"prompt": "Echo this, then go on:", "max_tokens": 8, "echo": True}),
+    ("echo-token-ids", _C, {"prompt": [128000, 9906, 11, 1917], "max_tokens": 8, "echo": True}),
     # Structured output: OpenAI's response_format and vLLM's structured_outputs.
     ("struct-json-schema", _CH, {"messages": _msgs(("user", "Pick a colour as JSON.")), "max_tokens": 48,
                                  "response_format": {"type": "json_schema", "json_schema": {
@@ -160,6 +162,7 @@ LOGPROB_CASES: List[Tuple[str, str, Dict[str, Any]]] = [
     ("chat-logprobs-0", _CH, {"messages": _msgs(("user", "Count to three.")), "max_tokens": 8, "logprobs": True}),
     ("completion-logprobs", _C, {"prompt": "The capital of France is", "max_tokens": 12, "logprobs": 2}),
     ("completion-logprobs-cjk", _C, {"prompt": "東京の天気は", "max_tokens": 10, "logprobs": 0}),
+    ("completion-echo-logprobs", _C, {"prompt": "Hello, my name is", "max_tokens": 6, "logprobs": 1, "echo": True}),
 ]
 
 

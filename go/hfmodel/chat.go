@@ -7,7 +7,6 @@ package hfmodel
 // clean_up_tokenization_spaces), as vLLM's server passes them on.
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -155,50 +154,18 @@ func (m *Model) TokenStrings(ids []int) []string {
 // decoding alone strips put back.
 func (m *Model) TokenText(id int) string {
 	s := m.Detokenize([]int{id})
-	if m.marker == "" {
+	marker := m.tok.SpaceMarker()
+	if marker == "" {
 		return s
 	}
 	raw, _ := m.tok.IDToToken(id)
 	markers := 0
-	for strings.HasPrefix(raw, m.marker) {
-		raw = raw[len(m.marker):]
+	for strings.HasPrefix(raw, marker) {
+		raw = raw[len(marker):]
 		markers++
 	}
 	if missing := markers - (len(s) - len(strings.TrimLeft(s, " "))); missing > 0 {
 		s = strings.Repeat(" ", missing) + s
 	}
 	return s
-}
-
-// fileFacts reads what the tokenizer file says of its model's type ("BPE",
-// "Unigram", ...; "" when it names none) and of its Metaspace
-// pre-tokenizer's replacement character (alone or in a Sequence; "" when
-// it has none).
-func fileFacts(tokenizerJSON []byte) (modelType, marker string) {
-	type meta struct {
-		Type        string  `json:"type"`
-		Replacement *string `json:"replacement"`
-	}
-	var doc struct {
-		Model struct {
-			Type string `json:"type"`
-		} `json:"model"`
-		PreTokenizer *struct {
-			meta
-			PreTokenizers []meta `json:"pretokenizers"`
-		} `json:"pre_tokenizer"`
-	}
-	_ = json.Unmarshal(tokenizerJSON, &doc)
-	if doc.PreTokenizer == nil {
-		return doc.Model.Type, ""
-	}
-	for _, p := range append([]meta{doc.PreTokenizer.meta}, doc.PreTokenizer.PreTokenizers...) {
-		if p.Type == "Metaspace" {
-			if p.Replacement != nil {
-				return doc.Model.Type, *p.Replacement
-			}
-			return doc.Model.Type, "\u2581"
-		}
-	}
-	return doc.Model.Type, ""
 }

@@ -64,9 +64,6 @@ type Model struct {
 	// spaces (tokenizer_config.json's clean_up_tokenization_spaces, which
 	// transformers honours for every model but BPE).
 	cleanUp bool
-	// marker is the Metaspace replacement of the tokenizer ("": none), for
-	// TokenText.
-	marker string
 }
 
 // Message is one chat message as the template sees it.
@@ -163,9 +160,7 @@ func FromFiles(origin string, files Files) (*Model, error) {
 			m.vars[name] = s
 		}
 	}
-	var typ string
-	typ, m.marker = fileFacts(raw)
-	m.cleanUp = cfg.CleanUp && (cfg.CleanUpBPE || typ != "BPE")
+	m.cleanUp = cfg.CleanUp && (cfg.CleanUpBPE || tok.ModelType() != "BPE")
 	src, err := chatTemplate(files, where, cfg.ChatTemplate)
 	if err != nil {
 		return nil, err

@@ -194,6 +194,39 @@ func (t *Tokenizer) decode(ids []int, skipSpecial bool) (string, bool) {
 // VocabSize is the highest id (of the vocabulary and the added tokens) + 1.
 func (t *Tokenizer) VocabSize() int { return t.vocabSize }
 
+// ModelType is the model's type as the tokenizers library names it ("BPE",
+// "WordPiece", "WordLevel", "Unigram"), also for a file that does not name
+// it (the model recognised by its fields).
+func (t *Tokenizer) ModelType() string {
+	switch t.model.(type) {
+	case *bpeModel:
+		return "BPE"
+	case *wordPieceModel:
+		return "WordPiece"
+	case *wordLevelModel:
+		return "WordLevel"
+	case *unigramModel:
+		return "Unigram"
+	}
+	return ""
+}
+
+// SpaceMarker is the replacement character of the Metaspace pre-tokenizer
+// (alone or in a Sequence), which stands for a space in the vocabulary's
+// strings; "" when there is none.
+func (t *Tokenizer) SpaceMarker() string {
+	pres := []preTokenizer{t.pre}
+	if seq, ok := t.pre.(sequencePre); ok {
+		pres = seq
+	}
+	for _, p := range pres {
+		if m, ok := p.(metaspacePre); ok {
+			return m.repStr
+		}
+	}
+	return ""
+}
+
 // TokenToID is the id of a token (an added token's content, or a
 // vocabulary entry).
 func (t *Tokenizer) TokenToID(token string) (int, bool) {

@@ -278,6 +278,8 @@ func TestModelWithoutType(t *testing.T) {
 		tk, v := loadFamily(t, fam)
 		old, err := FromJSON(untyped)
 		require.NoError(t, err, fam)
+		assert.Equal(t, typ, tk.ModelType(), fam)
+		assert.Equal(t, typ, old.ModelType(), "%s: the type of a file that names none", fam)
 		for _, c := range v.Cases {
 			want, err := tk.Encode(c.Text, true)
 			require.NoError(t, err)
@@ -305,4 +307,14 @@ func mustJSON(t *testing.T, v any) json.RawMessage {
 	b, err := json.Marshal(v)
 	require.NoError(t, err)
 	return b
+}
+
+// SpaceMarker is the Metaspace pre-tokenizer's replacement, alone or in a
+// Sequence; byte-level files have none, and neither has Llama 2's, whose
+// marker a normalizer writes (Prepend and Replace).
+func TestSpaceMarker(t *testing.T) {
+	for fam, want := range map[string]string{"metaspace": "\u2581", "llama2": "", "gpt2": "", "llama3": "", "wordpiece": ""} {
+		tk, _ := loadFamily(t, fam)
+		assert.Equal(t, want, tk.SpaceMarker(), fam)
+	}
 }

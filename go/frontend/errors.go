@@ -9,6 +9,12 @@ import (
 	"runtime/debug"
 )
 
+// writeJSON answers 200 with v as JSON.
+func writeJSON(w http.ResponseWriter, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(v)
+}
+
 // writeError answers with an OpenAI-shaped error: {"error": {"message",
 // "type", "param", "code"}}. param may be empty (null). The request is
 // logged as failed (see recorder).

@@ -146,7 +146,7 @@ func (x *Extensions) skipSpecial() (bool, error) {
 	skip := x.SkipSpecialTokens == nil || *x.SkipSpecialTokens
 	if !skip && x.SpacesBetweenSpecialTokens != nil && !*x.SpacesBetweenSpecialTokens {
 		return false, invalid("spaces_between_special_tokens", "unsupported_parameter",
-			"spaces_between_special_tokens false with skip_special_tokens false is not supported: %s", "the frontend decodes special tokens as the tokenizer does")
+			"spaces_between_special_tokens false with skip_special_tokens false is not supported: the frontend decodes special tokens as the tokenizer does")
 	}
 	return skip, nil
 }

@@ -1,7 +1,6 @@
 package frontend
 
 import (
-	"encoding/json"
 	"net/http"
 	"sort"
 	"sync"
@@ -172,8 +171,7 @@ func (f *Frontend) models(w http.ResponseWriter, r *http.Request) {
 	for _, n := range f.modelNames() {
 		data = append(data, modelObject(n))
 	}
-	w.Header().Set("Content-Type", "application/json")
-	_ = json.NewEncoder(w).Encode(map[string]any{"object": "list", "data": data})
+	writeJSON(w, map[string]any{"object": "list", "data": data})
 }
 
 // model answers GET /v1/models/{id}; the id may contain slashes.
@@ -183,6 +181,5 @@ func (f *Frontend) model(w http.ResponseWriter, r *http.Request) {
 		modelNotFound(w, name)
 		return
 	}
-	w.Header().Set("Content-Type", "application/json")
-	_ = json.NewEncoder(w).Encode(modelObject(name))
+	writeJSON(w, modelObject(name))
 }

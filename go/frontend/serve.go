@@ -150,22 +150,16 @@ func (f *Frontend) parse(w http.ResponseWriter, r *http.Request, chat bool) (in 
 		refuse(w, err)
 		return nil, false
 	}
-	groups := f.textGroups(req.Model)
-	if len(groups) == 0 {
-		modelNotFound(w, req.Model)
-		return nil, false
-	}
 	// The model's language: its own tokenizer and chat template, or the
 	// stand-in; the request goes only to the instances that speak it
 	// (text.go). Prompt sizes are checked before a text is expanded into
 	// token ids, and prompt tokens + max_tokens must fit the model's
 	// context length.
-	tx, key, err := f.textOf(req.Model, groups)
-	if err != nil {
-		writeError(w, http.StatusServiceUnavailable, err.Error(), "service_unavailable", "", "model_unavailable")
+	tx, g, ok := f.textFor(w, req.Model)
+	if !ok {
 		return nil, false
 	}
-	client, gate, err := f.modelClient(key)
+	client, gate, err := f.modelClient(route{model: req.Model, text: g.id})
 	if err != nil {
 		writeError(w, http.StatusServiceUnavailable, err.Error(), "service_unavailable", "", "service_unavailable")
 		return nil, false
@@ -174,7 +168,7 @@ func (f *Frontend) parse(w http.ResponseWriter, r *http.Request, chat bool) (in 
 		modelNotFound(w, req.Model)
 		return nil, false
 	}
-	if err := p.checkExtensions(req.Model, tx, cardsOfText(groups, key.text)); err != nil {
+	if err := p.checkExtensions(req.Model, tx, g.cards); err != nil {
 		refuse(w, err)
 		return nil, false
 	}

@@ -23,6 +23,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -94,11 +95,11 @@ func (standIn) chat(messages []hfmodel.Message, o hfmodel.ChatOptions) (string, 
 // detokenize: the stand-in's output text of ids (a word each).
 func (standIn) detokenize(ids []int) string { return standInDecoder{}.next(ids) }
 
-// tokenStrings: each id's word.
-func (standIn) tokenStrings(ids []int) []string {
+// tokenStrings: each id's word (tokenText).
+func (t standIn) tokenStrings(ids []int) []string {
 	out := make([]string, len(ids))
 	for i, id := range ids {
-		out[i] = strings.TrimPrefix(standInDecoder{}.next([]int{id}), " ")
+		out[i] = t.tokenText(id)
 	}
 	return out
 }
@@ -296,35 +297,41 @@ func (f *Frontend) textGroups(model string) []textGroup {
 	return groups
 }
 
-// cardsOfText are the cards of the group of text id (textGroups).
-func cardsOfText(groups []textGroup, id string) []modelcard.Card {
-	for _, g := range groups {
-		if g.id == id {
-			return g.cards
-		}
+// textFor is the language of a request for model and the group of
+// instances that speak it (textGroups, textOf). A model no instance serves
+// is answered 404, one whose text does not load 503, and ok is false.
+func (f *Frontend) textFor(w http.ResponseWriter, model string) (tx text, g textGroup, ok bool) {
+	groups := f.textGroups(model)
+	if len(groups) == 0 {
+		modelNotFound(w, model)
+		return nil, textGroup{}, false
 	}
-	return nil
+	tx, g, err := f.textOf(model, groups)
+	if err != nil {
+		writeError(w, http.StatusServiceUnavailable, err.Error(), "service_unavailable", "", "model_unavailable")
+		return nil, textGroup{}, false
+	}
+	return tx, g, true
 }
 
 // textOf is the language of a request for a model whose instances are
-// groups (textGroups), and the route of the instances that speak it: the
-// first group's whose text loads, so that every instance a request may go to
-// has the files it was tokenized with. The stand-in is the text of
-// instances that name no directory. An error says why no text loaded.
-func (f *Frontend) textOf(model string, groups []textGroup) (text, route, error) {
+// groups (textGroups), and the group that speaks it: the first whose text
+// loads, so that every instance a request may go to has the files it was
+// tokenized with. The stand-in is the text of instances that name no
+// directory. An error says why no text loaded.
+func (f *Frontend) textOf(model string, groups []textGroup) (text, textGroup, error) {
 	var errs []string
 	for _, g := range groups {
-		key := route{model: model, text: g.id}
 		if g.id == "" {
-			return standIn{}, key, nil
+			return standIn{}, g, nil
 		}
 		m, err := f.texts.get(g.id, func() (*hfmodel.Model, error) { return f.loadText(g) }, f.textsInUse)
 		if err == nil {
-			return modelText{m}, key, nil
+			return modelText{m}, g, nil
 		}
 		errs = append(errs, err.Error())
 	}
-	return nil, route{}, fmt.Errorf("the frontend could not load the tokenizer of model %q from the directory its workers name: %s",
+	return nil, textGroup{}, fmt.Errorf("the frontend could not load the tokenizer of model %q from the directory its workers name: %s",
 		model, strings.Join(errs, "; "))
 }
 

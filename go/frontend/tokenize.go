@@ -123,21 +123,8 @@ func (f *Frontend) textRequest(w http.ResponseWriter, r *http.Request) (req *com
 		}
 		req.Model = names[0]
 	}
-	groups := f.textGroups(req.Model)
-	if len(groups) == 0 {
-		modelNotFound(w, req.Model)
-		return nil, nil, 0, false
-	}
-	tx, _, err := f.textOf(req.Model, groups)
-	if err != nil {
-		writeError(w, http.StatusServiceUnavailable, err.Error(), "service_unavailable", "", "model_unavailable")
+	if tx, _, ok = f.textFor(w, req.Model); !ok {
 		return nil, nil, 0, false
 	}
 	return req, tx, f.maxModelLen(req.Model), true
-}
-
-// writeJSON answers 200 with v as JSON.
-func writeJSON(w http.ResponseWriter, v any) {
-	w.Header().Set("Content-Type", "application/json")
-	_ = json.NewEncoder(w).Encode(v)
 }

@@ -27,6 +27,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/dynamo-ctx/dynamo-ctx/go/hfmodel"
@@ -111,14 +112,7 @@ var EngineParams = []string{
 }
 
 // Honours reports whether c's engine honours the engine parameter name.
-func (c Card) Honours(name string) bool {
-	for _, s := range c.Supports {
-		if s == name {
-			return true
-		}
-	}
-	return false
-}
+func (c Card) Honours(name string) bool { return slices.Contains(c.Supports, name) }
 
 // Parse reads a card from an instance's metadata. It is lenient, as a
 // reader of other versions' cards must be: unknown keys are ignored, and a
@@ -159,7 +153,7 @@ func (c Card) Validate() error {
 	}
 	seen := map[string]bool{}
 	for _, p := range c.Supports {
-		if !isEngineParam(p) || seen[p] {
+		if !slices.Contains(EngineParams, p) || seen[p] {
 			bad = append(bad, fmt.Sprintf("supports %q is not one of %s once", p, strings.Join(EngineParams, ", ")))
 		}
 		seen[p] = true
@@ -237,23 +231,7 @@ func validChecksum(s string) bool {
 	return true
 }
 
-func (m Mode) valid() bool {
-	for _, v := range Modes {
-		if m == v {
-			return true
-		}
-	}
-	return false
-}
-
-func isEngineParam(name string) bool {
-	for _, p := range EngineParams {
-		if p == name {
-			return true
-		}
-	}
-	return false
-}
+func (m Mode) valid() bool { return slices.Contains(Modes, m) }
 
 func modeList() string {
 	names := make([]string, len(Modes))

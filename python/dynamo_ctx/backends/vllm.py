@@ -109,11 +109,19 @@ def request_options(request: Dict[str, Any]) -> Dict[str, Any]:
 LOGPROB_FLOOR = -9999.0
 
 
+def _candidates(step: Any) -> List[Dict[str, Any]]:
+    """The engine's candidates at one position, in its order (the sampled token first,
+    then by rank), each ``{"token_id", "logprob", "rank"}``; none for a position the
+    engine has no logprobs for."""
+    if not step:
+        return []
+    return [{"token_id": int(t), "logprob": max(p.logprob, LOGPROB_FLOOR), "rank": p.rank} for t, p in step.items()]
+
+
 def add_logprobs(item: Dict[str, Any], token_ids: List[int], steps: Any) -> None:
     """Put the engine's logprobs of ``token_ids`` into ``item`` (go/tokens' Item):
     ``log_probs``, each token's log probability, and ``top_logprobs``, the engine's
-    candidates at its position in the engine's order (the sampled token first, then
-    by rank), each ``{"token_id", "logprob", "rank"}``."""
+    candidates at its position (``_candidates``)."""
     log_probs: List[float] = []
     tops: List[List[Dict[str, Any]]] = []
     for tid, step in zip(token_ids, steps):
@@ -121,7 +129,7 @@ def add_logprobs(item: Dict[str, Any], token_ids: List[int], steps: Any) -> None
         if chosen is None:
             break  # the engine has none for this token: the frontend writes what came
         log_probs.append(max(chosen.logprob, LOGPROB_FLOOR))
-        tops.append([{"token_id": int(t), "logprob": max(p.logprob, LOGPROB_FLOOR), "rank": p.rank} for t, p in step.items()])
+        tops.append(_candidates(step))
     item["log_probs"] = log_probs
     item["top_logprobs"] = tops
 
@@ -135,8 +143,7 @@ def add_prompt_logprobs(item: Dict[str, Any], prompt_ids: List[int], steps: Any)
     for tid, step in zip(prompt_ids, steps):
         chosen = step.get(tid) if step else None
         log_probs.append(None if chosen is None else max(chosen.logprob, LOGPROB_FLOOR))
-        tops.append([] if not step else
-                    [{"token_id": int(t), "logprob": max(p.logprob, LOGPROB_FLOOR), "rank": p.rank} for t, p in step.items()])
+        tops.append(_candidates(step))
     item["prompt_log_probs"] = log_probs
     item["prompt_top_logprobs"] = tops
 

@@ -255,3 +255,16 @@ func runeFrom(s string, n int) string {
 	}
 	return ""
 }
+
+// PyDumps is json.dumps(json.loads(text), ensure_ascii=False): the JSON
+// text as Python's server writes the value (", " and ": " separators,
+// members in their order, floats as Python's repr); ok is false when text
+// is not one JSON value. The frontend writes the arguments of tool_choice
+// "required" calls with it, as vLLM's server writes them.
+func PyDumps(text string) (string, bool) {
+	v, err := pyLoads([]rune(text))
+	if err != decOK {
+		return "", false
+	}
+	return v.dumps(), true
+}

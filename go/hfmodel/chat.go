@@ -10,6 +10,8 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+
+	"github.com/ardanlabs/jinja"
 )
 
 // ChatOptions are a request's options for the chat template.
@@ -21,6 +23,9 @@ type ChatOptions struct {
 	// ends where its content ends (no end-of-turn marker), for the model to
 	// continue it. It excludes AddGenerationPrompt.
 	ContinueFinalMessage bool
+	// Tools are the request's tools: nil gives the template tools = None,
+	// as a request without tools does.
+	Tools []Tool
 	// Vars are more variables for the template (a request's
 	// chat_template_kwargs, e.g. enable_thinking); they may replace the
 	// special tokens' variables, not the ones the options above set.
@@ -68,33 +73,51 @@ func (m *Model) RenderChatWith(messages []Message, o ChatOptions) (out string, e
 	if o.ContinueFinalMessage && len(messages) == 0 {
 		return "", fmt.Errorf("%w: continue_final_message needs a final message", ErrChatOptions)
 	}
-	msgs := make([]any, len(messages))
-	for i, msg := range messages {
-		content := msg.Content
-		if o.ContinueFinalMessage && i == len(messages)-1 {
-			content += continueMark
-		}
-		msgs[i] = map[string]any{"role": msg.Role, "content": content}
+	data, err := m.templateData(messages, o)
+	if err != nil {
+		return "", err
 	}
-	data := make(map[string]any, len(m.vars)+len(o.Vars)+2)
-	for k, v := range m.vars {
-		data[k] = v
-	}
-	for k, v := range o.Vars {
-		data[k] = v
-	}
-	data["messages"] = msgs
-	data["add_generation_prompt"] = o.AddGenerationPrompt
 	defer func() {
 		if p := recover(); p != nil {
 			out, err = "", fmt.Errorf("the chat template failed: %v", p)
 		}
 	}()
-	out, err = m.chat.Render(data)
+	out, err = m.chat.RenderValues(data)
 	if err != nil || !o.ContinueFinalMessage {
 		return out, err
 	}
 	return openFinalMessage(out, messages[len(messages)-1].Content)
+}
+
+// templateData are the template's variables: the special tokens, the
+// request's variables, and what apply_chat_template sets (messages, tools,
+// documents, add_generation_prompt), with the tojson filter of pyjson.go.
+func (m *Model) templateData(messages []Message, o ChatOptions) (map[string]jinja.Value, error) {
+	suffix := ""
+	if o.ContinueFinalMessage {
+		suffix = continueMark
+	}
+	msgs, err := messagesValue(messages, suffix)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrChatOptions, err)
+	}
+	tools, err := toolsValue(o.Tools)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrChatOptions, err)
+	}
+	data := make(map[string]jinja.Value, len(m.vars)+len(o.Vars)+5)
+	for k, v := range m.vars {
+		data[k] = jinja.FromGoValue(v)
+	}
+	for k, v := range o.Vars {
+		data[k] = goValue(v)
+	}
+	data["messages"] = msgs
+	data["tools"] = tools
+	data["documents"] = jinja.None()
+	data["add_generation_prompt"] = jinja.NewBool(o.AddGenerationPrompt)
+	data[pyTojsonName] = pyTojson
+	return data, nil
 }
 
 // openFinalMessage cuts a rendering made with continueMark after the final

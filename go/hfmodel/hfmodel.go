@@ -13,8 +13,8 @@
 //     Hugging Face tokenizers library (without the file's truncation and
 //     padding, as transformers encodes by default); chat is rendered by the model's Jinja
 //     template with the variables Hugging Face's apply_chat_template gives it
-//     (messages, add_generation_prompt, the special tokens, and
-//     raise_exception / strftime_now), and tokenized without adding special
+//     (messages, tools, add_generation_prompt, the special tokens, and
+//     raise_exception / strftime_now; tools.go, pyjson.go), and tokenized without adding special
 //     tokens (the template writes them), as vLLM's server does.
 //   - Safe to share: a Model is immutable once loaded; every method may be
 //     called from many goroutines. A template that panics while rendering is
@@ -64,12 +64,6 @@ type Model struct {
 	// spaces (tokenizer_config.json's clean_up_tokenization_spaces, which
 	// transformers honours for every model but BPE).
 	cleanUp bool
-}
-
-// Message is one chat message as the template sees it.
-type Message struct {
-	Role    string
-	Content string
 }
 
 // TextFiles are the files of a model directory that make its text, in the
@@ -166,7 +160,7 @@ func FromFiles(origin string, files Files) (*Model, error) {
 		return nil, err
 	}
 	if src != "" {
-		if m.chat, err = compile(src); err != nil {
+		if m.chat, err = compile(useOwnTojson(src)); err != nil {
 			return nil, fmt.Errorf("%s: the chat template does not compile: %w", origin, err)
 		}
 	}

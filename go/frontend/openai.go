@@ -103,9 +103,16 @@ type completionRequest struct {
 	ResponseFormat *responseFormat `json:"response_format"`
 }
 
+// chatMessage is one of the chat's messages (text.go reads it).
 type chatMessage struct {
 	Role    string          `json:"role"`
 	Content json.RawMessage `json:"content"`
+	// An assistant's tool calls, a tool message's id of the call it
+	// answers, the author's name, an assistant's reasoning.
+	ToolCalls  json.RawMessage `json:"tool_calls"`
+	ToolCallID *string         `json:"tool_call_id"`
+	Name       *string         `json:"name"`
+	Reasoning  *string         `json:"reasoning"`
 }
 
 // requestError is a 400 invalid_request_error about param.
@@ -256,7 +263,11 @@ func renderChat(req *completionRequest, tx text) (string, error) {
 	if err != nil {
 		return "", invalid("messages", "invalid_prompt", "%s", err.Error())
 	}
-	s, err := tx.chat(msgs, req.chatOptions())
+	o := req.chatOptions()
+	if o.Tools, err = chatTools(req.Tools); err != nil {
+		return "", invalid("tools", "invalid_tools", "%s", err.Error())
+	}
+	s, err := tx.chat(msgs, o)
 	if err != nil {
 		return "", invalid("messages", "invalid_prompt", "%s", err.Error())
 	}

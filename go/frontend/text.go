@@ -396,7 +396,10 @@ func loadHere(dir, sum string) (*hfmodel.Model, error) {
 // characters (one could forge lines of the rendered conversation) and a
 // content that is a string or a list of parts whose text parts are joined
 // (with a line break between them for a model's own template, as vLLM
-// does; nothing between them for the stand-in, as before).
+// does; nothing between them for the stand-in, as before); null content
+// is "", as vLLM gives it to the template. Then the keys vLLM keeps for
+// the template: an assistant's tool_calls (toolCalls) and reasoning, a
+// tool message's tool_call_id, any message's name.
 func chatMessages(messages []chatMessage, sep string) ([]hfmodel.Message, error) {
 	if len(messages) == 0 {
 		return nil, errors.New("messages must not be empty")
@@ -407,34 +410,51 @@ func chatMessages(messages []chatMessage, sep string) ([]hfmodel.Message, error)
 			return nil, errors.New("a message's role must not contain control characters")
 		}
 		out[i].Role = m.Role
-		if jsonscan.IsNull(m.Content) {
-			continue
+		content, err := messageContent(m.Content, sep)
+		if err != nil {
+			return nil, err
 		}
-		var s string
-		if err := json.Unmarshal(m.Content, &s); err == nil {
-			out[i].Content = s
-			continue
-		}
-		var parts []struct {
-			Type string `json:"type"`
-			Text string `json:"text"`
-		}
-		if err := json.Unmarshal(m.Content, &parts); err != nil {
-			return nil, errors.New("message content must be a string or a list of parts")
-		}
-		var b strings.Builder // one buffer: adding parts to a string copies it once per part
-		n := 0
-		for _, p := range parts {
-			if p.Type != "" && p.Type != "text" {
-				return nil, fmt.Errorf("content parts of type %q are not supported: the engine interface carries text", p.Type)
+		out[i].Content = content
+		out[i].Name = m.Name
+		switch m.Role {
+		case "assistant":
+			if out[i].ToolCalls, err = toolCalls(m.ToolCalls); err != nil {
+				return nil, fmt.Errorf("messages[%d].%w", i, err)
 			}
-			if n > 0 {
-				b.WriteString(sep)
-			}
-			b.WriteString(p.Text)
-			n++
+			out[i].Reasoning = m.Reasoning
+		case "tool":
+			out[i].ToolCallID = m.ToolCallID
 		}
-		out[i].Content = b.String()
 	}
 	return out, nil
+}
+
+// messageContent is a message's text: a string, or its text parts joined
+// with sep; "" for null.
+func messageContent(raw json.RawMessage, sep string) (string, error) {
+	if jsonscan.IsNull(raw) {
+		return "", nil
+	}
+	var s string
+	if err := json.Unmarshal(raw, &s); err == nil {
+		return s, nil
+	}
+	var parts []struct {
+		Type string `json:"type"`
+		Text string `json:"text"`
+	}
+	if err := json.Unmarshal(raw, &parts); err != nil {
+		return "", errors.New("message content must be a string or a list of parts")
+	}
+	var b strings.Builder // one buffer: adding parts to a string copies it once per part
+	for n, p := range parts {
+		if p.Type != "" && p.Type != "text" {
+			return "", fmt.Errorf("content parts of type %q are not supported: the engine interface carries text", p.Type)
+		}
+		if n > 0 {
+			b.WriteString(sep)
+		}
+		b.WriteString(p.Text)
+	}
+	return b.String(), nil
 }

@@ -6,9 +6,10 @@ package frontend
 //   - /tokenize takes a completions prompt ({"prompt": "...",
 //     "add_special_tokens": true}) or a conversation ({"messages": [...],
 //     add_generation_prompt, continue_final_message, chat_template_kwargs,
-//     "add_special_tokens": false}) and answers {"count", "max_model_len",
-//     "tokens", "token_strs"} (token_strs: the vocabulary's strings when
-//     "return_token_strs" is true, else null).
+//     tools, "add_special_tokens": false}, its tools and tool calls read
+//     as in the chat API, chattools.go) and answers {"count",
+//     "max_model_len", "tokens", "token_strs"} (token_strs: the
+//     vocabulary's strings when "return_token_strs" is true, else null).
 //   - /detokenize takes {"tokens": [...]} and answers {"prompt": text}, the
 //     special tokens included.
 //
@@ -53,9 +54,6 @@ func (f *Frontend) tokenize(w http.ResponseWriter, r *http.Request) {
 
 // tokenizeIDs are the tokens of /tokenize's prompt or conversation.
 func tokenizeIDs(req *completionRequest, tx text) ([]int, error) {
-	if t := jsonscan.Trim(req.Tools); !jsonscan.IsNull(t) && string(t) != "[]" {
-		return nil, unsupported("tools", "tools")
-	}
 	if !jsonscan.IsNull(req.Prompt) {
 		var s string
 		if err := json.Unmarshal(req.Prompt, &s); err != nil {

@@ -118,3 +118,47 @@ func TestChatTemplateOptionsReachThePrompt(t *testing.T) {
 		assert.Equal(t, want, received(t, prompts), "%v", opts)
 	}
 }
+
+// toolTemplate prints tools and tool calls with tojson, in the style of the
+// templates of tool-calling models.
+const toolTemplate = `{{ bos_token }}{% if tools is not none %}{% for t in tools %}{{ t | tojson }}{{ '\n' }}{% endfor %}{% endif %}{% for m in messages %}[{{ m.role }}]{{ m.content }}` +
+	`{% if m.tool_calls is defined %}{% for c in m.tool_calls %}<call {{ c.id }}>{{ c.function | tojson }}{% endfor %}{% endif %}` +
+	`{% if m.tool_call_id is defined %}<result {{ m.tool_call_id }}>{% endif %}{% endfor %}`
+
+// /tokenize renders a request's tools and its messages' tool calls as
+// vLLM's server does: the tools as its models dump them, a call's
+// arguments parsed; a malformed tool or call is refused naming its param.
+func TestTokenizeWithTools(t *testing.T) {
+	dir := t.TempDir()
+	revision(t, dir, toolTemplate)
+	e, _ := modelEnv(t, dir, []int{0})
+	msgs := []any{
+		map[string]any{"role": "user", "content": "Weather?"},
+		map[string]any{"role": "assistant", "content": nil, "tool_calls": []any{map[string]any{
+			"id": "c1", "type": "function", "function": map[string]any{"name": "w", "arguments": `{"city": "Zürich", "n": 1.0}`}}}},
+		map[string]any{"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+	}
+	tools := []any{map[string]any{"type": "function", "function": map[string]any{"name": "w", "strict": true,
+		"parameters": map[string]any{"type": "object"}}}}
+	r := postJSON(t, e, "/tokenize", map[string]any{"model": "llama", "messages": msgs, "tools": tools})
+	require.Equal(t, http.StatusOK, r.status, "%s", r.body)
+	r = postJSON(t, e, "/detokenize", map[string]any{"model": "llama", "tokens": r.json(t)["tokens"]})
+	require.Equal(t, http.StatusOK, r.status, "%s", r.body)
+	want := "<|begin_of_text|>" + `{"type": "function", "function": {"name": "w", "description": null, "parameters": {"type": "object"}, "strict": true}}` +
+		"\n[user]Weather?[assistant]<call c1>" + `{"arguments": {"city": "Zürich", "n": 1.0}, "name": "w"}` + "[tool]sunny<result c1>"
+	assert.Equal(t, want, r.json(t)["prompt"])
+
+	for _, c := range []struct {
+		body  map[string]any
+		param string
+	}{
+		{map[string]any{"messages": msgs, "tools": map[string]any{}}, "tools"},
+		{map[string]any{"messages": msgs, "tools": []any{map[string]any{"type": "function", "function": map[string]any{"name": 1}}}}, "tools"},
+		{map[string]any{"messages": []any{map[string]any{"role": "assistant", "tool_calls": []any{map[string]any{"id": "x"}}}}}, "messages"},
+	} {
+		c.body["model"] = "llama"
+		r := postJSON(t, e, "/tokenize", c.body)
+		require.Equal(t, http.StatusBadRequest, r.status, "%v: %s", c.body, r.body)
+		assert.Equal(t, c.param, r.json(t)["error"].(map[string]any)["param"], "%v", c.body)
+	}
+}

@@ -28,6 +28,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 
 	"github.com/ardanlabs/jinja"
 
@@ -64,6 +65,9 @@ type Model struct {
 	// spaces (tokenizer_config.json's clean_up_tokenization_spaces, which
 	// transformers honours for every model but BPE).
 	cleanUp bool
+	// special are transformers' all_special_tokens: the named special
+	// tokens, then additional_special_tokens, each once.
+	special []string
 }
 
 // TextFiles are the files of a model directory that make its text, in the
@@ -136,13 +140,14 @@ func FromFiles(origin string, files Files) (*Model, error) {
 	tok = tok.WithoutTruncationAndPadding()
 	m := &Model{dir: origin, tok: tok, vars: map[string]any{}}
 	var cfg struct {
-		ChatTemplate json.RawMessage `json:"chat_template"`
-		BOS          json.RawMessage `json:"bos_token"`
-		EOS          json.RawMessage `json:"eos_token"`
-		UNK          json.RawMessage `json:"unk_token"`
-		PAD          json.RawMessage `json:"pad_token"`
-		CleanUp      bool            `json:"clean_up_tokenization_spaces"`
-		CleanUpBPE   bool            `json:"clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output"`
+		ChatTemplate json.RawMessage   `json:"chat_template"`
+		BOS          json.RawMessage   `json:"bos_token"`
+		EOS          json.RawMessage   `json:"eos_token"`
+		UNK          json.RawMessage   `json:"unk_token"`
+		PAD          json.RawMessage   `json:"pad_token"`
+		Additional   []json.RawMessage `json:"additional_special_tokens"`
+		CleanUp      bool              `json:"clean_up_tokenization_spaces"`
+		CleanUpBPE   bool              `json:"clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output"`
 	}
 	if b, ok := files[TokenizerConfigFile]; ok {
 		if err := json.Unmarshal(b, &cfg); err != nil {
@@ -152,6 +157,11 @@ func FromFiles(origin string, files Files) (*Model, error) {
 	for name, raw := range map[string]json.RawMessage{"bos_token": cfg.BOS, "eos_token": cfg.EOS, "unk_token": cfg.UNK, "pad_token": cfg.PAD} {
 		if s, ok := tokenText(raw); ok {
 			m.vars[name] = s
+		}
+	}
+	for _, raw := range append([]json.RawMessage{cfg.BOS, cfg.EOS, cfg.UNK, cfg.PAD}, cfg.Additional...) {
+		if s, ok := tokenText(raw); ok && !slices.Contains(m.special, s) {
+			m.special = append(m.special, s)
 		}
 	}
 	m.cleanUp = cfg.CleanUp && (cfg.CleanUpBPE || tok.ModelType() != "BPE")
@@ -166,6 +176,11 @@ func FromFiles(origin string, files Files) (*Model, error) {
 	}
 	return m, nil
 }
+
+// SpecialTokens are the tokenizer's special tokens as transformers lists
+// them (all_special_tokens): tokenizer_config.json's bos, eos, unk and pad
+// tokens and its additional_special_tokens.
+func (m *Model) SpecialTokens() []string { return m.special }
 
 // Dir is where the model's files came from: its directory (absolute), or
 // FromFiles's origin.

@@ -31,6 +31,8 @@ import (
 	"strings"
 
 	"github.com/dynamo-ctx/dynamo-ctx/go/hfmodel"
+	"github.com/dynamo-ctx/dynamo-ctx/go/reasoning"
+	"github.com/dynamo-ctx/dynamo-ctx/go/toolcall"
 )
 
 // Mode is what an instance does with a request.
@@ -86,6 +88,14 @@ type Card struct {
 	// Supports are the engine parameters (EngineParams) the instance's
 	// engine honours; a frontend refuses a request that asks it another.
 	Supports []string `json:"supports,omitempty"`
+	// ToolCallParser names the parser (toolcall.Names: vLLM's
+	// --tool-call-parser names) that reads tool calls in the model's output;
+	// "": none, and tool_choice other than "none" is refused.
+	ToolCallParser string `json:"tool_call_parser,omitempty"`
+	// ReasoningParser names the parser (reasoning.Names: vLLM's
+	// --reasoning-parser names) that splits the model's reasoning from its
+	// content in chat responses; "": none.
+	ReasoningParser string `json:"reasoning_parser,omitempty"`
 }
 
 // BaseParams are the sampling parameters every engine takes, in a token
@@ -157,6 +167,12 @@ func (c Card) Validate() error {
 			bad = append(bad, fmt.Sprintf("supports %q is not one of %s once", p, strings.Join(EngineParams, ", ")))
 		}
 		seen[p] = true
+	}
+	if c.ToolCallParser != "" && !slices.Contains(toolcall.Names(), c.ToolCallParser) {
+		bad = append(bad, fmt.Sprintf("tool_call_parser %q is not one of %s", c.ToolCallParser, strings.Join(toolcall.Names(), ", ")))
+	}
+	if c.ReasoningParser != "" && !slices.Contains(reasoning.Names(), c.ReasoningParser) {
+		bad = append(bad, fmt.Sprintf("reasoning_parser %q is not one of %s", c.ReasoningParser, strings.Join(reasoning.Names(), ", ")))
 	}
 	if len(bad) > 0 {
 		return fmt.Errorf("%w: %s", ErrInvalid, strings.Join(bad, "; "))

@@ -130,7 +130,11 @@ const char *dc_version(void);
    remote handler's failure), "nats_env" (the environment variable naming
    the NATS address), "nats_default_url" (the address used without one),
    "kill_trace_env" (the environment variable that makes the library
-   append each kill's hops to a file, for benchmarks).
+   append each kill's hops to a file, for benchmarks), "base_params" and
+   "engine_params" (the sampling parameters of a token request, and those an
+   engine may honour, comma-separated), "tool_call_parsers" and
+   "reasoning_parsers" (the parser names a model card may give,
+   comma-separated).
    Errors: DC_EINVAL for a NULL name, DC_ENOENT for an unknown name,
    DC_ERANGE. */
 int dc_string_constant(const char *name, char *buf, size_t cap, size_t *len);
@@ -151,14 +155,18 @@ size_t dc_last_error(char *buf, size_t cap);
    model_path is the model directory's absolute path (NULL or path_len 0:
    none); supports names the engine parameters the engine honours,
    comma-separated (NULL or supports_len 0: none; the names are
-   dc_string_constant's "engine_params"). With a model directory, this call reads its text files (each within
+   dc_string_constant's "engine_params"); tool_call_parser and
+   reasoning_parser name the parsers the frontend reads the model's output
+   with (NULL or length 0: none; the names are dc_string_constant's
+   "tool_call_parsers" and "reasoning_parsers"). With a model directory, this call reads its text files (each within
    the bounds above) for the card's text checksum: it blocks for that read.
    Errors: DC_EINVAL for a NULL model or mode, or a card that breaks a rule
    (the message says which); DC_EIO for a model directory whose text files
    cannot be read; DC_ERANGE. */
 int dc_model_card(const char *model, size_t model_len, const char *mode, size_t mode_len, int64_t migration_limit,
                   int64_t max_num_seqs, int64_t max_model_len, const char *model_path, size_t path_len,
-                  const char *supports, size_t supports_len, char *buf, size_t cap, size_t *len);
+                  const char *supports, size_t supports_len, const char *tool_call_parser, size_t tool_call_parser_len,
+                  const char *reasoning_parser, size_t reasoning_parser_len, char *buf, size_t cap, size_t *len);
 
 
 /* ------------------------------------------------------------------

@@ -23,6 +23,8 @@ import (
 	"github.com/dynamo-ctx/dynamo-ctx/go/killtrace"
 	"github.com/dynamo-ctx/dynamo-ctx/go/modelcard"
 	"github.com/dynamo-ctx/dynamo-ctx/go/plane"
+	"github.com/dynamo-ctx/dynamo-ctx/go/reasoning"
+	"github.com/dynamo-ctx/dynamo-ctx/go/toolcall"
 )
 
 var cVersion = C.CString(version) // static for the life of the process
@@ -40,8 +42,10 @@ var stringConstants = map[string]string{
 	"nats_default_url":     plane.DefaultNATSURL,
 	"kill_trace_env":       killtrace.Env,
 	// The request parameters of go/modelcard, comma-separated.
-	"base_params":   strings.Join(modelcard.BaseParams, ","),
-	"engine_params": strings.Join(modelcard.EngineParams, ","),
+	"base_params":       strings.Join(modelcard.BaseParams, ","),
+	"engine_params":     strings.Join(modelcard.EngineParams, ","),
+	"tool_call_parsers": strings.Join(toolcall.Names(), ","),
+	"reasoning_parsers": strings.Join(reasoning.Names(), ","),
 }
 
 // dc_string_constant: see dynamo_ctx.h, the reference.

@@ -22,18 +22,21 @@ import (
 //
 //export dc_model_card
 func dc_model_card(model *C.char, modelLen C.size_t, mode *C.char, modeLen C.size_t, migrationLimit, maxNumSeqs, maxModelLen C.int64_t,
-	modelPath *C.char, pathLen C.size_t, supports *C.char, supportsLen C.size_t, buf *C.char, bufLen C.size_t, n *C.size_t) (rc C.int) {
+	modelPath *C.char, pathLen C.size_t, supports *C.char, supportsLen C.size_t, toolCallParser *C.char, toolCallParserLen C.size_t,
+	reasoningParser *C.char, reasoningParserLen C.size_t, buf *C.char, bufLen C.size_t, n *C.size_t) (rc C.int) {
 	defer guard("dc_model_card", &rc)
 	if model == nil || mode == nil {
 		return fail(C.DC_EINVAL, "dc_model_card: model and mode must not be NULL")
 	}
 	card := modelcard.Card{
-		Model:          string(goBytes(model, modelLen)),
-		Mode:           modelcard.Mode(goBytes(mode, modeLen)),
-		MigrationLimit: int(migrationLimit),
-		MaxNumSeqs:     int(maxNumSeqs),
-		MaxModelLen:    int(maxModelLen),
-		ModelPath:      string(goBytes(modelPath, pathLen)),
+		Model:           string(goBytes(model, modelLen)),
+		Mode:            modelcard.Mode(goBytes(mode, modeLen)),
+		MigrationLimit:  int(migrationLimit),
+		MaxNumSeqs:      int(maxNumSeqs),
+		MaxModelLen:     int(maxModelLen),
+		ModelPath:       string(goBytes(modelPath, pathLen)),
+		ToolCallParser:  string(goBytes(toolCallParser, toolCallParserLen)),
+		ReasoningParser: string(goBytes(reasoningParser, reasoningParserLen)),
 	}
 	if list := string(goBytes(supports, supportsLen)); list != "" {
 		card.Supports = strings.Split(list, ",")

@@ -117,6 +117,8 @@ static const struct { const char* attr; const char* name; } string_constants[] =
     {"KILL_TRACE_ENV", "kill_trace_env"},
     {"BASE_PARAMS", "base_params"},
     {"ENGINE_PARAMS", "engine_params"},
+    {"TOOL_CALL_PARSERS", "tool_call_parsers"},
+    {"REASONING_PARSERS", "reasoning_parsers"},
 };
 
 static int add_string_constants(PyObject* m) {

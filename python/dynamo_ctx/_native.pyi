@@ -67,6 +67,12 @@ BASE_PARAMS: str
 #: The parameters an engine may honour and its model card lists (``supports``),
 #: comma-separated (go/modelcard's EngineParams).
 ENGINE_PARAMS: str
+#: The tool-call parsers a worker may name (--tool-call-parser; vLLM's names),
+#: comma-separated (go/toolcall's Names).
+TOOL_CALL_PARSERS: str
+#: The reasoning parsers a worker may name (--reasoning-parser; vLLM's names),
+#: comma-separated (go/reasoning's Names).
+REASONING_PARSERS: str
 NATS_ENV: str
 #: The NATS address used when none is given (the library's default, go/natsbus's).
 DEFAULT_NATS_URL: str

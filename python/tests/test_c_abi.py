@@ -346,10 +346,12 @@ def test_model_card(lib, tmp_path):
     n = ffi.new("size_t *")
     here = str(model).encode()
 
-    def card(name=b"m", mode=b"agg", limit=1, seqs=0, length=512, path=here, cap=lib.DC_MODEL_CARD_MAX_BYTES + 1, supports=b""):
+    def card(name=b"m", mode=b"agg", limit=1, seqs=0, length=512, path=here, cap=lib.DC_MODEL_CARD_MAX_BYTES + 1, supports=b"",
+             tools=b"", reasoning=b""):
         buf = ffi.new("char[]", cap)
         rc = lib.dc_model_card(name, len(name), mode, len(mode), limit, seqs, length, path or ffi.NULL, len(path or b""),
-                               supports or ffi.NULL, len(supports), buf, cap, n)
+                               supports or ffi.NULL, len(supports), tools or ffi.NULL, len(tools), reasoning or ffi.NULL,
+                               len(reasoning), buf, cap, n)
         return rc, ffi.string(buf).decode() if rc == 0 else None
 
     rc, text = card()
@@ -368,12 +370,19 @@ def test_model_card(lib, tmp_path):
 
     assert json.loads(card(supports=b"top_k,min_tokens")[1])["supports"] == ["top_k", "min_tokens"]
     assert json.loads(_native.model_card("m", "agg", supports="min_p"))["supports"] == ["min_p"]
+    parsers = json.loads(card(path=None, tools=b"hermes", reasoning=b"qwen3")[1])
+    assert (parsers["tool_call_parser"], parsers["reasoning_parser"]) == ("hermes", "qwen3")
+    assert json.loads(_native.model_card("m", "agg", tool_call_parser="llama3_json"))["tool_call_parser"] == "llama3_json"
+    assert set(_native.TOOL_CALL_PARSERS.split(",")) >= {"hermes", "llama3_json", "deepseek_v3"}
+    assert set(_native.REASONING_PARSERS.split(",")) >= {"deepseek_r1", "qwen3"}
     for bad in (dict(mode=b"aggregated"), dict(name=b""), dict(limit=-1), dict(seqs=-1), dict(path=b"relative/model"),
-                dict(supports=b"top_k,top_k"), dict(supports=b"temperature"), dict(supports=b"top_k,")):
+                dict(supports=b"top_k,top_k"), dict(supports=b"temperature"), dict(supports=b"top_k,"),
+                dict(tools=b"hermes2"), dict(reasoning=b"r1"), dict(tools=b"hermes,mistral")):
         rc, _ = card(**bad)
         assert "invalid model card" in expect(lib, rc, DC_EINVAL, "dc_model_card"), bad
     expect(lib, card(path=str(tmp_path / "none").encode())[0], lib.DC_EIO, "dc_model_card")
     expect(lib, card(cap=8)[0], DC_ERANGE, "dc_model_card")
     assert n[0] > 8
     buf = ffi.new("char[64]")
-    expect(lib, lib.dc_model_card(ffi.NULL, 0, b"agg", 3, 0, 0, 0, ffi.NULL, 0, ffi.NULL, 0, buf, 64, n), DC_EINVAL, "dc_model_card")
+    rc = lib.dc_model_card(ffi.NULL, 0, b"agg", 3, 0, 0, 0, ffi.NULL, 0, ffi.NULL, 0, ffi.NULL, 0, ffi.NULL, 0, buf, 64, n)
+    expect(lib, rc, DC_EINVAL, "dc_model_card")

@@ -224,6 +224,7 @@ def _add_worker_flags(p: argparse.ArgumentParser) -> None:
         "--mock-die-after-steps", type=_args.positive_int,
         help="mock engine: its core dies after this many engine steps, a rehearsal of engine death (default: never)",
     )
+    _add_parser_flags(p)
     _args.add_drain_timeout(
         p, "seconds the requests in flight get to finish after SIGTERM (the worker leaves discovery at once); "
         "then the rest are handed over (a migratable end) and the worker exits 0. A second signal ends it at once",
@@ -238,6 +239,30 @@ def _add_worker_flags(p: argparse.ArgumentParser) -> None:
         )
     else:
         _args.add_logging(p)
+
+
+def _add_parser_flags(p: argparse.ArgumentParser) -> None:
+    """The parsers the frontend reads this model's chat output with, by vLLM's names and
+    flags (published in the model card; docs/openai-api.md, "Tools" and "Reasoning")."""
+    tools = native().TOOL_CALL_PARSERS.split(",")
+    _args.add_flag(
+        p, "--tool-call-parser", choices=tools,
+        help="how the model writes tool calls (vLLM's parser names: " + ", ".join(tools) + "); the frontend parses them "
+        "into tool_calls and accepts tool_choice auto, required and a named function (default: none; tools are then "
+        "rendered, and any tool_choice but none is refused)",
+    )
+    if "--enable-auto-tool-choice" not in p._option_string_actions:
+        p.add_argument(
+            "--enable-auto-tool-choice", action="store_true",
+            help="vLLM's spelling, accepted: --tool-call-parser alone enables tool_choice auto",
+        )
+    if "--reasoning-parser" not in p._option_string_actions:  # with --engine vllm, vLLM's own flag
+        reasoning = native().REASONING_PARSERS.split(",")
+        _args.add_flag(
+            p, "--reasoning-parser", choices=reasoning,
+            help="how the model marks its reasoning (vLLM's parser names: " + ", ".join(reasoning) + "); the frontend "
+            "returns it as reasoning_content, apart from content (default: none)",
+        )
 
 
 def served_model_name(args: argparse.Namespace) -> str:
@@ -276,14 +301,16 @@ def engine_supports(engine: Any) -> List[str]:
     return native().ENGINE_PARAMS.split(",")
 
 
-def model_card(model: Model, mode: str, migration_limit: int, supports: Optional[List[str]] = None) -> Dict[str, Any]:
+def model_card(model: Model, mode: str, migration_limit: int, supports: Optional[List[str]] = None,
+               tool_call_parser: Optional[str] = None, reasoning_parser: Optional[str] = None) -> Dict[str, Any]:
     """The model card this worker publishes with its instance (docs/design.md, "The
     model card"): built and checked by the library (go/modelcard, its one definition),
     which reads the model directory's text files for their checksum. It blocks for that
     read. ValueError for a card that breaks a rule, OSError for an unreadable directory."""
     text = native().model_card(
         model.name, mode, migration_limit, max_num_seqs=model.max_num_seqs or 0, max_model_len=model.max_model_len or 0,
-        model_path=model.path, supports=",".join(supports or []),
+        model_path=model.path, supports=",".join(supports or []), tool_call_parser=tool_call_parser or None,
+        reasoning_parser=reasoning_parser or None,
     )
     card: Dict[str, Any] = json.loads(text)
     return card
@@ -497,7 +524,10 @@ async def run(args: argparse.Namespace) -> None:
         watch = asyncio.ensure_future(_watch_engine(engine, engine_dead))
         endpoint = runtime.namespace(args.namespace).component(component).endpoint("generate")
         readiness.waiting_for = f"registration of {endpoint.path}"
-        card = await loop.run_in_executor(None, model_card, model, args.mode, args.migration_limit, engine_supports(engine))
+        card = await loop.run_in_executor(
+            None, model_card, model, args.mode, args.migration_limit, engine_supports(engine), args.tool_call_parser,
+            getattr(args, "reasoning_parser", None),
+        )
         if model.path is not None and component == "backend":
             # For frontends that cannot read the directory (another machine):
             # the same card, so that a frontend asks a worker with the same files.

@@ -73,7 +73,14 @@ func (c *choice) take(it workerItem) (string, bool) {
 	}
 	armed := c.tokens >= c.minTokens // this item's tokens are all past min_tokens
 	c.tokens += len(it.TokenIDs)
-	text, hit := c.stop.feedArmed(c.text.next(it.TokenIDs), armed)
+	ids := it.TokenIDs
+	if it.FinishReason != nil && *it.FinishReason == "stop" && !c.stop.include && len(ids) > 0 {
+		// A stop token (EOS, stop_token_ids) ends the output: it is counted
+		// but not text, as vLLM's detokenizer leaves it out, unless
+		// include_stop_str_in_output.
+		ids = ids[:len(ids)-1]
+	}
+	text, hit := c.stop.feedArmed(c.text.next(ids), armed)
 	if hit {
 		c.finish = "stop"
 		return text, true

@@ -151,11 +151,15 @@ def test_n_seed_and_stop(stack):
     assert chat.choices[0].finish_reason == "stop"
     assert chat.choices[0].message.content == three[:-4]
 
-    # stop_token_ids (vLLM's extension) end the request in the engine; the stop token is output.
+    # stop_token_ids (vLLM's extension) end the request in the engine; the stop token is
+    # counted, and is text only with include_stop_str_in_output (as vLLM's detokenizer).
     tokens = stack.expected_tokens(PROMPT, 12)
     c = client.completions.create(model=stack.model, prompt=PROMPT, max_tokens=12, extra_body={"stop_token_ids": [tokens[3]]})
-    assert c.choices[0].text == stack.expected_text(PROMPT, 4) and c.choices[0].finish_reason == "stop"
+    assert c.choices[0].text == stack.expected_text(PROMPT, 3) and c.choices[0].finish_reason == "stop"
     assert c.usage.completion_tokens == 4
+    c = client.completions.create(model=stack.model, prompt=PROMPT, max_tokens=12,
+                                  extra_body={"stop_token_ids": [tokens[3]], "include_stop_str_in_output": True})
+    assert c.choices[0].text == stack.expected_text(PROMPT, 4) and c.usage.completion_tokens == 4
 
     # min_tokens (vLLM's extension) is honoured by the mock: a stop token before it does not stop.
     c = client.completions.create(model=stack.model, prompt=PROMPT, max_tokens=12,

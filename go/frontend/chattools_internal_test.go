@@ -10,8 +10,6 @@ import (
 	"github.com/dynamo-ctx/dynamo-ctx/go/hfmodel"
 )
 
-func ptr[T any](v T) *T { return &v }
-
 // Messages keep the keys vLLM keeps for the template, on the roles it keeps
 // them; a call's arguments are parsed, or an empty object as vLLM coerces
 // them.

@@ -22,14 +22,18 @@ package frontend
 //     (response_format, structured_outputs): structured.go; logprobs and
 //     top_logprobs: logprobs.go.
 //   - Refused with 400 invalid_request_error naming the param: what the
-//     engine interface does not carry (echo in chat, best_of > n, suffix, tools)
+//     engine interface does not carry (echo in chat, best_of > n, suffix,
+//     tools in the completions API)
 //     and values out of OpenAI's ranges.
 
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"math"
 	"math/rand/v2"
+	"slices"
+	"strings"
 
 	"github.com/dynamo-ctx/dynamo-ctx/go/hfmodel"
 	"github.com/dynamo-ctx/dynamo-ctx/go/jsonscan"
@@ -99,8 +103,16 @@ type completionRequest struct {
 	Echo           bool            `json:"echo"`
 	BestOf         *int            `json:"best_of"`
 	Suffix         *string         `json:"suffix"`
-	Tools          json.RawMessage `json:"tools"`
 	ResponseFormat *responseFormat `json:"response_format"`
+
+	// Tools (tools.go) and reasoning (chatparse.go), chat only.
+	Tools             json.RawMessage `json:"tools"`
+	ToolChoice        json.RawMessage `json:"tool_choice"`
+	ParallelToolCalls *bool           `json:"parallel_tool_calls"`
+	IncludeReasoning  *bool           `json:"include_reasoning"`
+	// ReasoningEffort (OpenAI's) reaches the template, and switches a
+	// template's enable_thinking as vLLM does (chatOptions).
+	ReasoningEffort *string `json:"reasoning_effort"`
 }
 
 // chatMessage is one of the chat's messages (text.go reads it).
@@ -147,6 +159,9 @@ type plan struct {
 	engine       map[string]any // the engine parameters asked (extensions.go)
 	skipSpecial  bool           // special tokens are not text
 	logprobsK    int            // candidates asked per token (logprobs.go); -1: no logprobs
+	tools        toolPlan       // tools.go
+	// The parsers of the model's chat output (chatparse.go): "" for none.
+	toolParser, reasoningParser string
 }
 
 // checkExtensions checks vLLM's extensions of the request against the
@@ -159,6 +174,23 @@ func (p *plan) checkExtensions(model string, tx text, cards []modelcard.Card) er
 	so, soFrom, err := structured(p.req)
 	if err != nil {
 		return err
+	}
+	if p.toolParser, err = p.tools.toolParser(model, cards); err != nil {
+		return err
+	}
+	if p.chat {
+		if p.reasoningParser, err = reasoningParserOf(model, cards); err != nil {
+			return err
+		}
+	}
+	if jsonToolChoice(p.toolParser) { // else required and named are read as auto, unconstrained
+		schema, err := p.tools.schema()
+		if err != nil {
+			return err
+		}
+		if schema != nil { // as vLLM: the tools' schema replaces response_format's
+			so, soFrom = map[string]any{"json": schema}, "tool_choice"
+		}
 	}
 	if so != nil {
 		asked["structured_outputs"] = so
@@ -179,8 +211,11 @@ func (p *plan) checkExtensions(model string, tx text, cards []modelcard.Card) er
 		return err
 	}
 	p.engine = asked
-	p.skipSpecial, err = p.req.skipSpecial()
-	return err
+	if p.skipSpecial, err = p.req.skipSpecial(); err != nil {
+		return err
+	}
+	p.skipSpecial = p.skipsSpecial(tx)
+	return p.checkParsers(tx)
 }
 
 // check validates the sampling and output parameters.
@@ -246,8 +281,11 @@ func (p *plan) check() error {
 	if req.Suffix != nil && *req.Suffix != "" {
 		return unsupported("suffix", "suffix")
 	}
-	if t := jsonscan.Trim(req.Tools); !jsonscan.IsNull(t) && string(t) != "[]" {
-		return unsupported("tools", "tools")
+	if p.tools, err = req.checkTools(p.chat); err != nil {
+		return err
+	}
+	if e := req.ReasoningEffort; e != nil && !slices.Contains(reasoningEfforts, *e) {
+		return invalid("reasoning_effort", "invalid_reasoning_effort", "reasoning_effort must be one of %s", strings.Join(reasoningEfforts, ", "))
 	}
 	return checkChatOptions(req)
 }
@@ -293,13 +331,31 @@ func checkChatOptions(req *completionRequest) error {
 
 // chatOptions are the request's options for the chat template
 // (add_generation_prompt is true unless the request says otherwise).
+//
+// reasoning_effort is a variable too, and unless chat_template_kwargs set
+// enable_thinking, it sets enable_thinking (false for "none"), as vLLM's
+// server does for templates that need thinking switched on.
 func (req *completionRequest) chatOptions() hfmodel.ChatOptions {
+	vars := req.ChatTemplateKwargs
+	if e := req.ReasoningEffort; e != nil {
+		vars = maps.Clone(vars)
+		if vars == nil {
+			vars = map[string]any{}
+		}
+		vars["reasoning_effort"] = *e
+		if _, set := req.ChatTemplateKwargs["enable_thinking"]; !set {
+			vars["enable_thinking"] = *e != "none"
+		}
+	}
 	return hfmodel.ChatOptions{
 		AddGenerationPrompt:  req.AddGenerationPrompt == nil || *req.AddGenerationPrompt,
 		ContinueFinalMessage: req.ContinueFinalMessage,
-		Vars:                 req.ChatTemplateKwargs,
+		Vars:                 vars,
 	}
 }
+
+// reasoningEfforts are the values reasoning_effort may take (vLLM's).
+var reasoningEfforts = []string{"none", "minimal", "low", "medium", "high", "xhigh", "max"}
 
 // addSpecialTokens: whether the prompt gets the tokenizer's special tokens
 // (chat: a rendered conversation).

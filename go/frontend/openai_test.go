@@ -279,7 +279,7 @@ func TestRefusedParameters(t *testing.T) {
 	assert.Equal(t, "n", r.json(t)["error"].(map[string]any)["param"])
 	// Neutral values pass: chat's logprobs false, best_of = n, text format, no tools.
 	r = e.post("/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":1,
-		"logprobs":false,"top_logprobs":0,"response_format":{"type":"text"},"tools":[],"logit_bias":{},"presence_penalty":0}`, nil)
+		"logprobs":false,"top_logprobs":0,"response_format":{"type":"text"},"tool_choice":"none","logit_bias":{},"presence_penalty":0}`, nil)
 	require.Equal(t, http.StatusOK, r.status, "body %s", r.body)
 	w.NextReq(t)
 	assert.Empty(t, w.Reqs)

@@ -123,7 +123,18 @@ func (p *response) usage() map[string]any {
 	for _, c := range p.choices {
 		completion += c.tokens
 	}
-	return map[string]any{"prompt_tokens": p.promptTokens, "completion_tokens": completion, "total_tokens": p.promptTokens + completion}
+	u := map[string]any{"prompt_tokens": p.promptTokens, "completion_tokens": completion, "total_tokens": p.promptTokens + completion}
+	if p.plan.chat && p.plan.reasoningParser != "" {
+		// As vLLM's server with a reasoning parser: the reasoning's tokens.
+		reasoning := 0
+		for _, c := range p.choices {
+			if c.parse != nil && c.parse.reason != nil {
+				reasoning += c.parse.reason.CountReasoningTokens(c.ids)
+			}
+		}
+		u["completion_tokens_details"] = map[string]any{"reasoning_tokens": reasoning}
+	}
+	return u
 }
 
 // run reads the choices' streams until all have ended, calling on for every
@@ -186,6 +197,7 @@ func (p *response) run(on func(c *choice, text string, finished bool) error) err
 			c.complete.Store(!c.stream().Context().IsStopped())
 			if c.finish == "" { // the worker gave no finish reason
 				c.finish = "stop"
+				c.lastIDs = nil
 				if err := on(c, c.stop.flush(), true); err != nil {
 					return err
 				}
@@ -217,22 +229,23 @@ func (p *response) run(on func(c *choice, text string, finished bool) error) err
 // order a map's keys would be written (alphabetical), as before it was a
 // struct: typed, it is encoded without a map per token.
 type streamChunk struct {
-	Choices []chunkChoice `json:"choices"`
-	Created int64         `json:"created"`
-	ID      string        `json:"id"`
-	Model   string        `json:"model"`
-	Object  string        `json:"object"`
+	Choices any `json:"choices"` // []chunkChoice, or []parsedChoice
+
+	Created int64  `json:"created"`
+	ID      string `json:"id"`
+	Model   string `json:"model"`
+	Object  string `json:"object"`
 }
 
 // streamChunkUsage is streamChunk with "usage" (stream_options.include_usage:
 // null in every chunk but the last).
 type streamChunkUsage struct {
-	Choices []chunkChoice `json:"choices"`
-	Created int64         `json:"created"`
-	ID      string        `json:"id"`
-	Model   string        `json:"model"`
-	Object  string        `json:"object"`
-	Usage   any           `json:"usage"`
+	Choices any    `json:"choices"`
+	Created int64  `json:"created"`
+	ID      string `json:"id"`
+	Model   string `json:"model"`
+	Object  string `json:"object"`
+	Usage   any    `json:"usage"`
 }
 
 // chunkChoice is a choice of a chunk: "delta" for chat, "text" for
@@ -250,7 +263,7 @@ type chunkDelta struct {
 	Role    string `json:"role,omitempty"`
 }
 
-func (p *response) chunk(choices []chunkChoice, usage any) []byte {
+func (p *response) chunk(choices any, usage any) []byte {
 	var b []byte
 	if p.plan.includeUsage {
 		b, _ = json.Marshal(streamChunkUsage{Choices: choices, Created: p.created, ID: p.id, Model: p.model, Object: p.object(), Usage: usage})
@@ -318,6 +331,9 @@ func (p *response) stream() {
 	}
 	var buf []byte // one event, reused
 	err := p.run(func(c *choice, text string, finished bool) error {
+		if c.parse != nil {
+			return p.sendParsed(c, text, finished, &buf)
+		}
 		if text == "" && !finished && c.started {
 			return nil
 		}
@@ -408,7 +424,9 @@ func (p *response) unary() {
 		if c.lp != nil {
 			ch["logprobs"] = c.lp.object(p.plan.chat, p.text)
 		}
-		if p.plan.chat {
+		if c.parse != nil {
+			ch["message"], ch["finish_reason"] = p.parsedMessage(c)
+		} else if p.plan.chat {
 			ch["message"] = map[string]any{"role": "assistant", "content": c.all.String()}
 		} else {
 			ch["text"] = c.all.String()

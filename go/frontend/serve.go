@@ -63,6 +63,12 @@ type choice struct {
 	echo      string          // echo: the prompt's text, which the first chunk starts with
 	all       strings.Builder // the whole text, for a non-streaming response
 	finish    string
+	// parse reads a chat choice's reasoning and tool calls (chatparse.go;
+	// nil: its text is the content); lastIDs are the ids of the item just
+	// taken, ids all of them (for a non-streaming response).
+	parse   *outputParse
+	lastIDs []int
+	ids     []int
 }
 
 // take applies an item to the choice; it returns the text to send and
@@ -73,6 +79,10 @@ func (c *choice) take(it workerItem) (string, bool) {
 	}
 	armed := c.tokens >= c.minTokens // this item's tokens are all past min_tokens
 	c.tokens += len(it.TokenIDs)
+	if c.parse != nil {
+		c.lastIDs = it.TokenIDs
+		c.ids = append(c.ids, it.TokenIDs...)
+	}
 	ids := it.TokenIDs
 	if it.FinishReason != nil && *it.FinishReason == "stop" && !c.stop.include && len(ids) > 0 {
 		// A stop token (EOS, stop_token_ids) ends the output: it is counted
@@ -285,6 +295,7 @@ func (f *Frontend) dispatch(w http.ResponseWriter, in *incoming, place *plane.Re
 		for j := 0; j < p.n; j++ {
 			c := &choice{index: i*p.n + j, reqCtx: f.rt.NewContext(in.id), stop: stopper{stops: p.stops, include: p.req.IncludeStopStrInOutput},
 				text: in.text.decoder(pr.tokens, p.skipSpecial), minTokens: p.minTokens()}
+			c.parse, _ = p.outputParse(in.text, pr.tokens) // checked by parse (checkParsers)
 			if p.logprobsK >= 0 {
 				c.lp = &logprobs{k: p.logprobsK}
 				if p.req.Echo {

@@ -58,6 +58,12 @@ type text interface {
 	vocabSize() int
 	// tokenText is one output token's text alone (logprobs.go).
 	tokenText(id int) string
+	// tokenID looks a token up in the vocabulary, added tokens included
+	// (the output parsers' markers: chatparse.go).
+	tokenID(token string) (int, bool)
+	// specialTokens are the tokenizer's special tokens as transformers
+	// lists them (all_special_tokens).
+	specialTokens() []string
 }
 
 // decoder turns one choice's output tokens into text as they arrive.
@@ -120,6 +126,11 @@ func (standIn) decoder([]int, bool) decoder { return standInDecoder{} }
 func (standIn) vocabSize() int { return 0 }
 
 // tokenText: the id's word.
+// tokenID: the stand-in's vocabulary has no marker tokens.
+func (standIn) tokenID(string) (int, bool) { return 0, false }
+
+func (standIn) specialTokens() []string { return nil }
+
 func (standIn) tokenText(id int) string {
 	return strings.TrimPrefix(standInDecoder{}.next([]int{id}), " ")
 }
@@ -160,6 +171,10 @@ func (modelText) maxPromptBytes(int) int { return 0 }
 func (t modelText) vocabSize() int { return t.m.Tokenizer().VocabSize() }
 
 func (t modelText) tokenText(id int) string { return t.m.TokenText(id) }
+
+func (t modelText) tokenID(token string) (int, bool) { return t.m.Tokenizer().TokenToID(token) }
+
+func (t modelText) specialTokens() []string { return t.m.SpecialTokens() }
 
 func (t modelText) decoder(prompt []int, skipSpecial bool) decoder {
 	// By default special tokens (EOS, the template's markers) are not text,

@@ -55,6 +55,12 @@ func Names() []string {
 	return names
 }
 
+// KeepsSpecialTokens reports whether the parser name reads the output with
+// its special tokens: vLLM's server then detokenizes it with
+// skip_special_tokens=false (qwen3's adjust_request does; deepseek_r1
+// keeps the request's choice).
+func KeepsSpecialTokens(name string) bool { return name == "qwen3" }
+
 // Parser splits one choice of one request.
 type Parser struct {
 	impl    impl

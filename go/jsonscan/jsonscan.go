@@ -2,8 +2,9 @@
 // second pass, and matches object member names exactly: the one scanner of
 // the request envelope (go/plane) and of the OpenAI request bodies
 // (go/frontend), the whitespace skipper and literal matcher of the token
-// schema's fast path (go/tokens), and the one test of a value absent or
-// null (IsNull).
+// schema's fast path (go/tokens), the one test of a value absent or
+// null (IsNull), and the one writer of a float as Python writes it
+// (PyFloat), for the text that must read as a Python server's.
 //
 // encoding/json matches a member's name to a field without regard to case,
 // with Unicode folding (the Kelvin sign matches k, the long s matches s), and

@@ -7,6 +7,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/dynamo-ctx/dynamo-ctx/go/jsonscan"
 )
 
 var testVocab = map[string]int{
@@ -117,7 +119,7 @@ func TestPyFloatRepr(t *testing.T) {
 		1: "1.0", 1e5: "100000.0", 1e16: "1e+16", 1.5e-5: "1.5e-05", 0.0001: "0.0001",
 		-2.5: "-2.5", 123456789012345680: "1.2345678901234568e+17", 0.1: "0.1",
 	} {
-		assert.Equal(t, want, pyFloatRepr(in))
+		assert.Equal(t, want, jsonscan.PyFloat(in))
 	}
 }
 

@@ -1,11 +1,11 @@
 package toolcall
 
 import (
-	"math"
-	"strconv"
 	"strings"
 	"unicode"
 	"unicode/utf8"
+
+	"github.com/dynamo-ctx/dynamo-ctx/go/jsonscan"
 )
 
 // This file models the parts of Python's json module and str type that
@@ -112,7 +112,7 @@ func (v *pyValue) dump(b *strings.Builder) {
 	case pyInt:
 		b.WriteString(v.text)
 	case pyFloat:
-		b.WriteString(pyFloatRepr(v.f))
+		b.WriteString(jsonscan.PyFloat(v.f))
 	case pyStr:
 		dumpString(b, v.text)
 	case pyList:
@@ -169,55 +169,6 @@ func dumpString(b *strings.Builder, s string) {
 		}
 	}
 	b.WriteByte('"')
-}
-
-// pyFloatRepr is repr(float): the shortest round-trip digits, fixed notation
-// for exponents in [-4, 16), else d.ddde±XX.
-func pyFloatRepr(f float64) string {
-	switch {
-	case math.IsNaN(f):
-		return "NaN"
-	case math.IsInf(f, 1):
-		return "Infinity"
-	case math.IsInf(f, -1):
-		return "-Infinity"
-	}
-	e := strconv.FormatFloat(f, 'e', -1, 64) // -d.ddde±XX
-	neg := strings.HasPrefix(e, "-")
-	e = strings.TrimPrefix(e, "-")
-	mant, expS, _ := strings.Cut(e, "e")
-	exp, _ := strconv.Atoi(expS)
-	digits := strings.Replace(mant, ".", "", 1)
-	var out string
-	if exp >= -4 && exp < 16 {
-		if exp >= 0 {
-			if len(digits) <= exp+1 {
-				out = digits + strings.Repeat("0", exp+1-len(digits)) + ".0"
-			} else {
-				out = digits[:exp+1] + "." + digits[exp+1:]
-			}
-		} else {
-			out = "0." + strings.Repeat("0", -exp-1) + digits
-		}
-	} else {
-		out = digits[:1]
-		if len(digits) > 1 {
-			out += "." + digits[1:]
-		}
-		sign := "+"
-		if exp < 0 {
-			sign, exp = "-", -exp
-		}
-		es := strconv.Itoa(exp)
-		if len(es) < 2 {
-			es = "0" + es
-		}
-		out += "e" + sign + es
-	}
-	if neg {
-		out = "-" + out
-	}
-	return out
 }
 
 // pyIsSpace is str.isspace for one code point.

@@ -31,18 +31,23 @@ import (
 	"github.com/dynamo-ctx/dynamo-ctx/go/toolcall"
 )
 
-// reasoningParserOf is the reasoning parser the model's instances (cards)
-// name ("" for none), and an error when they name different ones.
-func reasoningParserOf(model string, cards []modelcard.Card) (string, error) {
+// cardsName is the parser the model's instances (cards) name by field
+// ("" for none), and an error naming what when two name different ones.
+func cardsName(model, what, param, code string, cards []modelcard.Card, field func(modelcard.Card) string) (string, error) {
 	name := ""
 	for i, c := range cards {
-		if i > 0 && c.ReasoningParser != name {
-			return "", invalid("model", "model_misconfigured",
-				"the workers of model %q name different reasoning parsers (%q, %q)", model, name, c.ReasoningParser)
+		if i > 0 && field(c) != name {
+			return "", invalid(param, code, "the workers of model %q name different %s (%q, %q)", model, what, name, field(c))
 		}
-		name = c.ReasoningParser
+		name = field(c)
 	}
 	return name, nil
+}
+
+// reasoningParserOf is the reasoning parser the model's instances name.
+func reasoningParserOf(model string, cards []modelcard.Card) (string, error) {
+	return cardsName(model, "reasoning parsers", "model", "model_misconfigured", cards,
+		func(c modelcard.Card) string { return c.ReasoningParser })
 }
 
 // outputParse reads one chat choice's output.

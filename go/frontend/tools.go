@@ -158,16 +158,13 @@ func jsonToolChoice(parser string) bool { return parser != "mistral" }
 // toolParser is the tool-call parser the model's instances (cards) name,
 // and an error for a request whose tool_choice needs one they do not name.
 func (tp *toolPlan) toolParser(model string, cards []modelcard.Card) (string, error) {
-	name := ""
-	for i, c := range cards {
-		if i > 0 && c.ToolCallParser != name {
-			return "", invalid("tool_choice", "unsupported_parameter",
-				"the workers of model %q name different tool-call parsers (%q, %q)", model, name, c.ToolCallParser)
-		}
-		name = c.ToolCallParser
+	if tp.mode == toolsNone {
+		return "", nil // the output is content: no parser reads it
 	}
-	if tp.mode == toolsNone || name != "" {
-		return name, nil
+	name, err := cardsName(model, "tool-call parsers", "tool_choice", "unsupported_parameter", cards,
+		func(c modelcard.Card) string { return c.ToolCallParser })
+	if err != nil || name != "" {
+		return name, err
 	}
 	what := fmt.Sprintf("tool_choice %q", tp.choiceName())
 	return "", invalid("tool_choice", "unsupported_parameter",

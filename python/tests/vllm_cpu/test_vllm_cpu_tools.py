@@ -114,8 +114,9 @@ def pair(tmp_path_factory):
 
 def answer(client: Any, fields: Dict[str, Any], stream: bool) -> Dict[str, Any]:
     """A chat answer as comparable fields: content, reasoning, tool calls (name and
-    arguments, ids left out), finish reason."""
-    req = dict(model=MODEL, messages=MESSAGES, temperature=0.0, max_tokens=fields.get("max_tokens", 80))
+    arguments, ids left out), finish reason. 200 tokens at most by default: a random model
+    steered to a text may spell it in many short tokens (the prompt is 274 of the 512)."""
+    req = dict(model=MODEL, messages=MESSAGES, temperature=0.0, max_tokens=fields.get("max_tokens", 200))
     req.update({k: v for k, v in fields.items() if k != "max_tokens"})
     if not stream:
         ch = client.chat.completions.create(**req).choices[0]

@@ -72,6 +72,12 @@ const (
 	// stream, and a Reader refuses it (Valid is false): the transport reads
 	// it, like the Hello, straight from the connection.
 	Session Type = 10
+	// Fetch: worker -> caller, the first frame of a connection that fetches
+	// the request of a stream (its payload the stream's token) when the
+	// request was too large to travel in its envelope (package transport,
+	// fetch.go). Like Session it never appears inside a stream, and a
+	// Reader refuses it.
+	Fetch Type = 11
 )
 
 func (t Type) String() string {
@@ -96,12 +102,14 @@ func (t Type) String() string {
 		return "Heartbeat"
 	case Session:
 		return "Session"
+	case Fetch:
+		return "Fetch"
 	}
 	return fmt.Sprintf("Type(%d)", byte(t))
 }
 
 // Valid reports whether t is one of the frame types a stream carries (all
-// but Session).
+// but Session and Fetch).
 func (t Type) Valid() bool { return t >= Hello && t <= Heartbeat }
 
 const (

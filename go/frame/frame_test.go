@@ -180,7 +180,9 @@ func TestTypeString(t *testing.T) {
 	assert.Equal(t, "Credit", Credit.String())
 	assert.Equal(t, "Session", Session.String())
 	assert.False(t, Session.Valid())
-	assert.Equal(t, "Type(11)", Type(11).String())
+	assert.Equal(t, "Fetch", Fetch.String())
+	assert.False(t, Fetch.Valid())
+	assert.Equal(t, "Type(12)", Type(12).String())
 	assert.False(t, Type(0).Valid())
 }
 

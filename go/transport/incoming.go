@@ -164,6 +164,7 @@ func (in *Incoming) end(err error) {
 	}
 	in.mu.Unlock()
 	in.signal()
+	in.dropOffer()
 	call(settled)
 }
 
@@ -262,6 +263,7 @@ func (in *Incoming) KillCause(cause byte) {
 		settled = in.settle(outcomeTooLate) // the stream had ended
 	}
 	in.mu.Unlock()
+	in.dropOffer()
 	in.afterKill(attached, settled)
 }
 
@@ -360,6 +362,7 @@ func (in *Incoming) Close() error {
 	// Killed before a worker connected: the outcome waits for the worker's
 	// connection (it reads the Kill) or the connect timeout (none came).
 	in.mu.Unlock()
+	in.dropOffer()
 	in.afterKill(attached, settled)
 	return nil
 }
@@ -539,6 +542,9 @@ func (in *Incoming) handle(f frame.Frame, err error) (done bool) {
 	}
 	in.mu.Unlock()
 	in.signal()
+	if err != nil {
+		in.dropOffer()
+	}
 	return err != nil
 }
 

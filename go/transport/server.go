@@ -81,6 +81,8 @@ type Server struct {
 	evicted int                   // of unhello: evicted, not yet released
 	room    sync.Cond             // on mu: unhello fell, or closed (or an eviction is due)
 	wg      sync.WaitGroup        // accept loop + one goroutine per connection
+
+	fetches map[string]*fetchOffer // requests offered for fetching, by token (mu; fetch.go)
 }
 
 // Listen starts a Server on the TCP address addr (for example
@@ -282,6 +284,10 @@ func (s *Server) serveConn(p *pendingConn) {
 		s.serveSession(p)
 		return
 	}
+	if ok && kind == frame.Fetch {
+		s.serveFetch(p, token)
+		return
+	}
 	s.mu.Lock()
 	if p.evicted {
 		// Evicted (closed) as, or before, its Hello was read: its worker
@@ -312,8 +318,9 @@ func (s *Server) serveConn(p *pendingConn) {
 // and nothing beyond the frame is consumed (the worker sends nothing else
 // before its first credit, but a heartbeat may follow). It is either a Hello
 // (the token of the connection's one stream; one longer than MaxTokenLen is
-// refused from its header) or the frame.Session frame of a session, whose
-// streams then show their tokens in their Open frames.
+// refused from its header), the frame.Session frame of a session, whose
+// streams then show their tokens in their Open frames, or a frame.Fetch
+// with the token whose request the connection fetches (fetch.go).
 func readHello(c io.Reader) (frame.Type, string, bool) {
 	var buf [frame.HeaderSize + MaxTokenLen]byte
 	if _, err := io.ReadFull(c, buf[:frame.HeaderSize]); err != nil {
@@ -323,7 +330,7 @@ func readHello(c io.Reader) (frame.Type, string, bool) {
 	n := binary.BigEndian.Uint32(buf[1:frame.HeaderSize])
 	switch {
 	case t == frame.Session && n == 1:
-	case t != frame.Hello || n == 0 || n > MaxTokenLen:
+	case t != frame.Hello && t != frame.Fetch || n == 0 || n > MaxTokenLen:
 		return 0, "", false
 	}
 	p := buf[frame.HeaderSize : frame.HeaderSize+int(n)]

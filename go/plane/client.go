@@ -368,11 +368,11 @@ func (c *Client) Generate(payload []byte, parent *ctxtree.Context, route Route, 
 // parent with parent's id (linked before anything is sent), or a root with a
 // fresh id.
 func (c *Client) requestContext(payload []byte, parent *ctxtree.Context) (*ctxtree.Context, error) {
+	if len(payload) > MaxRequestBytes { // before reading it
+		return nil, fmt.Errorf("%w: %d bytes, at most %d", ErrTooLarge, len(payload), MaxRequestBytes)
+	}
 	if !json.Valid(payload) {
 		return nil, ErrNotJSON
-	}
-	if len(payload)+envelopeOverhead > int(c.rt.nc().MaxPayload()) {
-		return nil, c.tooLarge(len(payload) + envelopeOverhead)
 	}
 	if parent != nil {
 		if err := ValidateID(parent.ID()); err != nil {
@@ -397,13 +397,8 @@ func (c *Client) requestContext(payload []byte, parent *ctxtree.Context) (*ctxtr
 	return reqCtx, nil
 }
 
-// envelopeOverhead bounds what the envelope adds to a request payload
-// (id, key, address, token, field names): the id is at most MaxIDLen bytes,
-// which JSON escaping may grow sixfold.
-const envelopeOverhead = 6*MaxIDLen + 512
-
 func (c *Client) tooLarge(n int) error {
-	return fmt.Errorf("%w: %d bytes, the NATS server accepts at most %d", ErrTooLarge, n, c.rt.nc().MaxPayload())
+	return fmt.Errorf("%w: an envelope of %d bytes, the NATS server accepts at most %d", ErrTooLarge, n, c.rt.nc().MaxPayload())
 }
 
 // generateOnce is one attempt: Generate without migration, avoiding the
@@ -500,13 +495,28 @@ func (c *Client) generateOnce(payload []byte, parent *ctxtree.Context, route Rou
 		us := left.Microseconds()
 		e.TimeoutUs = &us
 	}
+	if len(payload) > InlineRequestBytes {
+		e.Request, e.RequestBytes = nil, len(payload) // the worker fetches it
+	}
 	env := e.encode()
-	if len(env) > int(c.rt.nc().MaxPayload()) {
-		// A continuation grew past the limit: refused here, never sent.
+	if e.RequestBytes == 0 && len(env) > int(c.rt.nc().MaxPayload()) {
+		e.Request, e.RequestBytes = nil, len(payload) // a server with a tiny limit
+		env = e.encode()
+	}
+	if len(env) > int(c.rt.nc().MaxPayload()) || len(payload) > MaxRequestBytes {
+		// A continuation grew past the limit, or the server takes less
+		// than an envelope's fields: refused here, never sent.
 		c.rt.setLocal(token, nil)
 		in.Close()
-		s.end(c.tooLarge(len(env)))
+		if len(payload) > MaxRequestBytes {
+			s.end(fmt.Errorf("%w: %d bytes, at most %d", ErrTooLarge, len(payload), MaxRequestBytes))
+		} else {
+			s.end(c.tooLarge(len(env)))
+		}
 		return s, nil
+	}
+	if e.RequestBytes > 0 {
+		in.Offer(payload) // before the envelope names it
 	}
 	go s.run(c.rt.nc(), discovery.RequestSubject(c.path, id), env)
 	return s, nil

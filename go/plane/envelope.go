@@ -14,6 +14,25 @@ import (
 	"github.com/dynamo-ctx/dynamo-ctx/go/jsonscan"
 )
 
+// Limits on a request's size.
+const (
+	// MaxRequestBytes is the largest request (the JSON payload of Generate)
+	// the plane carries: a caller refuses a larger one before sending it
+	// (ErrTooLarge), a worker refuses an envelope announcing one before it
+	// allocates anything for it. One value for every process, so that
+	// neither side has a limit the other does not know: 256 MiB, 8 times the
+	// frontend's largest body that fits it (a byte of a prompt is at most one
+	// token, a token id at most 7 bytes of JSON with its comma), and 36
+	// million token ids.
+	MaxRequestBytes = 256 << 20
+	// InlineRequestBytes is the largest request sent inside its envelope,
+	// through NATS. A larger one crosses the network once, from the caller
+	// to the worker, which fetches it over TCP (transport.FetchRequest):
+	// NATS limits a message to its server's max_payload (1 MB by default),
+	// and carries it up to three times on a cluster (docs/scale.md).
+	InlineRequestBytes = 64 << 10
+)
+
 // envelope is the request message sent over NATS.
 type envelope struct {
 	ID string `json:"id"` // the correlation id (the caller's context id)
@@ -29,6 +48,10 @@ type envelope struct {
 	// sent, in microseconds (nil: no deadline): never a wall-clock instant,
 	// so the worker's own timer needs no clock in common with the caller's.
 	TimeoutUs *int64 `json:"timeout_us,omitempty"`
+	// RequestBytes, for a request too large for the envelope (see
+	// InlineRequestBytes), is its size: the worker fetches it from the
+	// caller (transport.FetchRequest), and Request is absent.
+	RequestBytes int `json:"request_bytes,omitempty"`
 }
 
 // encode is json.Marshal of env without its cost for a large request: the
@@ -49,8 +72,13 @@ func (env *envelope) encode() []byte {
 		b = append(b, `,"state":`...)
 		b = strconv.AppendUint(b, uint64(env.State), 10)
 	}
-	b = append(b, `,"request":`...)
-	b = append(b, env.Request...)
+	if env.RequestBytes > 0 {
+		b = append(b, `,"request_bytes":`...)
+		b = strconv.AppendInt(b, int64(env.RequestBytes), 10)
+	} else {
+		b = append(b, `,"request":`...)
+		b = append(b, env.Request...)
+	}
 	if len(env.Metadata) > 0 {
 		b = append(b, `,"metadata":`...)
 		b = append(b, env.Metadata...)
@@ -72,9 +100,13 @@ func (env *envelope) check() error {
 	if host, port, err := net.SplitHostPort(env.Addr); err != nil || host == "" || port == "" {
 		return errMalformedEnvelope
 	}
-	// readEnvelope checked the whole message, so a request that is there is JSON.
-	if env.State > ctxtree.Killed || len(env.Request) == 0 {
+	// readEnvelope checked the whole message, so a request that is there is
+	// JSON. It is there, or its size is (the worker fetches it), not both.
+	if env.State > ctxtree.Killed || (len(env.Request) == 0) == (env.RequestBytes == 0) || env.RequestBytes < 0 {
 		return errMalformedEnvelope
+	}
+	if env.RequestBytes > MaxRequestBytes {
+		return errRequestTooLarge // checked before anything is allocated for it
 	}
 	if len(env.Metadata) > 0 && checkMetadata(env.Metadata) != nil {
 		return errMalformedEnvelope
@@ -87,7 +119,10 @@ func (env *envelope) check() error {
 	return nil
 }
 
-var errMalformedEnvelope = errors.New("malformed request envelope")
+var (
+	errMalformedEnvelope = errors.New("malformed request envelope")
+	errRequestTooLarge   = errors.New("request too large")
+)
 
 // readEnvelope is json.Unmarshal into an envelope in one pass over the
 // request instead of two (Unmarshal checks the whole message, then decodes
@@ -141,6 +176,8 @@ func readEnvelope(data []byte) (envelope, error) {
 			env.Metadata = m.Value
 		case 7:
 			err = json.Unmarshal(m.Value, &env.TimeoutUs)
+		case 8:
+			err = json.Unmarshal(m.Value, &env.RequestBytes)
 		}
 		if err != nil {
 			return env, errMalformedEnvelope
@@ -150,4 +187,4 @@ func readEnvelope(data []byte) (envelope, error) {
 
 // envelopeFields are the JSON names of envelope's fields, in the order
 // readEnvelope's switch knows them.
-var envelopeFields = jsonscan.NewKeys("id", "key", "addr", "token", "state", "request", "metadata", "timeout_us")
+var envelopeFields = jsonscan.NewKeys("id", "key", "addr", "token", "state", "request", "metadata", "timeout_us", "request_bytes")

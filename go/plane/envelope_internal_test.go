@@ -117,3 +117,32 @@ func BenchmarkReadEnvelope(b *testing.B) {
 		}
 	}
 }
+
+// An envelope carries its request, or the size of the request the worker
+// fetches from the caller, never both; a size over MaxRequestBytes is
+// refused as too large before anything is allocated for it.
+func TestEnvelopeRequestBytes(t *testing.T) {
+	env := envelope{ID: "f", Key: NewKey(), Addr: "127.0.0.1:1", Token: NewKey(), RequestBytes: 7 << 20}
+	got, err := readEnvelope(env.encode())
+	require.NoError(t, err)
+	assert.Equal(t, 7<<20, got.RequestBytes)
+	assert.Empty(t, got.Request)
+	assert.NoError(t, got.check())
+	head := `{"id":"f","key":"` + NewKey() + `","addr":"h:1","token":"` + NewKey() + `"`
+	for body, want := range map[string]error{
+		`,"request_bytes":10}`:                   nil,
+		`,"request":1,"request_bytes":10}`:       errMalformedEnvelope,
+		`,"request":null,"request_bytes":10}`:    errMalformedEnvelope,
+		`,"request_bytes":-1}`:                   errMalformedEnvelope,
+		`,"request_bytes":0}`:                    errMalformedEnvelope,
+		`,"request_bytes":1e3}`:                  errMalformedEnvelope,
+		`,"request_bytes":268435457}`:            errRequestTooLarge,
+		`,"request_bytes":99999999999999999999}`: errMalformedEnvelope,
+	} {
+		env, err := readEnvelope([]byte(head + body))
+		if err == nil {
+			err = env.check()
+		}
+		assert.Equal(t, want, err, body)
+	}
+}

@@ -30,6 +30,10 @@ type Request struct {
 	Metadata json.RawMessage
 	Ctx      *ctxtree.Context
 
+	// fetchBytes is the size of a request to fetch from the caller (its
+	// envelope carried only that); 0 when the envelope carried it.
+	fetchBytes int
+
 	wake     chan struct{} // buffered(1): items queued or the handler finished
 	hostDone chan struct{} // closed when the host's handler completed or failed
 	doneOnce sync.Once
@@ -66,11 +70,55 @@ func (r *Request) run(addr, token string) {
 	// Control frames -> context, on the stream's reader goroutine as each
 	// frame is read (no goroutine of our own: one hop less for a kill).
 	out.OnControl(func(ev transport.Event) { r.control(out, ev) })
+	if r.fetchBytes > 0 && !r.fetch(ctx, out, addr, token) {
+		return
+	}
 	if !r.waitAttached(out, addr) {
 		return
 	}
 	r.ep.publish(r)
 	r.write(ctx, out)
+}
+
+// fetch fetches a request its envelope did not carry from the caller, and
+// reports whether the handler may start. The request's context ends the
+// fetch (ctx): a request killed while its bytes are on their way never
+// reaches the handler, its buffer is dropped, and its abort is confirmed
+// (the caller's Kill aborted it: Stream.KillOutcome). A fetch that fails
+// otherwise (the caller lost, a request that is not JSON) is a lost caller.
+func (r *Request) fetch(ctx context.Context, out *transport.Outgoing, addr, token string) bool {
+	p, err := transport.FetchRequest(ctx, addr, token, r.fetchBytes, r.ep.rt.opts.streamOpts()...)
+	if err == nil && !json.Valid(p) {
+		err = ErrNotJSON
+	}
+	if err == nil {
+		r.Payload = p
+		return true
+	}
+	if !r.Ctx.IsKilled() {
+		// A caller's kill cuts the fetch at once; its Kill frame follows on
+		// the stream (sent when the stream attaches): wait for the stream's
+		// word, so that a killed request is confirmed as one.
+		t := time.NewTimer(transport.DefaultConnectTimeout)
+		select {
+		case <-out.Killed():
+			r.Ctx.Cancel(ctxtree.Killed, frameKillReason(out)) // as control() does, maybe not yet
+		case <-out.Lost():
+		case <-r.Ctx.Killed():
+		case <-t.C:
+		}
+		t.Stop()
+	}
+	if r.Ctx.IsKilled() {
+		r.release()
+		r.doneOnce.Do(func() { close(r.hostDone) }) // no handler will run
+		go r.confirmAbort()
+		return false
+	}
+	slog.Warn("could not fetch the request from the caller", "request_id", r.ID, "caller", addr, "bytes", r.fetchBytes, "error", err)
+	r.Ctx.Cancel(ctxtree.Killed, ctxtree.ReasonConnectionLost)
+	r.release()
+	return false
 }
 
 // control applies a control frame of the caller's to the request's context.

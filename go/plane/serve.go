@@ -116,13 +116,19 @@ var envelopeReaders = max(2, runtime.GOMAXPROCS(0))
 // receive reads one request envelope, acknowledges it and starts serving it.
 func (e *Endpoint) receive(m *nats.Msg) {
 	env, err := readEnvelope(m.Data)
-	if err != nil || env.check() != nil {
-		_ = m.Respond(mustJSON(ack{Error: errMalformedEnvelope.Error()}))
+	if err == nil {
+		err = env.check()
+	}
+	if err != nil {
+		if err != errRequestTooLarge {
+			err = errMalformedEnvelope
+		}
+		_ = m.Respond(mustJSON(ack{Error: err.Error()}))
 		return
 	}
 	req := &Request{
 		ep: e, ID: env.ID, Key: env.Key, Payload: env.Request, Metadata: env.Metadata, Ctx: e.rt.opts.NewContext(env.ID),
-		wake: make(chan struct{}, 1), hostDone: make(chan struct{}),
+		wake: make(chan struct{}, 1), hostDone: make(chan struct{}), fetchBytes: env.RequestBytes,
 	}
 	if env.State >= ctxtree.Stopped {
 		// The caller's context was cancelled before sending: apply it before

@@ -163,6 +163,10 @@ func (s *Stream) run(nc *nats.Conn, subject string, env []byte) {
 			s.end(err)
 			return
 		}
+		if a.Error == errRequestTooLarge.Error() {
+			s.end(fmt.Errorf("%w: the worker accepts at most %d bytes", ErrTooLarge, MaxRequestBytes))
+			return
+		}
 		s.end(fmt.Errorf("worker refused the request: %s", a.Error))
 		return
 	}

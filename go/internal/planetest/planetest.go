@@ -126,6 +126,13 @@ func Join(tb testing.TB, host *plane.Runtime, opts ...Option) *plane.Runtime {
 	return start(tb, host.Bus().URL(), opts...)
 }
 
+// On starts a runtime that joins the NATS server at url (a server the test
+// runs itself, configured its own way).
+func On(tb testing.TB, url string, opts ...Option) *plane.Runtime {
+	tb.Helper()
+	return start(tb, url, opts...)
+}
+
 func start(tb testing.TB, url string, opts ...Option) *plane.Runtime {
 	tb.Helper()
 	// As the library does: migration continues token requests (go/tokens).

@@ -37,6 +37,10 @@
 //   - Notification: the channel returned by Changes is closed at the next
 //     change of the instance set (addition, removal, or new metadata) or at
 //     Close. Taking the channel before reading Instances never misses one.
+//   - Shared snapshot: Snapshot returns the instances as one immutable,
+//     shared value, rebuilt only after such a change (announcements that
+//     change nothing leave it as it is), so reading it costs nothing however
+//     many instances there are; Instances is a copy of it.
 //
 // Requests to an instance go to RequestSubject(path, id), on which only that
 // instance subscribes. NATS answers a request to a subject without

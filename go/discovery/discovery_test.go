@@ -349,6 +349,39 @@ func TestInstancesIsACopy(t *testing.T) {
 	assert.Equal(t, "meta", string(w.Instances()[0].Meta))
 }
 
+// The snapshot is rebuilt only when the instance set changes: heartbeats
+// that change nothing keep it, an addition or a removal replaces it.
+func TestSnapshotRebuiltOnChangeOnly(t *testing.T) {
+	nc, url := server(t)
+	w := watch(t, nc)
+	assert.Zero(t, w.Snapshot().Len())
+	reg := client(t, url)
+	register(t, reg, 5, "five", WithHeartbeat(10*time.Millisecond))
+	_, err := w.WaitForInstances(context.Background())
+	require.NoError(t, err)
+	first := w.Snapshot()
+	require.Equal(t, []Instance{{ID: 5, Meta: []byte("five")}}, first.Instances())
+	time.Sleep(100 * time.Millisecond) // ~10 heartbeats of an unchanged instance
+	assert.Same(t, first, w.Snapshot(), "a heartbeat that changes nothing rebuilt the snapshot")
+	allocs := testing.AllocsPerRun(100, func() { _ = w.Snapshot() })
+	assert.Zero(t, allocs)
+
+	ch := w.Changes()
+	l := register(t, reg, 3, "three")
+	<-ch
+	second := w.Snapshot()
+	assert.NotSame(t, first, second)
+	assert.Equal(t, []uint64{3, 5}, ids(second.Instances()))
+	assert.Equal(t, []uint64{5}, ids(first.Instances()), "a snapshot handed out changed")
+
+	ch = w.Changes()
+	l.Close()
+	<-ch
+	assert.Equal(t, []uint64{5}, ids(w.Snapshot().Instances()))
+	w.Close()
+	assert.Zero(t, w.Snapshot().Len())
+}
+
 func TestWaitForInstancesEnds(t *testing.T) {
 	nc, _ := server(t)
 	w := watch(t, nc)

@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -71,6 +72,9 @@ type Watcher struct {
 	// for one TTL, so that a late "up" of that lease is recognised as stale.
 	tombstones map[uint64]tombstone
 	changed    chan struct{} // closed and replaced at each change
+	// snap is the instances as Snapshot returns them; nil after a change
+	// until the next Snapshot rebuilds it (set with mu held).
+	snap atomic.Pointer[Snapshot]
 
 	stop      chan struct{}
 	done      chan struct{}
@@ -220,6 +224,7 @@ func (w *Watcher) receive(m *nats.Msg) {
 }
 
 func (w *Watcher) notifyLocked() {
+	w.snap.Store(nil)
 	close(w.changed)
 	w.changed = make(chan struct{})
 }
@@ -259,24 +264,66 @@ func (w *Watcher) expire() {
 // Path returns the endpoint path being watched.
 func (w *Watcher) Path() string { return w.path }
 
-// Instances returns the live instances, sorted by id. The result is the
-// caller's to keep and modify.
-func (w *Watcher) Instances() []Instance {
+// Snapshot is the live instances of a Watcher at one moment, sorted by id.
+// It is immutable and shared by every reader: neither it nor the metadata of
+// its instances may be modified.
+type Snapshot struct {
+	instances []Instance
+}
+
+// Instances returns the snapshot's instances, sorted by id. The slice and
+// each instance's Meta are shared: read them, never modify them.
+func (s *Snapshot) Instances() []Instance { return s.instances }
+
+// Len is the number of instances.
+func (s *Snapshot) Len() int { return len(s.instances) }
+
+var emptySnapshot = &Snapshot{}
+
+// Snapshot returns the live instances. It is rebuilt only after a change of
+// the instance set (an addition, a removal or new metadata: what closes the
+// Changes channel), on the first call after it; in between every call
+// returns the same *Snapshot, without copying or allocating, so a caller
+// may compare two by pointer to tell whether anything changed.
+func (w *Watcher) Snapshot() *Snapshot {
+	if s := w.snap.Load(); s != nil {
+		return s
+	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	out := make([]Instance, 0, len(w.instances))
-	for id, e := range w.instances {
-		out = append(out, Instance{ID: id, Meta: slices.Clone(e.meta)})
+	if s := w.snap.Load(); s != nil {
+		return s
 	}
-	slices.SortFunc(out, func(a, b Instance) int {
-		switch {
-		case a.ID < b.ID:
-			return -1
-		case a.ID > b.ID:
-			return 1
+	s := emptySnapshot
+	if !w.closed && len(w.instances) > 0 {
+		out := make([]Instance, 0, len(w.instances))
+		for id, e := range w.instances {
+			// e.meta is never modified: a change replaces the entry.
+			out = append(out, Instance{ID: id, Meta: e.meta})
 		}
-		return 0
-	})
+		slices.SortFunc(out, func(a, b Instance) int {
+			switch {
+			case a.ID < b.ID:
+				return -1
+			case a.ID > b.ID:
+				return 1
+			}
+			return 0
+		})
+		s = &Snapshot{instances: out}
+	}
+	w.snap.Store(s)
+	return s
+}
+
+// Instances returns the live instances, sorted by id. The result is the
+// caller's to keep and modify: a copy of Snapshot's.
+func (w *Watcher) Instances() []Instance {
+	snap := w.Snapshot().Instances()
+	out := make([]Instance, len(snap))
+	for i, in := range snap {
+		out[i] = Instance{ID: in.ID, Meta: slices.Clone(in.Meta)}
+	}
 	return out
 }
 
@@ -329,6 +376,7 @@ func (w *Watcher) Close() {
 		w.closed = true
 		clear(w.instances)
 		clear(w.tombstones)
+		w.snap.Store(nil)
 		close(w.changed)
 		w.mu.Unlock()
 	})

@@ -356,7 +356,7 @@ func (f *Frontend) track(choices []*choice) (forget func()) {
 
 func (f *Frontend) health(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "application/json")
-	_ = json.NewEncoder(w).Encode(map[string]any{"status": "healthy", "models": f.modelNames(), "instances": len(f.client.Instances())})
+	_ = json.NewEncoder(w).Encode(map[string]any{"status": "healthy", "models": f.modelNames(), "instances": f.client.NumInstances()})
 }
 
 func (f *Frontend) metricsHandler(w http.ResponseWriter, r *http.Request) {

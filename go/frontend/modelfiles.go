@@ -69,7 +69,7 @@ func (f *Frontend) fetchModel(id, path, sum string) (*hfmodel.Model, error) {
 	case <-arrived:
 	case <-wait.Done():
 	}
-	if len(c.Instances()) == 0 {
+	if c.NumInstances() == 0 {
 		what := path
 		if sum != "" {
 			what += " with checksum " + sum

@@ -86,7 +86,7 @@ func (f *Frontend) modelClient(key route) (*plane.Client, *gate, error) {
 // unused reports whether a route has no instance, no request waiting for a
 // place and none running (a text whose workers are all gone).
 func unused(c *plane.Client, g *gate) bool {
-	if len(c.Instances()) > 0 || g.queued() > 0 {
+	if c.NumInstances() > 0 || g.queued() > 0 {
 		return false
 	}
 	for _, n := range c.Running() {

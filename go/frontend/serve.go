@@ -181,7 +181,7 @@ func (f *Frontend) parse(w http.ResponseWriter, r *http.Request, chat bool) (in 
 		writeError(w, http.StatusServiceUnavailable, err.Error(), "service_unavailable", "", "service_unavailable")
 		return nil, false
 	}
-	if len(client.Instances()) == 0 {
+	if client.NumInstances() == 0 {
 		modelNotFound(w, req.Model)
 		return nil, false
 	}

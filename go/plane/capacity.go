@@ -21,8 +21,6 @@ import (
 	"errors"
 	"math"
 	"sync/atomic"
-
-	"github.com/dynamo-ctx/dynamo-ctx/go/discovery"
 )
 
 // ErrAtCapacity: every instance is running as many requests as its capacity
@@ -120,6 +118,7 @@ func (c *Client) unload(id uint64) {
 	} else {
 		delete(c.load, id)
 	}
+	c.loadChangedLocked(id)
 	c.mu.Unlock()
 	c.roomMaybe()
 }
@@ -129,46 +128,4 @@ func (c *Client) roomMaybe() {
 	if cfg := c.capacity.Load(); cfg != nil && cfg.onRoom != nil {
 		cfg.onRoom()
 	}
-}
-
-// capacities reads the capacity of each instance (0: none declared).
-func capacities(cfg *capacityConfig, insts []discovery.Instance) map[uint64]int {
-	caps := make(map[uint64]int, len(insts))
-	for _, in := range insts {
-		caps[in.ID] = max(cfg.of(in.Meta), 0)
-	}
-	return caps
-}
-
-// mostFreeLocked returns the candidate with the most free places (ties in
-// turn). An instance that declares no capacity counts as having the largest
-// any instance declares (so that it shares the load with those that do,
-// instead of taking it all), or unlimited when none does. With admit only
-// candidates with a free place count, and an instance that declares none
-// always has one; ok is false when no candidate does.
-func (c *Client) mostFreeLocked(cands []uint64, caps map[uint64]int, admit bool) (best uint64, ok bool) {
-	largest := 0
-	for _, n := range caps {
-		largest = max(largest, n)
-	}
-	if largest == 0 {
-		largest = unlimited
-	}
-	start := c.rr.Add(1) - 1
-	bestFree := math.MinInt
-	for k := range cands {
-		id := cands[(start+uint64(k))%uint64(len(cands))]
-		capacity, declared := caps[id], caps[id] > 0
-		if !declared {
-			capacity = largest
-		}
-		free := capacity - c.load[id]
-		if admit && declared && free <= 0 {
-			continue
-		}
-		if free > bestFree {
-			best, bestFree, ok = id, free, true
-		}
-	}
-	return best, ok
 }

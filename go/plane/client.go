@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -35,6 +36,8 @@ type Client struct {
 	migrationLimit atomic.Int64
 	filter         atomic.Pointer[func([]byte) bool]
 	capacity       atomic.Pointer[capacityConfig] // routing by free capacity (capacity.go); nil: none
+	view           atomic.Pointer[view]           // what a pick reads (route.go)
+	viewMu         sync.Mutex                     // held while a view is built
 
 	parent   *Client // set on a client made by Filtered: it shares parent's watcher
 	mu       sync.Mutex
@@ -43,6 +46,7 @@ type Client struct {
 	waiting  []func()
 	suspects map[uint64]time.Time // instance -> until when it is avoided (see suspect)
 	load     map[uint64]int       // instance -> requests of this client running there (capacity.go)
+	tree     *freeTree            // free places per instance of a view, with capacity (route.go)
 	stop     chan struct{}
 	wg       sync.WaitGroup
 }
@@ -120,7 +124,7 @@ func (c *Client) watchChanges() {
 		// Take the change channel before looking, so that a change between
 		// the look and the wait closes the channel instead of being missed.
 		changed := c.watcher.Changes()
-		if len(c.Instances()) > 0 {
+		if c.NumInstances() > 0 {
 			c.releaseWaiting()
 		}
 		c.roomMaybe() // an instance that appeared may have room (capacity.go)
@@ -148,7 +152,7 @@ func (c *Client) Path() string { return c.path }
 
 // InstanceIDs returns the ids of the instances currently known, sorted.
 func (c *Client) InstanceIDs() []uint64 {
-	insts := c.Instances()
+	insts := c.currentView().insts
 	ids := make([]uint64, len(insts))
 	for i, in := range insts {
 		ids[i] = in.ID
@@ -156,19 +160,17 @@ func (c *Client) InstanceIDs() []uint64 {
 	return ids
 }
 
+// NumInstances is how many instances Instances would return, without
+// copying them.
+func (c *Client) NumInstances() int { return len(c.currentView().insts) }
+
 // Instances returns the instances currently known that pass the instance
-// filter, sorted by id.
+// filter, sorted by id: a copy, the caller's to keep and modify.
 func (c *Client) Instances() []discovery.Instance {
-	all := c.watcher.Instances()
-	f := c.filter.Load()
-	if f == nil {
-		return all
-	}
-	out := all[:0:0]
-	for _, in := range all {
-		if (*f)(in.Meta) {
-			out = append(out, in)
-		}
+	insts := c.currentView().insts
+	out := make([]discovery.Instance, len(insts))
+	for i, in := range insts {
+		out[i] = discovery.Instance{ID: in.ID, Meta: slices.Clone(in.Meta)}
 	}
 	return out
 }
@@ -188,7 +190,7 @@ func (c *Client) SetInstanceFilter(f func(meta []byte) bool) {
 // one is) or the client closes. f must not block.
 func (c *Client) ArmInstances(f func()) {
 	c.mu.Lock()
-	if c.closed || len(c.Instances()) > 0 {
+	if c.closed || c.NumInstances() > 0 {
 		c.mu.Unlock()
 		f()
 		return
@@ -196,7 +198,7 @@ func (c *Client) ArmInstances(f func()) {
 	c.waiting = append(c.waiting, f)
 	c.mu.Unlock()
 	// An instance may have appeared between the check and the append.
-	if len(c.Instances()) > 0 {
+	if c.NumInstances() > 0 {
 		c.releaseWaiting()
 	}
 }
@@ -243,32 +245,21 @@ func (c *Client) Close() {
 // candidates it takes the next in turn, a random one, or, when the client
 // routes by capacity (capacity.go), the one with the most free capacity,
 // which it then counts (counted); with admit it refuses (ErrAtCapacity)
-// when that one has none.
+// when that one has none. It reads the client's view (route.go) and
+// allocates nothing that grows with the instances.
 func (c *Client) pickFor(route Route, instance uint64, exclude map[uint64]bool, admit bool) (id uint64, counted bool, err error) {
-	cfg := c.capacity.Load()
 	if route == Direct {
-		if cfg != nil {
+		if c.capacity.Load() != nil {
 			c.mu.Lock()
-			if c.load == nil {
-				c.load = map[uint64]int{}
-			}
-			c.load[instance]++
+			c.countLocked(instance)
 			c.mu.Unlock()
 			return instance, true, nil
 		}
 		return instance, false, nil
 	}
-	insts := c.Instances()
-	if len(insts) == 0 {
+	v := c.currentView() // built outside c.mu: the filter and cfg.of are the caller's code
+	if len(v.insts) == 0 {
 		return 0, false, ErrNoInstances
-	}
-	ids := make([]uint64, len(insts))
-	for i, in := range insts {
-		ids[i] = in.ID
-	}
-	var caps map[uint64]int
-	if cfg != nil {
-		caps = capacities(cfg, insts) // read outside the lock: cfg.of is the caller's code
 	}
 	now := time.Now()
 	c.mu.Lock()
@@ -278,47 +269,43 @@ func (c *Client) pickFor(route Route, instance uint64, exclude map[uint64]bool, 
 			delete(c.suspects, id)
 		}
 	}
-	keep := func(avoidSuspects bool) []uint64 {
-		out := make([]uint64, 0, len(ids))
-		for _, id := range ids {
-			if exclude[id] {
-				continue
-			}
-			if _, bad := c.suspects[id]; bad && avoidSuspects {
-				continue
-			}
-			out = append(out, id)
-		}
-		return out
+	var buf [16]int
+	avoided := c.avoidedLocked(v, exclude, true, buf[:0])
+	if len(avoided) == len(v.insts) {
+		avoided = c.avoidedLocked(v, exclude, false, avoided[:0])
 	}
-	cands := keep(true)
-	if len(cands) == 0 {
-		cands = keep(false)
+	if len(avoided) == len(v.insts) {
+		avoided = avoided[:0]
 	}
-	if len(cands) == 0 {
-		cands = ids
-	}
-	if cfg != nil {
-		best, ok := c.mostFreeLocked(cands, caps, admit)
+	if v.cfg != nil {
+		best, ok := c.mostFreeLocked(v, avoided, admit)
 		if !ok {
 			// Admission: an instance avoided for a recent failure that has
 			// a free place is better than a refusal (its suspicion may be
 			// a hiccup; one that is really gone fails the request before
 			// it starts, and the frontend sends it elsewhere).
-			if best, ok = c.mostFreeLocked(keep(false), caps, admit); !ok {
+			if best, ok = c.mostFreeLocked(v, c.avoidedLocked(v, exclude, false, avoided[:0]), admit); !ok {
 				return 0, false, ErrAtCapacity
 			}
 		}
-		if c.load == nil {
-			c.load = map[uint64]int{}
-		}
-		c.load[best]++
+		c.countLocked(best)
 		return best, true, nil
 	}
+	n := len(v.insts) - len(avoided)
 	if route == Random {
-		return cands[rand.IntN(len(cands))], false, nil
+		return v.insts[nth(avoided, rand.IntN(n))].ID, false, nil
 	}
-	return cands[(c.rr.Add(1)-1)%uint64(len(cands))], false, nil
+	return v.insts[nth(avoided, int((c.rr.Add(1)-1)%uint64(n)))].ID, false, nil
+}
+
+// countLocked counts one more request of c's running on instance id (c.mu
+// held).
+func (c *Client) countLocked(id uint64) {
+	if c.load == nil {
+		c.load = map[uint64]int{}
+	}
+	c.load[id]++
+	c.loadChangedLocked(id)
 }
 
 // suspect makes new requests avoid instance id for a while (see suspectFor).

@@ -35,3 +35,28 @@ func SetClosing(e *Endpoint, closing bool) {
 // StopReceiving unsubscribes e from its requests while its lease still
 // lists it: a worker that died before its lease expired.
 func StopReceiving(e *Endpoint) error { return e.sub.Unsubscribe() }
+
+// PickFor is c's choice of an instance for one attempt (see pickFor).
+func PickFor(c *Client, route Route, instance uint64, exclude map[uint64]bool, admit bool) (uint64, bool, error) {
+	return c.pickFor(route, instance, exclude, admit)
+}
+
+// Suspect makes c avoid instance id for a while, as a failed request does.
+func Suspect(c *Client, id uint64) { c.suspect(id) }
+
+// Suspects are the instances c avoids now.
+func Suspects(c *Client) map[uint64]bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := map[uint64]bool{}
+	for id := range c.suspects {
+		out[id] = true
+	}
+	return out
+}
+
+// Turn is c's next round-robin turn.
+func Turn(c *Client) uint64 { return c.rr.Load() }
+
+// Unload uncounts one request of c's on instance id.
+func Unload(c *Client, id uint64) { c.unload(id) }

@@ -126,14 +126,14 @@ def tables(rs: List[Result]) -> str:
     times = table(
         ["workers", "requests/s", "p50 ms", "p99 ms", "CPU us per request", "kill hops", "last hop ms: p50", "max",
          "any hop p50 ms", "all confirmations ms", "kill storm: streams", "last handler ms", "all confirmations ms",
-         "crash -> dropped s", "request to crashed ms", "drain -> dropped ms", "snapshot us", "snapshot KB"],
+         "crash -> dropped s", "request to crashed ms", "drain -> dropped ms", "pick us", "pick bytes"],
         [[str(r["workers"]), fmt(r["requests_per_s"]), fmt(r["request_p50_ms"], 1), fmt(r["request_p99_ms"], 1),
           fmt(r["cpu_us_per_request"]), str(r["kill_hops"]), fmt(r["kill_last_hop_p50_ms"], 1), fmt(r["kill_last_hop_max_ms"], 1),
           fmt(r["kill_hop_p50_ms"], 1), fmt(r["abort_confirmations_all_callers_p50_ms"], 1), str(r["storm_streams"]),
           fmt(r["storm_last_handler_ms"], 1), fmt(r["storm_confirmations_all_callers_ms"], 1),
           f'{r["crash_converge_min_s"]:.2f}-{r["crash_converge_max_s"]:.2f}',
           f'{r["request_to_crashed_ms"]:.1f} ({r["request_to_crashed_error"]})', fmt(r["drain_converge_max_ms"], 1),
-          fmt(r["instances_snapshot_us"], 1), fmt(r["instances_snapshot_bytes"] / 1000, 1)] for r in rs])
+          fmt(r["instances_snapshot_us"], 2), fmt(r["instances_snapshot_bytes"])] for r in rs])
     parts = ["**NATS traffic** (idle discovery per second; per request; per hop killed):", nats,
              "**Connections and memory** (memory: Go heap and stacks, both ends of each stream or connection):", conns,
              "**Latencies and convergence**:", times]
@@ -287,8 +287,8 @@ def plot(rs: List[Result], path: Path, caption: str) -> None:
                 if r["conn_pairs_measured"] else -1) if y >= 0]),
             ("per stream", "#1f77b4", pts(lambda r: (r["heap_bytes_per_stream"] + r["stack_bytes_per_stream"]) / 1024)),
         ], headroom=1.5),
-        Panel("Routing snapshot per request", "us (Client.InstanceIDs)", [
-            ("one snapshot", "#1f77b4", pts(lambda r: r["instances_snapshot_us"])),
+        Panel("Picking an instance per request", "us (Client.Reserve)", [
+            ("one pick", "#1f77b4", pts(lambda r: r["instances_snapshot_us"])),
         ], ylog=True),
     ]
     cols = 3

@@ -21,7 +21,7 @@
 //   - requests: NATS messages and bytes per request while the callers send
 //     requests, the stream connections open (/proc/net/tcp) and the
 //     TIME_WAIT sockets left per request, CPU per request;
-//   - the cost of one routing snapshot (Client.InstanceIDs);
+//   - the cost of one pick of an instance (Client.Reserve);
 //   - convergence: workers crash (their NATS connections close without a
 //     "down") or drain (their leases say "down"); the time until every
 //     client stopped listing them, and what a request sent to a crashed one

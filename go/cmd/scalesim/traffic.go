@@ -157,7 +157,9 @@ func (s *sim) startLoad(share int) *load {
 					t0 := time.Now()
 					route, to := plane.RoundRobin, uint64(0)
 					if mine != nil {
-						_ = c.client.InstanceIDs()
+						if r, err := c.client.Reserve(); err == nil { // the pick a routed request pays
+							r.Release()
+						}
 						route, to = plane.Direct, mine[(turn.Add(1)-1)%uint64(len(mine))]
 					}
 					inst, err := s.oneRequest(c.client, payload, s.cfg.Items, route, to)

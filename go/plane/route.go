@@ -1,0 +1,235 @@
+package plane
+
+// Routing without copying the instances. A pick reads the client's view:
+// the instances that pass its filter, with their capacities, built from the
+// watcher's shared snapshot once per change of the instance set (or of the
+// filter, or of the capacity setting), never per request. Round robin and
+// random take the k-th candidate in O(log W) of the instances avoided (the
+// request's excluded ones, the client's suspects), without a list of the
+// candidates; routing by capacity keeps each instance's free places in a
+// segment tree, updated in O(log W) when a request is counted or uncounted,
+// and finds the one with the most in O(log W). A pick allocates nothing
+// that grows with the instances.
+
+import (
+	"cmp"
+	"math"
+	"slices"
+
+	"github.com/dynamo-ctx/dynamo-ctx/go/discovery"
+)
+
+// view is what a pick reads: immutable, shared by every pick until the
+// instances, the filter or the capacity setting change.
+type view struct {
+	snap   *discovery.Snapshot
+	filter *func([]byte) bool
+	cfg    *capacityConfig
+	insts  []discovery.Instance // those that pass filter, sorted by id; read only
+	caps   []int                // with cfg: each one's declared capacity (0: none)
+	// largest is what an instance that declares no capacity counts as: the
+	// largest any instance declares, unlimited when none does.
+	largest int
+}
+
+// currentView returns the view of the watcher's current snapshot, built on
+// the first call after a change. The filter and cfg.of run here, under
+// viewMu alone: they are the caller's code and must not call back into c.
+func (c *Client) currentView() *view {
+	snap := c.watcher.Snapshot()
+	f, cfg := c.filter.Load(), c.capacity.Load()
+	if v := c.view.Load(); v != nil && v.snap == snap && v.filter == f && v.cfg == cfg {
+		return v
+	}
+	c.viewMu.Lock()
+	defer c.viewMu.Unlock()
+	if v := c.view.Load(); v != nil && v.snap == snap && v.filter == f && v.cfg == cfg {
+		return v
+	}
+	v := &view{snap: snap, filter: f, cfg: cfg, insts: snap.Instances()}
+	if f != nil {
+		v.insts = nil
+		for _, in := range snap.Instances() {
+			if (*f)(in.Meta) {
+				v.insts = append(v.insts, in)
+			}
+		}
+	}
+	if cfg != nil {
+		v.caps = make([]int, len(v.insts))
+		for i, in := range v.insts {
+			v.caps[i] = max(cfg.of(in.Meta), 0)
+			v.largest = max(v.largest, v.caps[i])
+		}
+		if v.largest == 0 {
+			v.largest = unlimited
+		}
+	}
+	c.view.Store(v)
+	return v
+}
+
+// index is the position of instance id in v.insts, or -1.
+func (v *view) index(id uint64) int {
+	i, ok := slices.BinarySearchFunc(v.insts, id, func(in discovery.Instance, id uint64) int { return cmp.Compare(in.ID, id) })
+	if !ok {
+		return -1
+	}
+	return i
+}
+
+// avoidedLocked appends to out the positions in v of the instances a pick
+// leaves out, sorted and without repeats: those in exclude and, with
+// suspects, the client's suspects (c.mu held). Its cost is that of the
+// instances avoided, whatever the instances known.
+func (c *Client) avoidedLocked(v *view, exclude map[uint64]bool, suspects bool, out []int) []int {
+	for id, bad := range exclude {
+		if i := v.index(id); bad && i >= 0 {
+			out = append(out, i)
+		}
+	}
+	if suspects {
+		for id := range c.suspects {
+			if i := v.index(id); i >= 0 {
+				out = append(out, i)
+			}
+		}
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
+// nth is the position in v of the k-th candidate (from 0, in id order) when
+// the positions in avoided (sorted) are left out.
+func nth(avoided []int, k int) int {
+	for _, a := range avoided {
+		if a > k {
+			break
+		}
+		k++
+	}
+	return k
+}
+
+// absent marks a leaf of a freeTree that is no candidate.
+const absent = math.MinInt
+
+// freeTree holds the free places of each instance of one view (capacity,
+// or the view's largest when it declares none, minus the client's requests
+// running there) in two max segment trees: all of them, and those a new
+// request may be admitted into (an instance that declares a capacity and
+// has no free place is absent from it). Guarded by Client.mu.
+type freeTree struct {
+	v    *view
+	size int   // leaves, a power of two
+	all  []int // node i's children are 2i and 2i+1; leaves from size
+	adm  []int
+}
+
+func newFreeTree(v *view, load map[uint64]int) *freeTree {
+	size := 1
+	for size < len(v.insts) {
+		size *= 2
+	}
+	t := &freeTree{v: v, size: size, all: make([]int, 2*size), adm: make([]int, 2*size)}
+	for i := range size {
+		t.all[size+i], t.adm[size+i] = absent, absent
+		if i < len(v.insts) {
+			t.all[size+i], t.adm[size+i] = t.free(i, load[v.insts[i].ID])
+		}
+	}
+	for n := size - 1; n >= 1; n-- {
+		t.all[n] = max(t.all[2*n], t.all[2*n+1])
+		t.adm[n] = max(t.adm[2*n], t.adm[2*n+1])
+	}
+	return t
+}
+
+// free is instance i's free places with running requests of the client
+// there, and the same where a new request may be admitted (else absent).
+func (t *freeTree) free(i, running int) (all, adm int) {
+	capacity, declared := t.v.caps[i], t.v.caps[i] > 0
+	if !declared {
+		capacity = t.v.largest
+	}
+	all = capacity - running
+	if declared && all <= 0 {
+		return all, absent
+	}
+	return all, all
+}
+
+// set gives leaf i its values and updates the nodes above it.
+func (t *freeTree) set(i, all, adm int) {
+	n := t.size + i
+	t.all[n], t.adm[n] = all, adm
+	for n /= 2; n >= 1; n /= 2 {
+		t.all[n] = max(t.all[2*n], t.all[2*n+1])
+		t.adm[n] = max(t.adm[2*n], t.adm[2*n+1])
+	}
+}
+
+// first is the first leaf from from on whose value in a is at least want,
+// or -1: O(log W).
+func (t *freeTree) first(a []int, node, lo, hi, from, want int) int {
+	if hi <= from || a[node] < want {
+		return -1
+	}
+	if hi-lo == 1 {
+		return lo
+	}
+	mid := (lo + hi) / 2
+	if i := t.first(a, 2*node, lo, mid, from, want); i >= 0 {
+		return i
+	}
+	return t.first(a, 2*node+1, mid, hi, from, want)
+}
+
+// loadChangedLocked brings instance id's leaf up to date after its count of
+// running requests changed (c.mu held).
+func (c *Client) loadChangedLocked(id uint64) {
+	if t := c.tree; t != nil {
+		if i := t.v.index(id); i >= 0 {
+			all, adm := t.free(i, c.load[id])
+			t.set(i, all, adm)
+		}
+	}
+}
+
+// mostFreeLocked returns the candidate of v with the most free places (ties
+// in turn: the first from the next position of the client's rotation),
+// the candidates being v's instances less the positions in avoided. With
+// admit only candidates with a free place count (an instance that declares
+// no capacity always has one); ok is false when no candidate does. c.mu
+// held.
+func (c *Client) mostFreeLocked(v *view, avoided []int, admit bool) (best uint64, ok bool) {
+	start := c.rr.Add(1) - 1
+	n := len(v.insts) - len(avoided)
+	if n <= 0 {
+		return 0, false
+	}
+	if c.tree == nil || c.tree.v != v {
+		c.tree = newFreeTree(v, c.load)
+	}
+	t := c.tree
+	for _, i := range avoided { // left out for this pick only
+		t.set(i, absent, absent)
+	}
+	a := t.all
+	if admit {
+		a = t.adm
+	}
+	if want := a[1]; want != absent {
+		from := nth(avoided, int(start%uint64(n)))
+		i := t.first(a, 1, 0, t.size, from, want)
+		if i < 0 {
+			i = t.first(a, 1, 0, t.size, 0, want)
+		}
+		best, ok = v.insts[i].ID, true
+	}
+	for _, i := range avoided {
+		all, adm := t.free(i, c.load[v.insts[i].ID])
+		t.set(i, all, adm)
+	}
+	return best, ok
+}

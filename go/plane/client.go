@@ -477,7 +477,7 @@ func (c *Client) generateOnce(payload []byte, parent *ctxtree.Context, route Rou
 	c.rt.trackStream(s)
 	c.rt.setLocal(token, reqCtx) // until acknowledged: see Request.followLocalCaller
 	st, _ := reqCtx.State()
-	e := &envelope{ID: reqCtx.ID(), Key: key, Addr: c.rt.streamAddr(), Token: token, State: st, Request: payload, Metadata: o.metadata}
+	e := &envelope{ID: reqCtx.ID(), Key: key, Addr: c.rt.streamAddr(), Token: token, State: st, Request: payload, Metadata: o.metadata, Aborts: c.rt.aborts}
 	if left, ok := reqCtx.Remaining(); ok {
 		us := left.Microseconds()
 		e.TimeoutUs = &us

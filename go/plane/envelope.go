@@ -52,6 +52,10 @@ type envelope struct {
 	// InlineRequestBytes), is its size: the worker fetches it from the
 	// caller (transport.FetchRequest), and Request is absent.
 	RequestBytes int `json:"request_bytes,omitempty"`
+	// Aborts is the subject on which the worker confirms the abort of this
+	// request: the caller's own (AbortSubjectOf). Empty, from a caller of
+	// an earlier version: AbortedSubject, shared by every caller.
+	Aborts string `json:"aborts,omitempty"`
 }
 
 // encode is json.Marshal of env without its cost for a large request: the
@@ -87,6 +91,10 @@ func (env *envelope) encode() []byte {
 		b = append(b, `,"timeout_us":`...)
 		b = strconv.AppendInt(b, *env.TimeoutUs, 10)
 	}
+	if env.Aborts != "" {
+		b = append(b, `,"aborts":`...)
+		b = append(b, mustJSON(env.Aborts)...)
+	}
 	return append(b, '}')
 }
 
@@ -115,6 +123,9 @@ func (env *envelope) check() error {
 		if _, err := ctxtree.TimeoutMicros(*env.TimeoutUs); err != nil {
 			return errMalformedEnvelope
 		}
+	}
+	if env.Aborts != "" && !validAbortSubject(env.Aborts) {
+		return errMalformedEnvelope
 	}
 	return nil
 }
@@ -178,6 +189,8 @@ func readEnvelope(data []byte) (envelope, error) {
 			err = json.Unmarshal(m.Value, &env.TimeoutUs)
 		case 8:
 			err = json.Unmarshal(m.Value, &env.RequestBytes)
+		case 9:
+			err = json.Unmarshal(m.Value, &env.Aborts)
 		}
 		if err != nil {
 			return env, errMalformedEnvelope
@@ -187,4 +200,4 @@ func readEnvelope(data []byte) (envelope, error) {
 
 // envelopeFields are the JSON names of envelope's fields, in the order
 // readEnvelope's switch knows them.
-var envelopeFields = jsonscan.NewKeys("id", "key", "addr", "token", "state", "request", "metadata", "timeout_us", "request_bytes")
+var envelopeFields = jsonscan.NewKeys("id", "key", "addr", "token", "state", "request", "metadata", "timeout_us", "request_bytes", "aborts")

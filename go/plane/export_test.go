@@ -60,3 +60,7 @@ func Turn(c *Client) uint64 { return c.rr.Load() }
 
 // Unload uncounts one request of c's on instance id.
 func Unload(c *Client, id uint64) { c.unload(id) }
+
+// SetAbortSubject makes rt name subject in its envelopes as where its
+// aborts are confirmed; "" names none, as a caller of an earlier version.
+func SetAbortSubject(rt *Runtime, subject string) { rt.aborts = subject }

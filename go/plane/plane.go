@@ -206,6 +206,8 @@ type Runtime struct {
 	done      chan struct{}
 
 	hostTick atomic.Int64 // the host's last HostTick, Unix ns (0: never; host.go)
+
+	aborts string // where workers confirm the aborts of this runtime's requests (serve.go)
 }
 
 // ackShuttingDown is a worker's refusal of a request that arrived while its
@@ -313,7 +315,7 @@ func New(ctx context.Context, opts Options) (*Runtime, error) {
 		return nil, err
 	}
 	r := &Runtime{
-		bus: bus, srv: srv, opts: opts, log: slog.Default(),
+		bus: bus, srv: srv, opts: opts, log: slog.Default(), aborts: AbortSubjectOf(NewKey()),
 		dial:      transport.NewDialer(0),
 		endpoints: map[*Endpoint]struct{}{},
 		clients:   map[*Client]struct{}{},

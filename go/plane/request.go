@@ -29,6 +29,7 @@ type Request struct {
 	// Metadata is the caller's request metadata (a JSON object), nil if none.
 	Metadata json.RawMessage
 	Ctx      *ctxtree.Context
+	aborts   string // where its abort is confirmed (envelope.Aborts; "": AbortedSubject)
 
 	// fetchBytes is the size of a request to fetch from the caller (its
 	// envelope carried only that); 0 when the envelope carried it.

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"log/slog"
 	"runtime"
+	"strings"
 	"sync"
 	"time"
 
@@ -127,7 +128,7 @@ func (e *Endpoint) receive(m *nats.Msg) {
 		return
 	}
 	req := &Request{
-		ep: e, ID: env.ID, Key: env.Key, Payload: env.Request, Metadata: env.Metadata, Ctx: e.rt.opts.NewContext(env.ID),
+		ep: e, ID: env.ID, Key: env.Key, Payload: env.Request, Metadata: env.Metadata, Ctx: e.rt.opts.NewContext(env.ID), aborts: env.Aborts,
 		wake: make(chan struct{}, 1), hostDone: make(chan struct{}), fetchBytes: env.RequestBytes,
 	}
 	if env.State >= ctxtree.Stopped {
@@ -286,8 +287,25 @@ func (e *Endpoint) Close() {
 
 // AbortedSubject carries AbortConfirmation messages: a worker publishes one
 // when the handler of a killed request has returned, which is when its
-// engine work was aborted and its resources freed.
+// engine work was aborted and its resources freed. It publishes it on the
+// subject its caller named in the request's envelope, the caller's own
+// (AbortSubjectOf: one delivery, to the one process that asked), or, for a
+// caller of an earlier version that named none, on AbortedSubject itself,
+// which every caller subscribes to (OnAbortConfirmed). A worker of an
+// earlier version publishes every confirmation on AbortedSubject: callers
+// hear those too, so mixed versions lose none.
 const AbortedSubject = "dc.aborted"
+
+// AbortSubjectOf is the subject of the abort confirmations of one caller
+// (a runtime), named by a key (NewKey) it chose at random.
+func AbortSubjectOf(key string) string { return AbortedSubject + "." + key }
+
+// validAbortSubject: what an envelope may name (a stranger on the bus could
+// otherwise have workers publish where it likes).
+func validAbortSubject(s string) bool {
+	key, ok := strings.CutPrefix(s, AbortedSubject+".")
+	return ok && ValidKey(key)
+}
 
 // AbortConfirmation is the message on AbortedSubject.
 type AbortConfirmation struct {
@@ -319,7 +337,11 @@ func (r *Request) confirmAbort() {
 		reason = ctxtree.ReasonKill // the Kill overtook the end frame (see run)
 	}
 	msg := AbortConfirmation{ID: r.ID, Key: r.Key, Path: r.ep.path, Instance: r.ep.instanceID, Reason: reason.String()}
-	if err := r.ep.rt.nc().Publish(AbortedSubject, mustJSON(msg)); err != nil {
+	subject := r.aborts
+	if subject == "" {
+		subject = AbortedSubject // a caller of an earlier version
+	}
+	if err := r.ep.rt.nc().Publish(subject, mustJSON(msg)); err != nil {
 		level := slog.LevelWarn
 		if errors.Is(err, nats.ErrConnectionClosed) {
 			level = slog.LevelDebug // this process is shutting down: nothing is lost but the notice
@@ -330,27 +352,40 @@ func (r *Request) confirmAbort() {
 	slog.Debug("abort confirmed", "request_id", r.ID, "request_key", r.Key)
 }
 
-// OnAbortConfirmed calls f for every abort confirmation any worker
-// publishes, until the returned unsubscribe is called or the runtime closes.
-// f runs on a NATS delivery goroutine. Anyone on the bus can publish here:
-// the caller counts a confirmation only if its Key and Instance match a
-// request it knows and the instance that served it (see Stream.Key and
-// Stream.Instance).
+// OnAbortConfirmed calls f for the abort confirmations of this runtime's
+// requests, until the returned unsubscribe is called or the runtime closes:
+// those published on the runtime's own subject, and every confirmation
+// published on the shared AbortedSubject (by workers of an earlier version,
+// which confirm every abort there). f runs on a NATS delivery goroutine.
+// Anyone on the bus can publish on either: the caller counts a confirmation
+// only if its Key and Instance match a request it knows and the instance
+// that served it (see Stream.Key and Stream.Instance).
 func (r *Runtime) OnAbortConfirmed(f func(AbortConfirmation)) (unsubscribe func(), err error) {
-	sub, err := r.nc().Subscribe(AbortedSubject, func(m *nats.Msg) {
+	deliver := func(m *nats.Msg) {
 		var a AbortConfirmation
 		if json.Unmarshal(m.Data, &a) == nil {
 			f(a)
 		}
-	})
-	if err != nil {
-		return nil, err
+	}
+	var subs []*nats.Subscription
+	unsubscribe = func() {
+		for _, s := range subs {
+			_ = s.Unsubscribe()
+		}
+	}
+	for _, subject := range []string{r.aborts, AbortedSubject} {
+		sub, err := r.nc().Subscribe(subject, deliver)
+		if err != nil {
+			unsubscribe()
+			return nil, err
+		}
+		subs = append(subs, sub)
 	}
 	if err := r.nc().Flush(); err != nil {
-		_ = sub.Unsubscribe()
+		unsubscribe()
 		return nil, err
 	}
-	return func() { _ = sub.Unsubscribe() }, nil
+	return unsubscribe, nil
 }
 
 func mustJSON(v any) []byte {

@@ -100,7 +100,7 @@ type counts struct {
 	reqRoute      int64
 	replyDeliv    int64 // replies delivered to inboxes: acknowledgements, query answers
 	replyRoute    int64
-	abortDeliv    int64 // abort confirmations delivered (dc.aborted)
+	abortDeliv    int64 // abort confirmations delivered (dc.aborted and its callers' subjects)
 	abortRoute    int64
 	otherDeliv    int64 // anything else
 }

@@ -137,7 +137,7 @@ type result struct {
 	DeadRequestErr string  `json:"request_to_crashed_error"`
 	DrainMax       float64 `json:"drain_converge_max_ms"`
 
-	// Routing: one Client.InstanceIDs (the snapshot each pick reads).
+	// Routing: one pick of an instance (Client.Reserve, round robin).
 	SnapshotUs    float64 `json:"instances_snapshot_us"`
 	SnapshotBytes float64 `json:"instances_snapshot_bytes"`
 
@@ -212,10 +212,10 @@ type sim struct {
 }
 
 // trial follows a set of held requests: when each handler started, when its
-// context saw the kill, and when every caller had every abort confirmation.
+// context saw the kill, and when every hop's abort confirmation had reached
+// the caller that sent it (the only one it goes to).
 type trial struct {
-	want    int // handlers
-	callers int
+	want int // handlers
 
 	mu          sync.Mutex
 	failed      int   // requests that never started (fail)
@@ -225,15 +225,13 @@ type trial struct {
 	startedCh   chan struct{}
 	kills       []time.Time
 	killedCh    chan struct{}
-	confirms    []int
-	complete    int
+	confirms    int
 	confirmedAt time.Time
 	confirmedCh chan struct{}
 }
 
 func (s *sim) newTrial(want int) (int, *trial) {
-	tr := &trial{want: want, callers: len(s.callers), startedCh: make(chan struct{}), killedCh: make(chan struct{}),
-		confirms: make([]int, len(s.callers)), confirmedCh: make(chan struct{})}
+	tr := &trial{want: want, startedCh: make(chan struct{}), killedCh: make(chan struct{}), confirmedCh: make(chan struct{})}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.next++
@@ -301,7 +299,8 @@ func (tr *trial) fail(err error) {
 	}
 }
 
-// confirmed counts an abort confirmation that reached caller idx.
+// confirmed counts an abort confirmation that reached a caller (idx: a
+// caller's index; -1: worker 0, the caller of the fan-out's hops).
 func (s *sim) confirmed(idx int, a plane.AbortConfirmation) {
 	s.mu.Lock()
 	tr := s.byKey[a.Key]
@@ -311,13 +310,10 @@ func (s *sim) confirmed(idx int, a plane.AbortConfirmation) {
 	}
 	tr.mu.Lock()
 	defer tr.mu.Unlock()
-	tr.confirms[idx]++
-	if tr.confirms[idx] == tr.want {
-		tr.complete++
-		if tr.complete == tr.callers {
-			tr.confirmedAt = time.Now()
-			close(tr.confirmedCh)
-		}
+	tr.confirms++
+	if tr.confirms == tr.want {
+		tr.confirmedAt = time.Now()
+		close(tr.confirmedCh)
 	}
 }
 
@@ -467,7 +463,11 @@ func simulate(cfg config, quiet *slog.Logger, progress func(string)) (res *resul
 		}
 		go s.serve(w)
 		if i == 0 {
-			w.client, err = rt.Client(ctx, path)
+			if w.client, err = rt.Client(ctx, path); err == nil {
+				// The caller of the fan-out's hops hears their confirmations
+				// (unsubscribed when its runtime closes).
+				_, err = rt.OnAbortConfirmed(func(a plane.AbortConfirmation) { s.confirmed(-1, a) })
+			}
 		}
 		return err
 	})
@@ -485,8 +485,8 @@ func simulate(cfg config, quiet *slog.Logger, progress func(string)) (res *resul
 		if c.client, err = rt.Client(ctx, path); err != nil {
 			return err
 		}
-		// As the frontend does (go/frontend): every caller hears every
-		// abort confirmation.
+		// As the frontend does (go/frontend): a caller hears the abort
+		// confirmations of its requests.
 		c.unsub, err = rt.OnAbortConfirmed(func(a plane.AbortConfirmation) { s.confirmed(i, a) })
 		return err
 	})

@@ -90,7 +90,7 @@ func (s *sim) killFanout(res *result) error {
 		if err := s.await(tr.killedCh, "every hop to see the kill"); err != nil {
 			return err
 		}
-		if err := s.await(tr.confirmedCh, "every abort confirmation at every caller"); err != nil {
+		if err := s.await(tr.confirmedCh, "every abort confirmation at its caller"); err != nil {
 			return err
 		}
 		tr.mu.Lock()
@@ -249,7 +249,7 @@ func (s *sim) heldStreams(res *result) error {
 	if err := s.await(tr.killedCh, "every held stream's handler to see its kill"); err != nil {
 		return err
 	}
-	if err := s.await(tr.confirmedCh, "every abort confirmation of the storm at every caller"); err != nil {
+	if err := s.await(tr.confirmedCh, "every abort confirmation of the storm at its caller"); err != nil {
 		return err
 	}
 	tr.mu.Lock()

@@ -167,12 +167,15 @@ def test_tools_and_reasoning_as_vllms_server(pair):
         for fn, args, _, _ in b["calls"]:
             assert fn in ("get_weather", "add") and isinstance(json.loads(args), dict), (name, b)
     assert len(answers["required, one call", False]["calls"]) == 1
-    # The steered outputs are what they were steered to (not a vacuous agreement).
-    for stream in (False, True):
-        forced = answers["reasoning then a call", stream]
-        assert forced["reasoning"] and [c[0] for c in forced["calls"]] == ["get_weather"], forced
-        assert [c[0] for c in answers["auto, text and two calls", stream]["calls"]] == ["get_weather", "add"]
-        assert answers["auto, no call", stream]["calls"] == []
+    # The steered outputs are what they were steered to (not a vacuous agreement), whole.
+    # Streamed, both servers find the markers by token id, and a random model steered to
+    # a text may spell "<think>" or "<tool_call>" in ordinary tokens: then both stream it
+    # all as reasoning or content (go/reasoning's and go/toolcall's vectors cover the
+    # streamed paths with the marker tokens).
+    forced = answers["reasoning then a call", False]
+    assert forced["reasoning"] and [c[0] for c in forced["calls"]] == ["get_weather"], forced
+    assert [c[0] for c in answers["auto, text and two calls", False]["calls"]] == ["get_weather", "add"]
+    assert answers["auto, no call", False]["calls"] == []
 
 
 def test_tools_rendered_as_vllms_server(pair):

@@ -13,16 +13,36 @@ import (
 
 var testVocab = map[string]int{
 	llamaBot: 128010, dsCallsBegin: 1, dsCallsEnd: 2, dsCallBegin: 3, dsCallEnd: 4,
+	mistralBot: 9, "</s>": 5,
+}
+
+// argsVocab adds [ARGS]: mistral's v11 path.
+var argsVocab = map[string]int{mistralBot: 9, mistralArgs: 32, "<s>": 6, "</s>": 5}
+
+// testParser is one parser and the vocabulary it is made with.
+type testParser struct {
+	name  string
+	vocab map[string]int
+}
+
+func testParsers() []testParser {
+	var out []testParser
+	for _, n := range Names() {
+		out = append(out, testParser{n, testVocab})
+	}
+	return append(out, testParser{"mistral", argsVocab})
 }
 
 func TestNamesAndNew(t *testing.T) {
-	assert.Equal(t, []string{"deepseek_v3", "hermes", "llama3_json"}, Names())
+	assert.Equal(t, []string{"deepseek_v3", "hermes", "llama3_json", "mistral"}, Names())
 	_, err := New("nope", Options{})
 	assert.Error(t, err)
 	_, err = New("llama3_json", Options{})
 	assert.Error(t, err, "no <|python_tag|> in the vocabulary")
 	_, err = New("deepseek_v3", Options{})
 	assert.Error(t, err)
+	_, err = New("mistral", vocabOptions(map[string]int{mistralArgs: 32}))
+	assert.Error(t, err, "no [TOOL_CALLS] in the vocabulary")
 	for _, n := range Names() {
 		_, err := New(n, vocabOptions(testVocab))
 		assert.NoError(t, err, n)
@@ -31,8 +51,8 @@ func TestNamesAndNew(t *testing.T) {
 
 // feed streams text in pieces of size bytes, the ids faked from the
 // special tokens it contains, and finishes.
-func feed(t testing.TB, name, text string, size int) {
-	p, err := New(name, vocabOptions(testVocab))
+func feed(t testing.TB, tp testParser, text string, size int) {
+	p, err := New(tp.name, vocabOptions(tp.vocab))
 	require.NoError(t, err)
 	var d Delta
 	var ok bool
@@ -41,7 +61,7 @@ func feed(t testing.TB, name, text string, size int) {
 		piece := text[:n]
 		text = text[n:]
 		var ids []int
-		for tok, id := range testVocab {
+		for tok, id := range tp.vocab {
 			for range strings.Count(piece, tok) {
 				ids = append(ids, id)
 			}
@@ -73,18 +93,31 @@ func hostileTexts() []string {
 		`{"name": 5, "parameters": 1}`,
 		`[1, 2]; "parameters"; 7`,
 		`{"x": -e1, "y": 1.e5, "z": -., "w": 1e999, "v": -0.0}`,
+		mistralBot + deep,
+		mistralBot + strings.Repeat("[", 20000),
+		mistralBot + "f" + mistralArgs + deep,
+		strings.Repeat(mistralBot+"f"+mistralArgs+`{"a": "\`, 300),
+		mistralBot + `[{"name": "f\ud800\udc00\ud800", "arguments": "\u00"}]` + "\xff",
+		mistralBot + strings.Repeat("[TOOL_CALLS", 2000) + strings.Repeat("<s", 2000),
+		mistralBot + `{"": {"name": "x", "arguments": {"": {}}}, "name": 1e5` + strings.Repeat(" ", 5000),
 	}
 }
 
 func TestHostileInputsNeverPanic(t *testing.T) {
-	for _, name := range Names() {
+	for _, tp := range testParsers() {
 		for i, text := range hostileTexts() {
 			start := time.Now()
-			p, err := New(name, vocabOptions(testVocab))
+			p, err := New(tp.name, vocabOptions(tp.vocab))
 			require.NoError(t, err)
-			assert.NotPanics(t, func() { p.Extract(text) }, "%s #%d", name, i)
-			assert.NotPanics(t, func() { feed(t, name, text, 4096) }, "%s #%d", name, i)
-			assert.Less(t, time.Since(start), 10*time.Second, "%s #%d", name, i)
+			assert.NotPanics(t, func() { p.Extract(text) }, "%s #%d", tp.name, i)
+			sizes := []int{4096}
+			if tp.name == "mistral" { // the others reread the whole text at each step
+				sizes = append(sizes, 7)
+			}
+			for _, size := range sizes {
+				assert.NotPanics(t, func() { feed(t, tp, text, size) }, "%s #%d", tp.name, i)
+			}
+			assert.Less(t, time.Since(start), 10*time.Second, "%s #%d", tp.name, i)
 		}
 	}
 }
@@ -92,14 +125,18 @@ func TestHostileInputsNeverPanic(t *testing.T) {
 func TestHugeOutputIsLinear(t *testing.T) {
 	big := strings.Repeat("plain text without any call, ", 40000) // ~1.2 MB
 	call := `{"name": "f", "parameters": {"s": "` + strings.Repeat("x", 1<<20) + `"}}`
-	for _, name := range Names() {
-		p, err := New(name, vocabOptions(testVocab))
+	for _, tp := range testParsers() {
+		p, err := New(tp.name, vocabOptions(tp.vocab))
 		require.NoError(t, err)
 		start := time.Now()
 		p.Extract(big)
 		p.Extract("<tool_call>" + call + "</tool_call>")
 		p.Extract(call)
-		assert.Less(t, time.Since(start), 5*time.Second, name)
+		p.Extract(mistralBot + "[" + call + "]")
+		p.Extract(mistralBot + "f" + mistralArgs + call)
+		feed(t, tp, mistralBot+"["+call+"]", 4096)
+		feed(t, tp, mistralBot+"f"+mistralArgs+call, 4096)
+		assert.Less(t, time.Since(start), 5*time.Second, tp.name)
 	}
 }
 
@@ -130,15 +167,17 @@ func FuzzParsers(f *testing.F) {
 	f.Add(`<tool_call>{"name": "f", "arguments": {"a": 1}}</tool_call>`, 2)
 	f.Add(`{"name": "f", "parameters": {"a": [1, "b"]}}; {"name": "g"}`, 5)
 	f.Add(dsCallsBegin+dsCallBegin+"function"+dsSep+"f\n```json\n{\"a\": 1}\n```"+dsCallEnd+dsCallsEnd, 7)
+	f.Add(mistralBot+`[{"name": "f", "arguments": {"a": [1, {"b": "}"}]}}, {"name": "g"}]`, 3)
+	f.Add("x "+mistralBot+"f"+mistralArgs+`{"a": "[TOOL_CALLS]"} <s>`+mistralBot+"g{}", 2)
 	f.Fuzz(func(t *testing.T, text string, size int) {
 		if size < 1 || size > 64 || len(text) > 4096 {
 			return
 		}
-		for _, name := range Names() {
-			p, err := New(name, vocabOptions(testVocab))
+		for _, tp := range testParsers() {
+			p, err := New(tp.name, vocabOptions(tp.vocab))
 			require.NoError(t, err)
 			p.Extract(text)
-			feed(t, name, text, size)
+			feed(t, tp, text, size)
 		}
 	})
 }

@@ -49,6 +49,12 @@ type impl interface {
 	unstreamed() string
 }
 
+// flusher is an engine-based parser's finish_streaming: what the end of
+// the stream releases (held-back text, a held closing brace); nil for none.
+type flusher interface {
+	flush() *Delta
+}
+
 // step is one call of a streaming parser, as vLLM's server makes it.
 type step struct {
 	prevText, curText, deltaText string
@@ -57,13 +63,17 @@ type step struct {
 
 type factory struct {
 	keepSpecial bool
-	make        func(o Options) (impl, error)
+	// engine: vLLM runs the parser as an engine-based one, whose
+	// non-streamed content without calls is the parser's (nil when empty).
+	engine bool
+	make   func(o Options) (impl, error)
 }
 
 var parsers = map[string]factory{
 	"deepseek_v3": {keepSpecial: false, make: newDeepSeekV3},
 	"hermes":      {keepSpecial: true, make: newHermes},
 	"llama3_json": {keepSpecial: false, make: newLlama3JSON},
+	"mistral":     {keepSpecial: true, engine: true, make: newMistral},
 }
 
 // Names are the parsers, by vLLM's --tool-call-parser names, sorted.
@@ -81,6 +91,7 @@ func Names() []string {
 type Parser struct {
 	name        string
 	keepSpecial bool
+	engine      bool
 	impl        impl
 
 	prevText string
@@ -88,6 +99,10 @@ type Parser struct {
 	last     *Delta // the last step's delta (nil: None)
 	stepped  bool
 	called   bool
+
+	finished bool        // finish has run
+	rest     []CallDelta // finalize_generation's change, when there is one
+	flushed  *Delta      // finish_streaming's delta
 }
 
 // New makes a parser for one choice of one request. It fails for an unknown
@@ -101,7 +116,7 @@ func New(name string, o Options) (*Parser, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Parser{name: name, keepSpecial: f.keepSpecial, impl: im}, nil
+	return &Parser{name: name, keepSpecial: f.keepSpecial, engine: f.engine, impl: im}, nil
 }
 
 // lookup asks o for token's id; a nil TokenID knows no token.
@@ -123,8 +138,17 @@ func (p *Parser) KeepSpecialTokens() bool { return p.keepSpecial }
 // returned, nil when that is empty or all whitespace; otherwise content is
 // the text as is. (deepseek_v3 can report a call and find none: then calls
 // is empty and content is still the parser's, the text before the calls.)
+// For mistral, which vLLM runs as an engine-based parser, content without
+// calls is the parser's too (nil when empty): after [TOOL_CALLS], what
+// follows it.
 func (p *Parser) Extract(text string) (content *string, calls []Call) {
 	c, calls, called := p.impl.extract(clean(text))
+	if !called && p.engine {
+		if c == nil || *c == "" {
+			return nil, nil
+		}
+		return c, nil
+	}
 	if !called {
 		t := text
 		return &t, nil
@@ -170,30 +194,76 @@ func (p *Parser) Next(text string, ids []int) (d Delta, ok bool) {
 // delta's last call's and whose Arguments is the rest; the frontend must
 // append it to that call of the final chunk (not add a second entry), as
 // FinalDelta does. It returns nil when vLLM changes nothing.
+//
+// mistral with [ARGS] in the vocabulary is run by vLLM's parser engine,
+// whose end of stream (finish_streaming) can also release held-back output:
+// a closing brace of the arguments, text that might have begun a marker, a
+// call never named. Finish appends that release's tool call entries (vLLM
+// sends them as further entries of the final chunk's tool_calls, an index
+// possibly repeated); held-back content and a release after a final piece
+// without calls only FinalDelta carries, so a frontend should prefer it.
 func (p *Parser) Finish() []CallDelta {
-	if p.last == nil || len(p.last.Calls) == 0 {
+	rest, fl := p.finish()
+	out := append([]CallDelta(nil), rest...)
+	if fl != nil {
+		out = append(out, fl.Calls...)
+	}
+	if len(out) == 0 {
 		return nil
 	}
-	rest := p.impl.unstreamed()
-	lastCall := p.last.Calls[len(p.last.Calls)-1]
-	return []CallDelta{{Index: lastCall.Index, Arguments: &rest}}
+	return out
+}
+
+// finish runs finalize_generation's look-up and the engine's flush once.
+func (p *Parser) finish() ([]CallDelta, *Delta) {
+	if p.finished {
+		return p.rest, p.flushed
+	}
+	p.finished = true
+	if p.last != nil && len(p.last.Calls) > 0 {
+		rest := p.impl.unstreamed()
+		lastCall := p.last.Calls[len(p.last.Calls)-1]
+		p.rest = []CallDelta{{Index: lastCall.Index, Arguments: &rest}}
+	}
+	if f, ok := p.impl.(flusher); ok {
+		p.flushed = f.flush()
+		if p.flushed != nil && len(p.flushed.Calls) > 0 {
+			p.called = true
+		}
+	}
+	return p.rest, p.flushed
 }
 
 // FinalDelta is the final chunk's delta as vLLM's server sends it: d (what
-// Next returned for the final piece; ok its ok) with Finish merged in. ok is
+// Next returned for the final piece; ok its ok) with Finish merged in, then
+// the engine's flush (content appended, tool call entries added). ok is
 // false when there is nothing to send but the finish reason.
 func (p *Parser) FinalDelta(d Delta, ok bool) (Delta, bool) {
-	f := p.Finish()
-	if !ok || len(f) == 0 {
+	rest, fl := p.finish()
+	if ok && len(rest) > 0 && len(d.Calls) > 0 {
+		d = cloneDelta(&d)
+		c := &d.Calls[len(d.Calls)-1]
+		s := *rest[0].Arguments
+		if c.Arguments != nil {
+			s = *c.Arguments + s
+		}
+		c.Arguments = &s
+	}
+	if fl == nil {
 		return d, ok
 	}
-	d = cloneDelta(&d)
-	c := &d.Calls[len(d.Calls)-1]
-	s := *f[0].Arguments
-	if c.Arguments != nil {
-		s = *c.Arguments + s
+	if !ok {
+		return cloneDelta(fl), true
 	}
-	c.Arguments = &s
+	d = cloneDelta(&d)
+	if fl.Content != nil && *fl.Content != "" {
+		s := *fl.Content
+		if d.Content != nil {
+			s = *d.Content + s
+		}
+		d.Content = &s
+	}
+	d.Calls = append(d.Calls, fl.Calls...)
 	return d, true
 }
 

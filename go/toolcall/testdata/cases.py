@@ -89,3 +89,73 @@ PARTIAL = [
     '{"x": -}',
     '  {"x": 1}',
 ]
+
+TC, ARGS = "[TOOL_CALLS]", "[ARGS]"
+MW = '{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}'
+
+# Mistral before tokenizer v11: [TOOL_CALLS] then a JSON array of calls.
+MISTRAL = [
+    ("no_calls", "Hello! How can I help you today?"),
+    ("one_call", f"{TC}[{MW}]"),
+    ("two_calls", f'{TC}[{MW}, {{"name": "search", "arguments": {{"q": "caf\u00e9 \\"b\\" \u6771 \U0001f642", "f": [1, {{"x": null}}]}}}}]'),
+    ("bare_object", f"{TC}{MW}"),
+    ("numbers", f'{TC}[{{"name": "calc", "arguments": {{"a": 1.0, "b": -1e5, "c": true, "h": "\\u00e9\\n"}}}}]'),
+    ("text_before", f"Let me check that.{TC}[{MW}]"),
+    ("text_after", f"{TC}[{MW}] Done."),
+    ("space_after_token", f"{TC} [{MW}]"),
+    ("space_only_before", f"  \n{TC}[{MW}]"),
+    ("string_args", f'{TC}[{{"name": "echo", "arguments": "{{\\"a\\": 1}}"}}]'),
+    ("args_first", f'{TC}[{{"arguments": {{"city": "Oslo"}}, "name": "get_weather"}}]'),
+    ("missing_arguments", f'{TC}[{{"name": "ping"}}]'),
+    ("empty_arguments", f'{TC}[{{"name": "ping", "arguments": {{}}}}]'),
+    ("nested_args", f'{TC}[{{"name": "f", "arguments": {{"a": {{"b": [1, {{"c": "}}"}}]}}, "d": "x,y"}}}}]'),
+    ("cut_off", f'{TC}[{{"name": "get_weather", "arguments": {{"city": "Par'),
+    ("cut_after_name", f'{TC}[{{"name": "get_weather", "argu'),
+    ("malformed", f'{TC}[{{"name": "get_weather", "arguments": {{"city": Paris}}}}]'),
+    ("not_json", f"{TC}hello there"),
+    ("not_calls", f"{TC}[1, 2]"),
+    ("name_not_string", f'{TC}[{{"name": 5, "arguments": {{"a": 1}}}}]'),
+    ("repeated_token", f"{TC}{TC}[{MW}]"),
+    ("two_tokens", f'{TC}[{MW}]{TC}[{{"name": "b", "arguments": {{}}}}]'),
+    ("trailing_garbage", f"{TC}[{MW}]]]"),
+    ("name_args_form", f'{TC}get_weather{{"city": "Paris"}}'),
+]
+
+# Mistral from tokenizer v11 ([ARGS] in the vocabulary): [TOOL_CALLS]name[ARGS]{...}.
+MISTRAL_ARGS = [
+    ("no_calls", "Hello! How can I help you today?"),
+    ("one_call", f'{TC}get_weather{ARGS}{{"city": "Paris", "unit": "celsius"}}'),
+    ("two_calls", f'{TC}get_weather{ARGS}{{"city": "Paris"}}{TC}search{ARGS}{{"q": "caf\u00e9 \\"best\\" \u6771\u4eac \U0001f642", "f": {{"tags": ["a", {{"deep": [1, null]}}]}}}}'),
+    ("text_before", f'Let me check.{TC}get_weather{ARGS}{{"city": "Paris"}}'),
+    ("text_after", f'{TC}get_weather{ARGS}{{"city": "Paris"}} Done.'),
+    ("space_only_before", f'  \n{TC}get_weather{ARGS}{{"city": "Paris"}}'),
+    ("numbers", f'{TC}calc{ARGS}{{"a": 1.0, "b": -1e5, "h": "\\u00e9\\n"}}'),
+    ("empty_arguments", f"{TC}ping{ARGS}{{}}"),
+    ("no_arguments", f"{TC}ping"),
+    ("brace_form", f'{TC}get_weather{{"city": "Paris"}}'),
+    ("cut_off", f'{TC}get_weather{ARGS}{{"city": "Par'),
+    ("malformed", f'{TC}get_weather{ARGS}{{"city": Paris}}'),
+    ("coerced", f'{TC}get_weather{ARGS}{{"city": 75, "days": "3"}}'),
+    ("array_args", f"{TC}f{ARGS}[1, 2]"),
+    ("literal_tag_text", 'a [TOOL x { y } <s'),
+]
+
+# Texts fed to ijson (the mistral pre-v11 streaming reader) in pieces.
+YAJL = [
+    '[{"name": "f", "arguments": {"a": [-2.5e+3, true, null], "": "\\ud83d\\ude42\\n"}}]',
+    '{"a": 01}',
+    "[1,]",
+    '{"a" 1}',
+    '["s\x01"]',
+    "[truex]",
+    "[1.]",
+    "[1.e5, 1e, 1e+]",
+    "[1] 2 ",
+    " \v\f[0, -0.5E-2]\t",
+    '{"\\ud800x": "\\udc00"}',
+    '{"k": "\\q"}',
+    "{1: 2}",
+    '{"": {"": [[], {}]}}',
+    "/* c */[]",
+    '"a.b"',
+]

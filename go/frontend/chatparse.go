@@ -291,7 +291,7 @@ func (o *outputParse) step(delta string, ids []int, finished bool) *deltaMsg {
 		if dm != nil {
 			fromReasoning = dm.reasoning
 		}
-		dm = o.toolStep(o.prevText, current, delta, ids)
+		dm = o.toolStep(o.prevText, current, delta, ids, finished)
 		if fromReasoning != nil && *fromReasoning != "" {
 			if dm == nil {
 				dm = &deltaMsg{}
@@ -308,18 +308,6 @@ func (o *outputParse) step(delta string, ids []int, finished bool) *deltaMsg {
 		dm = &deltaMsg{content: ptr(delta)}
 	}
 	o.prevText = current
-	if finished && dm != nil && len(dm.calls) > 0 && o.calls != nil {
-		last := &dm.calls[len(dm.calls)-1]
-		for _, rest := range o.calls.Finish() {
-			if rest.Index == last.Index && rest.Arguments != nil {
-				args := *rest.Arguments
-				if last.Function.Arguments != nil {
-					args = *last.Function.Arguments + args
-				}
-				last.Function.Arguments = &args
-			}
-		}
-	}
 	if dm != nil && !o.includeReasoning {
 		dm.reasoning = nil
 		if (dm.content == nil || *dm.content == "") && len(dm.calls) == 0 {
@@ -338,8 +326,10 @@ func (o *outputParse) step(delta string, ids []int, finished bool) *deltaMsg {
 	return dm
 }
 
-// toolStep is the tool phase of step, by tool_choice.
-func (o *outputParse) toolStep(prev, current, delta string, ids []int) *deltaMsg {
+// toolStep is the tool phase of step, by tool_choice; finished: the
+// output's last piece, which also carries what the parser held back (the
+// rest of the last call's arguments, as vLLM's server sends it).
+func (o *outputParse) toolStep(prev, current, delta string, ids []int, finished bool) *deltaMsg {
 	switch {
 	case o.calls != nil: // below
 	case o.tools.mode == toolsNamed:
@@ -353,6 +343,9 @@ func (o *outputParse) toolStep(prev, current, delta string, ids []int) *deltaMsg
 		return requiredDelta(prev, current)
 	}
 	d, ok := o.calls.Next(delta, ids)
+	if finished {
+		d, ok = o.calls.FinalDelta(d, ok)
+	}
 	if !ok {
 		return nil
 	}

@@ -373,7 +373,7 @@ def test_model_card(lib, tmp_path):
     parsers = json.loads(card(path=None, tools=b"hermes", reasoning=b"qwen3")[1])
     assert (parsers["tool_call_parser"], parsers["reasoning_parser"]) == ("hermes", "qwen3")
     assert json.loads(_native.model_card("m", "agg", tool_call_parser="llama3_json"))["tool_call_parser"] == "llama3_json"
-    assert set(_native.TOOL_CALL_PARSERS.split(",")) >= {"hermes", "llama3_json", "deepseek_v3"}
+    assert set(_native.TOOL_CALL_PARSERS.split(",")) >= {"hermes", "llama3_json", "mistral", "deepseek_v3"}
     assert set(_native.REASONING_PARSERS.split(",")) >= {"deepseek_r1", "qwen3"}
     for bad in (dict(mode=b"aggregated"), dict(name=b""), dict(limit=-1), dict(seqs=-1), dict(path=b"relative/model"),
                 dict(supports=b"top_k,top_k"), dict(supports=b"temperature"), dict(supports=b"top_k,"),

@@ -264,7 +264,6 @@ func ptr[T any](v T) *T { return &v }
 func (o *outputParse) step(delta string, ids []int, finished bool) *deltaMsg {
 	var dm *deltaMsg
 	transitioned := false
-	current := o.prevText + delta
 	if !o.reasoningEnded {
 		next := o.reason.Next
 		if finished {
@@ -274,18 +273,24 @@ func (o *outputParse) step(delta string, ids []int, finished bool) *deltaMsg {
 			dm = &deltaMsg{reasoning: r, content: c}
 		}
 		if o.reason.Ended() {
+			// The tool phase starts with what followed the reasoning.
 			o.reasoningEnded, transitioned = true, true
-			current = ""
+			delta = ""
 			if dm != nil && dm.content != nil {
-				current = *dm.content
+				delta = *dm.content
 			}
-			delta = current
 		}
 	}
 	inTools := o.tools.mode != toolsNone && o.reasoningEnded
 	if inTools {
 		if !o.toolTextStarted {
-			o.toolTextStarted, o.prevText, delta = true, "", current
+			o.toolTextStarted, o.prevText = true, ""
+		}
+		// Only the required-calls scanner reads the whole text so far; the
+		// others take the piece (no copy of the text per token).
+		current := ""
+		if o.tools.mode == toolsRequired && o.calls == nil {
+			current = o.prevText + delta
 		}
 		var fromReasoning *string
 		if dm != nil {
@@ -303,11 +308,11 @@ func (o *outputParse) step(delta string, ids []int, finished bool) *deltaMsg {
 		if dm != nil && len(dm.calls) > 0 {
 			o.streamed = true
 		}
+		o.prevText = current
 	}
 	if dm == nil && !transitioned && o.reasoningEnded && !inTools {
 		dm = &deltaMsg{content: ptr(delta)}
 	}
-	o.prevText = current
 	if dm != nil && !o.includeReasoning {
 		dm.reasoning = nil
 		if (dm.content == nil || *dm.content == "") && len(dm.calls) == 0 {

@@ -58,10 +58,17 @@ func toolChoiceParam(raw json.RawMessage) (choice string, named bool, err error)
 	}
 	const usage = `correct usage: {"type": "function", "function": {"name": "my_function"}}`
 	var obj struct {
+		Type     json.RawMessage `json:"type"`
 		Function json.RawMessage `json:"function"`
 	}
 	if err := json.Unmarshal(raw, &obj); err != nil {
 		return "", false, invalid("tool_choice", "invalid_tool_choice", `tool_choice must be "none", "auto", "required" or an object naming a function`)
+	}
+	if !jsonscan.IsNull(obj.Type) { // absent: "function", as vLLM's model defaults it
+		var typ string
+		if json.Unmarshal(obj.Type, &typ) != nil || typ != "function" {
+			return "", false, invalid("tool_choice.type", "invalid_tool_choice", `tool_choice.type must be "function"; %s`, usage)
+		}
 	}
 	var fn map[string]json.RawMessage
 	if t := jsonscan.Trim(obj.Function); len(t) == 0 || t[0] != '{' || json.Unmarshal(t, &fn) != nil {
@@ -117,7 +124,7 @@ func (req *completionRequest) checkTools(chat bool) (toolPlan, error) {
 	switch {
 	case choice == "" && hasTools:
 		choice = "auto"
-	case choice == "" || choice == "none":
+	case !named && (choice == "" || choice == "none"):
 		return tp, nil // tools, if any, are rendered; the output is content
 	case !hasTools:
 		return tp, invalid("tool_choice", "invalid_tool_choice", "when tool_choice is given, tools must be too")

@@ -117,6 +117,10 @@ func TestToolChoiceRules(t *testing.T) {
 		{tool, `{"type":"function"}`, true, 0, "tool_choice.function"},
 		{tool, `{"type":"function","function":{}}`, true, 0, "tool_choice.function.name"},
 		{tool, `{"type":"function","function":{"name":""}}`, true, 0, "tool_choice.function.name"},
+		{tool, `{"type":"bogus","function":{"name":"f"}}`, true, 0, "tool_choice.type"},
+		{tool, `{"function":{"name":"f"}}`, true, toolsNamed, ""},
+		{tool, `{"type":"function","function":{"name":"none"}}`, true, 0, "tool_choice"},
+		{``, `{"type":"function","function":{"name":"none"}}`, true, 0, "tool_choice"},
 		{tool, ``, false, 0, "tools"},
 		{``, `"none"`, false, 0, "tool_choice"},
 	} {

@@ -56,7 +56,6 @@ type outputParse struct {
 	reason           *reasoning.Parser // nil: no reasoning parser
 	calls            *toolcall.Parser  // toolsAuto: the model's tool-call parser
 	includeReasoning bool
-	reasoningField   bool // the model has a reasoning parser: messages carry the field
 
 	// Streaming.
 	reasoningEnded  bool
@@ -103,6 +102,13 @@ func toolCallID() string {
 	return "chatcmpl-tool-" + hex.EncodeToString(b[:])
 }
 
+// readsToolsAsAuto reports whether the choices' output goes through the
+// model's tool-call parser: tool_choice auto, or required and named with a
+// parser that cannot read them as JSON (jsonToolChoice).
+func (p *plan) readsToolsAsAuto() bool {
+	return p.tools.mode == toolsAuto || (p.tools.mode != toolsNone && !jsonToolChoice(p.toolParser))
+}
+
 // parsing reports whether the plan's chat choices need an outputParse.
 func (p *plan) parsing() bool {
 	return p.chat && (p.reasoningParser != "" || p.tools.mode != toolsNone)
@@ -110,18 +116,13 @@ func (p *plan) parsing() bool {
 
 // skipsSpecial: whether the choices' text leaves special tokens out (the
 // request's choice, unless its tool-call parser reads them).
-func (p *plan) skipsSpecial(tx text) bool {
+func (p *plan) skipsSpecial() bool {
 	if !p.skipSpecial || !p.chat {
 		return p.skipSpecial
 	}
-	if p.reasoningParser != "" && reasoning.KeepsSpecialTokens(p.reasoningParser) {
-		return false
-	}
-	if p.tools.mode == toolsNone || (p.tools.mode != toolsAuto && jsonToolChoice(p.toolParser)) {
-		return p.skipSpecial
-	}
-	tp, err := toolcall.New(p.toolParser, toolcall.Options{Tools: p.tools.tools, TokenID: tx.tokenID})
-	return err != nil || !tp.KeepSpecialTokens()
+	keep := (p.reasoningParser != "" && reasoning.KeepsSpecialTokens(p.reasoningParser)) ||
+		(p.readsToolsAsAuto() && toolcall.KeepsSpecialTokens(p.toolParser))
+	return !keep
 }
 
 // checkParsers makes the request's parsers once, so that a model whose
@@ -147,14 +148,14 @@ func (p *plan) outputParse(tx text, promptIDs []int) (*outputParse, error) {
 		if err != nil {
 			return nil, &requestError{msg: "the model's reasoning parser cannot read its output: " + err.Error(), param: "model", code: "model_misconfigured"}
 		}
-		o.reason, o.reasoningField = r, true
+		o.reason = r
 		// As vLLM's server: a prompt that ended the reasoning (a template
 		// that closed it) makes the whole output content.
 		o.reasoningEnded = r.IsReasoningEnd(promptIDs)
 	} else {
 		o.reasoningEnded = true
 	}
-	if p.tools.mode == toolsAuto || (p.tools.mode != toolsNone && !jsonToolChoice(p.toolParser)) {
+	if p.readsToolsAsAuto() {
 		tp, err := toolcall.New(p.toolParser, toolcall.Options{Tools: p.tools.tools, TokenID: tx.tokenID})
 		if err != nil {
 			return nil, &requestError{msg: "the model's tool-call parser cannot read its output: " + err.Error(), param: "tools", code: "model_misconfigured"}
@@ -177,12 +178,8 @@ func (o *outputParse) whole(text string, ids []int, finish string) (content, rea
 	var found []toolcall.Call
 	switch {
 	case o.calls != nil: // auto, or required and named read as auto
-		s := ""
-		if content != nil {
-			s = *content
-		}
 		var rest *string
-		if rest, found = o.calls.Extract(s); len(found) > 0 {
+		if rest, found = o.calls.Extract(deref(content)); len(found) > 0 {
 			content = rest
 			if content != nil && strings.TrimSpace(*content) == "" {
 				content = nil
@@ -199,11 +196,7 @@ func (o *outputParse) whole(text string, ids []int, finish string) (content, rea
 		}
 		content = ptr("")
 	case o.tools.mode == toolsRequired:
-		s := ""
-		if content != nil {
-			s = *content
-		}
-		found = requiredCalls(s)
+		found = requiredCalls(deref(content))
 		content = ptr("")
 	}
 	if !o.tools.parallel && len(found) > 1 {
@@ -258,6 +251,14 @@ func requiredCalls(s string) []toolcall.Call {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// deref is *s, "" for nil.
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
+}
 
 // step reads the next piece of a streamed output (its text and the ids that
 // made it); finished: the choice's last. nil: nothing to send for it.
@@ -434,7 +435,7 @@ func (p *response) parsedMessage(c *choice) (map[string]any, string) {
 	if len(p.plan.tools.tools) > 0 {
 		msg["tool_calls"] = calls
 	}
-	if c.parse.reasoningField {
+	if c.parse.reason != nil { // the model has a reasoning parser: messages carry the field
 		msg["reasoning"], msg["reasoning_content"] = reason, reason
 	}
 	return msg, finish

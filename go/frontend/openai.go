@@ -214,7 +214,7 @@ func (p *plan) checkExtensions(model string, tx text, cards []modelcard.Card) er
 	if p.skipSpecial, err = p.req.skipSpecial(); err != nil {
 		return err
 	}
-	p.skipSpecial = p.skipsSpecial(tx)
+	p.skipSpecial = p.skipsSpecial()
 	return p.checkParsers(tx)
 }
 

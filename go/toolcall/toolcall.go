@@ -131,6 +131,10 @@ func (o Options) lookup(token string) (int, bool) {
 // detokenized with them (vLLM's adjust_request sets skip_special_tokens=False).
 func (p *Parser) KeepSpecialTokens() bool { return p.keepSpecial }
 
+// KeepsSpecialTokens is KeepSpecialTokens of the parser name, without
+// making one (false for an unknown name).
+func KeepsSpecialTokens(name string) bool { return parsers[name].keepSpecial }
+
 // Extract parses a whole (non-streamed) output: content is the message's content
 // (nil: JSON null), calls the tool calls (none: the output had none and content is the text as is).
 //

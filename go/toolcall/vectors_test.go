@@ -125,6 +125,7 @@ func replay(t *testing.T, f vecFile, chunk int, steps []vecStep, called bool) {
 	p, err := New(f.Parser, vocabOptions(f.Vocab))
 	require.NoError(t, err)
 	assert.Equal(t, f.KeepSpecial, p.KeepSpecialTokens())
+	assert.Equal(t, f.KeepSpecial, KeepsSpecialTokens(f.Parser))
 	text := ""
 	for i, s := range steps {
 		got, ok := p.Next(s.Text, s.IDs)

@@ -365,9 +365,12 @@ def test_nats_address_held_by_something_else_fails_fast_with_a_hint():
 
 def test_log_level_accepts_dynamo_forms_and_json_lines_carry_request_id_and_traceback():
     assert [_args.log_level(t) for t in ("DEBUG", "warn", "info,dynamo_runtime=debug")] == ["debug", "warning", "info"]
-    for bad in ("foo", "info,debug", ""):
+    for bad in ("foo", "info,debug", "", "info,x=loud", "info,=debug"):
         with pytest.raises(Exception, match="not a log level"):
             _args.log_level(bad)
+    assert _args.log_levels("Info, dynamo_ctx.backends.vllm=DEBUG,a.b=warn") == (
+        "info", {"dynamo_ctx.backends.vllm": "debug", "a.b": "warning"})
+    assert _args.log_spec(" WARN ,x=debug") == "warning,x=debug"
     try:
         raise RuntimeError("engine exploded")
     except RuntimeError:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
-from typing import Any, Callable, List, NoReturn, Optional, Sequence, TypeVar
+from typing import Any, Callable, Dict, List, NoReturn, Optional, Sequence, Tuple, TypeVar
 
 from .._lib import native
 from ._errors import fail, native_reason
@@ -171,16 +171,17 @@ def level_of(parser: argparse.ArgumentParser, given: Optional[str]) -> str:
     $DYN_LOG, else LOG_LEVEL, as add_logging's flag would have it."""
     if given:
         try:
-            return log_level(given)
+            return log_spec(given)
         except argparse.ArgumentTypeError as e:
             parser.error(f"--log-level: {e}")
-    level: str = env_default(parser, ENV_LOG, log_level, LOG_LEVEL)
+    level: str = env_default(parser, ENV_LOG, log_spec, LOG_LEVEL)
     return level
 
 
 def add_logging(parser: argparse.ArgumentParser) -> None:
     """--log-level and --log-format, shared by every command."""
-    add_flag(parser, "--log-level", type=log_level, default=LOG_LEVEL, env=ENV_LOG, help="lowest level logged: " + ", ".join(LOG_LEVELS))
+    add_flag(parser, "--log-level", type=log_spec, default=LOG_LEVEL, env=ENV_LOG,
+             help="lowest level logged: " + ", ".join(LOG_LEVELS) + "; then optionally ,LOGGER=LEVEL pairs (as DYN_LOG)")
     add_flag(
         parser,
         "--log-format",
@@ -287,16 +288,42 @@ def timeout_seconds(text: str) -> float:
     return value
 
 
-def log_level(text: str) -> str:
-    """A logging level name, any case. Dynamo's DYN_LOG form with per-target
-    levels ("info,dynamo_runtime=debug") is accepted for its bare level."""
-    parts = [p.strip() for p in text.split(",") if p.strip() and "=" not in p]
-    level = parts[0].lower() if len(parts) == 1 else text.strip().lower()
+def _one_level(text: str, whole: str) -> str:
+    level = text.strip().lower()
     if level == "warn":
         level = "warning"
     if level not in LOG_LEVELS:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a log level ({', '.join(LOG_LEVELS)})")
+        raise argparse.ArgumentTypeError(f"{whole!r} is not a log level ({', '.join(LOG_LEVELS)})")
     return level
+
+
+def log_levels(text: str) -> Tuple[str, Dict[str, str]]:
+    """A level and per-logger levels, in Dynamo's DYN_LOG form: a logging level
+    name, any case, then optionally ``,logger=level`` pairs ("info,
+    dynamo_ctx.backends.vllm=debug"); a logger's level applies to its
+    children too."""
+    bare = [p for p in text.split(",") if p.strip() and "=" not in p]
+    if len(bare) != 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a log level ({', '.join(LOG_LEVELS)})")
+    targets: Dict[str, str] = {}
+    for pair in (p for p in text.split(",") if "=" in p):
+        name, _, level = pair.partition("=")
+        if not name.strip():
+            raise argparse.ArgumentTypeError(f"{text!r} is not a log level: {pair!r} names no logger")
+        targets[name.strip()] = _one_level(level, text)
+    return _one_level(bare[0], text), targets
+
+
+def log_level(text: str) -> str:
+    """The bare level of a log level setting (``log_levels``)."""
+    return log_levels(text)[0]
+
+
+def log_spec(text: str) -> str:
+    """A log level setting (``log_levels``), checked and written as
+    ``level[,logger=level...]``: what --log-level and $DYN_LOG hold."""
+    level, targets = log_levels(text)
+    return ",".join([level] + [f"{name}={lvl}" for name, lvl in targets.items()])
 
 
 def log_format(text: str) -> str:

@@ -11,6 +11,7 @@ import sys
 import traceback
 
 from .. import _lib
+from ._args import log_levels
 
 #: The text format: [created] is the epoch time in seconds with microseconds,
 #: which benchmarks compare with a client's clock on the same machine.
@@ -40,11 +41,13 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out, ensure_ascii=False)
 
 
-def setup_logging(level: str, fmt: str) -> None:
+def setup_logging(spec: str, fmt: str) -> None:
     """One handler on the root logger, on stderr, for Python's records and the
-    library's (which reach the ``dynamo_ctx`` logger through its log queue).
-    A library already loaded (a value it checked while the arguments were
-    read) took the level of then: it is told the new one."""
+    library's (which reach the ``dynamo_ctx`` logger through its log queue),
+    at the levels of ``spec`` (_args.log_levels: the root's, then each named
+    logger's). A library already loaded (a value it checked while the
+    arguments were read) took the level of then: it is told the new one."""
+    level, targets = log_levels(spec)
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(TEXT_FORMAT))
     root = logging.getLogger()
@@ -52,5 +55,7 @@ def setup_logging(level: str, fmt: str) -> None:
         root.removeHandler(h)
     root.addHandler(handler)
     root.setLevel(level.upper())
+    for name, target_level in targets.items():
+        logging.getLogger(name).setLevel(target_level.upper())
     if _lib.loaded():
         _lib.set_native_log_level(_lib.logger.getEffectiveLevel())

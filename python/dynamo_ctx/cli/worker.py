@@ -585,7 +585,7 @@ async def run(args: argparse.Namespace) -> None:
 def main(argv: Optional[List[str]] = None) -> None:
     args = parse_args(argv)
     _logging.setup_logging(args.worker_log_level, args.log_format)
-    _runner.run_command(PROG, lambda: run(args), args.worker_log_level == "debug", args.event_loop)
+    _runner.run_command(PROG, lambda: run(args), _args.log_level(args.worker_log_level) == "debug", args.event_loop)
 
 
 if __name__ == "__main__":

@@ -394,6 +394,7 @@ def run(name: str, workers: List[dict], args, disagg: bool) -> bool:
         trace = f"{tempfile.gettempdir()}/bench-load-trace-{os.getpid()}-{int(disagg)}.txt"
         os.environ[env_name] = trace  # the stack's processes inherit it
     stack = Stack()
+    stack.env["DYN_LOG"] = "info"  # the workers' default level, as deployed (the harness's logs each request)
     try:
         stack.start(workers)
         lat, f = run_clients(load(stack, args.streams, args.cancel, args.max_tokens, disagg, args.seed))
@@ -492,6 +493,7 @@ def both(f: dict) -> float:
 def run_e2e(args) -> None:
     print(f"end to end: {args.e2e_streams} streams x {args.e2e_tokens} tokens, mock step {args.step * 1000:g} ms, same client")
     stack = Stack()
+    stack.env["DYN_LOG"] = "info"  # the worker's default level, as deployed
     try:
         stack.start([{"decode": args.step, "prefill": args.step / 100}])
         run_clients(end_to_end(stack, 8, 20))  # warm-up

@@ -147,7 +147,9 @@ def start(stack: str, model: str, log_dir: Path, abort_log: Path) -> Tuple[Tuple
     nats = NatsHost(env, log_dir=log_dir)
     env["NATS_SERVER"] = nats.url
     ns = new_namespace("bench")
-    worker = Worker("worker", env, namespace=ns, model=MODEL, model_dir=model, engine="vllm", args=flags, log_dir=log_dir)
+    # At the worker's default level, as deployed (the harness's is DEBUG for its requests' lines).
+    worker = Worker("worker", dict(env, DYN_LOG="info"), namespace=ns, model=MODEL, model_dir=model, engine="vllm", args=flags,
+                    log_dir=log_dir)
     fe = Frontend("frontend", env, namespace=ns, log_dir=log_dir)
     worker.ready(600)
     fe.ready()

@@ -65,7 +65,7 @@ def test_aggregated_aborts_engine_during_decode(nats_url, cancel, caplog):
         assert w.handler.metrics.aborts_confirmed_total == 1
         await w.stop()
 
-    with caplog.at_level(logging.INFO, logger="dynamo_ctx.backends.vllm"):
+    with caplog.at_level(logging.DEBUG, logger="dynamo_ctx.backends.vllm"):
         run(main())
     messages = [r.getMessage() for r in caplog.records]
     assert f"New Request ID: agg-{cancel}" in messages
@@ -124,7 +124,7 @@ def test_disaggregated_cancel_reaches_prefill(nats_url, phase, caplog):
         await decode.stop()
         await prefill.stop()
 
-    with caplog.at_level(logging.INFO, logger="dynamo_ctx.backends.vllm"):
+    with caplog.at_level(logging.DEBUG, logger="dynamo_ctx.backends.vllm"):
         run(main())
     messages = [r.getMessage() for r in caplog.records]
     assert f"New Prefill Request ID: disagg-{phase}" in messages

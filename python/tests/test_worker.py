@@ -180,3 +180,37 @@ def test_worker_publishes_the_librarys_model_card(tmp_path):
         worker.model_card(model, "aggregated", 0)
     with pytest.raises(OSError, match="tokenizer.json"):
         worker.model_card(worker.Model("tiny", str(tmp_path / "none"), None), "agg", 0)
+
+
+def test_a_worker_at_its_default_level_logs_nothing_per_request(nats_url):
+    """vLLM's server logs one line per request (its access log, which our
+    frontend's counterpart is); the worker adds none at INFO. Its "New Request
+    ID" line is DEBUG, shown with a per-logger level in DYN_LOG's form."""
+
+    async def main():
+        space = new_namespace("w")
+        quiet = await Worker("quiet", child_env(nats_url, DYN_LOG="info"), namespace=space, mode="agg", model="mock",
+                             engine=None).ready_async()
+        told = await Worker("told", child_env(nats_url, DYN_LOG="INFO,dynamo_ctx.backends.vllm=debug"), namespace=space,
+                            mode="agg", model="mock", engine=None).ready_async()
+        try:
+            rt = DistributedRuntime(nats_url=nats_url)
+            client = await rt.endpoint(f"{space}.backend.generate").client()
+            while len(client.instance_ids()) < 2:
+                await client.wait_for_instances()
+                await asyncio.sleep(0.05)
+            before = quiet.log().count("\n")
+            for i in range(20):
+                for instance in client.instance_ids():
+                    stream = await client.direct({"token_ids": [1, 2], "max_tokens": 2}, instance, context=Context(f"quiet-{i}"))
+                    assert [item.data() async for item in stream]
+            await told.wait_log_async(r"New Request ID: quiet-19(?: |$)")
+            assert quiet.log().count("\n") == before, quiet.log()
+            assert quiet.log_count("New Request ID") == 0
+            assert told.log_count(r"New Request ID: quiet-\d+") == 20
+            rt.shutdown()
+        finally:
+            quiet.kill()
+            told.kill()
+
+    run(main())

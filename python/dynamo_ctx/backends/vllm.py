@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import itertools
 import logging
 import secrets
 from typing import Any, AsyncIterator, Callable, Dict, List, Optional, Tuple
@@ -104,6 +105,14 @@ def request_options(request: Dict[str, Any]) -> Dict[str, Any]:
     return opts
 
 
+#: What makes an engine's request key (``_engine_stream``) unguessable: 128
+#: random bits drawn once per process (logged only at DEBUG), followed by a
+#: serial number that makes each key unique (random bits per request would
+#: cost a system call each).
+_ENGINE_KEY = secrets.token_hex(16) + "-"
+_engine_serial = itertools.count(1)
+
+
 #: A log probability below this (vLLM's -inf for an impossible token) is written
 #: as this: JSON has no infinity (OpenAI writes the same floor).
 LOGPROB_FLOOR = -9999.0
@@ -156,26 +165,43 @@ def sampling_params_for(engine: Any, max_tokens: int, options: Optional[Dict[str
     only the new tokens (``RequestOutputKind.DELTA``), as Dynamo's vLLM handler
     asks, unless ``options`` names another ``output_kind``.
     """
-    opts = dict(options or {})
-    if type(engine).__module__.startswith("vllm"):  # only then: a failed import per request is slow
+    maker = _sampling_maker(type(engine))  # type: ignore[arg-type]  # classes hash
+    return maker(max_tokens, dict(options or {}))
+
+
+@functools.lru_cache(maxsize=None)
+def _sampling_maker(engine_type: type) -> Callable[[int, Dict[str, Any]], Any]:
+    """What makes the sampling parameters of an engine of ``engine_type``
+    (``sampling_params_for``): the classes are looked up once per engine
+    type, not per request."""
+    if engine_type.__module__.startswith("vllm"):  # only then: a failed import per request is slow
         try:
             from vllm import SamplingParams  # type: ignore[import-not-found]
             from vllm.sampling_params import RequestOutputKind as VllmOutputKind  # type: ignore[import-not-found]
 
-            opts.setdefault("output_kind", VllmOutputKind.DELTA)
-            if isinstance(opts.get("structured_outputs"), dict):
-                from vllm.sampling_params import StructuredOutputsParams  # type: ignore[import-not-found]
+            def vllm_params(max_tokens: int, opts: Dict[str, Any]) -> Any:
+                opts.setdefault("output_kind", VllmOutputKind.DELTA)
+                if isinstance(opts.get("structured_outputs"), dict):
+                    from vllm.sampling_params import StructuredOutputsParams  # type: ignore[import-not-found]
 
-                opts["structured_outputs"] = StructuredOutputsParams(**opts["structured_outputs"])
-            return SamplingParams(max_tokens=max_tokens, **opts)
+                    opts["structured_outputs"] = StructuredOutputsParams(**opts["structured_outputs"])
+                return SamplingParams(max_tokens=max_tokens, **opts)
+
+            return vllm_params
         except ImportError:
             pass
     from .mocker import MockAsyncLLM, RequestOutputKind
     from .mocker import SamplingParams as MockSamplingParams
 
-    if isinstance(engine, MockAsyncLLM):  # another engine may not know output kinds: it gets the default
-        opts.setdefault("output_kind", RequestOutputKind.DELTA)
-    return MockSamplingParams(max_tokens=max_tokens, **opts)
+    # Another engine may not know output kinds: it gets the default.
+    delta = issubclass(engine_type, MockAsyncLLM)
+
+    def mock_params(max_tokens: int, opts: Dict[str, Any]) -> Any:
+        if delta:
+            opts.setdefault("output_kind", RequestOutputKind.DELTA)
+        return MockSamplingParams(max_tokens=max_tokens, **opts)
+
+    return mock_params
 
 
 def _max_tokens(request: Dict[str, Any], default: int = 16) -> int:
@@ -282,16 +308,18 @@ class BaseWorkerHandler:
 
         ``request_id`` is the context's id, a correlation id that any client
         may choose (two requests may share it): it is what the logs show. The
-        engine's own key is that id plus 128 random bits, so that no client
-        can abort, or block, another's request in the engine.
+        engine's own key is that id plus this process's 128 random bits and
+        a serial number (``_ENGINE_KEY``), so that no client can abort, or
+        block, another's request in the engine.
         """
         if counted:
             self.metrics.requests_total += 1
         error: Optional[BaseException] = None
         dead = False
-        engine_id = f"{request_id}-{secrets.token_hex(16)}"
-        logger.info("New %sRequest ID: %s", self.label, request_id)
-        logger.debug("%sRequest ID %s runs in the engine as %s", self.label, request_id, engine_id)
+        engine_id = f"{request_id}-{_ENGINE_KEY}{next(_engine_serial):x}"
+        if logger.isEnabledFor(logging.DEBUG):
+            logger.debug("New %sRequest ID: %s", self.label, request_id)
+            logger.debug("%sRequest ID %s runs in the engine as %s", self.label, request_id, engine_id)
         opts = dict(options or {})
         opts.setdefault("detokenize", False)  # the frontend makes the text
         params = sampling_params_for(self.engine, max_tokens, opts)
@@ -305,6 +333,8 @@ class BaseWorkerHandler:
         try:
             outputs = self.engine.generate(prompt, params, engine_id)
             async for out in outputs:
+                if finished:
+                    continue  # the engine's stream is read to its end (see below), nothing more sent
                 if context.is_stopped():
                     break  # the monitor aborts the engine
                 o = out.outputs[0]
@@ -332,8 +362,9 @@ class BaseWorkerHandler:
                     if transfer is not None:
                         item["kv_transfer_params"] = transfer
                 yield item
-                if finished:
-                    break
+                # After its last output the engine's stream ends by itself:
+                # closing it before that would make vLLM abort the request,
+                # a message to its engine core for a request already done.
         except BaseException as e:
             error = e
             if not isinstance(e, Exception) or self.engine_dead is None or context.is_stopped() or not is_engine_dead(e, self.engine):
@@ -355,10 +386,11 @@ class BaseWorkerHandler:
                     await self._abort(engine_id, request_id, context)
             finally:
                 try:
-                    # Close the engine's stream now: breaking out of async-for leaves
-                    # an async generator suspended (holding the request) until GC.
+                    # Close the engine's stream now, unless it ended: breaking out of
+                    # async-for leaves an async generator suspended (holding the
+                    # request) until GC.
                     aclose = getattr(outputs, "aclose", None)
-                    if aclose is not None:
+                    if aclose is not None and getattr(outputs, "ag_frame", True) is not None:
                         await asyncio.shield(aclose())
                 finally:
                     self._aborting.pop(engine_id, None)

@@ -61,6 +61,11 @@ def expected_text(prompt: str, n: int) -> str:
 LogDir = Optional[Union[str, Path]]
 
 
+#: The log level a test's worker runs at: INFO, and each request's "New
+#: Request ID" line, which the handlers log at DEBUG (tests wait for it).
+REQUEST_LOG = "info,dynamo_ctx.backends.vllm=debug"
+
+
 class Worker(Proc):
     """``python -m dynamo_ctx.worker`` serving ``model`` in ``namespace``, with its metrics port.
 
@@ -88,6 +93,8 @@ class Worker(Proc):
         elif model is not None:
             argv += ["--model", model]
         argv += ["--namespace", namespace, "--metrics-port", str(self.metrics_port), *args]
+        if "--log-level" not in args and "DYN_LOG" not in env:
+            env = dict(env, DYN_LOG=REQUEST_LOG)
         super().__init__(name, argv, env, log_dir=log_dir)
         self.instance_id: Optional[int] = None
 

@@ -161,8 +161,11 @@ def deliver_pending() -> None:
         loop.call_exception_handler({"message": "dynamo_ctx: delivering queued events failed", "exception": e})
 
 
-def _waker() -> _LoopWaker:
-    loop = asyncio.get_running_loop()
+def _waker(loop: Optional[asyncio.AbstractEventLoop] = None) -> _LoopWaker:
+    """The event queue of ``loop``, the running loop (the caller may name it:
+    on Python < 3.12 finding it is a getpid() system call)."""
+    if loop is None:
+        loop = asyncio.get_running_loop()
     waker = _wakers.get(loop)
     if waker is None:
         with _wakers_lock:
@@ -320,14 +323,12 @@ async def _raise_if_killed_handler() -> None:
     raise asyncio.CancelledError()  # already cancelled once: this await raises too
 
 
-def cancel_on_kill(ctx: Any) -> Callable[[], None]:
-    """Apply the kill rule above to the current task, the handler of the
-    request whose context is ``ctx``; return the function that ends it (call
-    it when the handler is done)."""
-    task = asyncio.current_task()
-    assert task is not None
+def cancel_on_kill(ctx: Any, task: "asyncio.Task[Any]", loop: asyncio.AbstractEventLoop) -> Callable[[], None]:
+    """Apply the kill rule above to ``task``, the current task (running on
+    ``loop``), the handler of the request whose context is ``ctx``; return
+    the function that ends it (call it when the handler is done)."""
     _serving[task] = ctx
-    stop = _waker().on_state(ctx, native().KILLED, lambda: _cancel_for_kill(task))
+    stop = _waker(loop).on_state(ctx, native().KILLED, lambda: _cancel_for_kill(task))
 
     def release() -> None:
         stop()
@@ -339,9 +340,9 @@ def cancel_on_kill(ctx: Any) -> Callable[[], None]:
 
 if hasattr(asyncio.Task, "cancelling"):
 
-    def handler_task(coro: "Coroutine[Any, Any, None]") -> "asyncio.Task[None]":
-        """Run a handler's coroutine as a task (see ``cancel_requested``)."""
-        return asyncio.get_running_loop().create_task(coro)
+    def handler_task(coro: "Coroutine[Any, Any, None]", loop: asyncio.AbstractEventLoop) -> "asyncio.Task[None]":
+        """Run a handler's coroutine as a task on ``loop``, the running loop (see ``cancel_requested``)."""
+        return loop.create_task(coro)
 
     def cancel_requested(task: "asyncio.Task[Any]") -> bool:
         """Whether ``task`` was cancelled by someone (its CancelledError is
@@ -357,9 +358,9 @@ else:  # Python < 3.11: the handler's task records every cancel() itself
             self._dc_cancel_requested = True
             return super().cancel(*args, **kwargs)
 
-    def handler_task(coro: "Coroutine[Any, Any, None]") -> "asyncio.Task[None]":
-        """Run a handler's coroutine as a task (see ``cancel_requested``)."""
-        return _HandlerTask(coro, loop=asyncio.get_running_loop())
+    def handler_task(coro: "Coroutine[Any, Any, None]", loop: asyncio.AbstractEventLoop) -> "asyncio.Task[None]":
+        """Run a handler's coroutine as a task on ``loop``, the running loop (see ``cancel_requested``)."""
+        return _HandlerTask(coro, loop=loop)
 
     def cancel_requested(task: "asyncio.Task[Any]") -> bool:
         """Whether ``task`` was cancelled by someone (its CancelledError is

@@ -334,11 +334,12 @@ class Endpoint:
             serving.set_result(lib.endpoint_instance_id(ep))
         self._runtime._watch_host()
         tasks: Set["asyncio.Task[None]"] = set()
+        loop = asyncio.get_running_loop()  # once: on Python < 3.12 each lookup is a getpid()
         try:
             while True:
                 code, req = lib.endpoint_accept(ep)
                 if code == lib.OK:
-                    task = handler_task(_serve_one(lib, req, handler, pass_context))
+                    task = handler_task(_serve_one(lib, req, handler, pass_context, loop), loop)
                     tasks.add(task)
                     task.add_done_callback(tasks.discard)
                 elif code == lib.ECLOSED:

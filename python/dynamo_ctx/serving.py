@@ -63,9 +63,12 @@ class _Sends:
         self.draining: Dict[int, "asyncio.Task[None]"] = {}  # requests whose buffer was full
 
     def defer(self, req: int, batch: List[bytes]) -> None:
-        """Send ``batch`` of request ``req`` at the end of this turn of the loop."""
+        """Send ``batch`` of request ``req`` at the end of this turn of the loop
+        (this object's loop, the running one)."""
         if not self.pending:
-            asyncio.get_running_loop().call_soon(self.flush)
+            loop = self.loop_ref()
+            assert loop is not None  # it runs this
+            loop.call_soon(self.flush)
         self.pending[req] = batch
         if len(self.pending) % self.DELIVER_EVERY == 0:  # the requests deferred this turn
             deliver_pending()
@@ -113,9 +116,8 @@ class _Sends:
 _local = threading.local()
 
 
-def _sends_of_loop(lib: Any) -> _Sends:
-    """The running loop's ``_Sends``."""
-    loop = asyncio.get_running_loop()
+def _sends_of_loop(lib: Any, loop: asyncio.AbstractEventLoop) -> _Sends:
+    """The ``_Sends`` of ``loop``, the running loop."""
     s: Optional[_Sends] = getattr(_local, "sends", None)
     if s is None or s.loop_ref() is not loop:
         s = _local.sends = _Sends(lib, loop)
@@ -161,8 +163,8 @@ async def _relay(lib: Any, req: int, ctx: Context, gen: Any, batch: List[bytes],
     await _send_all(lib, req, ctx, batch)
 
 
-async def _serve_one(lib: Any, req: int, handler: Callable[..., Any], pass_context: bool) -> None:
-    """Run one request's handler in this task, streaming its items to the caller.
+async def _serve_one(lib: Any, req: int, handler: Callable[..., Any], pass_context: bool, loop: asyncio.AbstractEventLoop) -> None:
+    """Run one request's handler in this task (on ``loop``), streaming its items to the caller.
 
     How it ends (docs/design.md, section 3):
     - The handler returns: the stream completes.
@@ -176,9 +178,10 @@ async def _serve_one(lib: Any, req: int, handler: Callable[..., Any], pass_conte
       shutting down: ``cancel_requested``): the cancellation propagates.
     """
     ctx = lib.request_context(req, _real_class(Context))
-    task = asyncio.current_task()
-    sends = _sends_of_loop(lib)
-    release = cancel_on_kill(ctx)
+    task = asyncio.current_task(loop)
+    assert task is not None
+    sends = _sends_of_loop(lib, loop)
+    release = cancel_on_kill(ctx, task, loop)
     gen: Any = None
     batch: List[bytes] = []  # encoded items not yet handed to the library
     try:
@@ -194,7 +197,7 @@ async def _serve_one(lib: Any, req: int, handler: Callable[..., Any], pass_conte
     except asyncio.CancelledError as e:
         if ctx.is_killed():
             pass  # the kill's cancellation: the stream already ended for the caller
-        elif task is not None and cancel_requested(task):
+        elif cancel_requested(task):
             raise  # cancelled from outside: the endpoint's or the loop's own teardown
         else:  # the handler raised it itself
             _log_handler_error(ctx, e)

@@ -449,7 +449,8 @@ def test_items_yielded_before_a_handler_error_all_go_out(monkeypatch, exc):
         raise exc("boom")
 
     async def main():
-        task = handler_task(rt_mod._serve_one(lib, 1, handler, False))
+        loop = asyncio.get_running_loop()
+        task = handler_task(rt_mod._serve_one(lib, 1, handler, False, loop), loop)
         for _ in range(20):
             await asyncio.sleep(0)
             if armed:  # the caller reads: room for everything
@@ -477,7 +478,7 @@ def test_a_finished_loop_is_not_kept_alive_by_the_sends_of_its_thread():
 
     async def main():
         refs.append(weakref.ref(asyncio.get_running_loop()))
-        rt_mod._sends_of_loop(native())
+        rt_mod._sends_of_loop(native(), asyncio.get_running_loop())
         _aio._waker()
 
     asyncio.run(main())

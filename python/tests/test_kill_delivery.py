@@ -14,7 +14,7 @@ def test_kill_delivered_inside_the_handlers_own_step_is_delivered_once():
     await raises, and the cleanup's first await must not raise again."""
 
     async def handler(ctx, out):
-        release = _aio.cancel_on_kill(ctx)
+        release = _aio.cancel_on_kill(ctx, asyncio.current_task(), asyncio.get_running_loop())
         try:
             t = threading.Thread(target=ctx.kill)
             t.start()

@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
+import gc
 import json
 import logging
 import os
@@ -537,6 +538,11 @@ async def run(args: argparse.Namespace) -> None:
         instance = await endpoint.serving()
         readiness.waiting_for = None
         logger.info("serving %s as instance %d (model %s, mode %s)", endpoint.path, instance, model.name, args.mode)
+        # What start-up made (modules, the engine, its model) lives as long as
+        # the worker: out of the collector's reach, each collection of the
+        # requests' garbage no longer walks it (vLLM's engine core does the same).
+        gc.collect()
+        gc.freeze()
         drain: "Optional[asyncio.Future[bool]]" = None
         rt = runtime
 

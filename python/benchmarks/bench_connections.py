@@ -12,8 +12,10 @@ warm-up, --requests completions of 2 tokens are sent by --concurrency
 clients; `ss` counts, before and after, the sockets in TIME_WAIT and the
 connections established, both to or from the ports the stack's frontend and
 worker listen on (but the HTTP port; other sockets of the machine are not
-counted). Reported: TIME_WAIT sockets and established connections, and
-requests per second.
+counted). Reported: TIME_WAIT sockets and established connections,
+requests per second, and each serving process's CPU per request (user +
+system time of the frontend, the worker and, for dynamo_ctx, its NATS host,
+over the measured requests: the stacks' own cost, whatever the client's).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from typing import Dict, List, Optional, Set, Tuple
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tests"))  # the harness
-from bench_load import dynamo_frontend, dynamo_python  # noqa: E402
+from bench_load import cpu_seconds, dynamo_frontend, dynamo_python  # noqa: E402
 from harness import Stack, read_response, send_request  # noqa: E402
 
 
@@ -70,10 +72,12 @@ async def client(host: str, port: int, body: bytes, count: List[int], stop_at: i
         writer.close()
 
 
-async def measure(addr: Tuple[str, int], model: str, pids: List[int], requests: int, concurrency: int) -> Dict[str, float]:
+async def measure(addr: Tuple[str, int], model: str, pids: Dict[str, int], requests: int, concurrency: int) -> Dict[str, float]:
+    """Requests per second, sockets before and after, and "cpu_<name>": each
+    process's CPU microseconds per request, over ``requests`` requests."""
     host, port = addr
     body = json.dumps({"model": model, "prompt": "tick", "max_tokens": 2}).encode()
-    ports = listening(pids) - {str(port)}
+    ports = listening(list(pids.values())) - {str(port)}
 
     def snapshot() -> Tuple[int, int]:
         rows = sockets()
@@ -90,9 +94,11 @@ async def measure(addr: Tuple[str, int], model: str, pids: List[int], requests: 
     await batch(200)  # warm-up: the connections and caches that stay
     await asyncio.sleep(0.5)
     tw0, est0 = snapshot()
+    cpu0 = {name: cpu_seconds(pid) for name, pid in pids.items()}
     took = await batch(requests)
+    cpu = {f"cpu_{name}": (cpu_seconds(pid) - cpu0[name]) / requests * 1e6 for name, pid in pids.items()}
     tw1, est1 = snapshot()
-    return {"rps": requests / took, "tw0": tw0, "tw1": tw1, "est0": est0, "est1": est1}
+    return {"rps": requests / took, "tw0": tw0, "tw1": tw1, "est0": est0, "est1": est1, **cpu}
 
 
 def ours(requests: int, concurrency: int, per_stream: bool) -> Dict[str, float]:
@@ -105,10 +111,11 @@ def ours(requests: int, concurrency: int, per_stream: bool) -> Dict[str, float]:
             os.environ.pop("DYNAMO_CTX_STREAM_CONNECTIONS")
         else:
             os.environ["DYNAMO_CTX_STREAM_CONNECTIONS"] = saved
+    stack.env["DYN_LOG"] = "info"  # the worker's default level, as deployed (the harness's logs each request)
     try:
         stack.start([{"decode": 0.0, "prefill": 0.0}])
         assert stack.frontend is not None
-        pids = [stack.frontend.proc.pid] + [w.proc.pid for w in stack.workers]
+        pids = {"frontend": stack.frontend.proc.pid, "worker": stack.workers[0].proc.pid, "nats": stack.nats_host.pid}
         return asyncio.run(measure(stack.frontend.host_port, stack.model, pids, requests, concurrency))
     finally:
         stack.close()
@@ -120,14 +127,20 @@ def dynamo(py: str, requests: int, concurrency: int) -> Optional[Dict[str, float
             if started is None:
                 return None
             addr, pids, _ = started
-            return await measure(addr, "e2e", list(pids.values()), requests, concurrency)
+            return await measure(addr, "e2e", pids, requests, concurrency)
 
     return asyncio.run(go())
 
 
+def cpu_total(r: Dict[str, float]) -> float:
+    """The serving processes' CPU microseconds per request, all together."""
+    return sum(v for k, v in r.items() if k.startswith("cpu_"))
+
+
 def line(name: str, r: Dict[str, float], requests: int) -> str:
+    cpu = ", ".join(f"{k[4:]} {v:.0f}" for k, v in r.items() if k.startswith("cpu_"))
     return (f"| {name} | {r['rps']:,.0f} | {r['tw0']:.0f} -> {r['tw1']:.0f} ({(r['tw1'] - r['tw0']) / requests:.3f}) "
-            f"| {r['est0']:.0f} -> {r['est1']:.0f} |")
+            f"| {r['est0']:.0f} -> {r['est1']:.0f} | {cpu_total(r):.0f} ({cpu}) |")
 
 
 def main() -> None:
@@ -136,18 +149,20 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=32)
     a = ap.parse_args()
     print(f"{a.requests} requests of 2 tokens, {a.concurrency} concurrent keep-alive clients, one mock worker with no delay\n")
-    print("| stack | requests/s | TIME_WAIT before -> after (per request) | established before -> after |")
-    print("|---|--:|--:|--:|")
+    print("| stack | requests/s | TIME_WAIT before -> after (per request) | established before -> after | CPU us per request |")
+    print("|---|--:|--:|--:|--:|")
     s = ours(a.requests, a.concurrency, per_stream=False)
     print(line("dynamo_ctx, sessions", s, a.requests), flush=True)
     print(line("dynamo_ctx, a connection per stream", ours(a.requests, a.concurrency, per_stream=True), a.requests), flush=True)
     py = dynamo_python()
     d = dynamo(py, a.requests, a.concurrency) if py else None
     if d is None:
-        print("| Dynamo's frontend + mocker | skipped: set DYNAMO_PYTHON (see bench_load.py) | | |")
+        print("| Dynamo's frontend + mocker | skipped: set DYNAMO_PYTHON (see bench_load.py) | | | |")
         return
     print(line("Dynamo 1.6.1 frontend + mocker", d, a.requests))
-    print(f"\nrequests/s, dynamo_ctx (sessions) / Dynamo: {s['rps'] / d['rps']:.2f}")
+    print(f"\nrequests/s, dynamo_ctx (sessions) / Dynamo: {s['rps'] / d['rps']:.2f} (target >= 2)")
+    print(f"CPU per request, dynamo_ctx (sessions) / Dynamo: {cpu_total(s) / cpu_total(d):.2f} (target <= 0.5); "
+          f"frontend {s['cpu_frontend'] / d['cpu_frontend']:.2f}, worker {s['cpu_worker'] / d['cpu_worker']:.2f}")
 
 
 if __name__ == "__main__":

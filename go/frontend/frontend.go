@@ -185,13 +185,15 @@ func (o *Options) defaults() error {
 
 // Frontend is a running HTTP frontend.
 type Frontend struct {
-	rt      *plane.Runtime
-	opts    Options
-	client  *plane.Client // all instances of the backend endpoint
-	srv     *listener.Server
-	metrics *metrics
-	texts   texts         // the models' languages, loaded from their directories, by content (text.go)
-	turn    atomic.Uint64 // whose text the next request takes, among a model's instances (text.go)
+	rt        *plane.Runtime
+	opts      Options
+	client    *plane.Client // all instances of the backend endpoint
+	srv       *listener.Server
+	metrics   *metrics
+	texts     texts                      // the models' languages, loaded from their directories, by content (text.go)
+	turn      atomic.Uint64              // whose text the next request takes, among a model's instances (text.go)
+	modelIx   atomic.Pointer[modelIndex] // what requests read of the instances (modelindex.go)
+	modelIxMu sync.Mutex                 // held while one is made
 
 	unsubscribe func() // from abort confirmations
 

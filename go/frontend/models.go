@@ -2,7 +2,6 @@ package frontend
 
 import (
 	"net/http"
-	"sort"
 	"sync"
 
 	"github.com/dynamo-ctx/dynamo-ctx/go/modelcard"
@@ -97,70 +96,33 @@ func unused(c *plane.Client, g *gate) bool {
 	return true
 }
 
-// cardsOf are the cards of model's instances, in the instances' order.
-func (f *Frontend) cardsOf(model string) []modelcard.Card {
-	var out []modelcard.Card
-	for _, in := range f.client.Instances() {
-		if m := parseMeta(in.Meta); m.Model == model {
-			out = append(out, m)
-		}
-	}
-	return out
-}
-
 // migrationLimit is the frontend's own, else the largest model's instances
 // declare.
 func (f *Frontend) migrationLimit(model string) int {
 	if f.opts.MigrationLimit >= 0 {
 		return f.opts.MigrationLimit
 	}
-	limit := 0
-	for _, m := range f.cardsOf(model) {
-		limit = max(limit, m.MigrationLimit)
+	if e := f.index().models[model]; e != nil {
+		return e.migrationLimit
 	}
-	return limit
+	return 0
 }
 
 // maxModelLen is the model's context length: the smallest its instances
 // declare, else Options.DefaultMaxModelLen.
 func (f *Frontend) maxModelLen(model string) int {
-	limit := 0
-	for _, m := range f.cardsOf(model) {
-		if m.MaxModelLen > 0 && (limit == 0 || m.MaxModelLen < limit) {
-			limit = m.MaxModelLen
-		}
+	if e := f.index().models[model]; e != nil && e.maxModelLen > 0 {
+		return e.maxModelLen
 	}
-	if limit == 0 {
-		return f.opts.DefaultMaxModelLen
-	}
-	return limit
+	return f.opts.DefaultMaxModelLen
 }
 
-func (f *Frontend) modelNames() []string {
-	seen := map[string]bool{}
-	for _, in := range f.client.Instances() {
-		if m := parseMeta(in.Meta); m.Model != "" {
-			seen[m.Model] = true
-		}
-	}
-	names := make([]string, 0, len(seen))
-	for n := range seen {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	return names
-}
+// modelNames are the models the instances serve, sorted (shared: read only).
+func (f *Frontend) modelNames() []string { return f.index().names }
 
 // hasModel reports whether a registered instance declares model, so that a
 // per-model client is only made for models that exist.
-func (f *Frontend) hasModel(model string) bool {
-	for _, in := range f.client.Instances() {
-		if parseMeta(in.Meta).Model == model {
-			return true
-		}
-	}
-	return false
-}
+func (f *Frontend) hasModel(model string) bool { return f.index().models[model] != nil }
 
 func modelObject(name string) map[string]any {
 	return map[string]any{"id": name, "object": "model", "created": 0, "owned_by": "dynamo-ctx"}

@@ -286,30 +286,24 @@ type textGroup struct {
 	cards []modelcard.Card
 }
 
-// textGroups are model's instances grouped by text (textID), first the group
-// of the instance whose turn it is (the instances take turns, so each group
-// gets its share of requests by its number of instances), then the others
-// in the instances' order; nil when no instance serves model.
+// textGroups are model's instances grouped by text (textID): first the
+// group of the instance whose turn it is (the instances take turns, so each
+// group gets its share of requests by its number of instances), then the
+// others in order of their first instance; nil when no instance serves
+// model. The groups are shared (modelindex.go): read only.
 func (f *Frontend) textGroups(model string) []textGroup {
-	cards := f.cardsOf(model)
-	if len(cards) == 0 {
+	e := f.index().models[model]
+	if e == nil {
 		return nil
 	}
-	first := int(f.turn.Add(1) % uint64(len(cards)))
-	var groups []textGroup
-	at := map[string]int{}
-	for i := range cards {
-		c := cards[(first+i)%len(cards)]
-		id := textID(c)
-		j, ok := at[id]
-		if !ok {
-			j = len(groups)
-			at[id] = j
-			groups = append(groups, textGroup{id: id})
-		}
-		groups[j].cards = append(groups[j].cards, c)
+	if len(e.groups) == 1 {
+		return e.groups
 	}
-	return groups
+	first := e.groupOf[int(f.turn.Add(1)%uint64(len(e.cards)))]
+	out := make([]textGroup, 0, len(e.groups))
+	out = append(out, e.groups[first])
+	out = append(out, e.groups[:first]...)
+	return append(out, e.groups[first+1:]...)
 }
 
 // textFor is the language of a request for model and the group of
@@ -350,14 +344,8 @@ func (f *Frontend) textOf(model string, groups []textGroup) (text, textGroup, er
 		model, strings.Join(errs, "; "))
 }
 
-// textsInUse are the text ids the instances name.
-func (f *Frontend) textsInUse() map[string]bool {
-	ids := map[string]bool{}
-	for _, in := range f.client.Instances() {
-		ids[textID(parseMeta(in.Meta))] = true
-	}
-	return ids
-}
+// textsInUse are the text ids the instances name (shared: read only).
+func (f *Frontend) textsInUse() map[string]bool { return f.index().texts }
 
 // loadText loads the text of a group: its directory as this frontend reads
 // it (each path the group's cards name, in turn), if its files are the

@@ -175,6 +175,29 @@ func (c *Client) Instances() []discovery.Instance {
 	return out
 }
 
+// InstanceSet is a client's instances (those that pass its filter, sorted
+// by id) as of one change of them: immutable and shared. A client makes a
+// new one only when its instances, its filter or its capacity setting
+// change, so what a caller derives from a set may be kept until Current
+// returns another (Same).
+type InstanceSet struct{ v *view }
+
+// Current is the client's current InstanceSet, without copying it.
+func (c *Client) Current() InstanceSet { return InstanceSet{c.currentView()} }
+
+// Instances are the set's instances, sorted by id: shared, so neither the
+// slice nor any Meta may be modified.
+func (s InstanceSet) Instances() []discovery.Instance {
+	if s.v == nil {
+		return nil
+	}
+	return s.v.insts
+}
+
+// Same reports whether s and o are the same set (one change of the
+// instances).
+func (s InstanceSet) Same(o InstanceSet) bool { return s.v == o.v }
+
 // SetInstanceFilter restricts routing (and Instances, InstanceIDs,
 // ArmInstances) to the instances whose metadata f accepts, for example those
 // serving one model. Nil removes the filter.

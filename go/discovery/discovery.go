@@ -75,6 +75,9 @@ const (
 	// flushTimeout bounds how long Register and Close wait for the server
 	// to acknowledge what they sent.
 	flushTimeout = 2 * time.Second
+	// registerTimeout bounds how long Register waits for the discovery
+	// stream (a cluster electing its leaders takes seconds).
+	registerTimeout = 10 * time.Second
 )
 
 // Instance is one registered instance of an endpoint.
@@ -115,6 +118,12 @@ type announcement struct {
 	Meta   []byte `json:"meta,omitempty"`
 	Proof  string `json:"proof,omitempty"`  // "up": hex SHA-256 of the secret
 	Secret string `json:"secret,omitempty"` // "down": the secret
+	// At is when the lease armed the schedule that wrote this "expired"
+	// (unix nanoseconds, the lease's clock): a watcher tells an expiry the
+	// stream made late (after an outage) from one made on time.
+	At int64 `json:"at,omitempty"`
+	// TTL is the schedule's period in seconds ("expired").
+	TTL int64 `json:"ttl,omitempty"`
 }
 
 // proofOf is the proof that goes with secret.
@@ -126,4 +135,7 @@ func proofOf(secret string) string {
 const (
 	opUp   = "up"
 	opDown = "down"
+	// opExpired is written by the discovery stream's scheduler when a
+	// lease's heartbeats stopped (see stream.go).
+	opExpired = "expired"
 )

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	natsserver "github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -33,6 +34,23 @@ func server(t *testing.T) (*nats.Conn, string) {
 	require.NoError(t, err)
 	t.Cleanup(b.Close)
 	return b.Conn(), b.URL()
+}
+
+// legacyServer starts a NATS server without JetStream, where discovery
+// announces by heartbeat to every watcher, and returns a connection to it
+// and its URL.
+func legacyServer(t *testing.T) (*nats.Conn, string) {
+	t.Helper()
+	srv, err := natsserver.NewServer(&natsserver.Options{Host: "127.0.0.1", Port: natsserver.RANDOM_PORT, NoLog: true, NoSigs: true})
+	require.NoError(t, err)
+	srv.Start()
+	require.True(t, srv.ReadyForConnections(5*time.Second))
+	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
+	url := srv.ClientURL()
+	nc, err := nats.Connect(url)
+	require.NoError(t, err)
+	t.Cleanup(nc.Close)
+	return nc, url
 }
 
 // client opens a separate connection, standing for another process.
@@ -163,7 +181,7 @@ func TestDeadProcessExpiresWithinTTL(t *testing.T) {
 		heartbeat = 50 * time.Millisecond
 		ttl       = 300 * time.Millisecond
 	)
-	nc, url := server(t)
+	nc, url := legacyServer(t)
 	w := watch(t, nc, WithTTL(ttl))
 	dying := client(t, url)
 	register(t, dying, 11, "", WithHeartbeat(heartbeat))
@@ -279,7 +297,7 @@ func TestStaleUpAfterDownIgnored(t *testing.T) {
 // (id, lease nonce, proof) but not its secret, is ignored, before or after
 // the "up". So is an "up" that speaks for the lease with another proof.
 func TestForgedDownIgnored(t *testing.T) {
-	nc, url := server(t)
+	nc, url := legacyServer(t)
 	w := watch(t, nc, WithTTL(time.Hour))
 	reg := client(t, url)
 	spy, err := reg.SubscribeSync(announceSubject(path))

@@ -3,6 +3,7 @@ package discovery
 // A Lease: one instance announced, by heartbeat, until Close.
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
@@ -19,6 +20,7 @@ type RegisterOption func(*registerConfig)
 
 type registerConfig struct {
 	heartbeat time.Duration
+	ttl       time.Duration
 }
 
 // WithHeartbeat sets the interval between "up" announcements. Watchers'
@@ -31,11 +33,27 @@ func WithHeartbeat(d time.Duration) RegisterOption {
 	}
 }
 
+// WithLeaseTTL sets how long after its last heartbeat the discovery stream
+// expires the instance (whole seconds, at least one: the stream's
+// scheduler counts in seconds). Without JetStream the watchers' TTL
+// (WithTTL) applies instead.
+func WithLeaseTTL(d time.Duration) RegisterOption {
+	return func(c *registerConfig) {
+		if d > 0 {
+			c.ttl = d
+		}
+	}
+}
+
 // Lease keeps one instance announced until Close.
 type Lease struct {
 	nc   *nats.Conn
 	path string
 	id   uint64
+	// js is the lease's state in the discovery stream; nil when the server
+	// has no JetStream and the lease announces by heartbeat to every
+	// watcher instead.
+	js *streamLease
 
 	mu     sync.Mutex // orders every "up" before the "down"
 	closed bool
@@ -43,6 +61,7 @@ type Lease struct {
 	down   []byte
 
 	sub       *nats.Subscription
+	kick      chan struct{} // buffered(1): Announce wakes the heartbeat
 	stop      chan struct{}
 	done      chan struct{}
 	closeOnce sync.Once
@@ -59,7 +78,7 @@ func Register(nc *nats.Conn, path string, instanceID uint64, meta []byte, opts .
 	if instanceID == 0 {
 		return nil, errors.New("discovery: instance id must be non-zero")
 	}
-	cfg := registerConfig{heartbeat: DefaultHeartbeat}
+	cfg := registerConfig{heartbeat: DefaultHeartbeat, ttl: DefaultTTL}
 	for _, o := range opts {
 		o(&cfg)
 	}
@@ -77,7 +96,20 @@ func Register(nc *nats.Conn, path string, instanceID uint64, meta []byte, opts .
 	}
 	l := &Lease{
 		nc: nc, path: path, id: instanceID, up: up, down: down,
-		stop: make(chan struct{}), done: make(chan struct{}),
+		kick: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{}),
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), registerTimeout)
+	defer cancel()
+	switch err := ensureStream(ctx, nc); {
+	case err == nil:
+		l.js = newStreamLease(path, instanceID, nonce, cfg.ttl)
+		if err := l.js.start(ctx, nc, up); err != nil {
+			return nil, fmt.Errorf("discovery: register %s: %w", path, err)
+		}
+		go l.heartbeat(cfg.heartbeat)
+		return l, nil
+	case !errors.Is(err, errNoJetStream):
+		return nil, fmt.Errorf("discovery: register %s: %w", path, err)
 	}
 	l.sub, err = nc.Subscribe(querySubject(path), l.answer)
 	if err != nil {
@@ -133,6 +165,11 @@ func (l *Lease) heartbeat(every time.Duration) {
 		case <-l.stop:
 			return
 		case <-t.C:
+		case <-l.kick:
+		}
+		if l.js != nil {
+			l.js.beat(l.nc, l.up)
+		} else {
 			l.publish(announceSubject(l.path))
 		}
 	}
@@ -140,8 +177,19 @@ func (l *Lease) heartbeat(every time.Duration) {
 
 // Announce sends "up" now, outside the heartbeat schedule: after a
 // reconnection (to a replacement server that knows nothing yet), so that
-// watchers hear of the instance at once. Nothing after Close.
-func (l *Lease) Announce() { l.publish(announceSubject(l.path)) }
+// watchers hear of the instance at once. Nothing after Close. With the
+// discovery stream it wakes the heartbeat, which puts "up" again if the
+// stream lost it, and returns at once.
+func (l *Lease) Announce() {
+	if l.js != nil {
+		select {
+		case l.kick <- struct{}{}:
+		default:
+		}
+		return
+	}
+	l.publish(announceSubject(l.path))
+}
 
 // Close withdraws the instance: watchers drop it as soon as "down" reaches
 // them. It is idempotent and safe to call concurrently.
@@ -149,6 +197,13 @@ func (l *Lease) Close() {
 	l.closeOnce.Do(func() {
 		close(l.stop)
 		<-l.done
+		if l.js != nil {
+			l.mu.Lock()
+			l.closed = true
+			l.mu.Unlock()
+			l.js.close(l.nc, l.down)
+			return
+		}
 		_ = l.sub.Unsubscribe()
 		l.mu.Lock()
 		l.closed = true

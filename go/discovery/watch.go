@@ -64,6 +64,7 @@ type Watcher struct {
 	ttl  time.Duration
 	log  *slog.Logger
 	sub  *nats.Subscription
+	feed *feed // the discovery stream's; nil without JetStream
 
 	mu        sync.Mutex
 	closed    bool
@@ -86,6 +87,11 @@ type entry struct {
 	proof    string
 	meta     []byte
 	lastSeen time.Time
+	// kv: announced in the discovery stream, which says when it ends; it
+	// is not expired by silence. deadline, when set, is when it is dropped
+	// unless the stream has its "up" again by then (see applyFull, apply).
+	kv       bool
+	deadline time.Time
 }
 
 type tombstone struct {
@@ -131,12 +137,53 @@ func Watch(ctx context.Context, nc *nats.Conn, path string, opts ...WatchOption)
 		}
 		_ = inbox.Unsubscribe()
 	}
+	if err == nil {
+		err = w.startFeed(ctx, nc)
+	}
 	if err != nil {
 		_ = w.sub.Unsubscribe()
 		return nil, fmt.Errorf("discovery: watch %s: %w", path, err)
 	}
 	go w.expire()
 	return w, nil
+}
+
+// startFeed reads the discovery stream's states of the path in full, when
+// the server has JetStream, and keeps following them.
+func (w *Watcher) startFeed(ctx context.Context, nc *nats.Conn) error {
+	switch err := ensureStream(ctx, nc); {
+	case errors.Is(err, errNoJetStream):
+		return nil
+	case err != nil:
+		return err
+	}
+	f := newFeed(w, nc, w.path)
+	synced, err := f.resync(ctx)
+	if err == nil {
+		select {
+		case <-synced:
+		case <-ctx.Done():
+			err = ctx.Err()
+		}
+	}
+	if err != nil {
+		close(f.done)
+		f.stop()
+		return err
+	}
+	w.feed = f
+	go f.run()
+	return nil
+}
+
+// Resync reads the discovery stream afresh, in the background: after a
+// reconnection, whose server may have lost the watcher's consumer or the
+// stream itself. Instances the stream no longer has are dropped a TTL
+// later unless they are announced again meanwhile.
+func (w *Watcher) Resync() {
+	if w.feed != nil {
+		w.feed.again()
+	}
 }
 
 // collect applies query replies until the window ends, the grace after the
@@ -176,12 +223,17 @@ func (w *Watcher) receive(m *nats.Msg) {
 		w.log.Debug("ignoring malformed announcement", "subject", m.Subject, "error", err)
 		return
 	}
-	now := time.Now()
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.closed {
 		return
 	}
+	w.applyLocked(a, time.Now(), false)
+}
+
+// applyLocked applies an "up" or a "down", heard by heartbeat (kv false)
+// or read in the discovery stream.
+func (w *Watcher) applyLocked(a announcement, now time.Time, kv bool) {
 	switch a.Op {
 	case opUp:
 		if ts, ok := w.tombstones[a.ID]; ok {
@@ -195,6 +247,9 @@ func (w *Watcher) receive(m *nats.Msg) {
 		e, ok := w.instances[a.ID]
 		if ok && e.lease == a.Lease && e.proof == a.Proof {
 			e.lastSeen = now
+			if kv {
+				e.kv, e.deadline = true, time.Time{}
+			}
 			return
 		}
 		if ok && e.lease == a.Lease {
@@ -203,7 +258,7 @@ func (w *Watcher) receive(m *nats.Msg) {
 			return
 		}
 		metaChanged := !ok || !slices.Equal(e.meta, a.Meta)
-		w.instances[a.ID] = &entry{lease: a.Lease, proof: a.Proof, meta: a.Meta, lastSeen: now}
+		w.instances[a.ID] = &entry{lease: a.Lease, proof: a.Proof, meta: a.Meta, lastSeen: now, kv: kv}
 		if metaChanged {
 			w.notifyLocked()
 		}
@@ -243,7 +298,10 @@ func (w *Watcher) expire() {
 			w.mu.Lock()
 			removed := false
 			for id, e := range w.instances {
-				if now.Sub(e.lastSeen) > w.ttl {
+				if e.kv && (e.deadline.IsZero() || now.Before(e.deadline)) {
+					continue
+				}
+				if e.kv || now.Sub(e.lastSeen) > w.ttl {
 					delete(w.instances, id)
 					removed = true
 				}
@@ -372,6 +430,9 @@ func (w *Watcher) Close() {
 		_ = w.sub.Unsubscribe()
 		close(w.stop)
 		<-w.done
+		if w.feed != nil {
+			w.feed.stop()
+		}
 		w.mu.Lock()
 		w.closed = true
 		clear(w.instances)

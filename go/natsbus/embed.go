@@ -9,12 +9,23 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+)
+
+const (
+	// storeDirPrefix names an embedded server's JetStream directory.
+	storeDirPrefix = "dynamo-ctx-js-"
+	// jetStreamMaxMemory and jetStreamMaxStore bound the embedded
+	// server's JetStream: memory for discovery, no file storage.
+	jetStreamMaxMemory = 256 << 20
+	jetStreamMaxStore  = 1 << 20
 )
 
 // errPortTaken means another process holds the listening port.
@@ -48,6 +59,13 @@ func startServer(host, port string, auth serverAuth) (*server.Server, error) {
 	}
 	var id [8]byte
 	_, _ = rand.Read(id[:])
+	// JetStream carries discovery (go/discovery): its streams are in
+	// memory, but the server wants a store directory all the same. It is
+	// this server's own, removed when it shuts down (shutdown).
+	store, err := os.MkdirTemp("", storeDirPrefix)
+	if err != nil {
+		return nil, err
+	}
 	srv, err := server.NewServer(&server.Options{
 		// Unique, as nats-server requires within a cluster, and marked as
 		// embedded for the takeover decision.
@@ -64,8 +82,17 @@ func startServer(host, port string, auth serverAuth) (*server.Server, error) {
 		Authorization: auth.token,
 		Username:      auth.user,
 		Password:      auth.password,
+		JetStream:     true,
+		StoreDir:      store,
+		// Discovery's stream is a few hundred bytes per instance; a bound
+		// keeps a misbehaving client from holding the machine's memory
+		// (the server's default is three quarters of it) and no file
+		// store is ever used.
+		JetStreamMaxMemory: jetStreamMaxMemory,
+		JetStreamMaxStore:  jetStreamMaxStore,
 	})
 	if err != nil {
+		_ = os.RemoveAll(store)
 		return nil, err
 	}
 	// Start binds the client port synchronously before returning; if that
@@ -83,8 +110,16 @@ func startServer(host, port string, auth serverAuth) (*server.Server, error) {
 }
 
 func shutdown(srv *server.Server) {
+	var store string
+	if c := srv.JetStreamConfig(); c != nil {
+		// The server keeps its files under <store>/jetstream.
+		store = filepath.Dir(c.StoreDir)
+	}
 	srv.Shutdown()
 	srv.WaitForShutdown()
+	if strings.HasPrefix(filepath.Base(store), storeDirPrefix) {
+		_ = os.RemoveAll(store)
+	}
 }
 
 // clientURL is the URL clients use to reach srv listening on host, with the

@@ -341,6 +341,17 @@ func (r *Runtime) reannounce() {
 			e.lease.Announce()
 		}
 	}
+	// The server reconnected to may have lost a watcher's consumer in the
+	// discovery stream, or the stream (a replacement embedded server).
+	r.mu.Lock()
+	cls := make([]*Client, 0, len(r.clients))
+	for c := range r.clients {
+		cls = append(cls, c)
+	}
+	r.mu.Unlock()
+	for _, c := range cls {
+		c.watcher.Resync()
+	}
 }
 
 // streamOpts are the stream options of both sides of this runtime's streams.
@@ -558,10 +569,14 @@ func newToken() string { return transport.NewToken() }
 func (r *Runtime) nc() *nats.Conn { return r.bus.Conn() }
 
 func (r *Runtime) leaseOpts() []discovery.RegisterOption {
+	var opts []discovery.RegisterOption
 	if r.opts.Heartbeat > 0 {
-		return []discovery.RegisterOption{discovery.WithHeartbeat(r.opts.Heartbeat)}
+		opts = append(opts, discovery.WithHeartbeat(r.opts.Heartbeat))
 	}
-	return nil
+	if r.opts.TTL > 0 {
+		opts = append(opts, discovery.WithLeaseTTL(r.opts.TTL))
+	}
+	return opts
 }
 
 func (r *Runtime) watchOpts() []discovery.WatchOption {

@@ -1,0 +1,137 @@
+package discovery
+
+// A lease in the discovery stream: its "up" put once, a schedule re-armed
+// at each heartbeat, and its "down" at Close.
+
+import (
+	"context"
+	"encoding/json"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats.go"
+)
+
+// streamLease is a Lease's state in the discovery stream. Only the lease's
+// heartbeat goroutine uses it, then Close once that goroutine has ended.
+//
+// The instance's state subject holds its "up" from Register on; watchers
+// read that subject, so they hear of the instance once. Each heartbeat
+// replaces the message on the lease's timer subject: a schedule, "every
+// TTL seconds, write 'expired' on the state subject". Each replacement
+// starts its count again, so while heartbeats go on it never fires; when
+// they stop (a crash, a partition) it fires within TTL (+-0.5 s: the
+// scheduler rounds to the second), and the schedule message itself
+// expires a second after. So watchers receive a crashed instance's
+// "expired" and nothing of the heartbeats: idle discovery costs the
+// heartbeats to the stream, not heartbeats times watchers.
+//
+// Each heartbeat's schedule is stored only if the state subject still
+// holds the lease's "up" (an expected-sequence check): if anything else
+// was written there (the scheduler fired during an outage of the stream,
+// someone wrote over it) or the stream was lost (a replacement server),
+// the heartbeat puts "up" again before arming.
+type streamLease struct {
+	state, timer string
+	id, lease    uint64
+	secs         int64  // the TTL in seconds
+	every        string // the schedule: "@every <ttl>s"
+	msgTTL       string // the schedule message's own TTL: ttl + 1 s
+	upSeq        uint64 // sequence of our "up" on the state subject; 0: to put
+}
+
+func newStreamLease(path string, id, lease uint64, ttl time.Duration) *streamLease {
+	secs := max(int64((ttl+time.Second-1)/time.Second), 1)
+	return &streamLease{
+		state: stateSubject(path, id), timer: timerSubject(path, id),
+		id: id, lease: lease, secs: secs,
+		every:  "@every " + strconv.FormatInt(secs, 10) + "s",
+		msgTTL: strconv.FormatInt(secs+1, 10) + "s",
+	}
+}
+
+// start arms the schedule, then puts "up": a crash between the two leaves
+// an "expired" behind, never an "up" nobody expires.
+func (s *streamLease) start(ctx context.Context, nc *nats.Conn, up []byte) error {
+	for {
+		err := s.arm(nc, false)
+		if err == nil {
+			s.upSeq, err = publish(nc, s.upMsg(up))
+		}
+		if err == nil {
+			return nil
+		}
+		if streamGone(err) {
+			if err := ensureStream(ctx, nc); err != nil {
+				return err
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+func (s *streamLease) upMsg(up []byte) *nats.Msg {
+	return &nats.Msg{Subject: s.state, Data: up, Header: nats.Header{}}
+}
+
+// arm replaces the schedule; checked, it is stored only while the state
+// subject holds our "up".
+func (s *streamLease) arm(nc *nats.Conn, checked bool) error {
+	body, err := json.Marshal(announcement{Op: opExpired, ID: s.id, Lease: s.lease, At: time.Now().UnixNano(), TTL: s.secs})
+	if err != nil {
+		return err
+	}
+	m := &nats.Msg{Subject: s.timer, Data: body, Header: nats.Header{}}
+	m.Header.Set(hdrSchedule, s.every)
+	m.Header.Set(hdrTarget, s.state)
+	m.Header.Set(hdrScheduleTTL, goneTTL.String())
+	m.Header.Set(hdrTTL, s.msgTTL)
+	if checked {
+		m.Header.Set(hdrExpectSeq, strconv.FormatUint(s.upSeq, 10))
+		m.Header.Set(hdrExpectSubj, s.state)
+	}
+	_, err = publish(nc, m)
+	return err
+}
+
+// beat is one heartbeat: re-arm, putting "up" again first when the state
+// subject lost it. Errors are left to the next heartbeat: the schedule
+// gives it TTL seconds.
+func (s *streamLease) beat(nc *nats.Conn, up []byte) {
+	if s.upSeq != 0 {
+		err := s.arm(nc, true)
+		if err == nil {
+			return
+		}
+		if !wrongLast(err) && !streamGone(err) {
+			return // a timeout, an outage: the next heartbeat tries again
+		}
+		s.upSeq = 0
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), jsTimeout)
+	defer cancel()
+	if err := ensureStream(ctx, nc); err != nil {
+		return
+	}
+	if seq, err := publish(nc, s.upMsg(up)); err == nil {
+		s.upSeq = seq
+		_ = s.arm(nc, true)
+	}
+}
+
+// close writes "down" on the state subject, then takes the schedule off
+// (a message without one replaces it and expires a second later). A crash
+// between the two lets the schedule write "expired" over the "down",
+// which watchers ignore for a lease they dropped.
+func (s *streamLease) close(nc *nats.Conn, down []byte) {
+	m := &nats.Msg{Subject: s.state, Data: down, Header: nats.Header{}}
+	m.Header.Set(hdrTTL, goneTTL.String())
+	_, _ = publish(nc, m)
+	t := &nats.Msg{Subject: s.timer, Header: nats.Header{}}
+	t.Header.Set(hdrTTL, "1s")
+	_, _ = publish(nc, t)
+}

@@ -4,6 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"os"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -16,20 +19,45 @@ import (
 // process, as natsbus hosts its embedded server (the nats-server library),
 // joined into a full mesh by their route connections over loopback TCP.
 type cluster struct {
-	srvs []*server.Server
+	srvs  []*server.Server
+	store string // the nodes' JetStream directories ("": no JetStream)
 	// urls is the client address list every simulated process is given,
 	// as a deployment gives NATS_SERVER: the client spreads over the nodes.
 	urls string
 }
 
 // startCluster starts n nodes and waits until each has a route to every
-// other one.
-func startCluster(n int) (*cluster, error) {
+// other one; with js, JetStream (discovery's stream) runs on every node.
+func startCluster(n int, js bool) (*cluster, error) {
 	c := &cluster{}
-	var routes []*url.URL
+	if js {
+		dir, err := os.MkdirTemp("", "scalesim-js-")
+		if err != nil {
+			return nil, err
+		}
+		c.store = dir
+	}
+	// Every node is given the route ports of all the others up front: with
+	// JetStream a node is ready only once the cluster has elected its
+	// meta leader, so they must start together.
+	cports := make([]int, n)
+	for i := range cports {
+		p, err := freePort()
+		if err != nil {
+			c.shutdown()
+			return nil, err
+		}
+		cports[i] = p
+	}
 	var clientURLs []string
 	for i := range n {
-		srv, err := server.NewServer(&server.Options{
+		var routes []*url.URL
+		for j, p := range cports {
+			if j != i {
+				routes = append(routes, &url.URL{Scheme: "nats", Host: "127.0.0.1:" + strconv.Itoa(p)})
+			}
+		}
+		opts := &server.Options{
 			ServerName: fmt.Sprintf("scalesim-%d", i),
 			Host:       "127.0.0.1",
 			Port:       server.RANDOM_PORT,
@@ -44,21 +72,31 @@ func startCluster(n int) (*cluster, error) {
 			Cluster: server.ClusterOpts{
 				Name: "scalesim",
 				Host: "127.0.0.1",
-				Port: server.RANDOM_PORT,
+				Port: cports[i],
 			},
 			Routes: routes,
-		})
+		}
+		if js {
+			// JetStream in a cluster needs the system account (its
+			// internal traffic stays there: no client subscription of the
+			// simulation's counts it).
+			opts.NoSystemAccount = false
+			opts.JetStream = true
+			opts.StoreDir = filepath.Join(c.store, strconv.Itoa(i))
+		}
+		srv, err := server.NewServer(opts)
 		if err != nil {
 			c.shutdown()
 			return nil, err
 		}
 		srv.Start()
 		c.srvs = append(c.srvs, srv)
-		if !srv.ReadyForConnections(10 * time.Second) {
+	}
+	for i, srv := range c.srvs {
+		if !srv.ReadyForConnections(30 * time.Second) {
 			c.shutdown()
 			return nil, fmt.Errorf("nats-server %d not ready", i)
 		}
-		routes = append(routes, &url.URL{Scheme: "nats", Host: srv.ClusterAddr().String()})
 		clientURLs = append(clientURLs, "nats://"+srv.Addr().String())
 	}
 	c.urls = strings.Join(clientURLs, ",")
@@ -82,6 +120,9 @@ func (c *cluster) shutdown() {
 	for _, srv := range c.srvs {
 		srv.WaitForShutdown()
 	}
+	if c.store != "" {
+		_ = os.RemoveAll(c.store)
+	}
 }
 
 // counts are what the cluster carried, summed over its nodes. Deliveries
@@ -103,6 +144,17 @@ type counts struct {
 	abortDeliv    int64 // abort confirmations delivered (dc.aborted and its callers' subjects)
 	abortRoute    int64
 	otherDeliv    int64 // anything else
+	otherRoute    int64
+}
+
+// deliv is every message delivered to a client, the meter aside; route
+// every message forwarded between nodes that a subscription counted.
+func (c counts) deliv() int64 {
+	return c.annDeliv + c.reqDeliv + c.replyDeliv + c.abortDeliv + c.otherDeliv
+}
+
+func (c counts) route() int64 {
+	return c.annRoute + c.reqRoute + c.replyRoute + c.abortRoute + c.otherRoute
 }
 
 func (c counts) minus(o counts) counts {
@@ -113,7 +165,7 @@ func (c counts) minus(o counts) counts {
 		reqDeliv: c.reqDeliv - o.reqDeliv, reqRoute: c.reqRoute - o.reqRoute,
 		replyDeliv: c.replyDeliv - o.replyDeliv, replyRoute: c.replyRoute - o.replyRoute,
 		abortDeliv: c.abortDeliv - o.abortDeliv, abortRoute: c.abortRoute - o.abortRoute,
-		otherDeliv: c.otherDeliv - o.otherDeliv,
+		otherDeliv: c.otherDeliv - o.otherDeliv, otherRoute: c.otherRoute - o.otherRoute,
 	}
 }
 
@@ -146,8 +198,8 @@ func (c *counts) add(subject string, n int64, route, meter bool) {
 		pick(&c.replyDeliv, &c.replyRoute)
 	case strings.HasPrefix(subject, plane.AbortedSubject):
 		pick(&c.abortDeliv, &c.abortRoute)
-	case !route:
-		c.otherDeliv += n
+	default:
+		pick(&c.otherDeliv, &c.otherRoute)
 	}
 }
 

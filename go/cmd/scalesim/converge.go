@@ -135,6 +135,9 @@ func (s *sim) converge(res *result) error {
 // from the same read of the socket, as the client's own subscription, whose
 // watcher drops the instance the moment its "down" arrives (go/discovery).
 func (s *sim) drainConverge(drained []*worker, ids []uint64) (float64, error) {
+	if s.cfg.JetStream {
+		return s.drainPolled(drained, ids)
+	}
 	conns := []*plane.Runtime{s.workers[0].rt}
 	for _, c := range s.callers {
 		conns = append(conns, c.rt)
@@ -239,4 +242,25 @@ func (s *sim) waitGone(ids []uint64, pause time.Duration) ([]time.Time, error) {
 		out[i] = slices.MaxFunc(ts, func(a, b time.Time) int { return a.Compare(b) })
 	}
 	return out, nil
+}
+
+// drainPolled is drainConverge for discovery by change, where the "down"
+// reaches watchers through their consumers: polled (waitGone), so the
+// figure includes a round of polls.
+func (s *sim) drainPolled(drained []*worker, ids []uint64) (float64, error) {
+	var wg sync.WaitGroup
+	t0 := time.Now()
+	for _, w := range drained {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			w.ep.Drain()
+		}()
+	}
+	wg.Wait()
+	gone, err := s.waitGone(ids, time.Millisecond)
+	if err != nil {
+		return 0, err
+	}
+	return ms(slices.MaxFunc(gone, func(a, b time.Time) int { return a.Compare(b) }).Sub(t0)), nil
 }

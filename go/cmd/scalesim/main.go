@@ -86,6 +86,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fl.IntVar(&cfg.Drain, "drain", 3, "workers that drain at once")
 	fl.DurationVar(&cfg.Wait, "wait", 60*time.Second, "bound of every wait")
 	fl.StringVar(&cfg.MemProfile, "memprofile", "", "write a heap profile to this file while the held streams are open (of the last point)")
+	fl.BoolVar(&cfg.JetStream, "jetstream", true, "run JetStream on the nodes: discovery by change (false: by heartbeat to every watcher)")
 	jsonOut := fl.String("json", "", "write the results as JSON to this file")
 	verbose := fl.Bool("v", false, "log the runtimes' warnings and the progress to stderr")
 	if err := fl.Parse(args); err != nil {
@@ -146,14 +147,15 @@ func run(args []string, stdout, stderr io.Writer) int {
 // printTable writes the main figures, one row per point.
 func printTable(w io.Writer, rs []*result) {
 	rows := [][]string{{
-		"workers", "callers", "disc pub/s", "disc dlv/s", "msgs/req", "route/req", "req/s",
+		"workers", "callers", "js", "idle dlv/s", "idle route/s", "disc pub/s", "disc dlv/s", "msgs/req", "route/req", "req/s",
 		"conns/caller", "TW/req", "kill hops", "kill last ms", "confirm ms",
 		"KiB/stream", "storm ms", "crash s", "drain ms", "snapshot us",
 	}}
 	for _, r := range rs {
 		per := r.Heartbeat
 		rows = append(rows, []string{
-			strconv.Itoa(r.Workers), strconv.Itoa(r.Callers),
+			strconv.Itoa(r.Workers), strconv.Itoa(r.Callers), strconv.FormatBool(r.JetStream),
+			f0(r.IdleDelivSec), f0(r.IdleRouteSec),
 			f0(r.DiscPubs / per), f0(r.DiscDeliv / per),
 			f2(r.MsgsPub + r.MsgsDeliv), f2(r.MsgsRoute), f0(r.ReqPerSec),
 			strconv.Itoa(r.StreamConnCall), f2(r.TimeWaitPerReq),

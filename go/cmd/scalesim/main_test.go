@@ -101,3 +101,19 @@ func TestConfigChecked(t *testing.T) {
 	assert.Equal(t, 2, run([]string{"-workers", "ten"}, io.Discard, &stderr))
 	assert.Contains(t, stderr.String(), "not a number of workers")
 }
+
+// With JetStream on the nodes, idle watchers receive no announcement: what
+// is delivered idle is about one acknowledgement per lease and one consumer
+// heartbeat per watcher each period, not leases times watchers.
+func TestSimulateTinyJetStream(t *testing.T) {
+	cfg := tiny()
+	cfg.JetStream = true
+	cfg.Heartbeat, cfg.TTL = 0, 0 // the stream's scheduler counts in seconds
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	res, err := simulate(cfg, quiet, func(string) {})
+	require.NoError(t, err)
+	require.Empty(t, res.Errors)
+	assert.Zero(t, res.DiscDeliv)
+	assert.Less(t, res.IdleDelivSec, float64(cfg.Workers+res.Watchers)*2)
+	assert.Greater(t, res.CrashMin, 0.0)
+}

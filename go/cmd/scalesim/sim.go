@@ -36,6 +36,7 @@ type config struct {
 	Drain       int           // workers that leave on purpose at once
 	Wait        time.Duration // bound of every wait
 	MemProfile  string        // where to write a heap profile while the Held streams are open ("": nowhere)
+	JetStream   bool          // JetStream on the nodes: discovery by change (else by heartbeat)
 }
 
 func (c config) check() error {
@@ -78,6 +79,13 @@ type result struct {
 	// announcement delivered: NATS nodes, clients and watchers together.
 	IdleCPU        float64 `json:"idle_cpus"`
 	CPUPerDelivery float64 `json:"cpu_us_per_announcement_delivered"`
+	// Everything delivered to clients (and forwarded between nodes) per
+	// second while idle, whatever the subject: announcements, consumer
+	// deliveries and heartbeats, acknowledgements of the stream.
+	JetStream    bool    `json:"jetstream"`
+	IdleDelivSec float64 `json:"idle_deliveries_per_s"`
+	IdleRouteSec float64 `json:"idle_route_msgs_per_s"`
+	IdlePubSec   float64 `json:"idle_client_pubs_per_s"`
 
 	// Requests (Items items each) in the request window.
 	Requests      int     `json:"requests"`
@@ -436,7 +444,7 @@ func simulate(cfg config, quiet *slog.Logger, progress func(string)) (res *resul
 		return nil, err
 	}
 	begin := time.Now()
-	cl, err := startCluster(cfg.Servers)
+	cl, err := startCluster(cfg.Servers, cfg.JetStream)
 	if err != nil {
 		return nil, err
 	}

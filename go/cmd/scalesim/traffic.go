@@ -39,6 +39,18 @@ func (s *sim) idle(res *result) error {
 	}
 	cpu := cpuTime() - cpu0
 	d := after.minus(before)
+	secs := t1.Sub(t0).Seconds()
+	res.JetStream = s.cfg.JetStream
+	res.IdleDelivSec = float64(d.deliv()) / secs
+	res.IdleRouteSec = float64(d.route()) / secs
+	res.IdlePubSec = float64(d.inClient) / secs
+	if s.cfg.JetStream {
+		// No announcement to anyone: the heartbeats go to the stream.
+		s.upBytes = 0
+		s.idleCPU = float64(cpu) / float64(t1.Sub(t0))
+		res.IdleCPU = s.idleCPU
+		return nil
+	}
 	if d.announcements == 0 || d.inClient == 0 {
 		return errors.New("no announcement in the idle window")
 	}

@@ -102,7 +102,8 @@ class NatsServer:
     def __init__(self, extra: Sequence[str] = (), config: Optional[str] = None,
                  scheme: str = "nats", name: str = "n", cluster_port: Optional[int] = None,
                  routes: Sequence[int] = (), cluster_name: str = "dc-test",
-                 port: Optional[int] = None, log_dir: Optional[Union[str, Path]] = None) -> None:
+                 port: Optional[int] = None, log_dir: Optional[Union[str, Path]] = None,
+                 jetstream: bool = False) -> None:
         self.port = port or free_port()
         self.cluster_port = cluster_port
         self.name = name
@@ -118,6 +119,9 @@ class NatsServer:
             args += ["--cluster_name", cluster_name, "--cluster", f"nats://127.0.0.1:{cluster_port}"]
             if routes:
                 args += ["--routes", ",".join(f"nats://127.0.0.1:{p}" for p in routes)]
+        if jetstream:
+            # Discovery's stream lives in memory; the server wants a store directory all the same.
+            args += ["-js", "-sd", str(Path(self._dir) / "js")]
         self.monitor_port = free_port()
         args += ["-m", str(self.monitor_port)] + list(extra)
         self.args = args
@@ -154,12 +158,15 @@ class NatsServer:
 
 
 class NatsCluster:
-    """``n`` nats-server processes routed into one cluster on loopback."""
+    """``n`` nats-server processes routed into one cluster on loopback, with JetStream unless
+    ``jetstream`` is false (then discovery announces by heartbeat to every watcher)."""
 
-    def __init__(self, n: int = 3, extra: Sequence[str] = (), log_dir: Optional[Union[str, Path]] = None) -> None:
+    def __init__(self, n: int = 3, extra: Sequence[str] = (), log_dir: Optional[Union[str, Path]] = None,
+                 jetstream: bool = True) -> None:
         cports = [free_port() for _ in range(n)]
         self.nodes = [NatsServer(extra=extra, name=f"node{i}", cluster_port=cports[i],
-                                 routes=[p for j, p in enumerate(cports) if j != i], log_dir=log_dir)
+                                 routes=[p for j, p in enumerate(cports) if j != i], log_dir=log_dir,
+                                 jetstream=jetstream)
                       for i in range(n)]
 
     def start(self, timeout: float = 20.0) -> "NatsCluster":

@@ -187,16 +187,7 @@ func (s *sim) drainConverge(drained []*worker, ids []uint64) (float64, error) {
 			return 0, err
 		}
 	}
-	var wg sync.WaitGroup
-	t0 := time.Now()
-	for _, w := range drained {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			w.ep.Drain() // returns once the server has the "down"
-		}()
-	}
-	wg.Wait()
+	t0 := drainAll(drained)
 	if err := s.await(done, "every watcher to have every drained worker's \"down\""); err != nil {
 		return 0, err
 	}
@@ -248,6 +239,17 @@ func (s *sim) waitGone(ids []uint64, pause time.Duration) ([]time.Time, error) {
 // reaches watchers through their consumers: polled (waitGone), so the
 // figure includes a round of polls.
 func (s *sim) drainPolled(drained []*worker, ids []uint64) (float64, error) {
+	t0 := drainAll(drained)
+	gone, err := s.waitGone(ids, time.Millisecond)
+	if err != nil {
+		return 0, err
+	}
+	return ms(slices.MaxFunc(gone, func(a, b time.Time) int { return a.Compare(b) }).Sub(t0)), nil
+}
+
+// drainAll drains the workers at once and returns when it started; each
+// Drain returns once the server has the "down".
+func drainAll(drained []*worker) time.Time {
 	var wg sync.WaitGroup
 	t0 := time.Now()
 	for _, w := range drained {
@@ -258,9 +260,5 @@ func (s *sim) drainPolled(drained []*worker, ids []uint64) (float64, error) {
 		}()
 	}
 	wg.Wait()
-	gone, err := s.waitGone(ids, time.Millisecond)
-	if err != nil {
-		return 0, err
-	}
-	return ms(slices.MaxFunc(gone, func(a, b time.Time) int { return a.Compare(b) }).Sub(t0)), nil
+	return t0
 }

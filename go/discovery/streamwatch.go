@@ -176,8 +176,12 @@ func (f *feed) again() {
 
 // finishLocked applies a read in full: its states, and, for the instances
 // it no longer has, a TTL to come back (a replacement server's stream is
-// empty until the leases put "up" again).
+// empty until the leases put "up" again). Once per read: the consumer's
+// first message may finish it before resync sees that it started empty.
 func (f *feed) finishLocked() {
+	if f.syncing == nil {
+		return // finished already
+	}
 	msgs := f.syncing
 	f.syncing = nil
 	f.w.applyFull(msgs)

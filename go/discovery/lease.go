@@ -196,6 +196,9 @@ func (l *Lease) Announce() {
 func (l *Lease) Close() {
 	l.closeOnce.Do(func() {
 		close(l.stop)
+		if l.js != nil {
+			l.js.stop() // a heartbeat waiting on the stream gives up
+		}
 		<-l.done
 		if l.js != nil {
 			l.mu.Lock()

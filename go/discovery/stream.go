@@ -137,12 +137,12 @@ func noJetStream(err error) bool {
 }
 
 // publish stores m in the discovery stream and returns its sequence.
-func publish(nc *nats.Conn, m *nats.Msg) (uint64, error) {
+func publish(ctx context.Context, nc *nats.Conn, m *nats.Msg) (uint64, error) {
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return 0, err
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), jsTimeout)
+	ctx, cancel := context.WithTimeout(ctx, jsTimeout)
 	defer cancel()
 	ack, err := js.PublishMsg(ctx, m, jetstream.WithExpectStream(streamName), jetstream.WithRetryAttempts(0))
 	if err != nil {

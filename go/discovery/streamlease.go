@@ -38,11 +38,22 @@ type streamLease struct {
 	every        string // the schedule: "@every <ttl>s"
 	msgTTL       string // the schedule message's own TTL: ttl + 1 s
 	upSeq        uint64 // sequence of our "up" on the state subject; 0: to put
+	// ctx ends a heartbeat's requests when Close begins (stop), so that a
+	// stream that does not answer (an election after a node loss) holds
+	// Close up no longer than closeTimeout.
+	ctx  context.Context
+	stop context.CancelFunc
 }
+
+// closeTimeout bounds the "down" that Close writes: a worker that drains
+// leaves discovery at once, or, with the stream unavailable, lets its
+// schedule expire it.
+const closeTimeout = time.Second
 
 func newStreamLease(path string, id, lease uint64, ttl time.Duration) *streamLease {
 	secs := max(int64((ttl+time.Second-1)/time.Second), 1)
-	return &streamLease{
+	ctx, stop := context.WithCancel(context.Background())
+	return &streamLease{ctx: ctx, stop: stop,
 		state: stateSubject(path, id), timer: timerSubject(path, id),
 		id: id, lease: lease, secs: secs,
 		every:  "@every " + strconv.FormatInt(secs, 10) + "s",
@@ -54,9 +65,9 @@ func newStreamLease(path string, id, lease uint64, ttl time.Duration) *streamLea
 // an "expired" behind, never an "up" nobody expires.
 func (s *streamLease) start(ctx context.Context, nc *nats.Conn, up []byte) error {
 	for {
-		err := s.arm(nc, false)
+		err := s.arm(ctx, nc, false)
 		if err == nil {
-			s.upSeq, err = publish(nc, s.upMsg(up))
+			s.upSeq, err = publish(ctx, nc, s.upMsg(up))
 		}
 		if err == nil {
 			return nil
@@ -80,7 +91,7 @@ func (s *streamLease) upMsg(up []byte) *nats.Msg {
 
 // arm replaces the schedule; checked, it is stored only while the state
 // subject holds our "up".
-func (s *streamLease) arm(nc *nats.Conn, checked bool) error {
+func (s *streamLease) arm(ctx context.Context, nc *nats.Conn, checked bool) error {
 	body, err := json.Marshal(announcement{Op: opExpired, ID: s.id, Lease: s.lease, At: time.Now().UnixNano(), TTL: s.secs})
 	if err != nil {
 		return err
@@ -94,7 +105,7 @@ func (s *streamLease) arm(nc *nats.Conn, checked bool) error {
 		m.Header.Set(hdrExpectSeq, strconv.FormatUint(s.upSeq, 10))
 		m.Header.Set(hdrExpectSubj, s.state)
 	}
-	_, err = publish(nc, m)
+	_, err = publish(ctx, nc, m)
 	return err
 }
 
@@ -103,7 +114,7 @@ func (s *streamLease) arm(nc *nats.Conn, checked bool) error {
 // gives it TTL seconds.
 func (s *streamLease) beat(nc *nats.Conn, up []byte) {
 	if s.upSeq != 0 {
-		err := s.arm(nc, true)
+		err := s.arm(s.ctx, nc, true)
 		if err == nil {
 			return
 		}
@@ -112,14 +123,14 @@ func (s *streamLease) beat(nc *nats.Conn, up []byte) {
 		}
 		s.upSeq = 0
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), jsTimeout)
+	ctx, cancel := context.WithTimeout(s.ctx, jsTimeout)
 	defer cancel()
 	if err := ensureStream(ctx, nc); err != nil {
 		return
 	}
-	if seq, err := publish(nc, s.upMsg(up)); err == nil {
+	if seq, err := publish(s.ctx, nc, s.upMsg(up)); err == nil {
 		s.upSeq = seq
-		_ = s.arm(nc, true)
+		_ = s.arm(s.ctx, nc, true)
 	}
 }
 
@@ -127,11 +138,14 @@ func (s *streamLease) beat(nc *nats.Conn, up []byte) {
 // (a message without one replaces it and expires a second later). A crash
 // between the two lets the schedule write "expired" over the "down",
 // which watchers ignore for a lease they dropped.
+// Both writes together take at most closeTimeout.
 func (s *streamLease) close(nc *nats.Conn, down []byte) {
+	ctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
+	defer cancel()
 	m := &nats.Msg{Subject: s.state, Data: down, Header: nats.Header{}}
 	m.Header.Set(hdrTTL, goneTTL.String())
-	_, _ = publish(nc, m)
+	_, _ = publish(ctx, nc, m)
 	t := &nats.Msg{Subject: s.timer, Header: nats.Header{}}
 	t.Header.Set(hdrTTL, "1s")
-	_, _ = publish(nc, t)
+	_, _ = publish(ctx, nc, t)
 }

@@ -22,6 +22,7 @@ import (
 
 	"github.com/dynamo-ctx/dynamo-ctx/go/discovery"
 	"github.com/dynamo-ctx/dynamo-ctx/go/handle"
+	"github.com/dynamo-ctx/dynamo-ctx/go/modelcard"
 	"github.com/dynamo-ctx/dynamo-ctx/go/plane"
 	"github.com/dynamo-ctx/dynamo-ctx/go/tokens"
 )
@@ -190,7 +191,11 @@ func dc_endpoint_serve(rtH C.uint64_t, path *C.char, pathLen C.size_t, meta *C.c
 	if rc != C.DC_OK {
 		return rc
 	}
-	ep, err := rt.Serve(string(goBytes(path, pathLen)), goBytes(meta, metaLen))
+	// A worker's capacity is its model card's max_num_seqs (the metadata
+	// the frontend routes by): the endpoint refuses what is past it as busy.
+	m := goBytes(meta, metaLen)
+	card, _ := modelcard.Parse(m) // other metadata: no capacity
+	ep, err := rt.Serve(string(goBytes(path, pathLen)), m, plane.WithCapacity(card.MaxNumSeqs))
 	if err != nil {
 		return planeError("dc_endpoint_serve", err)
 	}

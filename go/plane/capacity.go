@@ -10,12 +10,15 @@ package plane
 // atomically, so two callers never both take the last place;
 // WithReservation sends a request into the place taken. Attempts sent
 // without a reservation (migration's, the other choices of a request) are
-// never refused: they go to the instance with the most free capacity even
-// when it is negative, for a request that was admitted must not be lost.
+// not refused here: they go to the instance with the most free capacity
+// even when it is negative.
 //
-// The count is this client's own: several clients (frontends) routing to
-// the same instances each see only their own requests. An engine takes what
-// is past its capacity into its own queue, as vLLM does.
+// The client's count is only its picture: the authority is each worker's
+// own count (workerload.go), which refuses as busy what is past its
+// capacity, whoever sent it. The picture blends the client's own requests
+// with the others' as the workers report them (load.go), so several
+// clients (frontends) routing to the same instances mostly pick places that
+// are free, and a busy refusal sends a request on to another instance.
 
 import (
 	"errors"
@@ -45,9 +48,11 @@ type capacityConfig struct {
 func (c *Client) SetCapacity(of func(meta []byte) int, onRoom func()) {
 	if of == nil {
 		c.capacity.Store(nil)
+		c.listenLoad(false)
 		return
 	}
 	c.capacity.Store(&capacityConfig{of: of, onRoom: onRoom})
+	c.listenLoad(true) // the load the instances publish (load.go)
 }
 
 // Running returns how many requests of c run on each instance (counted only
@@ -86,7 +91,7 @@ func (r *Reservation) Release() {
 // ErrNoInstances when c knows none, ErrAtCapacity when every one is full.
 // Without SetCapacity every instance has room.
 func (c *Client) Reserve() (*Reservation, error) {
-	id, counted, err := c.pickFor(RoundRobin, 0, nil, true)
+	id, counted, err := c.pickFor(RoundRobin, 0, nil, pickAdmit)
 	if err != nil {
 		return nil, err
 	}

@@ -55,11 +55,14 @@ func TestCapacityRoutesToTheMostFreeAndReserveRefusesWhenFull(t *testing.T) {
 	_, err := c.Reserve()
 	require.ErrorIs(t, err, plane.ErrAtCapacity, "every instance is full")
 
-	// An attempt without a reservation is never refused: it goes over.
+	// An attempt without a reservation is sent, but the workers, full,
+	// refuse it as busy (their own count is the authority): it reached no
+	// handler and its instance is not suspected.
 	over, err := c.Generate([]byte(`{}`), ctxtree.New("over"), plane.RoundRobin, 0)
 	require.NoError(t, err)
-	planetest.Recv(t, got, "the request over capacity")
-	over.Kill()
+	require.ErrorIs(t, over.AwaitStart(t.Context()), plane.ErrBusy)
+	assert.Empty(t, plane.Suspects(c), "a busy worker is not suspected")
+	assert.Equal(t, map[uint64]int{small.EP.InstanceID(): 1, big.EP.InstanceID(): 3}, c.Running(), "its places are given back")
 
 	before := rooms.Load()
 	streams[0].Kill()

@@ -46,6 +46,8 @@ type Client struct {
 	waiting  []func()
 	suspects map[uint64]time.Time // instance -> until when it is avoided (see suspect)
 	load     map[uint64]int       // instance -> requests of this client running there (capacity.go)
+	others   map[uint64]seenLoad  // instance -> the others' requests there, as it reported (load.go)
+	board    *loadBoard           // the load reports of path (load.go); on the root client only
 	tree     *freeTree            // free places per instance of a view, with capacity (route.go)
 	stop     chan struct{}
 	wg       sync.WaitGroup
@@ -246,8 +248,10 @@ func (c *Client) Close() {
 	close(c.stop)
 	c.wg.Wait()
 	if c.parent == nil {
+		c.closeBoard()
 		c.watcher.Close()
 	} else {
+		c.listenLoad(false)
 		c.parent.mu.Lock()
 		delete(c.parent.children, c)
 		c.parent.mu.Unlock()
@@ -260,17 +264,29 @@ func (c *Client) Close() {
 	}
 }
 
-// pick chooses the instance of one attempt. Direct goes where it is told.
+// pick says how pickFor chooses.
+type pick uint8
+
+const (
+	// pickAdmit: only an instance with a free place (else ErrAtCapacity).
+	pickAdmit pick = 1 << iota
+	// pickStrict: never an excluded instance (else ErrAtCapacity).
+	pickStrict
+)
+
+// pickFor chooses the instance of one attempt. Direct goes where it is told.
 // Otherwise the candidates are the known instances minus exclude (those that
 // already failed this request) and minus the client's suspects; when that
-// leaves none, suspects are allowed again, then excluded ones: a request is
-// never refused for want of a perfect instance while any is known. Among the
-// candidates it takes the next in turn, a random one, or, when the client
-// routes by capacity (capacity.go), the one with the most free capacity,
-// which it then counts (counted); with admit it refuses (ErrAtCapacity)
-// when that one has none. It reads the client's view (route.go) and
-// allocates nothing that grows with the instances.
-func (c *Client) pickFor(route Route, instance uint64, exclude map[uint64]bool, admit bool) (id uint64, counted bool, err error) {
+// leaves none, suspects are allowed again, then excluded ones (unless
+// pickStrict): a request is never refused for want of a perfect instance
+// while any is known. Among the candidates it takes the next in turn, a
+// random one, or, when the client routes by capacity (capacity.go), the one
+// with the most free capacity, which it then counts (counted); with
+// pickAdmit it refuses (ErrAtCapacity) when that one has none. It reads the
+// client's view (route.go) and allocates nothing that grows with the
+// instances.
+func (c *Client) pickFor(route Route, instance uint64, exclude map[uint64]bool, how pick) (id uint64, counted bool, err error) {
+	admit := how&pickAdmit != 0
 	if route == Direct {
 		if c.capacity.Load() != nil {
 			c.mu.Lock()
@@ -298,6 +314,9 @@ func (c *Client) pickFor(route Route, instance uint64, exclude map[uint64]bool, 
 		avoided = c.avoidedLocked(v, exclude, false, avoided[:0])
 	}
 	if len(avoided) == len(v.insts) {
+		if how&pickStrict != 0 {
+			return 0, false, ErrAtCapacity
+		}
 		avoided = avoided[:0]
 	}
 	if v.cfg != nil {
@@ -427,7 +446,7 @@ func (c *Client) generateOnce(payload []byte, parent *ctxtree.Context, route Rou
 	if outer != nil {
 		key = outer.key
 	}
-	s := &Stream{ctx: reqCtx, key: key, parent: parent, wake: make(chan struct{}, 1), rt: c.rt, client: c}
+	s := &Stream{ctx: reqCtx, key: key, parent: parent, wake: make(chan struct{}, 1), rt: c.rt, client: c, route: route, exclude: exclude, outer: outer}
 	var id uint64
 	if r := o.reservation; r != nil {
 		// The place Reserve took: the stream gives it back when it ends.
@@ -443,7 +462,7 @@ func (c *Client) generateOnce(payload []byte, parent *ctxtree.Context, route Rou
 		}
 	} else {
 		var counted bool
-		if id, counted, err = c.pickFor(route, instance, exclude, false); err != nil {
+		if id, counted, err = c.pickFor(route, instance, exclude, 0); err != nil {
 			s.end(err)
 			return s, nil
 		}

@@ -5,6 +5,8 @@ package plane
 // share with the other packages' tests, go/internal/planetest, imports plane
 // (see its package comment).
 
+import "github.com/nats-io/nats.go"
+
 // SetRoundRobin makes c's next round-robin pick its i-th instance (in the
 // order of InstanceIDs).
 func SetRoundRobin(c *Client, i int) { c.rr.Store(uint64(i)) }
@@ -38,7 +40,11 @@ func StopReceiving(e *Endpoint) error { return e.sub.Unsubscribe() }
 
 // PickFor is c's choice of an instance for one attempt (see pickFor).
 func PickFor(c *Client, route Route, instance uint64, exclude map[uint64]bool, admit bool) (uint64, bool, error) {
-	return c.pickFor(route, instance, exclude, admit)
+	how := pick(0)
+	if admit {
+		how = pickAdmit
+	}
+	return c.pickFor(route, instance, exclude, how)
 }
 
 // Suspect makes c avoid instance id for a while, as a failed request does.
@@ -64,3 +70,6 @@ func Unload(c *Client, id uint64) { c.unload(id) }
 // SetAbortSubject makes rt name subject in its envelopes as where its
 // aborts are confirmed; "" names none, as a caller of an earlier version.
 func SetAbortSubject(rt *Runtime, subject string) { rt.aborts = subject }
+
+// NC is r's NATS connection.
+func NC(r *Runtime) *nats.Conn { return r.nc() }

@@ -22,6 +22,10 @@ import (
 //     subscription the server had not dropped yet), or the worker's stream
 //     broke before its final marker (ErrIncomplete: a crashed worker, a lost
 //     connection, a worker silent past the stream idle timeout).
+//   - Busy: an attempt that every worker refused as busy (load.go) spends
+//     no attempt: the first one ends the request with ErrBusy (it reached
+//     no worker: the caller queues it for a place), a later one waits its
+//     backoff and tries again until a place is free or the request ends.
 //   - Never retried: a cancelled request (once the request's context is
 //     stopped or killed no attempt starts), a handler error, a worker that
 //     stopped the request on purpose (transport.ErrStoppedByHandler), a request
@@ -74,8 +78,8 @@ func (c *Client) GenerateMigrating(payload []byte, parent *ctxtree.Context, rout
 
 // retryable reports whether an attempt that ended with err may be retried.
 func retryable(err error) bool {
-	if errors.Is(err, transport.ErrStoppedByHandler) {
-		return false
+	if errors.Is(err, transport.ErrStoppedByHandler) || errors.Is(err, ErrBusy) {
+		return false // ErrBusy: no attempt failed (migrate waits for a place)
 	}
 	return errors.Is(err, ErrNoResponders) || errors.Is(err, ErrIncomplete) || errors.Is(err, ErrNotAcknowledged)
 }
@@ -109,8 +113,9 @@ func (s *Stream) migrate(c *Client, payload []byte, route Route, instance uint64
 	}
 	passed := 0                  // items passed to the caller so far
 	exclude := map[uint64]bool{} // instances that failed this request
+	waits := 0                   // retries so far, busy ones included (backoff)
 	for attempt := 0; ; attempt++ {
-		if attempt > 0 && (s.ctx.IsStopped() || !s.backoff(attempt)) {
+		if (attempt > 0 || waits > 0) && (s.ctx.IsStopped() || !s.backoff(waits)) {
 			// Cancelled: no new attempt starts. (The first one always goes
 			// out, so that a handler sees a request stopped before it was
 			// sent, as without migration.)
@@ -150,7 +155,19 @@ func (s *Stream) migrate(c *Client, payload []byte, route Route, instance uint64
 			s.ctx.Cancel(ctxtree.Killed, ctxtree.ReasonDeadline)
 			s.end(io.EOF)
 			return
+		case errors.Is(err, ErrBusy) && attempt > 0:
+			// Every worker was busy for a request that a worker broke: it
+			// waits for a place, without spending an attempt (the first
+			// attempt's ErrBusy goes to the caller, who queues it).
+			s.attempt.Store(nil)
+			waits++
+			attempt--
+			continue
+		case errors.Is(err, ErrBusy):
+			s.end(err)
+			return
 		case attempt < limit && retryable(err):
+			waits++
 			s.attempt.Store(nil) // a kill from now on stops the request before the next worker
 			if inner.instance != 0 {
 				exclude[inner.instance] = true

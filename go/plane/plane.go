@@ -178,6 +178,9 @@ type Options struct {
 	// sent again unchanged: the plane knows no schema of its own. The native
 	// library passes tokens.New, the token schema's.
 	Continuation func() Continuation
+	// LoadInterval is the least time between two load reports of an
+	// endpoint served with a capacity (zero: DefaultLoadInterval).
+	LoadInterval time.Duration
 }
 
 // Continuation carries one migrating request across its attempts (a hook:
@@ -304,6 +307,9 @@ func New(ctx context.Context, opts Options) (*Runtime, error) {
 	}
 	if opts.AckTimeout <= 0 {
 		opts.AckTimeout = DefaultAckTimeout
+	}
+	if opts.LoadInterval <= 0 {
+		opts.LoadInterval = DefaultLoadInterval
 	}
 	bus, err := natsbus.Connect(ctx, opts.NATS)
 	if err != nil {
@@ -510,7 +516,8 @@ func ValidKey(k string) bool {
 }
 
 type ack struct {
-	Error string `json:"error,omitempty"`
+	Error string      `json:"error,omitempty"`
+	Load  *LoadReport `json:"load,omitempty"` // with ackBusy: the worker's load (workerload.go)
 }
 
 // arm is a one-shot readiness callback: set by a host that found nothing to

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/dynamo-ctx/dynamo-ctx/go/ctxtree"
@@ -38,6 +39,10 @@ type Request struct {
 	wake     chan struct{} // buffered(1): items queued or the handler finished
 	hostDone chan struct{} // closed when the host's handler completed or failed
 	doneOnce sync.Once
+	// placed: the request holds a place of its endpoint's capacity
+	// (workerload.go), given back once by freePlace.
+	placed     bool
+	placeFreed atomic.Bool
 
 	mu            sync.Mutex
 	items         [][]byte
@@ -59,6 +64,7 @@ func (r *Request) run(addr, token string) {
 	if err != nil {
 		slog.Warn("could not connect the response stream to the caller", "request_id", r.ID, "caller", addr, "error", err)
 		r.Ctx.Cancel(ctxtree.Killed, ctxtree.ReasonConnectionLost)
+		r.freePlace() // no handler will run
 		return
 	}
 	defer out.Close()
@@ -113,12 +119,14 @@ func (r *Request) fetch(ctx context.Context, out *transport.Outgoing, addr, toke
 	if r.Ctx.IsKilled() {
 		r.release()
 		r.doneOnce.Do(func() { close(r.hostDone) }) // no handler will run
+		r.freePlace()
 		go r.confirmAbort()
 		return false
 	}
 	slog.Warn("could not fetch the request from the caller", "request_id", r.ID, "caller", addr, "bytes", r.fetchBytes, "error", err)
 	r.Ctx.Cancel(ctxtree.Killed, ctxtree.ReasonConnectionLost)
 	r.release()
+	r.freePlace()
 	return false
 }
 
@@ -159,6 +167,7 @@ func (r *Request) waitAttached(out *transport.Outgoing, addr string) bool {
 		slog.Debug("the caller no longer expects the request: not started", "request_id", r.ID, "caller", addr)
 		r.Ctx.Cancel(ctxtree.Killed, ctxtree.ReasonConnectionLost)
 		r.release()
+		r.freePlace()
 		return false
 	}
 	return true
@@ -259,6 +268,14 @@ func (r *Request) release() {
 
 func (r *Request) poke() { poke(r.wake) }
 
+// freePlace gives the request's place on its endpoint back (once): its
+// handler has returned, or none will run.
+func (r *Request) freePlace() {
+	if r.placed && r.placeFreed.CompareAndSwap(false, true) {
+		r.ep.givePlace()
+	}
+}
+
 // Send queues one item (a JSON value) for the caller. It never blocks:
 // ErrFull means the buffer is full (Arm, then retry); after the request was
 // killed or finished, items are dropped silently (the handler is being
@@ -351,6 +368,7 @@ func (r *Request) Fail(msg string) {
 
 func (r *Request) finish(msg string) {
 	r.doneOnce.Do(func() { close(r.hostDone) })
+	r.freePlace() // the handler has returned: its engine work is over
 	r.mu.Lock()
 	if r.finished {
 		r.mu.Unlock()

@@ -115,8 +115,8 @@ func nth(avoided []int, k int) int {
 const absent = math.MinInt
 
 // freeTree holds the free places of each instance of one view (capacity,
-// or the view's largest when it declares none, minus the client's requests
-// running there) in two max segment trees: all of them, and those a new
+// or the view's largest when it declares none, minus the requests running
+// there: the client's own and the others' it was told of, load.go) in two max segment trees: all of them, and those a new
 // request may be admitted into (an instance that declares a capacity and
 // has no free place is absent from it). Guarded by Client.mu.
 type freeTree struct {
@@ -126,7 +126,8 @@ type freeTree struct {
 	adm  []int
 }
 
-func newFreeTree(v *view, load map[uint64]int) *freeTree {
+func (c *Client) newFreeTreeLocked(v *view) *freeTree {
+	c.pruneOthersLocked(v)
 	size := 1
 	for size < len(v.insts) {
 		size *= 2
@@ -135,7 +136,7 @@ func newFreeTree(v *view, load map[uint64]int) *freeTree {
 	for i := range size {
 		t.all[size+i], t.adm[size+i] = absent, absent
 		if i < len(v.insts) {
-			t.all[size+i], t.adm[size+i] = t.free(i, load[v.insts[i].ID])
+			t.all[size+i], t.adm[size+i] = t.free(i, c.usedLocked(v.insts[i].ID))
 		}
 	}
 	for n := size - 1; n >= 1; n-- {
@@ -145,8 +146,12 @@ func newFreeTree(v *view, load map[uint64]int) *freeTree {
 	return t
 }
 
-// free is instance i's free places with running requests of the client
-// there, and the same where a new request may be admitted (else absent).
+// usedLocked is how many requests run on instance id: the client's own and,
+// as last reported, the others' (load.go). c.mu held.
+func (c *Client) usedLocked(id uint64) int { return c.load[id] + c.othersLocked(id) }
+
+// free is instance i's free places with running requests there, and the
+// same where a new request may be admitted (else absent).
 func (t *freeTree) free(i, running int) (all, adm int) {
 	capacity, declared := t.v.caps[i], t.v.caps[i] > 0
 	if !declared {
@@ -190,7 +195,7 @@ func (t *freeTree) first(a []int, node, lo, hi, from, want int) int {
 func (c *Client) loadChangedLocked(id uint64) {
 	if t := c.tree; t != nil {
 		if i := t.v.index(id); i >= 0 {
-			all, adm := t.free(i, c.load[id])
+			all, adm := t.free(i, c.usedLocked(id))
 			t.set(i, all, adm)
 		}
 	}
@@ -209,7 +214,7 @@ func (c *Client) mostFreeLocked(v *view, avoided []int, admit bool) (best uint64
 		return 0, false
 	}
 	if c.tree == nil || c.tree.v != v {
-		c.tree = newFreeTree(v, c.load)
+		c.tree = c.newFreeTreeLocked(v)
 	}
 	t := c.tree
 	for _, i := range avoided { // left out for this pick only
@@ -228,7 +233,7 @@ func (c *Client) mostFreeLocked(v *view, avoided []int, admit bool) (best uint64
 		best, ok = v.insts[i].ID, true
 	}
 	for _, i := range avoided {
-		all, adm := t.free(i, c.load[v.insts[i].ID])
+		all, adm := t.free(i, c.usedLocked(v.insts[i].ID))
 		t.set(i, all, adm)
 	}
 	return best, ok

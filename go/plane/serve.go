@@ -34,11 +34,14 @@ type Endpoint struct {
 	closedCh chan struct{}
 	readers  chan struct{}  // one token per goroutine reading an envelope (see onMsg)
 	reading  sync.WaitGroup // those goroutines: Close waits for them
+	places   places         // its capacity and count (workerload.go)
+	load     *loadPublisher // its load reports; nil without a capacity
 }
 
 // Serve registers a new instance of path and starts receiving its requests.
 // meta is published with the instance (for example the model it serves).
-func (r *Runtime) Serve(path string, meta []byte) (*Endpoint, error) {
+// WithCapacity bounds the requests it serves at once (workerload.go).
+func (r *Runtime) Serve(path string, meta []byte, opts ...ServeOption) (*Endpoint, error) {
 	if err := ValidatePath(path); err != nil {
 		return nil, err
 	}
@@ -49,6 +52,14 @@ func (r *Runtime) Serve(path string, meta []byte) (*Endpoint, error) {
 		rt: r, path: path, instanceID: discovery.NewInstanceID(),
 		active: map[*Request]struct{}{}, closedCh: make(chan struct{}),
 		readers: make(chan struct{}, envelopeReaders),
+	}
+	var o serveOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if o.capacity > 0 {
+		e.places.capacity = o.capacity
+		e.load = &loadPublisher{e: e, interval: r.opts.LoadInterval}
 	}
 	sub, err := r.nc().Subscribe(discovery.RequestSubject(path, e.instanceID), e.onMsg)
 	if err != nil {
@@ -102,8 +113,16 @@ func (e *Endpoint) onMsg(m *nats.Msg) {
 		_ = m.Respond(mustJSON(ack{Error: ackShuttingDown}))
 		return
 	}
+	if !e.takePlaceLocked() {
+		rep := e.reportLocked()
+		e.mu.Unlock()
+		<-e.readers
+		_ = m.Respond(mustJSON(ack{Error: ackBusy, Load: &rep})) // at once, unread: workerload.go
+		return
+	}
 	e.reading.Add(1)
 	e.mu.Unlock()
+	e.load.changed()
 	go func() {
 		defer e.reading.Done()
 		defer func() { <-e.readers }()
@@ -115,6 +134,9 @@ func (e *Endpoint) onMsg(m *nats.Msg) {
 var envelopeReaders = max(2, runtime.GOMAXPROCS(0))
 
 // receive reads one request envelope, acknowledges it and starts serving it.
+// It holds the place onMsg took for it: a request it refuses gives it back
+// at once, one it serves owns it until its handler has returned
+// (Request.freePlace).
 func (e *Endpoint) receive(m *nats.Msg) {
 	env, err := readEnvelope(m.Data)
 	if err == nil {
@@ -124,12 +146,13 @@ func (e *Endpoint) receive(m *nats.Msg) {
 		if err != errRequestTooLarge {
 			err = errMalformedEnvelope
 		}
+		e.refusedPlace()
 		_ = m.Respond(mustJSON(ack{Error: err.Error()}))
 		return
 	}
 	req := &Request{
 		ep: e, ID: env.ID, Key: env.Key, Payload: env.Request, Metadata: env.Metadata, Ctx: e.rt.opts.NewContext(env.ID), aborts: env.Aborts,
-		wake: make(chan struct{}, 1), hostDone: make(chan struct{}), fetchBytes: env.RequestBytes,
+		wake: make(chan struct{}, 1), hostDone: make(chan struct{}), fetchBytes: env.RequestBytes, placed: e.places.capacity > 0,
 	}
 	if env.State >= ctxtree.Stopped {
 		// The caller's context was cancelled before sending: apply it before
@@ -149,12 +172,14 @@ func (e *Endpoint) receive(m *nats.Msg) {
 		req.Ctx.SetDeadline(time.Now().Add(time.Duration(*env.TimeoutUs) * time.Microsecond))
 	}
 	if !e.rt.HostAwake() {
+		e.refusedPlace()
 		_ = m.Respond(mustJSON(ack{Error: ackHostStalled})) // host.go
 		return
 	}
 	e.mu.Lock()
 	if e.closed || e.draining {
 		e.mu.Unlock()
+		e.refusedPlace()
 		_ = m.Respond(mustJSON(ack{Error: ackShuttingDown}))
 		return
 	}
@@ -167,12 +192,21 @@ func (e *Endpoint) receive(m *nats.Msg) {
 	go req.run(env.Addr, env.Token)
 }
 
+// refusedPlace gives back the place onMsg took for a request that receive
+// refused.
+func (e *Endpoint) refusedPlace() {
+	if e.places.capacity > 0 { // set once, before the first request
+		e.givePlace()
+	}
+}
+
 // publish makes req visible to Accept once its stream is connected.
 func (e *Endpoint) publish(req *Request) {
 	e.mu.Lock()
 	if e.closed {
 		e.mu.Unlock()
 		req.Ctx.Cancel(ctxtree.Killed, ctxtree.ReasonShutdown)
+		req.freePlace() // no handler will take it
 		return
 	}
 	e.pending = append(e.pending, req)
@@ -266,6 +300,7 @@ func (e *Endpoint) Close() {
 	}
 	f := e.ready.take()
 	e.mu.Unlock()
+	e.load.close()
 	if e.lease != nil {
 		e.lease.Close()
 	}

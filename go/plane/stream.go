@@ -1,6 +1,7 @@
 package plane
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -20,10 +21,13 @@ import (
 // buffer that the host drains with Take.
 type Stream struct {
 	rt        *Runtime
-	client    *Client       // nil for a migrating stream's outer stream
-	instance  uint64        // the instance this attempt went to (0: none)
-	served    atomic.Uint64 // the instance of the current attempt (see Instance)
-	key       string        // the logical request's key (see NewKey)
+	client    *Client         // nil for a migrating stream's outer stream
+	instance  uint64          // the instance this attempt went to (0: none); moved by reroute
+	route     Route           // how the attempt was routed (reroute)
+	exclude   map[uint64]bool // the instances it avoids (migration's; read only)
+	outer     *Stream         // the migrating stream this is an attempt of (nil: none)
+	served    atomic.Uint64   // the instance of the current attempt (see Instance)
+	key       string          // the logical request's key (see NewKey)
 	ctx       *ctxtree.Context
 	parent    *ctxtree.Context // the caller's context (nil for none): see Killed
 	in        *transport.Incoming
@@ -115,6 +119,32 @@ func (s *Stream) dispatch(nc *nats.Conn, subject string, env []byte) (*nats.Msg,
 	}
 }
 
+// dispatchPlaced is dispatch, sending the request on to another instance
+// while the one it went to refuses it as busy (load.go): the reply of the
+// last instance tried, whose refusal, if it is one, run reports.
+func (s *Stream) dispatchPlaced(nc *nats.Conn, subject string, env []byte) (*nats.Msg, error) {
+	var refused map[uint64]bool
+	for hops := 0; ; hops++ {
+		msg, err := s.dispatch(nc, subject, env)
+		if err != nil || !busyAck(msg.Data) {
+			return msg, err
+		}
+		var a ack
+		_ = json.Unmarshal(msg.Data, &a)
+		next, ok := s.reroute(a.Load, &refused, hops)
+		if !ok {
+			return msg, nil
+		}
+		subject = next
+	}
+}
+
+// busyAck reports whether an acknowledgement is a busy refusal, without
+// decoding the usual one.
+func busyAck(b []byte) bool {
+	return len(b) > len(ackOK) && bytes.Contains(b, []byte(ackBusy))
+}
+
 // errAttached ends the wait for an acknowledgement when the worker's
 // connection arrives first; ackOK is the acknowledgement it stands for.
 var (
@@ -131,7 +161,7 @@ func (rt *Runtime) ackTimeout(n int) time.Duration {
 }
 
 func (s *Stream) run(nc *nats.Conn, subject string, env []byte) {
-	msg, err := s.dispatch(nc, subject, env)
+	msg, err := s.dispatchPlaced(nc, subject, env)
 	s.rt.setLocal(s.in.Token(), nil)
 	if err != nil {
 		switch {
@@ -152,6 +182,14 @@ func (s *Stream) run(nc *nats.Conn, subject string, env []byte) {
 	var a ack
 	if json.Unmarshal(msg.Data, &a) != nil || a.Error != "" {
 		s.in.Abandon()
+		if a.Error == ackBusy {
+			err := ErrBusy // not the instance's fault: it is not suspected
+			if s.ctx.IsStopped() {
+				err = io.EOF // cancelled meanwhile: nothing to report
+			}
+			s.end(err)
+			return
+		}
 		if a.Error == ackShuttingDown || a.Error == ackHostStalled {
 			// As good as gone: another worker may take it (migration retries).
 			why := "the worker is shutting down"
@@ -404,6 +442,21 @@ func (s *Stream) Take(max int) ([][]byte, error) {
 func (s *Stream) Arm(f func()) {
 	s.mu.Lock()
 	s.ready.setLocked(&s.mu, len(s.items) > 0 || s.err != nil || (s.started && !s.startSeen), f)
+}
+
+// AwaitStart waits until the request reached a worker (nil; nil too when
+// it ended before it started without an error: it was cancelled), or ended
+// before that (its error: ErrBusy, ErrNoResponders, ...), or ctx is done
+// (ctx's error). Only one goroutine may wait on a stream (see Next).
+func (s *Stream) AwaitStart(ctx context.Context) error {
+	for {
+		if err := s.Started(); err != ErrAgain {
+			return err
+		}
+		if err := waitArmed(ctx, s.Arm); err != nil {
+			return err
+		}
+	}
 }
 
 // waitStarted blocks until the request reached a worker (nil) or failed

@@ -41,6 +41,7 @@ import (
 	"github.com/dynamo-ctx/dynamo-ctx/go/ctxtree"
 	"github.com/dynamo-ctx/dynamo-ctx/go/discovery"
 	"github.com/dynamo-ctx/dynamo-ctx/go/frame"
+	"github.com/dynamo-ctx/dynamo-ctx/go/modelcard"
 	"github.com/dynamo-ctx/dynamo-ctx/go/natsbus"
 	"github.com/dynamo-ctx/dynamo-ctx/go/plane"
 	"github.com/dynamo-ctx/dynamo-ctx/go/tokens"
@@ -211,7 +212,10 @@ func Serve(tb testing.TB, rt *plane.Runtime, path string, h Handler, opts ...Wor
 	for _, f := range opts {
 		f(&cfg)
 	}
-	ep, err := rt.Serve(path, cfg.meta)
+	// As a worker does (go/native): a model card's max_num_seqs is the
+	// endpoint's capacity, past which it refuses requests as busy.
+	card, _ := modelcard.Parse(cfg.meta)
+	ep, err := rt.Serve(path, cfg.meta, plane.WithCapacity(card.MaxNumSeqs))
 	require.NoError(tb, err)
 	w := &Worker{Name: cfg.name, RT: rt, EP: ep, onAccept: cfg.onAccept,
 		reqs: make(chan *plane.Request, 64), quit: make(chan struct{})}

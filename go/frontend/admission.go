@@ -1,10 +1,15 @@
 package frontend
 
 // Admission. A worker declares its capacity ("max_num_seqs" in its
-// instance's metadata: the sequences its engine runs at once); the model's
-// client counts the requests it runs on each instance and sends each to
-// the one with the most free capacity (plane's capacity.go). A request is
-// admitted when an instance has a free place; when every instance of the
+// instance's metadata: the sequences its engine runs at once) and enforces
+// it: its own count is the authority, whatever the number of frontends,
+// and a request past it is refused as busy (plane's workerload.go). The
+// model's client pictures each instance's free places from its own
+// requests and the load the workers publish (plane's capacity.go, load.go)
+// and sends each request to the one with the most. A request is admitted
+// when an instance has a free place in that picture; one that every worker
+// then refuses as busy comes back here, first in line (resend.go). When
+// every instance of the
 // model is full it waits in the model's queue, first come first served, for
 // a place, up to Options.MaxQueuedRequests requests; past that it is
 // answered 503, code overloaded, with Retry-After, at once. A queued
@@ -13,8 +18,9 @@ package frontend
 //
 // A request takes one place however many choices (n) it has: its first
 // choice goes into the place, the others to the instances with the most
-// free capacity, even past it (the engine queues them). Instances that
-// declare no capacity always have room.
+// free capacity, even past it; a worker that is full refuses them as busy,
+// and they wait here for places as a refused first choice does. Instances
+// that declare no capacity always have room.
 
 import (
 	"container/list"
@@ -78,8 +84,13 @@ func (g *gate) queued() int {
 // ends, errQueueDeadline at deadline (zero: none), errQueueShutdown when
 // stopping closes (also if it was closed already), or plane's
 // ErrNoInstances when the model has no instance (also while it waits).
-func (g *gate) admit(ctx context.Context, deadline time.Time, stopping <-chan struct{}) (*plane.Reservation, error) {
-	r, err := g.wait(ctx, deadline, stopping)
+//
+// front is for a request admitted once already that every worker then
+// refused as busy (their places were taken by other frontends' requests):
+// it takes a free place before the requests waiting, and otherwise waits
+// first in line, or is refused as overloaded when the queue is full.
+func (g *gate) admit(ctx context.Context, deadline time.Time, stopping <-chan struct{}, front bool) (*plane.Reservation, error) {
+	r, err := g.wait(ctx, deadline, stopping, front)
 	if err != nil {
 		return nil, err
 	}
@@ -109,12 +120,12 @@ func gone(ctx context.Context, deadline time.Time, stopping <-chan struct{}) err
 }
 
 // wait is admit's first half: a place at once, or after waiting in the queue.
-func (g *gate) wait(ctx context.Context, deadline time.Time, stopping <-chan struct{}) (*plane.Reservation, error) {
+func (g *gate) wait(ctx context.Context, deadline time.Time, stopping <-chan struct{}, front bool) (*plane.Reservation, error) {
 	if why := gone(ctx, deadline, stopping); why != nil {
 		return nil, why // a request that arrives after its frontend's drain gave up starts nothing
 	}
 	g.mu.Lock()
-	if g.queue.Len() == 0 {
+	if g.queue.Len() == 0 || front {
 		r, err := g.c.Reserve()
 		if !errors.Is(err, plane.ErrAtCapacity) {
 			g.mu.Unlock()
@@ -126,7 +137,11 @@ func (g *gate) wait(ctx context.Context, deadline time.Time, stopping <-chan str
 		return nil, errOverloaded
 	}
 	w := &waiter{ready: make(chan struct{})}
-	w.elem = g.queue.PushBack(w)
+	if front {
+		w.elem = g.queue.PushFront(w)
+	} else {
+		w.elem = g.queue.PushBack(w)
+	}
 	g.mu.Unlock()
 	// A place freed between the Reserve above and the PushBack called room
 	// before this waiter was there to take it.
@@ -188,37 +203,54 @@ func (g *gate) room() {
 	}
 }
 
+// notAdmittedOutcome is the one outcome of a request that admit refused
+// with err (see notAdmitted).
+func notAdmittedOutcome(err error) string {
+	switch {
+	case errors.Is(err, errOverloaded), errors.Is(err, plane.ErrNoInstances):
+		return "rejected"
+	case errors.Is(err, errQueueDeadline):
+		return "deadline"
+	case errors.Is(err, errQueueShutdown), errors.Is(err, errQueueClientGone):
+		return "cancelled"
+	}
+	return "failed"
+}
+
 // notAdmitted answers a request that got no place (admit's error) and
 // counts its choices, each with the one outcome the request had: rejected
 // (overloaded, or no instance), deadline, or cancelled (the client left, the
 // frontend stopped). None of them reached a worker.
 func (f *Frontend) notAdmitted(w http.ResponseWriter, model string, choices int, err error) {
-	outcome := "cancelled"
+	outcome := f.answerNotAdmitted(w, model, err)
+	for i := 0; i < choices; i++ {
+		f.metrics.request(model)
+		f.metrics.outcome(model, outcome)
+	}
+}
+
+// answerNotAdmitted answers a request that got no place, and returns the
+// outcome it had (see notAdmitted).
+func (f *Frontend) answerNotAdmitted(w http.ResponseWriter, model string, err error) (outcome string) {
+	outcome = notAdmittedOutcome(err)
 	switch {
 	case errors.Is(err, errOverloaded):
-		outcome = "rejected"
 		w.Header().Set("Retry-After", retryAfterSeconds)
 		writeError(w, http.StatusServiceUnavailable, fmt.Sprintf(
 			"every worker of model %q is at its capacity and %d requests already wait; retry later", model, max(f.opts.MaxQueuedRequests, 0)),
 			"service_unavailable", "", "overloaded")
 	case errors.Is(err, errQueueDeadline):
-		outcome = "deadline"
 		deadlineExceeded(w)
 	case errors.Is(err, errQueueShutdown):
 		writeError(w, http.StatusServiceUnavailable, err.Error(), "service_unavailable", "", "shutdown")
 	case errors.Is(err, errQueueClientGone):
 		slog.Debug("request left the queue: its client went away", "model", model)
 	case errors.Is(err, plane.ErrNoInstances):
-		outcome = "rejected"
 		modelNotFound(w, model)
 	default:
-		outcome = "failed"
 		writeError(w, http.StatusInternalServerError, err.Error(), "internal_error", "", "internal_error")
 	}
-	for i := 0; i < choices; i++ {
-		f.metrics.request(model)
-		f.metrics.outcome(model, outcome)
-	}
+	return outcome
 }
 
 // writeAdmission writes the admission gauges: per model, the worker

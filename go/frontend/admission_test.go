@@ -359,3 +359,82 @@ func TestQueuedRequestEndsWhenTheModelHasNoInstanceLeft(t *testing.T) {
 	assert.Equal(t, http.StatusNotFound, r.status, "%s", r.body)
 	assert.Contains(t, string(r.body), `"code":"model_not_found"`)
 }
+
+// Two frontends in front of one worker share its capacity: the worker's
+// own count is the authority. With 2 places, one request through each fills
+// it; a third through either is never run past the capacity: it waits in
+// its frontend's queue (learnt from the worker's load report or its busy
+// refusal), or is answered 503 overloaded where that queue is full, and it
+// runs once a place frees.
+func TestFrontendsShareTheWorkersCapacity(t *testing.T) {
+	e, got := full(t, 2, -1) // a: no queue
+	b := &env{t: t, host: planetest.Join(t, e.host)}
+	b.startWith(frontend.Options{Addr: "127.0.0.1:0", MigrationLimit: -1, MaxQueuedRequests: 4})
+	b.waitModels("m")
+
+	_, cancelA1 := e.send("a1")
+	planetest.Recv(t, got, "a1")
+	_, cancelB1 := b.send("b1")
+	planetest.Recv(t, got, "b1")
+
+	doneB2, _ := b.send("b2")
+	b.waitMetric(key(mQueued, "m"), 1)
+	r := e.post("/v1/completions", completion("m", "hi", 5, false), map[string]string{"x-request-id": "a2"})
+	assert.Equal(t, http.StatusServiceUnavailable, r.status, "%s", r.body)
+	assert.Contains(t, string(r.body), `"code":"overloaded"`)
+	assert.Equal(t, "1", r.header.Get("Retry-After"))
+	select {
+	case req := <-got:
+		t.Fatalf("request %q reached the worker past its capacity", req.ID)
+	case <-time.After(100 * time.Millisecond):
+	}
+
+	cancelA1() // a place frees on the worker: b's queue hears of it
+	assert.Equal(t, "b2", planetest.Recv(t, got, "the request queued at the other frontend").ID)
+	b.waitMetric(key(mQueued, "m"), 0)
+	select {
+	case r := <-doneB2:
+		t.Fatalf("answered: %d %s", r.status, r.body)
+	default:
+	}
+	cancelB1()
+	e.waitMetric(outcomeKey("m", "rejected"), 1)
+}
+
+// A frontend that believes a place free (it came after the worker's last
+// load report) sends there; the worker refuses it as busy; the request goes
+// back to the frontend's queue, or, streaming or not, is answered 503
+// overloaded before anything else is written when the queue is full.
+func TestBusyRefusalQueuesOrOverloads(t *testing.T) {
+	e := newEnv(t)
+	got := make(chan *plane.Request, 8)
+	w := e.workerMeta("w", "dynamo", modelcard.Card{Model: "m", MaxNumSeqs: 1}, planetest.Hold(got))
+	e.startWith(frontend.Options{Addr: "127.0.0.1:0", MigrationLimit: -1, MaxQueuedRequests: 4})
+	e.waitModels("m")
+	_, cancelA := e.send("a")
+	planetest.Recv(t, got, "a") // its one load report is out before: the next frontend hears none
+
+	b := &env{t: t, host: planetest.Join(t, e.host)}
+	b.startWith(frontend.Options{Addr: "127.0.0.1:0", MigrationLimit: -1, MaxQueuedRequests: 1})
+	b.waitModels("m")
+	doneB, _ := b.send("b")
+	b.waitMetric(key(mQueued, "m"), 1)
+	_, refused, _ := w.EP.Load()
+	assert.Equal(t, uint64(1), refused, "b was sent, and refused as busy")
+
+	resp := b.open("/v1/completions", completion("m", "hi", 5, true), map[string]string{"x-request-id": "c"})
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	assert.Equal(t, http.StatusServiceUnavailable, resp.StatusCode, "%s", body)
+	assert.Contains(t, string(body), `"code":"overloaded"`)
+
+	cancelA()
+	assert.Equal(t, "b", planetest.Recv(t, got, "the refused request, once a place freed").ID)
+	select {
+	case r := <-doneB:
+		t.Fatalf("answered: %d %s", r.status, r.body)
+	default:
+	}
+	b.waitMetric(outcomeKey("m", "rejected"), 1)
+	b.waitMetric(key(mQueued, "m"), 0)
+}

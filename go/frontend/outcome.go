@@ -10,7 +10,8 @@ package frontend
 //   - failed: the worker's handler raised, or its stream broke and was not
 //     (or no longer) migrated;
 //   - stopped: the worker's handler stopped it on purpose;
-//   - rejected: no worker received it (no responders);
+//   - rejected: no worker received it (no responders, or every worker
+//     busy and the queue full);
 //   - cancelled: killed before it finished: the client went away, another
 //     choice of the request failed, or a drain ended it.
 
@@ -28,13 +29,15 @@ var outcomes = []string{"completed", "stopped", "cancelled", "deadline", "failed
 // outcome is the choice's one outcome, once serve is done with it.
 func (c *choice) outcome() string {
 	switch {
+	case c.refused != "":
+		return c.refused // readmitted, it got no place (resend.go)
 	case c.complete.Load() || c.stream().Completed():
 		return "completed"
 	case byDeadline(c):
 		return "deadline"
 	case c.endErr != nil && !errors.Is(c.endErr, io.EOF):
 		switch {
-		case errors.Is(c.endErr, plane.ErrNoResponders):
+		case errors.Is(c.endErr, plane.ErrNoResponders): // ErrBusy too
 			return "rejected"
 		case errors.Is(c.endErr, transport.ErrStoppedByHandler):
 			return "stopped"

@@ -42,11 +42,14 @@ type choice struct {
 	index  int
 	reqCtx *ctxtree.Context
 	st     atomic.Pointer[plane.Stream] // its worker request (stream()); replaced by a resend
-	// resend sends the worker request again (resend.go); items counts
-	// those it produced, resends the times it was sent again.
-	resend  func() (*plane.Stream, error)
-	items   int
+	// send sends the worker request again, into place if not nil, and
+	// readmit waits for a place for it (resend.go); resends counts the
+	// times it was sent again; refused is the outcome of a choice that got
+	// no place when it was readmitted ("" otherwise).
+	send    func(place *plane.Reservation) (*plane.Stream, error)
+	readmit func(ctx context.Context) (*plane.Reservation, error)
 	resends int
+	refused string
 	// complete: the worker's stream ended normally, or the frontend ended
 	// it at a stop string: a disconnect now cancels nothing.
 	complete atomic.Bool
@@ -276,7 +279,7 @@ func (f *Frontend) admit(w http.ResponseWriter, r *http.Request, in *incoming) (
 		deadlineExceeded(w) // spent before anything was sent (reading, tokenizing)
 		return nil, false
 	}
-	place, err := in.gate.admit(r.Context(), in.deadline, f.stopping)
+	place, err := in.gate.admit(r.Context(), in.deadline, f.stopping, false)
 	if err != nil {
 		f.notAdmitted(w, in.req.Model, len(in.prompts)*in.plan.n, err)
 		return nil, false
@@ -313,8 +316,16 @@ func (f *Frontend) dispatch(w http.ResponseWriter, in *incoming, place *plane.Re
 				c.reqCtx.SetDeadline(in.deadline) // travels to every hop as time left
 			}
 			payload := p.payload(in.req.Model, pr.tokens, in.budgets[i], c.index)
-			client := in.client
-			c.resend = func() (*plane.Stream, error) { return client.Generate(payload, c.reqCtx, plane.RoundRobin, 0) }
+			client, gate := in.client, in.gate
+			c.send = func(place *plane.Reservation) (*plane.Stream, error) {
+				if place == nil {
+					return client.Generate(payload, c.reqCtx, plane.RoundRobin, 0)
+				}
+				return client.Generate(payload, c.reqCtx, plane.RoundRobin, 0, plane.WithReservation(place))
+			}
+			c.readmit = func(ctx context.Context) (*plane.Reservation, error) {
+				return gate.admit(ctx, in.deadline, f.stopping, true)
+			}
 			var opts []plane.GenerateOption
 			if place != nil {
 				// The first choice goes into the request's place (and owns it).
@@ -408,9 +419,14 @@ func (f *Frontend) respond(w http.ResponseWriter, r *http.Request, in *incoming,
 		f: f, w: out, ctx: respCtx, plan: in.plan, choices: choices, id: prefix + in.id, model: model,
 		created: time.Now().Unix(), promptTokens: in.promptTokens, text: in.text,
 	}
-	if in.req.Stream {
+	switch err := resp.started(); {
+	case err != nil:
+		if respCtx.Err() == nil {
+			f.answerNotAdmitted(w, model, err) // nothing was written yet
+		}
+	case in.req.Stream:
 		resp.stream()
-	} else {
+	default:
 		resp.unary()
 	}
 	// The response loop may have seen the disconnect (its reads use the

@@ -89,6 +89,11 @@ class WorkerMetrics:
             f = family(name, help_, labels=["model"])
             f.add_metric([self.model], value)
             out.append(f)
+        if hasattr(stats, "peak_running_requests"):  # the mock engine's (vLLM's stats have no such figure)
+            f = GaugeMetricFamily("dynamo_ctx_worker_running_requests_peak", "The most requests the engine held at once.",
+                                  labels=["model"])
+            f.add_metric([self.model], stats.peak_running_requests)
+            out.append(f)
         zeros = dict.fromkeys(reasons(), 0)
         for name, help_, by_reason in (
             ("dynamo_ctx_worker_cancellations_received_total", "Requests whose context was stopped or killed, by reason.",

@@ -36,10 +36,12 @@ class EngineStats:
     engine resources, waiting or not), ``num_requests_running`` and
     ``num_requests_waiting`` (as vLLM's gauges of those names: admitted, and
     waiting or preempted), ``kv_blocks_in_use`` and ``kv_cache_usage`` (the
-    fraction of ``num_kv_blocks`` in use, as vLLM's ``kv_cache_usage_perc``).
+    fraction of ``num_kv_blocks`` in use, as vLLM's ``kv_cache_usage_perc``),
+    ``peak_running_requests`` (the most ``running_requests`` ever were).
     The rest are cumulative."""
 
     running_requests: int = 0
+    peak_running_requests: int = 0
     kv_blocks_in_use: int = 0
     requests_total: int = 0
     aborts_requested: int = 0

@@ -345,6 +345,7 @@ class MockAsyncLLM:
         req = _Request(request_id, tokens, params, bool(kv.get("do_remote_prefill")), bool(kv.get("do_remote_decode")))
         self._running[request_id] = req
         self.stats.running_requests = len(self._running)
+        self.stats.peak_running_requests = max(self.stats.peak_running_requests, self.stats.running_requests)
         self.stats.requests_total += 1
         self._sched.add(req)
         self._start_stepper()

@@ -73,3 +73,13 @@ func SetAbortSubject(rt *Runtime, subject string) { rt.aborts = subject }
 
 // NC is r's NATS connection.
 func NC(r *Runtime) *nats.Conn { return r.nc() }
+
+// DeliverLoad hands data to c's load board as if it came from the bus
+// (load.go): what a frontend does with each load report.
+func DeliverLoad(c *Client, data []byte) {
+	r := c.root()
+	r.mu.Lock()
+	b := r.board
+	r.mu.Unlock()
+	b.deliver(&nats.Msg{Data: data})
+}

@@ -208,6 +208,19 @@ func BenchmarkPick(b *testing.B) {
 				}
 			}
 		})
+		// A worker's load report, as every frontend reads each: decoded,
+		// applied to the model's free tree (O(log W)).
+		ids := model.InstanceIDs()
+		reports := make([][]byte, 256)
+		for i := range reports {
+			reports[i] = fmt.Appendf(nil, `{"instance":%d,"gen":%d,"running":%d,"capacity":256,"free":%d}`, ids[i%len(ids)], 1000+i, i%256, 256-i%256)
+		}
+		b.Run(fmt.Sprintf("load_report/instances=%d", n), func(b *testing.B) {
+			b.ReportAllocs()
+			for i := range b.N {
+				plane.DeliverLoad(c, reports[i%len(reports)])
+			}
+		})
 		model.Close()
 	}
 }

@@ -135,6 +135,9 @@ const (
 	// process give each response stream a connection of its own; see
 	// Options.ConnectionPerStream.
 	EnvStreamConnections = "DYNAMO_CTX_STREAM_CONNECTIONS"
+	// EnvLoadInterval is the least time between two load reports of an
+	// endpoint, in seconds (for example "0.25"); see Options.LoadInterval.
+	EnvLoadInterval = "DYNAMO_CTX_LOAD_INTERVAL"
 )
 
 // Options configures New.
@@ -179,7 +182,8 @@ type Options struct {
 	// library passes tokens.New, the token schema's.
 	Continuation func() Continuation
 	// LoadInterval is the least time between two load reports of an
-	// endpoint served with a capacity (zero: DefaultLoadInterval).
+	// endpoint served with a capacity. Zero means DYNAMO_CTX_LOAD_INTERVAL,
+	// else DefaultLoadInterval (100 ms).
 	LoadInterval time.Duration
 }
 
@@ -289,13 +293,19 @@ func New(ctx context.Context, opts Options) (*Runtime, error) {
 	if opts.NewContext == nil {
 		opts.NewContext = func(id string) *ctxtree.Context { return ctxtree.New(id) }
 	}
-	if opts.StreamIdleTimeout == 0 {
-		if v := os.Getenv(EnvStreamIdleTimeout); v != "" {
+	for _, d := range []struct {
+		opt *time.Duration
+		env string
+	}{{&opts.StreamIdleTimeout, EnvStreamIdleTimeout}, {&opts.LoadInterval, EnvLoadInterval}} {
+		if *d.opt != 0 {
+			continue
+		}
+		if v := os.Getenv(d.env); v != "" {
 			secs, err := strconv.ParseFloat(v, 64)
 			if err != nil || secs <= 0 || secs > 3600 {
-				return nil, fmt.Errorf("%s=%q: want a number of seconds in (0, 3600]", EnvStreamIdleTimeout, v)
+				return nil, fmt.Errorf("%s=%q: want a number of seconds in (0, 3600]", d.env, v)
 			}
-			opts.StreamIdleTimeout = time.Duration(secs * float64(time.Second))
+			*d.opt = time.Duration(secs * float64(time.Second))
 		}
 	}
 	switch v := os.Getenv(EnvStreamConnections); v {

@@ -522,7 +522,11 @@ int dc_endpoint_name_check(const char *name, size_t len);
 
 /* Serves a new instance of the endpoint path ("namespace.component.endpoint")
    and stores its handle in *out. meta (may be NULL) is published with the
-   instance. Errors: DC_EBADF, DC_EINVAL (bad path), DC_ECLOSED. */
+   instance. When meta is a model card with "max_num_seqs" N (and a mode other
+   than "prefill"), the endpoint serves at most N requests at once: one past
+   that is refused at once as busy, and its load is published on
+   "dc.load.<path>" (docs/design.md, section 10).
+   Errors: DC_EBADF, DC_EINVAL (bad path), DC_ECLOSED. */
 int dc_endpoint_serve(uint64_t rt, const char *path, size_t path_len, const char *meta, size_t meta_len, uint64_t *out);
 
 /* Stores the endpoint instance's id in *out. */

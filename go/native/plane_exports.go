@@ -191,16 +191,25 @@ func dc_endpoint_serve(rtH C.uint64_t, path *C.char, pathLen C.size_t, meta *C.c
 	if rc != C.DC_OK {
 		return rc
 	}
-	// A worker's capacity is its model card's max_num_seqs (the metadata
-	// the frontend routes by): the endpoint refuses what is past it as busy.
-	m := goBytes(meta, metaLen)
-	card, _ := modelcard.Parse(m) // other metadata: no capacity
-	ep, err := rt.Serve(string(goBytes(path, pathLen)), m, plane.WithCapacity(card.MaxNumSeqs))
+	ep, err := rt.Serve(string(goBytes(path, pathLen)), goBytes(meta, metaLen), plane.WithCapacity(capacityOf(goBytes(meta, metaLen))))
 	if err != nil {
 		return planeError("dc_endpoint_serve", err)
 	}
 	*out = C.uint64_t(endpoints.Insert(ep))
 	return C.DC_OK
+}
+
+// capacityOf is the capacity of an endpoint served with metadata meta: a
+// model card's max_num_seqs (the figure frontends admit requests by), past
+// which the endpoint refuses requests as busy; none for other metadata, nor
+// for a prefill worker, whose callers (decode workers) do not queue for a
+// place: its engine queues what is past it.
+func capacityOf(meta []byte) int {
+	card, _ := modelcard.Parse(meta)
+	if card.Mode == modelcard.Prefill {
+		return 0
+	}
+	return card.MaxNumSeqs
 }
 
 // dc_endpoint_instance_id: see dynamo_ctx.h, the reference.

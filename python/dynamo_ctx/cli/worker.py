@@ -531,9 +531,12 @@ async def run(args: argparse.Namespace) -> None:
         )
         if model.path is not None and component == "backend":
             # For frontends that cannot read the directory (another machine):
-            # the same card, so that a frontend asks a worker with the same files.
+            # the same card, so that a frontend asks a worker with the same files;
+            # without max_num_seqs, which would bound its fetches as the engine's
+            # requests are bounded (docs/design.md, section 10).
             files = runtime.namespace(args.namespace).component(component).endpoint("model_files")
-            files_serving = asyncio.ensure_future(files.serve_endpoint(model_dir.files_handler(model.path), metadata=card))
+            files_card = {k: v for k, v in card.items() if k != "max_num_seqs"}
+            files_serving = asyncio.ensure_future(files.serve_endpoint(model_dir.files_handler(model.path), metadata=files_card))
         serving = asyncio.ensure_future(endpoint.serve_endpoint(handler.generate, metadata=card))
         instance = await endpoint.serving()
         readiness.waiting_for = None

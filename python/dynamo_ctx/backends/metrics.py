@@ -89,10 +89,11 @@ class WorkerMetrics:
             f = family(name, help_, labels=["model"])
             f.add_metric([self.model], value)
             out.append(f)
-        if hasattr(stats, "peak_running_requests"):  # the mock engine's (vLLM's stats have no such figure)
+        peak = getattr(stats, "peak_running_requests", None)  # the mock engine's (vLLM's stats have no such figure)
+        if peak is not None:
             f = GaugeMetricFamily("dynamo_ctx_worker_running_requests_peak", "The most requests the engine held at once.",
                                   labels=["model"])
-            f.add_metric([self.model], stats.peak_running_requests)
+            f.add_metric([self.model], peak)
             out.append(f)
         zeros = dict.fromkeys(reasons(), 0)
         for name, help_, by_reason in (

@@ -347,25 +347,52 @@ func (o *Outgoing) SendBatch(ctx context.Context, items [][]byte) (n int, err er
 		if err != nil {
 			return n, err
 		}
-		o.wmu.Lock()
-		if o.wShut {
-			o.wmu.Unlock()
-			return n, ErrClosed
-		}
-		m, err := o.w.WriteBatch(items[n : n+k])
-		if err == nil {
-			err = o.w.Flush()
-		}
-		o.wmu.Unlock()
-		o.live.didWrite()
+		m, err := o.writeBatch(items[n : n+k])
 		if err != nil {
-			// Frames still buffered when the error hit were not written; the
-			// count may include some, but the stream is dead anyway.
-			return n + m, o.writeErr(err)
+			return n + m, err
 		}
 		n += k
 	}
 	return n, nil
+}
+
+// TrySendBatch is SendBatch that never waits: it sends as many items as
+// the credit allows now and returns how many; fewer than len(items) with
+// a nil error means the credit ran out (SendBatch waits for the rest).
+func (o *Outgoing) TrySendBatch(items [][]byte) (n int, err error) {
+	o.mu.Lock()
+	if err := o.stateErr(); err != nil {
+		o.mu.Unlock()
+		return 0, err
+	}
+	k := int(min(int64(len(items)), o.credit))
+	o.credit -= int64(k)
+	o.mu.Unlock()
+	if k == 0 {
+		return 0, nil
+	}
+	return o.writeBatch(items[:k])
+}
+
+// writeBatch writes items, whose credit was acquired, and returns how many
+// went out (on error the count may include frames still buffered: the
+// stream is dead anyway).
+func (o *Outgoing) writeBatch(items [][]byte) (int, error) {
+	o.wmu.Lock()
+	if o.wShut {
+		o.wmu.Unlock()
+		return 0, ErrClosed
+	}
+	m, err := o.w.WriteBatch(items)
+	if err == nil {
+		err = o.w.Flush()
+	}
+	o.wmu.Unlock()
+	o.live.didWrite()
+	if err != nil {
+		return m, o.writeErr(err)
+	}
+	return len(items), nil
 }
 
 // Finish ends the stream normally: it sends Final, and the caller's Recv

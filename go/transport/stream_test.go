@@ -68,6 +68,50 @@ func TestSendBatch(t *testing.T) {
 	waitClosed(t, o.Done(), "Done")
 }
 
+// TrySendBatch sends what the credit allows and never waits: the rest is
+// left to the caller, in order, and a dead stream is an error at once.
+func TestTrySendBatch(t *testing.T) {
+	s := listen(t, WithWindow(16))
+	in := expect(t, s, "tok")
+	o := dial(t, s, "tok")
+	ctx := context.Background()
+	var batch [][]byte
+	for i := 0; i < 100; i++ {
+		batch = append(batch, item(i))
+	}
+	var got []string
+	for sent := 0; sent < len(batch); {
+		n, err := o.TrySendBatch(batch[sent:])
+		require.NoError(t, err)
+		assert.LessOrEqual(t, n, 16, "more than the window at once")
+		sent += n
+		if n == 0 && sent == len(got) {
+			time.Sleep(time.Millisecond) // the caller's first credit is on its way
+		}
+		if n == 0 {
+			// Out of credit, and it did not wait: the credit comes back
+			// as the caller reads.
+			for range min(8, sent-len(got)) {
+				b, err := in.Recv(ctx)
+				require.NoError(t, err)
+				got = append(got, string(b))
+			}
+		}
+	}
+	require.NoError(t, o.Finish())
+	rest, err := recvAll(t, in)
+	assert.Equal(t, io.EOF, err)
+	assert.Equal(t, items(0, 100), append(got, rest...))
+}
+
+func TestTrySendBatchKilled(t *testing.T) {
+	_, in, o := connect(t)
+	in.Kill()
+	waitClosed(t, o.Killed(), "Killed")
+	_, err := o.TrySendBatch([][]byte{item(0)})
+	assert.ErrorIs(t, err, ErrKilled)
+}
+
 func TestStop(t *testing.T) {
 	_, in, o := connect(t)
 	ctx := context.Background()

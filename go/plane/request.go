@@ -51,6 +51,15 @@ type Request struct {
 	clientStopped bool
 	writable      arm
 	localHooks    []func() bool // in-process caller: see followLocalCaller
+	// out is the response stream once the caller attached it: from then
+	// on sendMany writes what the credit allows straight to it, on the
+	// handler's thread, when nothing waits before (items empty) and no
+	// other send is under way (writing), so that a step's items cost no
+	// goroutine wake-up each. writing is set by whoever sends to out (the
+	// write goroutine or a direct send), mu held, so their frames never
+	// interleave.
+	out     *transport.Outgoing
+	writing bool
 }
 
 // run connects the response stream, relays control frames into the context,
@@ -83,6 +92,9 @@ func (r *Request) run(addr, token string) {
 	if !r.waitAttached(out, addr) {
 		return
 	}
+	r.mu.Lock()
+	r.out = out
+	r.mu.Unlock()
 	r.ep.publish(r)
 	r.write(ctx, out)
 }
@@ -187,14 +199,23 @@ func (r *Request) write(ctx context.Context, out *transport.Outgoing) {
 			return
 		}
 		r.mu.Lock()
+		if r.writing {
+			r.mu.Unlock()
+			continue // a direct send is under way: it wakes this when done
+		}
 		items := r.items
 		r.items = nil
 		finished, failMsg, clientStopped := r.finished, r.failMsg, r.clientStopped
 		f := r.writable.take()
+		r.writing = len(items) > 0
 		r.mu.Unlock()
 		call(f)
 		if len(items) > 0 {
-			if _, err := out.SendBatch(ctx, items); err != nil {
+			_, err := out.SendBatch(ctx, items)
+			r.mu.Lock()
+			r.writing = false
+			r.mu.Unlock()
+			if err != nil {
 				r.sendFailed(out)
 				return
 			}
@@ -330,6 +351,15 @@ func (r *Request) sendMany(items [][]byte) (int, error) {
 		r.mu.Unlock()
 		return len(items), nil
 	}
+	direct := 0
+	if r.out != nil && !r.writing && len(r.items) == 0 {
+		direct = r.sendDirectLocked(items)
+		if direct == len(items) || r.finished {
+			r.mu.Unlock()
+			return len(items), nil
+		}
+		items = items[direct:] // the credit ran out: the rest waits for it in the write goroutine
+	}
 	n := min(len(items), sendBuffer-len(r.items))
 	if n <= 0 {
 		r.mu.Unlock()
@@ -342,9 +372,30 @@ func (r *Request) sendMany(items [][]byte) (int, error) {
 		r.poke()
 	}
 	if n < len(items) {
-		return n, ErrFull
+		return direct + n, ErrFull
 	}
-	return n, nil
+	return direct + n, nil
+}
+
+// sendDirectLocked writes what the credit allows of items to the stream
+// now, without a goroutine (mu held on entry and on return; released while
+// writing), and returns how many it took: those written, or all of them if
+// the stream broke (the write goroutine sees that too and ends the
+// request, which drops what the handler sends).
+func (r *Request) sendDirectLocked(items [][]byte) int {
+	out := r.out
+	r.writing = true
+	r.mu.Unlock()
+	n, err := out.TrySendBatch(items)
+	r.mu.Lock()
+	r.writing = false
+	if err != nil {
+		n = len(items)
+	}
+	if err != nil || len(r.items) > 0 || r.finished {
+		r.poke() // what queued meanwhile, the end, or the failure: the write goroutine's
+	}
+	return n
 }
 
 // Arm runs f once when Send may succeed again (or the request ended).

@@ -1,9 +1,12 @@
 package plane_test
 
 import (
+	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -19,7 +22,7 @@ func TestSendMany(t *testing.T) {
 	results := make(chan [3]any, 1)
 	_, _, c := planetest.ServeAndConnect(t, path, func(_ *planetest.Worker, req *plane.Request) {
 		var batch [][]byte
-		for i := range 300 { // more than the send buffer holds
+		for i := range 1000 { // more than the stream's credit and the send buffer hold
 			batch = append(batch, num(i))
 		}
 		n1, err1 := req.SendMany(batch)
@@ -34,17 +37,65 @@ func TestSendMany(t *testing.T) {
 				require.ErrorIs(t, err, plane.ErrFull)
 			}
 		}
-		n2, err2 := req.SendMany([][]byte{num(300), []byte("{not json"), num(301)})
+		n2, err2 := req.SendMany([][]byte{num(1000), []byte("{not json"), num(1001)})
 		results <- [3]any{n1, err1, [2]any{n2, err2}}
 	})
 	s := planetest.Generate(t, c, `{}`, nil)
 	items, _, err := planetest.Drain(s, 0)
 	require.Equal(t, io.EOF, err)
-	requireSeq(t, items, 0, 301)
+	requireSeq(t, items, 0, 1001)
 	r := planetest.Recv(t, results, "the handler's results")
-	assert.Less(t, r[0].(int), 300, "the first call cannot take all 300")
+	assert.Less(t, r[0].(int), 1000, "the first call cannot take all 1000")
 	assert.ErrorIs(t, r[1].(error), plane.ErrFull)
 	second := r[2].([2]any)
 	assert.Equal(t, 1, second[0], "the item before the bad one was queued")
 	assert.ErrorIs(t, second[1].(error), plane.ErrNotJSON, fmt.Sprint(second))
+}
+
+// Items handed over while the stream has credit go straight to it (no
+// goroutine); past the credit they wait in the buffer for the stream's
+// goroutine, and later ones go straight again once both drained. However
+// the two interleave, with a caller that takes in small bites and pauses,
+// the caller receives every item once, in order.
+func TestSendManyDirectAndQueuedKeepOrder(t *testing.T) {
+	const path, total = "test.sendorder.generate", 20000
+	_, _, c := planetest.ServeAndConnect(t, path, func(_ *planetest.Worker, req *plane.Request) {
+		rng := rand.New(rand.NewPCG(1, 2))
+		for i := 0; i < total; {
+			var batch [][]byte
+			for k := rng.IntN(40) + 1; k > 0 && i+len(batch) < total; k-- {
+				batch = append(batch, num(i+len(batch)))
+			}
+			n, err := req.SendMany(batch)
+			i += n
+			if errors.Is(err, plane.ErrFull) {
+				f, ch := planetest.Armed()
+				req.Arm(f)
+				<-ch
+			} else if err != nil {
+				t.Errorf("SendMany: %v", err)
+				return
+			}
+		}
+		req.Complete()
+	})
+	s := planetest.Generate(t, c, `{}`, nil)
+	require.NoError(t, planetest.WaitStarted(s))
+	var items [][]byte
+	for bite := 0; ; bite++ {
+		b, err := s.Take(1 + bite%7)
+		if errors.Is(err, plane.ErrAgain) {
+			require.NoError(t, planetest.WaitArm(s.Arm))
+			continue
+		}
+		if err != nil {
+			require.Equal(t, io.EOF, err)
+			break
+		}
+		items = append(items, b...)
+		if bite%500 == 0 {
+			time.Sleep(2 * time.Millisecond) // the credit runs out meanwhile
+		}
+	}
+	requireSeq(t, items, 0, total)
 }

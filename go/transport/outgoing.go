@@ -347,7 +347,7 @@ func (o *Outgoing) SendBatch(ctx context.Context, items [][]byte) (n int, err er
 		if err != nil {
 			return n, err
 		}
-		m, err := o.writeBatch(items[n : n+k])
+		m, err := o.writeBatch(items[n:n+k], nil)
 		if err != nil {
 			return n + m, err
 		}
@@ -358,12 +358,20 @@ func (o *Outgoing) SendBatch(ctx context.Context, items [][]byte) (n int, err er
 
 // TrySendBatch is SendBatch that never waits: it sends as many items as
 // the credit allows now and returns how many; fewer than len(items) with
-// a nil error means the credit ran out (SendBatch waits for the rest).
+// a nil error means the credit ran out (SendBatch waits for the rest). On
+// a stream of its own connection, whose write may wait for the socket, it
+// sends none: only a session's stream (the default), whose writes it lets
+// past the session's queue bound (the credit bounds them), never waits.
 func (o *Outgoing) TrySendBatch(items [][]byte) (n int, err error) {
 	o.mu.Lock()
 	if err := o.stateErr(); err != nil {
 		o.mu.Unlock()
 		return 0, err
+	}
+	v, ok := o.conn.(*vstream)
+	if !ok {
+		o.mu.Unlock()
+		return 0, nil
 	}
 	k := int(min(int64(len(items)), o.credit))
 	o.credit -= int64(k)
@@ -371,21 +379,28 @@ func (o *Outgoing) TrySendBatch(items [][]byte) (n int, err error) {
 	if k == 0 {
 		return 0, nil
 	}
-	return o.writeBatch(items[:k])
+	return o.writeBatch(items[:k], v)
 }
 
 // writeBatch writes items, whose credit was acquired, and returns how many
 // went out (on error the count may include frames still buffered: the
-// stream is dead anyway).
-func (o *Outgoing) writeBatch(items [][]byte) (int, error) {
+// stream is dead anyway). With eager, that session stream queues them
+// without waiting for room (vstream.setEager).
+func (o *Outgoing) writeBatch(items [][]byte, eager *vstream) (int, error) {
 	o.wmu.Lock()
 	if o.wShut {
 		o.wmu.Unlock()
 		return 0, ErrClosed
 	}
+	if eager != nil {
+		eager.setEager(true)
+	}
 	m, err := o.w.WriteBatch(items)
 	if err == nil {
 		err = o.w.Flush()
+	}
+	if eager != nil {
+		eager.setEager(false)
 	}
 	o.wmu.Unlock()
 	o.live.didWrite()

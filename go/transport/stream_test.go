@@ -73,8 +73,10 @@ func TestSendBatch(t *testing.T) {
 func TestTrySendBatch(t *testing.T) {
 	s := listen(t, WithWindow(16))
 	in := expect(t, s, "tok")
-	o := dial(t, s, "tok")
 	ctx := context.Background()
+	o, err := testDialer(t).Dial(ctx, s.Addr().String(), "tok") // a session's stream
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = o.Close() })
 	var batch [][]byte
 	for i := 0; i < 100; i++ {
 		batch = append(batch, item(i))
@@ -104,11 +106,28 @@ func TestTrySendBatch(t *testing.T) {
 	assert.Equal(t, items(0, 100), append(got, rest...))
 }
 
-func TestTrySendBatchKilled(t *testing.T) {
-	_, in, o := connect(t)
+// On a stream of its own connection, whose socket may make a write wait,
+// it sends nothing; on a dead stream it fails at once.
+func TestTrySendBatchOwnConnectionOrKilled(t *testing.T) {
+	s := listen(t)
+	in := expect(t, s, "tok")
+	o, err := Dial(context.Background(), s.Addr().String(), "tok") // a connection of its own
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = o.Close() })
+	require.Eventually(t, func() bool {
+		select {
+		case <-o.Attached():
+			return true
+		default:
+			return false
+		}
+	}, 5*time.Second, time.Millisecond)
+	n, err := o.TrySendBatch([][]byte{item(0)})
+	assert.NoError(t, err)
+	assert.Zero(t, n)
 	in.Kill()
 	waitClosed(t, o.Killed(), "Killed")
-	_, err := o.TrySendBatch([][]byte{item(0)})
+	_, err = o.TrySendBatch([][]byte{item(0)})
 	assert.ErrorIs(t, err, ErrKilled)
 }
 

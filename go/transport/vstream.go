@@ -29,6 +29,10 @@ type vstream struct {
 	wdl    deadline
 	notify chan struct{} // cap 1: bytes, Fin, error, close or read deadline
 	outGen uint64        // s.gen+1 while some of its frames wait in s.out (s.mu)
+	// eager: Write queues its bytes however many the session holds
+	// (setEager: the Outgoing's TrySendBatch, whose frames the stream's
+	// credit bounds); mu.
+	eager bool
 
 	// Delivery (deliverTo): frames go to sink as the session's reader
 	// decodes them, instead of waiting in buf for Read.
@@ -237,7 +241,7 @@ func (v *vstream) Write(p []byte) (int, error) {
 	s := v.s
 	for {
 		v.mu.Lock()
-		closed, wfin, err := v.closed, v.wfin, v.err
+		closed, wfin, err, eager := v.closed, v.wfin, v.err, v.eager
 		v.mu.Unlock()
 		switch {
 		case closed:
@@ -256,7 +260,7 @@ func (v *vstream) Write(p []byte) (int, error) {
 			s.mu.Unlock()
 			return 0, err
 		}
-		if len(s.out) < sessWriteQueue || len(p) == 0 {
+		if len(s.out) < sessWriteQueue || len(p) == 0 || eager {
 			for n := 0; n < len(p); n += sessChunk {
 				s.appendFrame(sessData, v.id, p[n:min(n+sessChunk, len(p))])
 				v.outGen = s.gen + 1
@@ -277,6 +281,13 @@ func (v *vstream) Write(p []byte) (int, error) {
 		case <-wc:
 		}
 	}
+}
+
+// setEager makes Write never wait for room in the session (see eager).
+func (v *vstream) setEager(on bool) {
+	v.mu.Lock()
+	v.eager = on
+	v.mu.Unlock()
 }
 
 var errWriteAfterFin = errors.New("transport: write after CloseWrite")

@@ -82,6 +82,24 @@ type Context struct {
 	hooks      map[uint64]hook
 	nextHook   uint64
 	dl         *deadline // nil: no deadline (most contexts): 8 bytes, not 32
+	trace      atomic.Pointer[traceSlot]
+}
+
+// traceSlot holds what SetTrace attached.
+type traceSlot struct{ v any }
+
+// SetTrace attaches v to c: the trace span the context's work runs under
+// (go/tracing keeps it here, so that it travels wherever the context
+// does: to the attempts made under it, to the handler's engine call). Only
+// set while tracing is on: a context without one costs a nil pointer.
+func (c *Context) SetTrace(v any) { c.trace.Store(&traceSlot{v}) }
+
+// Trace returns what SetTrace attached, nil if nothing.
+func (c *Context) Trace() any {
+	if s := c.trace.Load(); s != nil {
+		return s.v
+	}
+	return nil
 }
 
 // Option configures New.

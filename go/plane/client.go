@@ -423,6 +423,7 @@ func (c *Client) requestContext(payload []byte, parent *ctxtree.Context) (*ctxtr
 	}
 	reqCtx := c.rt.opts.NewContext(parent.ID())
 	parent.LinkChild(reqCtx)
+	inheritTrace(reqCtx, parent)
 	return reqCtx, nil
 }
 
@@ -520,6 +521,7 @@ func (c *Client) generateOnce(payload []byte, parent *ctxtree.Context, route Rou
 	c.rt.setLocal(token, reqCtx) // until acknowledged: see Request.followLocalCaller
 	st, _ := reqCtx.State()
 	e := &envelope{ID: reqCtx.ID(), Key: key, Addr: c.rt.streamAddr(), Token: token, State: st, Request: payload, Metadata: o.metadata, Aborts: c.rt.aborts}
+	e.Trace = c.startAttemptSpan(s, o.attempt, id)
 	if left, ok := reqCtx.Remaining(); ok {
 		us := left.Microseconds()
 		e.TimeoutUs = &us

@@ -12,6 +12,7 @@ import (
 
 	"github.com/dynamo-ctx/dynamo-ctx/go/ctxtree"
 	"github.com/dynamo-ctx/dynamo-ctx/go/jsonscan"
+	"github.com/dynamo-ctx/dynamo-ctx/go/tracing"
 )
 
 // Limits on a request's size.
@@ -56,6 +57,9 @@ type envelope struct {
 	// request: the caller's own (AbortSubjectOf). Empty, from a caller of
 	// an earlier version: AbortedSubject, shared by every caller.
 	Aborts string `json:"aborts,omitempty"`
+	// Trace is the attempt's trace context (go/tracing), absent while the
+	// caller does not trace.
+	Trace *tracing.Remote `json:"trace,omitempty"`
 }
 
 // encode is json.Marshal of env without its cost for a large request: the
@@ -95,6 +99,10 @@ func (env *envelope) encode() []byte {
 		b = append(b, `,"aborts":`...)
 		b = append(b, mustJSON(env.Aborts)...)
 	}
+	if env.Trace != nil {
+		b = append(b, `,"trace":`...)
+		b = append(b, mustJSON(env.Trace)...)
+	}
 	return append(b, '}')
 }
 
@@ -126,6 +134,9 @@ func (env *envelope) check() error {
 	}
 	if env.Aborts != "" && !validAbortSubject(env.Aborts) {
 		return errMalformedEnvelope
+	}
+	if env.Trace != nil && !env.Trace.Valid() {
+		env.Trace = nil // an oversized trace context is ignored, as W3C says, not refused
 	}
 	return nil
 }
@@ -191,6 +202,8 @@ func readEnvelope(data []byte) (envelope, error) {
 			err = json.Unmarshal(m.Value, &env.RequestBytes)
 		case 9:
 			err = json.Unmarshal(m.Value, &env.Aborts)
+		case 10:
+			err = json.Unmarshal(m.Value, &env.Trace) // its content is checked by check, and by W3C's rules
 		}
 		if err != nil {
 			return env, errMalformedEnvelope
@@ -200,4 +213,4 @@ func readEnvelope(data []byte) (envelope, error) {
 
 // envelopeFields are the JSON names of envelope's fields, in the order
 // readEnvelope's switch knows them.
-var envelopeFields = jsonscan.NewKeys("id", "key", "addr", "token", "state", "request", "metadata", "timeout_us", "request_bytes", "aborts")
+var envelopeFields = jsonscan.NewKeys("id", "key", "addr", "token", "state", "request", "metadata", "timeout_us", "request_bytes", "aborts", "trace")

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/dynamo-ctx/dynamo-ctx/go/ctxtree"
+	"github.com/dynamo-ctx/dynamo-ctx/go/tracing"
 )
 
 // encode writes what json.Marshal would, up to the whitespace of the request
@@ -65,6 +66,8 @@ func FuzzReadEnvelope(f *testing.F) {
 		{ID: "plain", Key: key, Addr: "127.0.0.1:4000", Token: token, Request: json.RawMessage(`{"a": [1, "]}", {"b": null}]}`)},
 		{ID: `q " \ é`, Key: key, Addr: "[::1]:1", Token: token, State: ctxtree.Killed, Request: json.RawMessage(`-1.5e3`), Metadata: json.RawMessage(`{"k":"}"}`)},
 		{ID: "t", Key: key, Addr: "127.0.0.1:1", Token: token, Request: json.RawMessage(`{}`), TimeoutUs: new(int64(2500000))},
+		{ID: "tr", Key: key, Addr: "127.0.0.1:1", Token: token, Request: json.RawMessage(`1`),
+			Trace: &tracing.Remote{TraceParent: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", Op: "chat", Model: "m"}},
 	} {
 		f.Add(env.encode())
 	}
@@ -72,6 +75,7 @@ func FuzzReadEnvelope(f *testing.F) {
 		`{"id":"a","ID":"b"}`, `{"id":"a","id":"b"}`, `{"\u0069d":"a"}`, `{"ſtate":1}`, `{"state":-1}`, `{"state":1.0}`,
 		`{"request":[1,2],"x":{"y":[]},"request":3}`, `[1]`, `null`, ` {"id" : "a" , "state" : 2 } `, `{"id":1}`,
 		`{"metadata":null,"request":null}`, `{"token":"\"}"}`, `{}`, `{"a":"b\\"}`, `{"timeout_us":1e3}`, `{"timeout_us":-5}`,
+		`{"trace":5}`, `{"trace":null}`, `{"trace":{"TraceParent":"x","op":1}}`,
 	} {
 		f.Add([]byte(s))
 	}
@@ -90,11 +94,13 @@ func FuzzReadEnvelope(f *testing.F) {
 		assert.Equal(t, string(want.Request), string(got.Request))
 		assert.Equal(t, string(want.Metadata), string(got.Metadata))
 		assert.Equal(t, want.TimeoutUs, got.TimeoutUs)
+		assert.Equal(t, want.Trace, got.Trace)
 	})
 }
 
 func TestReadEnvelopeReadsEncode(t *testing.T) {
-	env := envelope{ID: `q " \ é <&>`, Key: NewKey(), Addr: "h:1", Token: NewKey(), State: ctxtree.Stopped, Request: json.RawMessage(`{"t":[1,2]}`), Metadata: json.RawMessage(`{"m":{}}`)}
+	env := envelope{ID: `q " \ é <&>`, Key: NewKey(), Addr: "h:1", Token: NewKey(), State: ctxtree.Stopped, Request: json.RawMessage(`{"t":[1,2]}`), Metadata: json.RawMessage(`{"m":{}}`),
+		Trace: &tracing.Remote{TraceParent: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", TraceState: "k=v", Op: "chat", Model: "m"}}
 	got, err := readEnvelope(env.encode())
 	require.NoError(t, err)
 	assert.Equal(t, env, got)

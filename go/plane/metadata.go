@@ -23,6 +23,7 @@ type GenerateOption func(*generateOptions)
 type generateOptions struct {
 	metadata    json.RawMessage
 	reservation *Reservation // the first attempt's place (WithReservation); nil: routed as usual
+	attempt     int          // the attempt's number (migrate.go), for its span
 }
 
 // WithMetadata attaches metadata (a JSON object, at most MaxMetadataBytes)

@@ -130,6 +130,7 @@ func (s *Stream) migrate(c *Client, payload []byte, route Route, instance uint64
 				return
 			}
 		}
+		o.attempt = attempt
 		inner, err := c.generateOnce(p, s.ctx, route, instance, exclude, s, o)
 		o.reservation = nil // the first attempt's place only
 		if err != nil {
@@ -172,6 +173,7 @@ func (s *Stream) migrate(c *Client, payload []byte, route Route, instance uint64
 			if inner.instance != 0 {
 				exclude[inner.instance] = true
 			}
+			s.traceMigration(attempt, inner.instance, err)
 			if route == Direct {
 				route = RoundRobin // the instance it was sent to just failed
 			}

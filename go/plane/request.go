@@ -15,6 +15,7 @@ import (
 
 	"github.com/dynamo-ctx/dynamo-ctx/go/ctxtree"
 	"github.com/dynamo-ctx/dynamo-ctx/go/killtrace"
+	"github.com/dynamo-ctx/dynamo-ctx/go/tracing"
 	"github.com/dynamo-ctx/dynamo-ctx/go/transport"
 )
 
@@ -60,11 +61,15 @@ type Request struct {
 	// interleave.
 	out     *transport.Outgoing
 	writing bool
+
+	span       *tracing.Span // the handler's span (trace.go); nil: not traced
+	confirming atomic.Bool   // confirmAbort runs, and ends the span
 }
 
 // run connects the response stream, relays control frames into the context,
 // and writes the handler's items until the end.
 func (r *Request) run(addr, token string) {
+	defer r.endHandlerSpan()
 	defer r.ep.forget(r)
 	defer r.unfollowLocalCaller()
 	ctx, cancel := context.WithCancel(context.Background())
@@ -132,7 +137,7 @@ func (r *Request) fetch(ctx context.Context, out *transport.Outgoing, addr, toke
 		r.release()
 		r.doneOnce.Do(func() { close(r.hostDone) }) // no handler will run
 		r.freePlace()
-		go r.confirmAbort()
+		r.goConfirmAbort()
 		return false
 	}
 	slog.Warn("could not fetch the request from the caller", "request_id", r.ID, "caller", addr, "bytes", r.fetchBytes, "error", err)
@@ -195,7 +200,7 @@ func (r *Request) write(ctx context.Context, out *transport.Outgoing) {
 		case <-killed:
 			time.Sleep(transport.KillSettle) // the host's thread first: see KillSettle
 			r.release()
-			go r.confirmAbort()
+			r.goConfirmAbort()
 			return
 		}
 		r.mu.Lock()
@@ -242,7 +247,7 @@ func (r *Request) sendFailed(out *transport.Outgoing) {
 	}
 	r.Ctx.Cancel(ctxtree.Killed, reason)
 	r.release()
-	go r.confirmAbort()
+	r.goConfirmAbort()
 }
 
 // end ends the stream of a handler that is done: its failure, its own stop
@@ -272,7 +277,7 @@ func (r *Request) end(out *transport.Outgoing, failMsg string, clientStopped boo
 		err = out.Finish()
 	}
 	if errors.Is(err, transport.ErrKilled) {
-		go r.confirmAbort()
+		r.goConfirmAbort()
 	}
 }
 

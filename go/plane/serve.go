@@ -11,9 +11,11 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"go.opentelemetry.io/otel/attribute"
 
 	"github.com/dynamo-ctx/dynamo-ctx/go/ctxtree"
 	"github.com/dynamo-ctx/dynamo-ctx/go/discovery"
+	"github.com/dynamo-ctx/dynamo-ctx/go/tracing"
 )
 
 // Endpoint is one served instance of an endpoint path. Incoming requests
@@ -154,6 +156,7 @@ func (e *Endpoint) receive(m *nats.Msg) {
 		ep: e, ID: env.ID, Key: env.Key, Payload: env.Request, Metadata: env.Metadata, Ctx: e.rt.opts.NewContext(env.ID), aborts: env.Aborts,
 		wake: make(chan struct{}, 1), hostDone: make(chan struct{}), fetchBytes: env.RequestBytes, placed: e.places.capacity > 0,
 	}
+	e.startHandlerSpan(req, env.Trace) // before the envelope's state applies: the span sees it
 	if env.State >= ctxtree.Stopped {
 		// The caller's context was cancelled before sending: apply it before
 		// the handler can see the request. A stop is the caller's, not the
@@ -358,6 +361,9 @@ const abortConfirmTimeout = 60 * time.Second
 // confirmAbort waits for the host's handler of a killed request to return
 // and publishes the confirmation.
 func (r *Request) confirmAbort() {
+	if r.span != nil {
+		defer r.finishSpan()
+	}
 	select {
 	case <-r.hostDone:
 	case <-r.ep.closedCh:
@@ -384,6 +390,7 @@ func (r *Request) confirmAbort() {
 		slog.Log(context.Background(), level, "abort confirmation not published", "request_id", r.ID, "request_key", r.Key, "error", err)
 		return
 	}
+	r.span.Event(tracing.EventAbortConfirmed, attribute.String(tracing.AttrReason, msg.Reason))
 	slog.Debug("abort confirmed", "request_id", r.ID, "request_key", r.Key)
 }
 

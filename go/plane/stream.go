@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/dynamo-ctx/dynamo-ctx/go/ctxtree"
+	"github.com/dynamo-ctx/dynamo-ctx/go/tracing"
 	"github.com/dynamo-ctx/dynamo-ctx/go/transport"
 )
 
@@ -36,6 +37,7 @@ type Stream struct {
 	stopHooks []func() bool
 	wake      chan struct{} // buffered(1): the consumer took items
 	abandoned atomic.Bool   // the runtime closed: stop holding the producer
+	span      *tracing.Span // this attempt's span (trace.go); nil: not traced
 
 	mu      sync.Mutex
 	started bool // the request reached a worker (acknowledged)
@@ -312,11 +314,15 @@ func (s *Stream) end(err error) {
 		(*f)() // the instance's place is free (capacity.go)
 	}
 	s.mu.Lock()
-	if s.err == nil {
+	first := s.err == nil
+	if first {
 		s.err = err
 	}
 	f := s.ready.take()
 	s.mu.Unlock()
+	if first {
+		s.endAttemptSpan(err)
+	}
 	if s.rt != nil {
 		s.rt.forgetStream(s)
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/dynamo-ctx/dynamo-ctx/go/ctxtree"
 	"github.com/dynamo-ctx/dynamo-ctx/go/plane"
 	"github.com/dynamo-ctx/dynamo-ctx/go/tokens"
+	"github.com/dynamo-ctx/dynamo-ctx/go/tracing"
 )
 
 // requestID is the request's correlation id: the first of the id headers
@@ -110,15 +111,23 @@ func (c *choice) take(it workerItem) (string, bool) {
 // request per choice (dispatch), then write the response from their streams
 // (respond).
 func (f *Frontend) serve(w http.ResponseWriter, r *http.Request, chat bool) {
+	var in *incoming
+	var choices []*choice
+	span := traceStart(r, chat) // trace.go; nil while tracing is off
+	if span != nil {
+		defer func() { traceEnd(span, w, in, choices) }()
+	}
 	in, ok := f.parse(w, r, chat)
 	if !ok {
 		return
 	}
+	in.span = span
+	traceParsed(span, in)
 	place, ok := f.admit(w, r, in)
 	if !ok {
 		return
 	}
-	choices, ok := f.dispatch(w, in, place)
+	choices, ok = f.dispatch(w, in, place)
 	if !ok {
 		return
 	}
@@ -141,6 +150,7 @@ type incoming struct {
 	budgets  []int         // each prompt's max_tokens
 	// promptTokens is the number of the prompts' tokens (usage).
 	promptTokens int
+	span         *tracing.Span // the request's span (trace.go); nil: not traced
 }
 
 // parse reads the request and checks it: its id and deadline headers, its
@@ -315,6 +325,7 @@ func (f *Frontend) dispatch(w http.ResponseWriter, in *incoming, place *plane.Re
 			if !in.deadline.IsZero() {
 				c.reqCtx.SetDeadline(in.deadline) // travels to every hop as time left
 			}
+			traceChoice(in.span, c.reqCtx)
 			payload := p.payload(in.req.Model, pr.tokens, in.budgets[i], c.index)
 			client, gate := in.client, in.gate
 			c.send = func(place *plane.Reservation) (*plane.Stream, error) {

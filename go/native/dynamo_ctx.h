@@ -409,6 +409,45 @@ int dc_status_answer(uint64_t h, uint64_t id, int code, const char *content_type
 int dc_status_free(uint64_t h);
 
 /* ------------------------------------------------------------------
+   Tracing (OpenTelemetry, docs/design.md "Traces")
+   ------------------------------------------------------------------ */
+
+/* The library makes every span, the host's too, and exports them over OTLP
+   as the OTEL_* variables say (off without an endpoint): these let a host
+   trace its own work under the span the library attached to a context (a
+   worker's handler), with no OpenTelemetry of its own. Attributes are
+   attrs_len bytes of one JSON object (none when 0) whose values are
+   strings, numbers, booleans or arrays of one of them; a name is at most
+   256 bytes, attributes at most 64 KiB (else DC_EINVAL). */
+
+/* 1 while this process makes spans, 0 otherwise: read without a call (an
+   atomic load), so that a host's span calls cost nothing while tracing is
+   off. Set when a runtime turns tracing on, cleared when the last one shuts
+   down. */
+extern uint32_t dc_trace_on;
+
+/* Starts a span, a child of the span attached to the context ctx, and stores
+   its handle in *out; stores 0 (and succeeds) when tracing is off or the
+   context has no span. An empty name is the parent's GenAI name
+   ("{operation} {model}"). The handle is freed by dc_trace_span_end.
+   Errors: DC_EBADF for ctx, DC_EINVAL for a NULL out or bad arguments. */
+int dc_trace_span_start(uint64_t ctx, const char *name, size_t name_len, const char *attrs, size_t attrs_len,
+                        uint64_t *out);
+
+/* Adds an event named name, with attributes, to the span.
+   Errors: DC_EBADF, DC_EINVAL for bad arguments. */
+int dc_trace_span_event(uint64_t span, const char *name, size_t name_len, const char *attrs, size_t attrs_len);
+
+/* Sets the attributes on the span, marks it failed when failed is not 0,
+   ends it and frees its handle. Errors: DC_EBADF, DC_EINVAL for bad
+   arguments (the span is then left open). */
+int dc_trace_span_end(uint64_t span, const char *attrs, size_t attrs_len, int failed);
+
+/* Adds an event to the span attached to the context ctx (nothing when it has
+   none, or tracing is off). Errors: DC_EBADF, DC_EINVAL for bad arguments. */
+int dc_trace_context_event(uint64_t ctx, const char *name, size_t name_len, const char *attrs, size_t attrs_len);
+
+/* ------------------------------------------------------------------
    HTTP frontend
    ------------------------------------------------------------------ */
 

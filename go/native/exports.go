@@ -25,6 +25,7 @@ import (
 	"github.com/dynamo-ctx/dynamo-ctx/go/handle"
 	"github.com/dynamo-ctx/dynamo-ctx/go/plane"
 	"github.com/dynamo-ctx/dynamo-ctx/go/status"
+	"github.com/dynamo-ctx/dynamo-ctx/go/tracing"
 	"github.com/dynamo-ctx/dynamo-ctx/go/wake"
 )
 
@@ -41,6 +42,7 @@ const (
 	kindStream
 	kindFrontend
 	kindStatus
+	kindSpan
 )
 
 var (
@@ -53,6 +55,7 @@ var (
 	streams   = handle.NewTable[*plane.Batch](kindStream)
 	frontends = handle.NewTable[*frontend.Frontend](kindFrontend)
 	statuses  = handle.NewTable[*status.Server](kindStatus)
+	spans     = handle.NewTable[*tracing.Span](kindSpan)
 )
 
 // otherTables are the tables of neither contexts nor queues
@@ -60,7 +63,7 @@ var (
 var otherTables = []interface {
 	Kind() handle.Kind
 	Len() int
-}{runtimes, endpoints, requests, clients, streams, frontends, statuses}
+}{runtimes, endpoints, requests, clients, streams, frontends, statuses, spans}
 
 // fail records msg as the calling thread's last error and returns code.
 func fail(code C.int, format string, args ...any) C.int {

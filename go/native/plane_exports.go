@@ -70,6 +70,7 @@ func dc_runtime_new(url *C.char, urlLen C.size_t, out *C.uint64_t) (rc C.int) {
 	if err != nil {
 		return fail(C.DC_ECONNECT, "dc_runtime_new: %v", err)
 	}
+	traceRuntime(rt) // trace_exports.go
 	*out = C.uint64_t(runtimes.Insert(rt))
 	return C.DC_OK
 }
@@ -83,7 +84,7 @@ func dc_runtime_shutdown(h C.uint64_t) (rc C.int) {
 	if rc != C.DC_OK {
 		return rc
 	}
-	rt.Close()
+	closeRuntime(rt) // trace_exports.go
 	return C.DC_OK
 }
 
@@ -141,7 +142,7 @@ func dc_runtime_free(h C.uint64_t) (rc C.int) {
 	if err != nil {
 		return fail(C.DC_EBADF, "dc_runtime_free: %v", err)
 	}
-	rt.Close()
+	closeRuntime(rt) // trace_exports.go
 	return C.DC_OK
 }
 

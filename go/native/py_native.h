@@ -206,6 +206,7 @@ extern DC_HIDDEN PyMethodDef client_methods[];
 extern DC_HIDDEN PyMethodDef json_methods[];
 extern DC_HIDDEN PyMethodDef status_methods[];
 extern DC_HIDDEN PyMethodDef model_methods[];
+extern DC_HIDDEN PyMethodDef trace_methods[];
 
 #endif // DC_WITH_PYTHON
 #endif // DC_PY_NATIVE_H

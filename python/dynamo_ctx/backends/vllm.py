@@ -50,6 +50,7 @@ import logging
 import secrets
 from typing import Any, AsyncIterator, Callable, Dict, List, Optional, Tuple
 
+from .. import _trace
 from .._aio import eager_task, on_stopped
 from ..context import Context
 from .metrics import OUTCOMES, WorkerMetrics  # noqa: F401 - WorkerMetrics's home is metrics.py; importable here as before
@@ -239,7 +240,7 @@ class BaseWorkerHandler:
         """
         fut = self._aborting.get(engine_id)
         if fut is None:
-            fut = self._aborting[engine_id] = eager_task(self._do_abort(engine_id, request_id, context.reason() or "kill"))
+            fut = self._aborting[engine_id] = eager_task(self._do_abort(engine_id, request_id, context.reason() or "kill", context))
         return fut
 
     async def _abort(self, engine_id: str, request_id: str, context: Context) -> None:
@@ -255,7 +256,7 @@ class BaseWorkerHandler:
         except Exception:  # noqa: BLE001 - the callback must not raise; the handler's finally retries
             logger.exception("aborting request %s failed", request_id)
 
-    async def _do_abort(self, engine_id: str, request_id: str, reason: str) -> None:
+    async def _do_abort(self, engine_id: str, request_id: str, reason: str, context: Optional[Context] = None) -> None:
         self.metrics.cancellation(reason)
         # vLLM's abort returns once the engine dropped the request; the mock
         # also returns how many KV blocks that freed.
@@ -270,6 +271,8 @@ class BaseWorkerHandler:
             raise
         freed = freed if isinstance(freed, int) else 0
         self.metrics.abort_confirmed(reason, freed)
+        if context is not None:
+            _trace.context_event(context, _trace.KV_BLOCKS_FREED, {"count": freed})
         extra = {"reason": reason, "request_id": request_id}
         logger.info("Aborted %sRequest ID: %s (reason: %s)", self.label, request_id, reason, extra=extra)
         for listener in list(self.abort_listeners):
@@ -330,6 +333,9 @@ class BaseWorkerHandler:
         finished = False  # the engine gave its last output: nothing left to abort
         outputs: Any = None
         stop_monitor = on_stopped(context, lambda: self._monitor(engine_id, request_id, context))
+        # The engine's span, under the handler's (the library's: _trace).
+        span = _trace.span_start(context, {"gen_ai.request.max_tokens": max_tokens, "dynamo_ctx.engine_request_id": engine_id})
+        produced, finish = 0, None
         try:
             outputs = self.engine.generate(prompt, params, engine_id)
             async for out in outputs:
@@ -353,7 +359,8 @@ class BaseWorkerHandler:
                     prompt_sent = True
                     add_prompt_logprobs(item, list(out.prompt_token_ids or []), prompt_steps)
                 if o.finish_reason is not None:
-                    item["finish_reason"] = o.finish_reason
+                    item["finish_reason"] = finish = o.finish_reason
+                produced += len(delta)
                 if out.finished:
                     # Done in the engine: a stop from now on aborts nothing.
                     finished = True
@@ -394,6 +401,9 @@ class BaseWorkerHandler:
                         await asyncio.shield(aclose())
                 finally:
                     self._aborting.pop(engine_id, None)
+                    if span:
+                        usage = {"gen_ai.usage.output_tokens": produced, "gen_ai.response.finish_reasons": [finish] if finish else []}
+                        _trace.span_end(span, usage, failed=error is not None and isinstance(error, Exception))
 
 
 class AggregatedHandler(BaseWorkerHandler):

@@ -12,6 +12,8 @@
     nats.py         the NATS host (an embedded server in a process of its own) and real
                     nats-server processes (one, or a cluster)
     stack.py        the worker and frontend commands as processes, and a stack of them
+    otlp.py         a real OTLP trace receiver (the OpenTelemetry Collector's otlpreceiver,
+                    tools/otlpsink) writing the spans it receives to a file
 
 It lives beside the tests (python/tests/harness), not in the package: it is test
 code, and the wheel ships none. The tests import it as ``harness`` (pytest puts
@@ -30,6 +32,7 @@ from .http_client import (
     split_response,
 )
 from .nats import NatsCluster, NatsHost, NatsServer, nats_server_binary
+from .otlp import OtlpSink, otel_env, otlpsink_binary
 from .procs import (
     HANG, PY_DIR, ROOT, STARTED, TESTS_DIR, Proc, ProcError, child_env, dump_logs, free_port, keep_logs, log_root,
     private_network, run_python, start_script, wait_until,
@@ -39,9 +42,9 @@ from .stack import MODEL, Frontend, Stack, Worker, expected_text, expected_token
 
 __all__ = [
     "HANG", "MODEL", "PY_DIR", "ROOT", "STARTED", "TESTS_DIR",
-    "Frontend", "NatsCluster", "NatsHost", "NatsServer", "Proc", "ProcError", "Result", "SSEStream", "Stack", "Worker",
+    "Frontend", "NatsCluster", "NatsHost", "NatsServer", "OtlpSink", "Proc", "ProcError", "Result", "SSEStream", "Stack", "Worker",
     "child_env", "dump_logs", "error_code", "expected_text", "expected_tokens", "free_port", "http_get", "http_json",
-    "http_request", "keep_logs", "log_root", "metric_sums", "nats_server_binary", "new_id", "new_namespace",
+    "http_request", "keep_logs", "log_root", "metric_sums", "nats_server_binary", "new_id", "new_namespace", "otel_env", "otlpsink_binary",
     "open_stream_async", "parse_prometheus", "private_network", "read_all", "read_response", "request_async", "request_bytes", "run_python",
     "scrape", "send_post", "send_request", "split_response", "sse_data", "start_script", "stream_completion",
     "streams_through_fault", "check_streams", "wait_until",

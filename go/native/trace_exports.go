@@ -182,7 +182,12 @@ func dc_trace_span_event(h C.uint64_t, name *C.char, nameLen C.size_t, attrs *C.
 	if rc != C.DC_OK {
 		return rc
 	}
-	n, kvs, rc := spanArgs("dc_trace_span_event", name, nameLen, attrs, attrsLen)
+	return addEvent("dc_trace_span_event", s, name, nameLen, attrs, attrsLen)
+}
+
+// addEvent adds the event of a dc_trace_*_event call to s (nil: none).
+func addEvent(fn string, s *tracing.Span, name *C.char, nameLen C.size_t, attrs *C.char, attrsLen C.size_t) C.int {
+	n, kvs, rc := spanArgs(fn, name, nameLen, attrs, attrsLen)
 	if rc != C.DC_OK {
 		return rc
 	}
@@ -219,10 +224,5 @@ func dc_trace_context_event(ctx C.uint64_t, name *C.char, nameLen C.size_t, attr
 	if rc != C.DC_OK {
 		return rc
 	}
-	n, kvs, rc := spanArgs("dc_trace_context_event", name, nameLen, attrs, attrsLen)
-	if rc != C.DC_OK {
-		return rc
-	}
-	tracing.Of(c).Event(n, kvs...)
-	return C.DC_OK
+	return addEvent("dc_trace_context_event", tracing.Of(c), name, nameLen, attrs, attrsLen)
 }

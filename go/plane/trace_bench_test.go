@@ -1,17 +1,15 @@
 package plane_test
 
 import (
-	"context"
 	"errors"
 	"io"
 	"testing"
-
-	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/dynamo-ctx/dynamo-ctx/go/ctxtree"
 	"github.com/dynamo-ctx/dynamo-ctx/go/internal/planetest"
 	"github.com/dynamo-ctx/dynamo-ctx/go/plane"
 	"github.com/dynamo-ctx/dynamo-ctx/go/tracing"
+	"github.com/dynamo-ctx/dynamo-ctx/go/tracing/tracingtest"
 )
 
 // BenchmarkRequestTracing is one whole request (sent under a caller's
@@ -45,7 +43,7 @@ func BenchmarkRequestTracing(b *testing.B) {
 	}
 	b.Run("off", run)
 	b.Run("on", func(b *testing.B) {
-		release := tracing.UseExporter(dropAll{})
+		release := tracing.UseExporter(tracingtest.Discard{})
 		defer release()
 		run(b)
 	})
@@ -70,8 +68,3 @@ func drain(s *plane.Stream) error {
 		}
 	}
 }
-
-type dropAll struct{}
-
-func (dropAll) ExportSpans(context.Context, []sdktrace.ReadOnlySpan) error { return nil }
-func (dropAll) Shutdown(context.Context) error                            { return nil }

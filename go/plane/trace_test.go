@@ -1,15 +1,12 @@
 package plane_test
 
 import (
-	"context"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/attribute"
-	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
@@ -17,6 +14,7 @@ import (
 	"github.com/dynamo-ctx/dynamo-ctx/go/internal/planetest"
 	"github.com/dynamo-ctx/dynamo-ctx/go/plane"
 	"github.com/dynamo-ctx/dynamo-ctx/go/tracing"
+	"github.com/dynamo-ctx/dynamo-ctx/go/tracing/tracingtest"
 )
 
 // A request sent under a context with a span: the attempt is that span's
@@ -25,7 +23,7 @@ import (
 // and a kill by the caller shows on both with its cause, then the abort's
 // confirmation on the handler's.
 func TestTraceAcrossTheEnvelope(t *testing.T) {
-	exp := &kept{}
+	exp := &tracingtest.Recorder{}
 	release := tracing.UseExporter(exp)
 	t.Cleanup(release)
 	got := make(chan *plane.Request, 1)
@@ -53,7 +51,7 @@ func TestTraceAcrossTheEnvelope(t *testing.T) {
 	require.Eventually(t, func() bool { return tracing.CurrentStats().Ended >= 3 }, planetest.WaitLimit, time.Millisecond)
 	release() // flushes
 
-	spans := exp.get()
+	spans := exp.Spans()
 	byKind := map[trace.SpanKind]tracetest.SpanStub{}
 	for _, sp := range spans {
 		assert.Equal(t, "chat m", sp.Name)
@@ -79,24 +77,4 @@ func TestTraceAcrossTheEnvelope(t *testing.T) {
 	assert.Contains(t, handler.Events[0].Attributes, attribute.String(tracing.AttrReason, "client_disconnected"))
 	assert.Contains(t, handler.Attributes, attribute.String(tracing.AttrOutcome, "killed"))
 	assert.Contains(t, attempt.Attributes, attribute.String(tracing.AttrOutcome, "killed"))
-}
-
-type kept struct {
-	mu    sync.Mutex
-	spans tracetest.SpanStubs
-}
-
-func (k *kept) ExportSpans(_ context.Context, spans []sdktrace.ReadOnlySpan) error {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	k.spans = append(k.spans, tracetest.SpanStubsFromReadOnlySpans(spans)...)
-	return nil
-}
-
-func (k *kept) Shutdown(context.Context) error { return nil }
-
-func (k *kept) get() tracetest.SpanStubs {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	return k.spans
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -17,6 +16,7 @@ import (
 
 	"github.com/dynamo-ctx/dynamo-ctx/go/ctxtree"
 	"github.com/dynamo-ctx/dynamo-ctx/go/tracing"
+	"github.com/dynamo-ctx/dynamo-ctx/go/tracing/tracingtest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -29,31 +29,14 @@ const (
 // traced turns tracing on into an in-memory exporter for the test; spans()
 // flushes (by turning it off) and returns what was exported.
 func traced(t *testing.T) (spans func() tracetest.SpanStubs) {
-	exp := &memory{}
+	exp := &tracingtest.Recorder{}
 	release := tracing.UseExporter(exp)
 	t.Cleanup(release)
 	return func() tracetest.SpanStubs {
 		release() // flushes
-		exp.mu.Lock()
-		defer exp.mu.Unlock()
-		return exp.spans
+		return exp.Spans()
 	}
 }
-
-// memory keeps what it exports, also after its shutdown (tracetest's
-// in-memory exporter forgets it then).
-type memory struct {
-	mu    sync.Mutex
-	spans tracetest.SpanStubs
-}
-
-func (m *memory) ExportSpans(_ context.Context, spans []sdktrace.ReadOnlySpan) error {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.spans = append(m.spans, tracetest.SpanStubsFromReadOnlySpans(spans)...)
-	return nil
-}
-func (m *memory) Shutdown(context.Context) error { return nil }
 
 func TestOffIsNilAndFree(t *testing.T) {
 	require.False(t, tracing.Enabled())
@@ -268,13 +251,8 @@ func BenchmarkRequestSpans(b *testing.B) {
 	}
 	b.Run("off", run)
 	b.Run("on", func(b *testing.B) {
-		release := tracing.UseExporter(discard{})
+		release := tracing.UseExporter(tracingtest.Discard{})
 		defer release()
 		run(b)
 	})
 }
-
-type discard struct{}
-
-func (discard) ExportSpans(context.Context, []sdktrace.ReadOnlySpan) error { return nil }
-func (discard) Shutdown(context.Context) error                             { return nil }

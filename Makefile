@@ -91,6 +91,7 @@ bench-py: build
 	$(PY) python/benchmarks/bench_frontend.py
 	ulimit -n 8192 2>/dev/null; $(PY) python/benchmarks/bench_frontend_memory.py
 	$(PY) python/benchmarks/bench_vs_dynamo.py
+	$(PY) python/benchmarks/bench_connections.py
 	ulimit -n 8192 2>/dev/null; $(PY) python/benchmarks/bench_load.py
 	ulimit -n 8192 2>/dev/null; $(PY) python/benchmarks/bench_deadlines.py
 	ulimit -n 8192 2>/dev/null; $(PY) python/benchmarks/bench_drain.py

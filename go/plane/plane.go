@@ -346,28 +346,27 @@ func New(ctx context.Context, opts Options) (*Runtime, error) {
 }
 
 func (r *Runtime) reannounce() {
-	r.mu.Lock()
-	eps := make([]*Endpoint, 0, len(r.endpoints))
-	for e := range r.endpoints {
-		eps = append(eps, e)
-	}
-	r.mu.Unlock()
-	for _, e := range eps {
+	for _, e := range keysOf(&r.mu, r.endpoints) {
 		if e.lease != nil {
 			e.lease.Announce()
 		}
 	}
 	// The server reconnected to may have lost a watcher's consumer in the
 	// discovery stream, or the stream (a replacement embedded server).
-	r.mu.Lock()
-	cls := make([]*Client, 0, len(r.clients))
-	for c := range r.clients {
-		cls = append(cls, c)
-	}
-	r.mu.Unlock()
-	for _, c := range cls {
+	for _, c := range keysOf(&r.mu, r.clients) {
 		c.watcher.Resync()
 	}
+}
+
+// keysOf is a copy of m's keys, taken with mu held.
+func keysOf[K comparable, V any](mu *sync.Mutex, m map[K]V) []K {
+	mu.Lock()
+	defer mu.Unlock()
+	out := make([]K, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	return out
 }
 
 // streamOpts are the stream options of both sides of this runtime's streams.

@@ -99,16 +99,23 @@ def table(head: List[str], rows: List[List[str]]) -> str:
     return "\n".join(lines)
 
 
+def idle(r: Result, now: str, before: str) -> float:
+    """A message rate while idle, every subject counted (idle_<now>_per_s), or,
+    from results of before discovery by change, discovery's own
+    (discovery_<before>_per_period)."""
+    if f"idle_{now}_per_s" in r:
+        return float(r[f"idle_{now}_per_s"])
+    return float(r[f"discovery_{before}_per_period"]) / r["heartbeat_s"]
+
+
 def tables(rs: List[Result]) -> str:
     nats = table(
-        ["workers", "callers", "watchers", "announcements published /s", "delivered /s", "node to node /s",
-         "delivered KB/s", "idle CPU (of 2)", "CPU us per delivery", "request: published", "delivered", "node to node",
+        ["workers", "callers", "watchers", "discovery", "idle: published /s", "delivered /s", "node to node /s",
+         "idle CPU (of 2)", "request: published", "delivered", "node to node",
          "bytes", "abort confirmation: delivered", "node to node"],
-        [[str(r["workers"]), str(r["callers"]), str(r["watchers"]),
-          fmt(r["discovery_pubs_per_period"] / r["heartbeat_s"]), fmt(r["discovery_deliveries_per_period"] / r["heartbeat_s"]),
-          fmt(r["discovery_route_msgs_per_period"] / r["heartbeat_s"]),
-          fmt(r["discovery_bytes_delivered_per_period"] / r["heartbeat_s"] / 1000), fmt(r["idle_cpus"], 2),
-          fmt(r["cpu_us_per_announcement_delivered"], 1),
+        [[str(r["workers"]), str(r["callers"]), str(r["watchers"]), "by change" if r.get("jetstream") else "by heartbeat",
+          fmt(idle(r, "client_pubs", "pubs")), fmt(idle(r, "deliveries", "deliveries")), fmt(idle(r, "route_msgs", "route_msgs")),
+          fmt(r["idle_cpus"], 2),
           fmt(r["nats_pubs_per_request"], 2), fmt(r["nats_deliveries_per_request"], 2), fmt(r["nats_route_msgs_per_request"], 2),
           fmt(r["nats_bytes_published_per_request"]), fmt(r["abort_confirmation_deliveries_per_hop"], 1),
           fmt(r["abort_confirmation_route_msgs_per_hop"], 1)] for r in rs])
@@ -134,7 +141,7 @@ def tables(rs: List[Result]) -> str:
           f'{r["crash_converge_min_s"]:.2f}-{r["crash_converge_max_s"]:.2f}',
           f'{r["request_to_crashed_ms"]:.1f} ({r["request_to_crashed_error"]})', fmt(r["drain_converge_max_ms"], 1),
           fmt(r["instances_snapshot_us"], 2), fmt(r["instances_snapshot_bytes"])] for r in rs])
-    parts = ["**NATS traffic** (idle discovery per second; per request; per hop killed):", nats,
+    parts = ["**NATS traffic** (idle: every message a second, discovery's and the rest; per request; per hop killed):", nats,
              "**Connections and memory** (memory: Go heap and stacks, both ends of each stream or connection):", conns,
              "**Latencies and convergence**:", times]
     errors = [f'{r["workers"]} workers: {e}' for r in rs for e in r.get("errors") or []]
@@ -263,10 +270,10 @@ def plot(rs: List[Result], path: Path, caption: str) -> None:
     hb = rs[0]["heartbeat_s"]
     ttl = rs[0]["ttl_s"]
     panels = [
-        Panel("Discovery traffic while idle", "messages / s", [
-            ("announcements delivered", "#d62728", pts(lambda r: r["discovery_deliveries_per_period"] / hb)),
-            ("announcements published", "#1f77b4", pts(lambda r: r["discovery_pubs_per_period"] / hb)),
-            ("copies between nodes", "#2ca02c", pts(lambda r: r["discovery_route_msgs_per_period"] / hb)),
+        Panel("NATS traffic while idle", "messages / s", [
+            ("delivered to clients", "#d62728", pts(lambda r: idle(r, "deliveries", "deliveries"))),
+            ("published by clients", "#1f77b4", pts(lambda r: idle(r, "client_pubs", "pubs"))),
+            ("copies between nodes", "#2ca02c", pts(lambda r: idle(r, "route_msgs", "route_msgs"))),
         ], ylog=True),
         Panel("NATS messages per request", "messages", [
             ("published + delivered", "#1f77b4", pts(lambda r: r["nats_pubs_per_request"] + r["nats_deliveries_per_request"])),

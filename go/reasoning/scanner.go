@@ -1,6 +1,10 @@
 package reasoning
 
-import "strings"
+import (
+	"strings"
+
+	"github.com/dynamo-ctx/dynamo-ctx/go/internal/anchorsplit"
+)
 
 // item is what the scanner hands the lexer: a chunk of text (with the count
 // of model tokens it came from) or a terminal recognized by its token id.
@@ -129,39 +133,24 @@ func (s *scanner) anchor(text string, results []item) []item {
 	if len(anchors) == 0 {
 		return []item{{text: text}}
 	}
-	pos := make([]int, len(anchors))
-	end := len(text)
-	for i := len(anchors) - 1; i >= 0; i-- {
-		pos[i] = strings.LastIndex(text[:end], anchors[i].text)
-		if pos[i] >= 0 {
-			end = pos[i]
+	texts := make([]string, len(anchors))
+	for i, a := range anchors {
+		texts[i] = a.text
+	}
+	parts, deferred, post := anchorsplit.Split(text, texts, func(i int) bool { return anchors[i].term == dropTerm })
+	var out []item
+	for _, p := range parts {
+		if p.Anchor {
+			out = append(out, anchors[p.Index])
+		} else {
+			out = append(out, item{text: p.Text, count: counts[p.Index]})
 		}
 	}
-	var out []item
-	used := 0
-	for i, a := range anchors {
-		if pos[i] >= used {
-			if pos[i] > used {
-				out = append(out, item{text: text[used:pos[i]], count: counts[i]})
-			}
-			out = append(out, a)
-			used = pos[i] + len(a.text)
-			continue
-		}
-		later := false
-		for _, p := range pos[i+1:] {
-			later = later || p >= 0
-		}
-		if !later && used < len(text) && a.term != dropTerm {
-			s.post += text[used:]
-			used = len(text)
-		}
-		s.deferred = append(s.deferred, a)
+	for _, i := range deferred {
+		s.deferred = append(s.deferred, anchors[i])
 		s.deferredPrefix = append(s.deferredPrefix, counts[i])
 	}
-	if used < len(text) {
-		out = append(out, item{text: text[used:], count: counts[len(counts)-1]})
-	}
+	s.post += post
 	return out
 }
 

@@ -2,6 +2,8 @@ package toolcall
 
 import (
 	"strings"
+
+	"github.com/dynamo-ctx/dynamo-ctx/go/internal/anchorsplit"
 )
 
 // This file is vLLM's parser engine (vllm/parser/engine) as it runs the
@@ -155,37 +157,22 @@ func (e *engine) scan(text string, ids []int, special bool) []lexItem {
 		e.deferred = append(e.deferred, anchors...)
 		return out
 	}
-	pos := make([]int, len(anchors))
-	end := len(text)
-	for i := len(anchors) - 1; i >= 0; i-- {
-		pos[i] = strings.LastIndex(text[:end], anchors[i].text)
-		if pos[i] >= 0 {
-			end = pos[i]
-		}
-	}
-	consumed := 0
+	texts := make([]string, len(anchors))
 	for i, a := range anchors {
-		if pos[i] >= consumed {
-			if pos[i] > consumed {
-				out = append(out, lexItem{tmContent, text[consumed:pos[i]]})
-			}
-			out = append(out, a)
-			consumed = pos[i] + len(a.text)
-			continue
-		}
-		later := false
-		for _, p := range pos[i+1:] {
-			later = later || p >= 0
-		}
-		if !later && consumed < len(text) && a.term != tmDrop {
-			e.postText += text[consumed:]
-			consumed = len(text)
-		}
-		e.deferred = append(e.deferred, a)
+		texts[i] = a.text
 	}
-	if consumed < len(text) {
-		out = append(out, lexItem{tmContent, text[consumed:]})
+	parts, deferred, post := anchorsplit.Split(text, texts, func(i int) bool { return anchors[i].term == tmDrop })
+	for _, p := range parts {
+		if p.Anchor {
+			out = append(out, anchors[p.Index])
+		} else {
+			out = append(out, lexItem{tmContent, p.Text})
+		}
 	}
+	for _, i := range deferred {
+		e.deferred = append(e.deferred, anchors[i])
+	}
+	e.postText += post
 	return out
 }
 

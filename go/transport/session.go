@@ -9,6 +9,7 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/dynamo-ctx/dynamo-ctx/go/frame"
@@ -146,13 +147,19 @@ type session struct {
 	// of out, so that a stream knows whether its frames are still there.
 	pri, priSpare []byte
 	gen           uint64
-	wake          chan struct{} // cap 1: out has bytes, or the session closed
-	room          chan struct{} // closed and replaced whenever out is written
-	done          chan struct{} // closed when the writer has exited
+	// writing: a goroutine is writing what it took from pri and out (the
+	// writer, or a stream's Write writing directly: flushDirect); no
+	// other may write then.
+	writing bool
+	rawc    syscall.RawConn // conn's, for flushDirect (directConn); nil: none
+	wake    chan struct{}   // cap 1: out has bytes, or the session closed
+	room    chan struct{}   // closed and replaced whenever out is written
+	done    chan struct{}   // closed when the writer has exited
 }
 
 func newSession(c net.Conn, dialer bool, recvMax int) *session {
 	return &session{
+		rawc:      directConn(c),
 		pingEvery: sessPingEvery,
 		quiet:     sessSilence,
 		conn:      c,
@@ -217,16 +224,58 @@ func (s *session) appendPri(kind byte, id uint32) { s.queue(&s.pri, kind, id, ni
 
 // queue appends a frame to buf and wakes the writer (mu held).
 func (s *session) queue(buf *[]byte, kind byte, id uint32, p []byte) {
+	s.queueQuiet(buf, kind, id, p)
+	s.signal()
+}
+
+// queueQuiet appends a frame to buf without waking the writer (mu held):
+// the caller calls flushDirect once it released mu.
+func (s *session) queueQuiet(buf *[]byte, kind byte, id uint32, p []byte) {
 	h := sessHeader(kind, id, uint32(len(p)))
 	*buf = append(append(*buf, h[:]...), p...)
+}
+
+// signal wakes the writer.
+func (s *session) signal() {
 	select {
 	case s.wake <- struct{}{}:
 	default:
 	}
 }
 
-// writeLoop is the session's one writer: it writes everything queued, pri
-// first, in one write, until the session ends.
+// take hands what is queued to a goroutine that is to write it (mu held,
+// something queued, no write in progress).
+func (s *session) take() (pri, buf []byte) {
+	buf, pri = s.out, s.pri
+	s.out, s.spare = s.spare[:0], nil
+	s.pri, s.priSpare = s.priSpare[:0], nil
+	s.gen++
+	s.writing = true
+	return pri, buf
+}
+
+// wroteLocked ends a write of pri and buf (mu held): their buffers are
+// kept for reuse, and the streams waiting for room are woken.
+func (s *session) wroteLocked(pri, buf []byte) {
+	s.writing = false
+	if cap(buf) <= 4*sessWriteQueue {
+		s.spare = buf[:0]
+	} else {
+		s.spare = nil
+	}
+	if cap(pri) <= sessChunk {
+		s.priSpare = pri[:0]
+	} else {
+		s.priSpare = nil
+	}
+	close(s.room)
+	s.room = make(chan struct{})
+}
+
+// writeLoop is the session's writer: it writes everything queued, pri
+// first, in one write, until the session ends. A stream's Write may write
+// directly instead (flushDirect); it then wakes this loop for what it
+// left.
 func (s *session) writeLoop() {
 	defer close(s.done)
 	for {
@@ -236,14 +285,11 @@ func (s *session) writeLoop() {
 			s.mu.Unlock()
 			return
 		}
-		if len(s.out) == 0 && len(s.pri) == 0 {
-			s.mu.Unlock()
+		if s.writing || (len(s.out) == 0 && len(s.pri) == 0) {
+			s.mu.Unlock() // a direct write is under way: it wakes this loop when done
 			continue
 		}
-		buf, pri := s.out, s.pri
-		s.out, s.spare = s.spare[:0], nil
-		s.pri, s.priSpare = s.priSpare[:0], nil
-		s.gen++
+		pri, buf := s.take()
 		s.mu.Unlock()
 		var err error
 		switch {
@@ -257,23 +303,59 @@ func (s *session) writeLoop() {
 		}
 		s.wrote.Store(true)
 		s.mu.Lock()
-		if cap(buf) <= 4*sessWriteQueue {
-			s.spare = buf[:0]
-		} else {
-			s.spare = nil
+		s.wroteLocked(pri, buf)
+		if len(s.out) > 0 || len(s.pri) > 0 {
+			s.signal() // queued while this wrote, by direct writers that found it writing
 		}
-		if cap(pri) <= sessChunk {
-			s.priSpare = pri[:0]
-		} else {
-			s.priSpare = nil
-		}
-		close(s.room)
-		s.room = make(chan struct{})
 		s.mu.Unlock()
 		if err != nil {
 			s.fail(err)
 			return
 		}
+	}
+}
+
+// flushDirect writes what is queued from the calling goroutine, when no
+// write is in progress: one write that never waits for the socket
+// (whatever it does not take now goes to the writer, ahead of what was
+// queued since). A caller's control frame (a Kill, a Stop) or a worker's
+// items then leave without first waking the writer's thread: on a busy
+// machine that wake-up costs more than the write. The writer is woken
+// instead when the connection has no descriptor.
+func (s *session) flushDirect() {
+	s.mu.Lock()
+	if s.err != nil || s.writing || (len(s.out) == 0 && len(s.pri) == 0) {
+		s.mu.Unlock() // a write in progress wakes the writer for what is queued
+		return
+	}
+	if s.rawc == nil {
+		s.signal()
+		s.mu.Unlock()
+		return
+	}
+	pri, buf := s.take()
+	s.mu.Unlock()
+	np, err := s.writeNow(pri)
+	nb := 0
+	if err == nil && np == len(pri) {
+		nb, err = s.writeNow(buf)
+	}
+	if np+nb > 0 {
+		s.wrote.Store(true)
+	}
+	s.mu.Lock()
+	if err == nil && (np < len(pri) || nb < len(buf)) {
+		// The socket is full: the rest goes first, then what was queued.
+		rest := append(append(make([]byte, 0, len(pri)-np+len(buf)-nb+len(s.pri)), pri[np:]...), buf[nb:]...)
+		s.pri = append(rest, s.pri...)
+	}
+	s.wroteLocked(pri, buf)
+	if len(s.out) > 0 || len(s.pri) > 0 {
+		s.signal()
+	}
+	s.mu.Unlock()
+	if err != nil {
+		s.fail(err)
 	}
 }
 

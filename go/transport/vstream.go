@@ -262,10 +262,11 @@ func (v *vstream) Write(p []byte) (int, error) {
 		}
 		if len(s.out) < sessWriteQueue || len(p) == 0 || eager {
 			for n := 0; n < len(p); n += sessChunk {
-				s.appendFrame(sessData, v.id, p[n:min(n+sessChunk, len(p))])
+				s.queueQuiet(&s.out, sessData, v.id, p[n:min(n+sessChunk, len(p))])
 				v.outGen = s.gen + 1
 			}
 			s.mu.Unlock()
+			s.flushDirect()
 			return len(p), nil
 		}
 		if !s.dialer {

@@ -281,7 +281,8 @@ const (
 // pickStrict): a request is never refused for want of a perfect instance
 // while any is known. Among the candidates it takes the next in turn, a
 // random one, or, when the client routes by capacity (capacity.go), the one
-// with the most free capacity, which it then counts (counted); with
+// with the most free capacity (weighed with its engine's figures: route.go's
+// freeTree), which it then counts (counted); with
 // pickAdmit it refuses (ErrAtCapacity) when that one has none. It reads the
 // client's view (route.go) and allocates nothing that grows with the
 // instances.

@@ -45,6 +45,25 @@ const maxReroutes = 8
 type seenLoad struct {
 	gen    uint64
 	others int // requests running there that are not this client's
+	engine engineLoad
+}
+
+// engineLoad is what an instance's engine reported of itself, as the pick
+// weighs it (route.go): the requests its scheduler holds back, and its KV
+// cache usage in whole percent (0 to 100). An engine that reports neither
+// counts as 0 and 0.
+type engineLoad struct{ waiting, kvPercent int }
+
+// engineOf is rep's engine figures, as a pick weighs them.
+func engineOf(rep *LoadReport) engineLoad {
+	var e engineLoad
+	if rep.Waiting != nil {
+		e.waiting = max(*rep.Waiting, 0)
+	}
+	if rep.KVUsage != nil && *rep.KVUsage > 0 { // NaN too is left at 0
+		e.kvPercent = int(min(*rep.KVUsage, 1) * 100)
+	}
+	return e
 }
 
 // loadBoard is the subscription to one endpoint path's load reports and
@@ -142,7 +161,7 @@ func (c *Client) applyLoad(rep LoadReport, refused bool) {
 		own--
 	}
 	before := s.others
-	s.gen, s.others = rep.Gen, max(rep.Running-own, 0)
+	s.gen, s.others, s.engine = rep.Gen, max(rep.Running-own, 0), engineOf(&rep)
 	if c.others == nil {
 		c.others = map[uint64]seenLoad{}
 	}
@@ -157,6 +176,10 @@ func (c *Client) applyLoad(rep LoadReport, refused bool) {
 // othersLocked is how many requests not c's run on instance id, as last
 // reported (c.mu held).
 func (c *Client) othersLocked(id uint64) int { return c.others[id].others }
+
+// engineLocked is instance id's engine figures, as last reported (c.mu
+// held).
+func (c *Client) engineLocked(id uint64) engineLoad { return c.others[id].engine }
 
 // pruneOthersLocked forgets the reports of instances not in v (c.mu held).
 func (c *Client) pruneOthersLocked(v *view) {

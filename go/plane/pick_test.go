@@ -6,11 +6,13 @@ package plane_test
 // pick. The benchmarks show its cost flat in the number of instances.
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
 	"slices"
+	"sync/atomic"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -20,11 +22,17 @@ import (
 	"github.com/dynamo-ctx/dynamo-ctx/go/plane"
 )
 
+// refReport is what the reference keeps of an instance's last load report:
+// the requests running there that are not the client's, its engine's
+// waiting requests and KV usage in whole percent.
+type refReport struct{ others, waiting, kvPercent int }
+
 // refPick is the pick as it was (candidates less excluded and suspects,
 // else less excluded, else all; round robin over them, or the most free,
-// ties in turn), computed from what the client lists. It returns the
+// less the waiting requests the engine reported, then the lowest KV usage,
+// then in turn), computed from what the client lists. It returns the
 // choice, ok false for ErrAtCapacity, and the round-robin turns it took.
-func refPick(insts []discovery.Instance, capOf func([]byte) int, load map[uint64]int, suspects, exclude map[uint64]bool, turn uint64, admit bool) (id uint64, ok bool, turns uint64) {
+func refPick(insts []discovery.Instance, capOf func([]byte) int, load map[uint64]int, reports map[uint64]refReport, suspects, exclude map[uint64]bool, turn uint64, admit bool) (id uint64, ok bool, turns uint64) {
 	keep := func(avoidSuspects bool) []uint64 {
 		var out []uint64
 		for _, in := range insts {
@@ -56,19 +64,20 @@ func refPick(insts []discovery.Instance, capOf func([]byte) int, load map[uint64
 	}
 	mostFree := func(cands []uint64, start uint64) (uint64, bool) {
 		var best uint64
-		bestFree, found := math.MinInt, false
+		bestFree, bestKV, found := math.MinInt, 0, false
 		for k := range cands {
 			id := cands[(start+uint64(k))%uint64(len(cands))]
 			c, declared := caps[id], caps[id] > 0
 			if !declared {
 				c = largest
 			}
-			free := c - load[id]
+			rep := reports[id]
+			free := c - load[id] - rep.others
 			if admit && declared && free <= 0 {
 				continue
 			}
-			if free > bestFree {
-				best, bestFree, found = id, free, true
+			if eff := free - rep.waiting; !found || eff > bestFree || eff == bestFree && rep.kvPercent < bestKV {
+				best, bestFree, bestKV, found = id, eff, rep.kvPercent, true
 			}
 		}
 		return best, found
@@ -104,8 +113,10 @@ func pickMeta(i int) []byte {
 
 func modelA(meta []byte) bool { return string(meta[:len(`{"model":"a"`)]) == `{"model":"a"` }
 
-// Every pick, with exclusions, suspects, admission and requests counted
-// and uncounted, is the one the plain algorithm makes.
+// Every pick, with exclusions, suspects, admission, requests counted and
+// uncounted and the workers' load reports (others' requests, their
+// engines' waiting requests and KV usage), is the one the plain algorithm
+// makes.
 func TestPickMatchesThePlainAlgorithm(t *testing.T) {
 	const path, n = "test.pick.generate", 24
 	host := planetest.Embedded(t)
@@ -131,6 +142,7 @@ func TestPickMatchesThePlainAlgorithm(t *testing.T) {
 			}
 			rng := rand.New(rand.NewPCG(1, 2))
 			var running []uint64
+			reports := map[uint64]refReport{}
 			for step := range 3000 {
 				switch r := rng.IntN(10); {
 				case r == 0:
@@ -139,6 +151,9 @@ func TestPickMatchesThePlainAlgorithm(t *testing.T) {
 					k := rng.IntN(len(running))
 					plane.Unload(c, running[k])
 					running = slices.Delete(running, k, k+1)
+					continue
+				case r < 6 && tc.capOf != nil:
+					reportLoad(t, c, rng, reports)
 					continue
 				}
 				exclude := map[uint64]bool{}
@@ -152,7 +167,7 @@ func TestPickMatchesThePlainAlgorithm(t *testing.T) {
 				}
 				admit := rng.IntN(2) == 0
 				insts, load, suspects, turn := c.Instances(), c.Running(), plane.Suspects(c), plane.Turn(c)
-				want, ok, turns := refPick(insts, tc.capOf, load, suspects, exclude, turn, admit)
+				want, ok, turns := refPick(insts, tc.capOf, load, reports, suspects, exclude, turn, admit)
 				got, counted, err := plane.PickFor(c, plane.RoundRobin, 0, exclude, admit)
 				if !ok {
 					require.ErrorIs(t, err, plane.ErrAtCapacity, "step %d", step)
@@ -171,6 +186,32 @@ func TestPickMatchesThePlainAlgorithm(t *testing.T) {
 			}
 		})
 	}
+}
+
+// reportGen numbers the load reports the tests make up (each newer).
+var reportGen atomic.Uint64
+
+// reportLoad hands c a made-up load report of one of its instances (as a
+// worker publishes it: others' requests, its engine's figures or not) and
+// notes in reports what the reference is to make of it.
+func reportLoad(t *testing.T, c *plane.Client, rng *rand.Rand, reports map[uint64]refReport) {
+	t.Helper()
+	insts := c.Instances()
+	id := insts[rng.IntN(len(insts))].ID
+	own, others := c.Running()[id], rng.IntN(4)
+	rep := plane.LoadReport{Instance: id, Gen: reportGen.Add(1), Running: own + others}
+	var ref refReport
+	ref.others = others
+	if w := []int{-1, 0, 1, 2, 5}[rng.IntN(5)]; w >= 0 {
+		rep.Waiting, ref.waiting = &w, w
+	}
+	if kv := []float64{-1, 0, 0.25, 0.5, 0.999, 1}[rng.IntN(6)]; kv >= 0 {
+		rep.KVUsage, ref.kvPercent = &kv, int(kv*100)
+	}
+	data, err := json.Marshal(rep)
+	require.NoError(t, err)
+	plane.DeliverLoad(c, data)
+	reports[id] = ref
 }
 
 // A pick's allocations do not grow with the instances; its time barely

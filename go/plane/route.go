@@ -7,8 +7,9 @@ package plane
 // random take the k-th candidate in O(log W) of the instances avoided (the
 // request's excluded ones, the client's suspects), without a list of the
 // candidates; routing by capacity keeps each instance's free places in a
-// segment tree, updated in O(log W) when a request is counted or uncounted,
-// and finds the one with the most in O(log W). A pick allocates nothing
+// segment tree (with the engine's waiting requests and KV usage, as the
+// instances report them), updated in O(log W) when a request is counted or
+// uncounted or a report arrives, and finds the best in O(log W). A pick allocates nothing
 // that grows with the instances.
 
 import (
@@ -112,18 +113,29 @@ func nth(avoided []int, k int) int {
 }
 
 // absent marks a leaf of a freeTree that is no candidate.
-const absent = math.MinInt
+const absent = math.MinInt64
 
-// freeTree holds the free places of each instance of one view (capacity,
-// or the view's largest when it declares none, minus the requests running
-// there: the client's own and the others' it was told of, load.go) in two max segment trees: all of them, and those a new
-// request may be admitted into (an instance that declares a capacity and
-// has no free place is absent from it). Guarded by Client.mu.
+// kvLevels is how many KV usage levels a score tells apart (0 to 100%).
+const kvLevels = 128
+
+// freeTree holds a score of each instance of one view in two max segment
+// trees: all of them, and those a new request may be admitted into (an
+// instance that declares a capacity and has no free place is absent from
+// it). Guarded by Client.mu.
+//
+// The score is the rule a pick follows: the most free places, less the
+// requests the instance's engine reports waiting; then, between equals,
+// the lowest KV cache usage (in whole percent); then, between equals, the
+// first in turn. An instance's free places are its capacity (or the view's
+// largest when it declares none) minus the requests running there: the
+// client's own and the others' it was told of (load.go). Admission counts
+// the free places alone: the worker's count is the authority, what its
+// engine holds back is only a preference.
 type freeTree struct {
 	v    *view
-	size int   // leaves, a power of two
-	all  []int // node i's children are 2i and 2i+1; leaves from size
-	adm  []int
+	size int     // leaves, a power of two
+	all  []int64 // node i's children are 2i and 2i+1; leaves from size
+	adm  []int64
 }
 
 func (c *Client) newFreeTreeLocked(v *view) *freeTree {
@@ -132,11 +144,11 @@ func (c *Client) newFreeTreeLocked(v *view) *freeTree {
 	for size < len(v.insts) {
 		size *= 2
 	}
-	t := &freeTree{v: v, size: size, all: make([]int, 2*size), adm: make([]int, 2*size)}
+	t := &freeTree{v: v, size: size, all: make([]int64, 2*size), adm: make([]int64, 2*size)}
 	for i := range size {
 		t.all[size+i], t.adm[size+i] = absent, absent
 		if i < len(v.insts) {
-			t.all[size+i], t.adm[size+i] = t.free(i, c.usedLocked(v.insts[i].ID))
+			t.all[size+i], t.adm[size+i] = c.leafLocked(t, i)
 		}
 	}
 	for n := size - 1; n >= 1; n-- {
@@ -150,22 +162,30 @@ func (c *Client) newFreeTreeLocked(v *view) *freeTree {
 // as last reported, the others' (load.go). c.mu held.
 func (c *Client) usedLocked(id uint64) int { return c.load[id] + c.othersLocked(id) }
 
-// free is instance i's free places with running requests there, and the
-// same where a new request may be admitted (else absent).
-func (t *freeTree) free(i, running int) (all, adm int) {
+// leafLocked is the values of leaf i of t now (c.mu held).
+func (c *Client) leafLocked(t *freeTree, i int) (all, adm int64) {
+	id := t.v.insts[i].ID
+	return t.score(i, c.usedLocked(id), c.engineLocked(id))
+}
+
+// score is instance i's score with running requests there and its engine's
+// figures e, and the same where a new request may be admitted (else
+// absent).
+func (t *freeTree) score(i, running int, e engineLoad) (all, adm int64) {
 	capacity, declared := t.v.caps[i], t.v.caps[i] > 0
 	if !declared {
 		capacity = t.v.largest
 	}
-	all = capacity - running
-	if declared && all <= 0 {
+	free := int64(capacity - running)
+	all = (free-int64(e.waiting))*kvLevels + int64(kvLevels-1-e.kvPercent)
+	if declared && free <= 0 {
 		return all, absent
 	}
 	return all, all
 }
 
 // set gives leaf i its values and updates the nodes above it.
-func (t *freeTree) set(i, all, adm int) {
+func (t *freeTree) set(i int, all, adm int64) {
 	n := t.size + i
 	t.all[n], t.adm[n] = all, adm
 	for n /= 2; n >= 1; n /= 2 {
@@ -176,7 +196,7 @@ func (t *freeTree) set(i, all, adm int) {
 
 // first is the first leaf from from on whose value in a is at least want,
 // or -1: O(log W).
-func (t *freeTree) first(a []int, node, lo, hi, from, want int) int {
+func (t *freeTree) first(a []int64, node, lo, hi, from int, want int64) int {
 	if hi <= from || a[node] < want {
 		return -1
 	}
@@ -195,18 +215,19 @@ func (t *freeTree) first(a []int, node, lo, hi, from, want int) int {
 func (c *Client) loadChangedLocked(id uint64) {
 	if t := c.tree; t != nil {
 		if i := t.v.index(id); i >= 0 {
-			all, adm := t.free(i, c.usedLocked(id))
+			all, adm := c.leafLocked(t, i)
 			t.set(i, all, adm)
 		}
 	}
 }
 
-// mostFreeLocked returns the candidate of v with the most free places (ties
-// in turn: the first from the next position of the client's rotation),
-// the candidates being v's instances less the positions in avoided. With
-// admit only candidates with a free place count (an instance that declares
-// no capacity always has one); ok is false when no candidate does. c.mu
-// held.
+// mostFreeLocked returns the candidate of v with the best score (freeTree:
+// the most free places less its engine's waiting requests, then the lowest
+// KV usage, then the first from the next position of the client's
+// rotation), the candidates being v's instances less the positions in
+// avoided. With admit only candidates with a free place count (an instance
+// that declares no capacity always has one); ok is false when no candidate
+// does. c.mu held.
 func (c *Client) mostFreeLocked(v *view, avoided []int, admit bool) (best uint64, ok bool) {
 	start := c.rr.Add(1) - 1
 	n := len(v.insts) - len(avoided)
@@ -233,7 +254,7 @@ func (c *Client) mostFreeLocked(v *view, avoided []int, admit bool) (best uint64
 		best, ok = v.insts[i].ID, true
 	}
 	for _, i := range avoided {
-		all, adm := t.free(i, c.usedLocked(v.insts[i].ID))
+		all, adm := c.leafLocked(t, i)
 		t.set(i, all, adm)
 	}
 	return best, ok

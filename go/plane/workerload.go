@@ -119,19 +119,32 @@ func (e *Endpoint) Load() (now LoadReport, refused uint64, peak int) {
 
 // SetEngineLoad records the engine's own figures for the next load report:
 // requests waiting in its scheduler, and its KV cache usage (0 to 1); a
-// negative value leaves that figure out.
+// negative value leaves that figure out. Figures equal to those recorded
+// change nothing (no report).
 func (e *Endpoint) SetEngineLoad(waiting int, kvUsage float64) {
-	e.mu.Lock()
-	e.places.waiting, e.places.kvUsage = nil, nil
+	var w *int
+	var kv *float64
 	if waiting >= 0 {
-		e.places.waiting = &waiting
+		w = &waiting
 	}
 	if kvUsage >= 0 {
-		e.places.kvUsage = &kvUsage
+		kv = &kvUsage
 	}
+	e.mu.Lock()
+	if sameFigure(e.places.waiting, w) && sameFigure(e.places.kvUsage, kv) {
+		e.mu.Unlock()
+		return
+	}
+	e.places.waiting, e.places.kvUsage = w, kv
 	e.places.gen++
 	e.mu.Unlock()
 	e.load.changed()
+}
+
+// sameFigure reports whether two optional figures are equal (both absent
+// or the same value).
+func sameFigure[T comparable](a, b *T) bool {
+	return a == nil && b == nil || a != nil && b != nil && *a == *b
 }
 
 // loadPublisher publishes an endpoint's load reports, rate-limited.

@@ -218,3 +218,96 @@ func TestBusyRefusalReroutesAndLoadReportsFreeTheView(t *testing.T) {
 	s.Kill()
 	held[1].Kill()
 }
+
+// waitReport reads reports until one of instance id satisfies ok.
+func waitReport(t *testing.T, reports <-chan *nats.Msg, id uint64, ok func(plane.LoadReport) bool) plane.LoadReport {
+	t.Helper()
+	for {
+		var rep plane.LoadReport
+		require.NoError(t, json.Unmarshal(planetest.Recv(t, reports, "a load report").Data, &rep))
+		if rep.Instance == id && ok(rep) {
+			return rep
+		}
+	}
+}
+
+// reservesOn says whether c's next reservation is on instance id (and
+// gives it back).
+func reservesOn(c *plane.Client, id uint64) bool {
+	r, err := c.Reserve()
+	if err != nil {
+		return false
+	}
+	defer r.Release()
+	return r.Instance() == id
+}
+
+// settlesOn waits until c's reservations are all on instance id: 20 in a
+// row (a tie would alternate them), once c has the reports that say so.
+func settlesOn(t *testing.T, c *plane.Client, id uint64, why string) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		for range 20 {
+			if !reservesOn(c, id) {
+				return false
+			}
+		}
+		return true
+	}, planetest.WaitLimit, time.Millisecond, why)
+}
+
+// An engine's own figures (SetEngineLoad: waiting requests, KV usage) go
+// out in the endpoint's load reports, and a caller routing by capacity
+// weighs them: with the same free places, the instance whose engine holds
+// requests back, or whose KV cache is fuller, is passed over for the
+// other. A figure left out (negative) is absent from the report.
+func TestEngineLoadIsReportedAndWeighed(t *testing.T) {
+	const path = "test.workerload.engine"
+	host := planetest.Embedded(t)
+	got := make(chan *plane.Request, 16)
+	meta := planetest.WithMetadata([]byte(`{"max_num_seqs":4}`))
+	a := planetest.Serve(t, planetest.Join(t, host), path, planetest.Hold(got), meta)
+	b := planetest.Serve(t, planetest.Join(t, host), path, planetest.Hold(got), meta)
+	reports := make(chan *nats.Msg, 64)
+	sub, err := plane.NC(host).ChanSubscribe(plane.LoadSubject(path), reports)
+	require.NoError(t, err)
+	defer func() { _ = sub.Unsubscribe() }()
+	crt := planetest.Join(t, host)
+	c := planetest.Client(t, crt, path)
+	c.SetCapacity(capacityOf, nil)
+	require.NoError(t, plane.NC(crt).Flush(), "c listens to the reports before they come")
+	planetest.WaitInstances(t, c, 2)
+	ptr := func(w int, kv float64) (*int, *float64) { return &w, &kv }
+
+	// a's engine holds 2 requests back: b has the more effective places.
+	a.EP.SetEngineLoad(2, 0.5)
+	rep := waitReport(t, reports, a.EP.InstanceID(), func(r plane.LoadReport) bool { return r.Waiting != nil })
+	w, kv := ptr(2, 0.5)
+	assert.Equal(t, plane.LoadReport{Instance: rep.Instance, Gen: rep.Gen, Capacity: 4, Free: 4, Waiting: w, KVUsage: kv}, rep)
+	settlesOn(t, c, b.EP.InstanceID(), "never a, whose engine holds requests back")
+
+	// Nothing waits anywhere; b's KV cache is the fuller: a is the pick.
+	a.EP.SetEngineLoad(0, 0.2)
+	b.EP.SetEngineLoad(0, 0.7)
+	waitReport(t, reports, b.EP.InstanceID(), func(r plane.LoadReport) bool { return r.KVUsage != nil && *r.KVUsage == 0.7 })
+	settlesOn(t, c, a.EP.InstanceID(), "never b, whose KV cache is fuller")
+
+	// Free places come first: with 2 of a's taken, b is the pick again.
+	var held []*plane.Stream
+	for i := range 2 {
+		s, err := c.Generate([]byte(`{}`), ctxtree.New(fmt.Sprintf("held%d", i)), plane.Direct, a.EP.InstanceID())
+		require.NoError(t, err)
+		require.NoError(t, s.AwaitStart(t.Context()))
+		held = append(held, s)
+	}
+	assert.True(t, reservesOn(c, b.EP.InstanceID()))
+
+	// Figures left out leave the report.
+	a.EP.SetEngineLoad(-1, -1)
+	rep = waitReport(t, reports, a.EP.InstanceID(), func(r plane.LoadReport) bool { return r.Waiting == nil })
+	assert.Nil(t, rep.KVUsage)
+	assert.Equal(t, 2, rep.Running)
+	for _, s := range held {
+		s.Kill()
+	}
+}

@@ -50,6 +50,8 @@ EXT_SUFFIX = ".abi3.so"
 LIB_NAME = "_native" + EXT_SUFFIX
 GO_HEADER_NAME = "_native.abi3.h"  # what `go build -o _native.abi3.so` writes: internal, not shipped
 PUBLIC_HEADER = Path("go") / "native" / "dynamo_ctx.h"  # the hand-written public header
+# The public header and the one it includes (the host's services), shipped together.
+PUBLIC_HEADERS = (PUBLIC_HEADER, Path("go") / "native" / "dynamo_ctx_services.h")
 HEADER_RELPATH = Path("include") / "dynamo_ctx.h"  # where the public header is shipped
 ABI_TAG = "cp39-abi3"
 SELFTEST_TAG = "dc_selftest"  # the Go build tag of the test library's hooks
@@ -173,10 +175,10 @@ def _join_flags(existing: Optional[str], *extra: str) -> str:
 def build_library(out_dir: Optional[Path] = None, force: bool = False, selftest: bool = False) -> Path:
     """Compile the Go core into ``<out_dir>/_native.abi3.so``.
 
-    Also copies the public header (go/native/dynamo_ctx.h) to
-    ``<out_dir>/include/dynamo_ctx.h`` once its prototypes are checked against
-    the ones cgo generated (see check_header); the generated header stays
-    beside the library, internal.
+    Also copies the public headers (go/native/dynamo_ctx.h and the one it
+    includes, PUBLIC_HEADERS) to ``<out_dir>/include/`` once their prototypes
+    are checked against the ones cgo generated (see check_header); the
+    generated header stays beside the library, internal.
     With ``selftest`` it builds the test library instead (``-tags
     dc_selftest``; out_dir defaults to build/selftest): its exports are the
     public header's plus SELFTEST_EXPORTS, and no header is copied.
@@ -220,20 +222,27 @@ def build_library(out_dir: Optional[Path] = None, force: bool = False, selftest:
         raise BuildError(f"go build did not produce the header {generated}")
     if not lib.is_file():
         raise BuildError(f"go build did not produce {lib}")
-    public = ROOT / PUBLIC_HEADER
-    problems = check_header(public.read_text("utf-8"), generated.read_text("utf-8"), SELFTEST_EXPORTS if selftest else ())
+    problems = check_header(public_header_text(), generated.read_text("utf-8"), SELFTEST_EXPORTS if selftest else ())
     if problems:
-        raise BuildError(f"{PUBLIC_HEADER} does not match the exports:\n  " + "\n  ".join(problems))
+        names = " and ".join(str(h) for h in PUBLIC_HEADERS)
+        raise BuildError(f"{names} do not match the exports:\n  " + "\n  ".join(problems))
     if selftest:
         os.utime(lib)  # newer than the header cgo wrote with it, for the mtime check
         _log(f"built the test library {_display(lib)}")
         return lib
     header.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(public, header)
+    for public in PUBLIC_HEADERS:
+        shutil.copyfile(ROOT / public, header.parent / public.name)
     # Keep lib strictly newer than the header move for the mtime check.
     os.utime(lib)
     _log(f"built {_display(lib)} and {_display(header)}")
     return lib
+
+
+def public_header_text() -> str:
+    """The public headers' text, one after the other (what a C user's
+    ``#include "dynamo_ctx.h"`` declares)."""
+    return "\n".join((ROOT / h).read_text("utf-8") for h in PUBLIC_HEADERS)
 
 
 _PROTO = re.compile(r"^(?:extern\s+)?([A-Za-z_][\w\s\*]*?)\b(dc_\w+)\(([^)]*)\);", re.M)
@@ -336,7 +345,9 @@ class GoBuildHook(BuildHookInterface):  # type: ignore[misc,valid-type]
         if version != "editable":
             # Build products are git-ignored, so hatchling would skip them.
             build_data["force_include"][str(lib)] = f"{PACKAGE}/{LIB_NAME}"
-            build_data["force_include"][str(lib.parent / HEADER_RELPATH)] = f"{PACKAGE}/{HEADER_RELPATH.as_posix()}"
+            for public in PUBLIC_HEADERS:
+                shipped = HEADER_RELPATH.parent / public.name
+                build_data["force_include"][str(lib.parent / shipped)] = f"{PACKAGE}/{shipped.as_posix()}"
 
 
 # ---------------------------------------------------------------------------

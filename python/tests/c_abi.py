@@ -34,6 +34,7 @@ from selftest_library import ENV as SELFTEST_ENV  # noqa: E402
 PACKAGE_DIR = Path(dynamo_ctx.__file__).resolve().parent
 LIB_PATH = PACKAGE_DIR / "_native.abi3.so"
 HEADER_PATH = PACKAGE_DIR / "include" / "dynamo_ctx.h"  # the public header, shipped
+SERVICES_HEADER_PATH = HEADER_PATH.parent / "dynamo_ctx_services.h"  # the one it includes, shipped beside it
 GENERATED_HEADER_PATH = PACKAGE_DIR / "_native.abi3.h"  # cgo's, internal (source tree only)
 
 # ---------------------------------------------------------------------------
@@ -54,6 +55,12 @@ def header_cdef(text: str) -> str:
         elif not in_cplusplus:
             out.append(line)
     return "\n".join(out)
+
+
+def header_text() -> str:
+    """The shipped headers' text: dynamo_ctx.h, then the one it includes
+    (what a C user's ``#include "dynamo_ctx.h"`` declares)."""
+    return HEADER_PATH.read_text("utf-8") + "\n" + SERVICES_HEADER_PATH.read_text("utf-8")
 
 
 # The values a C user relies on, typed in by hand from docs/c-abi.md (the
@@ -107,7 +114,7 @@ def load():
     with _lib_lock:
         if _lib is None:
             test_library = os.environ.get(SELFTEST_ENV)
-            cdef = header_cdef(HEADER_PATH.read_text("utf-8"))
+            cdef = header_cdef(header_text())
             ffi.cdef(cdef + "\n" + SELFTEST_CDEF if test_library else cdef)
             _lib = ffi.dlopen(test_library or str(LIB_PATH), ffi.RTLD_NOW | ffi.RTLD_NODELETE)
         return _lib

@@ -38,6 +38,7 @@ from c_abi import (
     ffi,
     free_all,
     header_cdef,
+    header_text,
     last_error,
     lib_fixture,  # noqa: F401 - the fixture "lib"
     load,
@@ -92,7 +93,7 @@ def test_called_functions_are_declared_and_exported():
     if _header_is_stale():
         pytest.skip("the generated header is older than the Go sources (run `python build.py`)")
     exported = set(re.findall(r"^extern [^(]*?\b(dc_\w+)\(", GENERATED_HEADER_PATH.read_text("utf-8"), re.M))
-    declared = set(re.findall(r"\b(dc_\w+)\(", header_cdef(HEADER_PATH.read_text("utf-8"))))
+    declared = set(re.findall(r"\b(dc_\w+)\(", header_cdef(header_text())))
     here = Path(__file__).resolve().parent
     called = {n for f in here.glob("test_c_abi*.py") for n in re.findall(r"\blib\.(dc_\w+)\(", f.read_text("utf-8"))}
     assert len(called) > 20
@@ -109,7 +110,7 @@ def test_public_header_matches_the_exports():
         pytest.skip("headers not built (run `python build.py`)")
     if _header_is_stale():
         pytest.skip("the generated header is older than the Go sources (run `python build.py`)")
-    public = HEADER_PATH.read_text("utf-8")
+    public = header_text()
     assert build.check_header(public, GENERATED_HEADER_PATH.read_text("utf-8")) == []
     assert "dc_set_error" not in public and "_GoString_" not in public, "internals stay internal"
     # The check itself sees a drift: a parameter dropped, a type changed.

@@ -77,6 +77,7 @@ def test_wheel_is_abi3_manylinux(wheel_from_sdist):
     for needed in (
         "dynamo_ctx/_native.abi3.so",
         "dynamo_ctx/include/dynamo_ctx.h",
+        "dynamo_ctx/include/dynamo_ctx_services.h",
         "dynamo_ctx/py.typed",
         "dynamo_ctx/_native.pyi",
         "dynamo_ctx-0.1.0.dist-info/licenses/LICENSE",
@@ -130,7 +131,8 @@ def test_shipped_library_has_no_test_hooks():
     pkg = Path(dynamo_ctx.__file__).parent
     lib = pkg / "_native.abi3.so"
     assert b"selftest" not in lib.read_bytes()
-    assert "selftest" not in (pkg / "include" / "dynamo_ctx.h").read_text("utf-8")
+    for header in ("dynamo_ctx.h", "dynamo_ctx_services.h"):
+        assert "selftest" not in (pkg / "include" / header).read_text("utf-8")
     assert not hasattr(ctypes.CDLL(str(lib)), "dc_selftest_panic")
     if shutil.which("nm") is not None:
         out = subprocess.run(["nm", "-D", "--defined-only", str(lib)], capture_output=True, text=True, check=True).stdout

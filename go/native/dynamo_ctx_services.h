@@ -1,0 +1,180 @@
+/* dynamo_ctx_services.h: the services the dynamo-ctx native library
+   offers its host: logging, the status listener, traces and the
+   OpenAI-compatible HTTP frontend. Part of the C ABI whose reference is
+   dynamo_ctx.h, which includes this file (include that one); its
+   conventions hold here too. */
+#ifndef DYNAMO_CTX_SERVICES_H
+#define DYNAMO_CTX_SERVICES_H
+
+#include "dynamo_ctx.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ------------------------------------------------------------------
+   Logging
+   ------------------------------------------------------------------ */
+
+/* Stores in *fd a descriptor that is readable whenever log records are
+   waiting for dc_log_next. The fd belongs to the library: never read or close
+   it. Errors: DC_EINVAL for NULL, DC_EIO if the library has no log queue. */
+int dc_log_fd(int *fd);
+
+/* Sets the lowest level (Python's numbers: 10 debug, 20 info, 30 warning, 40
+   error) of the records the library queues; the default is 30. */
+int dc_log_set_level(int level);
+
+/* Takes the oldest log record: its level in *level (Python's numbers) and its
+   message into buf, as dc_context_id does. Errors: DC_EAGAIN when no record
+   is waiting; DC_ERANGE when buf is too small (*len is set and the record stays
+   first in line); DC_EINVAL for NULL level or len. */
+int dc_log_next(int *level, char *buf, size_t cap, size_t *len);
+
+
+/* ------------------------------------------------------------------
+   Status listener: a process's status endpoints (/metrics, /health, ...)
+   over HTTP, each answer rendered by the host
+   ------------------------------------------------------------------ */
+
+/* Starts a status listener on fd, a listening TCP socket of the caller's
+   (the library serves a copy of it: the caller may close its own at once;
+   binding the port is the caller's, so that it may bind before it loads
+   the library) and stores its handle in *out. paths (paths_len bytes) are
+   the paths the host answers, separated by '\n': each "/" then printable
+   ASCII (no space, no '?'), at most DC_STATUS_PATH_MAX - 1 bytes. A GET or
+   HEAD of one of them waits for the host's answer (dc_status_next,
+   dc_status_answer); another method is 405, another path 404, a query
+   string is ignored. Each connection is closed after its answer. Bounds (0:
+   the default): read_timeout, the seconds a client has to send its
+   request's line and headers (10; at most 16 KiB of them); max_connections
+   (64), the connections held before their request's headers arrived (one
+   more closes the oldest of them at once) and the requests waiting for the
+   host's answer (one more is answered 503 at once); answer_timeout (2), the
+   seconds the host has to answer, else the client gets 503. The listener's
+   connection policy is the frontend's (docs/security.md). Errors: DC_EINVAL
+   for NULL pointers, an fd that is not a listening socket, a bad path or
+   bound; DC_EIO. */
+int dc_status_start(int fd, const char *paths, size_t paths_len, double read_timeout, int max_connections,
+                    double answer_timeout, uint64_t *out);
+
+/* Copies the address the status listener listens on into buf, as
+   dc_context_id does. */
+int dc_status_addr(uint64_t h, char *buf, size_t cap, size_t *len);
+
+/* Takes the oldest request waiting for the host's answer: its id in *id and
+   its path into path (cap at least DC_STATUS_PATH_MAX), as dc_context_id
+   does. Errors: DC_EAGAIN (none waits: dc_arm the listener), DC_ECLOSED,
+   DC_EBADF, DC_EINVAL for NULL pointers or a smaller cap. */
+int dc_status_next(uint64_t h, uint64_t *id, char *path, size_t cap, size_t *len);
+
+/* Answers the request id with the HTTP status code (200 to 599), a content
+   type (ct_len bytes of printable ASCII, at most 256; none when 0) and a
+   body (body_len bytes, at most 64 MiB; a HEAD request gets its length
+   only). Errors: DC_ENOENT when the request no longer waits (its client left,
+   or answer_timeout passed: it was answered 503), DC_EINVAL for a status,
+   content type or body out of bounds, DC_ECLOSED, DC_EBADF. */
+int dc_status_answer(uint64_t h, uint64_t id, int code, const char *content_type, size_t ct_len, const char *body,
+                     size_t body_len);
+
+/* Closes the status listener at once (its connections too: the requests
+   waiting for an answer end) and frees its handle; an armed token is pushed.
+   Errors: DC_EBADF. */
+int dc_status_free(uint64_t h);
+
+/* ------------------------------------------------------------------
+   Tracing (OpenTelemetry, docs/design.md "Traces")
+   ------------------------------------------------------------------ */
+
+/* The library makes every span, the host's too, and exports them over OTLP
+   as the OTEL_* variables say (off without an endpoint): these let a host
+   trace its own work under the span the library attached to a context (a
+   worker's handler), with no OpenTelemetry of its own. Attributes are
+   attrs_len bytes of one JSON object (none when 0) whose values are
+   strings, numbers, booleans or arrays of one of them; a name is at most
+   256 bytes, attributes at most 64 KiB (else DC_EINVAL). */
+
+/* 1 while this process makes spans, 0 otherwise: read without a call (an
+   atomic load), so that a host's span calls cost nothing while tracing is
+   off. Set when a runtime turns tracing on, cleared when the last one shuts
+   down. */
+extern uint32_t dc_trace_on;
+
+/* Starts a span, a child of the span attached to the context ctx, and stores
+   its handle in *out; stores 0 (and succeeds) when tracing is off or the
+   context has no span. An empty name is the parent's GenAI name
+   ("{operation} {model}"). The handle is freed by dc_trace_span_end.
+   Errors: DC_EBADF for ctx, DC_EINVAL for a NULL out or bad arguments. */
+int dc_trace_span_start(uint64_t ctx, const char *name, size_t name_len, const char *attrs, size_t attrs_len,
+                        uint64_t *out);
+
+/* Adds an event named name, with attributes, to the span.
+   Errors: DC_EBADF, DC_EINVAL for bad arguments. */
+int dc_trace_span_event(uint64_t span, const char *name, size_t name_len, const char *attrs, size_t attrs_len);
+
+/* Sets the attributes on the span, marks it failed when failed is not 0,
+   ends it and frees its handle. Errors: DC_EBADF, DC_EINVAL for bad
+   arguments (the span is then left open). */
+int dc_trace_span_end(uint64_t span, const char *attrs, size_t attrs_len, int failed);
+
+/* Adds an event to the span attached to the context ctx (nothing when it has
+   none, or tracing is off). Errors: DC_EBADF, DC_EINVAL for bad arguments. */
+int dc_trace_context_event(uint64_t ctx, const char *name, size_t name_len, const char *attrs, size_t attrs_len);
+
+/* ------------------------------------------------------------------
+   HTTP frontend
+   ------------------------------------------------------------------ */
+
+/* Starts the OpenAI-compatible HTTP frontend on the runtime, configured by
+   settings (settings_len bytes: one JSON object), and stores its handle in
+   *out. The settings' members, each optional:
+     "addr"                  the listen address, "127.0.0.1:8000" (without
+                             one: a free port on every address);
+     "namespace"             where workers serve "<namespace>.backend.generate"
+                             (default "dynamo");
+     "migration_limit"       a whole number overriding the limit the model's
+                             workers declare (default, or below 0: theirs);
+     "max_body_bytes"        the largest request body, bytes (default 4 MiB);
+     "max_idle_connections"  the bound of connections not serving a request
+                             (default 1024);
+     "request_timeout"       every request's default timeout, seconds, as the
+                             x-request-timeout header gives them (default none);
+     "max_queued_requests"   a model's queue of requests waiting for a worker
+                             with a free place (default 1024; 0: none).
+   The last four are given as a user gave them, {"text": "...", "source":
+   "..."}: the text, which the library parses (their one parser), and where
+   it came from (a flag, "--max-body-bytes", or a variable,
+   "DYNAMO_CTX_MAX_BODY_BYTES"; default the member's name), which a refusal
+   names. The library reads no environment variable for them: the host
+   resolves its own (the command: the flag, else the variable). A member
+   the library does not know, or names only up to case or twice, is
+   refused. Errors: DC_EBADF; DC_EINVAL for settings that are not such an
+   object, or a setting refused (the message begins with its source and the
+   text: --flag "text": why, or NAME="text": why); DC_EIO (cannot listen). */
+int dc_frontend_start(uint64_t rt, const char *settings, size_t settings_len, uint64_t *out);
+
+/* Checks settings as dc_frontend_start would and starts nothing: a host
+   checks them before it connects. Errors: DC_EINVAL, with
+   dc_frontend_start's message. */
+int dc_frontend_check_settings(const char *settings, size_t settings_len);
+
+/* Copies the address the frontend listens on into buf, as dc_context_id does. */
+int dc_frontend_addr(uint64_t h, char *buf, size_t cap, size_t *len);
+
+/* Stops the frontend (as dc_frontend_drain with 5 s, unless it was
+   drained) and frees its handle. */
+int dc_frontend_free(uint64_t h);
+
+/* Drains the frontend: it stops accepting at once, lets the requests in
+   flight finish for up to seconds, then kills those still running with
+   DC_REASON_SHUTDOWN (their clients get a 503 or a final SSE error event,
+   code "shutdown") and stops. Only the first drain (or free) waits. Errors:
+   DC_EBADF; DC_EINVAL for seconds that is not a finite number, 0 or more,
+   below DC_MAX_TIMEOUT_SECONDS. */
+int dc_frontend_drain(uint64_t h, double seconds);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* DYNAMO_CTX_SERVICES_H */

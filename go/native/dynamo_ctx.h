@@ -409,6 +409,24 @@ int dc_endpoint_serve(uint64_t rt, const char *path, size_t path_len, const char
 /* Stores the endpoint instance's id in *out. */
 int dc_endpoint_instance_id(uint64_t h, uint64_t *out);
 
+/* Records the engine's own figures for the endpoint's load reports (see
+   dc_endpoint_serve): waiting, the requests its scheduler holds back, and
+   kv_usage, the fraction of its KV cache in use (0 to 1; above 1 counts as
+   1). A negative value leaves that figure out of the reports. Frontends
+   route a new request away from an instance whose engine has requests
+   waiting or a fuller KV cache (docs/design.md, section 10). Figures equal
+   to the last ones change nothing; call it when they change (e.g. after
+   an engine step). Nothing is published for an endpoint without a
+   capacity. Errors: DC_EBADF, DC_EINVAL for a kv_usage that is not a
+   finite number. */
+int dc_endpoint_set_engine_load(uint64_t h, int64_t waiting, double kv_usage);
+
+/* Stores the endpoint's count: the requests holding a place now in
+   *running, its capacity in *capacity (0: none), and the requests it
+   refused as busy so far in *refused. Errors: DC_EBADF, DC_EINVAL for a
+   NULL pointer. */
+int dc_endpoint_load(uint64_t h, int64_t *running, int64_t *capacity, uint64_t *refused);
+
 /* Takes the oldest request waiting for a handler and stores its handle in
    *out. Errors: DC_EAGAIN (none waiting: dc_arm the endpoint), DC_ECLOSED
    (the endpoint was closed), DC_EBADF. */

@@ -76,6 +76,26 @@ static PyObject* mod_endpoint_accept(PyObject* m, PyObject* arg) {
 
 static PyObject* mod_endpoint_free(PyObject* m, PyObject* arg) { return call_h(arg, dc_endpoint_free, 1); }
 
+static PyObject* mod_endpoint_set_engine_load(PyObject* m, PyObject* args) {
+    unsigned long long h;
+    long long waiting;
+    double kv_usage;
+    if (!PyArg_ParseTuple(args, "KLd:endpoint_set_engine_load", &h, &waiting, &kv_usage)) return NULL;
+    if (check_fork() < 0) return NULL;
+    int rc = dc_endpoint_set_engine_load(h, (int64_t)waiting, kv_usage);
+    if (rc != DC_OK) return raise_rc(rc);
+    Py_RETURN_NONE;
+}
+
+static PyObject* mod_endpoint_load(PyObject* m, PyObject* arg) {
+    uint64_t h, refused = 0;
+    int64_t running = 0, capacity = 0;
+    if (parse_u64(arg, &h) < 0 || check_fork() < 0) return NULL;
+    int rc = dc_endpoint_load(h, &running, &capacity, &refused);
+    if (rc != DC_OK) return raise_rc(rc);
+    return Py_BuildValue("(LLK)", (long long)running, (long long)capacity, (unsigned long long)refused);
+}
+
 static PyObject* mod_request_payload(PyObject* m, PyObject* arg) {
     uint64_t h;
     if (parse_u64(arg, &h) < 0 || check_fork() < 0) return NULL;
@@ -358,6 +378,9 @@ PyMethodDef plane_methods[] = {
     {"endpoint_instance_id", mod_endpoint_instance_id, METH_O, "endpoint_instance_id(ep) -> int"},
     {"endpoint_accept", mod_endpoint_accept, METH_O, "endpoint_accept(ep) -> (code, request handle)"},
     {"endpoint_free", mod_endpoint_free, METH_O, "endpoint_free(ep)"},
+    {"endpoint_set_engine_load", mod_endpoint_set_engine_load, METH_VARARGS,
+     "endpoint_set_engine_load(ep, waiting, kv_usage): the engine's figures for the load reports (negative: left out)"},
+    {"endpoint_load", mod_endpoint_load, METH_O, "endpoint_load(ep) -> (running, capacity, refused as busy)"},
     {"request_payload", mod_request_payload, METH_O, "request_payload(req) -> bytes"},
     {"request_metadata", mod_request_metadata, METH_O, "request_metadata(req) -> bytes (empty: none)"},
     {"request_context", mod_request_context, METH_VARARGS, "request_context(req, cls) -> Context"},

@@ -275,6 +275,8 @@ class Endpoint:
         self.path = f"{component.namespace.name}.{component.name}.{name}"
         self._runtime = component.namespace.runtime
         self._serving: "Optional[asyncio.Future[int]]" = None
+        self._ep = 0  # the library's handle while serve_endpoint serves, else 0
+        self._refused = 0  # the busy refusals, as last read (they outlive the handle)
 
     def _serving_future(self) -> "asyncio.Future[int]":
         if self._serving is None or self._serving.get_loop() is not asyncio.get_running_loop():
@@ -298,6 +300,37 @@ class Endpoint:
     async def lease_id(self) -> int:
         """Dynamo 0.5's name for ``connection_id()`` (the id ``direct`` routes to)."""
         return self.connection_id()
+
+    def set_engine_load(self, waiting: Optional[int], kv_usage: Optional[float]) -> None:
+        """Report the engine's own load with this endpoint's load reports.
+
+        ``waiting`` is the requests the engine's scheduler holds back,
+        ``kv_usage`` the fraction of its KV cache in use (0 to 1); None leaves
+        a figure out. Frontends send a new request to another instance
+        before one whose engine has requests waiting or a fuller KV cache
+        (docs/design.md, section 10). Cheap: a call with the figures it
+        already has publishes nothing; call it when they change, e.g. after
+        an engine step. Nothing is published for an endpoint served without
+        a capacity (no ``max_num_seqs`` in its metadata), and the call does
+        nothing while the endpoint is not being served.
+        """
+        ep = self._ep
+        if ep:
+            native().endpoint_set_engine_load(
+                ep, -1 if waiting is None else waiting, -1.0 if kv_usage is None else kv_usage
+            )
+
+    def busy_refusals(self) -> int:
+        """The requests this endpoint refused as busy (at its capacity) so far.
+
+        Such a request never reached a handler: its caller sent it to another
+        instance or queued it. The count survives the end of serving (the
+        last figure read stays).
+        """
+        ep = self._ep
+        if ep:
+            self._refused = native().endpoint_load(ep)[2]
+        return self._refused
 
     async def serve_endpoint(
         self,
@@ -332,6 +365,7 @@ class Endpoint:
             raise
         if not serving.done():
             serving.set_result(lib.endpoint_instance_id(ep))
+        self._ep = ep
         self._runtime._watch_host()
         tasks: Set["asyncio.Task[None]"] = set()
         loop = asyncio.get_running_loop()  # once: on Python < 3.12 each lookup is a getpid()
@@ -349,6 +383,8 @@ class Endpoint:
         finally:
             # Closing the endpoint kills the requests it is serving, whose
             # handlers then see their context killed and are closed.
+            self.busy_refusals()  # the last figure, kept
+            self._ep = 0
             lib.endpoint_free(ep)
             if tasks:
                 await asyncio.gather(*tasks, return_exceptions=True)

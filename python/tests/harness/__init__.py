@@ -31,7 +31,7 @@ from .http_client import (
     http_get, http_json, http_request, metric_sums, parse_prometheus, read_all, request_bytes, scrape, send_post,
     split_response,
 )
-from .nats import NatsCluster, NatsHost, NatsServer, nats_server_binary
+from .nats import NatsCluster, NatsHost, NatsServer, Subscription, nats_server_binary
 from .otlp import OtlpSink, otel_env, otlpsink_binary
 from .procs import (
     HANG, PY_DIR, ROOT, STARTED, TESTS_DIR, Proc, ProcError, child_env, dump_logs, free_port, keep_logs, log_root,
@@ -42,7 +42,8 @@ from .stack import MODEL, Frontend, Stack, Worker, expected_text, expected_token
 
 __all__ = [
     "HANG", "MODEL", "PY_DIR", "ROOT", "STARTED", "TESTS_DIR",
-    "Frontend", "NatsCluster", "NatsHost", "NatsServer", "OtlpSink", "Proc", "ProcError", "Result", "SSEStream", "Stack", "Worker",
+    "Frontend", "NatsCluster", "NatsHost", "NatsServer", "OtlpSink", "Proc", "ProcError", "Result", "SSEStream", "Stack",
+    "Subscription", "Worker",
     "child_env", "dump_logs", "error_code", "expected_text", "expected_tokens", "free_port", "http_get", "http_json",
     "http_request", "keep_logs", "log_root", "metric_sums", "nats_server_binary", "new_id", "new_namespace", "otel_env", "otlpsink_binary",
     "open_stream_async", "parse_prometheus", "private_network", "read_all", "read_response", "request_async", "request_bytes", "run_python",

@@ -191,3 +191,61 @@ class NatsCluster:
     def stop(self) -> None:
         for node in self.nodes:
             node.stop()
+
+
+class Subscription:
+    """A plain NATS subscription to one subject, in NATS's text protocol (no client
+    library): what a test reads of the bus itself, e.g. a worker's load reports on
+    ``dc.load.<path>``. ``next(timeout)`` is the next message's payload. The server's
+    token is the URL's (``nats://token@host:port``), else NATS_TOKEN's: a test that
+    subscribes runs its NATS host with NATS_TOKEN set (the embedded server's own
+    token is in a file of the library's)."""
+
+    def __init__(self, url: str, subject: str, timeout: float = 10.0) -> None:
+        userinfo, _, address = url.split("://", 1)[-1].rpartition("@")
+        host, _, port = address.rpartition(":")
+        connect = {"verbose": False, "pedantic": False}
+        token = userinfo or os.environ.get("NATS_TOKEN")
+        if token:
+            connect["auth_token"] = token
+        self.sock = socket.create_connection((host, int(port)), timeout)
+        self.buf = b""
+        self._line(timeout)  # the server's INFO
+        self.sock.sendall(b"CONNECT " + json.dumps(connect).encode() + b"\r\nSUB " + subject.encode() + b" 1\r\nPING\r\n")
+        while self._line(timeout) != b"PONG":  # subscribed once the server answers
+            pass
+
+    def _line(self, timeout: float) -> bytes:
+        self.sock.settimeout(timeout)
+        while b"\r\n" not in self.buf:
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                raise ConnectionError("the NATS server closed the connection")
+            self.buf += chunk
+        line, _, self.buf = self.buf.partition(b"\r\n")
+        return line
+
+    def next(self, timeout: float = 10.0) -> bytes:
+        """The next message's payload (socket.timeout when none comes in time)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            line = self._line(max(deadline - time.monotonic(), 0.001))
+            if line == b"PING":
+                self.sock.sendall(b"PONG\r\n")
+            elif line.startswith(b"MSG "):
+                size = int(line.split()[-1])
+                while len(self.buf) < size + 2:
+                    self.buf += self.sock.recv(65536)
+                payload, self.buf = self.buf[:size], self.buf[size + 2:]
+                return payload
+            elif line.startswith(b"-ERR"):
+                raise ConnectionError(line.decode())
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def __enter__(self) -> "Subscription":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -12,7 +12,7 @@ library after it).
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Tuple
 
 from .._lib import native
 
@@ -57,6 +57,10 @@ class WorkerMetrics:
         self.freed_by_reason: Dict[str, int] = {}
         #: outcome -> count
         self.outcomes: Dict[str, int] = dict.fromkeys(OUTCOMES, 0)
+        #: The requests the worker's endpoint refused as busy (at its
+        #: capacity), read at each scrape (``Endpoint.busy_refusals``, once
+        #: the endpoint serves).
+        self.busy_refusals: Callable[[], int] = lambda: 0
 
     def cancellation(self, reason: str) -> None:
         """Count a request whose context was stopped or killed for ``reason``."""
@@ -85,6 +89,9 @@ class WorkerMetrics:
              getattr(stats, "running_requests", 0)),
             (GaugeMetricFamily, "dynamo_ctx_worker_kv_blocks_in_use", "KV cache blocks in use.", getattr(stats, "kv_blocks_in_use", 0)),
             (CounterMetricFamily, "dynamo_ctx_worker_requests_total", "Requests received.", self.requests_total),
+            (CounterMetricFamily, "dynamo_ctx_worker_busy_refusals_total",
+             "Requests refused at once as busy (the worker at its capacity); they never reached the engine.",
+             self.busy_refusals()),
         ):
             f = family(name, help_, labels=["model"])
             f.add_metric([self.model], value)

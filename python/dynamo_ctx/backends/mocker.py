@@ -69,6 +69,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, AsyncGenerator, Deque, Dict, List, Optional, Tuple, Union, cast
 
+from .engineload import LoadSink
 from .mock_scheduler import WAITING, Batch, EngineStats, SchedRequest, Scheduler
 
 __all__ = [
@@ -252,6 +253,9 @@ class MockAsyncLLM:
         #: brought (the most recent requests only).
         self.kv_transfer_params_received: "collections.OrderedDict[str, Any]" = collections.OrderedDict()
         self.dead_error: Optional[EngineDeadError] = None
+        #: Where the engine reports its waiting requests and KV cache usage
+        #: after each step that changed them (engineload.py; None: nowhere).
+        self.load_sink: Optional[LoadSink] = None
         vocab = self.args.token_ids
         self._vocab: Optional[List[int]] = list(vocab) if vocab else None
 
@@ -384,9 +388,13 @@ class MockAsyncLLM:
         token for each sequence whose KV it completed."""
         loop = asyncio.get_running_loop()
         deadline = loop.time()
-        schedule = self._sched.schedule
+        schedule, stats, sink = self._sched.schedule, self.stats, self.load_sink
+        waiting, blocks = -1, -1  # as last reported
         while self._running and self.dead_error is None:
             batch, tokens = schedule()
+            if sink is not None and (stats.num_requests_waiting != waiting or stats.kv_blocks_in_use != blocks):
+                waiting, blocks = stats.num_requests_waiting, stats.kv_blocks_in_use
+                sink.report(waiting, stats.kv_cache_usage)
             if not batch:  # cannot happen: the first running request always fits (a bug, then: not a hang)
                 self.die("the mock engine's scheduler could schedule no request")
                 return
@@ -402,6 +410,8 @@ class MockAsyncLLM:
                 self.die(f"the mock engine died after {self.stats.steps} steps (die_after_steps)")
                 return
             self._complete(batch)
+        if sink is not None:  # idle (or dead): what the last requests held is free
+            sink.report(stats.num_requests_waiting, stats.kv_cache_usage)
 
     async def _sleep_until(self, deadline: float) -> None:
         """Sleep until ``deadline``, or until no request is left to step (an abort

@@ -44,6 +44,7 @@ from .. import status as _status
 from .._lib import native
 from ..backends import model_dir
 from ..backends.metrics import WorkerMetrics
+from ..backends.engineload import LoadSink, vllm_stat_logger
 from ..backends.mocker import DEFAULT_MAX_NUM_BATCHED_TOKENS, MockAsyncLLM, MockEngineArgs
 from ..backends.vllm import AggregatedHandler, BaseWorkerHandler, DecodeHandler, PrefillHandler
 from . import _args, _errors, _logging, _runner
@@ -285,13 +286,17 @@ class Model:
     """What the worker serves: the name clients use, the model directory whose
     text the frontend speaks (None: the stand-in), and the context length."""
 
-    def __init__(self, name: str, path: Optional[str], max_model_len: Optional[int], max_num_seqs: Optional[int] = None) -> None:
+    def __init__(self, name: str, path: Optional[str], max_model_len: Optional[int], max_num_seqs: Optional[int] = None,
+                 load_sink: Optional[LoadSink] = None) -> None:
         self.name = name
         self.path = path
         self.max_model_len = max_model_len
         #: The sequences the engine runs at once (None: no limit): the
         #: capacity the frontend routes and admits by.
         self.max_num_seqs = max_num_seqs
+        #: Where the engine reports its waiting requests and KV usage
+        #: (engineload.py), handed to the served endpoint.
+        self.load_sink = load_sink
 
 
 def engine_supports(engine: Any) -> List[str]:
@@ -341,19 +346,21 @@ def mock_model(args: argparse.Namespace) -> Tuple[Any, Model]:
         engine = MockAsyncLLM(mock)
     except ValueError as e:  # the mock's own rule (e.g. a token budget below --max-num-seqs), in its words
         raise _errors.UsageError(f"mock engine: {e}") from None
-    return engine, Model(served_model_name(args), path, length, args.max_num_seqs)
+    engine.load_sink = LoadSink()
+    return engine, Model(served_model_name(args), path, length, args.max_num_seqs, engine.load_sink)
 
 
 def vllm_model(args: argparse.Namespace) -> Tuple[Any, Model]:
     """vLLM's engine and its model (the context length is the engine's own)."""
     from vllm.v1.engine.async_llm import AsyncLLM  # type: ignore[import-not-found]
 
-    engine = AsyncLLM.from_engine_args(engine_args(args))
+    sink = LoadSink()  # the scheduler's waiting requests and KV usage, from vLLM's own stats
+    engine = AsyncLLM.from_engine_args(engine_args(args), stat_loggers=[vllm_stat_logger(sink)])
     length = getattr(getattr(engine, "model_config", None), "max_model_len", None)
     # The engine's own capacity (vLLM resolves its default from the machine).
     seqs = getattr(getattr(getattr(engine, "vllm_config", None), "scheduler_config", None), "max_num_seqs", None)
     path = model_dir.find(getattr(args, "tokenizer", None) or args.model)
-    return engine, Model(served_model_name(args), path, length, seqs if isinstance(seqs, int) and seqs > 0 else None)
+    return engine, Model(served_model_name(args), path, length, seqs if isinstance(seqs, int) and seqs > 0 else None, sink)
 
 
 def make_engine(args: argparse.Namespace) -> Any:
@@ -539,6 +546,9 @@ async def run(args: argparse.Namespace) -> None:
             files_serving = asyncio.ensure_future(files.serve_endpoint(model_dir.files_handler(model.path), metadata=files_card))
         serving = asyncio.ensure_future(endpoint.serve_endpoint(handler.generate, metadata=card))
         instance = await endpoint.serving()
+        metrics.busy_refusals = endpoint.busy_refusals
+        if model.load_sink is not None:
+            model.load_sink.attach(endpoint.set_engine_load)
         readiness.waiting_for = None
         logger.info("serving %s as instance %d (model %s, mode %s)", endpoint.path, instance, model.name, args.mode)
         # What start-up made (modules, the engine, its model) lives as long as

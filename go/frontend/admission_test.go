@@ -421,6 +421,7 @@ func TestBusyRefusalQueuesOrOverloads(t *testing.T) {
 	b.waitMetric(key(mQueued, "m"), 1)
 	_, refused, _ := w.EP.Load()
 	assert.Equal(t, uint64(1), refused, "b was sent, and refused as busy")
+	assert.Equal(t, 1.0, b.metrics()[key("dynamo_ctx_frontend_busy_requeues_total", "m")], "and queued again")
 
 	resp := b.open("/v1/completions", completion("m", "hi", 5, true), map[string]string{"x-request-id": "c"})
 	body, _ := io.ReadAll(resp.Body)

@@ -27,12 +27,14 @@ type metrics struct {
 	confirmed     map[string]uint64
 	latency       map[string]*histogram
 	outcomes      map[string]map[string]uint64 // model -> outcome -> count (outcome.go)
+	busyRequeues  map[string]uint64            // worker requests every worker refused as busy, queued again (resend.go)
 }
 
 func newMetrics() *metrics {
 	return &metrics{
 		requests: map[string]uint64{}, cancellations: map[string]uint64{},
 		confirmed: map[string]uint64{}, latency: map[string]*histogram{}, outcomes: map[string]map[string]uint64{},
+		busyRequeues: map[string]uint64{},
 	}
 }
 
@@ -50,6 +52,12 @@ func (m *metrics) outcome(model, outcome string) {
 func (m *metrics) request(model string) {
 	m.mu.Lock()
 	m.requests[model]++
+	m.mu.Unlock()
+}
+
+func (m *metrics) busyRequeue(model string) {
+	m.mu.Lock()
+	m.busyRequeues[model]++
 	m.mu.Unlock()
 }
 
@@ -105,6 +113,7 @@ func (m *metrics) write(w io.Writer) {
 	counter("dynamo_ctx_frontend_requests_total", "Requests received.", m.requests)
 	counter("dynamo_ctx_frontend_cancellations_total", "Requests killed because the client disconnected before the worker had finished them (signalled).", m.cancellations)
 	counter("dynamo_ctx_frontend_aborts_confirmed_total", "Cancellations whose abort a worker confirmed.", m.confirmed)
+	counter("dynamo_ctx_frontend_busy_requeues_total", "Worker requests every worker refused as busy, queued again for a free place.", m.busyRequeues)
 	name := "dynamo_ctx_frontend_outcomes_total"
 	fmt.Fprintf(w, "# HELP %s Requests by how they ended: %s (each exactly once).\n# TYPE %s counter\n", name, strings.Join(outcomes, ", "), name)
 	for _, k := range sortedKeys(m.outcomes) {

@@ -335,6 +335,7 @@ func (f *Frontend) dispatch(w http.ResponseWriter, in *incoming, place *plane.Re
 				return client.Generate(payload, c.reqCtx, plane.RoundRobin, 0, plane.WithReservation(place))
 			}
 			c.readmit = func(ctx context.Context) (*plane.Reservation, error) {
+				f.metrics.busyRequeue(in.req.Model)
 				return gate.admit(ctx, in.deadline, f.stopping, true)
 			}
 			var opts []plane.GenerateOption

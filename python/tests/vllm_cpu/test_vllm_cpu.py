@@ -33,7 +33,9 @@ if importlib.util.find_spec("vllm") is None:
     )
 
 import asyncio  # noqa: E402
+import json  # noqa: E402
 import os  # noqa: E402
+import secrets  # noqa: E402
 import signal  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
@@ -90,25 +92,27 @@ def fleet(log_dir):
     """vLLM's server and the aggregated stack, started together."""
     env = environment()
     flags = engine_flags(max_num_seqs=4)
-    stack = Stack(log_dir=log_dir, prefix="vc")
-    stack.env.update(env)
-    stack.env["DYNAMO_CTX_DRAIN_TIMEOUT"] = "2"
-    server = VllmServer("vllm-server", model_dir(), stack.env, flags, log_dir=log_dir)
-    harness.STARTED.remove(server)
-    workers = start_workers(stack, ["agg-a", "agg-b", "agg-c"], flags, wait=False)
-    stack.frontend = keep(stack, Frontend("frontend", stack.env, namespace=stack.namespace, migration_limit=3,
-                                          args=["--max-queued-requests", "2"], log_dir=log_dir))
-    try:
-        server.ready()
-        for w in workers:
-            w.ready(ENGINE_START)
-        stack.workers += workers
-        stack.frontend.ready()
-        stack.frontend.wait_instances(3, MODEL)
-        yield {"stack": stack, "server": server, "flags": flags}
-    finally:
-        server.stop()
-        stack.close()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("NATS_TOKEN", secrets.token_hex(16))  # the stack's, so that harness.Subscription reads the bus
+        stack = Stack(log_dir=log_dir, prefix="vc")
+        stack.env.update(env)
+        stack.env["DYNAMO_CTX_DRAIN_TIMEOUT"] = "2"
+        server = VllmServer("vllm-server", model_dir(), stack.env, flags, log_dir=log_dir)
+        harness.STARTED.remove(server)
+        workers = start_workers(stack, ["agg-a", "agg-b", "agg-c"], flags, wait=False)
+        stack.frontend = keep(stack, Frontend("frontend", stack.env, namespace=stack.namespace, migration_limit=3,
+                                              args=["--max-queued-requests", "2"], log_dir=log_dir))
+        try:
+            server.ready()
+            for w in workers:
+                w.ready(ENGINE_START)
+            stack.workers += workers
+            stack.frontend.ready()
+            stack.frontend.wait_instances(3, MODEL)
+            yield {"stack": stack, "server": server, "flags": flags}
+        finally:
+            server.stop()
+            stack.close()
 
 
 def greedy_text(fe: Frontend, prompt: str, max_tokens: int) -> Dict[str, Any]:
@@ -305,6 +309,36 @@ def test_admission_by_max_num_seqs(fleet):
         sampler.join()
     assert all(r.status == 200 and r.done and r.finish in ("length", "stop") for r in results), results
     assert peak["running"] <= 4 and peak["waiting"] == 0, peak
+
+
+def test_load_reports_carry_the_engines_figures(fleet):
+    """A vLLM worker's load reports (``dc.load.<path>``) carry its scheduler's own figures,
+    as vLLM's SchedulerStats give them after each step (backends/engineload.py): while a
+    long request runs, the KV cache usage of its blocks and the requests waiting (none);
+    once it has ended, the usage falls back to 0."""
+    stack = fleet["stack"]
+    rid = new_id("load")
+    reports: List[Dict[str, Any]] = []
+    with harness.Subscription(stack.nats_url, f"dc.load.{stack.namespace}.backend.generate") as sub:
+        t = threading.Thread(target=stream, args=(stack.frontend, long_prompt("load"), 40, rid), daemon=True)
+        t.start()
+        t.join(120)
+        assert not t.is_alive(), "the request hung"
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:  # the reports it sent meanwhile wait in the socket
+            try:
+                rep = json.loads(sub.next(max(deadline - time.monotonic(), 0.1)))
+            except TimeoutError:
+                break
+            reports.append(rep)
+            if rep.get("kv_usage") == 0 and rep["running"] == 0 and any(
+                    r["instance"] == rep["instance"] and r.get("kv_usage", 0) > 0 for r in reports):
+                break
+    busy = [r for r in reports if r.get("kv_usage", 0) > 0]
+    assert busy, reports
+    assert all(r["waiting"] == 0 and r["kv_usage"] < 1 for r in busy), busy
+    last = [r for r in reports if r["instance"] == busy[0]["instance"]][-1]
+    assert last["kv_usage"] == 0 and last["running"] == 0, reports
 
 
 # --------------------------------------------------------------------------- faults

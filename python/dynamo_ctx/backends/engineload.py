@@ -57,8 +57,11 @@ class LoadSink:
     def _send(self) -> None:
         if self._target is None or not self._by_engine:
             return
-        figures = self._by_engine.values()
-        now = (sum(w for w, _ in figures), max(kv for _, kv in figures))
+        if len(self._by_engine) == 1:  # one engine (no data parallel): its figures
+            (now,) = self._by_engine.values()
+        else:
+            figures = self._by_engine.values()
+            now = (sum(w for w, _ in figures), max(kv for _, kv in figures))
         if now == self._sent:
             return
         self._sent = now

@@ -54,11 +54,16 @@ type seenLoad struct {
 // counts as 0 and 0.
 type engineLoad struct{ waiting, kvPercent int }
 
+// maxWaiting bounds the waiting requests a report counts: more than any
+// engine holds, and small enough that a score (route.go) never overflows.
+const maxWaiting = 1 << 30
+
 // engineOf is rep's engine figures, as a pick weighs them.
 func engineOf(rep *LoadReport) engineLoad {
 	var e engineLoad
 	if rep.Waiting != nil {
-		e.waiting = max(*rep.Waiting, 0)
+		// Bounded, so that no report can overflow a score (route.go).
+		e.waiting = min(max(*rep.Waiting, 0), maxWaiting)
 	}
 	if rep.KVUsage != nil && *rep.KVUsage > 0 { // NaN too is left at 0
 		e.kvPercent = int(min(*rep.KVUsage, 1) * 100)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
@@ -291,6 +292,13 @@ func TestEngineLoadIsReportedAndWeighed(t *testing.T) {
 	b.EP.SetEngineLoad(0, 0.7)
 	waitReport(t, reports, b.EP.InstanceID(), func(r plane.LoadReport) bool { return r.KVUsage != nil && *r.KVUsage == 0.7 })
 	settlesOn(t, c, a.EP.InstanceID(), "never b, whose KV cache is fuller")
+
+	// A report past any engine's count (a bus member's) overflows no score.
+	a.EP.SetEngineLoad(math.MaxInt, 0.2)
+	waitReport(t, reports, a.EP.InstanceID(), func(r plane.LoadReport) bool { return r.Waiting != nil && *r.Waiting == math.MaxInt })
+	settlesOn(t, c, b.EP.InstanceID(), "never a, whose engine reports the most waiting")
+	a.EP.SetEngineLoad(0, 0.2)
+	waitReport(t, reports, a.EP.InstanceID(), func(r plane.LoadReport) bool { return r.Waiting != nil && *r.Waiting == 0 })
 
 	// Free places come first: with 2 of a's taken, b is the pick again.
 	var held []*plane.Stream

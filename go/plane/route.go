@@ -59,7 +59,7 @@ func (c *Client) currentView() *view {
 	if cfg != nil {
 		v.caps = make([]int, len(v.insts))
 		for i, in := range v.insts {
-			v.caps[i] = max(cfg.of(in.Meta), 0)
+			v.caps[i] = min(max(cfg.of(in.Meta), 0), unlimited) // no score overflows (freeTree)
 			v.largest = max(v.largest, v.caps[i])
 		}
 		if v.largest == 0 {

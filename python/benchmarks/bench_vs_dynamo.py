@@ -447,6 +447,13 @@ def print_targets(results: Dict[str, List[Dict[str, float]]]) -> None:
         ok = p50 / fl <= 2 and p99 <= 1000
         print(f"  client {what} -> remote handler wakes: p50 {p50 / fl:.2f}x the floor (runs: {spread}; <= 2x), "
               f"p99 {p99:.0f} us (<= 1000 us): {verdict(ok)}")
+    stop, stop_dyn = med(ours, "stop_p50_us"), med(dyn, "stop_p50_us")
+    if stop is not None and stop_dyn:
+        per_run = ", ".join(f"{o['stop_p50_us'] / d['stop_p50_us']:.2f}x" for o, d in zip(ours, dyn)
+                            if "stop_p50_us" in o and "stop_p50_us" in d)
+        ratio = stop / stop_dyn
+        print(f"  client stop -> remote handler wakes, p50: {stop:.0f} us against Dynamo's {stop_dyn:.0f} us, "
+              f"{ratio:.2f}x (runs: {per_run}; <= 0.5x): {verdict(ratio <= 0.5)}")
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ import (
 	"github.com/dynamo-ctx/dynamo-ctx/go/modelcard"
 	"github.com/dynamo-ctx/dynamo-ctx/go/plane"
 	"github.com/dynamo-ctx/dynamo-ctx/go/tokens"
+	"github.com/dynamo-ctx/dynamo-ctx/go/transport"
 )
 
 const connectTimeout = 15 * time.Second
@@ -326,7 +327,7 @@ func dc_request_send_many(h C.uint64_t, items **C.char, lens *C.size_t, count C.
 		return fail(C.DC_EINVAL, "dc_request_send_many: items, lens and sent must not be NULL")
 	}
 	*sent = 0
-	n, rc := sendMany("dc_request_send_many", h, items, lens, 0, count)
+	n, rc := sendMany("dc_request_send_many", h, items, lens, 0, count, nil)
 	*sent = C.size_t(n)
 	return rc
 }
@@ -336,7 +337,7 @@ func dc_request_send_many(h C.uint64_t, items **C.char, lens *C.size_t, count C.
 // many were taken, and the code (DC_EAGAIN when fewer than all; DC_EINVAL
 // for more than DC_SEND_MANY_MAX items, the bound of one request's items in
 // one call).
-func sendMany(name string, h C.uint64_t, items **C.char, lens *C.size_t, off uintptr, count C.size_t) (int, C.int) {
+func sendMany(name string, h C.uint64_t, items **C.char, lens *C.size_t, off uintptr, count C.size_t, b *transport.Batch) (int, C.int) {
 	if count > maxSendMany {
 		return 0, fail(C.DC_EINVAL, "%s: %d items for request %#x, at most %d", name, count, uint64(h), maxSendMany)
 	}
@@ -352,7 +353,7 @@ func sendMany(name string, h C.uint64_t, items **C.char, lens *C.size_t, off uin
 		}
 		batch[i] = goBytes(ptrs[i], ns[i])
 	}
-	n, err := req.SendMany(batch)
+	n, err := req.SendManyIn(batch, b)
 	if err != nil {
 		return n, planeError(name, err)
 	}
@@ -403,8 +404,12 @@ func dc_request_send_multi(hs *C.uint64_t, counts *C.size_t, n C.size_t, items *
 	}
 	outN, outRC := unsafe.Slice(sent, int(n)), unsafe.Slice(rcs, int(n))
 	var off uintptr
+	// The requests' items are written once per caller's session, after
+	// the last request's: one write for a whole engine step's items.
+	var b transport.Batch
+	defer b.Flush()
 	for i, h := range handles {
-		taken, code := sendMany("dc_request_send_multi", h, items, lens, off, cs[i])
+		taken, code := sendMany("dc_request_send_multi", h, items, lens, off, cs[i], &b)
 		outN[i], outRC[i] = C.size_t(taken), code
 		off += uintptr(cs[i])
 	}

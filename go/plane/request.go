@@ -334,20 +334,26 @@ func (r *Request) Send(item []byte) error {
 // once, however many items it queues. An item that is not JSON fails the
 // call with ErrNotJSON after the items before it were queued. After the
 // request was killed or finished, items are dropped silently (all taken).
-func (r *Request) SendMany(items [][]byte) (int, error) {
+func (r *Request) SendMany(items [][]byte) (int, error) { return r.SendManyIn(items, nil) }
+
+// SendManyIn is SendMany whose direct writes are left to b's Flush (nil:
+// written now): a host sending many requests' items in one call flushes
+// once, and each caller's session writes them together. The caller must
+// call b.Flush.
+func (r *Request) SendManyIn(items [][]byte, b *transport.Batch) (int, error) {
 	for i, it := range items {
 		if !json.Valid(it) {
-			n, err := r.sendMany(items[:i])
+			n, err := r.sendMany(items[:i], b)
 			if err != nil {
 				return n, err
 			}
 			return n, ErrNotJSON
 		}
 	}
-	return r.sendMany(items)
+	return r.sendMany(items, b)
 }
 
-func (r *Request) sendMany(items [][]byte) (int, error) {
+func (r *Request) sendMany(items [][]byte, b *transport.Batch) (int, error) {
 	if len(items) == 0 {
 		return 0, nil
 	}
@@ -358,7 +364,7 @@ func (r *Request) sendMany(items [][]byte) (int, error) {
 	}
 	direct := 0
 	if r.out != nil && !r.writing && len(r.items) == 0 {
-		direct = r.sendDirectLocked(items)
+		direct = r.sendDirectLocked(items, b)
 		if direct == len(items) || r.finished {
 			r.mu.Unlock()
 			return len(items), nil
@@ -387,11 +393,11 @@ func (r *Request) sendMany(items [][]byte) (int, error) {
 // writing), and returns how many it took: those written, or all of them if
 // the stream broke (the write goroutine sees that too and ends the
 // request, which drops what the handler sends).
-func (r *Request) sendDirectLocked(items [][]byte) int {
+func (r *Request) sendDirectLocked(items [][]byte, b *transport.Batch) int {
 	out := r.out
 	r.writing = true
 	r.mu.Unlock()
-	n, err := out.TrySendBatch(items)
+	n, err := out.TrySendBatchIn(items, b)
 	r.mu.Lock()
 	r.writing = false
 	if err != nil {

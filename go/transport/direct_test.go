@@ -92,3 +92,70 @@ func TestSessionDirectWritesKeepOrderWhenTheSocketFills(t *testing.T) {
 	s.close()
 	<-done
 }
+
+// Frames queued through a Batch are written by its Flush at the latest
+// (the writer may take them sooner, when something else woke it), each
+// session once, in order; frames that follow go behind them.
+func TestBatchWritesOnFlush(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	acc := make(chan net.Conn, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err == nil {
+			acc <- c
+		}
+	}()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	require.NoError(t, err)
+	peer := <-acc
+	defer peer.Close()
+	s := newSession(c, true, maxCtlBacklog)
+	done := make(chan struct{})
+	go func() { defer close(done); s.writeLoop() }()
+
+	va, err := s.open("tok-a")
+	require.NoError(t, err)
+	vb, err := s.open("tok-b")
+	require.NoError(t, err)
+	r := bufio.NewReader(peer)
+	var h [sessHeaderSize]byte
+	for range 2 { // the Opens: written by the writer
+		_, err := io.ReadFull(r, h[:])
+		require.NoError(t, err)
+		_, err = r.Discard(int(binary.BigEndian.Uint32(h[5:9])))
+		require.NoError(t, err)
+	}
+	var b Batch
+	for i, v := range []*vstream{va, vb, va} {
+		v.setEager(true, &b)
+		_, err := v.Write([]byte{byte(i)})
+		require.NoError(t, err)
+		v.setEager(false, nil)
+	}
+	require.Len(t, b.sessions, 1, "one session to flush")
+	b.Flush()
+	require.Empty(t, b.sessions)
+	_, err = vb.Write([]byte{3})
+	require.NoError(t, err)
+
+	require.NoError(t, peer.SetReadDeadline(time.Now().Add(5*time.Second)))
+	var got []string
+	for len(got) < 4 {
+		_, err := io.ReadFull(r, h[:])
+		require.NoError(t, err)
+		kind, id, n := parseSessHeader(&h)
+		p := make([]byte, n)
+		_, err = io.ReadFull(r, p)
+		require.NoError(t, err)
+		if kind == sessOpen {
+			got = append(got, fmt.Sprintf("open %d", id))
+		} else {
+			got = append(got, fmt.Sprintf("data %d %d", id, p[0]))
+		}
+	}
+	require.Equal(t, []string{"data 1 0", "data 2 1", "data 1 2", "data 2 3"}, got)
+	s.close()
+	<-done
+}

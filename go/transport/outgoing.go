@@ -347,7 +347,7 @@ func (o *Outgoing) SendBatch(ctx context.Context, items [][]byte) (n int, err er
 		if err != nil {
 			return n, err
 		}
-		m, err := o.writeBatch(items[n:n+k], nil)
+		m, err := o.writeBatch(items[n:n+k], nil, nil)
 		if err != nil {
 			return n + m, err
 		}
@@ -363,6 +363,13 @@ func (o *Outgoing) SendBatch(ctx context.Context, items [][]byte) (n int, err er
 // sends none: only a session's stream (the default), whose writes it lets
 // past the session's queue bound (the credit bounds them), never waits.
 func (o *Outgoing) TrySendBatch(items [][]byte) (n int, err error) {
+	return o.TrySendBatchIn(items, nil)
+}
+
+// TrySendBatchIn is TrySendBatch whose frames, on a session's stream, are
+// written by b's Flush (b nil: now): the items of many streams sent in a
+// row then leave in one write per session. The caller must call b.Flush.
+func (o *Outgoing) TrySendBatchIn(items [][]byte, b *Batch) (n int, err error) {
 	o.mu.Lock()
 	if err := o.stateErr(); err != nil {
 		o.mu.Unlock()
@@ -379,28 +386,28 @@ func (o *Outgoing) TrySendBatch(items [][]byte) (n int, err error) {
 	if k == 0 {
 		return 0, nil
 	}
-	return o.writeBatch(items[:k], v)
+	return o.writeBatch(items[:k], v, b)
 }
 
 // writeBatch writes items, whose credit was acquired, and returns how many
 // went out (on error the count may include frames still buffered: the
 // stream is dead anyway). With eager, that session stream queues them
 // without waiting for room (vstream.setEager).
-func (o *Outgoing) writeBatch(items [][]byte, eager *vstream) (int, error) {
+func (o *Outgoing) writeBatch(items [][]byte, eager *vstream, b *Batch) (int, error) {
 	o.wmu.Lock()
 	if o.wShut {
 		o.wmu.Unlock()
 		return 0, ErrClosed
 	}
 	if eager != nil {
-		eager.setEager(true)
+		eager.setEager(true, b)
 	}
 	m, err := o.w.WriteBatch(items)
 	if err == nil {
 		err = o.w.Flush()
 	}
 	if eager != nil {
-		eager.setEager(false)
+		eager.setEager(false, nil)
 	}
 	o.wmu.Unlock()
 	o.live.didWrite()

@@ -359,6 +359,32 @@ func (s *session) flushDirect() {
 	}
 }
 
+// A Batch collects the sessions whose streams queued frames through it
+// (Outgoing.TrySendBatchIn), so that Flush writes each session's frames
+// once: the items a worker sends for many requests in a row leave in one
+// write per caller, not one per request. Not for concurrent use.
+type Batch struct{ sessions []*session }
+
+// add records that s has frames for Flush.
+func (b *Batch) add(s *session) {
+	for _, t := range b.sessions {
+		if t == s {
+			return
+		}
+	}
+	b.sessions = append(b.sessions, s)
+}
+
+// Flush writes what the batch's sessions queued (as a stream's Write does:
+// now, or by the writer when the socket is full or a write is under way).
+func (b *Batch) Flush() {
+	for i, s := range b.sessions {
+		s.flushDirect()
+		b.sessions[i] = nil
+	}
+	b.sessions = b.sessions[:0]
+}
+
 // readLoop reads session frames and hands each stream its bytes, until the
 // connection fails or breaks the protocol; then it fails the session.
 func (s *session) readLoop(r *bufio.Reader) {

@@ -31,8 +31,10 @@ type vstream struct {
 	outGen uint64        // s.gen+1 while some of its frames wait in s.out (s.mu)
 	// eager: Write queues its bytes however many the session holds
 	// (setEager: the Outgoing's TrySendBatch, whose frames the stream's
-	// credit bounds); mu.
+	// credit bounds); mu. batch, when set with it: Write leaves the write
+	// of what it queued to the batch's Flush (Outgoing.TrySendBatchIn).
 	eager bool
+	batch *Batch
 
 	// Delivery (deliverTo): frames go to sink as the session's reader
 	// decodes them, instead of waiting in buf for Read.
@@ -241,7 +243,7 @@ func (v *vstream) Write(p []byte) (int, error) {
 	s := v.s
 	for {
 		v.mu.Lock()
-		closed, wfin, err, eager := v.closed, v.wfin, v.err, v.eager
+		closed, wfin, err, eager, batch := v.closed, v.wfin, v.err, v.eager, v.batch
 		v.mu.Unlock()
 		switch {
 		case closed:
@@ -266,7 +268,11 @@ func (v *vstream) Write(p []byte) (int, error) {
 				v.outGen = s.gen + 1
 			}
 			s.mu.Unlock()
-			s.flushDirect()
+			if batch != nil {
+				batch.add(s)
+			} else {
+				s.flushDirect()
+			}
 			return len(p), nil
 		}
 		if !s.dialer {
@@ -284,10 +290,11 @@ func (v *vstream) Write(p []byte) (int, error) {
 	}
 }
 
-// setEager makes Write never wait for room in the session (see eager).
-func (v *vstream) setEager(on bool) {
+// setEager makes Write never wait for room in the session, and leave its
+// write to b when b is not nil (see eager).
+func (v *vstream) setEager(on bool, b *Batch) {
 	v.mu.Lock()
-	v.eager = on
+	v.eager, v.batch = on, b
 	v.mu.Unlock()
 }
 

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/dynamo-ctx/dynamo-ctx/go/ctxtree"
+	"github.com/dynamo-ctx/dynamo-ctx/go/killtrace"
 	"github.com/dynamo-ctx/dynamo-ctx/go/plane"
 	"github.com/dynamo-ctx/dynamo-ctx/go/tokens"
 	"github.com/dynamo-ctx/dynamo-ctx/go/tracing"
@@ -396,6 +397,7 @@ func (f *Frontend) respond(w http.ResponseWriter, r *http.Request, in *incoming,
 	defer clientGone()
 	var once sync.Once
 	onDisconnect := func() {
+		killtrace.Mark("frontend.client_gone", in.id) // net/http saw the client go
 		clientGone()
 		once.Do(func() {
 			for _, c := range choices {

@@ -340,7 +340,8 @@ async def load(stack: Stack, n: int, cancel: int, max_tokens: int, disagg: bool,
 #: The hops of a disconnect, in order (the library's kill trace marks the middle ones).
 HOPS = [
     ("closed", "client: socket shut down"),
-    ("caller.kill_hook", "frontend: the request's context killed (disconnect seen)"),
+    ("frontend.client_gone", "frontend: net/http saw the client go (its context's AfterFunc ran)"),
+    ("caller.kill_hook", "frontend: the request's context killed"),
     ("caller.frame_written", "frontend: Kill frame written"),
     ("worker.frame_read", "worker: Kill frame read"),
     ("worker.ctx_killed", "worker: handler's context killed, its fd signalled"),

@@ -189,6 +189,7 @@ type Frontend struct {
 	opts      Options
 	client    *plane.Client // all instances of the backend endpoint
 	srv       *listener.Server
+	hangups   *hangups // clients' hang-ups seen off the scheduler (hangup.go); nil: none
 	metrics   *metrics
 	texts     texts                      // the models' languages, loaded from their directories, by content (text.go)
 	turn      atomic.Uint64              // whose text the next request takes, among a model's instances (text.go)
@@ -227,6 +228,7 @@ func New(ctx context.Context, rt *plane.Runtime, opts Options) (*Frontend, error
 		rt: rt, opts: opts, client: client, metrics: newMetrics(),
 		clients: map[route]*plane.Client{}, gates: map[route]*gate{}, pending: map[string]*pendingAbort{},
 		hurry: make(chan struct{}), drained: make(chan struct{}), stopping: make(chan struct{}),
+		hangups: newHangups(),
 	}
 	unsubscribe, err := rt.OnAbortConfirmed(f.onAbortConfirmed)
 	if err != nil {
@@ -259,9 +261,10 @@ func New(ctx context.Context, rt *plane.Runtime, opts Options) (*Frontend, error
 	f.srv, err = listener.Listen(listener.Options{
 		Addr: opts.Addr, MaxIdleConnections: opts.MaxIdleConnections, EvictAfter: EvictAfter,
 		ReadHeaderTimeout: opts.ReadHeaderTimeout, ReadTimeout: opts.ReadTimeout, IdleTimeout: opts.IdleTimeout,
-		MaxHeaderBytes: MaxHeaderBytes,
+		MaxHeaderBytes: MaxHeaderBytes, ConnContext: connContext,
 	}, handler)
 	if err != nil {
+		f.hangups.close()
 		unsubscribe()
 		client.Close()
 		return nil, err
@@ -311,6 +314,7 @@ func (f *Frontend) Drain(timeout time.Duration) error {
 			}
 		}
 		_ = f.srv.Wait()
+		f.hangups.close()
 		f.client.Close() // and the per-model clients made from it (models.go)
 		f.mu.Lock()
 		files := f.files

@@ -409,7 +409,12 @@ func (f *Frontend) respond(w http.ResponseWriter, r *http.Request, in *incoming,
 			}
 		})
 	}
-	stopWatching := context.AfterFunc(r.Context(), onDisconnect)
+	afterFunc := context.AfterFunc(r.Context(), onDisconnect)
+	stopHangup := f.watchHangup(r.Context(), onDisconnect) // sooner than net/http under load
+	stopWatching := func() bool {
+		stopHangup()
+		return afterFunc()
+	}
 	// A panic from here on (a bug; recoverPanic answers it) must neither
 	// leave the watcher to take net/http's cancel of the request's context,
 	// after the handler, for a client's disconnect (counted, logged, the

@@ -44,6 +44,9 @@ type Options struct {
 	MaxHeaderBytes int
 	// DisableKeepAlives closes each connection after its first response.
 	DisableKeepAlives bool
+	// ConnContext is http.Server's: the context of a connection's
+	// requests, made from the listener's and the connection.
+	ConnContext func(context.Context, net.Conn) context.Context
 }
 
 // Server is a running listener.
@@ -73,8 +76,9 @@ func Serve(ln net.Listener, opts Options, h http.Handler) *Server {
 		srv: &http.Server{
 			Handler: h, ReadHeaderTimeout: opts.ReadHeaderTimeout, ReadTimeout: opts.ReadTimeout,
 			WriteTimeout: opts.WriteTimeout, IdleTimeout: opts.IdleTimeout, MaxHeaderBytes: opts.MaxHeaderBytes,
-			ConnState: idle.connState,
-			ErrorLog:  slog.NewLogLogger(slog.Default().Handler(), slog.LevelDebug),
+			ConnState:   idle.connState,
+			ConnContext: opts.ConnContext,
+			ErrorLog:    slog.NewLogLogger(slog.Default().Handler(), slog.LevelDebug),
 		},
 	}
 	if opts.DisableKeepAlives {

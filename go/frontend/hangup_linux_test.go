@@ -1,0 +1,114 @@
+//go:build linux
+
+package frontend
+
+import (
+	"net"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// tcpPair is a connected (server side, client side) pair on loopback.
+func tcpPair(t *testing.T) (net.Conn, net.Conn) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	require.NoError(t, err)
+	s, err := ln.Accept()
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.Close(); _ = s.Close() })
+	return s, c
+}
+
+// The watcher calls a connection's onGone when its peer closes (a FIN or a
+// reset), not for its bytes, and not after the watch stopped.
+func TestHangupWatcher(t *testing.T) {
+	h := newHangups()
+	require.NotNil(t, h)
+	defer h.close()
+
+	// Bytes are no hang-up; the FIN is.
+	s1, c1 := tcpPair(t)
+	gone1 := make(chan struct{})
+	stop1 := h.watch(s1, func() { close(gone1) })
+	defer stop1()
+	_, err := c1.Write([]byte("more"))
+	require.NoError(t, err)
+	select {
+	case <-gone1:
+		t.Fatal("bytes from the peer taken for a hang-up")
+	case <-time.After(50 * time.Millisecond):
+	}
+	require.NoError(t, c1.(*net.TCPConn).CloseWrite())
+	select {
+	case <-gone1:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the peer's FIN not seen")
+	}
+
+	// A reset.
+	s2, c2 := tcpPair(t)
+	gone2 := make(chan struct{})
+	stop2 := h.watch(s2, func() { close(gone2) })
+	defer stop2()
+	require.NoError(t, c2.(*net.TCPConn).SetLinger(0))
+	require.NoError(t, c2.Close())
+	select {
+	case <-gone2:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the peer's reset not seen")
+	}
+
+	// Stopped first: never called.
+	s3, c3 := tcpPair(t)
+	stop3 := h.watch(s3, func() { t.Error("called after its watch stopped") })
+	stop3()
+	require.NoError(t, c3.Close())
+	time.Sleep(20 * hangupPoll)
+
+	// Many at once, on one watcher goroutine.
+	const n = 200
+	gone := make(chan int, n)
+	var clients []net.Conn
+	for i := range n {
+		s, c := tcpPair(t)
+		defer h.watch(s, func() { gone <- i })()
+		clients = append(clients, c)
+	}
+	for _, c := range clients {
+		require.NoError(t, c.Close())
+	}
+	seen := map[int]bool{}
+	for len(seen) < n {
+		select {
+		case i := <-gone:
+			require.False(t, seen[i], "onGone twice")
+			seen[i] = true
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%d of %d hang-ups seen", len(seen), n)
+		}
+	}
+}
+
+// The watcher's goroutine ends after its linger without watches, and with
+// the set's close.
+func TestHangupWatcherStops(t *testing.T) {
+	h := newHangups()
+	s, c := tcpPair(t)
+	stop := h.watch(s, func() {})
+	_ = c
+	stop()
+	require.Eventually(t, func() bool {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		return !h.running
+	}, 5*time.Second, hangupPoll)
+	h.close()
+	h.close() // twice is nothing
+	stop = h.watch(s, func() { t.Error("watched after close") })
+	stop()
+}

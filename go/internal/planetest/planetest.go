@@ -23,7 +23,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -41,6 +40,7 @@ import (
 	"github.com/dynamo-ctx/dynamo-ctx/go/ctxtree"
 	"github.com/dynamo-ctx/dynamo-ctx/go/discovery"
 	"github.com/dynamo-ctx/dynamo-ctx/go/frame"
+	"github.com/dynamo-ctx/dynamo-ctx/go/internal/fakeengine"
 	"github.com/dynamo-ctx/dynamo-ctx/go/modelcard"
 	"github.com/dynamo-ctx/dynamo-ctx/go/natsbus"
 	"github.com/dynamo-ctx/dynamo-ctx/go/plane"
@@ -312,39 +312,34 @@ func ParseTokenRequest(payload []byte) (TokenRequest, error) { return tokens.Par
 
 // TokenItem is the response item of the token at position k of the sequence:
 // {"token_ids": [k], "finish_reason": finish}, finish null when "".
-func TokenItem(k int, finish string) []byte {
-	if finish == "" {
-		return fmt.Appendf(nil, `{"token_ids":[%d],"finish_reason":null}`, k)
-	}
-	return fmt.Appendf(nil, `{"token_ids":[%d],"finish_reason":%q}`, k, finish)
-}
+func TokenItem(k int, finish string) []byte { return fakeengine.TokenItem(k, finish) }
 
 // SendTokens sends the tokens at positions from, ..., from+n-1, the last one
 // with finish_reason finish; false once the request is killed (see Send).
 func (w *Worker) SendTokens(req *plane.Request, from, n int, finish string) bool {
-	for i := 0; i < n; i++ {
-		f := ""
-		if i == n-1 {
-			f = finish
-		}
-		if !w.Send(req, TokenItem(from+i, f)) {
+	return w.sendAll(req, fakeengine.Items(from, n, finish))
+}
+
+func (w *Worker) sendAll(req *plane.Request, items [][]byte) bool {
+	for _, it := range items {
+		if !w.Send(req, it) {
 			return false
 		}
 	}
 	return true
 }
 
-// Tokens is a healthy engine: it continues the request's sequence (the next
-// token is len(token_ids)) with max_tokens tokens, the last one with
-// finish_reason "length", and completes. A payload it cannot read fails the
-// request with a ValueError.
+// Tokens is a healthy engine (go/internal/fakeengine): it continues the
+// request's sequence (the next token is len(token_ids)) with max_tokens
+// tokens, the last one with finish_reason "length", and completes. A
+// payload it cannot read fails the request with a ValueError.
 func Tokens(w *Worker, req *plane.Request) {
-	p, err := ParseTokenRequest(req.Payload)
+	items, err := fakeengine.Answer(req.Payload)
 	if err != nil {
 		req.Fail("ValueError: " + err.Error())
 		return
 	}
-	if w.SendTokens(req, len(p.TokenIDs), p.MaxTokens, "length") {
+	if w.sendAll(req, items) {
 		req.Complete()
 	}
 }

@@ -17,14 +17,25 @@ import (
 //
 // The instance's state subject holds its "up" from Register on; watchers
 // read that subject, so they hear of the instance once. Each heartbeat
-// replaces the message on the lease's timer subject: a schedule, "every
-// TTL seconds, write 'expired' on the state subject". Each replacement
-// starts its count again, so while heartbeats go on it never fires; when
-// they stop (a crash, a partition) it fires within TTL (+-0.5 s: the
-// scheduler rounds to the second), and the schedule message itself
-// expires a second after. So watchers receive a crashed instance's
-// "expired" and nothing of the heartbeats: idle discovery costs the
-// heartbeats to the stream, not heartbeats times watchers.
+// replaces the message on the lease's timer subject: a schedule, "at this
+// heartbeat's time plus the TTL, write 'expired' on the state subject".
+// Each replacement moves that time on, so while heartbeats go on it never
+// fires; when they stop (a crash, a partition) it fires a TTL after the
+// last one, once, and the scheduler then removes it. So watchers receive
+// a crashed instance's "expired" and nothing of the heartbeats: idle
+// discovery costs the heartbeats to the stream, not heartbeats times
+// watchers.
+//
+// The schedule is a time ("@at"), not an interval ("@every" TTL seconds,
+// with a message TTL to end it after its first firing, as before): a
+// schedule that comes due while the stream has no leader (a node lost, an
+// election of several seconds) fires as soon as a new leader runs the
+// scheduler, where an interval's message could expire by its own TTL
+// during the election and never fire, leaving a lease that died then
+// listed for ever. Its own TTL (goneTTL) only bounds what a stream that
+// never fires it would keep. The time is the lease's clock: skew between
+// the worker's clock and the servers' moves the expiry by as much, as it
+// moves lateSlack's check.
 //
 // Each heartbeat's schedule is stored only if the state subject still
 // holds the lease's "up" (an expected-sequence check): if anything else
@@ -34,9 +45,7 @@ import (
 type streamLease struct {
 	state, timer string
 	id, lease    uint64
-	secs         int64  // the TTL in seconds
-	every        string // the schedule: "@every <ttl>s"
-	msgTTL       string // the schedule message's own TTL: ttl + 1 s
+	secs         int64 // the TTL in seconds
 	upSeq        uint64 // sequence of our "up" on the state subject; 0: to put
 	// ctx ends a heartbeat's requests when Close begins (stop), so that a
 	// stream that does not answer (an election after a node loss) holds
@@ -56,8 +65,6 @@ func newStreamLease(path string, id, lease uint64, ttl time.Duration) *streamLea
 	return &streamLease{ctx: ctx, stop: stop,
 		state: stateSubject(path, id), timer: timerSubject(path, id),
 		id: id, lease: lease, secs: secs,
-		every:  "@every " + strconv.FormatInt(secs, 10) + "s",
-		msgTTL: strconv.FormatInt(secs+1, 10) + "s",
 	}
 }
 
@@ -92,15 +99,17 @@ func (s *streamLease) upMsg(up []byte) *nats.Msg {
 // arm replaces the schedule; checked, it is stored only while the state
 // subject holds our "up".
 func (s *streamLease) arm(ctx context.Context, nc *nats.Conn, checked bool) error {
-	body, err := json.Marshal(announcement{Op: opExpired, ID: s.id, Lease: s.lease, At: time.Now().UnixNano(), TTL: s.secs})
+	now := time.Now()
+	body, err := json.Marshal(announcement{Op: opExpired, ID: s.id, Lease: s.lease, At: now.UnixNano(), TTL: s.secs})
 	if err != nil {
 		return err
 	}
 	m := &nats.Msg{Subject: s.timer, Data: body, Header: nats.Header{}}
-	m.Header.Set(hdrSchedule, s.every)
+	due := now.Add(time.Duration(s.secs) * time.Second)
+	m.Header.Set(hdrSchedule, "@at "+due.UTC().Format(time.RFC3339Nano))
 	m.Header.Set(hdrTarget, s.state)
 	m.Header.Set(hdrScheduleTTL, goneTTL.String())
-	m.Header.Set(hdrTTL, s.msgTTL)
+	m.Header.Set(hdrTTL, goneTTL.String())
 	if checked {
 		m.Header.Set(hdrExpectSeq, strconv.FormatUint(s.upSeq, 10))
 		m.Header.Set(hdrExpectSubj, s.state)

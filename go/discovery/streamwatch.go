@@ -39,6 +39,9 @@ type feed struct {
 	kick   chan struct{} // buffered(1): read the stream afresh
 	done   chan struct{} // closed when run returns
 
+	// terms is the stream leader's term as last read (term.go).
+	terms termCache
+
 	mu      sync.Mutex
 	gen     uint64 // the current consumer; messages of an older one are dropped
 	sub     *nats.Subscription
@@ -123,12 +126,42 @@ func (f *feed) resync(ctx context.Context) (synced <-chan struct{}, err error) {
 	return ch, nil
 }
 
-// receive handles one message of consumer gen.
+// receive handles one message of consumer gen. An "expired" and a read in
+// full are applied once the stream's leader's term is known (term), which
+// may take a request to the stream: f.mu is not held meanwhile, and the
+// subscription delivers nothing else until receive returns, so the
+// messages are still applied in order.
 func (f *feed) receive(gen uint64, m *nats.Msg) {
+	expired, full := f.take(gen, m)
+	if expired == nil && full == nil {
+		return
+	}
+	msgs := full
+	if expired != nil {
+		msgs = []stateMsg{*expired}
+	}
+	t := f.termOf(msgs)
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.gen != gen {
 		return
+	}
+	if expired != nil {
+		f.w.apply(expired.a, expired.at, t)
+		return
+	}
+	f.w.applyFull(full, t)
+	close(f.synced)
+}
+
+// take handles one message of consumer gen with f.mu held: it applies a
+// change at once, or returns the "expired" to apply, or the read in full
+// that it completes.
+func (f *feed) take(gen uint64, m *nats.Msg) (expired *stateMsg, full []stateMsg) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.gen != gen {
+		return nil, nil
 	}
 	f.heard = time.Now()
 	if m.Header.Get("Status") == "100" && len(m.Data) == 0 {
@@ -142,28 +175,33 @@ func (f *feed) receive(gen uint64, m *nats.Msg) {
 		if last := m.Header.Get(hdrLastConsumer); last != "" && last != strconv.FormatUint(f.cseq, 10) {
 			f.again()
 		}
-		return
+		return nil, nil
 	}
 	md, err := m.Metadata()
 	if err != nil {
-		return
+		return nil, nil
 	}
 	if md.Sequence.Consumer != f.cseq+1 {
 		f.again() // a gap: messages were lost on the way
-		return
+		return nil, nil
 	}
 	f.cseq = md.Sequence.Consumer
 	var a announcement
-	if err := json.Unmarshal(m.Data, &a); err != nil || a.ID == 0 || (a.Op != opUp && a.Op != opDown && a.Op != opExpired) {
+	switch err := json.Unmarshal(m.Data, &a); {
+	case err != nil || a.ID == 0 || (a.Op != opUp && a.Op != opDown && a.Op != opExpired):
 		f.w.log.Debug("ignoring a malformed state", "subject", m.Subject, "error", err)
-	} else if f.syncing != nil {
+	case f.syncing != nil:
 		f.syncing = append(f.syncing, stateMsg{a: a, at: md.Timestamp})
-	} else {
-		f.w.apply(a, md.Timestamp)
+	case a.Op == opExpired && f.w.lists(a.ID, a.Lease):
+		expired = &stateMsg{a: a, at: md.Timestamp}
+	default:
+		f.w.apply(a, md.Timestamp, term{})
 	}
 	if f.syncing != nil && md.NumPending == 0 {
-		f.finishLocked()
+		full = f.syncing
+		f.syncing = nil
 	}
+	return expired, full
 }
 
 // again asks run to read the stream afresh.
@@ -184,7 +222,7 @@ func (f *feed) finishLocked() {
 	}
 	msgs := f.syncing
 	f.syncing = nil
-	f.w.applyFull(msgs)
+	f.w.applyFull(msgs, term{})
 	close(f.synced)
 }
 
@@ -246,16 +284,25 @@ func (f *feed) stop() {
 	<-f.done
 }
 
-// apply applies one state read in the discovery stream, stored at "at".
-func (w *Watcher) apply(a announcement, at time.Time) {
+// apply applies one state read in the discovery stream, stored at "at";
+// t is the stream leader's term, for an "expired".
+func (w *Watcher) apply(a announcement, at time.Time, t term) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if !w.closed {
-		w.applyStateLocked(a, at, time.Now())
+		w.applyStateLocked(a, at, time.Now(), t)
 	}
 }
 
-func (w *Watcher) applyStateLocked(a announcement, at, now time.Time) {
+// lists reports whether the instance id of lease is listed.
+func (w *Watcher) lists(id, lease uint64) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	e, ok := w.instances[id]
+	return ok && e.lease == lease
+}
+
+func (w *Watcher) applyStateLocked(a announcement, at, now time.Time, t term) {
 	if a.Op != opExpired {
 		w.applyLocked(a, now, true)
 		return
@@ -264,9 +311,12 @@ func (w *Watcher) applyStateLocked(a announcement, at, now time.Time) {
 	if !ok || e.lease != a.Lease {
 		return // already gone, or an older lease of the id
 	}
-	due := time.Unix(0, a.At).Add(time.Duration(a.TTL)*time.Second + lateSlack)
-	if at.After(due) {
+	ttl := time.Duration(a.TTL) * time.Second
+	due := time.Unix(0, a.At).Add(ttl + lateSlack)
+	if at.After(due) || t.doubts(at, ttl) {
 		// Written late: the stream was out, and so were the heartbeats.
+		// Or written early in a new leader's term: the election may have
+		// kept a live lease from re-arming in time (term).
 		// A live lease puts "up" again at its next one.
 		if e.deadline.IsZero() {
 			e.kv, e.deadline = true, now.Add(max(time.Duration(a.TTL)*time.Second, w.ttl))
@@ -279,7 +329,7 @@ func (w *Watcher) applyStateLocked(a announcement, at, now time.Time) {
 
 // applyFull applies a read of the stream in full, in order; instances of
 // the stream it does not mention get a TTL to come back.
-func (w *Watcher) applyFull(msgs []stateMsg) {
+func (w *Watcher) applyFull(msgs []stateMsg, t term) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.closed {
@@ -289,7 +339,7 @@ func (w *Watcher) applyFull(msgs []stateMsg) {
 	seen := make(map[uint64]bool, len(msgs))
 	for _, m := range msgs {
 		seen[m.a.ID] = true
-		w.applyStateLocked(m.a, m.at, now)
+		w.applyStateLocked(m.a, m.at, now, t)
 	}
 	for id, e := range w.instances {
 		if e.kv && !seen[id] && e.deadline.IsZero() {

@@ -20,15 +20,18 @@ import (
 // joined into a full mesh by their route connections over loopback TCP.
 type cluster struct {
 	srvs  []*server.Server
-	store string // the nodes' JetStream directories ("": no JetStream)
+	links []*link // with cuttable: every route, dialled through a proxy (routecut.go)
+	store string  // the nodes' JetStream directories ("": no JetStream)
 	// urls is the client address list every simulated process is given,
 	// as a deployment gives NATS_SERVER: the client spreads over the nodes.
 	urls string
 }
 
 // startCluster starts n nodes and waits until each has a route to every
-// other one; with js, JetStream (discovery's stream) runs on every node.
-func startCluster(n int, js bool) (*cluster, error) {
+// other one; with js, JetStream (discovery's stream) runs on every node;
+// with cuttable, every route goes through a proxy, so that crash can lose
+// a node abruptly (the proxies cost a copy of every message between nodes).
+func startCluster(n int, js, cuttable bool) (*cluster, error) {
 	c := &cluster{}
 	if js {
 		dir, err := os.MkdirTemp("", "scalesim-js-")
@@ -53,9 +56,20 @@ func startCluster(n int, js bool) (*cluster, error) {
 	for i := range n {
 		var routes []*url.URL
 		for j, p := range cports {
-			if j != i {
-				routes = append(routes, &url.URL{Scheme: "nats", Host: "127.0.0.1:" + strconv.Itoa(p)})
+			if j == i {
+				continue
 			}
+			host := "127.0.0.1:" + strconv.Itoa(p)
+			if cuttable {
+				k, err := newLink(i, j, host)
+				if err != nil {
+					c.shutdown()
+					return nil, err
+				}
+				c.links = append(c.links, k)
+				host = k.addr()
+			}
+			routes = append(routes, &url.URL{Scheme: "nats", Host: host})
 		}
 		opts := &server.Options{
 			ServerName: fmt.Sprintf("scalesim-%d", i),
@@ -73,6 +87,10 @@ func startCluster(n int, js bool) (*cluster, error) {
 				Name: "scalesim",
 				Host: "127.0.0.1",
 				Port: cports[i],
+				// The nodes dial only the routes given (through the
+				// proxies when cuttable), never the addresses that peers
+				// would otherwise gossip.
+				NoAdvertise: cuttable,
 			},
 			Routes: routes,
 		}
@@ -113,9 +131,25 @@ func startCluster(n int, js bool) (*cluster, error) {
 	return c, nil
 }
 
+// crash loses node i as a crash does: its routes are cut first, so it
+// hands nothing over to its peers, then it stops (its clients' connections
+// close, and they move to the other nodes). Without cuttable routes it is
+// a graceful shutdown.
+func (c *cluster) crash(i int) {
+	for _, k := range c.links {
+		if k.from == i || k.to == i {
+			k.close()
+		}
+	}
+	c.srvs[i].Shutdown()
+}
+
 func (c *cluster) shutdown() {
 	for _, srv := range c.srvs {
 		srv.Shutdown()
+	}
+	for _, k := range c.links {
+		k.close()
 	}
 	for _, srv := range c.srvs {
 		srv.WaitForShutdown()

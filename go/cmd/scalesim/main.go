@@ -87,6 +87,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fl.DurationVar(&cfg.Wait, "wait", 60*time.Second, "bound of every wait")
 	fl.StringVar(&cfg.MemProfile, "memprofile", "", "write a heap profile to this file while the held streams are open (of the last point)")
 	fl.BoolVar(&cfg.JetStream, "jetstream", true, "run JetStream on the nodes: discovery by change (false: by heartbeat to every watcher)")
+	nodeLoss := fl.String("nodeloss", "", "instead of the phases, the idle window then the loss of one node: "+
+		"\"follower\" (a node that does not lead the discovery stream), \"leader\" (the one that does), or both, comma-separated, a fresh cluster each")
 	jsonOut := fl.String("json", "", "write the results as JSON to this file")
 	verbose := fl.Bool("v", false, "log the runtimes' warnings and the progress to stderr")
 	if err := fl.Parse(args); err != nil {
@@ -113,24 +115,37 @@ func run(args []string, stdout, stderr io.Writer) int {
 		progress = func(s string) { fmt.Fprintf(stderr, "%s %s\n", time.Now().Format("15:04:05.000"), s) }
 	}
 
+	kinds := []string{""}
+	if *nodeLoss != "" {
+		kinds = strings.Split(*nodeLoss, ",")
+	}
 	var results []*result
 	status := 0
 	for _, n := range points {
-		c := cfg
-		c.Workers = n
-		c.Callers = max(*minCallers, n / *callerRatio)
-		res, err := simulate(c, quiet, progress)
-		if err != nil {
-			fmt.Fprintf(stderr, "scalesim: %d workers: %v\n", n, err)
-			return 1
+		for _, kind := range kinds {
+			c := cfg
+			c.Workers = n
+			c.Callers = max(*minCallers, n / *callerRatio)
+			c.NodeLoss = strings.TrimSpace(kind)
+			res, err := simulate(c, quiet, progress)
+			if err != nil {
+				// The points measured so far are still printed.
+				fmt.Fprintf(stderr, "scalesim: %d workers: %v\n", n, err)
+				status = 1
+				continue
+			}
+			for _, e := range res.Errors {
+				fmt.Fprintf(stderr, "scalesim: %d workers: %s\n", n, e)
+				status = 1
+			}
+			results = append(results, res)
 		}
-		for _, e := range res.Errors {
-			fmt.Fprintf(stderr, "scalesim: %d workers: %s\n", n, e)
-			status = 1
-		}
-		results = append(results, res)
 	}
-	printTable(stdout, results)
+	if *nodeLoss != "" {
+		printNodeLoss(stdout, results)
+	} else {
+		printTable(stdout, results)
+	}
 	if *jsonOut != "" {
 		b, err := json.MarshalIndent(results, "", "  ")
 		if err == nil {
@@ -164,6 +179,11 @@ func printTable(w io.Writer, rs []*result) {
 			f2(r.CrashMin) + "-" + f2(r.CrashMax), f1(r.DrainMax), f1(r.SnapshotUs),
 		})
 	}
+	printRows(w, rows)
+}
+
+// printRows writes rows as right-aligned columns.
+func printRows(w io.Writer, rows [][]string) {
 	widths := make([]int, len(rows[0]))
 	for _, row := range rows {
 		for i, c := range row {
@@ -180,6 +200,30 @@ func printTable(w io.Writer, rs []*result) {
 		fmt.Fprintln(w)
 	}
 }
+
+// printNodeLoss writes each node loss: its summary, then its seconds.
+func printNodeLoss(w io.Writer, rs []*result) {
+	for _, r := range rs {
+		for _, nl := range r.NodeLoss {
+			fmt.Fprintf(w, "%d workers, %d callers: %s lost (%d clients moved, %d of them watchers); idle %.0f delivered/s\n",
+				r.Workers, r.Callers, nl.Kind, nl.Moved, nl.MovedCallers, r.IdleDelivSec)
+			fmt.Fprintf(w, "  burst: peak %d delivered/s, %d delivered beyond idle (%d to watchers), %d state puts, %d re-arms, "+
+				"%d consumers created, %d JetStream API requests beyond idle; steady after %.0f s\n",
+				nl.PeakDeliv, nl.ExtraDeliv, nl.ExtraFeed, nl.ExtraPuts, nl.ExtraRearms, nl.Consumers, nl.ExtraAPI, nl.SteadyS)
+			fmt.Fprintf(w, "  crashed worker dropped by all %.2f s after its crash, new worker listed by all %.2f s after its start; "+
+				"views whole %.2f s after the loss; false drops: %d (by %d clients, %.2f-%.2f s after the loss)\n",
+				nl.CrashedDroppedS, nl.NewListedS, nl.WholeS, nl.FalseDrops, nl.FalseDropClients, nl.FalseDropFirst, nl.FalseDropLast)
+			rows := [][]string{{"t s", "delivered", "to watchers", "to workers", "state puts", "re-arms", "cons creates", "stream infos", "other API"}}
+			for _, sec := range nl.Seconds {
+				rows = append(rows, []string{f1(sec.T), i64(sec.Deliv), i64(sec.Feed), i64(sec.ToWorkers), i64(sec.StatePuts),
+					i64(sec.Rearms), i64(sec.ConsCreates), i64(sec.StreamInfo), i64(sec.OtherAPI)})
+			}
+			printRows(w, rows)
+		}
+	}
+}
+
+func i64(v int64) string { return strconv.FormatInt(v, 10) }
 
 func f0(v float64) string { return strconv.FormatFloat(v, 'f', 0, 64) }
 func f1(v float64) string { return strconv.FormatFloat(v, 'f', 1, 64) }

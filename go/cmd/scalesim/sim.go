@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -37,6 +38,9 @@ type config struct {
 	Wait        time.Duration // bound of every wait
 	MemProfile  string        // where to write a heap profile while the Held streams are open ("": nowhere)
 	JetStream   bool          // JetStream on the nodes: discovery by change (else by heartbeat)
+	// NodeLoss, when set, runs the idle window then kills one node
+	// (lossFollower or lossLeader) instead of the other phases.
+	NodeLoss string
 }
 
 func (c config) check() error {
@@ -47,6 +51,8 @@ func (c config) check() error {
 		return fmt.Errorf("%d workers: need at least 2 + crash (%d) + drain (%d)", c.Workers, c.Crash, c.Drain)
 	case c.Crash < 1, c.Drain < 1, c.KillTrials < 1, c.Held < c.Callers, c.Conns < 0:
 		return errors.New("crash, drain and kill trials must be at least 1, held at least one per caller, conns not negative")
+	case c.NodeLoss != "" && c.NodeLoss != lossFollower && c.NodeLoss != lossLeader:
+		return fmt.Errorf("node loss %q: %q or %q", c.NodeLoss, lossFollower, lossLeader)
 	case c.Fanout < 0 || c.Fanout > c.Workers-1:
 		return fmt.Errorf("fanout %d: at most workers-1 (%d)", c.Fanout, c.Workers-1)
 	}
@@ -149,6 +155,9 @@ type result struct {
 	SnapshotUs    float64 `json:"instances_snapshot_us"`
 	SnapshotBytes float64 `json:"instances_snapshot_bytes"`
 
+	// NodeLoss: one node killed (config.NodeLoss), what followed.
+	NodeLoss []*nodeLoss `json:"node_loss,omitempty"`
+
 	// FirstError is the first error of a request that failed to start in
 	// the kill fan-out or the held streams ("": none).
 	FirstError string  `json:"first_error,omitempty"`
@@ -208,7 +217,9 @@ type sim struct {
 	m       *meter
 	workers []*worker
 	callers []*caller
+	extra   []*worker    // started during the run (node loss), torn down with the others
 	ports   map[int]bool // every stream server's port
+	quiet   *slog.Logger // the runtimes' logger
 	// upBytes is the size of an announcement, idleCPU the CPU this
 	// process used while idle (in CPUs): see idle.
 	upBytes, idleCPU float64
@@ -444,11 +455,11 @@ func simulate(cfg config, quiet *slog.Logger, progress func(string)) (res *resul
 		return nil, err
 	}
 	begin := time.Now()
-	cl, err := startCluster(cfg.Servers, cfg.JetStream)
+	cl, err := startCluster(cfg.Servers, cfg.JetStream, cfg.NodeLoss != "")
 	if err != nil {
 		return nil, err
 	}
-	s := &sim{cfg: cfg, cl: cl, ports: map[int]bool{}, trials: map[int]*trial{}, byKey: map[string]*trial{}}
+	s := &sim{cfg: cfg, cl: cl, quiet: quiet, ports: map[int]bool{}, trials: map[int]*trial{}, byKey: map[string]*trial{}}
 	defer s.teardown()
 	if s.m, err = newMeter(cl.urls); err != nil {
 		return nil, err
@@ -524,6 +535,13 @@ func simulate(cfg config, quiet *slog.Logger, progress func(string)) (res *resul
 		{"routing snapshot", s.snapshot},
 		{"crash and drain", s.converge},
 	}
+	if cfg.NodeLoss != "" {
+		steps = steps[:1]
+		steps = append(steps, struct {
+			name string
+			f    func(*result) error
+		}{"node loss (" + cfg.NodeLoss + ")", s.nodeLoss})
+	}
 	// A phase that fails (a wait that ran out on a machine too small for the
 	// point) is reported, and the next phases still run: their figures do
 	// not depend on it.
@@ -595,8 +613,11 @@ func (s *sim) teardown() {
 		}
 		return nil
 	})
-	_ = parallel(len(s.workers), func(i int) error {
-		if w := s.workers[i]; w != nil {
+	s.mu.Lock()
+	all := append(slices.Clone(s.workers), s.extra...)
+	s.mu.Unlock()
+	_ = parallel(len(all), func(i int) error {
+		if w := all[i]; w != nil {
 			w.rt.Close()
 			<-w.done
 		}

@@ -1,0 +1,118 @@
+package main
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"slices"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/dynamo-ctx/dynamo-ctx/go/natsbus"
+	"github.com/dynamo-ctx/dynamo-ctx/go/plane"
+)
+
+// The node that leads the discovery stream dies as in a crash (its routes
+// cut first: no leadership handed over, so the others elect a leader once
+// their election timeout runs out, 4-9 s): no live instance leaves any
+// watcher's view at any time (polled every 2 ms), and once the cluster has
+// elected another leader, a new instance is seen by every watcher and one
+// that crashed during the election expires from every view. About 10-20
+// s, most of it the election.
+func TestStreamLeaderLoss(t *testing.T) {
+	cl, err := startCluster(3, true, true)
+	require.NoError(t, err)
+	t.Cleanup(cl.shutdown)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	newRT := func() *plane.Runtime {
+		port, err := freePort()
+		require.NoError(t, err)
+		rt, err := plane.New(ctx, plane.Options{
+			NATS:       natsbus.Options{URL: cl.urls, Name: "leaderloss", Logger: quietLog},
+			StreamAddr: "127.0.0.1:" + strconv.Itoa(port),
+		})
+		require.NoError(t, err)
+		t.Cleanup(rt.Close) // after the endpoints and clients: cleanups run in reverse
+		return rt
+	}
+	serve := func() *worker {
+		rt := newRT()
+		ep, err := rt.Serve(path, meta)
+		require.NoError(t, err)
+		t.Cleanup(ep.Close)
+		return &worker{rt: rt, ep: ep}
+	}
+	var workers []*worker
+	for range 4 {
+		workers = append(workers, serve())
+	}
+	var clients []*plane.Client
+	for range 3 {
+		c, err := newRT().Client(ctx, path)
+		require.NoError(t, err)
+		t.Cleanup(c.Close)
+		clients = append(clients, c)
+	}
+	listed := func(id uint64, want bool) func() bool {
+		return func() bool {
+			for _, c := range clients {
+				ids := c.InstanceIDs()
+				if has := slices.Contains(ids, id); has != want {
+					return false
+				}
+			}
+			return true
+		}
+	}
+	for _, w := range workers {
+		require.Eventually(t, listed(w.ep.InstanceID(), true), 10*time.Second, 10*time.Millisecond)
+	}
+	mon := newViewMonitor(clients, workers)
+	stop := make(chan struct{})
+	go mon.run(stop)
+	defer func() { close(stop); mon.wait() }()
+
+	leader := -1
+	for i, srv := range cl.srvs {
+		if srv.JetStreamIsStreamLeader("$G", discoveryStream) {
+			leader = i
+		}
+	}
+	require.GreaterOrEqual(t, leader, 0, "a node leads the discovery stream")
+	lost := time.Now()
+	cl.crash(leader)
+	// The crash falls in the election: its lease's schedule cannot fire
+	// until a new leader runs it.
+	crashed := workers[len(workers)-1]
+	mon.crashed(crashed.ep.InstanceID(), time.Now())
+	crashed.rt.Bus().Conn().Close()
+
+	require.Eventually(t, func() bool {
+		for i, srv := range cl.srvs {
+			if i != leader && srv.JetStreamIsStreamLeader("$G", discoveryStream) {
+				return true
+			}
+		}
+		return false
+	}, 10*time.Second, 20*time.Millisecond, "another node leads the discovery stream")
+	elected := time.Since(lost)
+
+	fresh := serve()
+	mon.started(fresh.ep.InstanceID(), time.Now())
+	assert.Eventually(t, listed(fresh.ep.InstanceID(), true), 10*time.Second, 10*time.Millisecond,
+		"every watcher lists the instance registered after the election")
+	// Its schedule fires once a leader runs the scheduler; an "expired"
+	// written early in the new leader's term is in doubt and waits one
+	// more TTL (and the sweep) for an "up" that does not come.
+	assert.Eventually(t, listed(crashed.ep.InstanceID(), false), 12*time.Second, 10*time.Millisecond,
+		"every watcher drops the instance that crashed during the election")
+	t.Logf("elected after %v; the crashed instance dropped after %v", elected, time.Since(lost))
+	assert.Zero(t, mon.falseDrops(), "a live instance left a watcher's view")
+}
+
+var quietLog = slog.New(slog.NewTextHandler(io.Discard, nil))

@@ -102,7 +102,7 @@ func Register(nc *nats.Conn, path string, instanceID uint64, meta []byte, opts .
 	defer cancel()
 	switch err := ensureStream(ctx, nc); {
 	case err == nil:
-		l.js = newStreamLease(path, instanceID, nonce, cfg.ttl)
+		l.js = newStreamLease(path, instanceID, nonce, cfg.ttl, cfg.heartbeat)
 		if err := l.js.start(ctx, nc, up); err != nil {
 			return nil, fmt.Errorf("discovery: register %s: %w", path, err)
 		}

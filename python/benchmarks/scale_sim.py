@@ -144,10 +144,27 @@ def tables(rs: List[Result]) -> str:
     parts = ["**NATS traffic** (idle: every message a second, discovery's and the rest; per request; per hop killed):", nats,
              "**Connections and memory** (memory: Go heap and stacks, both ends of each stream or connection):", conns,
              "**Latencies and convergence**:", times]
+    fe = [r for r in rs if "frontend_cpu_us_per_request" in r]
+    if fe:
+        parts += ["**The frontend in front of the fleet** (a real `go/frontend` routing 2-token completions from one "
+                  "keep-alive client to the workers; per request, the process's CPU and allocations less their idle "
+                  "rates; ratio: to the smallest fleet's):", frontend_table(fe)]
     errors = [f'{r["workers"]} workers: {e}' for r in rs for e in r.get("errors") or []]
     if errors:
         parts.append("Phases that failed (their figures are missing or partial):\n\n" + "\n".join(f"- {e}" for e in errors))
     return "\n\n".join(parts)
+
+
+def frontend_table(rs: List[Result]) -> str:
+    first = rs[0]
+    return table(
+        ["workers", "requests/s", "CPU us per request", "ratio", "allocations per request", "ratio", "bytes per request",
+         "idle CPU (of 2)"],
+        [[str(r["workers"]), fmt(r["frontend_requests_per_s"]), fmt(r["frontend_cpu_us_per_request"]),
+          fmt(r["frontend_cpu_us_per_request"] / first["frontend_cpu_us_per_request"], 2),
+          fmt(r["frontend_allocs_per_request"]),
+          fmt(r["frontend_allocs_per_request"] / first["frontend_allocs_per_request"], 2),
+          fmt(r["frontend_bytes_per_request"]), fmt(r["frontend_idle_cpus"], 2)] for r in rs])
 
 
 def comparison(base: List[Result], this: List[Result]) -> str:

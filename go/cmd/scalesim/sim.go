@@ -14,6 +14,7 @@ import (
 
 	"github.com/dynamo-ctx/dynamo-ctx/go/ctxtree"
 	"github.com/dynamo-ctx/dynamo-ctx/go/hfmodel"
+	"github.com/dynamo-ctx/dynamo-ctx/go/internal/fakeengine"
 	"github.com/dynamo-ctx/dynamo-ctx/go/modelcard"
 	"github.com/dynamo-ctx/dynamo-ctx/go/natsbus"
 	"github.com/dynamo-ctx/dynamo-ctx/go/plane"
@@ -151,6 +152,14 @@ type result struct {
 	DeadRequestErr string  `json:"request_to_crashed_error"`
 	DrainMax       float64 `json:"drain_converge_max_ms"`
 
+	// The frontend (go/frontend) in front of the workers: per completion,
+	// the process's CPU and allocations less the idle rates (frontendCost).
+	FrontendReqPerSec float64 `json:"frontend_requests_per_s"`
+	FrontendCPUus     float64 `json:"frontend_cpu_us_per_request"`
+	FrontendAllocs    float64 `json:"frontend_allocs_per_request"`
+	FrontendBytes     float64 `json:"frontend_bytes_per_request"`
+	FrontendIdleCPU   float64 `json:"frontend_idle_cpus"`
+
 	// Routing: one pick of an instance (Client.Reserve, round robin).
 	SnapshotUs    float64 `json:"instances_snapshot_us"`
 	SnapshotBytes float64 `json:"instances_snapshot_bytes"`
@@ -170,10 +179,11 @@ const path = "sim.backend.generate"
 
 // meta is a worker's instance metadata: a model card (go/modelcard) of the
 // size a real worker announces (python/dynamo_ctx/cli/worker.py builds its
-// card through the library), the checksum of stand-in text files included.
+// card through the library), the checksum of its text files (simTokenizer)
+// included.
 var meta = cardJSON(modelcard.Card{
 	Model: "sim-model", Mode: modelcard.Agg, MaxNumSeqs: 256, MaxModelLen: 8192, ModelPath: "/models/sim-model",
-	TextChecksum: modelcard.Checksum(hfmodel.Files{hfmodel.TokenizerFile: []byte(`{"model":{"type":"BPE"}}`)}),
+	TextChecksum: modelcard.Checksum(hfmodel.Files{hfmodel.TokenizerFile: simTokenizer}),
 })
 
 // cardJSON is a card's encoding; a card that breaks a rule is a bug here.
@@ -351,6 +361,14 @@ func (s *sim) serve(w *worker) {
 			continue
 		}
 		switch j.Op {
+		case "": // a token request, from the frontend: answered as the tests' engine does
+			items, err := fakeengine.Answer(req.Payload)
+			if err != nil {
+				req.Fail("ValueError: " + err.Error())
+				continue
+			}
+			_, _ = req.SendMany(items) // a few tokens: below the send buffer
+			req.Complete()
 		case "tokens":
 			items := make([][]byte, j.N)
 			for i := range items {
@@ -533,6 +551,7 @@ func simulate(cfg config, quiet *slog.Logger, progress func(string)) (res *resul
 		{"kill fan-out", s.killFanout},
 		{"request window", s.requests},
 		{"routing snapshot", s.snapshot},
+		{"frontend", s.frontendCost},
 		{"crash and drain", s.converge},
 	}
 	if cfg.NodeLoss != "" {

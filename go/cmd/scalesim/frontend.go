@@ -27,9 +27,6 @@ var simTokenizer = []byte(`{"version":"1.0","added_tokens":[],"normalizer":null,
 	`"pre_tokenizer":{"type":"WhitespaceSplit"},"post_processor":null,"decoder":null,` +
 	`"model":{"type":"WordLevel","vocab":{"<unk>":0,"hi":1,"x":2,"y":3,"z":4,"w":5},"unk_token":"<unk>"}}`)
 
-// frontendRequests is how many requests the frontend phase times.
-const frontendRequests = 3000
-
 // frontendCost measures what one completion (a one-word prompt, 2 tokens)
 // costs the process with a real frontend routing it to one of the
 // workers, sent by one keep-alive HTTP client, one after another, once the
@@ -88,7 +85,7 @@ func (s *sim) frontendCost(res *result) error {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	for range max(200, 3*s.cfg.Workers) {
+	for range max(min(200, s.cfg.FrontendRequests), 3*s.cfg.Workers) {
 		if err := post(); err != nil { // warm: a stream session to each worker
 			return err
 		}
@@ -97,7 +94,7 @@ func (s *sim) frontendCost(res *result) error {
 	var m0, m1 runtime.MemStats
 	runtime.ReadMemStats(&m0)
 	cpu0, t0 := cpuTime(), time.Now()
-	for range frontendRequests {
+	for range s.cfg.FrontendRequests {
 		if err := post(); err != nil {
 			return err
 		}
@@ -105,7 +102,7 @@ func (s *sim) frontendCost(res *result) error {
 	elapsed := time.Since(t0)
 	cpu := cpuTime() - cpu0
 	runtime.ReadMemStats(&m1)
-	n := float64(frontendRequests)
+	n := float64(s.cfg.FrontendRequests)
 	res.FrontendIdleCPU = idleCPU
 	res.FrontendReqPerSec = n / elapsed.Seconds()
 	res.FrontendCPUus = (float64(cpu) - idleCPU*float64(elapsed)) / 1e3 / n

@@ -86,6 +86,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fl.IntVar(&cfg.Drain, "drain", 3, "workers that drain at once")
 	fl.DurationVar(&cfg.Wait, "wait", 60*time.Second, "bound of every wait")
 	fl.StringVar(&cfg.MemProfile, "memprofile", "", "write a heap profile to this file while the held streams are open (of the last point)")
+	fl.IntVar(&cfg.FrontendRequests, "frontend-requests", 3000, "completions timed through the frontend (CPU and allocations per request)")
 	fl.BoolVar(&cfg.JetStream, "jetstream", true, "run JetStream on the nodes: discovery by change (false: by heartbeat to every watcher)")
 	nodeLoss := fl.String("nodeloss", "", "instead of the phases, the idle window then the loss of one node: "+
 		"\"follower\" (a node that does not lead the discovery stream), \"leader\" (the one that does), or both, comma-separated, a fresh cluster each")

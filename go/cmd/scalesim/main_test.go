@@ -23,7 +23,7 @@ func tiny() config {
 	return config{
 		Servers: 3, Workers: 4, Callers: 2, Concurrency: 2, Items: 4,
 		Heartbeat: 100 * time.Millisecond, TTL: 300 * time.Millisecond, Window: 300 * time.Millisecond,
-		KillTrials: 1, Held: 20, Conns: 4, Crash: 1, Drain: 1, Wait: 20 * time.Second,
+		KillTrials: 1, Held: 20, Conns: 4, Crash: 1, Drain: 1, Wait: 20 * time.Second, FrontendRequests: 50,
 	}
 }
 
@@ -66,6 +66,11 @@ func TestSimulateTiny(t *testing.T) {
 	assert.Zero(t, res.HeldFailed, res.FirstError)
 	assert.Equal(t, cfg.Held+cfg.Callers*min(cfg.Workers-1, cfg.Conns/cfg.Callers), res.StormStreams)
 	assert.Positive(t, res.HeapPerStream)
+
+	// The frontend routed completions to the workers, which answered them
+	// as a worker does.
+	assert.Positive(t, res.FrontendReqPerSec)
+	assert.Positive(t, res.FrontendAllocs)
 
 	// Convergence: a crashed worker is dropped within the TTL and a quarter
 	// (plus the polling and a loaded machine's slack); a drained one at

@@ -39,6 +39,8 @@ type config struct {
 	Wait        time.Duration // bound of every wait
 	MemProfile  string        // where to write a heap profile while the Held streams are open ("": nowhere)
 	JetStream   bool          // JetStream on the nodes: discovery by change (else by heartbeat)
+	// FrontendRequests: completions timed through the frontend (frontendCost).
+	FrontendRequests int
 	// NodeLoss, when set, runs the idle window then kills one node
 	// (lossFollower or lossLeader) instead of the other phases.
 	NodeLoss string
@@ -46,8 +48,8 @@ type config struct {
 
 func (c config) check() error {
 	switch {
-	case c.Servers < 1, c.Callers < 1, c.Concurrency < 1, c.Items < 1, c.Window <= 0, c.Wait <= 0:
-		return errors.New("servers, callers, concurrency, items, window and wait must be positive")
+	case c.Servers < 1, c.Callers < 1, c.Concurrency < 1, c.Items < 1, c.Window <= 0, c.Wait <= 0, c.FrontendRequests < 1:
+		return errors.New("servers, callers, concurrency, items, window, wait and frontend requests must be positive")
 	case c.Workers < 2+c.Crash+c.Drain:
 		return fmt.Errorf("%d workers: need at least 2 + crash (%d) + drain (%d)", c.Workers, c.Crash, c.Drain)
 	case c.Crash < 1, c.Drain < 1, c.KillTrials < 1, c.Held < c.Callers, c.Conns < 0:

@@ -55,7 +55,10 @@ type streamLease struct {
 	// put "up" again (scalesim, a node that is not the stream's leader
 	// lost at 1,000 workers: 136 drops).
 	beatTimeout time.Duration
-	upSeq       uint64 // sequence of our "up" on the state subject; 0: to put
+	// noStream: the last re-arm found no stream (a replacement server):
+	// make sure it exists before putting "up" again.
+	noStream bool
+	upSeq    uint64 // sequence of our "up" on the state subject; 0: to put
 	// ctx ends a heartbeat's requests when Close begins (stop), so that a
 	// stream that does not answer (an election after a node loss) holds
 	// Close up no longer than closeTimeout.
@@ -128,8 +131,8 @@ func (s *streamLease) arm(ctx context.Context, nc *nats.Conn, checked bool) erro
 }
 
 // beat is one heartbeat: re-arm, putting "up" again first when the state
-// subject lost it. Errors are left to the next heartbeat: the schedule
-// gives it TTL seconds.
+// subject lost it (and making the stream first when it was lost). Errors
+// are left to the next heartbeat: the schedule gives it TTL seconds.
 func (s *streamLease) beat(nc *nats.Conn, up []byte) {
 	if s.upSeq != 0 {
 		ctx, cancel := context.WithTimeout(s.ctx, s.beatTimeout)
@@ -141,12 +144,18 @@ func (s *streamLease) beat(nc *nats.Conn, up []byte) {
 		if !wrongLast(err) && !streamGone(err) {
 			return // a timeout, an outage: the next heartbeat tries again
 		}
-		s.upSeq = 0
+		s.upSeq, s.noStream = 0, streamGone(err)
 	}
-	ctx, cancel := context.WithTimeout(s.ctx, jsTimeout)
-	defer cancel()
-	if err := ensureStream(ctx, nc); err != nil {
-		return
+	if s.noStream {
+		// Only then: after an election every lease whose "up" a doubted
+		// "expired" overwrote puts it again at once, and a stream info
+		// each would double what they ask of the stream's new leader.
+		ctx, cancel := context.WithTimeout(s.ctx, jsTimeout)
+		defer cancel()
+		if err := ensureStream(ctx, nc); err != nil {
+			return
+		}
+		s.noStream = false
 	}
 	if seq, err := publish(s.ctx, nc, s.upMsg(up)); err == nil {
 		s.upSeq = seq

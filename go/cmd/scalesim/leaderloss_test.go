@@ -27,7 +27,7 @@ func TestStreamLeaderLoss(t *testing.T) {
 	cl, err := startCluster(3, true, true)
 	require.NoError(t, err)
 	t.Cleanup(cl.shutdown)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	t.Cleanup(cancel)
 	newRT := func() *plane.Runtime {
 		port, err := freePort()
@@ -99,7 +99,7 @@ func TestStreamLeaderLoss(t *testing.T) {
 			}
 		}
 		return false
-	}, 10*time.Second, 20*time.Millisecond, "another node leads the discovery stream")
+	}, 25*time.Second, 20*time.Millisecond, "another node leads the discovery stream") // a split vote runs the timeout again
 	elected := time.Since(lost)
 
 	fresh := serve()

@@ -27,7 +27,7 @@ func TestStreamLeaderLoss(t *testing.T) {
 	cl, err := startCluster(3, true, true)
 	require.NoError(t, err)
 	t.Cleanup(cl.shutdown)
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	t.Cleanup(cancel)
 	newRT := func() *plane.Runtime {
 		port, err := freePort()
@@ -104,14 +104,19 @@ func TestStreamLeaderLoss(t *testing.T) {
 
 	fresh := serve()
 	mon.started(fresh.ep.InstanceID(), time.Now())
-	assert.Eventually(t, listed(fresh.ep.InstanceID(), true), 10*time.Second, 10*time.Millisecond,
+	// Generous bounds (a loaded machine, a watcher whose consumer died
+	// with the leader reads the stream afresh after 3 s of silence); the
+	// test logs the times.
+	assert.Eventually(t, listed(fresh.ep.InstanceID(), true), 20*time.Second, 10*time.Millisecond,
 		"every watcher lists the instance registered after the election")
+	listedAfter := time.Since(lost)
 	// Its schedule fires once a leader runs the scheduler; an "expired"
 	// written early in the new leader's term is in doubt and waits one
 	// more TTL (and the sweep) for an "up" that does not come.
-	assert.Eventually(t, listed(crashed.ep.InstanceID(), false), 12*time.Second, 10*time.Millisecond,
+	assert.Eventually(t, listed(crashed.ep.InstanceID(), false), 25*time.Second, 10*time.Millisecond,
 		"every watcher drops the instance that crashed during the election")
-	t.Logf("elected after %v; the crashed instance dropped after %v", elected, time.Since(lost))
+	t.Logf("after the loss: elected %v, the new instance listed %v, the crashed one dropped %v",
+		elected, listedAfter, time.Since(lost))
 	assert.Zero(t, mon.falseDrops(), "a live instance left a watcher's view")
 }
 

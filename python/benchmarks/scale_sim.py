@@ -146,8 +146,8 @@ def tables(rs: List[Result]) -> str:
              "**Latencies and convergence**:", times]
     fe = [r for r in rs if "frontend_cpu_us_per_request" in r]
     if fe:
-        parts += ["**The frontend in front of the fleet** (a real `go/frontend` routing 2-token completions from one "
-                  "keep-alive client to the workers; per request, the process's CPU and allocations less their idle "
+        parts += ["**The frontend in front of the fleet** (a real `go/frontend` routing 2-token completions from 8 "
+                  "keep-alive clients to the workers; per request, the process's CPU and allocations less their idle "
                   "rates; ratio: to the smallest fleet's):", frontend_table(fe)]
     errors = [f'{r["workers"]} workers: {e}' for r in rs for e in r.get("errors") or []]
     if errors:

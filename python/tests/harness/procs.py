@@ -19,6 +19,7 @@ import asyncio
 import atexit
 import json
 import os
+import random
 import re
 import shutil
 import signal
@@ -42,8 +43,33 @@ TAIL = 200  # log lines a failure message carries
 STARTED: List["Proc"] = []
 
 
+def _ephemeral_low() -> int:
+    """The lowest port the kernel gives outgoing connections (32768 unless configured)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+_port_rng = random.Random()
+
+
 def free_port() -> int:
-    """A TCP port of 127.0.0.1 that was free a moment ago (the kernel's pick)."""
+    """A TCP port of 127.0.0.1 that was free a moment ago, for a child to listen on.
+
+    Drawn at random below the kernel's range for outgoing connections' ports, so that
+    no connection's source port takes it before the child binds it (which the kernel's
+    own pick, from that range, allows: a nats-server then failed with "address already
+    in use"); the kernel's pick when no port there is free."""
+    low = _ephemeral_low()
+    for _ in range(64) if low > 11000 else ():
+        port = _port_rng.randrange(10000, low)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

@@ -13,7 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// A session's streams write directly (flushDirect) while the peer does not
+// A session's streams write directly (urgent: flushDirect) while the peer does not
 // read, so that the socket fills, writes come back partial or refused, and
 // the writer takes over what is left; then the peer reads. Every stream's
 // bytes arrive whole and in order, behind its Open, and every frame is
@@ -47,6 +47,7 @@ func TestSessionDirectWritesKeepOrderWhenTheSocketFills(t *testing.T) {
 		v, err := s.open(fmt.Sprintf("tok-%d", k))
 		require.NoError(t, err)
 		wg.Add(1)
+		v.setUrgent(true) // every Write writes directly (flushDirect)
 		go func(v *vstream, k int) {
 			defer wg.Done()
 			for i := 0; i < writes; i++ {

@@ -240,7 +240,7 @@ func (in *Incoming) Stop() {
 	attached := in.conn != nil
 	in.mu.Unlock()
 	if attached {
-		in.writeControl(func(w *frame.Writer) error { return w.WriteStop() })
+		in.writeUrgent(func(w *frame.Writer) error { return w.WriteStop() })
 	}
 }
 
@@ -314,7 +314,7 @@ func (in *Incoming) writeKill() {
 	live := in.live
 	in.mu.Unlock()
 	live.stop() // nothing may follow the Kill
-	in.writeControl(func(w *frame.Writer) error {
+	in.writeUrgent(func(w *frame.Writer) error {
 		in.killSent = true
 		return w.WriteKillCause(cause)
 	})
@@ -379,6 +379,20 @@ func (in *Incoming) writeControl(write func(*frame.Writer) error) {
 	if write(in.w) == nil && in.w.Flush() == nil {
 		in.live.didWrite()
 	}
+}
+
+// writeUrgent is writeControl for a Stop or a Kill: on a session, this
+// goroutine writes the frame at once (vstream.urgent) instead of waking
+// the session's writer for it, a thread's wake-up on the kill's path.
+func (in *Incoming) writeUrgent(write func(*frame.Writer) error) {
+	in.mu.Lock()
+	v, _ := in.conn.(*vstream)
+	in.mu.Unlock()
+	if v != nil {
+		v.setUrgent(true)
+		defer v.setUrgent(false)
+	}
+	in.writeControl(write)
 }
 
 // heartbeat writes a Heartbeat frame unless a control frame is being written

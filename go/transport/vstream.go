@@ -35,6 +35,11 @@ type vstream struct {
 	// of what it queued to the batch's Flush (Outgoing.TrySendBatchIn).
 	eager bool
 	batch *Batch
+	// urgent: Write writes what it queued itself, at once (a caller's Stop
+	// or Kill: Incoming.writeUrgent), where other frames wait for the
+	// session's writer, which writes all that queued meanwhile in one
+	// write; mu.
+	urgent bool
 
 	// Delivery (deliverTo): frames go to sink as the session's reader
 	// decodes them, instead of waiting in buf for Read.
@@ -243,7 +248,7 @@ func (v *vstream) Write(p []byte) (int, error) {
 	s := v.s
 	for {
 		v.mu.Lock()
-		closed, wfin, err, eager, batch := v.closed, v.wfin, v.err, v.eager, v.batch
+		closed, wfin, err, eager, batch, urgent := v.closed, v.wfin, v.err, v.eager, v.batch, v.urgent
 		v.mu.Unlock()
 		switch {
 		case closed:
@@ -267,11 +272,16 @@ func (v *vstream) Write(p []byte) (int, error) {
 				s.queueQuiet(&s.out, sessData, v.id, p[n:min(n+sessChunk, len(p))])
 				v.outGen = s.gen + 1
 			}
-			s.mu.Unlock()
-			if batch != nil {
+			switch {
+			case batch != nil:
+				s.mu.Unlock()
 				batch.add(s)
-			} else {
+			case urgent:
+				s.mu.Unlock()
 				s.flushDirect()
+			default:
+				s.signal()
+				s.mu.Unlock()
 			}
 			return len(p), nil
 		}
@@ -288,6 +298,13 @@ func (v *vstream) Write(p []byte) (int, error) {
 		case <-wc:
 		}
 	}
+}
+
+// setUrgent makes Write write at once (see urgent).
+func (v *vstream) setUrgent(on bool) {
+	v.mu.Lock()
+	v.urgent = on
+	v.mu.Unlock()
 }
 
 // setEager makes Write never wait for room in the session, and leave its

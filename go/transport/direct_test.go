@@ -13,26 +13,40 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
+// connPair is a connected pair on loopback: (the dialled side, the
+// accepted side), both closed at the end of the test.
+func connPair(t *testing.T) (net.Conn, net.Conn) {
+	t.Helper()
+	var c net.Conn
+	_, peer := acceptOne(t, func(addr string) (*Outgoing, error) {
+		var err error
+		c, err = net.Dial("tcp", addr)
+		return nil, err
+	})
+	t.Cleanup(func() { c.Close() })
+	return c, peer
+}
+
+// readSessFrame reads one session frame from r.
+func readSessFrame(t *testing.T, r *bufio.Reader) (kind byte, id uint32, p []byte) {
+	t.Helper()
+	var h [sessHeaderSize]byte
+	_, err := io.ReadFull(r, h[:])
+	require.NoError(t, err)
+	kind, id, n := parseSessHeader(&h)
+	p = make([]byte, n)
+	_, err = io.ReadFull(r, p)
+	require.NoError(t, err)
+	return kind, id, p
+}
+
 // A session's streams write directly (urgent: flushDirect) while the peer does not
 // read, so that the socket fills, writes come back partial or refused, and
 // the writer takes over what is left; then the peer reads. Every stream's
 // bytes arrive whole and in order, behind its Open, and every frame is
 // whole (the frames parse to the end).
 func TestSessionDirectWritesKeepOrderWhenTheSocketFills(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer ln.Close()
-	acc := make(chan net.Conn, 1)
-	go func() {
-		c, err := ln.Accept()
-		if err == nil {
-			acc <- c
-		}
-	}()
-	c, err := net.Dial("tcp", ln.Addr().String())
-	require.NoError(t, err)
-	peer := <-acc
-	defer peer.Close()
+	c, peer := connPair(t)
 	require.NoError(t, c.(*net.TCPConn).SetWriteBuffer(16<<10))
 	require.NoError(t, peer.(*net.TCPConn).SetReadBuffer(16<<10))
 
@@ -68,14 +82,8 @@ func TestSessionDirectWritesKeepOrderWhenTheSocketFills(t *testing.T) {
 	next := make(map[uint32]uint32)
 	opened := make(map[uint32]bool)
 	r := bufio.NewReader(peer)
-	var h [sessHeaderSize]byte
 	for total := 0; total < streams*writes; {
-		_, err := io.ReadFull(r, h[:])
-		require.NoError(t, err)
-		kind, id, n := parseSessHeader(&h)
-		p := make([]byte, n)
-		_, err = io.ReadFull(r, p)
-		require.NoError(t, err)
+		kind, id, p := readSessFrame(t, r)
 		switch kind {
 		case sessOpen:
 			opened[id] = true
@@ -98,20 +106,7 @@ func TestSessionDirectWritesKeepOrderWhenTheSocketFills(t *testing.T) {
 // (the writer may take them sooner, when something else woke it), each
 // session once, in order; frames that follow go behind them.
 func TestBatchWritesOnFlush(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer ln.Close()
-	acc := make(chan net.Conn, 1)
-	go func() {
-		c, err := ln.Accept()
-		if err == nil {
-			acc <- c
-		}
-	}()
-	c, err := net.Dial("tcp", ln.Addr().String())
-	require.NoError(t, err)
-	peer := <-acc
-	defer peer.Close()
+	c, peer := connPair(t)
 	s := newSession(c, true, maxCtlBacklog)
 	done := make(chan struct{})
 	go func() { defer close(done); s.writeLoop() }()
@@ -121,12 +116,8 @@ func TestBatchWritesOnFlush(t *testing.T) {
 	vb, err := s.open("tok-b")
 	require.NoError(t, err)
 	r := bufio.NewReader(peer)
-	var h [sessHeaderSize]byte
 	for range 2 { // the Opens: written by the writer
-		_, err := io.ReadFull(r, h[:])
-		require.NoError(t, err)
-		_, err = r.Discard(int(binary.BigEndian.Uint32(h[5:9])))
-		require.NoError(t, err)
+		readSessFrame(t, r)
 	}
 	var b Batch
 	for i, v := range []*vstream{va, vb, va} {
@@ -144,12 +135,7 @@ func TestBatchWritesOnFlush(t *testing.T) {
 	require.NoError(t, peer.SetReadDeadline(time.Now().Add(5*time.Second)))
 	var got []string
 	for len(got) < 4 {
-		_, err := io.ReadFull(r, h[:])
-		require.NoError(t, err)
-		kind, id, n := parseSessHeader(&h)
-		p := make([]byte, n)
-		_, err = io.ReadFull(r, p)
-		require.NoError(t, err)
+		kind, id, p := readSessFrame(t, r)
 		if kind == sessOpen {
 			got = append(got, fmt.Sprintf("open %d", id))
 		} else {

@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"errors"
+	"math/rand/v2"
 	"net"
 	"os"
 	"strconv"
@@ -61,13 +62,45 @@ func hexPort(field string) (int, error) {
 
 // freePort returns a loopback port nothing listens on now, for a stream
 // server whose port the simulation needs to know (to count its sockets).
+//
+// It is drawn at random below the kernel's range for outgoing connections'
+// source ports (ip_local_port_range), so that none of the simulation's many
+// connections takes it between this check and its listener's bind; the
+// kernel's pick when none there is free.
 func freePort() (int, error) {
+	if low := ephemeralLow(); low > 11000 {
+		for range 64 {
+			p := 10000 + rand.IntN(low-10000)
+			if l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p)); err == nil {
+				_ = l.Close()
+				return p, nil
+			}
+		}
+	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return 0, err
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// ephemeralLow is the lowest port of the kernel's range for outgoing
+// connections (32768 when it cannot be read).
+func ephemeralLow() int {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return 32768
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return 32768
+	}
+	n, err := strconv.Atoi(f[0])
+	if err != nil {
+		return 32768
+	}
+	return n
 }
 
 // streamSockets counts the stream connections of the simulated processes:

@@ -606,3 +606,27 @@ def test_gauges_and_kv_usage():
         assert_idle(e)
 
     run(main())
+
+
+def test_a_steps_outputs_come_in_chunks_with_the_loop_between():
+    """As vLLM's AsyncLLM hands a step's outputs over (VLLM_V1_OUTPUT_PROC_CHUNK_SIZE):
+    the consumers of a chunk run before the next chunk is made, so a kill that
+    arrives during a big step's handling takes effect between chunks."""
+
+    async def main():
+        e = engine()
+        e._chunk = 10
+        last_unmade = []  # per output seen: whether the last request's token was still to make
+
+        async def consume(i):
+            async for _ in e.generate([i + 1], SamplingParams(max_tokens=1), f"c{i}"):
+                last = e._running.get("c29")
+                last_unmade.append(last is not None and not last.out)
+
+        await asyncio.gather(*[consume(i) for i in range(30)])
+        assert len(last_unmade) == 30
+        # The first chunk's consumers ran before the third chunk was made.
+        assert last_unmade[:10] == [True] * 10, last_unmade
+        assert e.stats.running_requests == 0
+
+    run(main())

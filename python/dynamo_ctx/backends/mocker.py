@@ -65,6 +65,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import enum
+import os
 import sys
 from dataclasses import dataclass, field
 from typing import Any, AsyncGenerator, Deque, Dict, List, Optional, Tuple, Union, cast
@@ -258,6 +259,9 @@ class MockAsyncLLM:
         self.load_sink: Optional[LoadSink] = None
         vocab = self.args.token_ids
         self._vocab: Optional[List[int]] = list(vocab) if vocab else None
+        # As vLLM's AsyncLLM handles a step's outputs: in chunks of this many,
+        # letting the event loop run between them (its variable, its default).
+        self._chunk = max(1, int(os.environ.get("VLLM_V1_OUTPUT_PROC_CHUNK_SIZE", "128")))
 
     # -------------------------------------------------------------- introspection
 
@@ -409,7 +413,16 @@ class MockAsyncLLM:
             if self.args.die_after_steps is not None and self.stats.steps >= self.args.die_after_steps:
                 self.die(f"the mock engine died after {self.stats.steps} steps (die_after_steps)")
                 return
-            self._complete(batch)
+            # A step's outputs in chunks, the loop running between them (a
+            # kill that arrives meanwhile aborts at once), as vLLM's
+            # AsyncLLM output handler does (VLLM_V1_OUTPUT_PROC_CHUNK_SIZE).
+            chunk = self._chunk
+            for start in range(0, len(batch), chunk):
+                if start:
+                    await asyncio.sleep(0)
+                    if self.dead_error is not None:
+                        return
+                self._complete(batch[start:start + chunk])
         if sink is not None:  # idle (or dead): what the last requests held is free
             sink.report(stats.num_requests_waiting, stats.kv_cache_usage)
 

@@ -65,7 +65,9 @@ func (h *hangups) watch(c net.Conn, onGone func()) (stop func()) {
 	// Control holds the descriptor: it cannot be closed (and its number
 	// reused by another connection) during the call.
 	_ = rc.Control(func(fd uintptr) {
-		ev := syscall.EpollEvent{Events: syscall.EPOLLRDHUP, Fd: key}
+		// One event at most (EPOLLONESHOT): a half-closed connection that
+		// net/http still serves stays readable for hang-up until it closes.
+		ev := syscall.EpollEvent{Events: syscall.EPOLLRDHUP | syscall.EPOLLONESHOT, Fd: key}
 		h.fdMu.RLock()
 		added = h.epfd >= 0 && syscall.EpollCtl(h.epfd, syscall.EPOLL_CTL_ADD, int(fd), &ev) == nil
 		h.fdMu.RUnlock()

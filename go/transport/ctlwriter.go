@@ -6,7 +6,6 @@ import (
 	"net"
 	"os"
 	"sync"
-	"syscall"
 	"time"
 )
 
@@ -32,7 +31,7 @@ var errCtlBacklog = errors.New("transport: control backlog full")
 // fail runs once and every later Write fails.
 type ctlWriter struct {
 	conn  net.Conn
-	raw   syscall.RawConn // nil when conn is not a socket: then Write blocks, as conn.Write does
+	raw   *rawWriter // nil when conn is not a socket: then Write blocks, as conn.Write does (mu)
 	spawn func(func()) bool
 	limit time.Duration
 	fail  func()
@@ -41,24 +40,10 @@ type ctlWriter struct {
 	backlog []byte
 	busy    chan struct{} // non-nil while a goroutine writes the backlog; closed when it stops
 	err     error         // sticky: the connection failed
-
-	// tryWrite's state (mu). rawFn is w.rawWrite, made once: a Write, often
-	// a Kill on the host's thread, allocates nothing.
-	rawFn func(uintptr) bool
-	tb    []byte
-	tn    int
-	terr  error
 }
 
 func newCtlWriter(c net.Conn, spawn func(func()) bool, limit time.Duration, fail func()) *ctlWriter {
-	w := &ctlWriter{conn: c, spawn: spawn, limit: limit, fail: fail}
-	w.rawFn = w.rawWrite
-	if sc, ok := c.(syscall.Conn); ok {
-		if raw, err := sc.SyscallConn(); err == nil {
-			w.raw = raw
-		}
-	}
-	return w
+	return &ctlWriter{conn: c, raw: newRawWriter(c), spawn: spawn, limit: limit, fail: fail}
 }
 
 // Write takes all of b or fails; it never waits for the peer to read.
@@ -79,7 +64,7 @@ func (w *ctlWriter) Write(b []byte) (int, error) {
 	if w.raw == nil {
 		return w.conn.Write(b)
 	}
-	n, err := w.tryWrite(b)
+	n, err := w.raw.tryWrite(b)
 	if err != nil {
 		w.failLocked(err)
 		return n, err
@@ -100,36 +85,6 @@ func (w *ctlWriter) Write(b []byte) (int, error) {
 		return 0, w.err
 	}
 	return len(b), nil
-}
-
-// tryWrite writes what the socket takes without waiting (mu held).
-func (w *ctlWriter) tryWrite(b []byte) (int, error) {
-	w.tb, w.tn, w.terr = b, 0, nil
-	rerr := w.raw.Write(w.rawFn)
-	n, err := w.tn, w.terr
-	w.tb, w.terr = nil, nil
-	if err == nil {
-		err = rerr
-	}
-	return n, err
-}
-
-// rawWrite is tryWrite's callback: it writes w.tb from w.tn on.
-func (w *ctlWriter) rawWrite(fd uintptr) bool {
-	for w.tn < len(w.tb) {
-		m, e := syscall.Write(int(fd), w.tb[w.tn:])
-		if e == syscall.EINTR {
-			continue
-		}
-		if e != nil || m <= 0 {
-			if e != syscall.EAGAIN {
-				w.terr = e
-			}
-			break
-		}
-		w.tn += m
-	}
-	return true // done either way: never wait here
 }
 
 // drain writes the backlog until it is empty, each write within the limit.

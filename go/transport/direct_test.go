@@ -51,7 +51,7 @@ func TestSessionDirectWritesKeepOrderWhenTheSocketFills(t *testing.T) {
 	require.NoError(t, peer.(*net.TCPConn).SetReadBuffer(16<<10))
 
 	s := newSession(c, true, maxCtlBacklog)
-	require.NotNil(t, s.rawc)
+	require.NotNil(t, s.raw)
 	done := make(chan struct{})
 	go func() { defer close(done); s.writeLoop() }()
 

@@ -9,7 +9,6 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/dynamo-ctx/dynamo-ctx/go/frame"
@@ -151,15 +150,15 @@ type session struct {
 	// writer, or a stream's Write writing directly: flushDirect); no
 	// other may write then.
 	writing bool
-	rawc    syscall.RawConn // conn's, for flushDirect (directConn); nil: none
-	wake    chan struct{}   // cap 1: out has bytes, or the session closed
-	room    chan struct{}   // closed and replaced whenever out is written
-	done    chan struct{}   // closed when the writer has exited
+	raw     *rawWriter    // conn's, for flushDirect (used while writing); nil: none
+	wake    chan struct{} // cap 1: out has bytes, or the session closed
+	room    chan struct{} // closed and replaced whenever out is written
+	done    chan struct{} // closed when the writer has exited
 }
 
 func newSession(c net.Conn, dialer bool, recvMax int) *session {
 	return &session{
-		rawc:      directConn(c),
+		raw:       newRawWriter(c),
 		pingEvery: sessPingEvery,
 		quiet:     sessSilence,
 		conn:      c,
@@ -229,7 +228,8 @@ func (s *session) queue(buf *[]byte, kind byte, id uint32, p []byte) {
 }
 
 // queueQuiet appends a frame to buf without waking the writer (mu held):
-// the caller calls flushDirect once it released mu.
+// the caller then wakes it (signal), or writes the frame itself
+// (flushDirect, once it released mu).
 func (s *session) queueQuiet(buf *[]byte, kind byte, id uint32, p []byte) {
 	h := sessHeader(kind, id, uint32(len(p)))
 	*buf = append(append(*buf, h[:]...), p...)
@@ -330,17 +330,17 @@ func (s *session) flushDirect() {
 		s.mu.Unlock() // a write in progress wakes the writer for what is queued
 		return
 	}
-	if s.rawc == nil {
+	if s.raw == nil {
 		s.signal()
 		s.mu.Unlock()
 		return
 	}
 	pri, buf := s.take()
 	s.mu.Unlock()
-	np, err := s.writeNow(pri)
+	np, err := s.raw.tryWrite(pri)
 	nb := 0
 	if err == nil && np == len(pri) {
-		nb, err = s.writeNow(buf)
+		nb, err = s.raw.tryWrite(buf)
 	}
 	if np+nb > 0 {
 		s.wrote.Store(true)

@@ -11,17 +11,14 @@ import (
 )
 
 // hangups is the epoll set of the connections serving requests (see
-// hangup.go).
+// hangup.go). mu guards it all, the set's descriptor too: it is used and
+// closed under mu, so no call reaches a number reused meanwhile.
 type hangups struct {
-	// fdMu: the set's descriptor is used under a read lock and closed
-	// under the lock, so no call reaches a number reused meanwhile.
-	fdMu    sync.RWMutex
-	epfd    int
 	mu      sync.Mutex
+	epfd    int // -1 once closed
 	next    int32
 	watched map[int32]func() // key (the event's Fd field) -> onGone
 	running bool             // the watcher goroutine runs
-	closed  bool
 }
 
 // newHangups is the frontend's watcher, or nil where epoll is refused.
@@ -36,80 +33,65 @@ func newHangups() *hangups {
 
 // watch adds c to the set; see Frontend.watchHangup.
 func (h *hangups) watch(c net.Conn, onGone func()) (stop func()) {
+	none := func() {}
 	sc, ok := c.(syscall.Conn)
 	if !ok {
-		return func() {}
+		return none
 	}
 	rc, err := sc.SyscallConn()
 	if err != nil {
-		return func() {}
+		return none
 	}
-	h.mu.Lock()
-	if h.closed {
-		h.mu.Unlock()
-		return func() {}
-	}
-	key := h.next
-	for {
-		key++
-		if _, used := h.watched[key]; !used {
-			break
-		}
-	}
-	h.next = key
-	h.watched[key] = onGone
-	start := !h.running
-	h.running = true
-	h.mu.Unlock()
-	added := false
+	var key int32
+	added, start := false, false
 	// Control holds the descriptor: it cannot be closed (and its number
 	// reused by another connection) during the call.
 	_ = rc.Control(func(fd uintptr) {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		if h.epfd < 0 {
+			return
+		}
+		for key = h.next + 1; h.watched[key] != nil; key++ {
+		}
+		h.next = key
 		// One event at most (EPOLLONESHOT): a half-closed connection that
 		// net/http still serves stays readable for hang-up until it closes.
 		ev := syscall.EpollEvent{Events: syscall.EPOLLRDHUP | syscall.EPOLLONESHOT, Fd: key}
-		h.fdMu.RLock()
-		added = h.epfd >= 0 && syscall.EpollCtl(h.epfd, syscall.EPOLL_CTL_ADD, int(fd), &ev) == nil
-		h.fdMu.RUnlock()
+		if syscall.EpollCtl(h.epfd, syscall.EPOLL_CTL_ADD, int(fd), &ev) != nil {
+			return
+		}
+		h.watched[key] = onGone
+		added, start, h.running = true, !h.running, true
 	})
 	if start {
 		go h.run()
 	}
 	if !added {
-		h.forget(key)
-		return func() {}
+		return none
 	}
 	return func() {
-		if h.forget(key) {
-			_ = rc.Control(func(fd uintptr) {
-				h.fdMu.RLock()
-				if h.epfd >= 0 {
-					_ = syscall.EpollCtl(h.epfd, syscall.EPOLL_CTL_DEL, int(fd), nil)
-				}
-				h.fdMu.RUnlock()
-			})
-		}
+		_ = rc.Control(func(fd uintptr) {
+			h.mu.Lock()
+			defer h.mu.Unlock()
+			if h.watched[key] != nil { // else its onGone was taken, or the set closed
+				delete(h.watched, key)
+				_ = syscall.EpollCtl(h.epfd, syscall.EPOLL_CTL_DEL, int(fd), nil)
+			}
+		})
 	}
-}
-
-// forget ends key's watch; false if it had ended (its onGone taken).
-func (h *hangups) forget(key int32) bool {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	_, ok := h.watched[key]
-	delete(h.watched, key)
-	return ok
 }
 
 // run reads the set every hangupPoll while anything is watched.
 func (h *hangups) run() {
 	events := make([]syscall.EpollEvent, 128)
-	idleSince := time.Time{}
+	var idleSince time.Time
+	var gone []func()
 	for {
 		time.Sleep(hangupPoll)
 		h.mu.Lock()
 		switch {
-		case h.closed:
+		case h.epfd < 0:
 			h.running = false
 			h.mu.Unlock()
 			return
@@ -122,30 +104,27 @@ func (h *hangups) run() {
 			h.mu.Unlock()
 			return
 		}
-		h.mu.Unlock()
 		for {
-			h.fdMu.RLock()
-			n, err := -1, error(syscall.EBADF)
-			if h.epfd >= 0 {
-				n, err = syscall.EpollWait(h.epfd, events, 0)
-			}
-			h.fdMu.RUnlock()
+			n, err := syscall.EpollWait(h.epfd, events, 0)
 			if err == syscall.EINTR {
 				continue
 			}
 			for _, ev := range events[:max(n, 0)] {
-				h.mu.Lock()
-				onGone := h.watched[ev.Fd]
-				delete(h.watched, ev.Fd)
-				h.mu.Unlock()
-				if onGone != nil {
-					onGone()
+				if onGone := h.watched[ev.Fd]; onGone != nil {
+					delete(h.watched, ev.Fd)
+					gone = append(gone, onGone)
 				}
 			}
 			if n < len(events) {
 				break
 			}
 		}
+		h.mu.Unlock()
+		for i, onGone := range gone {
+			onGone()
+			gone[i] = nil
+		}
+		gone = gone[:0]
 	}
 }
 
@@ -155,13 +134,10 @@ func (h *hangups) close() {
 		return
 	}
 	h.mu.Lock()
-	h.closed = true
-	h.watched = map[int32]func(){}
-	h.mu.Unlock()
-	h.fdMu.Lock()
+	defer h.mu.Unlock()
 	if h.epfd >= 0 {
 		_ = syscall.Close(h.epfd)
 		h.epfd = -1
+		h.watched = map[int32]func(){}
 	}
-	h.fdMu.Unlock()
 }

@@ -397,7 +397,7 @@ func (f *Frontend) respond(w http.ResponseWriter, r *http.Request, in *incoming,
 	defer clientGone()
 	var once sync.Once
 	onDisconnect := func() {
-		killtrace.Mark("frontend.client_gone", in.id) // net/http saw the client go
+		killtrace.Mark("frontend.client_gone", in.id) // net/http or the hang-up watcher saw the client go
 		clientGone()
 		once.Do(func() {
 			for _, c := range choices {

@@ -340,7 +340,7 @@ async def load(stack: Stack, n: int, cancel: int, max_tokens: int, disagg: bool,
 #: The hops of a disconnect, in order (the library's kill trace marks the middle ones).
 HOPS = [
     ("closed", "client: socket shut down"),
-    ("frontend.client_gone", "frontend: net/http saw the client go (its context's AfterFunc ran)"),
+    ("frontend.client_gone", "frontend: the client seen gone (the hang-up watcher or net/http)"),
     ("caller.kill_hook", "frontend: the request's context killed"),
     ("caller.frame_written", "frontend: Kill frame written"),
     ("worker.frame_read", "worker: Kill frame read"),

@@ -28,7 +28,11 @@ serving layers' cost show):
   to the return of vLLM's ``AsyncLLM.abort`` in the process that runs it, taken by the
   same hook in both stacks (``vllm_abort_hook/sitecustomize.py``);
 - goodput under abandonment: 16 client loops for 30 s, 3 requests of every 10 closed
-  after 2 chunks; the other requests completed per second.
+  after 2 chunks; the other requests completed per second;
+- short requests (as ``bench_connections.py`` on the mock): 2-token completions, not
+  streamed, from 32 keep-alive clients; each process's CPU microseconds per request.
+
+``--phases`` picks some of them (``throughput,aborts,goodput,short``, the default: all).
 
 Prints a markdown table per figure (docs/benchmarks.md keeps the current ones).
 """
@@ -58,6 +62,8 @@ HOOK = HERE / "vllm_abort_hook"
 TOKENS = 128
 REPEATS = int(os.environ.get("BENCH_REPEATS", "3"))
 ABORTS = int(os.environ.get("BENCH_ABORTS", "40"))
+SHORT = int(os.environ.get("BENCH_SHORT", "2000"))
+PHASES = ("throughput", "aborts", "goodput", "short")
 GOODPUT_S = float(os.environ.get("BENCH_GOODPUT_S", "30"))
 
 
@@ -267,7 +273,28 @@ async def goodput(hp: Tuple[str, int]) -> Dict[str, Any]:
     return dict(done, completed_per_s=done["completed"] / wall)
 
 
-def inner(stack: str, model: str, out: Path) -> None:
+async def short_requests(hp: Tuple[str, int], roots: Dict[str, int]) -> Dict[str, Any]:
+    """SHORT 2-token completions (not streamed) from 32 keep-alive clients: requests/s,
+    and each process's CPU microseconds per request."""
+    from bench_connections import client
+
+    body = json.dumps({"model": MODEL, "prompt": "tick", "max_tokens": 2, "temperature": 0.0, "ignore_eos": True}).encode()
+
+    async def batch(n: int) -> float:
+        count = [0]
+        t0 = time.monotonic()
+        await asyncio.gather(*(client(hp[0], hp[1], body, count, n) for _ in range(32)))
+        return time.monotonic() - t0
+
+    await batch(200)  # warm-up: the connections and the engine's batches of this size
+    cpu0 = cpu_by_role(roots)
+    wall = await batch(SHORT)
+    cpu1 = cpu_by_role(roots)
+    per = {role: (cpu1.get(role, 0.0) - cpu0.get(role, 0.0)) / SHORT * 1e6 for role in cpu1}
+    return {"requests": SHORT, "rps": SHORT / wall, "cpu_us_per_request": per}
+
+
+def inner(stack: str, model: str, out: Path, phases: List[str]) -> None:
     log_dir = Path(tempfile.mkdtemp(prefix=f"bench-{stack}-"))
     abort_log = log_dir / "aborts.log"
     hp, roots, procs = start(stack, model_dir(model), log_dir, abort_log)
@@ -275,9 +302,15 @@ def inner(stack: str, model: str, out: Path) -> None:
         async def run() -> Dict[str, Any]:
             for c in (16, 64):  # the engine's first batches of each size are slow (warm-up, allocations): not measured
                 await asyncio.gather(*[one(hp, f"warm up {c} {i} {time.time()}", 16) for i in range(c)])
-            res: Dict[str, Any] = {"throughput": [await repeated(hp, roots, c) for c in (16, 64)]}
-            res["aborts"] = [await abort_latency(hp, abort_log, p) for p in ("decode", "prefill")]
-            res["goodput"] = await goodput(hp)
+            res: Dict[str, Any] = {}
+            if "short" in phases:
+                res["short"] = await short_requests(hp, roots)
+            if "throughput" in phases:
+                res["throughput"] = [await repeated(hp, roots, c) for c in (16, 64)]
+            if "aborts" in phases:
+                res["aborts"] = [await abort_latency(hp, abort_log, p) for p in ("decode", "prefill")]
+            if "goodput" in phases:
+                res["goodput"] = await goodput(hp)
             return res
 
         out.write_text(json.dumps(dict(asyncio.run(run()), stack=stack, model=model)))
@@ -289,37 +322,60 @@ def inner(stack: str, model: str, out: Path) -> None:
 # --------------------------------------------------------------------------- outside
 
 
-def run_in_namespace(stack: str, model: str) -> Dict[str, Any]:
+def run_in_namespace(stack: str, model: str, phases: List[str]) -> Dict[str, Any]:
     with tempfile.TemporaryDirectory() as d:
         out = Path(d) / "result.json"
         q = shlex.quote
-        argv = [sys.executable, str(Path(__file__)), "--inner", stack, "--model", model, "--out", str(out)]
+        argv = [sys.executable, str(Path(__file__)), "--inner", stack, "--model", model, "--out", str(out), "--phases", ",".join(phases)]
         cmd = "ip link set lo up && exec " + " ".join(q(a) for a in argv)
         subprocess.run(["unshare", "-n", "sh", "-c", cmd], check=True)
         return json.loads(out.read_text())
 
 
+def serving_cpu(r: Dict[str, Any]) -> float:
+    """A stack's serving processes' CPU microseconds per short request: everything but
+    the engine core (ours without its NATS host, which Dynamo's file discovery has no
+    counterpart of; vLLM's server is one process)."""
+    per = r["short"]["cpu_us_per_request"]
+    return sum(v for k, v in per.items() if k not in ("engine-core", "nats"))
+
+
 def tables(results: List[Dict[str, Any]]) -> str:
-    lines = ["| model | stack | streams | tokens/s (median; range) | TTFT p50 / p99 ms | ITL p50 / p99 ms | CPU s per 1k tokens |",
-             "|---|---|--:|--:|--:|--:|---|"]
+    sections: List[List[str]] = []
+    rows = []
     for r in results:
-        for t in r["throughput"]:
+        for t in r.get("throughput", []):
             cpu = ", ".join(f"{k} {v:.2f}" for k, v in sorted(t["cpu_s_per_1k_tokens"].items()))
             lo, hi = t["tokens_per_s_range"]
-            lines.append(f"| {r['model']} | {r['stack']} | {t['streams']} | {t['tokens_per_s']:.0f} ({lo:.0f}-{hi:.0f}) | "
-                         f"{t['ttft_p50_ms']:.0f} / {t['ttft_p99_ms']:.0f} | {t['itl_p50_ms']:.1f} / {t['itl_p99_ms']:.1f} | {cpu} |")
-    lines += ["", "| model | stack | phase | closed after ms | disconnect -> abort p50 ms | p99 ms | n | no abort seen |",
-              "|---|---|---|--:|--:|--:|--:|--:|"]
+            rows.append(f"| {r['model']} | {r['stack']} | {t['streams']} | {t['tokens_per_s']:.0f} ({lo:.0f}-{hi:.0f}) | "
+                        f"{t['ttft_p50_ms']:.0f} / {t['ttft_p99_ms']:.0f} | {t['itl_p50_ms']:.1f} / {t['itl_p99_ms']:.1f} | {cpu} |")
+    sections.append(["| model | stack | streams | tokens/s (median; range) | TTFT p50 / p99 ms | ITL p50 / p99 ms | CPU s per 1k tokens |",
+                     "|---|---|--:|--:|--:|--:|---|"] + rows)
+    rows = []
     for r in results:
-        for a in r["aborts"]:
-            lines.append(f"| {r['model']} | {r['stack']} | {a['phase']} | {a['close_after_ms']:.0f} | {a['p50_ms']:.2f} | "
-                         f"{a['p99_ms']:.2f} | {a['n']} | {a['missed']} |")
-    lines += ["", "| model | stack | completed/s (30% of clients leave) | completed | abandoned | failed |",
-              "|---|---|--:|--:|--:|--:|"]
+        for a in r.get("aborts", []):
+            rows.append(f"| {r['model']} | {r['stack']} | {a['phase']} | {a['close_after_ms']:.0f} | {a['p50_ms']:.2f} | "
+                        f"{a['p99_ms']:.2f} | {a['n']} | {a['missed']} |")
+    sections.append(["| model | stack | phase | closed after ms | disconnect -> abort p50 ms | p99 ms | n | no abort seen |",
+                     "|---|---|---|--:|--:|--:|--:|--:|"] + rows)
+    rows = []
     for r in results:
-        g = r["goodput"]
-        lines.append(f"| {r['model']} | {r['stack']} | {g['completed_per_s']:.2f} | {g['completed']} | {g['abandoned']} | {g['failed']} |")
-    return "\n".join(lines)
+        if "goodput" in r:
+            g = r["goodput"]
+            rows.append(f"| {r['model']} | {r['stack']} | {g['completed_per_s']:.2f} | {g['completed']} | {g['abandoned']} | {g['failed']} |")
+    sections.append(["| model | stack | completed/s (30% of clients leave) | completed | abandoned | failed |",
+                     "|---|---|--:|--:|--:|--:|"] + rows)
+    rows = []
+    for r in results:
+        if "short" in r:
+            sh = r["short"]
+            cpu = ", ".join(f"{k} {v:.0f}" for k, v in sorted(sh["cpu_us_per_request"].items()))
+            theirs = [o for o in results if o["model"] == r["model"] and o["stack"] != "ours" and "short" in o]
+            ratios = "; ".join(f"{serving_cpu(r) / serving_cpu(o):.2f}x {o['stack']}'s" for o in theirs) if r["stack"] == "ours" else ""
+            rows.append(f"| {r['model']} | {r['stack']} | {sh['rps']:.1f} | {serving_cpu(r):.0f} | {cpu} | {ratios} |")
+    sections.append(["| model | stack | short requests/s | serving CPU us per request | CPU us per request, by process | ours against |",
+                     "|---|---|--:|--:|---|---|"] + rows)
+    return "\n\n".join("\n".join(sec) for sec in sections if len(sec) > 2)
 
 
 def main() -> None:
@@ -330,9 +386,14 @@ def main() -> None:
     ap.add_argument("--model")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--json", type=Path, help="also write every result here")
+    ap.add_argument("--phases", default=",".join(PHASES), help="which figures: " + ",".join(PHASES))
     args = ap.parse_args()
+    phases = args.phases.split(",")
+    unknown = set(phases) - set(PHASES)
+    if unknown:
+        ap.error(f"unknown phases: {', '.join(sorted(unknown))}")
     if args.inner:
-        inner(args.inner, args.model, args.out)
+        inner(args.inner, args.model, args.out, phases)
         return
     results = []
     if "dynamo" in args.stacks.split(","):
@@ -340,7 +401,7 @@ def main() -> None:
     for model in args.models.split(","):
         for stack in args.stacks.split(","):
             print(f"== {stack} on {model}", flush=True)
-            results.append(run_in_namespace(stack, model))
+            results.append(run_in_namespace(stack, model, phases))
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
     print(tables(results))

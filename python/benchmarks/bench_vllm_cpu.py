@@ -362,7 +362,8 @@ def tables(results: List[Dict[str, Any]]) -> str:
     for r in results:
         if "goodput" in r:
             g = r["goodput"]
-            rows.append(f"| {r['model']} | {r['stack']} | {g['completed_per_s']:.2f} | {g['completed']} | {g['abandoned']} | {g['failed']} |")
+            counts = f"{g['completed']} | {g['abandoned']} | {g['failed']}"
+            rows.append(f"| {r['model']} | {r['stack']} | {g['completed_per_s']:.2f} | {counts} |")
     sections.append(["| model | stack | completed/s (30% of clients leave) | completed | abandoned | failed |",
                      "|---|---|--:|--:|--:|--:|"] + rows)
     rows = []

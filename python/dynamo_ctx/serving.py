@@ -7,6 +7,7 @@ in runtime.py accepts the requests; runtime.py re-exports these names.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import json
 import logging
 import threading
@@ -115,6 +116,24 @@ class _Sends:
 
 _local = threading.local()
 
+#: The item sink of the request whose handler this task runs (``item_sink``).
+_sink: "contextvars.ContextVar[Optional[Callable[[Any], None]]]" = contextvars.ContextVar("dynamo_ctx_item_sink", default=None)
+
+
+def item_sink() -> Optional[Callable[[Any], None]]:
+    """For a handler of this package's backends: a function that hands the
+    caller one item as if the handler had yielded it at that moment, from any
+    callback of the handler's event loop (an engine's output callback), so
+    that the handler's task need not wake for each item. None outside the
+    task of a served request.
+
+    The item goes with the turn's other items (``_Sends``); after the
+    caller's kill it is dropped, as a yield's would no longer be read. It
+    raises what encoding the item raises (an item that is not JSON). The
+    handler must not return before its last item is handed over: what it
+    handed over is sent before the stream ends."""
+    return _sink.get()
+
 
 def _sends_of_loop(lib: Any, loop: asyncio.AbstractEventLoop) -> _Sends:
     """The ``_Sends`` of ``loop``, the running loop."""
@@ -149,6 +168,20 @@ async def _relay(lib: Any, req: int, ctx: Context, gen: Any, batch: List[bytes],
     cancellation always lands in it. The caller counts as killed before
     every item."""
     killed, encode, defer = ctx.is_killed, lib.encode_json, sends.defer  # per item: no lookups
+
+    def sink(item: Any) -> None:
+        if killed():
+            return
+        data = encode(item)
+        if data is None:
+            data = _dumps(item)
+        batch.append(data)
+        if len(batch) == 1:
+            defer(req, batch)
+        elif len(batch) >= _SEND_BATCH:
+            _send_some(lib, req, batch)  # what the library takes now; the rest goes at the turn's end
+
+    _sink.set(sink)  # this task's context: the handler's code sees it (item_sink)
     async for item in gen:
         if killed():
             return

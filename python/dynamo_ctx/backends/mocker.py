@@ -75,7 +75,7 @@ from .mock_scheduler import WAITING, Batch, EngineStats, SchedRequest, Scheduler
 
 __all__ = [
     "DEFAULT_MAX_NUM_BATCHED_TOKENS", "RequestOutputKind", "SamplingParams", "CompletionOutput", "RequestOutput",
-    "MockEngineArgs", "MockAsyncLLM", "EngineStats", "EngineDeadError",
+    "MockEngineArgs", "MockAsyncLLM", "EngineStats", "EngineDeadError", "RequestOutputCollector",
 ]
 
 
@@ -203,8 +203,38 @@ class MockEngineArgs:
     max_num_seqs: Optional[int] = None
 
 
+class RequestOutputCollector:
+    """One request's outputs on their way from the engine to its reader, in
+    the shape of vLLM's class of this name: the engine calls ``put`` with each
+    output (or with the error that ends the request), and ``generate`` takes
+    them. ``add_request`` returns it; a reader that replaces ``put`` on it
+    gets each output in the engine's own step, as vLLM's collector allows."""
+
+    def __init__(self, req: "_Request") -> None:
+        self.request_id = req.request_id
+        self._req = req
+
+    def put(self, output: Union["RequestOutput", BaseException]) -> None:
+        """Keep ``output`` for ``generate`` and wake it."""
+        req = self._req
+        if isinstance(output, BaseException):
+            req.error = output
+        else:
+            req.outputs.append(output)
+        MockAsyncLLM._wake(req)
+
+    def get_nowait(self) -> Optional["RequestOutput"]:
+        """The next output kept, or None; raises the error that ended the request."""
+        req = self._req
+        if req.outputs:
+            return req.outputs.popleft()
+        if req.error is not None:
+            raise req.error
+        return None
+
+
 class _Request(SchedRequest):
-    __slots__ = ("request_id", "prompt", "plen", "params", "phase", "aborted", "outputs", "waiter", "remote_decode", "error")
+    __slots__ = ("request_id", "prompt", "plen", "params", "phase", "aborted", "outputs", "waiter", "remote_decode", "error", "queue")
 
     def __init__(self, request_id: str, prompt: List[int], params: SamplingParams, remote_prefill: bool, remote_decode: bool) -> None:
         super().__init__(max(1, len(prompt)), remote_prefill)
@@ -218,10 +248,12 @@ class _Request(SchedRequest):
         self.waiter: "Optional[asyncio.Future[None]]" = None  # generate waiting for an output
         self.remote_decode = remote_decode  # a disaggregated prefill: its last output carries kv_transfer_params
         self.error: Optional[BaseException] = None  # the engine died under it
+        self.queue = RequestOutputCollector(self)  # where its outputs go (add_request)
 
 
 class MockAsyncLLM:
-    """``generate(prompt, sampling_params, request_id)`` and ``abort(request_id)`` like vLLM's AsyncLLM."""
+    """``generate(prompt, sampling_params, request_id)``, ``add_request(request_id, prompt, params)``
+    and ``abort(request_id)`` like vLLM's AsyncLLM."""
 
     #: The engine parameters beyond every engine's (go/modelcard's EngineParams) that
     #: the mock honours: its worker's model card lists them, and the frontend refuses
@@ -296,9 +328,8 @@ class MockAsyncLLM:
             return
         self.dead_error = EngineDeadError(reason)
         for req in list(self._running.values()):
-            req.error = self.dead_error
             self._release(req, False)
-            self._wake(req)
+            req.queue.put(self.dead_error)
 
     def step_time(self, seqs: int, tokens: int) -> float:
         """How long a step of ``seqs`` sequences and ``tokens`` tokens lasts (see MockEngineArgs)."""
@@ -317,21 +348,26 @@ class MockAsyncLLM:
             return [ord(c) % 256 for c in prompt]  # one token per character: enough for a mock
         return list(prompt)  # type: ignore[arg-type]  # token ids (a dict was handled above)
 
-    async def generate(
+    async def add_request(
         self,
-        prompt: Union[str, List[int], Dict[str, Any]],
-        sampling_params: Union[SamplingParams, Dict[str, Any], None],
         request_id: str,
-    ) -> AsyncGenerator[RequestOutput, None]:
-        """Prefill the prompt, then decode up to ``max_tokens`` tokens, yielding
-        outputs (cumulative unless ``output_kind`` says otherwise).
+        prompt: Union[str, List[int], Dict[str, Any]],
+        params: Union[SamplingParams, Dict[str, Any], None],
+    ) -> RequestOutputCollector:
+        """Admit a request, as vLLM's ``AsyncLLM.add_request``: its outputs go
+        to the returned collector's ``put`` (``generate`` reads them from it).
 
-        KV transfer (``sampling_params.extra_args["kv_transfer_params"]``):
+        KV transfer (``params.extra_args["kv_transfer_params"]``):
         ``do_remote_decode`` makes the last output carry the parameters a
-        decode engine needs; ``do_remote_prefill`` (a decode whose prompt was
-        prefilled elsewhere) makes the prefill cost nothing here (it still
-        needs the prompt's KV blocks).
+        decode engine needs; ``do_remote_prefill`` (a disaggregated decode
+        whose prompt was prefilled elsewhere) makes the prefill cost nothing
+        here (it still needs the prompt's KV blocks).
         """
+        return self._add(request_id, prompt, params).queue
+
+    def _add(
+        self, request_id: str, prompt: Union[str, List[int], Dict[str, Any]], sampling_params: Union[SamplingParams, Dict[str, Any], None]
+    ) -> _Request:
         if self.dead_error is not None:
             raise self.dead_error
         if request_id in self._running:
@@ -357,6 +393,18 @@ class MockAsyncLLM:
         self.stats.requests_total += 1
         self._sched.add(req)
         self._start_stepper()
+        return req
+
+    async def generate(
+        self,
+        prompt: Union[str, List[int], Dict[str, Any]],
+        sampling_params: Union[SamplingParams, Dict[str, Any], None],
+        request_id: str,
+    ) -> AsyncGenerator[RequestOutput, None]:
+        """Prefill the prompt, then decode up to ``max_tokens`` tokens, yielding
+        outputs (cumulative unless ``output_kind`` says otherwise); the
+        request is admitted as by ``add_request``."""
+        req = self._add(request_id, prompt, sampling_params)
         loop = asyncio.get_running_loop()  # once: on Python < 3.12 each call is a getpid()
         try:
             while True:
@@ -493,8 +541,7 @@ class MockAsyncLLM:
             out_ = RequestOutput(req.request_id, req.prompt, [CompletionOutput(0, ids, "", finish)], finish is not None)
             if finish is not None and req.remote_decode:
                 out_.kv_transfer_params = self._transfer_params(req)
-            req.outputs.append(out_)
-            wake(req)
+            req.queue.put(out_)
 
     def _transfer_params(self, req: _Request) -> Dict[str, Any]:
         """What a disaggregated prefill returns for its decode engine, in the
@@ -571,8 +618,7 @@ class MockAsyncLLM:
             # generate ends with an "abort" output.
             freed += self._release(req, True, reported=True)
             tokens: List[int] = [] if req.params.output_kind is RequestOutputKind.DELTA else list(req.out)
-            req.outputs.append(RequestOutput(rid, req.prompt, [CompletionOutput(0, tokens, finish_reason="abort")], finished=True))
-            self._wake(req)
+            req.queue.put(RequestOutput(rid, req.prompt, [CompletionOutput(0, tokens, finish_reason="abort")], finished=True))
         return freed
 
 

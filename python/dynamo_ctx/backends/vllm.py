@@ -33,6 +33,13 @@ first suspension (all of it with the mock), is idempotent and is also done on th
 way out, so it happens whichever of the monitor and the dispatcher's cancellation
 runs first.
 
+Served through a runtime, a request's outputs are pushed: the handler admits it with the
+engine's ``add_request`` and replaces ``put`` on the collector that returns (vLLM's
+``RequestOutputCollector``, the mock's alike), so the engine's output callback makes each
+output an item and hands it to the caller (``serving.item_sink``) in the engine's own
+step, and no task wakes per request per step; the handler's task waits for the end. A
+handler called directly (no runtime) reads ``generate``'s stream; the items are the same.
+
 Requests are Dynamo-style token requests: ``{"token_ids": [...], "stop_conditions":
 {"max_tokens": N, "stop_token_ids": [...], "ignore_eos": bool}, "sampling_options": {"seed",
 "temperature", "top_p", "presence_penalty", "frequency_penalty"}}`` (a top-level
@@ -53,6 +60,7 @@ from typing import Any, AsyncIterator, Callable, Dict, List, Optional, Tuple
 from .. import _trace
 from .._aio import eager_task, on_stopped
 from ..context import Context
+from ..serving import item_sink
 from .metrics import OUTCOMES, WorkerMetrics  # noqa: F401 - WorkerMetrics's home is metrics.py; importable here as before
 
 logger = logging.getLogger("dynamo_ctx.backends.vllm")
@@ -327,53 +335,50 @@ class BaseWorkerHandler:
         opts.setdefault("detokenize", False)  # the frontend makes the text
         params = sampling_params_for(self.engine, max_tokens, opts)
         # Outputs carry the new tokens only (DELTA), or every token so far.
-        cumulative = getattr(getattr(params, "output_kind", None), "name", "CUMULATIVE") != "DELTA"
-        seen = 0
-        prompt_sent = False  # the prompt's logprobs went out (the first item carries them)
+        items = _Items(getattr(getattr(params, "output_kind", None), "name", "CUMULATIVE") != "DELTA")
         finished = False  # the engine gave its last output: nothing left to abort
         outputs: Any = None
-        stop_monitor = on_stopped(context, lambda: self._monitor(engine_id, request_id, context))
+        # Pushed: the engine's output callback hands each item over itself
+        # (_push); else this task reads the engine's stream.
+        sink = item_sink() if max_tokens > 0 and hasattr(self.engine, "add_request") else None
+        pushed: Optional[_Pushed] = None
+
+        def on_stop() -> None:
+            self._monitor(engine_id, request_id, context)
+            if pushed is not None:
+                pushed.end()  # as the stream's reader stops reading (below)
+
+        stop_monitor = on_stopped(context, on_stop)
         # The engine's span, under the handler's (the library's: _trace).
         span = _trace.span_start(context, {"gen_ai.request.max_tokens": max_tokens, "dynamo_ctx.engine_request_id": engine_id})
-        produced, finish = 0, None
         try:
+            if sink is not None:
+                if context.is_stopped():
+                    return  # nothing started: nothing to abort
+                pushed = _Pushed(items, sink, context, stop_monitor)
+                pushed.watch(await self.engine.add_request(engine_id, prompt, params))
+                await pushed.done
+                finished = pushed.finished
+                return
             outputs = self.engine.generate(prompt, params, engine_id)
             async for out in outputs:
                 if finished:
                     continue  # the engine's stream is read to its end (see below), nothing more sent
                 if context.is_stopped():
                     break  # the monitor aborts the engine
-                o = out.outputs[0]
-                steps = getattr(o, "logprobs", None)
-                if cumulative:
-                    delta = list(o.token_ids[seen:])
-                    steps = steps[seen:] if steps is not None else None
-                    seen = len(o.token_ids)
-                else:
-                    delta = list(o.token_ids)
-                item: Dict[str, Any] = {"token_ids": delta}
-                if steps is not None:
-                    add_logprobs(item, delta, steps)
-                prompt_steps = getattr(out, "prompt_logprobs", None)
-                if prompt_steps and not prompt_sent:
-                    prompt_sent = True
-                    add_prompt_logprobs(item, list(out.prompt_token_ids or []), prompt_steps)
-                if o.finish_reason is not None:
-                    item["finish_reason"] = finish = o.finish_reason
-                produced += len(delta)
+                item = items.item(out)
                 if out.finished:
                     # Done in the engine: a stop from now on aborts nothing.
                     finished = True
                     stop_monitor()
-                    transfer = getattr(out, "kv_transfer_params", None)
-                    if transfer is not None:
-                        item["kv_transfer_params"] = transfer
                 yield item
                 # After its last output the engine's stream ends by itself:
                 # closing it before that would make vLLM abort the request,
                 # a message to its engine core for a request already done.
         except BaseException as e:
             error = e
+            if pushed is not None:
+                finished = pushed.finished
             if not isinstance(e, Exception) or self.engine_dead is None or context.is_stopped() or not is_engine_dead(e, self.engine):
                 raise
             finished, dead = True, True  # nothing is left to abort in a dead engine
@@ -391,6 +396,10 @@ class BaseWorkerHandler:
                     # Whichever ran first (the monitor, or the dispatcher cancelling
                     # this handler on kill), the engine is aborted exactly once.
                     await self._abort(engine_id, request_id, context)
+                elif pushed is not None and not finished:
+                    # Its reader failed (an item it could not hand over): the
+                    # engine's request ends too, as vLLM's generate ends it.
+                    await asyncio.shield(_abort_quietly(self.engine, engine_id))
             finally:
                 try:
                     # Close the engine's stream now, unless it ended: breaking out of
@@ -402,8 +411,114 @@ class BaseWorkerHandler:
                 finally:
                     self._aborting.pop(engine_id, None)
                     if span:
-                        usage = {"gen_ai.usage.output_tokens": produced, "gen_ai.response.finish_reasons": [finish] if finish else []}
+                        usage = {"gen_ai.usage.output_tokens": items.produced,
+                                 "gen_ai.response.finish_reasons": [items.finish] if items.finish else []}
                         _trace.span_end(span, usage, failed=error is not None and isinstance(error, Exception))
+
+
+class _Items:
+    """One request's engine outputs made into items (go/tokens' Item):
+    ``{"token_ids": [new tokens], "finish_reason", "log_probs", ...}``."""
+
+    __slots__ = ("cumulative", "seen", "prompt_sent", "produced", "finish")
+
+    def __init__(self, cumulative: bool) -> None:
+        self.cumulative = cumulative  # outputs carry every token so far, not the new ones (DELTA)
+        self.seen = 0  # tokens of a cumulative output already sent
+        self.prompt_sent = False  # the prompt's logprobs went out (the first item carries them)
+        self.produced = 0
+        self.finish: Optional[str] = None
+
+    def item(self, out: Any) -> Dict[str, Any]:
+        """The item of the engine's output ``out``."""
+        o = out.outputs[0]
+        steps = getattr(o, "logprobs", None)
+        if self.cumulative:
+            delta = list(o.token_ids[self.seen:])
+            steps = steps[self.seen:] if steps is not None else None
+            self.seen = len(o.token_ids)
+        else:
+            delta = list(o.token_ids)
+        item: Dict[str, Any] = {"token_ids": delta}
+        if steps is not None:
+            add_logprobs(item, delta, steps)
+        prompt_steps = getattr(out, "prompt_logprobs", None)
+        if prompt_steps and not self.prompt_sent:
+            self.prompt_sent = True
+            add_prompt_logprobs(item, list(out.prompt_token_ids or []), prompt_steps)
+        if o.finish_reason is not None:
+            item["finish_reason"] = self.finish = o.finish_reason
+        self.produced += len(delta)
+        if out.finished:
+            transfer = getattr(out, "kv_transfer_params", None)
+            if transfer is not None:
+                item["kv_transfer_params"] = transfer
+        return item
+
+
+class _Pushed:
+    """A request whose engine outputs are handed over by the engine's output
+    callback itself: its collector's ``put`` (vLLM's ``RequestOutputCollector``,
+    the mock's alike) is replaced, so each output becomes an item in the
+    engine's own step and no task wakes for it. ``done`` ends when the
+    request does: its last output, a stop (``end``), or an error (the
+    engine's, or an item that could not be handed over)."""
+
+    __slots__ = ("items", "sink", "context", "stop_monitor", "done", "finished")
+
+    def __init__(self, items: _Items, sink: Callable[[Any], None], context: Context, stop_monitor: Callable[[], Any]) -> None:
+        self.items = items
+        self.sink = sink
+        self.context = context
+        self.stop_monitor = stop_monitor
+        self.done: "asyncio.Future[None]" = asyncio.get_running_loop().create_future()
+        self.finished = False  # the engine gave its last output
+
+    def watch(self, collector: Any) -> None:
+        """Take ``collector``'s outputs from now on, and any it already holds."""
+        collector.put = self.put
+        try:
+            early = collector.get_nowait()
+        except Exception as e:  # noqa: BLE001 - the error it held is the request's
+            self.put(e)
+            return
+        if early is not None:
+            self.put(early)
+
+    def put(self, output: Any) -> None:
+        if self.done.done():
+            return  # ended: the abort's last output, or one after a failure
+        if isinstance(output, BaseException):
+            self.done.set_exception(output)
+            return
+        if self.context.is_stopped():
+            self.end()  # as a reader that stops reading; the monitor aborts the engine
+            return
+        try:
+            item = self.items.item(output)
+            if output.finished:
+                # Done in the engine: a stop from now on aborts nothing.
+                self.finished = True
+                self.stop_monitor()
+            self.sink(item)
+        except Exception as e:  # noqa: BLE001 - the request fails, not the engine's callback
+            self.done.set_exception(e)
+            return
+        if self.finished:
+            self.done.set_result(None)
+
+    def end(self) -> None:
+        if not self.done.done():
+            self.done.set_result(None)
+
+
+async def _abort_quietly(engine: Any, engine_id: str) -> None:
+    """Abort ``engine_id`` without counting it (a failure, not a cancellation);
+    a dead engine has nothing to abort."""
+    try:
+        await engine.abort(engine_id)
+    except Exception as e:  # noqa: BLE001 - nothing more to do for it
+        logger.debug("abort of %s after its failure: %r", engine_id, e)
 
 
 class AggregatedHandler(BaseWorkerHandler):

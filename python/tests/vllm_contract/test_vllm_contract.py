@@ -463,12 +463,73 @@ def _compatibility_problems(mock_fn: Any, real_fn: Any) -> List[str]:
     return problems
 
 
-@pytest.mark.parametrize("method", ["generate", "abort"])
+@pytest.mark.parametrize("method", ["generate", "add_request", "abort"])
 def test_mock_signatures_are_a_compatible_subset(method: str) -> None:
     mock_fn, real_fn = getattr(MockAsyncLLM, method), getattr(AsyncLLM, method)
     assert _compatibility_problems(mock_fn, real_fn) == [], f"MockAsyncLLM.{method}{inspect.signature(mock_fn)}"
     assert inspect.isasyncgenfunction(mock_fn) == inspect.isasyncgenfunction(real_fn)
     assert inspect.iscoroutinefunction(mock_fn) == inspect.iscoroutinefunction(real_fn)
+
+
+def test_pushed_outputs_use_vllms_collector() -> None:
+    """A served handler pushes its outputs (backends/vllm.py, _Pushed): it calls
+    ``add_request(request_id, prompt, params)``, replaces ``put`` on the collector
+    that returns, and takes what it already holds with ``get_nowait``. vLLM's
+    collector has both, takes the replacement (an instance attribute), and its
+    output processor hands each output to ``queue.put``."""
+    from vllm.v1.engine import output_processor
+
+    collector = output_processor.RequestOutputCollector
+    assert callable(getattr(collector, "put", None)) and callable(getattr(collector, "get_nowait", None))
+    assert "__slots__" not in vars(collector), "put cannot be replaced on an instance"
+    assert ".queue.put(" in inspect.getsource(output_processor), "vLLM's output processor no longer calls queue.put"
+    params = list(inspect.signature(AsyncLLM.add_request).parameters)
+    assert params[1:4] == ["request_id", "prompt", "params"]
+    assert inspect.iscoroutinefunction(AsyncLLM.add_request)
+    assert "RequestOutputCollector" in str(inspect.signature(AsyncLLM.add_request).return_annotation)
+
+
+def test_pushed_add_request_calls_bind_to_vllm_signature() -> None:
+    """The calls a served handler makes (add_request, abort on a stop) bind to vLLM's."""
+    from dynamo_ctx import serving
+
+    calls: List[Tuple[str, Call]] = []
+
+    class Engine(MockAsyncLLM):
+        async def add_request(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+            calls.append(("add_request", Call(args, kwargs)))
+            return await super().add_request(*args, **kwargs)
+
+        async def abort(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+            calls.append(("abort", Call(args, kwargs)))
+            return await super().abort(*args, **kwargs)
+
+    async def main() -> List[Any]:
+        engine = Engine(MockEngineArgs(prefill_time_per_token=0.0, decode_time_per_token=0.001))
+        items: List[Any] = []
+        serving._sink.set(items.append)  # as _relay sets it for a served request
+        handler = AggregatedHandler(engine, "m")
+        async for _ in handler.generate(dict(REQUEST), Context("pushed")):
+            pass
+        first = len(items)
+        ctx = Context("pushed-stop")
+        task = asyncio.ensure_future(handler.generate({"token_ids": [1, 2], "max_tokens": 100_000}, ctx).__anext__())
+        while len(items) < first + 3:
+            await asyncio.sleep(0.001)
+        ctx.stop_generating()
+        with pytest.raises(StopAsyncIteration):
+            await asyncio.wait_for(task, VLLM_HANG)
+        return items
+
+    items = asyncio.run(main())
+    assert items and [name for name, _ in calls].count("add_request") == 2 and any(name == "abort" for name, _ in calls)
+    for name, call in calls:
+        bound = _bind(getattr(AsyncLLM, name), call)
+        if name == "add_request":
+            assert isinstance(bound.arguments["request_id"], str)
+            assert isinstance(bound.arguments["prompt"], dict) and "prompt_token_ids" in bound.arguments["prompt"]
+            real = handlers.sampling_params_for(_vllm_engine_stand_in(), bound.arguments["params"].max_tokens, {"detokenize": False})
+            assert isinstance(real, VllmSamplingParams)
 
 
 def test_mock_engine_state_is_vllms() -> None:

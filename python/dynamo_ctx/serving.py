@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import inspect
 import json
 import logging
 import threading
@@ -119,20 +120,43 @@ _local = threading.local()
 #: The item sink of the request whose handler this task runs (``item_sink``).
 _sink: "contextvars.ContextVar[Optional[Callable[[Any], None]]]" = contextvars.ContextVar("dynamo_ctx_item_sink", default=None)
 
+#: The attribute that marks a handler's function as one that may hand its
+#: items over through ``item_sink`` (``pushes_items``).
+_PUSHES = "__dynamo_ctx_pushes_items__"
+
+
+def pushes_items(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Mark ``fn``, a handler method of this package's backends, as one that
+    may hand its items over through ``item_sink``. Only a bound method so
+    marked, served as it is, gets a sink: a function that wraps it (a user's
+    handler that filters or rewrites the items) is served without one, and
+    the method it calls then yields its items, through the wrapper."""
+    setattr(fn, _PUSHES, True)
+    return fn
+
+
+def _may_push(handler: Callable[..., Any]) -> bool:
+    return inspect.ismethod(handler) and getattr(handler.__func__, _PUSHES, False)
+
 
 def item_sink() -> Optional[Callable[[Any], None]]:
-    """For a handler of this package's backends: a function that hands the
+    """For a served handler marked ``pushes_items``: a function that hands the
     caller one item as if the handler had yielded it at that moment, from any
     callback of the handler's event loop (an engine's output callback), so
-    that the handler's task need not wake for each item. None outside the
-    task of a served request.
+    that the handler's task need not wake for each item. The first call in
+    the request's task takes it (later ones, and tasks started after that,
+    get None); None in any other task.
 
     The item goes with the turn's other items (``_Sends``); after the
     caller's kill it is dropped, as a yield's would no longer be read. It
     raises what encoding the item raises (an item that is not JSON). The
     handler must not return before its last item is handed over: what it
-    handed over is sent before the stream ends."""
-    return _sink.get()
+    handed over is sent before the stream ends. Items wait in memory while
+    the caller's stream is full (at most what the request makes)."""
+    sink = _sink.get()
+    if sink is not None:
+        _sink.set(None)
+    return sink
 
 
 def _sends_of_loop(lib: Any, loop: asyncio.AbstractEventLoop) -> _Sends:
@@ -160,7 +184,7 @@ async def _send_all(lib: Any, req: int, ctx: Context, batch: List[bytes]) -> Non
     batch.clear()
 
 
-async def _relay(lib: Any, req: int, ctx: Context, gen: Any, batch: List[bytes], sends: _Sends) -> None:
+async def _relay(lib: Any, req: int, ctx: Context, gen: Any, batch: List[bytes], sends: _Sends, push: bool = False) -> None:
     """Pass the handler's items to the library: each goes out at the end of
     the loop's turn in which the handler yielded it, with every other
     request's (a lone item waits for nothing else), or at once when
@@ -178,10 +202,11 @@ async def _relay(lib: Any, req: int, ctx: Context, gen: Any, batch: List[bytes],
         batch.append(data)
         if len(batch) == 1:
             defer(req, batch)
-        elif len(batch) >= _SEND_BATCH:
+        elif len(batch) % _SEND_BATCH == 0 and req not in sends.draining:
             _send_some(lib, req, batch)  # what the library takes now; the rest goes at the turn's end
 
-    _sink.set(sink)  # this task's context: the handler's code sees it (item_sink)
+    if push:
+        _sink.set(sink)  # this task's context: the handler's code takes it (item_sink)
     async for item in gen:
         if killed():
             return
@@ -225,7 +250,7 @@ async def _serve_one(lib: Any, req: int, handler: Callable[..., Any], pass_conte
         gen = handler(request, context=ctx) if pass_context else handler(request)
         if not hasattr(gen, "__anext__"):
             raise TypeError(f"handler returned {type(gen).__name__}, not an async generator")
-        await _relay(lib, req, ctx, gen, batch, sends)
+        await _relay(lib, req, ctx, gen, batch, sends, _may_push(handler))
         lib.request_complete(req)
     except asyncio.CancelledError as e:
         if ctx.is_killed():

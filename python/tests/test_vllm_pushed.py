@@ -153,10 +153,131 @@ def test_engine_death_under_a_pushed_request_reaches_the_handler(nats_url):
     assert handler.metrics.outcomes["failed"] == 1
 
 
-def test_item_sink_is_the_served_tasks_only():
+def test_item_sink_is_taken_once_and_only_in_its_task():
+    """None outside a served request's task; there, the first call takes it."""
+    from dynamo_ctx import serving
+
     assert item_sink() is None
 
     async def main():
-        return item_sink(), await asyncio.get_running_loop().create_task(asyncio.sleep(0, item_sink()))
+        serving._sink.set(print)
+        first, second = item_sink(), item_sink()
+        serving._sink.set(print)
+        child = await asyncio.get_running_loop().create_task(asyncio.sleep(0, "x"))  # a task started before the take
+        return first, second, child
 
-    assert run(main()) == (None, None)
+    assert run(main()) == (print, None, "x")
+
+
+def test_a_wrapping_handler_gets_the_items(nats_url):
+    """A user's handler that wraps the shipped one (a plain one, or one with
+    functools.wraps, which copies the method's marks) sees every item: nothing
+    bypasses it."""
+    import functools
+
+    async def main():
+        engine = Engine()
+        agg = AggregatedHandler(engine, "m")
+
+        async def wrapper(request, context):
+            async for item in agg.generate(request, context):
+                yield {"wrapped": item}
+
+        @functools.wraps(agg.generate)
+        async def wraps_wrapper(request, context):
+            async for item in agg.generate(request, context):
+                yield {"wrapped": item}
+
+        out = []
+        request = {"token_ids": [1], "stop_conditions": {"max_tokens": 5}}
+        for handler in (wrapper, wraps_wrapper):
+            async with ServedEndpoint(nats_url, handler) as h:
+                out.append(await collect(await h.client.generate(request, annotated=False)))
+        return engine, out
+
+    engine, out = run(main())
+    assert engine.add_request_calls == 0 and engine.generate_calls == 2
+    for items in out:
+        assert [len(i["wrapped"]["token_ids"]) for i in items] == [1] * 5
+
+
+def test_a_stop_while_the_engine_admits_the_request_aborts_it():
+    """vLLM prepares a prompt in a thread before its engine knows the request:
+    a stop meanwhile finds nothing to abort, so the handler aborts it again
+    once admitted; the engine holds nothing after."""
+    from dynamo_ctx import serving
+
+    class SlowAdmit(Engine):
+        async def add_request(self, *a, **k):
+            await asyncio.sleep(0.05)
+            return await super().add_request(*a, **k)
+
+    async def main():
+        engine = SlowAdmit(decode_time_per_token=0.005)
+        handler = AggregatedHandler(engine, "m")
+        items = []
+        serving._sink.set(items.append)
+        ctx = Context("stopped-while-admitted")
+        task = asyncio.ensure_future(handler.generate({"token_ids": [1], "stop_conditions": {"max_tokens": 200}}, ctx).__anext__())
+        await asyncio.sleep(0.01)
+        ctx.stop_generating()
+        with pytest.raises(StopAsyncIteration):
+            await asyncio.wait_for(task, HANG)
+        held = engine.running_request_ids()
+        await asyncio.sleep(0.1)
+        return held, items, engine
+
+    held, items, engine = run(main())
+    assert held == [] and engine.running_request_ids() == [] and items == []
+
+
+def test_the_engines_callback_never_raises():
+    """Whatever happens to the request meanwhile (its task cancelled by a kill
+    that the sink delivers, an item that fails, outputs after the end), put
+    returns: an error there would fail every request of the engine."""
+    from dynamo_ctx.backends import vllm as vllm_mod
+    from dynamo_ctx.mocker import CompletionOutput, RequestOutput
+
+    async def main():
+        ctx = Context("callback")
+        pushed = None
+
+        def cancelling_sink(item):
+            pushed.done.cancel()  # as a kill delivered from inside the sink cancels the waiting task
+
+        pushed = vllm_mod._Pushed(vllm_mod._Items(False), cancelling_sink, ctx, lambda: None)
+        last = RequestOutput("r", [1], [CompletionOutput(0, [7], "", "length")], True)
+        pushed.put(last)
+        pushed.put(last)  # after the end
+        pushed.put(RuntimeError("after the end"))
+
+        def failing_sink(item):
+            raise TypeError("not JSON")
+
+        failing = vllm_mod._Pushed(vllm_mod._Items(False), failing_sink, ctx, lambda: None)
+        failing.put(RequestOutput("r", [1], [CompletionOutput(0, [7], "", None)], False))
+        failing.put(last)
+        with pytest.raises(TypeError):
+            await failing.done
+        return pushed.done.cancelled()
+
+    assert run(main()) is True
+
+
+def test_a_request_the_engine_refused_is_not_aborted(nats_url):
+    class Refusing(Engine):
+        async def add_request(self, *a, **k):
+            raise ValueError("prompt too long for this engine")
+
+        async def abort(self, *a, **k):
+            self.aborts_called = getattr(self, "aborts_called", 0) + 1
+            return await super().abort(*a, **k)
+
+    async def main():
+        engine = Refusing()
+        async with ServedEndpoint(nats_url, AggregatedHandler(engine, "m").generate) as h:
+            with pytest.raises(Exception, match="too long"):
+                await collect(await h.client.generate({"token_ids": [1]}, annotated=False))
+        return engine
+
+    assert getattr(run(main()), "aborts_called", 0) == 0

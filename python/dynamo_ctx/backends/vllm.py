@@ -60,7 +60,7 @@ from typing import Any, AsyncIterator, Callable, Dict, List, Optional, Tuple
 from .. import _trace
 from .._aio import eager_task, on_stopped
 from ..context import Context
-from ..serving import item_sink
+from ..serving import item_sink, pushes_items
 from .metrics import OUTCOMES, WorkerMetrics  # noqa: F401 - WorkerMetrics's home is metrics.py; importable here as before
 
 logger = logging.getLogger("dynamo_ctx.backends.vllm")
@@ -340,8 +340,9 @@ class BaseWorkerHandler:
         outputs: Any = None
         # Pushed: the engine's output callback hands each item over itself
         # (_push); else this task reads the engine's stream.
-        sink = item_sink() if max_tokens > 0 and hasattr(self.engine, "add_request") else None
+        sink = item_sink() if max_tokens > 0 and _pushable(type(self.engine)) else None  # type: ignore[arg-type]  # classes hash
         pushed: Optional[_Pushed] = None
+        admitted = False  # add_request returned: the engine holds the request
 
         def on_stop() -> None:
             self._monitor(engine_id, request_id, context)
@@ -356,7 +357,13 @@ class BaseWorkerHandler:
                 if context.is_stopped():
                     return  # nothing started: nothing to abort
                 pushed = _Pushed(items, sink, context, stop_monitor)
-                pushed.watch(await self.engine.add_request(engine_id, prompt, params))
+                collector = await self.engine.add_request(engine_id, prompt, params)
+                admitted = True
+                if context.is_stopped():
+                    # Stopped meanwhile: the monitor's abort may have come before the engine knew it.
+                    await asyncio.shield(_abort_quietly(self.engine, engine_id))
+                    return
+                pushed.watch(collector)
                 await pushed.done
                 finished = pushed.finished
                 return
@@ -396,7 +403,7 @@ class BaseWorkerHandler:
                     # Whichever ran first (the monitor, or the dispatcher cancelling
                     # this handler on kill), the engine is aborted exactly once.
                     await self._abort(engine_id, request_id, context)
-                elif pushed is not None and not finished:
+                elif admitted and not finished:
                     # Its reader failed (an item it could not hand over): the
                     # engine's request ends too, as vLLM's generate ends it.
                     await asyncio.shield(_abort_quietly(self.engine, engine_id))
@@ -486,30 +493,50 @@ class _Pushed:
             self.put(early)
 
     def put(self, output: Any) -> None:
+        """The engine's output callback: never raises into it (an error there
+        would fail every request of the engine)."""
+        try:
+            self._put(output)
+        except Exception as e:  # noqa: BLE001 - the request fails, not the engine's callback
+            self._fail(e)
+
+    def _put(self, output: Any) -> None:
         if self.done.done():
-            return  # ended: the abort's last output, or one after a failure
+            return  # ended: the abort's last output, one after a failure, or the task was cancelled
         if isinstance(output, BaseException):
-            self.done.set_exception(output)
+            self._fail(output)
             return
         if self.context.is_stopped():
             self.end()  # as a reader that stops reading; the monitor aborts the engine
             return
-        try:
-            item = self.items.item(output)
-            if output.finished:
-                # Done in the engine: a stop from now on aborts nothing.
-                self.finished = True
-                self.stop_monitor()
-            self.sink(item)
-        except Exception as e:  # noqa: BLE001 - the request fails, not the engine's callback
-            self.done.set_exception(e)
-            return
+        item = self.items.item(output)
+        if output.finished:
+            # Done in the engine: a stop from now on aborts nothing.
+            self.finished = True
+            self.stop_monitor()
+        self.sink(item)  # may deliver what the loop has pending: a kill cancels the task (and done)
         if self.finished:
-            self.done.set_result(None)
+            self.end()
 
     def end(self) -> None:
         if not self.done.done():
             self.done.set_result(None)
+
+    def _fail(self, error: BaseException) -> None:
+        if not self.done.done():
+            self.done.set_exception(error)
+
+
+@functools.lru_cache(maxsize=None)
+def _pushable(engine_type: type) -> bool:
+    """Whether outputs of an engine of ``engine_type`` can be pushed: vLLM's
+    ``AsyncLLM`` (its ``add_request`` returns a ``RequestOutputCollector``
+    whose ``put`` its output handler calls) or the mock, which has the same."""
+    from .mocker import MockAsyncLLM
+
+    if issubclass(engine_type, MockAsyncLLM):
+        return True
+    return any(c.__module__ == "vllm.v1.engine.async_llm" and c.__name__ == "AsyncLLM" for c in engine_type.__mro__)
 
 
 async def _abort_quietly(engine: Any, engine_id: str) -> None:
@@ -524,6 +551,7 @@ async def _abort_quietly(engine: Any, engine_id: str) -> None:
 class AggregatedHandler(BaseWorkerHandler):
     """Prefill and decode in one engine."""
 
+    @pushes_items
     async def generate(self, request: Dict[str, Any], context: Context) -> AsyncIterator[Dict[str, Any]]:
         prompt = {"prompt_token_ids": list(request.get("token_ids", []))}
         async for item in self._engine_stream(context, context.id(), prompt, _max_tokens(request), options=request_options(request)):
@@ -536,6 +564,7 @@ class PrefillHandler(BaseWorkerHandler):
 
     label = "Prefill "
 
+    @pushes_items
     async def generate(self, request: Dict[str, Any], context: Context) -> AsyncIterator[Dict[str, Any]]:
         prompt = {"prompt_token_ids": list(request.get("token_ids", []))}
         options = request_options(request)
@@ -552,6 +581,7 @@ class DecodeHandler(BaseWorkerHandler):
         super().__init__(engine, model, metrics)
         self.prefill_client = prefill_client
 
+    @pushes_items
     async def generate(self, request: Dict[str, Any], context: Context) -> AsyncIterator[Dict[str, Any]]:
         # Counted here, around the prefill call and the engine's stream: a
         # prefill that fails fails this request too.

@@ -340,43 +340,50 @@ def serving_cpu(r: Dict[str, Any]) -> float:
     return sum(v for k, v in per.items() if k not in ("engine-core", "nats"))
 
 
+def _throughput_row(r: Dict[str, Any], t: Dict[str, Any], results: List[Dict[str, Any]]) -> str:
+    cpu = ", ".join(f"{k} {v:.2f}" for k, v in sorted(t["cpu_s_per_1k_tokens"].items()))
+    lo, hi = t["tokens_per_s_range"]
+    return (f"| {r['model']} | {r['stack']} | {t['streams']} | {t['tokens_per_s']:.0f} ({lo:.0f}-{hi:.0f}) | "
+            f"{t['ttft_p50_ms']:.0f} / {t['ttft_p99_ms']:.0f} | {t['itl_p50_ms']:.1f} / {t['itl_p99_ms']:.1f} | {cpu} |")
+
+
+def _abort_row(r: Dict[str, Any], a: Dict[str, Any], results: List[Dict[str, Any]]) -> str:
+    return (f"| {r['model']} | {r['stack']} | {a['phase']} | {a['close_after_ms']:.0f} | {a['p50_ms']:.2f} | "
+            f"{a['p99_ms']:.2f} | {a['n']} | {a['missed']} |")
+
+
+def _goodput_row(r: Dict[str, Any], g: Dict[str, Any], results: List[Dict[str, Any]]) -> str:
+    return f"| {r['model']} | {r['stack']} | {g['completed_per_s']:.2f} | {g['completed']} | {g['abandoned']} | {g['failed']} |"
+
+
+def _short_row(r: Dict[str, Any], sh: Dict[str, Any], results: List[Dict[str, Any]]) -> str:
+    cpu = ", ".join(f"{k} {v:.0f}" for k, v in sorted(sh["cpu_us_per_request"].items()))
+    theirs = [o for o in results if o["model"] == r["model"] and o["stack"] != "ours" and "short" in o]
+    ratios = "; ".join(f"{serving_cpu(r) / serving_cpu(o):.2f}x {o['stack']}'s" for o in theirs) if r["stack"] == "ours" else ""
+    return f"| {r['model']} | {r['stack']} | {sh['rps']:.1f} | {serving_cpu(r):.0f} | {cpu} | {ratios} |"
+
+
+#: Each figure's table: its key in a result, its header, and how a row is written.
+TABLES = [
+    ("throughput", "| model | stack | streams | tokens/s (median; range) | TTFT p50 / p99 ms | ITL p50 / p99 ms | CPU s per 1k tokens |\n"
+     "|---|---|--:|--:|--:|--:|---|", _throughput_row),
+    ("aborts", "| model | stack | phase | closed after ms | disconnect -> abort p50 ms | p99 ms | n | no abort seen |\n"
+     "|---|---|---|--:|--:|--:|--:|--:|", _abort_row),
+    ("goodput", "| model | stack | completed/s (30% of clients leave) | completed | abandoned | failed |\n"
+     "|---|---|--:|--:|--:|--:|", _goodput_row),
+    ("short", "| model | stack | short requests/s | serving CPU us per request | CPU us per request, by process | ours against |\n"
+     "|---|---|--:|--:|---|---|", _short_row),
+]
+
+
 def tables(results: List[Dict[str, Any]]) -> str:
-    sections: List[List[str]] = []
-    rows = []
-    for r in results:
-        for t in r.get("throughput", []):
-            cpu = ", ".join(f"{k} {v:.2f}" for k, v in sorted(t["cpu_s_per_1k_tokens"].items()))
-            lo, hi = t["tokens_per_s_range"]
-            rows.append(f"| {r['model']} | {r['stack']} | {t['streams']} | {t['tokens_per_s']:.0f} ({lo:.0f}-{hi:.0f}) | "
-                        f"{t['ttft_p50_ms']:.0f} / {t['ttft_p99_ms']:.0f} | {t['itl_p50_ms']:.1f} / {t['itl_p99_ms']:.1f} | {cpu} |")
-    sections.append(["| model | stack | streams | tokens/s (median; range) | TTFT p50 / p99 ms | ITL p50 / p99 ms | CPU s per 1k tokens |",
-                     "|---|---|--:|--:|--:|--:|---|"] + rows)
-    rows = []
-    for r in results:
-        for a in r.get("aborts", []):
-            rows.append(f"| {r['model']} | {r['stack']} | {a['phase']} | {a['close_after_ms']:.0f} | {a['p50_ms']:.2f} | "
-                        f"{a['p99_ms']:.2f} | {a['n']} | {a['missed']} |")
-    sections.append(["| model | stack | phase | closed after ms | disconnect -> abort p50 ms | p99 ms | n | no abort seen |",
-                     "|---|---|---|--:|--:|--:|--:|--:|"] + rows)
-    rows = []
-    for r in results:
-        if "goodput" in r:
-            g = r["goodput"]
-            counts = f"{g['completed']} | {g['abandoned']} | {g['failed']}"
-            rows.append(f"| {r['model']} | {r['stack']} | {g['completed_per_s']:.2f} | {counts} |")
-    sections.append(["| model | stack | completed/s (30% of clients leave) | completed | abandoned | failed |",
-                     "|---|---|--:|--:|--:|--:|"] + rows)
-    rows = []
-    for r in results:
-        if "short" in r:
-            sh = r["short"]
-            cpu = ", ".join(f"{k} {v:.0f}" for k, v in sorted(sh["cpu_us_per_request"].items()))
-            theirs = [o for o in results if o["model"] == r["model"] and o["stack"] != "ours" and "short" in o]
-            ratios = "; ".join(f"{serving_cpu(r) / serving_cpu(o):.2f}x {o['stack']}'s" for o in theirs) if r["stack"] == "ours" else ""
-            rows.append(f"| {r['model']} | {r['stack']} | {sh['rps']:.1f} | {serving_cpu(r):.0f} | {cpu} | {ratios} |")
-    sections.append(["| model | stack | short requests/s | serving CPU us per request | CPU us per request, by process | ours against |",
-                     "|---|---|--:|--:|---|---|"] + rows)
-    return "\n\n".join("\n".join(sec) for sec in sections if len(sec) > 2)
+    """A markdown table per figure that any result has."""
+    out = []
+    for key, header, row in TABLES:
+        rows = [row(r, e, results) for r in results if key in r for e in (r[key] if isinstance(r[key], list) else [r[key]])]
+        if rows:
+            out.append("\n".join([header] + rows))
+    return "\n\n".join(out)
 
 
 def main() -> None:

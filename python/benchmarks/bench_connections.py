@@ -72,6 +72,14 @@ async def client(host: str, port: int, body: bytes, count: List[int], stop_at: i
         writer.close()
 
 
+async def requests_from(host: str, port: int, body: bytes, n: int, concurrency: int) -> float:
+    """``n`` requests of ``body`` from ``concurrency`` keep-alive clients: the seconds they took."""
+    count = [0]
+    t0 = time.perf_counter()
+    await asyncio.gather(*(client(host, port, body, count, n) for _ in range(concurrency)))
+    return time.perf_counter() - t0
+
+
 async def measure(addr: Tuple[str, int], model: str, pids: Dict[str, int], requests: int, concurrency: int) -> Dict[str, float]:
     """Requests per second, sockets before and after, and "cpu_<name>": each
     process's CPU microseconds per request, over ``requests`` requests."""
@@ -85,17 +93,11 @@ async def measure(addr: Tuple[str, int], model: str, pids: Dict[str, int], reque
         est = sum(1 for st, a, _ in rows if st == "ESTAB" and a in ports)
         return tw, est
 
-    async def batch(n: int) -> float:
-        count = [0]
-        t0 = time.perf_counter()
-        await asyncio.gather(*(client(host, port, body, count, n) for _ in range(concurrency)))
-        return time.perf_counter() - t0
-
-    await batch(200)  # warm-up: the connections and caches that stay
+    await requests_from(host, port, body, 200, concurrency)  # warm-up: the connections and caches that stay
     await asyncio.sleep(0.5)
     tw0, est0 = snapshot()
     cpu0 = {name: cpu_seconds(pid) for name, pid in pids.items()}
-    took = await batch(requests)
+    took = await requests_from(host, port, body, requests, concurrency)
     cpu = {f"cpu_{name}": (cpu_seconds(pid) - cpu0[name]) / requests * 1e6 for name, pid in pids.items()}
     tw1, est1 = snapshot()
     return {"rps": requests / took, "tw0": tw0, "tw1": tw1, "est0": est0, "est1": est1, **cpu}

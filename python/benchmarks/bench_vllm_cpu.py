@@ -276,19 +276,12 @@ async def goodput(hp: Tuple[str, int]) -> Dict[str, Any]:
 async def short_requests(hp: Tuple[str, int], roots: Dict[str, int]) -> Dict[str, Any]:
     """SHORT 2-token completions (not streamed) from 32 keep-alive clients: requests/s,
     and each process's CPU microseconds per request."""
-    from bench_connections import client
+    from bench_connections import requests_from
 
     body = json.dumps({"model": MODEL, "prompt": "tick", "max_tokens": 2, "temperature": 0.0, "ignore_eos": True}).encode()
-
-    async def batch(n: int) -> float:
-        count = [0]
-        t0 = time.monotonic()
-        await asyncio.gather(*(client(hp[0], hp[1], body, count, n) for _ in range(32)))
-        return time.monotonic() - t0
-
-    await batch(200)  # warm-up: the connections and the engine's batches of this size
+    await requests_from(hp[0], hp[1], body, 200, 32)  # warm-up: the connections and the engine's batches of this size
     cpu0 = cpu_by_role(roots)
-    wall = await batch(SHORT)
+    wall = await requests_from(hp[0], hp[1], body, SHORT, 32)
     cpu1 = cpu_by_role(roots)
     per = {role: (cpu1.get(role, 0.0) - cpu0.get(role, 0.0)) / SHORT * 1e6 for role in cpu1}
     return {"requests": SHORT, "rps": SHORT / wall, "cpu_us_per_request": per}

@@ -56,6 +56,7 @@ from .serving import _send_all as _send_all
 from .serving import _send_some as _send_some
 from .serving import _Sends as _Sends
 from .serving import _sends_of_loop as _sends_of_loop
+from .serving import _may_push
 from .serving import _serve_one as _serve_one
 
 logger = logging.getLogger("dynamo_ctx")
@@ -353,6 +354,7 @@ class Endpoint:
         if not _is_async_gen_function(handler):
             raise TypeError(f"handler {handler!r} is not an async generator function")
         pass_context = _accepts_context(handler)
+        push = _may_push(handler)
         lib = native()
         serving = self._serving_future()
         try:
@@ -373,7 +375,7 @@ class Endpoint:
             while True:
                 code, req = lib.endpoint_accept(ep)
                 if code == lib.OK:
-                    task = handler_task(_serve_one(lib, req, handler, pass_context, loop), loop)
+                    task = handler_task(_serve_one(lib, req, handler, pass_context, loop, push), loop)
                     tasks.add(task)
                     task.add_done_callback(tasks.discard)
                 elif code == lib.ECLOSED:

@@ -136,6 +136,7 @@ def pushes_items(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _may_push(handler: Callable[..., Any]) -> bool:
+    """Whether ``handler``, as served, gets an item sink (``pushes_items``)."""
     return inspect.ismethod(handler) and getattr(handler.__func__, _PUSHES, False)
 
 
@@ -192,20 +193,20 @@ async def _relay(lib: Any, req: int, ctx: Context, gen: Any, batch: List[bytes],
     cancellation always lands in it. The caller counts as killed before
     every item."""
     killed, encode, defer = ctx.is_killed, lib.encode_json, sends.defer  # per item: no lookups
-
-    def sink(item: Any) -> None:
-        if killed():
-            return
-        data = encode(item)
-        if data is None:
-            data = _dumps(item)
-        batch.append(data)
-        if len(batch) == 1:
-            defer(req, batch)
-        elif len(batch) % _SEND_BATCH == 0 and req not in sends.draining:
-            _send_some(lib, req, batch)  # what the library takes now; the rest goes at the turn's end
-
     if push:
+
+        def sink(item: Any) -> None:
+            if killed():
+                return
+            data = encode(item)
+            if data is None:
+                data = _dumps(item)
+            batch.append(data)
+            if len(batch) == 1:
+                defer(req, batch)
+            elif len(batch) % _SEND_BATCH == 0 and req not in sends.draining:
+                _send_some(lib, req, batch)  # what the library takes now; the rest goes at the turn's end
+
         _sink.set(sink)  # this task's context: the handler's code takes it (item_sink)
     async for item in gen:
         if killed():
@@ -221,8 +222,11 @@ async def _relay(lib: Any, req: int, ctx: Context, gen: Any, batch: List[bytes],
     await _send_all(lib, req, ctx, batch)
 
 
-async def _serve_one(lib: Any, req: int, handler: Callable[..., Any], pass_context: bool, loop: asyncio.AbstractEventLoop) -> None:
-    """Run one request's handler in this task (on ``loop``), streaming its items to the caller.
+async def _serve_one(
+    lib: Any, req: int, handler: Callable[..., Any], pass_context: bool, loop: asyncio.AbstractEventLoop, push: bool = False
+) -> None:
+    """Run one request's handler in this task (on ``loop``), streaming its items to the caller
+    (``push``: the handler may also hand them over through ``item_sink``; ``_may_push``).
 
     How it ends (docs/design.md, section 3):
     - The handler returns: the stream completes.
@@ -250,7 +254,7 @@ async def _serve_one(lib: Any, req: int, handler: Callable[..., Any], pass_conte
         gen = handler(request, context=ctx) if pass_context else handler(request)
         if not hasattr(gen, "__anext__"):
             raise TypeError(f"handler returned {type(gen).__name__}, not an async generator")
-        await _relay(lib, req, ctx, gen, batch, sends, _may_push(handler))
+        await _relay(lib, req, ctx, gen, batch, sends, push)
         lib.request_complete(req)
     except asyncio.CancelledError as e:
         if ctx.is_killed():

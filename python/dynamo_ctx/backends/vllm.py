@@ -339,7 +339,7 @@ class BaseWorkerHandler:
         finished = False  # the engine gave its last output: nothing left to abort
         outputs: Any = None
         # Pushed: the engine's output callback hands each item over itself
-        # (_push); else this task reads the engine's stream.
+        # (_Pushed); else this task reads the engine's stream.
         sink = item_sink() if max_tokens > 0 and _pushable(type(self.engine)) else None  # type: ignore[arg-type]  # classes hash
         pushed: Optional[_Pushed] = None
         admitted = False  # add_request returned: the engine holds the request

@@ -139,7 +139,10 @@ func TestStreamLeaderLoss(t *testing.T) {
 		"every watcher drops the instance that crashed during the election")
 	t.Logf("after the loss: elected %v, the new instance listed %v, the crashed one dropped %v",
 		elected, listedAfter, time.Since(lost))
-	assert.Zero(t, mon.falseDrops(), "a live instance left a watcher's view")
+	var nl nodeLoss
+	mon.report(&nl, lost)
+	assert.Zero(t, nl.FalseDrops, "a live instance left a watcher's view (%d watchers, %.2f-%.2f s after the loss)",
+		nl.FalseDropClients, nl.FalseDropFirst, nl.FalseDropLast)
 }
 
 // electionBound bounds the election after the leader's loss: a hang

@@ -471,12 +471,6 @@ func (m *viewMonitor) whole() (bool, time.Time, time.Time) {
 	return true, last(m.goneAt), last(m.seenAt)
 }
 
-func (m *viewMonitor) falseDrops() int {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.drops
-}
-
 // report puts the false drops in nl, times counted from t0.
 func (m *viewMonitor) report(nl *nodeLoss, t0 time.Time) {
 	m.mu.Lock()

@@ -44,6 +44,13 @@
 //     before its channels close, so what they signal (an event loop's fd, a
 //     Kill frame) does not wait for the wake-up of the goroutines blocked on
 //     those channels.
+//   - Held wake-ups (CancelHolding, Held): a canceller that must reach
+//     something outside Go first (an event loop's waiter, which runs only
+//     after the cancelling call returns) may hold back the goroutine wake-ups
+//     of its cancellation: the channel closes and what NotifyHeld functions
+//     hand to Held.Wake. Everything else (state words, Notify functions,
+//     propagation) happens before CancelHolding returns, as for Cancel; the
+//     held part runs when the canceller calls Held.Run, in order.
 //
 // A context's state word (state, reason and cause: see StateMask) can live in
 // memory supplied by the caller (WithStateWord), for readers outside Go that
@@ -161,14 +168,23 @@ func (c *Context) Child(opts ...Option) *Context {
 // Stopped or Killed. When Cancel returns, the whole tree below c has been
 // moved and every channel and Notify function of the moved contexts has run.
 func (c *Context) Cancel(target State, reason Reason) bool {
+	return c.CancelHolding(target, reason, nil)
+}
+
+// CancelHolding is Cancel that holds the goroutine wake-ups of the
+// cancellation in h (see Held) instead of running them: when it returns,
+// every moved context's state word and Notify functions are done, and its
+// channels close, with what NotifyHeld functions passed to h.Wake, when the
+// caller runs h. A nil h is Cancel.
+func (c *Context) CancelHolding(target State, reason Reason, h *Held) bool {
 	if target != Stopped && target != Killed {
 		return false
 	}
-	return c.cancel(target, reason, reason)
+	return c.cancel(target, reason, reason, h)
 }
 
-// cancel is Cancel with the origin's reason (cause) carried down the tree.
-func (c *Context) cancel(target State, reason, cause Reason) bool {
+// cancel is CancelHolding with the origin's reason (cause) carried down the tree.
+func (c *Context) cancel(target State, reason, cause Reason, h *Held) bool {
 	if target != Stopped && target != Killed {
 		return false
 	}
@@ -176,7 +192,7 @@ func (c *Context) cancel(target State, reason, cause Reason) bool {
 	if !ok {
 		return false
 	}
-	runHooks(fired)
+	runHooks(fired, h)
 	// Depth-first over an explicit stack: deep chains need no deep goroutine stack.
 	stack := kids
 	for len(stack) > 0 {
@@ -186,7 +202,7 @@ func (c *Context) cancel(target State, reason, cause Reason) bool {
 		if !ok {
 			continue
 		}
-		runHooks(fired)
+		runHooks(fired, h)
 		stack = append(stack, more...)
 	}
 	return true
@@ -211,7 +227,8 @@ func (c *Context) transition(target State, reason, cause Reason) ([]*Context, af
 		}
 	}
 	// A channel made from now on is closedCh (stateCh reads the word under
-	// mu); the ones made before are closed by runHooks, before Cancel returns.
+	// mu); the ones made before are closed by runHooks, before Cancel returns
+	// (or held: CancelHolding).
 	if c.stopCh != nil && (old < Stopped || target == Killed) {
 		f.chans[0], f.stopClosed = c.stopCh, &c.stopClosed
 	}
@@ -282,7 +299,7 @@ func (c *Context) LinkChild(child *Context) {
 	second.mu.Unlock()
 	first.mu.Unlock()
 	if pst > Live {
-		child.cancel(pst, ReasonParent, causeOf(pw))
+		child.cancel(pst, ReasonParent, causeOf(pw), nil)
 	}
 	if !inherit.IsZero() {
 		child.SetDeadline(inherit)

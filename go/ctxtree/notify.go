@@ -8,7 +8,35 @@ import "sync/atomic"
 
 type hook struct {
 	target State
-	f      func()
+	f      func(*Held) // the cancel's Held: nil unless CancelHolding
+}
+
+// Held is the goroutine wake-ups a CancelHolding held back: the channel
+// closes of the contexts it moved and what their NotifyHeld functions passed
+// to Wake. Its zero value is empty and ready; it is not safe for concurrent
+// use (one canceller fills it, then runs it).
+type Held struct{ fs []func() }
+
+// Wake runs f now on a nil h (the cancel holds nothing), else keeps it for
+// Run. f must not block: it closes a channel, starts a goroutine, pokes one.
+func (h *Held) Wake(f func()) {
+	if h == nil {
+		f()
+		return
+	}
+	h.fs = append(h.fs, f)
+}
+
+// Len is the number of wake-ups h holds.
+func (h *Held) Len() int { return len(h.fs) }
+
+// Run runs the held wake-ups in the order they were held, and empties h.
+func (h *Held) Run() {
+	fs := h.fs
+	h.fs = nil
+	for _, f := range fs {
+		f()
+	}
 }
 
 // killCount, when set (CountKills), counts transitions of any context to Killed.
@@ -27,21 +55,28 @@ func CountKills(n *atomic.Uint64) { killCount.Store(n) }
 // of microseconds when the CPUs are idle; the hooks (which signal event
 // loops, write Kill frames) do not wait for that.
 type afterUnlock struct {
-	hooks      []func()
+	hooks      []func(*Held)
 	chans      [2]chan struct{}
 	stopClosed *atomic.Bool // chans[0] is closed by whoever sets it first
 }
 
-func runHooks(f afterUnlock) {
-	for _, h := range f.hooks {
-		h()
+// runHooks runs one node's Notify functions, then closes its channels, or
+// hands the closes to h (see CancelHolding).
+func runHooks(f afterUnlock, h *Held) {
+	for _, fn := range f.hooks {
+		fn(h)
 	}
-	if f.chans[0] != nil && f.stopClosed.CompareAndSwap(false, true) {
-		close(f.chans[0])
+	if f.chans[0] == nil && f.chans[1] == nil {
+		return
 	}
-	if f.chans[1] != nil {
-		close(f.chans[1])
-	}
+	h.Wake(func() {
+		if f.chans[0] != nil && f.stopClosed.CompareAndSwap(false, true) {
+			close(f.chans[0])
+		}
+		if f.chans[1] != nil {
+			close(f.chans[1])
+		}
+	})
 }
 
 var closedCh = func() chan struct{} { ch := make(chan struct{}); close(ch); return ch }()
@@ -74,10 +109,19 @@ func (c *Context) stateCh(at State, ch *chan struct{}) <-chan struct{} {
 // it must not block. The returned stop function unregisters f and reports
 // whether it did so before f ran.
 func (c *Context) Notify(target State, f func()) (stop func() bool) {
+	return c.NotifyHeld(target, func(*Held) { f() })
+}
+
+// NotifyHeld is Notify for a function that wakes goroutines: f gets the
+// Held of the cancel that runs it (nil for Cancel, and when c is already at
+// target) and passes its wake-ups to Held.Wake, so that a CancelHolding can
+// hold them; what else f does happens at once. A context f cancels in turn
+// is cancelled with CancelHolding and the same Held.
+func (c *Context) NotifyHeld(target State, f func(*Held)) (stop func() bool) {
 	c.mu.Lock()
 	if st, _ := Unpack(c.word.Load()); st >= target {
 		c.mu.Unlock()
-		f()
+		f(nil)
 		return func() bool { return false }
 	}
 	if c.hooks == nil {

@@ -490,32 +490,33 @@ func (c *Client) generateOnce(payload []byte, parent *ctxtree.Context, route Rou
 	// takes, where a goroutine would first cost the canceller (often the
 	// host's thread) a thread's wake-up. A worker in this runtime was
 	// already cancelled synchronously (followLocalCaller), so its frames
-	// can wait for a goroutine.
+	// can wait for a goroutine, which a cancel that holds its wake-ups
+	// starts when it runs them (ctxtree.Held).
 	s.stopHooks = append(s.stopHooks,
 		// A kill also fires Stopped hooks; it must not send a Stop first,
 		// which could let the handler finish cleanly before the Kill lands.
-		reqCtx.Notify(ctxtree.Stopped, func() {
+		reqCtx.NotifyHeld(ctxtree.Stopped, func(h *ctxtree.Held) {
 			if reqCtx.IsKilled() {
 				return
 			}
 			if local {
-				go in.Stop()
+				h.Wake(func() { go in.Stop() })
 			} else {
 				in.Stop()
 			}
 		}),
-		reqCtx.Notify(ctxtree.Killed, func() {
+		reqCtx.NotifyHeld(ctxtree.Killed, func(h *ctxtree.Held) {
 			// The frame carries the cancellation's cause, so the worker's
 			// handler sees why (client_disconnected, shutdown, ...).
 			cause := byte(reqCtx.Cause())
 			killtrace.Mark("caller.kill_hook", reqCtx.ID())
 			if local {
-				go in.KillCause(cause)
+				h.Wake(func() { go in.KillCause(cause) })
 			} else {
 				in.KillCause(cause)
 				killtrace.Mark("caller.frame_written", reqCtx.ID())
 			}
-			s.poke()
+			h.Wake(s.poke)
 		}),
 	)
 	c.rt.trackStream(s)

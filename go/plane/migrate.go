@@ -70,7 +70,7 @@ func (c *Client) GenerateMigrating(payload []byte, parent *ctxtree.Context, rout
 	}
 	slog.Debug("migration_limit read", "request_id", reqCtx.ID(), "endpoint", c.path, "migration_limit", limit)
 	out := &Stream{ctx: reqCtx, key: NewKey(), parent: parent, wake: make(chan struct{}, 1), rt: c.rt}
-	out.stopHooks = append(out.stopHooks, reqCtx.Notify(ctxtree.Killed, out.poke))
+	out.stopHooks = append(out.stopHooks, reqCtx.NotifyHeld(ctxtree.Killed, func(h *ctxtree.Held) { h.Wake(out.poke) }))
 	c.rt.trackStream(out)
 	go out.migrate(c, payload, route, instance, limit, o)
 	return out, nil

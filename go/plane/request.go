@@ -86,7 +86,7 @@ func (r *Request) run(addr, token string) {
 	// moment the request is killed, whoever killed it (the caller, the
 	// endpoint's shutdown). A request killed before it was sent is still
 	// delivered, already killed, so the handler sees it end.
-	defer r.Ctx.Notify(ctxtree.Killed, cancel)()
+	defer r.Ctx.NotifyHeld(ctxtree.Killed, func(h *ctxtree.Held) { h.Wake(cancel) })()
 
 	// Control frames -> context, on the stream's reader goroutine as each
 	// frame is read (no goroutine of our own: one hop less for a kill).
@@ -453,7 +453,7 @@ func (r *Request) followLocalCaller(token string) {
 		return
 	}
 	r.localHooks = []func() bool{
-		caller.Notify(ctxtree.Stopped, func() {
+		caller.NotifyHeld(ctxtree.Stopped, func(h *ctxtree.Held) {
 			if caller.IsKilled() {
 				// A kill fires Stopped hooks too (before the Killed ones,
 				// in registration order): the handler must see the kill,
@@ -463,10 +463,10 @@ func (r *Request) followLocalCaller(token string) {
 			r.mu.Lock()
 			r.clientStopped = true
 			r.mu.Unlock()
-			r.Ctx.Cancel(ctxtree.Stopped, ctxtree.ReasonStopGenerating)
+			r.Ctx.CancelHolding(ctxtree.Stopped, ctxtree.ReasonStopGenerating, h)
 		}),
-		caller.Notify(ctxtree.Killed, func() {
-			r.Ctx.Cancel(ctxtree.Killed, remoteKillReason(caller.Cause()))
+		caller.NotifyHeld(ctxtree.Killed, func(h *ctxtree.Held) {
+			r.Ctx.CancelHolding(ctxtree.Killed, remoteKillReason(caller.Cause()), h)
 			killtrace.Mark("worker.ctx_killed", r.ID) // in-process: no frame
 		}),
 	}

@@ -219,6 +219,23 @@ int dc_context_state_word(uint64_t h, const uint32_t **out);
    reason. */
 int dc_context_cancel(uint64_t h, uint32_t state, uint32_t reason);
 
+/* dc_context_cancel for a host whose event loop the cancel wakes: the state
+   words and what the host waits on (dc_context_watch) change before this
+   returns, as with dc_context_cancel; the wake-ups of the library's own
+   threads that the cancellation causes (the Kill frame to a handler in this
+   process, which was itself cancelled at once; the request's writer) are
+   held, and *held is set to 1 (0 when nothing was held). Held wake-ups run
+   at dc_run_held, which the host calls once its loop has run what the
+   cancel woke (its next turn), and at the latest at its next call that
+   takes or frees a handle. So an in-process handler's wake-up does not wait
+   for them.
+   Errors: those of dc_context_cancel; DC_EINVAL for a NULL held. */
+int dc_context_cancel_held(uint64_t h, uint32_t state, uint32_t reason, int *held);
+
+/* Runs the wake-ups dc_context_cancel_held held, in order (none: nothing to
+   do). Never fails. */
+int dc_run_held(void);
+
 /* Stores in *out the state word a context whose word is word would have
    after dc_context_cancel(h, state, reason): the library's one transition
    rule (forward only; the reason, and the cause, which for a direct cancel

@@ -82,14 +82,19 @@ PyObject* raise_rc(int rc) {
 // After this thread cancelled a context: the registered flush_local
 // (dynamo_ctx._aio._flush_local) delivers at once what the cancellation woke
 // on this thread's running event loop (an in-process handler, a waiter),
-// rather than after the loop's next poll of its fd. It returns None and
-// never raises. Before registration there is nothing to flush: the fd
-// delivers it.
-PyObject* flush_local(void) {
+// rather than after the loop's next poll of its fd; held (the cancel held
+// wake-ups: dc_context_cancel_held) tells it to have them run (dc_run_held)
+// on the loop's next turn, or now without a loop. It returns None and never
+// raises. Before registration there is nothing to flush (the fd delivers
+// it), and held wake-ups run here.
+PyObject* flush_local(int held) {
     PyObject* flush = flush_local_cb;
-    if (flush == NULL) Py_RETURN_NONE;
+    if (flush == NULL) {
+        if (held) dc_run_held();
+        Py_RETURN_NONE;
+    }
     Py_INCREF(flush);
-    PyObject* r = PyObject_CallFunctionObjArgs(flush, NULL);
+    PyObject* r = PyObject_CallFunctionObjArgs(flush, held ? Py_True : Py_False, NULL);
     Py_DECREF(flush);
     return r;
 }

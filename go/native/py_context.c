@@ -203,10 +203,10 @@ static PyObject* context_cancel_with(PyObject* o, uint32_t state, uint32_t reaso
         __atomic_store_n(&self->inline_word, next, __ATOMIC_RELEASE);
         Py_RETURN_NONE;
     }
-    int rc;
-    CALL_RELEASED(rc, dc_context_cancel(((ContextObject*)o)->handle, state, reason));
+    int rc, held = 0;
+    CALL_RELEASED(rc, dc_context_cancel_held(((ContextObject*)o)->handle, state, reason, &held));
     if (rc != DC_OK) return raise_rc(rc);
-    return flush_local();
+    return flush_local(held);
 }
 
 static PyObject* context_stop_generating(PyObject* o, PyObject* unused) {
@@ -248,7 +248,7 @@ static PyObject* context_set_timeout(PyObject* o, PyObject* arg) {
     int rc;
     CALL_RELEASED(rc, dc_context_set_timeout(((ContextObject*)o)->handle, seconds));
     if (rc != DC_OK) return raise_rc(rc);
-    return flush_local(); // a timeout of 0 kills at once
+    return flush_local(0); // a timeout of 0 kills at once
 }
 
 static PyObject* context_remaining(PyObject* o, PyObject* unused) {

@@ -50,7 +50,11 @@
 //     of its cancellation: the channel closes and what NotifyHeld functions
 //     hand to Held.Wake. Everything else (state words, Notify functions,
 //     propagation) happens before CancelHolding returns, as for Cancel; the
-//     held part runs when the canceller calls Held.Run, in order.
+//     held part runs when the canceller calls Held.Run, in order. Until then
+//     a channel taken before the cancel is still open while the word (and
+//     Std's Err) says cancelled, and a Cancel that finds a context already
+//     moved by it returns without closing anything: a goroutine that waits on
+//     such a channel waits for the Run.
 //
 // A context's state word (state, reason and cause: see StateMask) can live in
 // memory supplied by the caller (WithStateWord), for readers outside Go that
@@ -243,7 +247,7 @@ func (c *Context) transition(target State, reason, cause Reason) ([]*Context, af
 	}
 	slices.Sort(keys) // in the order they were registered
 	for _, k := range keys {
-		f.hooks = append(f.hooks, c.hooks[k].f)
+		f.hooks = append(f.hooks, c.hooks[k])
 		delete(c.hooks, k)
 	}
 	kids := make([]*Context, 0, len(c.children))

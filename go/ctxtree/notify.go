@@ -8,7 +8,16 @@ import "sync/atomic"
 
 type hook struct {
 	target State
-	f      func(*Held) // the cancel's Held: nil unless CancelHolding
+	f      func()      // Notify's; nil for NotifyHeld's
+	held   func(*Held) // NotifyHeld's: gets the cancel's Held (nil unless CancelHolding)
+}
+
+func (k hook) run(h *Held) {
+	if k.held != nil {
+		k.held(h)
+		return
+	}
+	k.f()
 }
 
 // Held is the goroutine wake-ups a CancelHolding held back: the channel
@@ -55,7 +64,7 @@ func CountKills(n *atomic.Uint64) { killCount.Store(n) }
 // of microseconds when the CPUs are idle; the hooks (which signal event
 // loops, write Kill frames) do not wait for that.
 type afterUnlock struct {
-	hooks      []func(*Held)
+	hooks      []hook
 	chans      [2]chan struct{}
 	stopClosed *atomic.Bool // chans[0] is closed by whoever sets it first
 }
@@ -63,20 +72,26 @@ type afterUnlock struct {
 // runHooks runs one node's Notify functions, then closes its channels, or
 // hands the closes to h (see CancelHolding).
 func runHooks(f afterUnlock, h *Held) {
-	for _, fn := range f.hooks {
-		fn(h)
+	for _, k := range f.hooks {
+		k.run(h)
 	}
 	if f.chans[0] == nil && f.chans[1] == nil {
 		return
 	}
-	h.Wake(func() {
-		if f.chans[0] != nil && f.stopClosed.CompareAndSwap(false, true) {
-			close(f.chans[0])
-		}
-		if f.chans[1] != nil {
-			close(f.chans[1])
-		}
-	})
+	if h == nil {
+		f.closeChans() // no closure to allocate on the common path
+		return
+	}
+	h.Wake(f.closeChans)
+}
+
+func (f afterUnlock) closeChans() {
+	if f.chans[0] != nil && f.stopClosed.CompareAndSwap(false, true) {
+		close(f.chans[0])
+	}
+	if f.chans[1] != nil {
+		close(f.chans[1])
+	}
 }
 
 var closedCh = func() chan struct{} { ch := make(chan struct{}); close(ch); return ch }()
@@ -109,7 +124,7 @@ func (c *Context) stateCh(at State, ch *chan struct{}) <-chan struct{} {
 // it must not block. The returned stop function unregisters f and reports
 // whether it did so before f ran.
 func (c *Context) Notify(target State, f func()) (stop func() bool) {
-	return c.NotifyHeld(target, func(*Held) { f() })
+	return c.notify(hook{target: target, f: f})
 }
 
 // NotifyHeld is Notify for a function that wakes goroutines: f gets the
@@ -118,10 +133,15 @@ func (c *Context) Notify(target State, f func()) (stop func() bool) {
 // hold them; what else f does happens at once. A context f cancels in turn
 // is cancelled with CancelHolding and the same Held.
 func (c *Context) NotifyHeld(target State, f func(*Held)) (stop func() bool) {
+	return c.notify(hook{target: target, held: f})
+}
+
+func (c *Context) notify(k hook) (stop func() bool) {
+	target := k.target
 	c.mu.Lock()
 	if st, _ := Unpack(c.word.Load()); st >= target {
 		c.mu.Unlock()
-		f(nil)
+		k.run(nil)
 		return func() bool { return false }
 	}
 	if c.hooks == nil {
@@ -129,7 +149,7 @@ func (c *Context) NotifyHeld(target State, f func(*Held)) (stop func() bool) {
 	}
 	c.nextHook++
 	key := c.nextHook
-	c.hooks[key] = hook{target: target, f: f}
+	c.hooks[key] = k
 	c.mu.Unlock()
 	return func() bool {
 		c.mu.Lock()

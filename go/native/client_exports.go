@@ -129,7 +129,7 @@ func dc_client_set_migration_limit(h C.uint64_t, limit C.int) (rc C.int) {
 //export dc_client_free
 func dc_client_free(h C.uint64_t) (rc C.int) {
 	defer guard("dc_client_free", &rc)
-	cl, err := remove(clients, h)
+	cl, err := clients.Remove(uint64(h))
 	if err != nil {
 		return fail(C.DC_EBADF, "dc_client_free: %v", err)
 	}
@@ -232,7 +232,7 @@ func dc_stream_killed(h C.uint64_t, out *C.int) (rc C.int) {
 //export dc_stream_free
 func dc_stream_free(h C.uint64_t) (rc C.int) {
 	defer guard("dc_stream_free", &rc)
-	e, err := remove(streams, h)
+	e, err := streams.Remove(uint64(h))
 	if err != nil {
 		return fail(C.DC_EBADF, "dc_stream_free: %v", err)
 	}

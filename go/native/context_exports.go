@@ -95,7 +95,7 @@ func dc_context_new_uuid(out *C.uint64_t) (rc C.int) {
 //export dc_context_free
 func dc_context_free(h C.uint64_t) (rc C.int) {
 	defer guard("dc_context_free", &rc)
-	if _, err := remove(contexts, h); err != nil {
+	if _, err := contexts.Remove(uint64(h)); err != nil {
 		return fail(C.DC_EBADF, "dc_context_free: %v", err)
 	}
 	return C.DC_OK

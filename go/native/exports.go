@@ -112,19 +112,11 @@ func cString(p *C.char, n C.size_t) string {
 // get resolves h in table t: DC_EBADF, with a message naming the export,
 // for a handle that is not one of t's live handles.
 func get[T any](t *handle.Table[T], name string, h C.uint64_t) (T, C.int) {
-	runHeld() // first: see held_exports.go
 	v, err := t.Get(uint64(h))
 	if err != nil {
 		return v, fail(C.DC_EBADF, "%s: %v", name, err)
 	}
 	return v, C.DC_OK
-}
-
-// remove takes handle h out of t (a free), after running held wake-ups,
-// as get does.
-func remove[T any](t *handle.Table[T], h C.uint64_t) (T, error) {
-	runHeld()
-	return t.Remove(uint64(h))
 }
 
 // goBytes copies the n bytes at p into Go memory (nil for none).

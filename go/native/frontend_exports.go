@@ -98,7 +98,7 @@ func dc_frontend_drain(h C.uint64_t, seconds C.double) (rc C.int) {
 //export dc_frontend_free
 func dc_frontend_free(h C.uint64_t) (rc C.int) {
 	defer guard("dc_frontend_free", &rc)
-	f, err := remove(frontends, h)
+	f, err := frontends.Remove(uint64(h))
 	if err != nil {
 		return fail(C.DC_EBADF, "dc_frontend_free: %v", err)
 	}

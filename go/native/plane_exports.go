@@ -139,7 +139,7 @@ func dc_runtime_active(h C.uint64_t, n *C.uint64_t) (rc C.int) {
 //export dc_runtime_free
 func dc_runtime_free(h C.uint64_t) (rc C.int) {
 	defer guard("dc_runtime_free", &rc)
-	rt, err := remove(runtimes, h)
+	rt, err := runtimes.Remove(uint64(h))
 	if err != nil {
 		return fail(C.DC_EBADF, "dc_runtime_free: %v", err)
 	}
@@ -255,7 +255,7 @@ func dc_endpoint_accept(h C.uint64_t, out *C.uint64_t) (rc C.int) {
 //export dc_endpoint_free
 func dc_endpoint_free(h C.uint64_t) (rc C.int) {
 	defer guard("dc_endpoint_free", &rc)
-	ep, err := remove(endpoints, h)
+	ep, err := endpoints.Remove(uint64(h))
 	if err != nil {
 		return fail(C.DC_EBADF, "dc_endpoint_free: %v", err)
 	}
@@ -456,7 +456,7 @@ func dc_request_fail(h C.uint64_t, msg *C.char, msgLen C.size_t) (rc C.int) {
 //export dc_request_free
 func dc_request_free(h C.uint64_t) (rc C.int) {
 	defer guard("dc_request_free", &rc)
-	req, err := remove(requests, h)
+	req, err := requests.Remove(uint64(h))
 	if err != nil {
 		return fail(C.DC_EBADF, "dc_request_free: %v", err)
 	}

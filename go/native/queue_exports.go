@@ -57,7 +57,7 @@ func dc_queue_drain_after(h C.uint64_t, bytes *C.size_t) (rc C.int) {
 //export dc_queue_free
 func dc_queue_free(h C.uint64_t) (rc C.int) {
 	defer guard("dc_queue_free", &rc)
-	e, err := remove(queues, h)
+	e, err := queues.Remove(uint64(h))
 	if err != nil {
 		return fail(C.DC_EBADF, "dc_queue_free: %v", err)
 	}

@@ -131,7 +131,7 @@ func dc_status_answer(h C.uint64_t, id C.uint64_t, code C.int, contentType *C.ch
 //export dc_status_free
 func dc_status_free(h C.uint64_t) (rc C.int) {
 	defer guard("dc_status_free", &rc)
-	s, err := remove(statuses, h)
+	s, err := statuses.Remove(uint64(h))
 	if err != nil {
 		return fail(C.DC_EBADF, "dc_status_free: %v", err)
 	}

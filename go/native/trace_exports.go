@@ -204,7 +204,7 @@ func dc_trace_span_end(h C.uint64_t, attrs *C.char, attrsLen C.size_t, failed C.
 	if rc != C.DC_OK {
 		return rc
 	}
-	s, err := remove(spans, h)
+	s, err := spans.Remove(uint64(h))
 	if err != nil {
 		return fail(C.DC_EBADF, "dc_trace_span_end: %v", err)
 	}

@@ -26,6 +26,7 @@ import (
 //export dc_client_new
 func dc_client_new(rtH C.uint64_t, path *C.char, pathLen C.size_t, out *C.uint64_t) (rc C.int) {
 	defer guard("dc_client_new", &rc)
+	runAllHeld() // a call that waits: see held_exports.go
 	if out == nil || path == nil {
 		return fail(C.DC_EINVAL, "dc_client_new: path and out must not be NULL")
 	}

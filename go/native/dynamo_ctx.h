@@ -224,17 +224,18 @@ int dc_context_cancel(uint64_t h, uint32_t state, uint32_t reason);
    returns, as with dc_context_cancel; the wake-ups of the library's own
    threads that the cancellation causes (the Kill frame to a handler in this
    process, which was itself cancelled at once; the request's writer) are
-   held, and *held is set to 1 (0 when nothing was held). Held wake-ups run
-   at dc_run_held, which the host calls once its loop has run what the
-   cancel woke (its next turn), and at the latest at its next call that
-   takes or frees a handle. So an in-process handler's wake-up does not wait
-   for them.
-   Errors: those of dc_context_cancel; DC_EINVAL for a NULL held. */
-int dc_context_cancel_held(uint64_t h, uint32_t state, uint32_t reason, int *held);
+   held. *ticket is set to the ticket of what was held, or 0 when nothing
+   was. The host runs them with dc_run_held(ticket) once its loop has run
+   what the cancel woke (its next turn), so an in-process handler's wake-up
+   does not wait for them. The calls that wait (docs/c-abi.md, "Blocking")
+   run every held wake-up first; no other call waits for one.
+   Errors: those of dc_context_cancel; DC_EINVAL for a NULL ticket. */
+int dc_context_cancel_held(uint64_t h, uint32_t state, uint32_t reason, uint64_t *ticket);
 
-/* Runs the wake-ups dc_context_cancel_held held, in order (none: nothing to
-   do). Never fails. */
-int dc_run_held(void);
+/* Runs, oldest first, the wake-ups dc_context_cancel_held held with a
+   ticket of at most upto (UINT64_MAX: all), and stores in *ran (if not
+   NULL) how many cancels' wake-ups it ran. Never fails. */
+int dc_run_held(uint64_t upto, size_t *ran);
 
 /* Stores in *out the state word a context whose word is word would have
    after dc_context_cancel(h, state, reason): the library's one transition

@@ -21,6 +21,7 @@ import (
 //export dc_frontend_start
 func dc_frontend_start(rtH C.uint64_t, settings *C.char, settingsLen C.size_t, out *C.uint64_t) (rc C.int) {
 	defer guard("dc_frontend_start", &rc)
+	runAllHeld() // a call that waits: see held_exports.go
 	if out == nil || settings == nil {
 		return fail(C.DC_EINVAL, "dc_frontend_start: settings and out must not be NULL")
 	}
@@ -98,6 +99,7 @@ func dc_frontend_drain(h C.uint64_t, seconds C.double) (rc C.int) {
 //export dc_frontend_free
 func dc_frontend_free(h C.uint64_t) (rc C.int) {
 	defer guard("dc_frontend_free", &rc)
+	runAllHeld() // a call that waits: see held_exports.go
 	f, err := frontends.Remove(uint64(h))
 	if err != nil {
 		return fail(C.DC_EBADF, "dc_frontend_free: %v", err)

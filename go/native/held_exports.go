@@ -9,12 +9,14 @@ package main
 // runs only once the cancelling call has returned and the loop turns, and a
 // goroutine woken meanwhile (the Kill frame's, the request's writer) costs
 // the loop's thread a futex call, and often its CPU, first. Held, those
-// wake-ups run when the host says (dc_run_held, which Python calls on the
-// loop's next turn) or, at the latest, at the host's next call into the
-// library that takes or frees a handle (get, remove): no call can wait on a
-// goroutine that a held wake-up would have woken.
+// wake-ups run when the host says: dc_run_held with the cancel's ticket,
+// which Python calls on the loop's next turn, right after the handler's
+// task. No call that can wait on a goroutine (the calls docs/c-abi.md lists
+// under "Blocking") starts before every held wake-up has run (runAllHeld);
+// the others never wait for one.
 
 /*
+#include <stddef.h>
 #include <stdint.h>
 #define DC_ENUMS_ONLY
 #include "dynamo_ctx.h"
@@ -22,52 +24,71 @@ package main
 import "C"
 
 import (
+	"math"
 	"sync"
 	"sync/atomic"
 
 	"github.com/dynamo-ctx/dynamo-ctx/go/ctxtree"
 )
 
-// held is what cancels hold: each cancel's Held, in order.
+// held is what cancels hold, in ticket order.
 var held struct {
 	mu      sync.Mutex
-	list    []*ctxtree.Held
-	pending atomic.Bool // list is not empty: one load on every get
+	list    []heldCancel
+	last    uint64      // the last ticket given
+	pending atomic.Bool // list is not empty: one load for a call with nothing held
 }
 
-// holdWakes keeps h's wake-ups until runHeld.
-func holdWakes(h *ctxtree.Held) {
+type heldCancel struct {
+	ticket uint64
+	wakes  *ctxtree.Held
+}
+
+// holdWakes keeps h's wake-ups until runHeld, and returns their ticket
+// (never 0).
+func holdWakes(h *ctxtree.Held) uint64 {
 	held.mu.Lock()
-	held.list = append(held.list, h)
+	defer held.mu.Unlock()
+	held.last++
+	held.list = append(held.list, heldCancel{held.last, h})
 	held.pending.Store(true)
-	held.mu.Unlock()
+	return held.last
 }
 
-// runHeld runs every held wake-up, oldest first.
-func runHeld() {
+// runHeld runs the held wake-ups whose ticket is at most upto, oldest
+// first, and returns how many cancels' wake-ups it ran.
+func runHeld(upto uint64) int {
 	if !held.pending.Load() {
-		return
+		return 0
 	}
 	held.mu.Lock()
-	list := held.list
-	held.list = nil
-	held.pending.Store(false)
-	held.mu.Unlock()
-	for _, h := range list {
-		h.Run()
+	n := 0
+	for n < len(held.list) && held.list[n].ticket <= upto {
+		n++
 	}
+	run := held.list[:n:n]
+	held.list = held.list[n:]
+	held.pending.Store(len(held.list) > 0)
+	held.mu.Unlock()
+	for _, c := range run {
+		c.wakes.Run()
+	}
+	return n
 }
+
+// runAllHeld runs every held wake-up: first thing in a call that waits.
+func runAllHeld() { runHeld(math.MaxUint64) }
 
 // dc_context_cancel_held: see dynamo_ctx.h, the reference.
 //
 //export dc_context_cancel_held
-func dc_context_cancel_held(h C.uint64_t, state C.uint32_t, reason C.uint32_t, held *C.int) (rc C.int) {
+func dc_context_cancel_held(h C.uint64_t, state C.uint32_t, reason C.uint32_t, ticket *C.uint64_t) (rc C.int) {
 	const name = "dc_context_cancel_held"
 	defer guard(name, &rc)
-	if held == nil {
-		return fail(C.DC_EINVAL, "%s: held must not be NULL", name)
+	if ticket == nil {
+		return fail(C.DC_EINVAL, "%s: ticket must not be NULL", name)
 	}
-	*held = 0
+	*ticket = 0
 	st, r, rc := cancelArgs(name, state, reason)
 	if rc != C.DC_OK {
 		return rc
@@ -79,8 +100,7 @@ func dc_context_cancel_held(h C.uint64_t, state C.uint32_t, reason C.uint32_t, h
 	var wakes ctxtree.Held
 	c.CancelHolding(st, r, &wakes)
 	if wakes.Len() > 0 {
-		holdWakes(&wakes)
-		*held = 1
+		*ticket = C.uint64_t(holdWakes(&wakes))
 	}
 	return C.DC_OK
 }
@@ -88,8 +108,11 @@ func dc_context_cancel_held(h C.uint64_t, state C.uint32_t, reason C.uint32_t, h
 // dc_run_held: see dynamo_ctx.h, the reference.
 //
 //export dc_run_held
-func dc_run_held() (rc C.int) {
+func dc_run_held(upto C.uint64_t, ran *C.size_t) (rc C.int) {
 	defer guard("dc_run_held", &rc)
-	runHeld()
+	n := runHeld(uint64(upto))
+	if ran != nil {
+		*ran = C.size_t(n)
+	}
 	return C.DC_OK
 }

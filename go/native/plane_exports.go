@@ -58,6 +58,7 @@ func planeError(name string, err error) C.int {
 //export dc_runtime_new
 func dc_runtime_new(url *C.char, urlLen C.size_t, out *C.uint64_t) (rc C.int) {
 	defer guard("dc_runtime_new", &rc)
+	runAllHeld() // a call that waits: see held_exports.go
 	if out == nil {
 		return fail(C.DC_EINVAL, "dc_runtime_new: out must not be NULL")
 	}
@@ -81,6 +82,7 @@ func dc_runtime_new(url *C.char, urlLen C.size_t, out *C.uint64_t) (rc C.int) {
 //export dc_runtime_shutdown
 func dc_runtime_shutdown(h C.uint64_t) (rc C.int) {
 	defer guard("dc_runtime_shutdown", &rc)
+	runAllHeld() // a call that waits: see held_exports.go
 	rt, rc := get(runtimes, "dc_runtime_shutdown", h)
 	if rc != C.DC_OK {
 		return rc
@@ -139,6 +141,7 @@ func dc_runtime_active(h C.uint64_t, n *C.uint64_t) (rc C.int) {
 //export dc_runtime_free
 func dc_runtime_free(h C.uint64_t) (rc C.int) {
 	defer guard("dc_runtime_free", &rc)
+	runAllHeld() // a call that waits: see held_exports.go
 	rt, err := runtimes.Remove(uint64(h))
 	if err != nil {
 		return fail(C.DC_EBADF, "dc_runtime_free: %v", err)
@@ -186,6 +189,7 @@ func dc_endpoint_name_check(name *C.char, nameLen C.size_t) (rc C.int) {
 //export dc_endpoint_serve
 func dc_endpoint_serve(rtH C.uint64_t, path *C.char, pathLen C.size_t, meta *C.char, metaLen C.size_t, out *C.uint64_t) (rc C.int) {
 	defer guard("dc_endpoint_serve", &rc)
+	runAllHeld() // a call that waits: see held_exports.go
 	if out == nil || path == nil {
 		return fail(C.DC_EINVAL, "dc_endpoint_serve: path and out must not be NULL")
 	}
@@ -255,6 +259,7 @@ func dc_endpoint_accept(h C.uint64_t, out *C.uint64_t) (rc C.int) {
 //export dc_endpoint_free
 func dc_endpoint_free(h C.uint64_t) (rc C.int) {
 	defer guard("dc_endpoint_free", &rc)
+	runAllHeld() // a call that waits: see held_exports.go
 	ep, err := endpoints.Remove(uint64(h))
 	if err != nil {
 		return fail(C.DC_EBADF, "dc_endpoint_free: %v", err)

@@ -82,20 +82,26 @@ PyObject* raise_rc(int rc) {
 // After this thread cancelled a context: the registered flush_local
 // (dynamo_ctx._aio._flush_local) delivers at once what the cancellation woke
 // on this thread's running event loop (an in-process handler, a waiter),
-// rather than after the loop's next poll of its fd; held (the cancel held
-// wake-ups: dc_context_cancel_held) tells it to have them run (dc_run_held)
-// on the loop's next turn, or now without a loop. It returns None and never
-// raises. Before registration there is nothing to flush (the fd delivers
-// it), and held wake-ups run here.
-PyObject* flush_local(int held) {
+// rather than after the loop's next poll of its fd; a non-zero ticket (the
+// cancel held wake-ups: dc_context_cancel_held) tells it to have them run
+// (dc_run_held) on the loop's next turn, or now without a loop. It returns
+// None and never raises. Before registration there is nothing to flush (the
+// fd delivers it), and held wake-ups run here.
+PyObject* flush_local(uint64_t ticket) {
     PyObject* flush = flush_local_cb;
     if (flush == NULL) {
-        if (held) dc_run_held();
+        if (ticket != 0) dc_run_held(ticket, NULL);
         Py_RETURN_NONE;
     }
+    PyObject* t = PyLong_FromUnsignedLongLong(ticket);
+    if (t == NULL) {
+        if (ticket != 0) dc_run_held(ticket, NULL);
+        return NULL;
+    }
     Py_INCREF(flush);
-    PyObject* r = PyObject_CallFunctionObjArgs(flush, held ? Py_True : Py_False, NULL);
+    PyObject* r = PyObject_CallFunctionObjArgs(flush, t, NULL);
     Py_DECREF(flush);
+    Py_DECREF(t);
     return r;
 }
 

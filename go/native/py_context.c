@@ -203,10 +203,11 @@ static PyObject* context_cancel_with(PyObject* o, uint32_t state, uint32_t reaso
         __atomic_store_n(&self->inline_word, next, __ATOMIC_RELEASE);
         Py_RETURN_NONE;
     }
-    int rc, held = 0;
-    CALL_RELEASED(rc, dc_context_cancel_held(((ContextObject*)o)->handle, state, reason, &held));
+    int rc;
+    uint64_t ticket = 0;
+    CALL_RELEASED(rc, dc_context_cancel_held(((ContextObject*)o)->handle, state, reason, &ticket));
     if (rc != DC_OK) return raise_rc(rc);
-    return flush_local(held);
+    return flush_local(ticket);
 }
 
 static PyObject* context_stop_generating(PyObject* o, PyObject* unused) {

@@ -142,7 +142,7 @@ DC_HIDDEN PyObject* raise_rc(int rc);
 // After this thread cancelled a context: calls the package's registered
 // flush, which delivers what the cancellation woke on this thread's running
 // event loop; returns None (or NULL on error).
-DC_HIDDEN PyObject* flush_local(int held);
+DC_HIDDEN PyObject* flush_local(uint64_t ticket);
 
 // An int argument as a uint64_t handle; -1 with an exception set.
 DC_HIDDEN int parse_u64(PyObject* o, uint64_t* out);

@@ -113,13 +113,16 @@ static PyObject* mod_queue_read(PyObject* m, PyObject* args) {
     return out;
 }
 
-// run_held(): dc_run_held, the wake-ups Context's cancels held (flush_local).
-static PyObject* mod_run_held(PyObject* m, PyObject* unused) {
-    if (check_fork() < 0) return NULL;
+// run_held(upto) -> int: dc_run_held, the wake-ups Context's cancels held
+// with a ticket of at most upto (flush_local); how many cancels' it ran.
+static PyObject* mod_run_held(PyObject* m, PyObject* arg) {
+    uint64_t upto;
+    if (parse_u64(arg, &upto) < 0 || check_fork() < 0) return NULL;
     int rc;
-    CALL_RELEASED(rc, dc_run_held());
+    size_t ran = 0;
+    CALL_RELEASED(rc, dc_run_held(upto, &ran));
     if (rc != DC_OK) return raise_rc(rc);
-    Py_RETURN_NONE;
+    return PyLong_FromSize_t(ran);
 }
 
 static PyObject* mod_watch(PyObject* m, PyObject* args) {
@@ -219,7 +222,7 @@ PyMethodDef queue_methods[] = {
     {"queue_free", mod_queue_free, METH_O, "queue_free(handle)"},
     {"queue_drain", mod_queue_drain, METH_O, "queue_drain(handle) -> list of tokens"},
     {"queue_drain_after", mod_queue_drain_after, METH_O, "queue_drain_after(handle) -> bytes (see queue_read)"},
-    {"run_held", mod_run_held, METH_NOARGS, "run_held(): run the wake-ups that cancels held (dc_run_held)"},
+    {"run_held", mod_run_held, METH_O, "run_held(upto) -> int: run the wake-ups cancels held with a ticket of at most upto"},
     {"queue_read", mod_queue_read, METH_VARARGS, "queue_read(handle, fd, drain_after) -> list of tokens, read from the fd"},
     {"watch", mod_watch, METH_VARARGS, "watch(context, queue, state, token)"},
     {"unwatch", mod_unwatch, METH_VARARGS, "unwatch(queue, token) -> bool (False if not pending)"},

@@ -42,7 +42,6 @@ class _LoopWaker:
         self._callbacks: Dict[int, Callable[[], object]] = {}  # token -> run when it fires
         self._armed: Dict[int, "asyncio.Future[bool]"] = {}  # handle -> pending arm
         self._tokens = itertools.count(1)
-        self._held_due = False  # a run of the library's held wake-ups is scheduled
         loop.add_reader(self._fd, self._on_ready)
         # When the loop is collected its selector is gone; free the queue (and fd) then.
         weakref.finalize(loop, _free_queue, lib, self._queue)
@@ -69,10 +68,6 @@ class _LoopWaker:
             self._on_ready()
         except Exception as e:  # noqa: BLE001 - whatever called this must not fail for it
             loop.call_exception_handler({"message": "dynamo_ctx: delivering queued events failed", "exception": e})
-
-    def _run_held(self) -> None:
-        self._held_due = False
-        self._lib.run_held()
 
     def _register(self, register: Callable[[int], None]) -> "Tuple[int, asyncio.Future[bool]]":
         """A new token and its future, handed to ``register`` (a library call
@@ -144,7 +139,7 @@ def _free_queue(lib: Any, queue: int) -> None:
         pass
 
 
-def _flush_local(held: bool = False) -> None:
+def _flush_local(ticket: int = 0) -> None:
     """Called by the native module right after this thread cancelled a
     context (the package's ``__init__`` tells ``_lib`` of it, which registers
     it). If the thread runs an event loop with an event queue, what the
@@ -152,28 +147,27 @@ def _flush_local(held: bool = False) -> None:
     handler or waiter) is delivered now instead of after the loop's next poll
     of the fd: one wake-up less for an in-process kill.
 
-    ``held``: the library held the wake-ups of its own threads that the
-    cancel caused (``dc_context_cancel_held``). They run on the loop's next
-    turn, after what was just delivered (an in-process handler's task runs
-    before the library's threads are woken), or now without such a loop; at
-    the latest, the library runs them at the next call that takes a handle.
-    Never raises."""
+    ``ticket`` (not 0): the library held the wake-ups of its own threads that
+    the cancel caused (``dc_context_cancel_held``). They run on the loop's
+    next turn, right after what was just delivered (an in-process handler's
+    task runs before the library's threads are woken), or now without such a
+    loop. Never raises."""
     loop = asyncio._get_running_loop()
     waker = _wakers.get(loop) if loop is not None else None
     if waker is not None:
         waker.deliver(loop)  # type: ignore[arg-type]
-    if not held:
+    if not ticket:
         return
+    lib = native()
     try:
-        if waker is None:
-            native().run_held()  # no loop of this thread's waits on the library
-        elif not waker._held_due:
-            # Once per turn, however many cancels held wake-ups.
-            waker._held_due = True
-            loop.call_soon(waker._run_held)  # type: ignore[union-attr]
+        if waker is not None:
+            loop.call_soon(lib.run_held, ticket)  # type: ignore[union-attr]
+            return
+        lib.run_held(ticket)  # no loop of this thread's waits on the library
     except Exception as e:  # noqa: BLE001 - the cancel that called this must not fail for it
         if loop is not None:
             loop.call_exception_handler({"message": "dynamo_ctx: running held wake-ups failed", "exception": e})
+        # Otherwise the next call that waits runs them (dc_context_cancel_held).
 
 
 def deliver_pending() -> None:

@@ -40,7 +40,7 @@ _native: Optional[ModuleType] = None
 _callbacks: Dict[str, Callable[..., Any]] = {}
 
 
-def set_callbacks(*, exception_for: Callable[[int, str], BaseException], flush_local: Callable[[bool], None]) -> None:
+def set_callbacks(*, exception_for: Callable[[int, str], BaseException], flush_local: Callable[[int], None]) -> None:
     """Tell the library the package's functions its C code calls: registered
     when it loads, or now if it is loaded (a later call replaces them)."""
     with _lock:

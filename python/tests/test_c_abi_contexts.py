@@ -255,19 +255,22 @@ def test_cancel_rejects_bad_state_and_reason(lib):
 def test_cancel_held_is_cancel_for_a_host(lib):
     """dc_context_cancel_held moves the words as dc_context_cancel does and
     refuses what it refuses. A context only C waits on holds nothing (the
-    library's own threads are what it holds: docs/c-abi.md), so *held is 0;
-    dc_run_held with nothing held does nothing."""
+    library's own threads are what it holds: docs/c-abi.md), so *ticket is
+    0; dc_run_held with nothing held runs nothing."""
     parent = new_ctx(lib)
     child = new_child(lib, parent)
-    held = ffi.new("int *", 7)
-    ok(lib, lib.dc_context_cancel_held(parent, DC_KILLED, DC_REASON_SHUTDOWN, held))
-    assert held[0] == 0
+    ticket = ffi.new("uint64_t *", 7)
+    ok(lib, lib.dc_context_cancel_held(parent, DC_KILLED, DC_REASON_SHUTDOWN, ticket))
+    assert ticket[0] == 0
     assert state(lib, parent) == (DC_KILLED, DC_REASON_SHUTDOWN)
     assert state(lib, child) == (DC_KILLED, DC_REASON_PARENT)
-    ok(lib, lib.dc_run_held())
+    ran = ffi.new("size_t *", 7)
+    ok(lib, lib.dc_run_held(2**64 - 1, ran))
+    assert ran[0] == 0
+    ok(lib, lib.dc_run_held(0, ffi.NULL))
     h = new_ctx(lib)
-    expect(lib, lib.dc_context_cancel_held(h, DC_LIVE, DC_REASON_KILL, held), DC_EINVAL, "dc_context_cancel_held")
-    expect(lib, lib.dc_context_cancel_held(h, DC_KILLED, DC_REASON_NONE, held), DC_EINVAL, "dc_context_cancel_held")
+    expect(lib, lib.dc_context_cancel_held(h, DC_LIVE, DC_REASON_KILL, ticket), DC_EINVAL, "dc_context_cancel_held")
+    expect(lib, lib.dc_context_cancel_held(h, DC_KILLED, DC_REASON_NONE, ticket), DC_EINVAL, "dc_context_cancel_held")
     expect(lib, lib.dc_context_cancel_held(h, DC_KILLED, DC_REASON_KILL, ffi.NULL), DC_EINVAL, "dc_context_cancel_held")
     assert state(lib, h) == (DC_LIVE, DC_REASON_NONE)
     free_all(lib, parent, child, h)

@@ -47,7 +47,7 @@ def context_calls(lib, h: int):
         ("dc_context_state", lambda: lib.dc_context_state(h, ffi.new("uint32_t *"))),
         ("dc_context_state_word", lambda: lib.dc_context_state_word(h, ffi.new("uint32_t **"))),
         ("dc_context_cancel", lambda: lib.dc_context_cancel(h, DC_KILLED, DC_REASON_SHUTDOWN)),
-        ("dc_context_cancel_held", lambda: lib.dc_context_cancel_held(h, DC_KILLED, DC_REASON_SHUTDOWN, ffi.new("int *"))),
+        ("dc_context_cancel_held", lambda: lib.dc_context_cancel_held(h, DC_KILLED, DC_REASON_SHUTDOWN, ffi.new("uint64_t *"))),
         ("dc_context_stop_generating", lambda: lib.dc_context_stop_generating(h)),
         ("dc_context_kill", lambda: lib.dc_context_kill(h)),
         ("dc_context_child", lambda: lib.dc_context_child(h, ffi.new("uint64_t *"))),

@@ -9,14 +9,25 @@ package frontend
 //
 // So each connection serving a request is also in an epoll set of the
 // frontend's own (EPOLLRDHUP: the peer's FIN or reset; nothing for its
-// bytes), and a goroutine woken by a timer every hangupPoll reads it
-// without blocking. Timers are run at every scheduling decision, so the
-// goroutine runs within about hangupPoll of its time however busy the Ps
-// are; a hang-up it reads calls the request's onDisconnect, as net/http's
-// cancel does (whichever comes first; the second does nothing). The
-// goroutine runs only while connections are watched, and stops after
-// hangupLinger without any. Where there is no epoll, or the connection has
-// no descriptor, net/http alone tells.
+// bytes), read by one watcher goroutine in two ways:
+//
+//   - busy (a response flushed since the watcher's last look: touch): a
+//     timer wakes it every hangupPoll and it reads the set without
+//     blocking. Timers are run at every scheduling decision, so it runs
+//     within about hangupPoll of its time however busy the Ps are.
+//   - quiet: it waits for the set itself in Go's network poller (the set's
+//     descriptor is readable while a hang-up is in it), which idle Ps
+//     check at once; the next response's write wakes it back to busy.
+//
+// A timer every hangupPoll on an otherwise idle process wakes a thread
+// (and the runtime's sysmon) each time: on the real engine, whose steps
+// leave the frontend idle for 10-20 ms between bursts of tokens, that was
+// a quarter of the frontend's CPU per token at 16 streams. A hang-up the
+// watcher reads calls the request's onDisconnect, as net/http's cancel
+// does (whichever comes first; the second does nothing). The goroutine
+// runs only while connections are watched, and stops after hangupLinger
+// without any. Where there is no epoll, or the connection has no
+// descriptor, net/http alone tells.
 
 import (
 	"context"

@@ -5,7 +5,9 @@ package frontend
 import (
 	"log/slog"
 	"net"
+	"os"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -19,6 +21,16 @@ type hangups struct {
 	next    int32
 	watched map[int32]func() // key (the event's Fd field) -> onGone
 	running bool             // the watcher goroutine runs
+
+	// The set's descriptor in Go's network poller (quiet waits): closed
+	// by close, after epfd is -1, outside mu (see close).
+	file *os.File
+	rc   syscall.RawConn
+	// busy: a response wrote since the watcher last looked (touch);
+	// quiet: the watcher waits in the poller, and the first touch wakes
+	// it (a read deadline in the past).
+	busy, quiet atomic.Bool
+	looks       atomic.Int64 // the watcher's reads of the set (the tests)
 }
 
 // newHangups is the frontend's watcher, or nil where epoll is refused.
@@ -28,7 +40,54 @@ func newHangups() *hangups {
 		slog.Debug("hang-ups are seen by net/http alone: no epoll", "error", err)
 		return nil
 	}
-	return &hangups{epfd: fd, watched: make(map[int32]func())}
+	h := &hangups{epfd: fd, watched: make(map[int32]func())}
+	// Non-blocking, os.NewFile puts it in Go's poller: readable while a
+	// hang-up is in the set.
+	if syscall.SetNonblock(fd, true) == nil {
+		h.file = os.NewFile(uintptr(fd), "hangups")
+		if h.rc, err = h.file.SyscallConn(); err != nil || h.file.SetReadDeadline(time.Time{}) != nil {
+			h.rc = nil // not pollable: the watcher polls on its timer alone
+		}
+	}
+	return h
+}
+
+// touch marks the watcher busy, and wakes it if it waits quiet.
+func (h *hangups) touch() {
+	if h.busy.Load() {
+		return
+	}
+	h.busy.Store(true)
+	if h.quiet.Load() {
+		_ = h.file.SetReadDeadline(time.Unix(1, 0))
+	}
+}
+
+// wait is the watcher's pause before it reads the set: hangupPoll when
+// busy (see touch), else until the set is readable, a touch, or
+// hangupLinger (to see whether it may end).
+func (h *hangups) wait() {
+	if h.busy.Swap(false) || h.rc == nil {
+		time.Sleep(hangupPoll)
+		return
+	}
+	// The deadline first: a touch that sees quiet moves it to the past
+	// after this, so its wake-up is never overwritten.
+	_ = h.file.SetReadDeadline(time.Now().Add(hangupLinger))
+	h.quiet.Store(true)
+	defer h.quiet.Store(false)
+	if h.busy.Load() {
+		return // a touch came meanwhile
+	}
+	first := true
+	_ = h.rc.Read(func(uintptr) bool {
+		// The first call is before any wait: wait once for readiness.
+		if first {
+			first = false
+			return false
+		}
+		return true
+	})
 }
 
 // watch adds c to the set; see Frontend.watchHangup.
@@ -82,13 +141,14 @@ func (h *hangups) watch(c net.Conn, onGone func()) (stop func()) {
 	}
 }
 
-// run reads the set every hangupPoll while anything is watched.
+// run reads the set after each wait while anything is watched.
 func (h *hangups) run() {
 	events := make([]syscall.EpollEvent, 128)
 	var idleSince time.Time
 	var gone []func()
 	for {
-		time.Sleep(hangupPoll)
+		h.wait()
+		h.looks.Add(1)
 		h.mu.Lock()
 		switch {
 		case h.epfd < 0:
@@ -134,10 +194,17 @@ func (h *hangups) close() {
 		return
 	}
 	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.epfd >= 0 {
-		_ = syscall.Close(h.epfd)
-		h.epfd = -1
-		h.watched = map[int32]func(){}
+	fd := h.epfd
+	h.epfd = -1
+	h.watched = map[int32]func(){}
+	h.mu.Unlock()
+	switch {
+	case fd < 0:
+	case h.file != nil:
+		// Outside mu: the close waits for a watcher in the poller, which
+		// returns, then takes mu to see the set closed.
+		_ = h.file.Close()
+	default:
+		_ = syscall.Close(fd)
 	}
 }

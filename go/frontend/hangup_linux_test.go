@@ -112,3 +112,66 @@ func TestHangupWatcherStops(t *testing.T) {
 	stop = h.watch(s, func() { t.Error("watched after close") })
 	stop()
 }
+
+// Quiet (no response writes), the watcher waits in Go's network poller:
+// it sees a hang-up at once, without reading its set on a timer meanwhile.
+// Busy (writes: touch), it reads the set every hangupPoll, and sees a
+// hang-up as well.
+func TestHangupWatcherQuietAndBusy(t *testing.T) {
+	h := newHangups()
+	require.NotNil(t, h)
+	defer h.close()
+	require.NotNil(t, h.rc, "the epoll set is not in Go's poller")
+
+	c1, gone1 := watched(t, h)
+	time.Sleep(10 * hangupPoll) // the watcher settles into its quiet wait
+	before := h.looks.Load()
+	time.Sleep(20 * hangupPoll)
+	// A timer every hangupPoll would have read it 20 times; the quiet
+	// wait reads it once per hangupLinger at most.
+	require.LessOrEqual(t, h.looks.Load()-before, int64(2), "the quiet watcher polled")
+	require.NoError(t, c1.Close())
+	seenGone(t, gone1, "the quiet watcher")
+
+	// Busy: every touch keeps it reading on its timer.
+	c2, gone2 := watched(t, h)
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(hangupPoll / 4):
+				h.touch()
+			}
+		}
+	}()
+	before = h.looks.Load()
+	time.Sleep(20 * hangupPoll)
+	require.Greater(t, h.looks.Load()-before, int64(5), "the busy watcher did not poll")
+	require.NoError(t, c2.Close())
+	seenGone(t, gone2, "the busy watcher")
+	close(stop)
+	<-done
+}
+
+// watched is the client side of a connection that h watches, and the
+// channel its onGone closes.
+func watched(t *testing.T, h *hangups) (net.Conn, chan struct{}) {
+	s, c := tcpPair(t)
+	gone := make(chan struct{})
+	t.Cleanup(h.watch(s, func() { close(gone) }))
+	return c, gone
+}
+
+// seenGone waits for a watched connection's onGone.
+func seenGone(t *testing.T, gone chan struct{}, who string) {
+	t.Helper()
+	select {
+	case <-gone:
+	case <-time.After(5 * time.Second):
+		t.Fatalf("a hang-up not seen by %s", who)
+	}
+}

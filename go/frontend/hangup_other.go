@@ -12,3 +12,5 @@ func newHangups() *hangups { return nil }
 func (h *hangups) watch(net.Conn, func()) func() { return func() {} }
 
 func (h *hangups) close() {}
+
+func (h *hangups) touch() {}

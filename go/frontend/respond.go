@@ -58,6 +58,7 @@ type stallWriter struct {
 	stall  time.Duration
 	armed  time.Time // when the write deadline was last pushed back
 	failed bool
+	h      *hangups // told of every flush (hangups.touch); nil: none
 }
 
 // arm pushes the write deadline back; at most once a second (the deadline
@@ -88,6 +89,9 @@ func (s *stallWriter) Flush() bool {
 		return false
 	}
 	s.arm()
+	if s.h != nil {
+		s.h.touch() // the hang-up watcher polls while responses write
+	}
 	if err := s.ctl.Flush(); err != nil {
 		s.failed = true
 	}

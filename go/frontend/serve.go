@@ -385,7 +385,7 @@ func (f *Frontend) respond(w http.ResponseWriter, r *http.Request, in *incoming,
 	// (Do returns only when f has), so the pending entry exists before the
 	// streams are killed. A choice whose stream is complete (written out, or
 	// ended by the worker) cancelled nothing.
-	out := &stallWriter{w: w, ctl: in.ctl, stall: f.opts.WriteStallTimeout}
+	out := &stallWriter{w: w, ctl: in.ctl, stall: f.opts.WriteStallTimeout, h: f.hangups}
 	// The response loop's context: r.Context(), and also cancelled by the
 	// disconnect handler before it kills anything. A stream that the
 	// handler killed ends as cleanly as a finished one; the loop must see

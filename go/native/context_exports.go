@@ -153,6 +153,12 @@ func dc_context_cancel(h C.uint64_t, state C.uint32_t, reason C.uint32_t) C.int 
 }
 
 func cancelContext(name string, h C.uint64_t, state C.uint32_t, reason C.uint32_t) (rc C.int) {
+	return cancelHolding(name, h, state, reason, nil)
+}
+
+// cancelHolding is the export of a cancel whose wake-ups go to held (nil:
+// none are held; see held_exports.go).
+func cancelHolding(name string, h C.uint64_t, state C.uint32_t, reason C.uint32_t, held *ctxtree.Held) (rc C.int) {
 	defer guard(name, &rc)
 	st, r, rc := cancelArgs(name, state, reason)
 	if rc != C.DC_OK {
@@ -162,7 +168,7 @@ func cancelContext(name string, h C.uint64_t, state C.uint32_t, reason C.uint32_
 	if rc != C.DC_OK {
 		return rc
 	}
-	c.Cancel(st, r)
+	c.CancelHolding(st, r, held)
 	return C.DC_OK
 }
 

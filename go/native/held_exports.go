@@ -89,16 +89,10 @@ func dc_context_cancel_held(h C.uint64_t, state C.uint32_t, reason C.uint32_t, t
 		return fail(C.DC_EINVAL, "%s: ticket must not be NULL", name)
 	}
 	*ticket = 0
-	st, r, rc := cancelArgs(name, state, reason)
-	if rc != C.DC_OK {
-		return rc
-	}
-	c, rc := get(contexts, name, h)
-	if rc != C.DC_OK {
-		return rc
-	}
 	var wakes ctxtree.Held
-	c.CancelHolding(st, r, &wakes)
+	if rc := cancelHolding(name, h, state, reason, &wakes); rc != C.DC_OK {
+		return rc
+	}
 	if wakes.Len() > 0 {
 		*ticket = C.uint64_t(holdWakes(&wakes))
 	}

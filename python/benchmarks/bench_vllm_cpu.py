@@ -333,11 +333,24 @@ def serving_cpu(r: Dict[str, Any]) -> float:
     return sum(v for k, v in per.items() if k not in ("engine-core", "nats"))
 
 
+def serving_cpu_per_token(t: Dict[str, Any]) -> float:
+    """A throughput run's serving processes' CPU microseconds per token: as
+    serving_cpu, everything but the engine core and our NATS host."""
+    return 1000 * sum(v for k, v in t["cpu_s_per_1k_tokens"].items() if k not in ("engine-core", "nats"))
+
+
 def _throughput_row(r: Dict[str, Any], t: Dict[str, Any], results: List[Dict[str, Any]]) -> str:
-    cpu = ", ".join(f"{k} {v:.2f}" for k, v in sorted(t["cpu_s_per_1k_tokens"].items()))
+    cpu = ", ".join(f"{k} {1000 * v:.1f}" for k, v in sorted(t["cpu_s_per_1k_tokens"].items()))
     lo, hi = t["tokens_per_s_range"]
+    ratios = ""
+    if r["stack"] == "ours":
+        theirs = [(o["stack"], e) for o in results if o["model"] == r["model"] and o["stack"] != "ours"
+                  for e in o.get("throughput", []) if e["streams"] == t["streams"]]
+        ratios = "; ".join(f"{serving_cpu_per_token(t) / serving_cpu_per_token(e):.2f}x {s}'s" for s, e in theirs
+                           if serving_cpu_per_token(e) > 0)
     return (f"| {r['model']} | {r['stack']} | {t['streams']} | {t['tokens_per_s']:.0f} ({lo:.0f}-{hi:.0f}) | "
-            f"{t['ttft_p50_ms']:.0f} / {t['ttft_p99_ms']:.0f} | {t['itl_p50_ms']:.1f} / {t['itl_p99_ms']:.1f} | {cpu} |")
+            f"{t['ttft_p50_ms']:.0f} / {t['ttft_p99_ms']:.0f} | {t['itl_p50_ms']:.1f} / {t['itl_p99_ms']:.1f} | "
+            f"{serving_cpu_per_token(t):.1f} | {cpu} | {ratios} |")
 
 
 def _abort_row(r: Dict[str, Any], a: Dict[str, Any], results: List[Dict[str, Any]]) -> str:
@@ -358,8 +371,9 @@ def _short_row(r: Dict[str, Any], sh: Dict[str, Any], results: List[Dict[str, An
 
 #: Each figure's table: its key in a result, its header, and how a row is written.
 TABLES = [
-    ("throughput", "| model | stack | streams | tokens/s (median; range) | TTFT p50 / p99 ms | ITL p50 / p99 ms | CPU s per 1k tokens |\n"
-     "|---|---|--:|--:|--:|--:|---|", _throughput_row),
+    ("throughput", "| model | stack | streams | tokens/s (median; range) | TTFT p50 / p99 ms | ITL p50 / p99 ms "
+     "| serving CPU us per token | CPU us per token, by process | ours against |\n"
+     "|---|---|--:|--:|--:|--:|--:|---|---|", _throughput_row),
     ("aborts", "| model | stack | phase | closed after ms | disconnect -> abort p50 ms | p99 ms | n | no abort seen |\n"
      "|---|---|---|--:|--:|--:|--:|--:|", _abort_row),
     ("goodput", "| model | stack | completed/s (30% of clients leave) | completed | abandoned | failed |\n"

@@ -325,18 +325,21 @@ def run_in_namespace(stack: str, model: str, phases: List[str]) -> Dict[str, Any
         return json.loads(out.read_text())
 
 
-def serving_cpu(r: Dict[str, Any]) -> float:
-    """A stack's serving processes' CPU microseconds per short request: everything but
+def serving(per_process: Dict[str, float]) -> float:
+    """The serving processes' share of a figure given per process: everything but
     the engine core (ours without its NATS host, which Dynamo's file discovery has no
     counterpart of; vLLM's server is one process)."""
-    per = r["short"]["cpu_us_per_request"]
-    return sum(v for k, v in per.items() if k not in ("engine-core", "nats"))
+    return sum(v for k, v in per_process.items() if k not in ("engine-core", "nats"))
+
+
+def serving_cpu(r: Dict[str, Any]) -> float:
+    """A stack's serving processes' CPU microseconds per short request."""
+    return serving(r["short"]["cpu_us_per_request"])
 
 
 def serving_cpu_per_token(t: Dict[str, Any]) -> float:
-    """A throughput run's serving processes' CPU microseconds per token: as
-    serving_cpu, everything but the engine core and our NATS host."""
-    return 1000 * sum(v for k, v in t["cpu_s_per_1k_tokens"].items() if k not in ("engine-core", "nats"))
+    """A throughput run's serving processes' CPU microseconds per token."""
+    return 1000 * serving(t["cpu_s_per_1k_tokens"])
 
 
 def _throughput_row(r: Dict[str, Any], t: Dict[str, Any], results: List[Dict[str, Any]]) -> str:

@@ -6,7 +6,6 @@ import (
 	"io"
 	"net/http"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -56,17 +55,17 @@ func benchRequestByFleet(b *testing.B, workers int) {
 	}
 	// What the fleet costs the process with no request (its leases'
 	// heartbeats), taken out of the requests' CPU.
-	idle0, t0 := cpuTime(), time.Now()
+	idle0, t0 := planetest.CPUTime(), time.Now()
 	time.Sleep(time.Second)
-	idle := float64(cpuTime()-idle0) / float64(time.Since(t0))
+	idle := float64(planetest.CPUTime()-idle0) / float64(time.Since(t0))
 	b.ReportAllocs()
-	cpu0, start := cpuTime(), time.Now()
+	cpu0, start := planetest.CPUTime(), time.Now()
 	b.ResetTimer()
 	for b.Loop() {
 		post()
 	}
 	b.StopTimer()
-	busy := float64(cpuTime()-cpu0) - idle*float64(time.Since(start))
+	busy := float64(planetest.CPUTime()-cpu0) - idle*float64(time.Since(start))
 	b.ReportMetric(busy/1e3/float64(b.N), "cpu-us/op")
 	b.ReportMetric(idle*100, "idle-cpu-%")
 }
@@ -85,11 +84,4 @@ func healthInstances(e *env) int {
 		return -1
 	}
 	return h.Instances
-}
-
-// cpuTime is this process's user + system time.
-func cpuTime() time.Duration {
-	var ru syscall.Rusage
-	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }

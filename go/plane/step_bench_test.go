@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -32,18 +31,13 @@ func BenchmarkStepBursts(b *testing.B) {
 		}
 		req.Complete()
 	})
-	cpu := func() time.Duration {
-		var ru syscall.Rusage
-		_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
-		return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-	}
 	b.ResetTimer()
 	var used time.Duration
 	for range b.N {
 		start = time.Now().Add(20 * time.Millisecond)
 		var wg sync.WaitGroup
 		errs := make(chan error, streams)
-		c0 := cpu()
+		c0 := planetest.CPUTime()
 		for range streams {
 			wg.Add(1)
 			go func() {
@@ -71,7 +65,7 @@ func BenchmarkStepBursts(b *testing.B) {
 			}()
 		}
 		wg.Wait()
-		used += cpu() - c0
+		used += planetest.CPUTime() - c0
 		close(errs)
 		for err := range errs {
 			b.Fatal(err)

@@ -26,17 +26,15 @@ import "C"
 import (
 	"math"
 	"sync"
-	"sync/atomic"
 
 	"github.com/dynamo-ctx/dynamo-ctx/go/ctxtree"
 )
 
 // held is what cancels hold, in ticket order.
 var held struct {
-	mu      sync.Mutex
-	list    []heldCancel
-	last    uint64      // the last ticket given
-	pending atomic.Bool // list is not empty: one load for a call with nothing held
+	mu   sync.Mutex
+	list []heldCancel
+	last uint64 // the last ticket given
 }
 
 type heldCancel struct {
@@ -51,16 +49,12 @@ func holdWakes(h *ctxtree.Held) uint64 {
 	defer held.mu.Unlock()
 	held.last++
 	held.list = append(held.list, heldCancel{held.last, h})
-	held.pending.Store(true)
 	return held.last
 }
 
 // runHeld runs the held wake-ups whose ticket is at most upto, oldest
 // first, and returns how many cancels' wake-ups it ran.
 func runHeld(upto uint64) int {
-	if !held.pending.Load() {
-		return 0
-	}
 	held.mu.Lock()
 	n := 0
 	for n < len(held.list) && held.list[n].ticket <= upto {
@@ -68,7 +62,6 @@ func runHeld(upto uint64) int {
 	}
 	run := held.list[:n:n]
 	held.list = held.list[n:]
-	held.pending.Store(len(held.list) > 0)
 	held.mu.Unlock()
 	for _, c := range run {
 		c.wakes.Run()

@@ -152,10 +152,7 @@ def _flush_local(ticket: int = 0) -> None:
     next turn, right after what was just delivered (an in-process handler's
     task runs before the library's threads are woken), or now without such a
     loop. Never raises."""
-    loop = asyncio._get_running_loop()
-    waker = _wakers.get(loop) if loop is not None else None
-    if waker is not None:
-        waker.deliver(loop)  # type: ignore[arg-type]
+    loop, waker = _deliver_running()
     if not ticket:
         return
     lib = native()
@@ -179,12 +176,17 @@ def deliver_pending() -> None:
     One ``read`` of the fd when nothing is queued; never raises (an error
     goes to the loop's exception handler, and the fd's callback delivers
     what is left)."""
+    _deliver_running()
+
+
+def _deliver_running() -> "Tuple[Optional[asyncio.AbstractEventLoop], Optional[_LoopWaker]]":
+    """deliver_pending's work; returns the running loop and its waker (None
+    where there is none), for _flush_local."""
     loop = asyncio._get_running_loop()
-    if loop is None:
-        return
-    waker = _wakers.get(loop)
+    waker = _wakers.get(loop) if loop is not None else None
     if waker is not None:
-        waker.deliver(loop)
+        waker.deliver(loop)  # type: ignore[arg-type]
+    return loop, waker
 
 
 def _waker(loop: Optional[asyncio.AbstractEventLoop] = None) -> _LoopWaker:

@@ -93,11 +93,15 @@ def _iter_files(top: Path) -> Iterator[Path]:
 
 
 def _go_inputs() -> List[Path]:
+    """The build's inputs, and the folders that hold them: removing or renaming
+    a file changes only its folder's mtime."""
     inputs = [ROOT / "go.mod", ROOT / "go.sum"]
     inputs = [p for p in inputs if p.is_file()]
     go_dir = ROOT / "go"
     if go_dir.is_dir():
-        inputs.extend(p for p in _iter_files(go_dir) if p.is_file())
+        files = [p for p in _iter_files(go_dir) if p.is_file()]
+        inputs.extend(files)
+        inputs.extend(sorted({p.parent for p in files} | {go_dir}))
     return inputs
 
 

@@ -172,3 +172,29 @@ def test_every_module_file_sees_the_weak_symbols_and_the_guard():
         assert "Python.h" not in f.read_text("utf-8") and "py_native.h" not in f.read_text("utf-8"), f.name
     header = (native / "py_native.h").read_text("utf-8")
     assert "__has_include(<Python.h>)" in header and "#pragma weak" in header
+
+
+def test_removing_a_go_file_makes_the_library_stale(tmp_path, monkeypatch):
+    """build.py rebuilds when a Go file is removed: a removal changes only its
+    folder's mtime, so the folders count among the inputs."""
+    sys.path.insert(0, str(ROOT))
+    try:
+        import build
+    finally:
+        sys.path.remove(str(ROOT))
+    pkg = tmp_path / "go" / "pkg"
+    pkg.mkdir(parents=True)
+    (tmp_path / "go.mod").write_text("module x\n")
+    extra = pkg / "extra.go"
+    extra.write_text("package pkg\n")
+    (pkg / "a.go").write_text("package pkg\n")
+    lib, header = tmp_path / "lib.so", tmp_path / "lib.h"
+    monkeypatch.setattr(build, "ROOT", tmp_path)
+    past = 1_000_000_000
+    for p in [tmp_path / "go.mod", extra, pkg / "a.go", pkg, tmp_path / "go"]:
+        os.utime(p, (past, past))
+    lib.write_bytes(b"")
+    header.write_bytes(b"")
+    assert build._is_up_to_date(lib, header)
+    extra.unlink()
+    assert not build._is_up_to_date(lib, header)

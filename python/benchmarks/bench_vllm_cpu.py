@@ -75,23 +75,55 @@ def pct(xs: List[float], p: float) -> float:
 # --------------------------------------------------------------------------- inside a namespace
 
 
-def cpu_by_role(roots: Dict[str, int]) -> Dict[str, float]:
-    """CPU seconds (user + system) so far of each role's process and, for the engine,
-    its processes (vLLM's EngineCore and its worker, wherever they run)."""
+def _processes(roots: Dict[str, int]) -> List[Tuple[str, Any]]:
+    """(role, process) for each role's process and its children: a child that is
+    vLLM's EngineCore or its worker counts as the engine, wherever it runs."""
     import psutil
 
-    out: Dict[str, float] = {}
+    out = []
     for role, pid in roots.items():
         try:
             p = psutil.Process(pid)
-            t = p.cpu_times()
-            out[role] = out.get(role, 0.0) + t.user + t.system
-            for k in p.children(recursive=True):
-                kt = k.cpu_times()
-                name = "engine-core" if is_engine_process(k) else role
-                out[name] = out.get(name, 0.0) + kt.user + kt.system
+            out.append((role, p))
+            out.extend(("engine-core" if is_engine_process(k) else role, k) for k in p.children(recursive=True))
         except psutil.Error:
             continue
+    return out
+
+
+def cpu_by_role(roots: Dict[str, int]) -> Dict[str, float]:
+    """CPU seconds (user + system) so far of each role's processes (``_processes``)."""
+    import psutil
+
+    out: Dict[str, float] = {}
+    for role, p in _processes(roots):
+        try:
+            t = p.cpu_times()
+        except psutil.Error:
+            continue
+        out[role] = out.get(role, 0.0) + t.user + t.system
+    return out
+
+
+def switches_by_role(roots: Dict[str, int]) -> Dict[str, Tuple[int, int]]:
+    """Each role's thread switches so far, (voluntary, involuntary), summed over the
+    live threads of its processes: a voluntary one is a thread that went to sleep
+    and was woken; an involuntary one, a thread preempted while it could run (on
+    two CPUs, mostly the engine's threads losing their CPU to another process)."""
+    out: Dict[str, Tuple[int, int]] = {}
+    for role, p in _processes(roots):
+        vol = inv = 0
+        for task in Path(f"/proc/{p.pid}/task").glob("*"):
+            try:
+                for line in (task / "status").read_text().splitlines():
+                    if line.startswith("voluntary_ctxt_switches:"):
+                        vol += int(line.split()[1])
+                    elif line.startswith("nonvoluntary_ctxt_switches:"):
+                        inv += int(line.split()[1])
+            except OSError:
+                continue  # the thread ended
+        v0, i0 = out.get(role, (0, 0))
+        out[role] = (v0 + vol, i0 + inv)
     return out
 
 
@@ -170,28 +202,38 @@ async def one(hp: Tuple[str, int], prompt: str, max_tokens: int, stop_after: Any
 
 async def throughput(hp: Tuple[str, int], roots: Dict[str, int], c: int) -> Dict[str, Any]:
     prompts = [f"Stream {i} of {c} at {time.time()}: tell a story about the number {i}" for i in range(c)]
-    cpu0 = cpu_by_role(roots)
+    cpu0, sw0 = cpu_by_role(roots), switches_by_role(roots)
     t0 = time.monotonic()
     results = await asyncio.gather(*[one(hp, p, TOKENS) for p in prompts])
     wall = time.monotonic() - t0
-    cpu1 = cpu_by_role(roots)
+    cpu1, sw1 = cpu_by_role(roots), switches_by_role(roots)
     bad = [r for r in results if r.status != 200 or r.finish != "length"]
     tokens = sum(len(r.stamps) for r in results)  # chunks; each carries one token or more
     tokens = c * TOKENS if not bad else tokens
     ttft = [r.first_item - t0 for r in results if r.stamps]
     itl = [b - a for r in results for a, b in zip(r.stamps, r.stamps[1:])]
-    per_k = {role: (cpu1.get(role, 0.0) - cpu0.get(role, 0.0)) / tokens * 1000 for role in cpu1}
+    cpu = {role: cpu1.get(role, 0.0) - cpu0.get(role, 0.0) for role in cpu1}
+    sw = {role: [a - b for a, b in zip(sw1[role], sw0.get(role, (0, 0)))] for role in sw1}
     return {"streams": c, "failed": len(bad), "tokens_per_s": tokens / wall, "ttft_p50_ms": pct(ttft, 50) * 1e3,
             "ttft_p99_ms": pct(ttft, 99) * 1e3, "itl_p50_ms": pct(itl, 50) * 1e3, "itl_p99_ms": pct(itl, 99) * 1e3,
-            "cpu_s_per_1k_tokens": per_k}
+            "tokens": tokens, "cpu_s": cpu, "switches": sw}
 
 
 async def repeated(hp: Tuple[str, int], roots: Dict[str, int], c: int) -> Dict[str, Any]:
     """``throughput`` REPEATS times: the run of median tokens/s (a lone stall of the
-    engine, which either stack can meet, makes one short run an outlier)."""
+    engine, which either stack can meet, makes one short run an outlier), with the
+    CPU and thread switches per token of all the runs together (the kernel counts
+    CPU time in ticks of 10 ms: one run's tokens are too few for its figure)."""
     runs = sorted([await throughput(hp, roots, c) for _ in range(REPEATS)], key=lambda r: r["tokens_per_s"])
     mid = dict(runs[len(runs) // 2])
     mid["tokens_per_s_range"] = (runs[0]["tokens_per_s"], runs[-1]["tokens_per_s"])
+    tokens = sum(r["tokens"] for r in runs)
+    roles = {k for r in runs for k in r["cpu_s"]}
+    mid["cpu_s_per_1k_tokens"] = {k: sum(r["cpu_s"].get(k, 0.0) for r in runs) / tokens * 1000 for k in roles}
+    mid["switches_per_1k_tokens"] = {k: [sum(r["switches"].get(k, (0, 0))[j] for r in runs) / tokens * 1000 for j in (0, 1)]
+                                     for k in {k for r in runs for k in r["switches"]}}
+    for k in ("cpu_s", "switches", "tokens"):
+        del mid[k]
     return mid
 
 
@@ -351,9 +393,10 @@ def _throughput_row(r: Dict[str, Any], t: Dict[str, Any], results: List[Dict[str
                   for e in o.get("throughput", []) if e["streams"] == t["streams"]]
         ratios = "; ".join(f"{serving_cpu_per_token(t) / serving_cpu_per_token(e):.2f}x {s}'s" for s, e in theirs
                            if serving_cpu_per_token(e) > 0)
+    sw = ", ".join(f"{k} {v:.0f}/{i:.0f}" for k, (v, i) in sorted(t.get("switches_per_1k_tokens", {}).items()))
     return (f"| {r['model']} | {r['stack']} | {t['streams']} | {t['tokens_per_s']:.0f} ({lo:.0f}-{hi:.0f}) | "
             f"{t['ttft_p50_ms']:.0f} / {t['ttft_p99_ms']:.0f} | {t['itl_p50_ms']:.1f} / {t['itl_p99_ms']:.1f} | "
-            f"{serving_cpu_per_token(t):.1f} | {cpu} | {ratios} |")
+            f"{serving_cpu_per_token(t):.1f} | {cpu} | {ratios} | {sw or '-'} |")
 
 
 def _abort_row(r: Dict[str, Any], a: Dict[str, Any], results: List[Dict[str, Any]]) -> str:
@@ -375,8 +418,9 @@ def _short_row(r: Dict[str, Any], sh: Dict[str, Any], results: List[Dict[str, An
 #: Each figure's table: its key in a result, its header, and how a row is written.
 TABLES = [
     ("throughput", "| model | stack | streams | tokens/s (median; range) | TTFT p50 / p99 ms | ITL p50 / p99 ms "
-     "| serving CPU us per token | CPU us per token, by process | ours against |\n"
-     "|---|---|--:|--:|--:|--:|--:|---|---|", _throughput_row),
+     "| serving CPU us per token | CPU us per token, by process | ours against "
+     "| thread switches per 1k tokens, voluntary/involuntary, by process |\n"
+     "|---|---|--:|--:|--:|--:|--:|---|---|---|", _throughput_row),
     ("aborts", "| model | stack | phase | closed after ms | disconnect -> abort p50 ms | p99 ms | n | no abort seen |\n"
      "|---|---|---|--:|--:|--:|--:|--:|", _abort_row),
     ("goodput", "| model | stack | completed/s (30% of clients leave) | completed | abandoned | failed |\n"

@@ -58,6 +58,9 @@ func (e *EventQueue) DrainAfter() int { return e.q.DrainAfter() }
 // Push queues tok directly (no watch involved); ErrClosed after Close.
 func (e *EventQueue) Push(tok uint64) error { return e.q.Push(tok) }
 
+// Capture opens a capture of the queue's tokens (see TokenQueue.Capture).
+func (e *EventQueue) Capture() (end func() []uint64) { return e.q.Capture() }
+
 // Drain moves up to len(dst) tokens, oldest first, into dst (see TokenQueue.Drain).
 func (e *EventQueue) Drain(dst []uint64) (n int, more bool) { return e.q.Drain(dst) }
 

@@ -31,11 +31,16 @@ import (
 //   - Push never blocks (the pipe is non-blocking) and writes nothing while
 //     tokens wait in memory.
 //   - Safety: every method may be called from any goroutine or thread.
+//   - Capture: while a Capture is open, Push hands tokens to it instead of
+//     the pipe; its end returns them, in Push order, and whoever opened it
+//     delivers them. They are not ordered with tokens pushed before it.
 //   - Closing: after Close, Push returns ErrClosed, Drain returns 0, false, and
 //     both descriptors are released. Close is idempotent.
 type TokenQueue struct {
 	mu       sync.Mutex
 	over     []uint64 // tokens that did not fit in the pipe, oldest first
+	caught   []uint64 // tokens pushed while a Capture is open
+	catching bool     // a Capture is open
 	closed   bool
 	rfd, wfd int
 	capacity int // the pipe's capacity in bytes
@@ -95,6 +100,10 @@ func (q *TokenQueue) Push(tok uint64) error {
 	if q.closed {
 		return ErrClosed
 	}
+	if q.catching {
+		q.caught = append(q.caught, tok)
+		return nil
+	}
 	if len(q.over) > 0 {
 		q.over = append(q.over, tok)
 		return nil
@@ -106,6 +115,39 @@ func (q *TokenQueue) Push(tok uint64) error {
 		q.over = append(q.over, tok)
 	}
 	return err
+}
+
+// Capture makes Push keep tokens for the returned end function instead of
+// writing them to the pipe, until end is called; end returns them, oldest
+// first (nil for none), and the caller must deliver them (or Push them
+// again). It is for a reader that pushes tokens to its own queue from its own
+// thread (a cancel made by the event loop that reads this queue): they reach
+// it without a write and a read of the pipe. Only one Capture is open at a
+// time: a Capture made while another is open catches nothing (its end
+// returns nil; the open one gets the tokens). After Close, end returns nil;
+// a second call of end returns nil and ends nothing.
+func (q *TokenQueue) Capture() (end func() []uint64) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.catching || q.closed {
+		return func() []uint64 { return nil }
+	}
+	q.catching = true
+	ended := false
+	return func() []uint64 {
+		q.mu.Lock()
+		defer q.mu.Unlock()
+		if ended {
+			return nil // a later capture is not this one's to end
+		}
+		ended = true
+		caught := q.caught
+		q.caught, q.catching = nil, false
+		if q.closed {
+			return nil
+		}
+		return caught
+	}
 }
 
 // Drain moves up to len(dst) tokens, oldest first, into dst: those in the
@@ -152,6 +194,6 @@ func (q *TokenQueue) Close() error {
 		return nil
 	}
 	q.closed = true
-	q.over = nil
+	q.over, q.caught = nil, nil
 	return errors.Join(syscall.Close(q.wfd), syscall.Close(q.rfd))
 }

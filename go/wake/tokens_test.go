@@ -196,3 +196,76 @@ func TestDrainAfter(t *testing.T) {
 	assert.Equal(t, 64<<10, q.capacity, "the size asked for")
 	assert.Equal(t, q.capacity-os.Getpagesize(), q.DrainAfter())
 }
+
+// A Capture takes what Push gets while it is open, in order, and the pipe
+// none of it; once it ends, Push writes to the pipe again. A second Capture
+// while one is open catches nothing; after Close, end returns nil.
+func TestCapture(t *testing.T) {
+	q := newTokens(t)
+	require.NoError(t, q.Push(1))
+	end := q.Capture()
+	inner := q.Capture()
+	for _, tok := range seq(10, 3) {
+		require.NoError(t, q.Push(tok))
+	}
+	assert.Nil(t, inner(), "the open capture gets the tokens")
+	assert.Equal(t, seq(10, 3), end())
+	assert.Nil(t, end(), "ended: nothing more")
+	require.NoError(t, q.Push(2))
+	got, _ := readLikeALoop(t, q)
+	assert.Equal(t, []uint64{1, 2}, got, "the pipe has what came before and after")
+
+	end = q.Capture()
+	require.NoError(t, q.Push(3))
+	require.NoError(t, q.Close())
+	assert.Nil(t, end(), "closed: the capture returns nothing")
+}
+
+// Tokens that other goroutines push while a capture is open are in it or
+// in the pipe: none is lost or doubled, each pusher's in order.
+func TestCaptureWithConcurrentPushers(t *testing.T) {
+	q := newTokens(t)
+	const pushers, each = 4, 3000
+	var wg sync.WaitGroup
+	for p := range pushers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range each {
+				assert.NoError(t, q.Push(uint64(p)<<32|uint64(i)))
+			}
+		}()
+	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	seen := map[uint64]bool{}
+	take := func(got []uint64) {
+		for _, tok := range got {
+			require.False(t, seen[tok], "token %x twice", tok)
+			seen[tok] = true
+		}
+	}
+	for finished := false; !finished; {
+		select {
+		case <-done:
+			finished = true
+		default:
+		}
+		end := q.Capture()
+		caught := end()
+		last := map[uint64]uint64{}
+		for _, tok := range caught {
+			p, i := tok>>32, tok&0xffffffff
+			if prev, ok := last[p]; ok {
+				require.Greater(t, i, prev, "a capture keeps each pusher's order")
+			}
+			last[p] = i
+		}
+		take(caught)
+		got, _ := readLikeALoop(t, q)
+		take(got)
+	}
+	got, _ := readLikeALoop(t, q)
+	take(got)
+	assert.Len(t, seen, pushers*each)
+}

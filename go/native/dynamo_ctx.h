@@ -232,6 +232,20 @@ int dc_context_cancel(uint64_t h, uint32_t state, uint32_t reason);
    Errors: those of dc_context_cancel; DC_EINVAL for a NULL ticket. */
 int dc_context_cancel_held(uint64_t h, uint32_t state, uint32_t reason, uint64_t *ticket);
 
+/* dc_context_cancel_held for a host whose event loop reads the event queue
+   q (see dc_queue_new) on the calling thread: the tokens the cancel pushes
+   to q (the watches it fires there: an in-process handler's, a waiter's)
+   are not written to q's fd but stored in toks, at most capacity of them,
+   and *ntoks is set to how many; the host delivers them itself, at once,
+   without reading the fd. Tokens past capacity, and any token that another
+   thread pushes to q during the call, reach q as usual or are in toks.
+   Tokens in toks are not ordered with those already in the fd.
+   Errors: those of dc_context_cancel_held (nothing is cancelled, *ntoks is
+   0); DC_EBADF for q; DC_EINVAL for a NULL ntoks, or a NULL toks with a
+   capacity. */
+int dc_context_cancel_local(uint64_t h, uint32_t state, uint32_t reason, uint64_t q, uint64_t *toks, size_t capacity,
+                            size_t *ntoks, uint64_t *ticket);
+
 /* Runs, oldest first, the wake-ups dc_context_cancel_held held with a
    ticket of at most upto (UINT64_MAX: all), and stores in *ran (if not
    NULL) how many cancels' wake-ups it ran. Never fails. */
@@ -334,6 +348,11 @@ int dc_queue_drain(uint64_t q, uint64_t *buf, size_t cap, size_t *n);
    has, the token is pushed at once. Errors: DC_EBADF for either handle,
    DC_EINVAL for another state, DC_EEXIST if token is already pending on q. */
 int dc_context_watch(uint64_t h, uint64_t q, uint32_t state, uint64_t token);
+
+/* Pushes n tokens onto queue q, in order, as fired watches would: for a
+   host that took tokens from dc_context_cancel_local and cannot deliver them
+   itself. Errors: DC_EBADF, DC_EINVAL for a NULL toks with n > 0. */
+int dc_queue_push(uint64_t q, const uint64_t *toks, size_t n);
 
 /* Cancels a pending watch. Errors: DC_EBADF, DC_ENOENT if token is not pending
    (never registered, or already fired: then it is in, or was drained from, the

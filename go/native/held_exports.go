@@ -26,6 +26,7 @@ import "C"
 import (
 	"math"
 	"sync"
+	"unsafe"
 
 	"github.com/dynamo-ctx/dynamo-ctx/go/ctxtree"
 )
@@ -102,4 +103,49 @@ func dc_run_held(upto C.uint64_t, ran *C.size_t) (rc C.int) {
 		*ran = C.size_t(n)
 	}
 	return C.DC_OK
+}
+
+// dc_context_cancel_local: see dynamo_ctx.h, the reference.
+//
+//export dc_context_cancel_local
+func dc_context_cancel_local(h C.uint64_t, state C.uint32_t, reason C.uint32_t, q C.uint64_t, toks *C.uint64_t, capacity C.size_t, ntoks *C.size_t, ticket *C.uint64_t) (rc C.int) {
+	const name = "dc_context_cancel_local"
+	defer guard(name, &rc)
+	if ntoks != nil {
+		*ntoks = 0
+	}
+	if ticket != nil {
+		*ticket = 0
+	}
+	if ticket == nil || ntoks == nil || (toks == nil && capacity > 0) {
+		return fail(C.DC_EINVAL, "%s: ticket and ntoks must not be NULL, nor toks with a capacity", name)
+	}
+	e, rc := get(queues, name, q)
+	if rc != C.DC_OK {
+		return rc
+	}
+	end := e.Capture()
+	var wakes ctxtree.Held
+	rc = cancelHolding(name, h, state, reason, &wakes) // recovers its own panics
+	caught := end()
+	n := 0
+	// What toks cannot hold, and on an error whatever other goroutines
+	// pushed meanwhile: the fd delivers it (deferred: whatever happens below).
+	defer func() {
+		for _, tok := range caught[n:] {
+			_ = e.Push(tok) // only fails once the queue is freed
+		}
+	}()
+	if rc == C.DC_OK {
+		n = len(caught)
+		if uint64(capacity) < uint64(n) {
+			n = int(capacity)
+		}
+		copy(unsafe.Slice((*uint64)(unsafe.Pointer(toks)), n), caught)
+		*ntoks = C.size_t(n)
+		if wakes.Len() > 0 {
+			*ticket = C.uint64_t(holdWakes(&wakes))
+		}
+	}
+	return rc
 }

@@ -34,25 +34,33 @@ int check_fork(void) {
 // (_register_callbacks, called by dynamo_ctx._lib): C imports no Python
 // module. NULL until then; the module keeps them alive.
 static PyObject* exception_for_cb = NULL; // (code, message) -> exception: dynamo_ctx.errors._exception_for
-static PyObject* flush_local_cb = NULL;   // () -> None: dynamo_ctx._aio._flush_local
+static PyObject* flush_local_cb = NULL;   // (ticket[, tokens, q]) -> None/bool: dynamo_ctx._aio._flush_local
+static PyObject* local_queue_cb = NULL;   // () -> int: dynamo_ctx._aio._local_queue; NULL: none
 
-// _register_callbacks(exception_for, flush_local): see the two above. Each
-// must be callable; a later call replaces them.
+// _register_callbacks(exception_for, flush_local, local_queue=None): see the
+// three above. Each given must be callable; a later call replaces them all
+// (a missing local_queue: cancels leave their tokens to the fd).
 static PyObject* mod_register_callbacks(PyObject* m, PyObject* args, PyObject* kwds) {
-    static char* kwlist[] = {"exception_for", "flush_local", NULL};
-    PyObject *exception_for, *flush;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO:_register_callbacks", kwlist, &exception_for, &flush)) return NULL;
-    if (!PyCallable_Check(exception_for) || !PyCallable_Check(flush)) {
-        PyErr_SetString(PyExc_TypeError, "_register_callbacks: exception_for and flush_local must be callable");
+    static char* kwlist[] = {"exception_for", "flush_local", "local_queue", NULL};
+    PyObject *exception_for, *flush, *local = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO|O:_register_callbacks", kwlist, &exception_for, &flush, &local)) return NULL;
+    if (!PyCallable_Check(exception_for) || !PyCallable_Check(flush) || (local != Py_None && !PyCallable_Check(local))) {
+        PyErr_SetString(PyExc_TypeError, "_register_callbacks: exception_for, flush_local and local_queue must be callable");
         return NULL;
     }
-    PyObject *old_exception_for = exception_for_cb, *old_flush = flush_local_cb;
+    PyObject *old_exception_for = exception_for_cb, *old_flush = flush_local_cb, *old_local = local_queue_cb;
     Py_INCREF(exception_for);
     Py_INCREF(flush);
     exception_for_cb = exception_for;
     flush_local_cb = flush;
+    local_queue_cb = NULL;
+    if (local != Py_None) {
+        Py_INCREF(local);
+        local_queue_cb = local;
+    }
     Py_XDECREF(old_exception_for);
     Py_XDECREF(old_flush);
+    Py_XDECREF(old_local);
     Py_RETURN_NONE;
 }
 
@@ -102,6 +110,68 @@ PyObject* flush_local(uint64_t ticket) {
     PyObject* r = PyObject_CallFunctionObjArgs(flush, t, NULL);
     Py_DECREF(flush);
     Py_DECREF(t);
+    return r;
+}
+
+int local_queue(uint64_t* q) {
+    *q = 0;
+    PyObject* f = local_queue_cb;
+    if (f == NULL) return 0;
+    Py_INCREF(f); // a call may register others meanwhile
+    PyObject* r = PyObject_CallObject(f, NULL);
+    Py_DECREF(f);
+    if (r != NULL) {
+        *q = PyLong_AsUnsignedLongLong(r);
+        Py_DECREF(r);
+    }
+    if (PyErr_Occurred()) {
+        *q = 0;
+        // A KeyboardInterrupt (a signal's handler ran meanwhile) goes to the
+        // caller; any other error loses only a speed-up: the cancel leaves
+        // its tokens to the fd.
+        if (!PyErr_ExceptionMatches(PyExc_Exception)) return -1;
+        PyErr_Clear();
+    }
+    return 0;
+}
+
+// give_back hands toks to queue q's fd, and runs the held wake-ups of ticket:
+// for tokens the flush could not deliver. Keeps the exception set, if any.
+static void give_back(uint64_t ticket, uint64_t q, const uint64_t* toks, size_t n) {
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    dc_queue_push(q, toks, n);
+    if (ticket != 0) dc_run_held(ticket, NULL); // nothing else would run them before a call that waits
+    PyErr_Restore(type, value, tb);
+}
+
+PyObject* flush_local_tokens(uint64_t ticket, uint64_t q, const uint64_t* toks, size_t n) {
+    PyObject* flush = flush_local_cb;
+    Py_XINCREF(flush); // allocating below may run code that registers others
+    PyObject* list = PyList_New((Py_ssize_t)n);
+    for (size_t i = 0; list != NULL && i < n; i++) {
+        PyObject* v = PyLong_FromUnsignedLongLong(toks[i]);
+        if (v == NULL || PyList_SetItem(list, (Py_ssize_t)i, v) < 0) Py_CLEAR(list); // SetItem steals v
+    }
+    PyObject* t = list == NULL ? NULL : PyLong_FromUnsignedLongLong(ticket);
+    PyObject* qo = t == NULL ? NULL : PyLong_FromUnsignedLongLong(q);
+    PyObject* r = NULL;
+    if (flush != NULL && qo != NULL) r = PyObject_CallFunctionObjArgs(flush, t, list, qo, NULL);
+    Py_XDECREF(flush);
+    Py_XDECREF(list);
+    Py_XDECREF(t);
+    Py_XDECREF(qo);
+    // The flush returns False when it found no waker of q to deliver to; it
+    // fails only before delivering (the package's catches what delivering
+    // raises), or it was not called (out of memory, or unregistered since).
+    // Then the fd delivers the tokens: one delivered twice finds nothing
+    // waiting on it the second time.
+    if (r == NULL || r == Py_False) give_back(ticket, q, toks, n);
+    if (r == Py_False) {
+        Py_DECREF(r);
+        Py_RETURN_NONE;
+    }
+    if (r == NULL && !PyErr_Occurred()) Py_RETURN_NONE; // unregistered: nothing failed
     return r;
 }
 

@@ -204,8 +204,20 @@ static PyObject* context_cancel_with(PyObject* o, uint32_t state, uint32_t reaso
         Py_RETURN_NONE;
     }
     int rc;
-    uint64_t ticket = 0;
-    CALL_RELEASED(rc, dc_context_cancel_held(((ContextObject*)o)->handle, state, reason, &ticket));
+    uint64_t ticket = 0, q = 0;
+    if (local_queue(&q) < 0) return NULL;
+    if (q != 0) {
+        // This thread's loop reads q: the tokens the cancel fires there come
+        // back here, for the loop to deliver now without its fd.
+        uint64_t toks[64];
+        size_t n = 0;
+        CALL_RELEASED(rc, dc_context_cancel_local(self->handle, state, reason, q, toks, 64, &n, &ticket));
+        if (rc == DC_OK) return flush_local_tokens(ticket, q, toks, n);
+        // DC_EBADF: q was freed meanwhile (its loop closed), or the context's
+        // handle is bad, which the plain cancel reports.
+        if (rc != DC_EBADF) return raise_rc(rc);
+    }
+    CALL_RELEASED(rc, dc_context_cancel_held(self->handle, state, reason, &ticket));
     if (rc != DC_OK) return raise_rc(rc);
     return flush_local(ticket);
 }

@@ -53,14 +53,17 @@
 #pragma weak PyDict_Type
 #pragma weak PyErr_Clear
 #pragma weak PyErr_ExceptionMatches
+#pragma weak PyErr_Fetch
 #pragma weak PyErr_Format
 #pragma weak PyErr_NoMemory
 #pragma weak PyErr_Occurred
+#pragma weak PyErr_Restore
 #pragma weak PyErr_SetFromErrno
 #pragma weak PyErr_SetObject
 #pragma weak PyErr_SetString
 #pragma weak PyEval_RestoreThread
 #pragma weak PyEval_SaveThread
+#pragma weak PyExc_Exception
 #pragma weak PyExc_OSError
 #pragma weak PyExc_RuntimeError
 #pragma weak PyExc_TypeError
@@ -92,6 +95,7 @@
 #pragma weak PyModule_Create2
 #pragma weak PyObject_CallFunction
 #pragma weak PyObject_CallFunctionObjArgs
+#pragma weak PyObject_CallObject
 #pragma weak PyObject_IsInstance
 #pragma weak PyObject_IsSubclass
 #pragma weak PyObject_SetAttrString
@@ -143,6 +147,16 @@ DC_HIDDEN PyObject* raise_rc(int rc);
 // flush, which delivers what the cancellation woke on this thread's running
 // event loop; returns None (or NULL on error).
 DC_HIDDEN PyObject* flush_local(uint64_t ticket);
+
+// Stores in *q the event queue of this thread's running event loop (the
+// package's registered local_queue), or 0 for none; -1 with the exception
+// set only for one that is not an Exception (KeyboardInterrupt), else 0.
+DC_HIDDEN int local_queue(uint64_t* q);
+
+// flush_local for a cancel whose tokens for this thread's loop came back in
+// toks (dc_context_cancel_local): the flush delivers them, not the fd; if
+// it cannot, they go back to queue q's fd.
+DC_HIDDEN PyObject* flush_local_tokens(uint64_t ticket, uint64_t q, const uint64_t* toks, size_t n);
 
 // An int argument as a uint64_t handle; -1 with an exception set.
 DC_HIDDEN int parse_u64(PyObject* o, uint64_t* out);

@@ -86,6 +86,29 @@ func dc_queue_drain(h C.uint64_t, buf *C.uint64_t, bufLen C.size_t, n *C.size_t)
 	return C.DC_OK
 }
 
+// dc_queue_push: see dynamo_ctx.h, the reference.
+//
+//export dc_queue_push
+func dc_queue_push(h C.uint64_t, toks *C.uint64_t, n C.size_t) (rc C.int) {
+	defer guard("dc_queue_push", &rc)
+	if toks == nil && n > 0 {
+		return fail(C.DC_EINVAL, "dc_queue_push: toks must not be NULL")
+	}
+	e, rc := get(queues, "dc_queue_push", h)
+	if rc != C.DC_OK {
+		return rc
+	}
+	if n == 0 {
+		return C.DC_OK
+	}
+	for _, tok := range unsafe.Slice((*uint64)(unsafe.Pointer(toks)), int(n)) {
+		if e.Push(tok) != nil {
+			return fail(C.DC_EBADF, "dc_queue_push: queue is being freed")
+		}
+	}
+	return C.DC_OK
+}
+
 // dc_context_watch: see dynamo_ctx.h, the reference.
 //
 //export dc_context_watch

@@ -25,10 +25,10 @@ from .runtime import (
 
 from typing import Any
 
-# The two Python functions the library's C code calls, told to _lib here: the
+# The three Python functions the library's C code calls, told to _lib here: the
 # one module that imports both it and them (they import _lib). Importing any
 # dynamo_ctx.* module runs this file first, so no road to the library misses it.
-_lib.set_callbacks(exception_for=errors._exception_for, flush_local=_aio._flush_local)
+_lib.set_callbacks(exception_for=errors._exception_for, flush_local=_aio._flush_local, local_queue=_aio._local_queue)
 
 
 def __getattr__(name: str) -> Any:

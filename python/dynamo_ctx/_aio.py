@@ -22,7 +22,7 @@ import sys
 import collections.abc
 import threading
 import weakref
-from typing import Any, Callable, Coroutine, Dict, Optional, Set, Tuple
+from typing import Any, Callable, Coroutine, Dict, List, Optional, Set, Tuple
 
 from ._lib import native
 
@@ -50,7 +50,13 @@ class _LoopWaker:
         # The tokens come from the fd's pipe, read in C: no call into Go
         # (which from this thread may first wait for a Go P) unless the pipe
         # overflowed.
-        for token in self._lib.queue_read(self._queue, self._fd, self._drain_after):
+        self._fire(self._lib.queue_read(self._queue, self._fd, self._drain_after))
+
+    def _fire(self, tokens: "List[int]") -> None:
+        """Resolve the futures and run the callbacks of ``tokens``, on the
+        loop. A callback that raises (it must not) goes to the loop's
+        exception handler, and the other tokens are delivered still."""
+        for token in tokens:
             fut = self._futures.pop(token, None)
             if fut is not None:
                 if not fut.done():
@@ -58,14 +64,24 @@ class _LoopWaker:
                 continue
             callback = self._callbacks.pop(token, None)
             if callback is not None:
-                callback()
+                try:
+                    callback()
+                except Exception as e:  # noqa: BLE001 - the tokens after it must still be delivered
+                    asyncio.get_running_loop().call_exception_handler(
+                        {"message": "dynamo_ctx: a state callback raised", "exception": e}
+                    )
 
-    def deliver(self, loop: asyncio.AbstractEventLoop) -> None:
+    def deliver(self, loop: asyncio.AbstractEventLoop, tokens: "Optional[List[int]]" = None) -> None:
         """``_on_ready`` for a caller that is not the fd's reader, on ``loop``
-        (this waker's): never raises (an error goes to the loop's exception
-        handler, and the fd's callback delivers what is left)."""
+        (this waker's), or ``_fire(tokens)`` for tokens the library handed
+        back instead of writing them to the fd: never raises (an error goes
+        to the loop's exception handler, and the fd's callback delivers what
+        is left in the fd)."""
         try:
-            self._on_ready()
+            if tokens is None:
+                self._on_ready()
+            else:
+                self._fire(tokens)
         except Exception as e:  # noqa: BLE001 - whatever called this must not fail for it
             loop.call_exception_handler({"message": "dynamo_ctx: delivering queued events failed", "exception": e})
 
@@ -139,32 +155,56 @@ def _free_queue(lib: Any, queue: int) -> None:
         pass
 
 
-def _flush_local(ticket: int = 0) -> None:
+def _local_queue() -> int:
+    """The event queue of this thread's running loop, 0 for none: registered
+    with the native module, which asks before a cancel made by this thread,
+    so that the tokens the cancel fires on that queue come back to
+    ``_flush_local`` instead of going through the fd (a write and a read
+    less for an in-process kill)."""
+    loop = asyncio._get_running_loop()
+    waker = _wakers.get(loop) if loop is not None else None
+    return 0 if waker is None else waker._queue
+
+
+def _flush_local(ticket: int = 0, tokens: "Optional[List[int]]" = None, queue: int = 0) -> Optional[bool]:
     """Called by the native module right after this thread cancelled a
     context (the package's ``__init__`` tells ``_lib`` of it, which registers
     it). If the thread runs an event loop with an event queue, what the
     cancellation woke there (the futures and callbacks of an in-process
     handler or waiter) is delivered now instead of after the loop's next poll
-    of the fd: one wake-up less for an in-process kill.
+    of the fd: one wake-up less for an in-process kill. ``tokens`` (not
+    None): what the cancel fired on ``queue``, the one ``_local_queue``
+    named, handed back rather than written to the fd; they are delivered,
+    the fd is not read (what it holds comes at the loop's next poll). False
+    when no waker of ``queue`` runs here to take them: the module gives them
+    back to the fd.
 
     ``ticket`` (not 0): the library held the wake-ups of its own threads that
     the cancel caused (``dc_context_cancel_held``). They run on the loop's
     next turn, right after what was just delivered (an in-process handler's
     task runs before the library's threads are woken), or now without such a
     loop. Never raises."""
-    loop, waker = _deliver_running()
+    if tokens is not None:
+        loop = asyncio._get_running_loop()
+        waker = _wakers.get(loop) if loop is not None else None
+        if waker is None or waker._queue != queue:
+            return False  # cannot happen with the package's _local_queue
+        waker.deliver(loop, tokens)  # type: ignore[arg-type]
+    else:
+        loop, waker = _deliver_running()
     if not ticket:
-        return
+        return None
     lib = native()
     try:
         if waker is not None:
             loop.call_soon(lib.run_held, ticket)  # type: ignore[union-attr]
-            return
+            return None
         lib.run_held(ticket)  # no loop of this thread's waits on the library
     except Exception as e:  # noqa: BLE001 - the cancel that called this must not fail for it
         if loop is not None:
             loop.call_exception_handler({"message": "dynamo_ctx: running held wake-ups failed", "exception": e})
         # Otherwise the next call that waits runs them (dc_context_cancel_held).
+    return None
 
 
 def deliver_pending() -> None:

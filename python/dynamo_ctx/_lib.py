@@ -10,11 +10,12 @@ Go never calls Python. Its log records wait in a queue inside the library
 whose file descriptor a daemon thread here watches; the thread drains them
 into the ``dynamo_ctx`` logger.
 
-Nor does the module's C code import Python modules: it calls two Python
+Nor does the module's C code import Python modules: it calls three Python
 functions registered with it (``_register_callbacks``): the one table from
-error codes to exceptions (``errors._exception_for``) and the flush of what
-a cancel woke on the running loop (``_aio._flush_local``). This module
-imports neither (both import it): the package's ``__init__`` tells it of them
+error codes to exceptions (``errors._exception_for``), the flush of what
+a cancel woke on the running loop (``_aio._flush_local``), and the lookup of
+that loop's event queue (``_aio._local_queue``). This module imports none
+(they import it): the package's ``__init__`` tells it of them
 (:func:`set_callbacks`), and loading the library registers them before any
 call can raise. Importing any ``dynamo_ctx.*`` module runs that ``__init__``
 first, so every road to the library passes there.
@@ -37,14 +38,19 @@ _log_lock = threading.Lock()
 _native: Optional[ModuleType] = None
 # The Python functions the module's C code calls, by _register_callbacks'
 # argument names: set by set_callbacks, registered when the library loads.
-_callbacks: Dict[str, Callable[..., Any]] = {}
+_callbacks: Dict[str, Any] = {}
 
 
-def set_callbacks(*, exception_for: Callable[[int, str], BaseException], flush_local: Callable[[int], None]) -> None:
+def set_callbacks(
+    *,
+    exception_for: Callable[[int, str], BaseException],
+    flush_local: Callable[..., Optional[bool]],
+    local_queue: Optional[Callable[[], int]] = None,
+) -> None:
     """Tell the library the package's functions its C code calls: registered
     when it loads, or now if it is loaded (a later call replaces them)."""
     with _lock:
-        _callbacks.update(exception_for=exception_for, flush_local=flush_local)
+        _callbacks.update(exception_for=exception_for, flush_local=flush_local, local_queue=local_queue)
         if _native is not None:
             _native._register_callbacks(**_callbacks)
 

@@ -94,10 +94,20 @@ class Context:
     def _state_word(self) -> int: ...
     def _handle(self) -> int: ...
 
-def _register_callbacks(exception_for: Callable[[int, str], BaseException], flush_local: Callable[[int], None]) -> None:
+def _register_callbacks(
+    exception_for: Callable[[int, str], BaseException],
+    flush_local: Callable[..., Optional[bool]],
+    local_queue: Optional[Callable[[], int]] = None,
+) -> None:
     """Called once by dynamo_ctx._lib when it loads the module: the functions the
     C code calls (it imports no Python module). Until then a library error raises
-    RuntimeError with its message, and nothing is flushed after a cancel."""
+    RuntimeError with its message, and nothing is flushed after a cancel.
+    ``flush_local(ticket)`` runs after this thread cancelled a context;
+    ``flush_local(ticket, tokens, queue)`` when the cancel handed back the
+    tokens it fired on ``queue``, the one ``local_queue()`` named (this
+    thread's running loop's; 0 for none), which it must deliver, or return
+    False to have them go to the queue's fd. Without ``local_queue`` the fd
+    delivers every token."""
 def queue_new() -> Tuple[int, int]: ...
 def queue_free(handle: int) -> None: ...
 def queue_drain(handle: int) -> List[int]: ...

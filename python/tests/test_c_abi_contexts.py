@@ -11,6 +11,7 @@ import pytest
 from c_abi import (
     ALL_REASONS,
     DC_EINVAL,
+    DC_ENOENT,
     DC_ERANGE,
     DC_KILLED,
     DC_LIVE,
@@ -25,6 +26,7 @@ from c_abi import (
     REASON_NAMES,
     counts,
     ctx_id,
+    drain,
     expect,
     ffi,
     free_all,
@@ -33,6 +35,7 @@ from c_abi import (
     new_ctx,
     new_queue,
     ok,
+    readable,
     state,
 )
 from harness import HANG
@@ -274,6 +277,65 @@ def test_cancel_held_is_cancel_for_a_host(lib):
     expect(lib, lib.dc_context_cancel_held(h, DC_KILLED, DC_REASON_KILL, ffi.NULL), DC_EINVAL, "dc_context_cancel_held")
     assert state(lib, h) == (DC_LIVE, DC_REASON_NONE)
     free_all(lib, parent, child, h)
+
+
+def test_cancel_local_hands_back_the_tokens_it_fires_on_the_queue(lib):
+    """dc_context_cancel_local is dc_context_cancel_held whose tokens for the
+    host's own queue come back in toks instead of the fd: the fd stays
+    unreadable, and the watch has fired (unwatch finds nothing). Past the
+    capacity, tokens go to the fd, in order; tokens for another queue go to
+    its fd. Bad arguments change nothing and keep every token."""
+    q, fd = new_queue(lib)
+    other, other_fd = new_queue(lib)
+    h = new_ctx(lib)
+    for tok in (11, 12, 13):
+        ok(lib, lib.dc_context_watch(h, q, DC_KILLED, tok))
+    ok(lib, lib.dc_context_watch(h, other, DC_STOPPED, 21))
+    toks, n, ticket = ffi.new("uint64_t[2]"), ffi.new("size_t *", 9), ffi.new("uint64_t *", 9)
+    ok(lib, lib.dc_context_cancel_local(h, DC_KILLED, DC_REASON_KILL, q, toks, 2, n, ticket))
+    assert state(lib, h) == (DC_KILLED, DC_REASON_KILL)
+    assert ticket[0] == 0  # only C waits on it: nothing of the library's to hold
+    got = sorted(toks[i] for i in range(n[0]))
+    assert n[0] == 2 and set(got) < {11, 12, 13}
+    assert readable(fd) and drain(lib, q) == sorted({11, 12, 13} - set(got))  # the one past the capacity
+    assert readable(other_fd) and drain(lib, other) == [21]
+    for tok in (11, 12, 13):
+        expect(lib, lib.dc_queue_unwatch(q, tok), DC_ENOENT, "dc_queue_unwatch")
+
+    # Refused: nothing cancelled, nothing taken from the queue.
+    live = new_ctx(lib)
+    ok(lib, lib.dc_context_watch(live, q, DC_KILLED, 31))
+    name = "dc_context_cancel_local"
+    expect(lib, lib.dc_context_cancel_local(live, DC_LIVE, DC_REASON_KILL, q, toks, 2, n, ticket), DC_EINVAL, name)
+    assert n[0] == 0
+    expect(lib, lib.dc_context_cancel_local(live, DC_KILLED, DC_REASON_KILL, q, ffi.NULL, 2, n, ticket), DC_EINVAL, name)
+    expect(lib, lib.dc_context_cancel_local(live, DC_KILLED, DC_REASON_KILL, q, toks, 2, ffi.NULL, ticket), DC_EINVAL, name)
+    expect(lib, lib.dc_context_cancel_local(live, DC_KILLED, DC_REASON_KILL, q, toks, 2, n, ffi.NULL), DC_EINVAL, name)
+    assert state(lib, live) == (DC_LIVE, DC_REASON_NONE)
+    # No room at all: every token goes to the fd.
+    ok(lib, lib.dc_context_cancel_local(live, DC_KILLED, DC_REASON_KILL, q, ffi.NULL, 0, n, ticket))
+    assert n[0] == 0 and drain(lib, q) == [31]
+
+    # A capacity past what the array holds is the host's promise; one past
+    # any int is taken as such, not as a negative count.
+    huge = new_ctx(lib)
+    ok(lib, lib.dc_context_watch(huge, q, DC_KILLED, 41))
+    toks4 = ffi.new("uint64_t[4]")
+    ok(lib, lib.dc_context_cancel_local(huge, DC_KILLED, DC_REASON_KILL, q, toks4, 2**64 - 1, n, ticket))
+    assert n[0] == 1 and toks4[0] == 41 and not readable(fd)
+    # Out-parameters are zeroed on every error.
+    n[0] = 9
+    expect(lib, lib.dc_context_cancel_local(live, DC_KILLED, DC_REASON_KILL, q, toks, 2, n, ffi.NULL), DC_EINVAL, name)
+    assert n[0] == 0
+
+    # dc_queue_push: a host that took tokens it cannot deliver gives them back.
+    ok(lib, lib.dc_queue_push(q, ffi.new("uint64_t[3]", [5, 6, 7]), 3))
+    ok(lib, lib.dc_queue_push(q, ffi.NULL, 0))
+    assert readable(fd) and drain(lib, q) == [5, 6, 7]
+    expect(lib, lib.dc_queue_push(q, ffi.NULL, 1), DC_EINVAL, "dc_queue_push")
+    free_all(lib, h, live, huge)
+    ok(lib, lib.dc_queue_free(q))
+    ok(lib, lib.dc_queue_free(other))
 
 
 def test_state_word_next_is_what_a_cancel_does(lib):

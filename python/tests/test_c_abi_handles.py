@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import random
 import threading
-from typing import List
+from typing import List, Optional
 
 import pytest
 
@@ -48,6 +48,8 @@ def context_calls(lib, h: int):
         ("dc_context_state_word", lambda: lib.dc_context_state_word(h, ffi.new("uint32_t **"))),
         ("dc_context_cancel", lambda: lib.dc_context_cancel(h, DC_KILLED, DC_REASON_SHUTDOWN)),
         ("dc_context_cancel_held", lambda: lib.dc_context_cancel_held(h, DC_KILLED, DC_REASON_SHUTDOWN, ffi.new("uint64_t *"))),
+        # A good queue, so that the context's handle is what it refuses.
+        ("dc_context_cancel_local", lambda: _cancel_local(lib, h)),
         ("dc_context_stop_generating", lambda: lib.dc_context_stop_generating(h)),
         ("dc_context_kill", lambda: lib.dc_context_kill(h)),
         ("dc_context_child", lambda: lib.dc_context_child(h, ffi.new("uint64_t *"))),
@@ -56,11 +58,30 @@ def context_calls(lib, h: int):
     ]
 
 
+def _cancel_local(lib, h: Optional[int], q: Optional[int] = None) -> int:
+    """dc_context_cancel_local of h on q. None for h: a live context of its
+    own (a queue's bad handle must be what the call refuses); for q: a new
+    queue of its own. Its own are freed after."""
+    own_h, own_q = h is None, q is None
+    h = new_ctx(lib) if own_h else h
+    q = new_queue(lib)[0] if own_q else q
+    try:
+        return lib.dc_context_cancel_local(h, DC_KILLED, DC_REASON_SHUTDOWN, q, ffi.new("uint64_t[4]"), 4, ffi.new("size_t *"),
+                                           ffi.new("uint64_t *"))
+    finally:
+        if own_h:
+            free_all(lib, h)
+        if own_q:
+            ok(lib, lib.dc_queue_free(q))
+
+
 def queue_calls(lib, q: int):
     """Every function taking a queue handle, called with q."""
     return [
         ("dc_queue_drain", lambda: lib.dc_queue_drain(q, ffi.new("uint64_t[4]"), 4, ffi.new("size_t *"))),
         ("dc_queue_unwatch", lambda: lib.dc_queue_unwatch(q, 1)),
+        ("dc_queue_push", lambda: lib.dc_queue_push(q, ffi.new("uint64_t[1]", [1]), 1)),
+        ("dc_context_cancel_local", lambda: _cancel_local(lib, None, q)),
         ("dc_queue_free", lambda: lib.dc_queue_free(q)),
     ]
 

@@ -89,6 +89,8 @@ def test_register_callbacks_wants_callables():
     lib = native()
     with pytest.raises(TypeError, match="callable"):
         lib._register_callbacks(exception_for=None, flush_local=lambda: None)
+    with pytest.raises(TypeError, match="callable"):
+        lib._register_callbacks(exception_for=lambda code, msg: ValueError(msg), flush_local=lambda: None, local_queue=1)
     with pytest.raises(TypeError):
         lib._register_callbacks(lambda code, msg: ValueError(msg))  # flush_local missing
 
@@ -98,7 +100,7 @@ def test_a_cancel_calls_the_registered_flush():
     package's delivers what the cancel woke on the running loop) with the
     ticket of the wake-ups it held: 0, none, for a context only Python
     waits on."""
-    from dynamo_ctx import _aio, errors
+    from dynamo_ctx import _lib, errors
     from dynamo_ctx._lib import native
 
     lib = native()
@@ -109,7 +111,7 @@ def test_a_cancel_calls_the_registered_flush():
     try:
         ctx.kill()
     finally:
-        lib._register_callbacks(exception_for=errors._exception_for, flush_local=_aio._flush_local)
+        lib._register_callbacks(**_lib._callbacks)
     assert calls == [0]
     assert ctx.is_killed()
 

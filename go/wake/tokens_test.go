@@ -138,9 +138,10 @@ func TestPartialReadDuringOverflow(t *testing.T) {
 
 // Many pushers and a reader that keeps the rule: every token exactly once,
 // each pusher's in its order.
-func TestConcurrentPushersAndALoop(t *testing.T) {
-	q := newTokens(t)
-	const pushers, each = 8, 5000 // 40,000 tokens: five pipes' worth
+// startPushers starts pushers goroutines that each push each tokens onto q,
+// pusher p's i-th being p<<32|i; the channel closes when all have pushed.
+func startPushers(t *testing.T, q *TokenQueue, pushers, each int) <-chan struct{} {
+	t.Helper()
 	var wg sync.WaitGroup
 	for p := range pushers {
 		wg.Add(1)
@@ -153,6 +154,13 @@ func TestConcurrentPushersAndALoop(t *testing.T) {
 	}
 	done := make(chan struct{})
 	go func() { wg.Wait(); close(done) }()
+	return done
+}
+
+func TestConcurrentPushersAndALoop(t *testing.T) {
+	q := newTokens(t)
+	const pushers, each = 8, 5000 // 40,000 tokens: five pipes' worth
+	done := startPushers(t, q, pushers, each)
 	next := make([]uint64, pushers)
 	total := 0
 	check := func(got []uint64) {
@@ -226,18 +234,7 @@ func TestCapture(t *testing.T) {
 func TestCaptureWithConcurrentPushers(t *testing.T) {
 	q := newTokens(t)
 	const pushers, each = 4, 3000
-	var wg sync.WaitGroup
-	for p := range pushers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := range each {
-				assert.NoError(t, q.Push(uint64(p)<<32|uint64(i)))
-			}
-		}()
-	}
-	done := make(chan struct{})
-	go func() { wg.Wait(); close(done) }()
+	done := startPushers(t, q, pushers, each)
 	seen := map[uint64]bool{}
 	take := func(got []uint64) {
 		for _, tok := range got {

@@ -98,6 +98,20 @@ def test_a_kill_without_a_running_loop_runs_them_at_once(nats_url, monkeypatch):
     run(main())
 
 
+def _recording_handler(woke: list):
+    """A handler that yields 0, then waits for its kill and appends the
+    reason to ``woke``."""
+
+    async def handler(request, context):
+        yield 0
+        try:
+            await context.killed()
+        finally:
+            woke.append(context.reason())
+
+    return handler
+
+
 def _kill_in_process(nats_url, monkeypatch, kills: int = 10) -> list:
     """In-process kills, each with the fd reads (the module's queue_read)
     and the tokens handed back to the flush counted across the kill() call;
@@ -121,14 +135,8 @@ def _kill_in_process(nats_url, monkeypatch, kills: int = 10) -> list:
     if _lib._callbacks.get("local_queue") is not None:
         monkeypatch.setitem(_lib._callbacks, "flush_local", flush)
         mod._register_callbacks(**_lib._callbacks)
-    woke = []
-
-    async def handler(request, context):
-        yield 0
-        try:
-            await context.killed()
-        finally:
-            woke.append(context.reason())
+    woke: list = []
+    handler = _recording_handler(woke)
 
     async def main():
         counts = []
@@ -220,14 +228,8 @@ def test_a_failing_flush_gives_the_tokens_back_to_the_fd(nats_url, monkeypatch):
 
     monkeypatch.setitem(_lib._callbacks, "flush_local", flush)
     mod._register_callbacks(**_lib._callbacks)
-    woke = []
-
-    async def handler(request, context):
-        yield 0
-        try:
-            await context.killed()
-        finally:
-            woke.append(context.reason())
+    woke: list = []
+    handler = _recording_handler(woke)
 
     async def main():
         async with ServedEndpoint(nats_url, handler) as served:

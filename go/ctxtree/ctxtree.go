@@ -239,13 +239,19 @@ func (c *Context) transition(target State, reason, cause Reason) ([]*Context, af
 	if c.killCh != nil && target == Killed {
 		f.chans[1] = c.killCh
 	}
-	var keys []uint64
+	// Sized once (a cancel is on a kill's path): keys on the stack for the
+	// usual handful of hooks, f.hooks allocated at its length.
+	var buf [8]uint64
+	keys := buf[:0]
 	for k, h := range c.hooks {
 		if h.target <= target {
 			keys = append(keys, k)
 		}
 	}
 	slices.Sort(keys) // in the order they were registered
+	if len(keys) > 0 {
+		f.hooks = make([]hook, 0, len(keys))
+	}
 	for _, k := range keys {
 		f.hooks = append(f.hooks, c.hooks[k])
 		delete(c.hooks, k)

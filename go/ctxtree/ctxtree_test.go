@@ -667,3 +667,20 @@ func TestNextIsCancelsRule(t *testing.T) {
 	assert.True(t, changed)
 	assert.Equal(t, ReasonClientDisconnected, Reason(w>>16&0xff))
 }
+
+// A cancel of a context with the hooks an in-process request's has (a
+// handful of Notify and NotifyHeld functions), held as Context.kill holds
+// it: the cost per cancel, allocations included.
+func BenchmarkCancelWithHooks(b *testing.B) {
+	b.ReportAllocs()
+	for b.Loop() {
+		c := New("x")
+		for range 3 {
+			c.Notify(Killed, func() {})
+			c.NotifyHeld(Killed, func(h *Held) { h.Wake(func() {}) })
+		}
+		var h Held
+		c.CancelHolding(Killed, ReasonKill, &h)
+		h.Run()
+	}
+}

@@ -33,6 +33,9 @@ func (h *Held) Wake(f func()) {
 		f()
 		return
 	}
+	if h.fs == nil {
+		h.fs = make([]func(), 0, 4) // a kill of an in-process request holds a few
+	}
 	h.fs = append(h.fs, f)
 }
 

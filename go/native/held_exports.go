@@ -82,15 +82,22 @@ func dc_context_cancel_held(h C.uint64_t, state C.uint32_t, reason C.uint32_t, t
 	if ticket == nil {
 		return fail(C.DC_EINVAL, "%s: ticket must not be NULL", name)
 	}
-	*ticket = 0
+	t, rc := cancelAndHold(name, h, state, reason)
+	*ticket = C.uint64_t(t)
+	return rc
+}
+
+// cancelAndHold is cancelHolding with the wake-ups kept until runHeld: their
+// ticket, 0 when the cancel held none (or failed).
+func cancelAndHold(name string, h C.uint64_t, state C.uint32_t, reason C.uint32_t) (uint64, C.int) {
 	var wakes ctxtree.Held
 	if rc := cancelHolding(name, h, state, reason, &wakes); rc != C.DC_OK {
-		return rc
+		return 0, rc
 	}
-	if wakes.Len() > 0 {
-		*ticket = C.uint64_t(holdWakes(&wakes))
+	if wakes.Len() == 0 {
+		return 0, C.DC_OK
 	}
-	return C.DC_OK
+	return holdWakes(&wakes), C.DC_OK
 }
 
 // dc_run_held: see dynamo_ctx.h, the reference.
@@ -125,8 +132,7 @@ func dc_context_cancel_local(h C.uint64_t, state C.uint32_t, reason C.uint32_t, 
 		return rc
 	}
 	end := e.Capture()
-	var wakes ctxtree.Held
-	rc = cancelHolding(name, h, state, reason, &wakes) // recovers its own panics
+	t, rc := cancelAndHold(name, h, state, reason) // cancelHolding recovers its own panics
 	caught := end()
 	n := 0
 	// What toks cannot hold, and on an error whatever other goroutines
@@ -143,9 +149,7 @@ func dc_context_cancel_local(h C.uint64_t, state C.uint32_t, reason C.uint32_t, 
 		}
 		copy(unsafe.Slice((*uint64)(unsafe.Pointer(toks)), n), caught)
 		*ntoks = C.size_t(n)
-		if wakes.Len() > 0 {
-			*ticket = C.uint64_t(holdWakes(&wakes))
-		}
+		*ticket = C.uint64_t(t)
 	}
 	return rc
 }

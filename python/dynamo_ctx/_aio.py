@@ -161,8 +161,7 @@ def _local_queue() -> int:
     so that the tokens the cancel fires on that queue come back to
     ``_flush_local`` instead of going through the fd (a write and a read
     less for an in-process kill)."""
-    loop = asyncio._get_running_loop()
-    waker = _wakers.get(loop) if loop is not None else None
+    waker = _running_waker()[1]
     return 0 if waker is None else waker._queue
 
 
@@ -185,8 +184,7 @@ def _flush_local(ticket: int = 0, tokens: "Optional[List[int]]" = None, queue: i
     task runs before the library's threads are woken), or now without such a
     loop. Never raises."""
     if tokens is not None:
-        loop = asyncio._get_running_loop()
-        waker = _wakers.get(loop) if loop is not None else None
+        loop, waker = _running_waker()
         if waker is None or waker._queue != queue:
             return False  # cannot happen with the package's _local_queue
         waker.deliver(loop, tokens)  # type: ignore[arg-type]
@@ -222,11 +220,17 @@ def deliver_pending() -> None:
 def _deliver_running() -> "Tuple[Optional[asyncio.AbstractEventLoop], Optional[_LoopWaker]]":
     """deliver_pending's work; returns the running loop and its waker (None
     where there is none), for _flush_local."""
-    loop = asyncio._get_running_loop()
-    waker = _wakers.get(loop) if loop is not None else None
+    loop, waker = _running_waker()
     if waker is not None:
         waker.deliver(loop)  # type: ignore[arg-type]
     return loop, waker
+
+
+def _running_waker() -> "Tuple[Optional[asyncio.AbstractEventLoop], Optional[_LoopWaker]]":
+    """The running loop of this thread and its waker, each None where there
+    is none; makes neither."""
+    loop = asyncio._get_running_loop()
+    return loop, (_wakers.get(loop) if loop is not None else None)
 
 
 def _waker(loop: Optional[asyncio.AbstractEventLoop] = None) -> _LoopWaker:

@@ -45,11 +45,16 @@ func TestWorkerCapacityHoldsUnderAHammer(t *testing.T) {
 	var cc concurrency
 	handler := func(w *planetest.Worker, req *plane.Request) {
 		cc.enter()
-		defer cc.leave()
 		time.Sleep(time.Duration(rand.IntN(300)) * time.Microsecond)
 		switch string(req.Payload) {
 		case `"fail"`:
+			// The handler's work ends here, and its request's end gives the
+			// place back at once: the Python dispatcher fails a request after
+			// its handler returned. Counted after Fail, the next handler could
+			// start in between and be counted a fifth.
+			cc.leave()
 			req.Fail("ValueError: on purpose")
+			return
 		case `"hold"`:
 			select {
 			case <-req.Ctx.Killed():
@@ -58,6 +63,7 @@ func TestWorkerCapacityHoldsUnderAHammer(t *testing.T) {
 		default:
 			w.Send(req, []byte(`1`))
 		}
+		cc.leave() // the worker completes the request after this returns
 	}
 	worker := planetest.Serve(t, planetest.Join(t, host), path, handler,
 		planetest.WithMetadata(fmt.Appendf(nil, `{"max_num_seqs":%d}`, capacity)))

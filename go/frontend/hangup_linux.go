@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/dynamo-ctx/dynamo-ctx/go/internal/rawio"
 )
 
 // hangups is the epoll set of the connections serving requests (see
@@ -117,7 +119,7 @@ func (h *hangups) watch(c net.Conn, onGone func()) (stop func()) {
 		// One event at most (EPOLLONESHOT): a half-closed connection that
 		// net/http still serves stays readable for hang-up until it closes.
 		ev := syscall.EpollEvent{Events: syscall.EPOLLRDHUP | syscall.EPOLLONESHOT, Fd: key}
-		if syscall.EpollCtl(h.epfd, syscall.EPOLL_CTL_ADD, int(fd), &ev) != nil {
+		if rawio.EpollCtl(h.epfd, syscall.EPOLL_CTL_ADD, int(fd), &ev) != 0 {
 			return
 		}
 		h.watched[key] = onGone
@@ -135,7 +137,7 @@ func (h *hangups) watch(c net.Conn, onGone func()) (stop func()) {
 			defer h.mu.Unlock()
 			if h.watched[key] != nil { // else its onGone was taken, or the set closed
 				delete(h.watched, key)
-				_ = syscall.EpollCtl(h.epfd, syscall.EPOLL_CTL_DEL, int(fd), nil)
+				_ = rawio.EpollCtl(h.epfd, syscall.EPOLL_CTL_DEL, int(fd), nil)
 			}
 		})
 	}
@@ -165,7 +167,7 @@ func (h *hangups) run() {
 			return
 		}
 		for {
-			n, err := syscall.EpollWait(h.epfd, events, 0)
+			n, err := rawio.EpollWait(h.epfd, events)
 			if err == syscall.EINTR {
 				continue
 			}

@@ -9,6 +9,8 @@ import (
 	"net/http"
 	"sync"
 	"time"
+
+	"github.com/dynamo-ctx/dynamo-ctx/go/internal/rawio"
 )
 
 // idleConns bounds the connections that are not serving a request: new ones
@@ -138,7 +140,7 @@ func (l *admitListener) Accept() (net.Conn, error) {
 		_ = c.Close()
 		return nil, net.ErrClosed
 	}
-	return c, nil
+	return rawio.Wrap(c), nil
 }
 
 func (l *admitListener) Close() error {

@@ -184,7 +184,7 @@ func (d *Dialer) connect(ctx context.Context, addr string) (*session, error) {
 	}()
 	go func() {
 		defer d.wg.Done()
-		s.readLoop(bufio.NewReaderSize(c, sessReadBuf))
+		s.readLoop(bufio.NewReaderSize(s.conn, sessReadBuf))
 	}()
 	return s, nil
 }

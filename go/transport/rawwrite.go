@@ -3,6 +3,8 @@ package transport
 import (
 	"net"
 	"syscall"
+
+	"github.com/dynamo-ctx/dynamo-ctx/go/internal/rawio"
 )
 
 // rawWriter writes to a socket what it takes now, never waiting for room:
@@ -48,12 +50,12 @@ func (w *rawWriter) tryWrite(b []byte) (int, error) {
 // write is tryWrite's callback: it writes w.b from w.n on.
 func (w *rawWriter) write(fd uintptr) bool {
 	for w.n < len(w.b) {
-		m, e := syscall.Write(int(fd), w.b[w.n:])
+		m, e := rawio.TryWrite(fd, w.b[w.n:])
 		if e == syscall.EINTR {
 			continue
 		}
-		if e != nil || m <= 0 {
-			if e != syscall.EAGAIN {
+		if e != 0 || m <= 0 {
+			if e != 0 && e != syscall.EAGAIN {
 				w.err = e
 			}
 			break

@@ -44,7 +44,7 @@ func (s *Server) serveSession(p *pendingConn) {
 		if err := sess.opened(id, token); err != nil {
 			sess.fail(err)
 		}
-		sess.readLoop(bufio.NewReaderSize(c, sessReadBuf))
+		sess.readLoop(bufio.NewReaderSize(sess.conn, sessReadBuf))
 	}
 	sess.close()
 	s.mu.Lock()

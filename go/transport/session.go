@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/dynamo-ctx/dynamo-ctx/go/frame"
+	"github.com/dynamo-ctx/dynamo-ctx/go/internal/rawio"
 )
 
 // Sessions: many streams on one connection.
@@ -161,7 +162,7 @@ func newSession(c net.Conn, dialer bool, recvMax int) *session {
 		raw:       newRawWriter(c),
 		pingEvery: sessPingEvery,
 		quiet:     sessSilence,
-		conn:      c,
+		conn:      rawio.Wrap(c),
 		dialer:    dialer,
 		recvMax:   recvMax,
 		streams:   make(map[uint32]*vstream),

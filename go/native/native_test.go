@@ -8,6 +8,7 @@ package main
 import (
 	"runtime"
 	"testing"
+	"time"
 	"unsafe"
 
 	"github.com/dynamo-ctx/dynamo-ctx/go/handle"
@@ -231,4 +232,12 @@ func lastError[Ch any, Z ~uint64](f func(*Ch, Z) Z) string {
 	buf := make([]byte, 1024)
 	n := f((*Ch)(unsafe.Pointer(&buf[0])), Z(len(buf)))
 	return string(buf[:min(int(n), len(buf)-1)])
+}
+
+func TestTheHostThreadYieldsAtMostEveryInterval(t *testing.T) {
+	start := lastHostYield.Load() + int64(time.Hour)
+	assert.True(t, renewHostTick(start), "long after the last")
+	assert.False(t, renewHostTick(start+int64(hostYieldEvery)-1), "too soon")
+	assert.True(t, renewHostTick(start+int64(hostYieldEvery)))
+	assert.False(t, renewHostTick(start), "a clock that went back: not before the interval")
 }

@@ -412,12 +412,14 @@ func dc_request_send_multi(hs *C.uint64_t, counts *C.size_t, n C.size_t, items *
 	// The requests' items are written once per caller's session, after
 	// the last request's: one write for a whole engine step's items.
 	var b transport.Batch
-	defer b.Flush()
+	defer b.Flush() // what was queued before a panic
 	for i, h := range handles {
 		taken, code := sendMany("dc_request_send_multi", h, items, lens, off, cs[i], &b)
 		outN[i], outRC[i] = C.size_t(taken), code
 		off += uintptr(cs[i])
 	}
+	b.Flush()
+	renewHostTick(time.Now().UnixNano()) // the items are out: see hostyield.go
 	return C.DC_OK
 }
 

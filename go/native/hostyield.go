@@ -24,19 +24,27 @@ import (
 // (runtime.Gosched) when hostYieldEvery has gone by since the last time:
 // the tick moves, the P stays, sysmon stays at its slow pace. The yield
 // hands the P to another thread and back (the goroutine is locked to the
-// host's thread), some tens of microseconds on the calling thread, at
-// most every hostYieldEvery; calls further apart than 10 ms lose their P
+// host's thread): some tens of microseconds on the calling thread, more
+// when goroutines the call readied run first or the other thread waits
+// for a CPU, at most every hostYieldEvery; calls further apart than 10 ms lose their P
 // as before (there is nothing to keep then). This leans on how the
 // runtime schedules (Go 1.26's retake); were that to change, the yield
 // would only cost its handoff.
 const hostYieldEvery = 5 * time.Millisecond
 
-// lastHostYield is when the host's thread last yielded (UnixNano); one
-// for all host threads, as a worker has one that sends.
+// hostEpoch is what hostNow counts from: the monotonic clock, which no
+// change of the wall clock moves.
+var hostEpoch = time.Now()
+
+// hostNow is the time for renewHostTick: nanoseconds since hostEpoch.
+func hostNow() int64 { return int64(time.Since(hostEpoch)) }
+
+// lastHostYield is when the host's thread last yielded (hostNow); one for
+// all host threads, as a worker has one that sends.
 var lastHostYield atomic.Int64
 
 // renewHostTick yields the calling goroutine when hostYieldEvery has gone
-// by since the last yield, and says whether it did.
+// by since the last yield (now is hostNow), and says whether it did.
 func renewHostTick(now int64) bool {
 	last := lastHostYield.Load()
 	if now-last < int64(hostYieldEvery) || !lastHostYield.CompareAndSwap(last, now) {

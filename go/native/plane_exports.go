@@ -419,7 +419,7 @@ func dc_request_send_multi(hs *C.uint64_t, counts *C.size_t, n C.size_t, items *
 		off += uintptr(cs[i])
 	}
 	b.Flush()
-	renewHostTick(time.Now().UnixNano()) // the items are out: see hostyield.go
+	renewHostTick(hostNow()) // the items are out: see hostyield.go
 	return C.DC_OK
 }
 

@@ -298,9 +298,10 @@ func (s *session) writeLoop() {
 			_, err = s.conn.Write(buf)
 		case len(buf) == 0:
 			_, err = s.conn.Write(pri)
-		default:
-			bufs := net.Buffers{pri, buf}
-			_, err = bufs.WriteTo(s.conn)
+		default: // two writes: net.Buffers would write through the connection's own writev, not raw
+			if _, err = s.conn.Write(pri); err == nil {
+				_, err = s.conn.Write(buf)
+			}
 		}
 		s.wrote.Store(true)
 		s.mu.Lock()
@@ -382,8 +383,11 @@ func (b *Batch) add(s *session) {
 // now, or by the writer when the socket is full or a write is under way).
 func (b *Batch) Flush() {
 	for i, s := range b.sessions {
-		s.flushDirect()
+		if s == nil {
+			continue // flushed by a call that panicked after it
+		}
 		b.sessions[i] = nil
+		s.flushDirect()
 	}
 	b.sessions = b.sessions[:0]
 }

@@ -15,7 +15,8 @@
 // connection's deadlines.
 //
 // On systems other than Linux, Wrap returns its connection and TryWrite
-// makes the ordinary call.
+// makes the ordinary call; under the race detector, reads and writes are
+// the ordinary calls too (they tell the detector what a socket orders).
 package rawio
 
 import (

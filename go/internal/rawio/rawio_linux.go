@@ -3,18 +3,34 @@
 package rawio
 
 import (
+	"errors"
 	"io"
 	"net"
+	"sync"
 	"syscall"
 	"unsafe"
 )
 
 // Conn is a TCP connection whose Read and Write make raw system calls and
 // wait in Go's network poller. Every other method is the connection's
-// own (CloseWrite, SyscallConn, ReadFrom, ...).
+// own (CloseWrite, SyscallConn, ReadFrom, ...). A read or a write
+// allocates nothing: each direction keeps its call's state, under its own
+// lock (net.Conn's methods may be called concurrently).
 type Conn struct {
 	*net.TCPConn
 	rc syscall.RawConn
+	r  direction
+	w  direction
+}
+
+// direction is the state of one direction's call, and its callback made
+// once.
+type direction struct {
+	mu    sync.Mutex
+	fn    func(fd uintptr) bool
+	b     []byte
+	n     int
+	errno syscall.Errno
 }
 
 // Wrap is c as a Conn when it is a TCP connection, else c itself.
@@ -27,7 +43,9 @@ func Wrap(c net.Conn) net.Conn {
 	if err != nil {
 		return c
 	}
-	return &Conn{TCPConn: tc, rc: rc}
+	w := &Conn{TCPConn: tc, rc: rc}
+	w.r.fn, w.w.fn = w.r.read, w.w.write
+	return w
 }
 
 // Read is net.Conn's Read: it waits (within the read deadline) until
@@ -36,27 +54,16 @@ func (c *Conn) Read(b []byte) (int, error) {
 	if len(b) == 0 {
 		return 0, nil
 	}
-	var n int
-	var errno syscall.Errno
-	err := c.rc.Read(func(fd uintptr) bool {
-		for {
-			r, _, e := syscall.RawSyscall(syscall.SYS_READ, fd, uintptr(unsafe.Pointer(&b[0])), uintptr(len(b)))
-			switch e {
-			case 0:
-				n = int(r)
-				return true
-			case syscall.EINTR:
-			case syscall.EAGAIN:
-				return false // wait in the poller
-			default:
-				errno = e
-				return true
-			}
-		}
-	})
+	d := &c.r
+	d.mu.Lock()
+	d.b, d.n, d.errno = b, 0, 0
+	err := c.rc.Read(d.fn)
+	n, errno := d.n, d.errno
+	d.b = nil
+	d.mu.Unlock()
 	switch {
 	case err != nil:
-		return 0, err // closed, or past the deadline: net's own error
+		return 0, netOp(err, "read") // closed, or past the deadline
 	case errno != 0:
 		return 0, opError(c, "read", errno)
 	case n == 0:
@@ -65,31 +72,72 @@ func (c *Conn) Read(b []byte) (int, error) {
 	return n, nil
 }
 
+// read is a Read's callback: false to wait for readiness.
+func (d *direction) read(fd uintptr) bool {
+	for {
+		n, e := sysRead(fd, d.b)
+		switch e {
+		case 0:
+			d.n = n
+			return true
+		case syscall.EINTR:
+		case syscall.EAGAIN:
+			return false
+		default:
+			d.errno = e
+			return true
+		}
+	}
+}
+
 // Write is net.Conn's Write: all of b, waiting (within the write
 // deadline) for room, or an error with what was written.
 func (c *Conn) Write(b []byte) (int, error) {
-	n := 0
-	var errno syscall.Errno
-	err := c.rc.Write(func(fd uintptr) bool {
-		for n < len(b) {
-			m, e := TryWrite(fd, b[n:])
-			switch e {
-			case 0:
-				n += m
-			case syscall.EINTR:
-			case syscall.EAGAIN:
-				return false // wait in the poller
-			default:
-				errno = e
-				return true
-			}
-		}
-		return true
-	})
-	if err == nil && errno != 0 {
-		err = opError(c, "write", errno)
+	d := &c.w
+	d.mu.Lock()
+	d.b, d.n, d.errno = b, 0, 0
+	err := c.rc.Write(d.fn)
+	n, errno := d.n, d.errno
+	d.b = nil
+	d.mu.Unlock()
+	if err != nil {
+		return n, netOp(err, "write")
 	}
-	return n, err
+	if errno != 0 {
+		return n, opError(c, "write", errno)
+	}
+	return n, nil
+}
+
+// write is a Write's callback: false to wait for room.
+func (d *direction) write(fd uintptr) bool {
+	for d.n < len(d.b) {
+		m, e := TryWrite(fd, d.b[d.n:])
+		switch e {
+		case 0:
+			d.n += m
+		case syscall.EINTR:
+		case syscall.EAGAIN:
+			return false
+		default:
+			d.errno = e
+			return true
+		}
+	}
+	return true
+}
+
+// netOp is err from a RawConn with the operation a net.Conn names
+// ("read", not "raw-read"): net/http tells a closed connection's read
+// by it.
+func netOp(err error, op string) error {
+	var oe *net.OpError
+	if errors.As(err, &oe) && oe.Op == "raw-"+op {
+		c := *oe
+		c.Op = op
+		return &c
+	}
+	return err
 }
 
 // TryWrite writes what the socket fd takes of b now, with one raw
@@ -98,11 +146,7 @@ func TryWrite(fd uintptr, b []byte) (int, syscall.Errno) {
 	if len(b) == 0 {
 		return 0, 0
 	}
-	r, _, e := syscall.RawSyscall(syscall.SYS_WRITE, fd, uintptr(unsafe.Pointer(&b[0])), uintptr(len(b)))
-	if e != 0 {
-		return 0, e
-	}
-	return int(r), 0
+	return sysWrite(fd, b)
 }
 
 // EpollWait reads the ready events of the epoll set epfd into events

@@ -114,11 +114,17 @@ func TestCloseEndsABlockedReadAndLaterCalls(t *testing.T) {
 	select {
 	case err := <-errs:
 		assert.ErrorIs(t, err, net.ErrClosed)
+		var op *net.OpError
+		require.ErrorAs(t, err, &op)
+		assert.Equal(t, "read", op.Op, "net/http tells a closed connection's read by its Op")
 	case <-time.After(5 * time.Second):
 		t.Fatal("a read blocked across Close")
 	}
 	_, err := client.Write([]byte("x"))
 	assert.ErrorIs(t, err, net.ErrClosed)
+	var op *net.OpError
+	require.ErrorAs(t, err, &op)
+	assert.Equal(t, "write", op.Op)
 	_, err = client.Read(make([]byte, 1))
 	assert.ErrorIs(t, err, net.ErrClosed)
 }
@@ -154,4 +160,35 @@ func TestWrapKeepsTheConnectionsOtherMethods(t *testing.T) {
 	defer a.Close()
 	defer b.Close()
 	assert.Same(t, a, rawio.Wrap(a), "not TCP: returned as it is")
+}
+
+func TestASocketOrdersWhatItCarries(t *testing.T) {
+	// What one goroutine writes before it sends a byte, another sees after
+	// it reads the byte: with -race, the detector must see that too.
+	client, server := pair(t)
+	var x int
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		x = 1
+		_, _ = client.Write([]byte{1})
+	}()
+	_, err := io.ReadFull(server, make([]byte, 1))
+	require.NoError(t, err)
+	assert.Equal(t, 1, x)
+	<-done
+}
+
+func TestReadsAndWritesAllocateNothing(t *testing.T) {
+	client, server := pair(t)
+	msg, buf := []byte("ping"), make([]byte, 4)
+	allocs := testing.AllocsPerRun(200, func() {
+		if _, err := client.Write(msg); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.ReadFull(server, buf); err != nil {
+			t.Fatal(err)
+		}
+	})
+	assert.Zero(t, allocs)
 }

@@ -54,13 +54,7 @@ func (c *Conn) Read(b []byte) (int, error) {
 	if len(b) == 0 {
 		return 0, nil
 	}
-	d := &c.r
-	d.mu.Lock()
-	d.b, d.n, d.errno = b, 0, 0
-	err := c.rc.Read(d.fn)
-	n, errno := d.n, d.errno
-	d.b = nil
-	d.mu.Unlock()
+	n, errno, err := c.call(&c.r, b, false)
 	switch {
 	case err != nil:
 		return 0, netOp(err, "read") // closed, or past the deadline
@@ -72,34 +66,55 @@ func (c *Conn) Read(b []byte) (int, error) {
 	return n, nil
 }
 
+// call runs direction d's callback on b in the poller (RawConn's Write
+// when write, else its Read): what it did, its errno, and the poller's
+// error (closed, past the deadline).
+func (c *Conn) call(d *direction, b []byte, write bool) (int, syscall.Errno, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.b, d.n, d.errno = b, 0, 0
+	var err error
+	if write {
+		err = c.rc.Write(d.fn)
+	} else {
+		err = c.rc.Read(d.fn)
+	}
+	d.b = nil
+	return d.n, d.errno, err
+}
+
 // read is a Read's callback: false to wait for readiness.
 func (d *direction) read(fd uintptr) bool {
 	for {
 		n, e := sysRead(fd, d.b)
-		switch e {
-		case 0:
+		if e == 0 {
 			d.n = n
 			return true
-		case syscall.EINTR:
-		case syscall.EAGAIN:
-			return false
-		default:
-			d.errno = e
-			return true
+		}
+		if retry, done := d.failed(e); !retry {
+			return done
 		}
 	}
+}
+
+// failed is what a callback does after a call failed with e: retry it
+// (EINTR); else return done, false to wait for readiness (EAGAIN), true
+// with the error kept.
+func (d *direction) failed(e syscall.Errno) (retry, done bool) {
+	switch e {
+	case syscall.EINTR:
+		return true, false
+	case syscall.EAGAIN:
+		return false, false
+	}
+	d.errno = e
+	return false, true
 }
 
 // Write is net.Conn's Write: all of b, waiting (within the write
 // deadline) for room, or an error with what was written.
 func (c *Conn) Write(b []byte) (int, error) {
-	d := &c.w
-	d.mu.Lock()
-	d.b, d.n, d.errno = b, 0, 0
-	err := c.rc.Write(d.fn)
-	n, errno := d.n, d.errno
-	d.b = nil
-	d.mu.Unlock()
+	n, errno, err := c.call(&c.w, b, true)
 	if err != nil {
 		return n, netOp(err, "write")
 	}
@@ -113,15 +128,12 @@ func (c *Conn) Write(b []byte) (int, error) {
 func (d *direction) write(fd uintptr) bool {
 	for d.n < len(d.b) {
 		m, e := TryWrite(fd, d.b[d.n:])
-		switch e {
-		case 0:
+		if e == 0 {
 			d.n += m
-		case syscall.EINTR:
-		case syscall.EAGAIN:
-			return false
-		default:
-			d.errno = e
-			return true
+			continue
+		}
+		if retry, done := d.failed(e); !retry {
+			return done
 		}
 	}
 	return true

@@ -47,20 +47,12 @@ func (w *rawWriter) tryWrite(b []byte) (int, error) {
 	return n, err
 }
 
-// write is tryWrite's callback: it writes w.b from w.n on.
+// write is tryWrite's callback: it writes what the socket takes of w.b.
 func (w *rawWriter) write(fd uintptr) bool {
-	for w.n < len(w.b) {
-		m, e := rawio.TryWrite(fd, w.b[w.n:])
-		if e == syscall.EINTR {
-			continue
-		}
-		if e != 0 || m <= 0 {
-			if e != 0 && e != syscall.EAGAIN {
-				w.err = e
-			}
-			break
-		}
-		w.n += m
+	m, e := rawio.TryWriteAll(fd, w.b[w.n:])
+	w.n += m
+	if e != 0 && e != syscall.EAGAIN {
+		w.err = e
 	}
 	return true // done either way: never wait here
 }

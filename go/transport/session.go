@@ -292,16 +292,12 @@ func (s *session) writeLoop() {
 		}
 		pri, buf := s.take()
 		s.mu.Unlock()
-		var err error
-		switch {
-		case len(pri) == 0:
-			_, err = s.conn.Write(buf)
-		case len(buf) == 0:
+		var err error // pri first; two writes, as net.Buffers would bypass the raw calls
+		if len(pri) > 0 {
 			_, err = s.conn.Write(pri)
-		default: // two writes: net.Buffers would write through the connection's own writev, not raw
-			if _, err = s.conn.Write(pri); err == nil {
-				_, err = s.conn.Write(buf)
-			}
+		}
+		if err == nil && len(buf) > 0 {
+			_, err = s.conn.Write(buf)
 		}
 		s.wrote.Store(true)
 		s.mu.Lock()

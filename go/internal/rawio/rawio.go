@@ -22,10 +22,32 @@ package rawio
 import (
 	"net"
 	"os"
+	"syscall"
 )
 
 // opError is err as a TCP connection's method reports it (net.OpError
 // around an os.SyscallError), so callers see the errors of net.Conn.
 func opError(c net.Conn, op string, err error) error {
 	return &net.OpError{Op: op, Net: "tcp", Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: os.NewSyscallError(op, err)}
+}
+
+// TryWriteAll writes what the socket fd takes of b now, retrying
+// interrupted writes, and never waits: the count, and the error that
+// stopped it (EAGAIN when the socket is full; 0 when all of b went, or a
+// write took nothing).
+func TryWriteAll(fd uintptr, b []byte) (int, syscall.Errno) {
+	n := 0
+	for n < len(b) {
+		m, e := TryWrite(fd, b[n:])
+		switch {
+		case e == syscall.EINTR:
+			continue
+		case e != 0:
+			return n, e
+		case m <= 0:
+			return n, 0
+		}
+		n += m
+	}
+	return n, 0
 }

@@ -87,28 +87,18 @@ func (c *Conn) call(d *direction, b []byte, write bool) (int, syscall.Errno, err
 func (d *direction) read(fd uintptr) bool {
 	for {
 		n, e := sysRead(fd, d.b)
-		if e == 0 {
+		switch e {
+		case 0:
 			d.n = n
 			return true
-		}
-		if retry, done := d.failed(e); !retry {
-			return done
+		case syscall.EINTR:
+		case syscall.EAGAIN:
+			return false // wait for something to read
+		default:
+			d.errno = e
+			return true
 		}
 	}
-}
-
-// failed is what a callback does after a call failed with e: retry it
-// (EINTR); else return done, false to wait for readiness (EAGAIN), true
-// with the error kept.
-func (d *direction) failed(e syscall.Errno) (retry, done bool) {
-	switch e {
-	case syscall.EINTR:
-		return true, false
-	case syscall.EAGAIN:
-		return false, false
-	}
-	d.errno = e
-	return false, true
 }
 
 // Write is net.Conn's Write: all of b, waiting (within the write
@@ -126,15 +116,14 @@ func (c *Conn) Write(b []byte) (int, error) {
 
 // write is a Write's callback: false to wait for room.
 func (d *direction) write(fd uintptr) bool {
-	for d.n < len(d.b) {
-		m, e := TryWrite(fd, d.b[d.n:])
-		if e == 0 {
-			d.n += m
-			continue
-		}
-		if retry, done := d.failed(e); !retry {
-			return done
-		}
+	m, e := TryWriteAll(fd, d.b[d.n:])
+	d.n += m
+	switch {
+	case e != 0 && e != syscall.EAGAIN:
+		d.errno = e
+		return true
+	case d.n < len(d.b):
+		return false // full (EAGAIN, or a write that took nothing): wait for room
 	}
 	return true
 }

@@ -28,6 +28,19 @@ func TestTryWriteTakesWhatFitsAndSaysWhenFull(t *testing.T) {
 		_, e = rawio.TryWrite(uintptr(fds[0]), big)
 	}
 	assert.Equal(t, syscall.EAGAIN, e, "a full socket: EAGAIN, never a wait")
+	n, e = rawio.TryWriteAll(uintptr(fds[0]), big)
+	assert.Equal(t, syscall.EAGAIN, e)
+	assert.Zero(t, n, "full: nothing taken")
+	buf := make([]byte, 64<<10)
+	_, err = syscall.Read(fds[1], buf) // room for some
+	require.NoError(t, err)
+	n, e = rawio.TryWriteAll(uintptr(fds[0]), big)
+	assert.Positive(t, n, "what fits is taken")
+	assert.Less(t, n, len(big))
+	assert.Equal(t, syscall.EAGAIN, e)
+	n, e = rawio.TryWriteAll(uintptr(fds[0]), nil)
+	assert.Zero(t, n)
+	assert.Zero(t, e)
 	_, e = rawio.TryWrite(^uintptr(0)>>1, big)
 	assert.Equal(t, syscall.EBADF, e)
 }

@@ -3,6 +3,7 @@ package transport
 import (
 	"context"
 	"io"
+	"sync"
 	"testing"
 	"time"
 
@@ -114,6 +115,48 @@ func TestKillOutcome(t *testing.T) {
 		_ = c.Close() // gone without an end frame
 		wantOutcome(t, ch, true)
 	})
+}
+
+// On a session, the worker's reader closes the stream (its Fin) when it
+// reads the caller's Kill and Fin, which can happen while the worker's end
+// frame is on its way into the stream, between Write's check of the
+// stream and its queueing. The end frame must then fail with ErrKilled, as
+// the caller sees a Fin without it: the Kill aborted the request on both
+// sides. (Queued behind the Fin, the frame was dropped by the caller while
+// Finish reported it sent: the caller said aborted, the worker did not.)
+func TestKillOutcomeStreamClosedDuringEnd(t *testing.T) {
+	if *ownConnections {
+		t.Skip("a stream of a session only")
+	}
+	_, in, o := connect(t)
+	attach(t, in, o)
+	ch := outcomeOf(in)
+	inWrite, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	hook := func(v *vstream) {
+		if !v.s.dialer {
+			return // the caller's writes (its Kill)
+		}
+		once.Do(func() {
+			close(inWrite)
+			<-release
+		})
+	}
+	testHookWriteChecked.Store(&hook)
+	defer testHookWriteChecked.Store(nil)
+	endErr := make(chan error, 1)
+	go func() { endErr <- o.Finish() }()
+	waitClosed(t, inWrite, "the end frame's write")
+	in.Kill()
+	waitClosed(t, o.Done(), "Done") // the worker read the Kill and the caller's Fin, and closed the stream
+	close(release)
+	select {
+	case err := <-endErr:
+		assert.ErrorIs(t, err, ErrKilled, "the end frame went nowhere: the Kill aborted the request")
+	case <-time.After(waitFor):
+		t.Fatal("Finish did not return")
+	}
+	wantOutcome(t, ch, true)
 }
 
 // Both sides agree, however the Kill and the worker's end cross: the caller's

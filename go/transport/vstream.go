@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/dynamo-ctx/dynamo-ctx/go/frame"
@@ -29,6 +30,10 @@ type vstream struct {
 	wdl    deadline
 	notify chan struct{} // cap 1: bytes, Fin, error, close or read deadline
 	outGen uint64        // s.gen+1 while some of its frames wait in s.out (s.mu)
+	// finQueued: CloseWrite queued our Fin (or found the session ended);
+	// s.mu. Write checks it where it queues, under the same lock: wfin
+	// and closed, read before, may be set by the time it queues.
+	finQueued bool
 	// eager: Write queues its bytes however many the session holds
 	// (setEager: the Outgoing's TrySendBatch, whose frames the stream's
 	// credit bounds); mu. batch, when set with it: Write leaves the write
@@ -261,11 +266,23 @@ func (v *vstream) Write(p []byte) (int, error) {
 		if v.wdl.passed() {
 			return 0, os.ErrDeadlineExceeded
 		}
+		if h := testHookWriteChecked.Load(); h != nil {
+			(*h)(v)
+		}
 		s.mu.Lock()
 		if s.err != nil {
 			err := s.err
 			s.mu.Unlock()
 			return 0, err
+		}
+		if v.finQueued {
+			// Closed since the check above (the Outgoing's reader closes
+			// the stream at the caller's Fin while its end frame is being
+			// written): nothing may follow the Fin, which the caller reads
+			// as the end; a frame queued behind it would be dropped there
+			// unseen while this write reported it sent.
+			s.mu.Unlock()
+			return 0, errWriteAfterFin
 		}
 		if len(s.out) < sessWriteQueue || len(p) == 0 || eager {
 			for n := 0; n < len(p); n += sessChunk {
@@ -317,6 +334,10 @@ func (v *vstream) setEager(on bool, b *Batch) {
 
 var errWriteAfterFin = errors.New("transport: write after CloseWrite")
 
+// testHookWriteChecked, when set (by tests only), runs in Write between
+// its check of the stream's state and its queueing.
+var testHookWriteChecked atomic.Pointer[func(*vstream)]
+
 // CloseWrite queues the stream's Fin after its bytes.
 func (v *vstream) CloseWrite() error {
 	v.mu.Lock()
@@ -328,6 +349,7 @@ func (v *vstream) CloseWrite() error {
 	v.mu.Unlock()
 	s := v.s
 	s.mu.Lock()
+	v.finQueued = true
 	if s.err == nil && !s.dialer && len(s.out)+len(s.pri) >= sessWriteQueue {
 		// A worker that lets this much pile up (refused streams' Fins,
 		// say) does not read: see Write.

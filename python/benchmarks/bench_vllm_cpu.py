@@ -33,6 +33,11 @@ serving layers' cost show):
   streamed, from 32 keep-alive clients; each process's CPU microseconds per request.
 
 ``--phases`` picks some of them (``throughput,aborts,goodput,short``, the default: all).
+``--phases breakdown`` (asked for alone: its probe costs a little CPU) runs the throughput
+runs again with ``DC_CPU_PROBE`` set (vllm_abort_hook/sitecustomize.py) and splits the
+CPU per token of the serving process's main thread (where the event loop runs: vLLM's
+API server, or our worker) between vLLM's output processing, its stats loggers, its
+decoding of the engine's messages, our worker's handing over of items, and the rest.
 
 Prints a markdown table per figure (docs/benchmarks.md keeps the current ones).
 """
@@ -64,6 +69,7 @@ REPEATS = int(os.environ.get("BENCH_REPEATS", "3"))
 ABORTS = int(os.environ.get("BENCH_ABORTS", "40"))
 SHORT = int(os.environ.get("BENCH_SHORT", "2000"))
 PHASES = ("throughput", "aborts", "goodput", "short")
+OPTIONAL_PHASES = ("breakdown",)  # only when asked for (--phases)
 GOODPUT_S = float(os.environ.get("BENCH_GOODPUT_S", "30"))
 
 
@@ -172,9 +178,11 @@ def start_dynamo(model: str, env: Dict[str, str], flags: List[str], log_dir: Pat
     return ("127.0.0.1", port), {"frontend": fe.pid, "worker": worker.pid}, [fe, worker]
 
 
-def start(stack: str, model: str, log_dir: Path, abort_log: Path) -> Tuple[Tuple[str, int], Dict[str, int], List[Any]]:
-    """The stack's processes: (host, port) of its OpenAI API, role -> pid, the processes."""
-    env = environment({"DC_ABORT_LOG": str(abort_log)})
+def start(stack: str, model: str, log_dir: Path, abort_log: Path,
+          probe: Any = None) -> Tuple[Tuple[str, int], Dict[str, int], List[Any]]:
+    """The stack's processes: (host, port) of its OpenAI API, role -> pid, the processes
+    (``probe``: a folder for the CPU probe's files, see ``breakdown``)."""
+    env = environment({"DC_ABORT_LOG": str(abort_log), **({"DC_CPU_PROBE": str(probe)} if probe else {})})
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HOOK), env.get("PYTHONPATH")]))
     flags = engine_flags(max_num_seqs=64, max_num_batched_tokens=2048)
     if stack == "dynamo":
@@ -235,6 +243,30 @@ async def repeated(hp: Tuple[str, int], roots: Dict[str, int], c: int) -> Dict[s
     for k in ("cpu_s", "switches", "tokens"):
         del mid[k]
     return mid
+
+
+def probe_read(probe: Path, pid: int) -> Dict[str, Any]:
+    """The CPU probe's latest record of process ``pid`` (written every half second)."""
+    time.sleep(1.2)  # a record written after the last call
+    return json.loads((probe / f"{pid}.json").read_text())
+
+
+async def breakdown(hp: Tuple[str, int], roots: Dict[str, int], c: int, probe: Path) -> Dict[str, Any]:
+    """REPEATS throughput runs at ``c`` streams, and the CPU microseconds per token of the
+    serving process's main thread, and of each probed function in it (its
+    ``PROBES``, vllm_abort_hook/sitecustomize.py)."""
+    role = "worker" if "worker" in roots else "api-server"
+    before = probe_read(probe, roots[role])
+    tokens = 0
+    for _ in range(REPEATS):
+        tokens += (await throughput(hp, roots, c))["tokens"]
+    after = probe_read(probe, roots[role])
+    functions = {}
+    for name, (cpu_s, calls) in after["functions"].items():
+        cpu0, calls0 = before["functions"].get(name, (0.0, 0))
+        functions[name] = {"us_per_token": (cpu_s - cpu0) / tokens * 1e6, "calls_per_token": (calls - calls0) / tokens}
+    return {"streams": c, "process": role, "tokens": tokens,
+            "main_us_per_token": (after["main_cpu_s"] - before["main_cpu_s"]) / tokens * 1e6, "functions": functions}
 
 
 def abort_times(log: Path) -> List[float]:
@@ -332,7 +364,10 @@ async def short_requests(hp: Tuple[str, int], roots: Dict[str, int]) -> Dict[str
 def inner(stack: str, model: str, out: Path, phases: List[str]) -> None:
     log_dir = Path(tempfile.mkdtemp(prefix=f"bench-{stack}-"))
     abort_log = log_dir / "aborts.log"
-    hp, roots, procs = start(stack, model_dir(model), log_dir, abort_log)
+    probe = log_dir / "probe" if "breakdown" in phases else None
+    if probe:
+        probe.mkdir()
+    hp, roots, procs = start(stack, model_dir(model), log_dir, abort_log, probe)
     try:
         async def run() -> Dict[str, Any]:
             for c in (16, 64):  # the engine's first batches of each size are slow (warm-up, allocations): not measured
@@ -346,6 +381,8 @@ def inner(stack: str, model: str, out: Path, phases: List[str]) -> None:
                 res["aborts"] = [await abort_latency(hp, abort_log, p) for p in ("decode", "prefill")]
             if "goodput" in phases:
                 res["goodput"] = await goodput(hp)
+            if probe:
+                res["breakdown"] = [await breakdown(hp, roots, c, probe) for c in (16, 64)]
             return res
 
         out.write_text(json.dumps(dict(asyncio.run(run()), stack=stack, model=model)))
@@ -415,6 +452,15 @@ def _short_row(r: Dict[str, Any], sh: Dict[str, Any], results: List[Dict[str, An
     return f"| {r['model']} | {r['stack']} | {sh['rps']:.1f} | {serving_cpu(r):.0f} | {cpu} | {ratios} |"
 
 
+def _breakdown_row(r: Dict[str, Any], b: Dict[str, Any], results: List[Dict[str, Any]]) -> str:
+    f = {k: v["us_per_token"] for k, v in b["functions"].items()}
+    counted = sum(v for k, v in f.items() if k != "ours.put")  # ours.put runs inside vllm.process_outputs
+    cells = [f"{f[k]:.1f}" if k in f else "-" for k in
+             ("vllm.process_outputs", "ours.put", "vllm.stats_record", "vllm.msgpack_decode", "ours.flush")]
+    return (f"| {r['model']} | {r['stack']} ({b['process']}) | {b['streams']} | {b['main_us_per_token']:.1f} | "
+            + " | ".join(cells) + f" | {b['main_us_per_token'] - counted:.1f} |")
+
+
 #: Each figure's table: its key in a result, its header, and how a row is written.
 TABLES = [
     ("throughput", "| model | stack | streams | tokens/s (median; range) | TTFT p50 / p99 ms | ITL p50 / p99 ms "
@@ -427,6 +473,10 @@ TABLES = [
      "|---|---|--:|--:|--:|--:|", _goodput_row),
     ("short", "| model | stack | short requests/s | serving CPU us per request | CPU us per request, by process | ours against |\n"
      "|---|---|--:|--:|---|---|", _short_row),
+    ("breakdown", "| model | stack (process) | streams | main thread CPU us per token | vLLM's output processing "
+     "| of which our items (inside it) | vLLM's stats loggers | vLLM's decoding | our hand-over of a step's items "
+     "| the rest (the event loop, HTTP, requests' starts and ends) |\n"
+     "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|", _breakdown_row),
 ]
 
 
@@ -448,10 +498,10 @@ def main() -> None:
     ap.add_argument("--model")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--json", type=Path, help="also write every result here")
-    ap.add_argument("--phases", default=",".join(PHASES), help="which figures: " + ",".join(PHASES))
+    ap.add_argument("--phases", default=",".join(PHASES), help="which figures: " + ",".join(PHASES + OPTIONAL_PHASES))
     args = ap.parse_args()
     phases = args.phases.split(",")
-    unknown = set(phases) - set(PHASES)
+    unknown = set(phases) - set(PHASES + OPTIONAL_PHASES)
     if unknown:
         ap.error(f"unknown phases: {', '.join(sorted(unknown))}")
     if args.inner:

@@ -6,6 +6,14 @@ the benchmark runs: Dynamo imports ``get_engine_zmq_addresses`` from
 ``vllm.v1.engine.utils`` (for its embedding workers only), a name vLLM 0.32 no longer
 has; a stand-in that raises is put there.
 
+With DC_CPU_PROBE naming a folder, it counts the CPU time that this process's threads
+spend in a few functions on the path of every engine step (``PROBES``: vLLM's output
+processing, its stats loggers and message decoding, and our worker's handing over of
+items), and every half second writes ``<folder>/<pid>.json``: per function, the CPU
+seconds and calls so far, and the CPU seconds of the main thread (where the event loop
+runs). bench_vllm_cpu.py's ``breakdown`` phase reads it. Each probed call costs two
+``time.thread_time`` calls (under a microsecond).
+
 The benchmark puts this folder first on PYTHONPATH of both stacks (vLLM's server, and
 our worker), so that the time from a client's close to the engine's abort is taken at
 the same place in both. The module is patched when it is first imported (an import
@@ -16,14 +24,26 @@ from __future__ import annotations
 
 import importlib.abc
 import importlib.machinery
+import json
 import os
 import sys
+import threading
 import time
 
 _LOG = os.environ.get("DC_ABORT_LOG")
 _SHIM = os.environ.get("DC_VLLM_SHIM") == "1"
 _TARGET = "vllm.v1.engine.async_llm"
 _UTILS = "vllm.v1.engine.utils"
+_PROBE = os.environ.get("DC_CPU_PROBE")
+
+#: What the probe counts: module -> [(class, method, the name it is reported under)].
+PROBES = {
+    "vllm.v1.engine.output_processor": [("OutputProcessor", "process_outputs", "vllm.process_outputs")],
+    "vllm.v1.metrics.loggers": [("StatLoggerManager", "record", "vllm.stats_record")],
+    "vllm.v1.serial_utils": [("MsgpackDecoder", "decode", "vllm.msgpack_decode")],
+    "dynamo_ctx.serving": [("_Sends", "flush", "ours.flush")],
+    "dynamo_ctx.backends.vllm": [("_Pushed", "_put", "ours.put")],
+}
 
 
 def _shim(module) -> None:
@@ -47,6 +67,51 @@ def _patch(module) -> None:
     cls.abort = abort
 
 
+_counts = {}  # name -> [CPU seconds, calls]
+_dumper = []
+
+
+def _dump_forever() -> None:
+    main = threading.main_thread().native_id
+    path = os.path.join(_PROBE, f"{os.getpid()}.json")
+    tick = os.sysconf("SC_CLK_TCK")
+    while True:
+        time.sleep(0.5)
+        try:
+            with open(f"/proc/self/task/{main}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            record = {"argv": sys.argv, "main_cpu_s": (int(fields[11]) + int(fields[12])) / tick,
+                      "functions": {k: list(v) for k, v in list(_counts.items())}}
+            with open(path + ".tmp", "w") as f:
+                json.dump(record, f)
+            os.replace(path + ".tmp", path)
+        except OSError:
+            return
+
+
+def _probe(module) -> None:
+    now = time.thread_time
+    for cls_name, method, name in PROBES[module.__name__]:
+        cls = getattr(module, cls_name, None)
+        original = getattr(cls, method, None)
+        if original is None:
+            continue  # another version: that figure is left out
+        counter = _counts.setdefault(name, [0.0, 0])
+
+        def counted(*args, _original=original, _counter=counter, **kwargs):
+            t = now()
+            try:
+                return _original(*args, **kwargs)
+            finally:
+                _counter[0] += now() - t
+                _counter[1] += 1
+
+        setattr(cls, method, counted)
+    if not _dumper:
+        _dumper.append(threading.Thread(target=_dump_forever, name="dc-cpu-probe", daemon=True))
+        _dumper[0].start()
+
+
 class _Finder(importlib.abc.MetaPathFinder):
     def __init__(self, patches):
         self.patches = patches
@@ -64,11 +129,12 @@ class _Finder(importlib.abc.MetaPathFinder):
         loader = spec.loader
         exec_module = loader.exec_module
 
-        patch = self.patches[name]
+        patches = self.patches[name]
 
         def exec_and_patch(module):
             exec_module(module)
-            patch(module)
+            for patch in patches:
+                patch(module)
 
         loader.exec_module = exec_and_patch
         return spec
@@ -76,8 +142,11 @@ class _Finder(importlib.abc.MetaPathFinder):
 
 _patches = {}
 if _LOG:
-    _patches[_TARGET] = _patch
+    _patches.setdefault(_TARGET, []).append(_patch)
 if _SHIM:
-    _patches[_UTILS] = _shim
+    _patches.setdefault(_UTILS, []).append(_shim)
+if _PROBE:
+    for _module in PROBES:
+        _patches.setdefault(_module, []).append(_probe)
 if _patches:
     sys.meta_path.insert(0, _Finder(_patches))

@@ -214,3 +214,26 @@ def test_a_worker_at_its_default_level_logs_nothing_per_request(nats_url):
             told.kill()
 
     run(main())
+
+
+def test_the_vllm_worker_caches_vllms_environment(monkeypatch):
+    """Once its engine runs, the worker makes vLLM read its environment variables
+    once (``vllm.envs.enable_envs_cache``), as vLLM's engine core does; a vLLM
+    without that function is left as it is."""
+    import sys
+    import types
+
+    from dynamo_ctx.cli.worker import cache_vllm_environment
+
+    calls = []
+    envs = types.ModuleType("vllm.envs")
+    envs.enable_envs_cache = lambda: calls.append(1)  # type: ignore[attr-defined]
+    vllm = types.ModuleType("vllm")
+    vllm.envs = envs  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "vllm", vllm)
+    monkeypatch.setitem(sys.modules, "vllm.envs", envs)
+    cache_vllm_environment()
+    assert calls == [1]
+    del envs.enable_envs_cache  # type: ignore[attr-defined]
+    cache_vllm_environment()  # nothing to call: no error
+    assert calls == [1]

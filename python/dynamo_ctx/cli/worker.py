@@ -350,12 +350,27 @@ def mock_model(args: argparse.Namespace) -> Tuple[Any, Model]:
     return engine, Model(served_model_name(args), path, length, args.max_num_seqs, engine.load_sink)
 
 
+def cache_vllm_environment() -> None:
+    """Make vLLM read its environment variables once from now on (``vllm.envs.
+    enable_envs_cache``, as its engine core does once it has started): its
+    output path looks some up for every output of every step (``envs.VLLM_*``,
+    each an ``os.getenv`` and more, 5% of the worker's Python at 16 streams).
+    Nothing changes the worker's environment once its engine runs. A vLLM
+    without the function reads them as before."""
+    import vllm.envs  # type: ignore[import-not-found]
+
+    enable = getattr(vllm.envs, "enable_envs_cache", None)
+    if callable(enable):
+        enable()
+
+
 def vllm_model(args: argparse.Namespace) -> Tuple[Any, Model]:
     """vLLM's engine and its model (the context length is the engine's own)."""
     from vllm.v1.engine.async_llm import AsyncLLM  # type: ignore[import-not-found]
 
     sink = LoadSink()  # the scheduler's waiting requests and KV usage, from vLLM's own stats
     engine = AsyncLLM.from_engine_args(engine_args(args), stat_loggers=[vllm_stat_logger(sink)])
+    cache_vllm_environment()
     length = getattr(getattr(engine, "model_config", None), "max_model_len", None)
     # The engine's own capacity (vLLM resolves its default from the machine).
     seqs = getattr(getattr(getattr(engine, "vllm_config", None), "scheduler_config", None), "max_num_seqs", None)

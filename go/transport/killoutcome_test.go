@@ -133,9 +133,10 @@ func TestKillOutcomeStreamClosedDuringEnd(t *testing.T) {
 	ch := outcomeOf(in)
 	inWrite, release := make(chan struct{}), make(chan struct{})
 	var once sync.Once
+	stream := o.conn.(*vstream) // attached: no redial from here on
 	hook := func(v *vstream) {
-		if !v.s.dialer {
-			return // the caller's writes (its Kill)
+		if v != stream {
+			return // the caller's writes (its Kill), and any other stream's
 		}
 		once.Do(func() {
 			close(inWrite)

@@ -33,7 +33,7 @@ serving layers' cost show):
   streamed, from 32 keep-alive clients; each process's CPU microseconds per request.
 
 ``--phases`` picks some of them (``throughput,aborts,goodput,short``, the default: all).
-``--phases breakdown`` (asked for alone: its probe costs a little CPU) runs the throughput
+``--phases breakdown`` (asked for alone: its probe costs a little CPU, taken out of its figures) runs the throughput
 runs again with ``DC_CPU_PROBE`` set (vllm_abort_hook/sitecustomize.py) and splits the
 CPU per token of the serving process's main thread (where the event loop runs: vLLM's
 API server, or our worker) between vLLM's output processing, its stats loggers, its
@@ -245,10 +245,25 @@ async def repeated(hp: Tuple[str, int], roots: Dict[str, int], c: int) -> Dict[s
     return mid
 
 
+#: Probed functions that run inside another probed function: name -> the one they run in.
+PROBED_INSIDE = {"ours.put": "vllm.process_outputs"}
+
+
 def probe_read(probe: Path, pid: int) -> Dict[str, Any]:
-    """The CPU probe's latest record of process ``pid`` (written every half second)."""
-    time.sleep(1.2)  # a record written after the last call
-    return json.loads((probe / f"{pid}.json").read_text())
+    """The CPU probe's record of process ``pid`` written after this call (one is
+    written every half second)."""
+    asked = time.time()
+    deadline = asked + 10
+    while True:
+        time.sleep(0.6)
+        try:
+            record = json.loads((probe / f"{pid}.json").read_text())
+        except (OSError, ValueError):
+            record = None  # not yet written, or being replaced
+        if record is not None and record["written_at"] > asked:
+            return record
+        if time.time() > deadline:
+            raise RuntimeError(f"no fresh CPU probe record of process {pid} in {probe}")
 
 
 async def breakdown(hp: Tuple[str, int], roots: Dict[str, int], c: int, probe: Path) -> Dict[str, Any]:
@@ -261,12 +276,18 @@ async def breakdown(hp: Tuple[str, int], roots: Dict[str, int], c: int, probe: P
     for _ in range(REPEATS):
         tokens += (await throughput(hp, roots, c))["tokens"]
     after = probe_read(probe, roots[role])
-    functions = {}
-    for name, (cpu_s, calls) in after["functions"].items():
-        cpu0, calls0 = before["functions"].get(name, (0.0, 0))
-        functions[name] = {"us_per_token": (cpu_s - cpu0) / tokens * 1e6, "calls_per_token": (calls - calls0) / tokens}
-    return {"streams": c, "process": role, "tokens": tokens,
-            "main_us_per_token": (after["main_cpu_s"] - before["main_cpu_s"]) / tokens * 1e6, "functions": functions}
+    cost = after["probe_cost_s"]  # what one probed call adds to its thread: taken out below
+    functions, calls = {}, {}
+    for name, (cpu_s, n) in after["functions"].items():
+        cpu0, n0 = before["functions"].get(name, (0.0, 0))
+        functions[name], calls[name] = cpu_s - cpu0, n - n0
+    for name, outer in PROBED_INSIDE.items():
+        if name in calls and outer in functions:
+            functions[outer] -= calls[name] * cost
+    main = after["main_cpu_s"] - before["main_cpu_s"] - sum(calls.values()) * cost
+    return {"streams": c, "process": role, "tokens": tokens, "probe_cost_us": cost * 1e6,
+            "main_us_per_token": main / tokens * 1e6,
+            "functions": {k: {"us_per_token": v / tokens * 1e6, "calls_per_token": calls[k] / tokens} for k, v in functions.items()}}
 
 
 def abort_times(log: Path) -> List[float]:
@@ -454,7 +475,7 @@ def _short_row(r: Dict[str, Any], sh: Dict[str, Any], results: List[Dict[str, An
 
 def _breakdown_row(r: Dict[str, Any], b: Dict[str, Any], results: List[Dict[str, Any]]) -> str:
     f = {k: v["us_per_token"] for k, v in b["functions"].items()}
-    counted = sum(v for k, v in f.items() if k != "ours.put")  # ours.put runs inside vllm.process_outputs
+    counted = sum(v for k, v in f.items() if k not in PROBED_INSIDE)
     cells = [f"{f[k]:.1f}" if k in f else "-" for k in
              ("vllm.process_outputs", "ours.put", "vllm.stats_record", "vllm.msgpack_decode", "ours.flush")]
     return (f"| {r['model']} | {r['stack']} ({b['process']}) | {b['streams']} | {b['main_us_per_token']:.1f} | "

@@ -10,9 +10,11 @@ With DC_CPU_PROBE naming a folder, it counts the CPU time that this process's th
 spend in a few functions on the path of every engine step (``PROBES``: vLLM's output
 processing, its stats loggers and message decoding, and our worker's handing over of
 items), and every half second writes ``<folder>/<pid>.json``: per function, the CPU
-seconds and calls so far, and the CPU seconds of the main thread (where the event loop
-runs). bench_vllm_cpu.py's ``breakdown`` phase reads it. Each probed call costs two
-``time.thread_time`` calls (under a microsecond).
+seconds and calls so far, the CPU seconds of the main thread (where the event loop
+runs), when the record was written, and what one probed call costs the thread beyond
+the call itself (``probe_cost_s``, measured once: two ``time.thread_time`` calls and
+the wrapper, about a microsecond and a half). bench_vllm_cpu.py's ``breakdown`` phase
+reads it and takes that cost out of its figures.
 
 The benchmark puts this folder first on PYTHONPATH of both stacks (vLLM's server, and
 our worker), so that the time from a client's close to the engine's abort is taken at
@@ -71,42 +73,65 @@ _counts = {}  # name -> [CPU seconds, calls]
 _dumper = []
 
 
+def _counting(original, counter):
+    """``original``, counting its thread CPU seconds and calls into ``counter``."""
+    now = time.thread_time
+
+    def counted(*args, **kwargs):
+        t = now()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            counter[0] += now() - t
+            counter[1] += 1
+
+    return counted
+
+
+def _probe_cost(n: int = 20000) -> float:
+    """The thread CPU seconds one probed call adds, beyond the call itself."""
+    def nothing():
+        return None
+
+    counted = _counting(nothing, [0.0, 0])
+    now = time.thread_time
+    t = now()
+    for _ in range(n):
+        nothing()
+    bare = now() - t
+    t = now()
+    for _ in range(n):
+        counted()
+    return max(0.0, (now() - t - bare) / n)
+
+
 def _dump_forever() -> None:
     main = threading.main_thread().native_id
     path = os.path.join(_PROBE, f"{os.getpid()}.json")
     tick = os.sysconf("SC_CLK_TCK")
+    cost = _probe_cost()
     while True:
         time.sleep(0.5)
         try:
             with open(f"/proc/self/task/{main}/stat") as f:
                 fields = f.read().rsplit(")", 1)[1].split()
-            record = {"argv": sys.argv, "main_cpu_s": (int(fields[11]) + int(fields[12])) / tick,
+            record = {"argv": sys.argv, "written_at": time.time(), "probe_cost_s": cost,
+                      "main_cpu_s": (int(fields[11]) + int(fields[12])) / tick,
                       "functions": {k: list(v) for k, v in list(_counts.items())}}
             with open(path + ".tmp", "w") as f:
                 json.dump(record, f)
             os.replace(path + ".tmp", path)
-        except OSError:
-            return
+        except Exception:  # noqa: BLE001 - the next round tries again; the reader sees the record grow stale
+            pass
 
 
 def _probe(module) -> None:
-    now = time.thread_time
     for cls_name, method, name in PROBES[module.__name__]:
         cls = getattr(module, cls_name, None)
         original = getattr(cls, method, None)
         if original is None:
             continue  # another version: that figure is left out
-        counter = _counts.setdefault(name, [0.0, 0])
-
-        def counted(*args, _original=original, _counter=counter, **kwargs):
-            t = now()
-            try:
-                return _original(*args, **kwargs)
-            finally:
-                _counter[0] += now() - t
-                _counter[1] += 1
-
-        setattr(cls, method, counted)
+        setattr(cls, method, _counting(original, _counts.setdefault(name, [0.0, 0])))
     if not _dumper:
         _dumper.append(threading.Thread(target=_dump_forever, name="dc-cpu-probe", daemon=True))
         _dumper[0].start()

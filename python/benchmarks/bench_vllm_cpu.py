@@ -249,13 +249,13 @@ async def repeated(hp: Tuple[str, int], roots: Dict[str, int], c: int) -> Dict[s
 PROBED_INSIDE = {"ours.put": "vllm.process_outputs"}
 
 
-def probe_read(probe: Path, pid: int) -> Dict[str, Any]:
+async def probe_read(probe: Path, pid: int) -> Dict[str, Any]:
     """The CPU probe's record of process ``pid`` written after this call (one is
     written every half second)."""
     asked = time.time()
     deadline = asked + 10
     while True:
-        time.sleep(0.6)
+        await asyncio.sleep(0.6)
         try:
             record = json.loads((probe / f"{pid}.json").read_text())
         except (OSError, ValueError):
@@ -271,11 +271,11 @@ async def breakdown(hp: Tuple[str, int], roots: Dict[str, int], c: int, probe: P
     serving process's main thread, and of each probed function in it (its
     ``PROBES``, vllm_abort_hook/sitecustomize.py)."""
     role = "worker" if "worker" in roots else "api-server"
-    before = probe_read(probe, roots[role])
+    before = await probe_read(probe, roots[role])
     tokens = 0
     for _ in range(REPEATS):
         tokens += (await throughput(hp, roots, c))["tokens"]
-    after = probe_read(probe, roots[role])
+    after = await probe_read(probe, roots[role])
     cost = after["probe_cost_s"]  # what one probed call adds to its thread: taken out below
     functions, calls = {}, {}
     for name, (cpu_s, n) in after["functions"].items():

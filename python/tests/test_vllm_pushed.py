@@ -281,3 +281,24 @@ def test_a_request_the_engine_refused_is_not_aborted(nats_url):
         return engine
 
     assert getattr(run(main()), "aborts_called", 0) == 0
+
+
+def test_the_short_ways_check_is_every_unset_field():
+    """vllm_lean's per-output check spells out _UNSET (for speed): the two agree,
+    so a field named there is never left unchecked (the contract tests,
+    python/tests/vllm_contract/test_vllm_lean.py, run it against vLLM)."""
+    import inspect
+    import re
+
+    from dynamo_ctx.backends import vllm_lean
+
+    checked = re.findall(r"out\.(\w+) is None", inspect.getsource(vllm_lean.LeanOutputs.process_outputs))
+    assert sorted(checked) == sorted(vllm_lean._UNSET)
+
+
+def test_the_mock_has_no_short_way():
+    """The short way around vLLM's output processor is for vLLM's AsyncLLM alone:
+    the mock's outputs all go through its collector."""
+    from dynamo_ctx.backends.vllm import _lean_outputs
+
+    assert _lean_outputs(Engine()) is None

@@ -61,6 +61,7 @@ from .. import _trace
 from .._aio import eager_task, on_stopped
 from ..context import Context
 from ..serving import item_sink, pushes_items
+from .vllm_lean import LeanOutputs
 from .metrics import OUTCOMES, WorkerMetrics  # noqa: F401 - WorkerMetrics's home is metrics.py; importable here as before
 
 logger = logging.getLogger("dynamo_ctx.backends.vllm")
@@ -364,7 +365,15 @@ class BaseWorkerHandler:
                     await asyncio.shield(_abort_quietly(self.engine, engine_id))
                     return
                 pushed.watch(collector)
-                await pushed.done
+                lean = _lean_outputs(self.engine)
+                routed = getattr(collector, "request_id", None) if lean is not None else None
+                if routed is not None and not lean.route(routed, pushed.tokens):  # type: ignore[union-attr]
+                    routed = None
+                try:
+                    await pushed.done
+                finally:
+                    if routed is not None:
+                        lean.unroute(routed)  # type: ignore[union-attr]
                 finished = pushed.finished
                 return
             outputs = self.engine.generate(prompt, params, engine_id)
@@ -518,6 +527,21 @@ class _Pushed:
         if self.finished:
             self.end()
 
+    def tokens(self, ids: List[int]) -> None:
+        """The engine's new tokens, and nothing else, by the short way around
+        vLLM's output processor (vllm_lean.py): what ``put`` makes of an output
+        that carries only these. Never raises into the engine's callback."""
+        try:
+            if self.done.done():
+                return
+            if self.context.is_stopped():
+                self.end()
+                return
+            self.items.produced += len(ids)
+            self.sink({"token_ids": ids})
+        except Exception as e:  # noqa: BLE001 - the request fails, not the engine's callback
+            self._fail(e)
+
     def end(self) -> None:
         if not self.done.done():
             self.done.set_result(None)
@@ -525,6 +549,25 @@ class _Pushed:
     def _fail(self, error: BaseException) -> None:
         if not self.done.done():
             self.done.set_exception(error)
+
+
+def _lean_outputs(engine: Any) -> Optional[LeanOutputs]:
+    """The short way of ``engine``'s plain outputs (vllm_lean.py), installed on
+    its first request; None for an engine that is not vLLM's ``AsyncLLM``, or a
+    vLLM without what the short way relies on."""
+    lean = getattr(engine, "_dynamo_ctx_lean", None)
+    if lean is None and getattr(engine, "_dynamo_ctx_lean_checked", False) is False:
+        if _is_vllm_async_llm(type(engine)):
+            lean = LeanOutputs.install(engine)
+        try:
+            engine._dynamo_ctx_lean_checked = True
+        except AttributeError:
+            pass
+    return lean  # type: ignore[no-any-return]
+
+
+def _is_vllm_async_llm(engine_type: type) -> bool:
+    return any(c.__module__ == "vllm.v1.engine.async_llm" and c.__name__ == "AsyncLLM" for c in engine_type.__mro__)
 
 
 @functools.lru_cache(maxsize=None)
@@ -536,7 +579,7 @@ def _pushable(engine_type: type) -> bool:
 
     if issubclass(engine_type, MockAsyncLLM):
         return True
-    return any(c.__module__ == "vllm.v1.engine.async_llm" and c.__name__ == "AsyncLLM" for c in engine_type.__mro__)
+    return _is_vllm_async_llm(engine_type)
 
 
 async def _abort_quietly(engine: Any, engine_id: str) -> None:

@@ -1,0 +1,195 @@
+"""A shorter way for a pushed request's ordinary tokens, around vLLM's output processor.
+
+vLLM's ``AsyncLLM`` turns every engine-core output into a ``RequestOutput`` (its output
+processor) and puts it into the request's collector, whose ``put`` a pushed request
+replaces (backends/vllm.py, ``_Pushed``); the handler then reads the tokens back out of
+it. For the outputs in the middle of a plain decode (new tokens and nothing else) that
+object is made only to be taken apart: this module routes them straight to the request,
+and leaves every other output to vLLM.
+
+``LeanOutputs.install(engine)`` replaces the engine's ``output_processor.process_outputs``
+(on the instance) with one that, for each engine-core output of a routed request:
+
+- takes the short way when the output carries new tokens only (no finish, logprobs,
+  pooling, events, transfer parameters, prefill statistics, expert routing, sampling
+  mask, cache misses or spec-decode metrics) and the request has left prefill: it
+  records the output in vLLM's statistics (``_update_stats_from_output``), its weight
+  version (``track_weight_version``) and its tokens in the request's detokenizer (one
+  that only counts them), as vLLM does, and hands the tokens to the request
+  (its ``Route``);
+- else leaves it to vLLM's own ``process_outputs``, called once per step with the
+  outputs left, which makes the request's ``RequestOutput`` and finishes it as before.
+
+A request is routed (``route``) only when the short way changes nothing it would see:
+one sequence (n = 1), deltas (``RequestOutputKind.DELTA``), a stream interval of 1, no
+streaming input, no logprobs asked, and the detokenizer that only counts tokens
+(``detokenize=False``, so no stop strings either). ``install`` checks that this vLLM has what the short way relies on (the
+names below); where any is missing it installs nothing and every output goes vLLM's
+way, as before.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable, Dict, List, Optional
+
+logger = logging.getLogger("dynamo_ctx.backends.vllm")
+
+#: The fields of vLLM's ``EngineCoreOutput`` that must all be unset (None) for
+#: an output to take the short way; with ``finish_reason`` first, the one set
+#: most often.
+_UNSET = (
+    "finish_reason", "stop_reason", "new_logprobs", "new_prompt_logprobs_tensors", "pooling_output", "events", "kv_transfer_params",
+    "ec_transfer_params", "prefill_stats", "routed_experts", "mm_cache_miss_hashes", "new_sampling_mask",
+    "spec_decode_metrics", "prompt_token_id_logprobs",
+)
+
+
+#: Where a routed request's tokens go: called with each plain output's new token
+#: ids (a list it may keep); it must not raise.
+Route = Callable[[List[int]], None]
+
+
+class LeanOutputs:
+    """The short way of one engine (see the module's docstring)."""
+
+    def __init__(self, processor: Any, original: Callable[..., Any], plain_detokenizer: type) -> None:
+        self._processor = processor
+        self._original = original
+        self._states: Dict[str, Any] = processor.request_states
+        self._stats = processor._update_stats_from_output
+        self._plain_detokenizer = plain_detokenizer
+        self._delta: Any = None  # vLLM's RequestOutputKind.DELTA, set by install
+        self.routes: Dict[str, Route] = {}  # vLLM's request id -> where its tokens go
+
+    @classmethod
+    def install(cls, engine: Any) -> Optional["LeanOutputs"]:
+        """Put the short way on ``engine`` (vLLM's ``AsyncLLM``) and return it; None
+        where this vLLM is not the one it was written against (``_unlike``: nothing
+        is changed then, and every output goes vLLM's way)."""
+        existing = getattr(engine, "_dynamo_ctx_lean", None)
+        if existing is not None:
+            return existing  # type: ignore[no-any-return]
+        try:
+            from vllm.sampling_params import RequestOutputKind  # type: ignore[import-not-found]
+            from vllm.v1.engine.detokenizer import IncrementalDetokenizer  # type: ignore[import-not-found]
+
+            processor = engine.output_processor
+            why = _unlike(processor)
+        except (ImportError, AttributeError) as e:
+            why = repr(e)
+        if why:
+            logger.info("vLLM's outputs all go through its output processor: %s", why)
+            return None
+        lean = cls(processor, processor.process_outputs, IncrementalDetokenizer)
+        lean._delta = RequestOutputKind.DELTA
+        processor.process_outputs = lean.process_outputs
+        engine._dynamo_ctx_lean = lean
+        return lean
+
+    def route(self, request_id: str, route: Route) -> bool:
+        """Send ``request_id``'s plain outputs to ``route`` (vLLM's request id: its
+        collector's ``request_id``); False, and nothing routed, where the request
+        is not one the short way serves unchanged."""
+        state = self._states.get(request_id)
+        try:
+            plain = not (
+                state is None
+                or state.n not in (None, 1)
+                or state.parent_req is not None
+                or state.output_kind != self._delta
+                or state.stream_interval != 1
+                or state.streaming_input
+                or state.logprobs_processor is None
+                or state.logprobs_processor.logprobs is not None
+                or state.logprobs_processor.prompt_logprobs is not None
+                or type(state.detokenizer) is not self._plain_detokenizer
+            )
+        except AttributeError:
+            plain = False  # a request state unlike the one install checked
+        if not plain:
+            return False
+        self.routes[request_id] = route
+        return True
+
+    def unroute(self, request_id: str) -> None:
+        """Forget ``request_id``'s route (its outputs go vLLM's way after this)."""
+        self.routes.pop(request_id, None)
+
+    def process_outputs(self, engine_core_outputs: List[Any], engine_core_timestamp: Optional[float] = None,
+                        iteration_stats: Any = None, weight_version: Optional[str] = None) -> Any:
+        """vLLM's ``OutputProcessor.process_outputs``, the short way for what it can."""
+        routes = self.routes
+        if not routes:
+            return self._original(engine_core_outputs, engine_core_timestamp, iteration_stats, weight_version=weight_version)
+        rest = []
+        states, stats = self._states, self._stats
+        for out in engine_core_outputs:
+            route = routes.get(out.request_id)
+            # Every field of _UNSET unset, spelled out: this runs for every token.
+            if route is None or not (
+                out.finish_reason is None and out.stop_reason is None and out.new_logprobs is None
+                and out.new_prompt_logprobs_tensors is None and out.pooling_output is None and out.events is None
+                and out.kv_transfer_params is None and out.ec_transfer_params is None and out.prefill_stats is None
+                and out.routed_experts is None and out.mm_cache_miss_hashes is None and out.new_sampling_mask is None
+                and out.spec_decode_metrics is None and out.prompt_token_id_logprobs is None
+            ):
+                rest.append(out)
+                continue
+            state = states.get(out.request_id)
+            if state is None:
+                continue  # aborted: vLLM ignores its outputs too
+            if state.is_prefilling:
+                rest.append(out)  # its first output: vLLM's way records the prefill
+                continue
+            stats(state, out, engine_core_timestamp, iteration_stats)
+            ids = out.new_token_ids
+            if ids and weight_version is not None:
+                state.track_weight_version(weight_version)  # before the tokens, as vLLM
+            state.detokenizer.update(ids, False)
+            route(ids)
+        return self._original(rest, engine_core_timestamp, iteration_stats, weight_version=weight_version)
+
+
+#: What the short way takes from vLLM (``_unlike`` checks it on the running vLLM):
+#: the parameters of ``OutputProcessor.process_outputs`` and of the statistics it
+#: records each output with, the fields of ``EngineCoreOutput`` it knows (every
+#: other one must be unset; ``num_nans_in_logits`` goes to the statistics, and
+#: ``trace_headers`` is read when a request finishes), and what vLLM's own
+#: ``process_outputs`` does with a plain output, which the short way repeats.
+_PROCESS_OUTPUTS = ["engine_core_outputs", "engine_core_timestamp", "iteration_stats", "weight_version"]
+_UPDATE_STATS = ["req_state", "engine_core_output", "engine_core_timestamp", "iteration_stats"]
+_KNOWN_FIELDS = {"request_id", "new_token_ids", "num_nans_in_logits", "trace_headers", *_UNSET}
+_VLLMS_STEPS = (
+    "self._update_stats_from_output(",
+    "req_state.is_prefilling = False",
+    "req_state.track_weight_version(weight_version)",
+    "req_state.detokenizer.update(",
+    "req_state.queue.put(request_output)",
+)
+
+
+def _unlike(processor: Any) -> str:
+    """How ``processor`` (vLLM's ``OutputProcessor``) differs from what the short
+    way was written against; "" where it does not."""
+    import inspect
+
+    from vllm.v1.engine import EngineCoreOutput  # type: ignore[import-not-found]
+    from vllm.v1.engine.output_processor import OutputProcessor, RequestState  # type: ignore[import-not-found]
+
+    if type(processor) is not OutputProcessor:
+        return f"its output processor is a {type(processor).__name__}"
+    if list(inspect.signature(processor.process_outputs).parameters) != _PROCESS_OUTPUTS:
+        return f"process_outputs{inspect.signature(processor.process_outputs)}"
+    if list(inspect.signature(processor._update_stats_from_output).parameters) != _UPDATE_STATS:
+        return f"_update_stats_from_output{inspect.signature(processor._update_stats_from_output)}"
+    unknown = set(getattr(EngineCoreOutput, "__struct_fields__", ())) - _KNOWN_FIELDS
+    if unknown or "new_token_ids" not in getattr(EngineCoreOutput, "__struct_fields__", ()):
+        return f"EngineCoreOutput has fields {sorted(unknown)} the short way does not know"
+    if not isinstance(processor.request_states, dict) or not callable(getattr(RequestState, "track_weight_version", None)):
+        return "its request states differ"
+    source = inspect.getsource(OutputProcessor.process_outputs)
+    missing = [step for step in _VLLMS_STEPS if step not in source]
+    if missing:
+        return f"its process_outputs no longer does {missing}"
+    return ""

@@ -1,0 +1,143 @@
+"""The short way around vLLM's output processor (dynamo_ctx/backends/vllm_lean.py)
+against vLLM's own: the same engine-core outputs, fed to two of vLLM's
+``OutputProcessor`` (one with the short way installed, one without), give the
+request the same tokens, the same last output, the same statistics and the same
+state left behind. Where the installed vLLM is not the one the short way was
+written against, it installs nothing, which these tests check instead.
+
+Run by ``make test-vllm`` (with vLLM installed; skipped elsewhere).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import time
+
+import pytest
+
+if importlib.util.find_spec("vllm") is None:
+    pytest.skip("vLLM is not installed here: `make test-vllm` runs these tests", allow_module_level=True)
+
+from types import SimpleNamespace  # noqa: E402
+from typing import Any, List, Optional, Tuple  # noqa: E402
+
+from vllm import SamplingParams  # noqa: E402
+from vllm.sampling_params import RequestOutputKind  # noqa: E402
+from vllm.v1.engine import EngineCoreOutput, EngineCoreRequest, FinishReason  # noqa: E402
+from vllm.v1.engine.output_processor import OutputProcessor, RequestOutputCollector  # noqa: E402
+from vllm.v1.metrics.stats import IterationStats  # noqa: E402
+
+from dynamo_ctx.backends import vllm_lean  # noqa: E402
+
+
+def _request(rid: str, **sampling: Any) -> Any:
+    """vLLM's EngineCoreRequest for a 3-token prompt (every field it requires; None
+    for those this test has nothing for)."""
+    params = SamplingParams(max_tokens=8, detokenize=False, output_kind=RequestOutputKind.DELTA, **sampling)
+    given = {"request_id": rid, "prompt_token_ids": [1, 2, 3], "sampling_params": params, "arrival_time": time.time(),
+             "external_req_id": rid}
+    fields = EngineCoreRequest.__struct_fields__
+    required = fields[: len(fields) - len(EngineCoreRequest.__struct_defaults__)]
+    return EngineCoreRequest(**{f: given.get(f) for f in required}, **{f: v for f, v in given.items() if f not in required})
+
+
+def _processor(lean: bool) -> Tuple[OutputProcessor, Optional[vllm_lean.LeanOutputs]]:
+    processor = OutputProcessor(None, log_stats=True)
+    installed = vllm_lean.LeanOutputs.install(SimpleNamespace(output_processor=processor)) if lean else None
+    return processor, installed
+
+
+def _outputs(rid: str, steps: int) -> List[Any]:
+    """A request's engine-core outputs: its first token (with the prefill's events),
+    plain tokens, and a last one that finishes it."""
+    out = [EngineCoreOutput(request_id=rid, new_token_ids=[10])]
+    out += [EngineCoreOutput(request_id=rid, new_token_ids=[11 + i]) for i in range(steps)]
+    out.append(EngineCoreOutput(request_id=rid, new_token_ids=[99], finish_reason=FinishReason.LENGTH))
+    return out
+
+
+def _run(lean: bool, **sampling: Any) -> Tuple[List[Any], List[Any], Any, OutputProcessor, bool]:
+    """Feed one request's outputs, a step each; what reached it (token lists by the
+    short way, RequestOutputs by vLLM's), the statistics, the processor, and
+    whether it was routed."""
+    processor, installed = _processor(lean)
+    rid = "req-1"
+    collector = RequestOutputCollector(RequestOutputKind.DELTA, rid)
+    outputs: List[Any] = []
+    collector.put = outputs.append  # type: ignore[method-assign]  # as backends/vllm.py's _Pushed does
+    processor.add_request(_request(rid, **sampling), None, None, 0, collector)
+    tokens: List[Any] = []
+    routed = installed.route(rid, tokens.append) if installed is not None else False
+    stats = []
+    for i, out in enumerate(_outputs(rid, 4)):
+        it = IterationStats()
+        result = processor.process_outputs([out], time.monotonic() + i * 0.01, it, weight_version="default")
+        assert not result.request_outputs and not result.reqs_to_abort
+        stats.append((it.num_generation_tokens, it.num_prompt_tokens, len(it.finished_requests), len(list(_itl(it)))))
+    return tokens, outputs, stats, processor, routed
+
+
+def _itl(it: Any) -> Any:
+    return getattr(it, "inter_token_latencies_iter", None) or []
+
+
+def test_installs_on_the_vllm_it_knows_or_says_why() -> None:
+    processor, installed = _processor(lean=True)
+    why = vllm_lean._unlike(processor)
+    assert (installed is None) == bool(why), why
+    if why:
+        # Nothing changed: vLLM's own method is still the processor's.
+        assert "process_outputs" not in vars(processor)
+        pytest.skip(f"the short way is off on this vLLM: {why}")
+
+
+def test_same_tokens_statistics_and_end_as_vllms_own_way() -> None:
+    if vllm_lean._unlike(_processor(lean=False)[0]):
+        pytest.skip("the short way is off on this vLLM")
+    tokens, outputs, stats, processor, routed = _run(lean=True)
+    plain_tokens, plain_outputs, plain_stats, plain_processor, _ = _run(lean=False)
+    assert routed
+    # vLLM's way: a RequestOutput per output.
+    assert [list(o.outputs[0].token_ids) for o in plain_outputs] == [[10], [11], [12], [13], [14], [99]]
+    # The short way: the first (prefill) and last outputs still vLLM's, the plain ones straight through.
+    assert [list(o.outputs[0].token_ids) for o in outputs] == [[10], [99]]
+    assert tokens == [[11], [12], [13], [14]]
+    last, plain_last = outputs[-1], plain_outputs[-1]
+    assert last.finished and plain_last.finished
+    assert last.outputs[0].finish_reason == plain_last.outputs[0].finish_reason == "length"
+    assert stats == plain_stats  # tokens counted, prompt counted once, the finish, the inter-token latencies
+    assert processor.request_states == {} == plain_processor.request_states
+    assert not processor.external_req_ids.get("req-1") and not plain_processor.external_req_ids.get("req-1")
+
+
+@pytest.mark.parametrize("sampling", [{"logprobs": 2}, {"n": 2, "seed": 1}], ids=["logprobs", "n=2"])
+def test_requests_it_would_change_are_not_routed(sampling: Any) -> None:
+    if vllm_lean._unlike(_processor(lean=False)[0]):
+        pytest.skip("the short way is off on this vLLM")
+    processor, installed = _processor(lean=True)
+    assert installed is not None
+    params_kind = RequestOutputKind.DELTA
+    collector = RequestOutputCollector(params_kind, "req-2")
+    if sampling.get("n", 1) > 1:
+        # n > 1: vLLM fans out child requests under a parent; the route is asked for the parent's id.
+        assert not installed.route("req-2", lambda ids: None)
+        return
+    processor.add_request(_request("req-2", **sampling), None, None, 0, collector)
+    assert not installed.route("req-2", lambda ids: None)
+    assert installed.routes == {}
+
+
+def test_outputs_of_unrouted_requests_go_vllms_way() -> None:
+    if vllm_lean._unlike(_processor(lean=False)[0]):
+        pytest.skip("the short way is off on this vLLM")
+    tokens, outputs, _, processor, _ = _run(lean=True, logprobs=None)
+    assert tokens and outputs  # routed: the baseline for the next
+    processor, installed = _processor(lean=True)
+    assert installed is not None
+    collector = RequestOutputCollector(RequestOutputKind.DELTA, "req-3")
+    got: List[Any] = []
+    collector.put = got.append  # type: ignore[method-assign]
+    processor.add_request(_request("req-3"), None, None, 0, collector)
+    for out in _outputs("req-3", 2):
+        processor.process_outputs([out], time.monotonic(), IterationStats(), weight_version="default")
+    assert [list(o.outputs[0].token_ids) for o in got] == [[10], [11], [12], [99]]

@@ -557,12 +557,16 @@ def _lean_outputs(engine: Any) -> Optional[LeanOutputs]:
     vLLM without what the short way relies on."""
     lean = getattr(engine, "_dynamo_ctx_lean", None)
     if lean is None and getattr(engine, "_dynamo_ctx_lean_checked", False) is False:
-        if _is_vllm_async_llm(type(engine)):
-            lean = LeanOutputs.install(engine)
         try:
-            engine._dynamo_ctx_lean_checked = True
+            engine._dynamo_ctx_lean_checked = True  # first: whatever happens below happens once
         except AttributeError:
-            pass
+            return None  # nowhere to keep the answer: vLLM's way
+        if _is_vllm_async_llm(type(engine)):
+            try:
+                lean = LeanOutputs.install(engine)
+            except Exception:  # noqa: BLE001 - the short way is an optimisation: never a request's failure
+                logger.exception("vLLM's outputs all go through its output processor")
+                lean = None
     return lean  # type: ignore[no-any-return]
 
 

@@ -76,7 +76,7 @@ class LeanOutputs:
 
             processor = engine.output_processor
             why = _unlike(processor)
-        except (ImportError, AttributeError) as e:
+        except Exception as e:  # noqa: BLE001 - whatever the check meets (no sources, an odd signature): vLLM's way
             why = repr(e)
         if why:
             logger.info("vLLM's outputs all go through its output processor: %s", why)
@@ -151,7 +151,10 @@ class LeanOutputs:
         return self._original(rest, engine_core_timestamp, iteration_stats, weight_version=weight_version)
 
 
-#: What the short way takes from vLLM (``_unlike`` checks it on the running vLLM):
+#: What the short way takes from vLLM (``_unlike`` checks it on the running vLLM;
+#: the ``RequestOutput`` it does not make has no other effect for a plain
+#: output: it would pop prompt logprobs, which routed requests do not ask for,
+#: and clear sampling-mask chunks, which plain outputs do not bring):
 #: the parameters of ``OutputProcessor.process_outputs`` and of the statistics it
 #: records each output with, the fields of ``EngineCoreOutput`` it knows (every
 #: other one must be unset; ``num_nans_in_logits`` goes to the statistics, and
@@ -192,4 +195,9 @@ def _unlike(processor: Any) -> str:
     missing = [step for step in _VLLMS_STEPS if step not in source]
     if missing:
         return f"its process_outputs no longer does {missing}"
+    # The counting detokenizer finds no stop string (so vLLM would trim nothing).
+    from vllm.v1.engine.detokenizer import IncrementalDetokenizer  # type: ignore[import-not-found]
+
+    if "return None" not in inspect.getsource(IncrementalDetokenizer.update):
+        return "its counting detokenizer's update may return a stop string"
     return ""

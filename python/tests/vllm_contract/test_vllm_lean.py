@@ -141,3 +141,51 @@ def test_outputs_of_unrouted_requests_go_vllms_way() -> None:
     for out in _outputs("req-3", 2):
         processor.process_outputs([out], time.monotonic(), IterationStats(), weight_version="default")
     assert [list(o.outputs[0].token_ids) for o in got] == [[10], [11], [12], [99]]
+
+
+def test_an_output_with_any_other_field_set_goes_vllms_way() -> None:
+    """Each field of _UNSET set on an otherwise plain output of a routed request
+    sends it to vLLM's own process_outputs, untouched (the check in the loop is
+    spelled out by hand: this keeps it and _UNSET together)."""
+    processor, installed = _processor(lean=True)
+    if installed is None:
+        pytest.skip("the short way is off on this vLLM")
+    processor.add_request(_request("r"), None, None, 0, RequestOutputCollector(RequestOutputKind.DELTA, "r"))
+    processor.request_states["r"].is_prefilling = False  # past its first output
+    routed: List[Any] = []
+    assert installed.route("r", routed.append)
+    left: List[Any] = []
+    installed._original = lambda rest, *a, **k: left.append(list(rest))  # type: ignore[method-assign]
+    for field in vllm_lean._UNSET:
+        out = EngineCoreOutput(request_id="r", new_token_ids=[1])
+        setattr(out, field, object())
+        routed.clear()
+        left.clear()
+        installed.process_outputs([out], time.monotonic(), IterationStats(), weight_version=None)
+        assert routed == [] and left == [[out]], field
+
+
+def test_a_check_that_fails_installs_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM without its sources (inspect.getsource fails), or anything else the
+    check meets: nothing installed, no error; the handler's engine lookup then
+    answers None once and for all."""
+    import inspect
+
+    from dynamo_ctx.backends import vllm as handlers
+
+    def no_source(*args: Any, **kwargs: Any) -> str:
+        raise OSError("could not get source code")
+
+    monkeypatch.setattr(inspect, "getsource", no_source)
+    processor, installed = _processor(lean=True)
+    assert installed is None and "process_outputs" not in vars(processor)
+
+    class Engine:  # what _lean_outputs sees: an AsyncLLM by its class's module and name
+        pass
+
+    Engine.__module__, Engine.__name__ = "vllm.v1.engine.async_llm", "AsyncLLM"
+    engine = Engine()
+    engine.output_processor = OutputProcessor(None, log_stats=True)  # type: ignore[attr-defined]
+    assert handlers._lean_outputs(engine) is None
+    assert handlers._lean_outputs(engine) is None
+    assert engine._dynamo_ctx_lean_checked is True  # type: ignore[attr-defined]

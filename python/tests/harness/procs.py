@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import collections
 import json
 import os
 import random
@@ -30,7 +31,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import IO, Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import IO, Any, Callable, Dict, List, Optional, Sequence, Set, Tuple, Union
 
 PY_DIR = Path(__file__).resolve().parents[2]  # .../python: the dynamo_ctx package lives here
 ROOT = PY_DIR.parent
@@ -53,6 +54,20 @@ def _ephemeral_low() -> int:
 
 _port_rng = random.Random()
 
+#: The ports free_port handed out lately (at most _HANDED_KEPT), never handed out
+#: again meanwhile: a cluster takes nine before its first node binds any.
+_HANDED_KEPT = 4096
+_handed: "collections.deque[int]" = collections.deque()
+_handed_set: Set[int] = set()
+
+
+def _hand(port: int) -> int:
+    _handed.append(port)
+    _handed_set.add(port)
+    if len(_handed) > _HANDED_KEPT:
+        _handed_set.discard(_handed.popleft())
+    return port
+
 
 def free_port() -> int:
     """A TCP port of 127.0.0.1 that was free a moment ago, for a child to listen on.
@@ -60,19 +75,23 @@ def free_port() -> int:
     Drawn at random below the kernel's range for outgoing connections' ports, so that
     no connection's source port takes it before the child binds it (which the kernel's
     own pick, from that range, allows: a nats-server then failed with "address already
-    in use"); the kernel's pick when no port there is free."""
+    in use"), and never one this process handed out lately (``_handed``: two draws
+    before either child binds could meet, as a nats-server's route port once met
+    another's); the kernel's pick when no port there is free."""
     low = _ephemeral_low()
     for _ in range(64) if low > 11000 else ():
         port = _port_rng.randrange(10000, low)
+        if port in _handed_set:
+            continue
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))
             except OSError:
                 continue
-            return port
+            return _hand(port)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        return _hand(s.getsockname()[1])
 
 
 def child_env(nats_url: Optional[str] = None, base: Optional[Dict[str, str]] = None, **extra: str) -> Dict[str, str]:

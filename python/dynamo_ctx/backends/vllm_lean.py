@@ -85,6 +85,7 @@ class LeanOutputs:
         lean._delta = RequestOutputKind.DELTA
         processor.process_outputs = lean.process_outputs
         engine._dynamo_ctx_lean = lean
+        logger.info("vLLM's plain decode outputs go past its output processor, straight to their requests")
         return lean
 
     def route(self, request_id: str, route: Route) -> bool:

@@ -216,6 +216,20 @@ def disconnect(fe: Frontend, in_prefill, prompt: str, rid: str, chunks: int, max
     return {"chunks": seen}
 
 
+def test_plain_decode_tokens_take_the_short_way(fleet):
+    """The workers run vLLM's plain decode outputs past its output processor
+    (backends/vllm_lean.py, docs/design.md section 8): the vLLM here is the one
+    the short way was written against, so the text identity above was its."""
+    stack = fleet["stack"]
+    for i in range(6):
+        greedy_text(stack.frontend, f"short way {i}", 8)
+    served = [w for w in stack.workers if w.running() and w.log_count(r"New Request ID: ")]
+    assert served
+    for w in served:
+        assert w.log_count(r"plain decode outputs go past its output processor") == 1, w.name
+        assert w.log_count(r"outputs all go through its output processor") == 0, w.name
+
+
 @pytest.mark.parametrize("phase", ["decode", "prefill"])
 def test_disconnect_aborts_the_engine(fleet, phase):
     """A client that leaves in decode (after 3 chunks) or in prefill (before its first

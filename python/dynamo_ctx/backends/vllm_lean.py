@@ -23,9 +23,9 @@ and leaves every other output to vLLM.
 A request is routed (``route``) only when the short way changes nothing it would see:
 one sequence (n = 1), deltas (``RequestOutputKind.DELTA``), a stream interval of 1, no
 streaming input, no logprobs asked, and the detokenizer that only counts tokens
-(``detokenize=False``, so no stop strings either). ``install`` checks that this vLLM has what the short way relies on (the
-names below); where any is missing it installs nothing and every output goes vLLM's
-way, as before.
+(``detokenize=False``, so no stop strings either). ``install`` checks that the running
+vLLM is the one the short way was written against (``_unlike``); where it is not, or
+the check fails, it installs nothing and every output goes vLLM's way, as before.
 """
 
 from __future__ import annotations

@@ -38,6 +38,9 @@ runs again with ``DC_CPU_PROBE`` set (vllm_abort_hook/sitecustomize.py) and spli
 CPU per token of the serving process's main thread (where the event loop runs: vLLM's
 API server, or our worker) between vLLM's output processing, its stats loggers, its
 decoding of the engine's messages, our worker's handing over of items, and the rest.
+``BENCH_TRACE=1`` makes the aborts phase also print, for our stack, where each timed
+disconnect's time went, hop by hop (the library's kill trace, as ``bench_load.py
+--trace``). Environment: BENCH_REPEATS, BENCH_ABORTS, BENCH_SHORT, BENCH_GOODPUT_S.
 
 Prints a markdown table per figure (docs/benchmarks.md keeps the current ones).
 """
@@ -71,6 +74,10 @@ SHORT = int(os.environ.get("BENCH_SHORT", "2000"))
 PHASES = ("throughput", "aborts", "goodput", "short")
 OPTIONAL_PHASES = ("breakdown",)  # only when asked for (--phases)
 GOODPUT_S = float(os.environ.get("BENCH_GOODPUT_S", "30"))
+#: BENCH_TRACE=1: our stack's processes record the library's kill trace, and the
+#: aborts phase prints where each disconnect's time went, hop by hop (bench_load's
+#: breakdown; the last hop is the return of ``AsyncLLM.abort``).
+TRACE = os.environ.get("BENCH_TRACE") == "1"
 
 
 def pct(xs: List[float], p: float) -> float:
@@ -190,6 +197,10 @@ def start(stack: str, model: str, log_dir: Path, abort_log: Path,
     if stack == "vllm":
         server = VllmServer("vllm-server", model, env, flags, log_dir=log_dir).ready()
         return ("127.0.0.1", server.port), {"api-server": server.pid}, [server]
+    if TRACE:
+        from dynamo_ctx._lib import native
+
+        env[native().KILL_TRACE_ENV] = str(log_dir / "kill-trace.txt")
     nats = NatsHost(env, log_dir=log_dir)
     env["NATS_SERVER"] = nats.url
     ns = new_namespace("bench")
@@ -297,6 +308,17 @@ def abort_times(log: Path) -> List[float]:
         return []
 
 
+def _aborts_by_request(log: Path) -> Dict[str, float]:
+    """The abort log's first time per request id: our engine key is the request's
+    id, a dash, 32 hex digits, a dash and a serial number (backends/vllm.py)."""
+    out: Dict[str, float] = {}
+    for line in log.read_text().splitlines():
+        parts = line.split()
+        if len(parts) >= 2 and parts[1].count("-") >= 2:
+            out.setdefault(parts[1].rsplit("-", 2)[0], float(parts[0]))
+    return out
+
+
 def long_prompt(tag: str) -> str:
     """About 440 tokens of Llama 3's (fewer of the small vocabulary's), new from the first."""
     return f"{tag} {time.time()}: " + " ".join(f"word{j} and more" for j in range(108))
@@ -315,13 +337,15 @@ async def abort_latency(hp: Tuple[str, int], log: Path, phase: str) -> Dict[str,
             r = await one(hp, long_prompt(f"ttft {i}"), 1)
             ttft.append(r.first_item - t0)
         delay = min(ttft) / 2
+    closes: Dict[str, float] = {}  # request id -> when its client closed (the timed ones)
     for i in range(ABORTS + 2):
         n0 = len(abort_times(log))
         reader, writer = await asyncio.open_connection(*hp)
+        rid = new_id(f"abort-{phase}")
         body = json.dumps({"model": MODEL, "prompt": long_prompt(f"abort {i}") if phase == "prefill" else f"abort {i} {time.time()}",
                            "max_tokens": 50, "stream": True, "temperature": 0.0, "ignore_eos": True}).encode()
-        writer.write(f"POST /v1/completions HTTP/1.0\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode()
-                     + body)
+        writer.write(f"POST /v1/completions HTTP/1.0\r\nContent-Type: application/json\r\nx-request-id: {rid}\r\n"
+                     f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
         await writer.drain()
         if phase == "prefill":
             await asyncio.sleep(delay)
@@ -340,7 +364,15 @@ async def abort_latency(hp: Tuple[str, int], log: Path, phase: str) -> Dict[str,
             missed += 1  # no abort: the request had not reached the engine, or had already ended
         elif i >= 2:  # the first two warm up
             lat.append(abort_times(log)[n0] - t_close)
+            closes[rid] = t_close
         await asyncio.sleep(0.3)
+    trace = log.parent / "kill-trace.txt"
+    if TRACE and trace.exists():
+        from bench_load import print_breakdown
+
+        await asyncio.sleep(0.2)  # each process writes its marks every 50 ms
+        print(f"  disconnect in {phase}:")
+        print_breakdown(str(trace), closes, _aborts_by_request(log), disagg=False)
     return {"phase": phase, "n": len(lat), "missed": missed, "close_after_ms": delay * 1e3,
             "p50_ms": pct(lat, 50) * 1e3, "p99_ms": pct(lat, 99) * 1e3}
 

@@ -552,24 +552,13 @@ class _Pushed:
 
 
 def _lean_outputs(engine: Any) -> Optional[LeanOutputs]:
-    """The short way of ``engine``'s plain outputs (vllm_lean.py), installed on
-    its first request; None for an engine that is not vLLM's ``AsyncLLM``, or a
-    vLLM without what the short way relies on."""
-    lean = getattr(engine, "_dynamo_ctx_lean", None)
-    if lean is None and getattr(engine, "_dynamo_ctx_lean_checked", False) is False:
-        try:
-            engine._dynamo_ctx_lean_checked = True  # first: whatever happens below happens once
-        except AttributeError:
-            return None  # nowhere to keep the answer: vLLM's way
-        if _is_vllm_async_llm(type(engine)):
-            try:
-                lean = LeanOutputs.install(engine)
-            except Exception:  # noqa: BLE001 - the short way is an optimisation: never a request's failure
-                logger.exception("vLLM's outputs all go through its output processor")
-                lean = None
-    return lean  # type: ignore[no-any-return]
+    """The short way of ``engine``'s plain outputs (vllm_lean.py); None for an
+    engine that is not vLLM's ``AsyncLLM``, or a vLLM without what the short way
+    relies on."""
+    return LeanOutputs.of(engine) if _is_vllm_async_llm(type(engine)) else None  # type: ignore[arg-type]  # classes hash
 
 
+@functools.lru_cache(maxsize=None)
 def _is_vllm_async_llm(engine_type: type) -> bool:
     return any(c.__module__ == "vllm.v1.engine.async_llm" and c.__name__ == "AsyncLLM" for c in engine_type.__mro__)
 
@@ -583,7 +572,7 @@ def _pushable(engine_type: type) -> bool:
 
     if issubclass(engine_type, MockAsyncLLM):
         return True
-    return _is_vllm_async_llm(engine_type)
+    return _is_vllm_async_llm(engine_type)  # type: ignore[arg-type]  # classes hash
 
 
 async def _abort_quietly(engine: Any, engine_id: str) -> None:

@@ -31,6 +31,7 @@ the check fails, it installs nothing and every output goes vLLM's way, as before
 from __future__ import annotations
 
 import logging
+import weakref
 from typing import Any, Callable, Dict, List, Optional
 
 logger = logging.getLogger("dynamo_ctx.backends.vllm")
@@ -49,27 +50,46 @@ _UNSET = (
 #: ids (a list it may keep); it must not raise.
 Route = Callable[[List[int]], None]
 
+#: Each engine's answer of ``LeanOutputs.of``.
+_of_engine: "weakref.WeakKeyDictionary[Any, Optional[LeanOutputs]]" = weakref.WeakKeyDictionary()
+
 
 class LeanOutputs:
     """The short way of one engine (see the module's docstring)."""
 
-    def __init__(self, processor: Any, original: Callable[..., Any], plain_detokenizer: type) -> None:
-        self._processor = processor
-        self._original = original
+    def __init__(self, processor: Any, delta: Any, plain_detokenizer: type) -> None:
+        self._original = processor.process_outputs
         self._states: Dict[str, Any] = processor.request_states
         self._stats = processor._update_stats_from_output
+        self._delta = delta  # vLLM's RequestOutputKind.DELTA
         self._plain_detokenizer = plain_detokenizer
-        self._delta: Any = None  # vLLM's RequestOutputKind.DELTA, set by install
         self.routes: Dict[str, Route] = {}  # vLLM's request id -> where its tokens go
+
+    @classmethod
+    def of(cls, engine: Any) -> Optional["LeanOutputs"]:
+        """``engine``'s short way, installed at the first call for it: the answer
+        (None too) is kept for the engine's life, so the check runs once. An error
+        of the install is logged and answers None: the short way is an
+        optimisation, never a request's failure."""
+        try:
+            return _of_engine[engine]
+        except KeyError:
+            pass
+        except TypeError:
+            return None  # an engine no weak reference can key: nowhere to keep the answer, so vLLM's way
+        try:
+            lean = cls.install(engine)
+        except Exception:  # noqa: BLE001 - see the docstring
+            logger.exception("vLLM's outputs all go through its output processor")
+            lean = None
+        _of_engine[engine] = lean
+        return lean
 
     @classmethod
     def install(cls, engine: Any) -> Optional["LeanOutputs"]:
         """Put the short way on ``engine`` (vLLM's ``AsyncLLM``) and return it; None
         where this vLLM is not the one it was written against (``_unlike``: nothing
-        is changed then, and every output goes vLLM's way)."""
-        existing = getattr(engine, "_dynamo_ctx_lean", None)
-        if existing is not None:
-            return existing  # type: ignore[no-any-return]
+        is changed then, and every output goes vLLM's way). Once per engine: ``of``."""
         try:
             from vllm.sampling_params import RequestOutputKind  # type: ignore[import-not-found]
             from vllm.v1.engine.detokenizer import IncrementalDetokenizer  # type: ignore[import-not-found]
@@ -81,10 +101,8 @@ class LeanOutputs:
         if why:
             logger.info("vLLM's outputs all go through its output processor: %s", why)
             return None
-        lean = cls(processor, processor.process_outputs, IncrementalDetokenizer)
-        lean._delta = RequestOutputKind.DELTA
+        lean = cls(processor, RequestOutputKind.DELTA, IncrementalDetokenizer)
         processor.process_outputs = lean.process_outputs
-        engine._dynamo_ctx_lean = lean
         logger.info("vLLM's plain decode outputs go past its output processor, straight to their requests")
         return lean
 

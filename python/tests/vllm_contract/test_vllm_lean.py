@@ -173,7 +173,10 @@ def test_a_check_that_fails_installs_nothing(monkeypatch: pytest.MonkeyPatch) ->
 
     from dynamo_ctx.backends import vllm as handlers
 
+    checks: List[Any] = []
+
     def no_source(*args: Any, **kwargs: Any) -> str:
+        checks.append(args)
         raise OSError("could not get source code")
 
     monkeypatch.setattr(inspect, "getsource", no_source)
@@ -186,6 +189,8 @@ def test_a_check_that_fails_installs_nothing(monkeypatch: pytest.MonkeyPatch) ->
     Engine.__module__, Engine.__name__ = "vllm.v1.engine.async_llm", "AsyncLLM"
     engine = Engine()
     engine.output_processor = OutputProcessor(None, log_stats=True)  # type: ignore[attr-defined]
+    checks.clear()
     assert handlers._lean_outputs(engine) is None
     assert handlers._lean_outputs(engine) is None
-    assert engine._dynamo_ctx_lean_checked is True  # type: ignore[attr-defined]
+    assert len(checks) == 1  # checked at the first request only
+    assert "process_outputs" not in vars(engine.output_processor)  # type: ignore[attr-defined]

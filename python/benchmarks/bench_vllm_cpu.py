@@ -301,21 +301,25 @@ async def breakdown(hp: Tuple[str, int], roots: Dict[str, int], c: int, probe: P
             "functions": {k: {"us_per_token": v / tokens * 1e6, "calls_per_token": calls[k] / tokens} for k, v in functions.items()}}
 
 
-def abort_times(log: Path) -> List[float]:
+def abort_lines(log: Path) -> List[Tuple[float, str]]:
+    """The abort hook's log: (time, the engine's request id) a line, in order."""
     try:
-        return [float(line.split()[0]) for line in log.read_text().splitlines() if line.strip()]
+        return [(float(f[0]), f[1] if len(f) > 1 else "") for f in (line.split() for line in log.read_text().splitlines()) if f]
     except FileNotFoundError:
         return []
+
+
+def abort_times(log: Path) -> List[float]:
+    return [t for t, _ in abort_lines(log)]
 
 
 def _aborts_by_request(log: Path) -> Dict[str, float]:
     """The abort log's first time per request id: our engine key is the request's
     id, a dash, 32 hex digits, a dash and a serial number (backends/vllm.py)."""
     out: Dict[str, float] = {}
-    for line in log.read_text().splitlines():
-        parts = line.split()
-        if len(parts) >= 2 and parts[1].count("-") >= 2:
-            out.setdefault(parts[1].rsplit("-", 2)[0], float(parts[0]))
+    for t, key in abort_lines(log):
+        if key.count("-") >= 2:
+            out.setdefault(key.rsplit("-", 2)[0], t)
     return out
 
 

@@ -1,7 +1,9 @@
 package plane_test
 
 import (
+	"fmt"
 	"io"
+	"runtime"
 	"testing"
 	"time"
 
@@ -60,4 +62,52 @@ func TestDrainLetsRequestsFinishAndTakesNoNewOnes(t *testing.T) {
 	assert.Equal(t, io.EOF, err, "the request in flight finished normally")
 	requireSeq(t, items, 0, 2)
 	require.Eventually(t, func() bool { return draining.RT.Active() == 0 }, 5*time.Second, 2*time.Millisecond)
+}
+
+// A request that finishes while its worker drains keeps its end frame, even
+// when the worker shuts down the moment nothing is active (as the library's
+// drain does): Active counts a request until its end frame is queued, and
+// Close writes what its sessions queued before it closes them.
+func TestDrainShutdownKeepsEndFramesOfFinishedRequests(t *testing.T) {
+	const path = "test.drain.endframes"
+	const streams = 24
+	host := planetest.Embedded(t)
+	c := planetest.Client(t, host, path)
+	for round := 0; round < 10; round++ {
+		release := make(chan struct{})
+		started := make(chan struct{}, streams)
+		w := planetest.Serve(t, planetest.Join(t, host), path, func(w *planetest.Worker, req *plane.Request) {
+			w.Send(req, num(0))
+			started <- struct{}{}
+			select {
+			case <-release:
+			case <-w.Quit:
+				return
+			}
+			w.Send(req, num(1))
+			req.Complete()
+		})
+		planetest.WaitInstances(t, c, 1)
+		ss := make([]*plane.Stream, streams)
+		for i := range ss {
+			var err error
+			ss[i], err = c.Generate([]byte(`{}`), ctxtree.New(fmt.Sprintf("r%d-%d", round, i)), plane.Direct, w.EP.InstanceID())
+			require.NoError(t, err)
+		}
+		for range ss {
+			planetest.Recv(t, started, "a request in flight")
+		}
+		w.RT.Drain()
+		close(release)
+		for w.RT.Active() > 0 {
+			runtime.Gosched()
+		}
+		w.RT.Close()
+		for i, s := range ss {
+			items, _, err := planetest.Drain(s, 0)
+			require.Equal(t, io.EOF, err, "round %d stream %d lost its end frame (%d items)", round, i, len(items))
+			requireSeq(t, items, 0, 2)
+		}
+		require.Eventually(t, func() bool { return len(c.InstanceIDs()) == 0 }, 5*time.Second, 2*time.Millisecond)
+	}
 }

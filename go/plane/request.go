@@ -255,8 +255,11 @@ func (r *Request) sendFailed(out *transport.Outgoing) {
 func (r *Request) end(out *transport.Outgoing, failMsg string, clientStopped bool) {
 	// The handler is done: from here on neither the endpoint's
 	// shutdown nor an in-process caller cancels its context, so
-	// nothing moves it after the caller has seen the end frame.
-	r.ep.forget(r)
+	// nothing moves it after the caller has seen the end frame. The
+	// endpoint counts it active until the frame is queued.
+	if r.ep.startEnding(r) {
+		defer r.ep.endDone()
+	}
 	r.unfollowLocalCaller()
 	// A killed request gets no end frame, and a confirmation once
 	// the handler has returned; so does one whose end frame the

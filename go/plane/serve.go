@@ -32,12 +32,17 @@ type Endpoint struct {
 	draining bool // Drain: out of discovery, refusing new requests
 	pending  []*Request
 	active   map[*Request]struct{}
-	ready    arm
-	closedCh chan struct{}
-	readers  chan struct{}  // one token per goroutine reading an envelope (see onMsg)
-	reading  sync.WaitGroup // those goroutines: Close waits for them
-	places   places         // its capacity and count (workerload.go)
-	load     *loadPublisher // its load reports; nil without a capacity
+	// ending counts the requests whose handler is done and whose end
+	// frame is being written (Request.end); endingZero is closed when it
+	// goes back to 0 (nil while it is 0).
+	ending     int
+	endingZero chan struct{}
+	ready      arm
+	closedCh   chan struct{}
+	readers    chan struct{}  // one token per goroutine reading an envelope (see onMsg)
+	reading    sync.WaitGroup // those goroutines: Close waits for them
+	places     places         // its capacity and count (workerload.go)
+	load       *loadPublisher // its load reports; nil without a capacity
 }
 
 // Serve registers a new instance of path and starts receiving its requests.
@@ -224,6 +229,57 @@ func (e *Endpoint) forget(req *Request) {
 	e.mu.Unlock()
 }
 
+// startEnding moves req from the active requests to the ending ones: its
+// handler is done, and its end frame is on its way (Request.end). Close no
+// longer kills it; Active still counts it, until endDone. It reports
+// whether req was active (then endDone must follow).
+func (e *Endpoint) startEnding(req *Request) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if _, ok := e.active[req]; !ok {
+		return false
+	}
+	delete(e.active, req)
+	e.ending++
+	if e.endingZero == nil {
+		e.endingZero = make(chan struct{})
+	}
+	return true
+}
+
+// endDone ends what startEnding began: the end frame is queued on its
+// session (or its write failed).
+func (e *Endpoint) endDone() {
+	e.mu.Lock()
+	e.ending--
+	if e.ending == 0 {
+		close(e.endingZero)
+		e.endingZero = nil
+	}
+	e.mu.Unlock()
+}
+
+// endFrameWait bounds how long Close waits for the end frames of requests
+// whose handlers finished just before it (a session that is full, its
+// caller not reading, holds a write).
+const endFrameWait = time.Second
+
+// waitEnding waits, at most endFrameWait, for the end frames being written.
+func (e *Endpoint) waitEnding() {
+	e.mu.Lock()
+	zero := e.endingZero
+	e.mu.Unlock()
+	if zero == nil {
+		return
+	}
+	t := time.NewTimer(endFrameWait)
+	defer t.Stop()
+	select {
+	case <-zero:
+	case <-t.C:
+	}
+}
+
 // Accept takes the oldest request waiting for a handler, or returns
 // ErrAgain (ErrClosed once the endpoint is closed and nothing waits).
 func (e *Endpoint) Accept() (*Request, error) {
@@ -281,11 +337,12 @@ func (e *Endpoint) Drain() {
 }
 
 // Active is the number of requests the endpoint is serving: taken by the
-// host or waiting to be.
+// host or waiting to be, or done with their end frame not yet queued on
+// its connection. At 0 a drain may shut down: Close writes what is queued.
 func (e *Endpoint) Active() int {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	return len(e.active)
+	return len(e.active) + e.ending
 }
 
 // Close stops serving: the instance leaves discovery, new requests are
@@ -316,6 +373,7 @@ func (e *Endpoint) Close() {
 	for _, r := range active {
 		r.Ctx.Cancel(ctxtree.Killed, ctxtree.ReasonShutdown)
 	}
+	e.waitEnding() // the end frames of those that finished first: then the sessions close
 	close(e.closedCh)
 	e.rt.mu.Lock()
 	delete(e.rt.endpoints, e)

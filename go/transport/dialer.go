@@ -15,6 +15,10 @@ import (
 // open before it closes it.
 const DefaultSessionIdle = 60 * time.Second
 
+// closeFlushWait bounds how long Dialer.Close waits for its sessions'
+// queued frames to be written and read (session.closeGracefully).
+const closeFlushWait = time.Second
+
 // ErrDialerClosed is returned by Dialer.Dial after Close.
 var ErrDialerClosed = errors.New("transport: dialer closed")
 
@@ -64,7 +68,8 @@ func (d *Dialer) Sessions() int {
 }
 
 // Close closes every session (their streams are Lost, as if the worker's
-// process had died) and waits for their goroutines. Dial fails from now on.
+// process had died, after the frames already queued, written within
+// closeFlushWait) and waits for their goroutines. Dial fails from now on.
 func (d *Dialer) Close() error {
 	d.mu.Lock()
 	d.closed = true
@@ -78,9 +83,20 @@ func (d *Dialer) Close() error {
 	live := d.live
 	d.live = map[*session]struct{}{}
 	d.mu.Unlock()
+	// What the streams queued goes out first: an end frame queued just
+	// before Close (a request that finished as its worker shut down)
+	// reaches its caller. A caller that does not read gets closeFlushWait.
+	// In parallel: one such caller costs the others nothing.
+	deadline := time.Now().Add(closeFlushWait)
+	var wg sync.WaitGroup
 	for s := range live {
-		s.close()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.closeGracefully(deadline)
+		}()
 	}
+	wg.Wait()
 	d.wg.Wait()
 	return nil
 }

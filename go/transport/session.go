@@ -151,6 +151,7 @@ type session struct {
 	// writer, or a stream's Write writing directly: flushDirect); no
 	// other may write then.
 	writing bool
+	wshut   bool          // the sending side is closed (closeGracefully): what is queued is dropped
 	raw     *rawWriter    // conn's, for flushDirect (used while writing); nil: none
 	wake    chan struct{} // cap 1: out has bytes, or the session closed
 	room    chan struct{} // closed and replaced whenever out is written
@@ -273,6 +274,14 @@ func (s *session) wroteLocked(pri, buf []byte) {
 	s.room = make(chan struct{})
 }
 
+// dropQueuedLocked drops what is queued once the sending side is closed
+// (mu held), and wakes the streams waiting for room.
+func (s *session) dropQueuedLocked() {
+	s.out, s.pri = s.out[:0], s.pri[:0]
+	close(s.room)
+	s.room = make(chan struct{})
+}
+
 // writeLoop is the session's writer: it writes everything queued, pri
 // first, in one write, until the session ends. A stream's Write may write
 // directly instead (flushDirect); it then wakes this loop for what it
@@ -288,6 +297,11 @@ func (s *session) writeLoop() {
 		}
 		if s.writing || (len(s.out) == 0 && len(s.pri) == 0) {
 			s.mu.Unlock() // a direct write is under way: it wakes this loop when done
+			continue
+		}
+		if s.wshut {
+			s.dropQueuedLocked()
+			s.mu.Unlock()
 			continue
 		}
 		pri, buf := s.take()
@@ -328,8 +342,8 @@ func (s *session) flushDirect() {
 		s.mu.Unlock() // a write in progress wakes the writer for what is queued
 		return
 	}
-	if s.raw == nil {
-		s.signal()
+	if s.raw == nil || s.wshut {
+		s.signal() // the writer writes it (or drops it: wshut)
 		s.mu.Unlock()
 		return
 	}
@@ -634,3 +648,44 @@ func (s *session) tick() {
 
 // close ends the session from this side.
 func (s *session) close() { s.fail(errSessionClosed) }
+
+// closeGracefully closes the session after what its streams queued: the
+// writer writes it, the connection's sending side closes behind it, and
+// the peer, having read it all, closes its side; then the session closes.
+// Closing outright could lose those frames: bytes unread here at close make
+// the kernel reset the connection, and a reset discards what the peer had
+// not read yet. A peer that has not read and closed by deadline gets the
+// outright close.
+func (s *session) closeGracefully(deadline time.Time) {
+	t := time.NewTimer(time.Until(deadline))
+	defer t.Stop()
+	defer s.close()
+	for shut := false; ; {
+		s.mu.Lock()
+		if s.err != nil {
+			s.mu.Unlock()
+			return // the peer closed (the reader failed it), or it broke
+		}
+		if !shut && !s.writing && len(s.out) == 0 && len(s.pri) == 0 {
+			hc, ok := s.conn.(halfCloser)
+			if !ok {
+				s.mu.Unlock()
+				return
+			}
+			// Under mu with no write under way, and none starts again
+			// (wshut): no write fails on the closed side.
+			s.wshut, shut = true, true
+			_ = hc.CloseWrite()
+		}
+		room := s.room // closed when a write ends, or the session fails
+		if !shut {
+			s.signal() // a write under way wakes the writer again itself
+		}
+		s.mu.Unlock()
+		select {
+		case <-room:
+		case <-t.C:
+			return
+		}
+	}
+}

@@ -398,3 +398,56 @@ func TestSessionBurstOnFreshSession(t *testing.T) {
 	wg.Wait()
 	assert.EqualValues(t, 1, cl.n.Load())
 }
+
+// Dialer.Close right after streams finished: every caller still reads its
+// items and its end frame. Close writes what is queued, closes its sending
+// side, and waits for the caller to close (a close with unread bytes would
+// reset the connection, and a reset discards what the caller has not read).
+func TestDialerCloseDeliversWhatIsQueued(t *testing.T) {
+	s := listen(t)
+	ctx := context.Background()
+	for round := 0; round < 20; round++ {
+		d := NewDialer(0)
+		const streams = 16
+		ins := make([]*Incoming, streams)
+		for i := range ins {
+			tok := fmt.Sprintf("r%d-%d", round, i)
+			ins[i] = expect(t, s, tok)
+			o, err := d.Dial(ctx, s.Addr().String(), tok)
+			require.NoError(t, err)
+			attach(t, ins[i], o)
+			_, err = o.SendBatch(ctx, [][]byte{item(1), item(2)})
+			require.NoError(t, err)
+			require.NoError(t, o.Finish())
+		}
+		require.NoError(t, d.Close())
+		for i, in := range ins {
+			got, err := recvAll(t, in)
+			require.Equal(t, io.EOF, err, "round %d stream %d", round, i)
+			require.Equal(t, items(1, 3), got)
+		}
+	}
+}
+
+// A caller that reads nothing holds Dialer.Close for closeFlushWait at
+// most; its streams are lost, as at any close.
+func TestDialerCloseBoundedByCallerThatDoesNotRead(t *testing.T) {
+	t.Cleanup(func() { goleak.VerifyNone(t) })
+	d := NewDialer(0)
+	o, c := rawSessionCaller(t, d, "tok", WithIdleTimeout(-1))
+	defer c.Close()
+	_, err := c.Write(sessFrame(sessData, 1, streamFrames(func(w *frame.Writer) error { return w.WriteCredit(1 << 30) })))
+	require.NoError(t, err)
+	res := blockedSend(t, o) // the socket and the session's queue are full
+	start := time.Now()
+	require.NoError(t, d.Close())
+	took := time.Since(start)
+	assert.GreaterOrEqual(t, took, closeFlushWait/2, "Close gave up before its bound")
+	assert.Less(t, took, closeFlushWait+waitFor/2, "Close waited past its bound")
+	select {
+	case err := <-res:
+		assert.Error(t, err)
+	case <-time.After(waitFor):
+		t.Fatal("a Send blocked on the session was not released by Close")
+	}
+}

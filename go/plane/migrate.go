@@ -49,6 +49,9 @@ import (
 //     no schema: the library installs the token schema's (go/tokens:
 //     "token_ids" extended by the tokens received, "max_tokens" reduced by
 //     their number). Without a hook the request is sent again unchanged.
+//     A hook that is a Completer ends, as finished, a request whose last
+//     item arrived before its stream broke (go/tokens: a finish reason, or
+//     all of "max_tokens").
 
 // GenerateMigrating is Generate with migration: up to limit retries. The
 // returned stream's context is the request's context (a child of parent, or
@@ -167,6 +170,13 @@ func (s *Stream) migrate(c *Client, payload []byte, route Route, instance uint64
 		case errors.Is(err, ErrBusy):
 			s.end(err)
 			return
+		case retryable(err) && complete(cont, payload):
+			// Its last item arrived: nothing is left to generate, and a
+			// retry would ask a worker for none.
+			slog.Debug("request complete before its stream broke: not migrated", "request_id", s.ctx.ID(),
+				"items_so_far", passed, "failed_instance", inner.instance, "error", err.Error())
+			s.end(io.EOF)
+			return
 		case attempt < limit && retryable(err):
 			waits++
 			s.attempt.Store(nil) // a kill from now on stops the request before the next worker
@@ -201,6 +211,12 @@ func (s *Stream) relay(inner *Stream, cont Continuation, passed *int) error {
 		*passed++
 		s.push(item)
 	}
+}
+
+// complete reports whether cont says the request is complete (Completer).
+func complete(cont Continuation, payload []byte) bool {
+	c, ok := cont.(Completer)
+	return ok && c.Complete(payload)
 }
 
 // expired reports whether ctx has a deadline that has passed.

@@ -435,6 +435,41 @@ func TestMigrationWithoutHookResendsUnchanged(t *testing.T) {
 	assert.JSONEq(t, string(migPayload(false)), string(a2.req.Payload))
 }
 
+// A stream that breaks after its last item (a finish reason, or every
+// token max_tokens allows), as when a worker shuts down as the request
+// finishes and its end frame is lost, is not migrated: there is nothing
+// left to generate. The caller's stream ends as finished.
+func TestMigrationEndsRequestWhoseLastItemArrived(t *testing.T) {
+	for _, tc := range []struct {
+		name, finish string
+		n            int
+	}{
+		{"finish reason", "stop", 2},
+		{"max_tokens reached without a finish reason", "", migMax},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e, w1, _, c := migTwo(t, func(a *migAttempt) {
+				if a.w.SendTokens(a.req, a.next, tc.n, tc.finish) {
+					close(a.sentAll)
+				}
+				a.waitKilled()
+			}, (*migAttempt).finish)
+			migPin(t, c, w1)
+			s := e.generate(c, migPayload(true), nil, plane.RoundRobin, 0, 1)
+			a1 := e.attempt()
+			require.Equal(t, "w1", a1.w.Name)
+			got := migTake(t, s, tc.n)
+			w1.RT.Close()
+			rest, err := planetest.DrainTokens(t, s)
+			require.ErrorIs(t, err, io.EOF, "finished, not failed")
+			assert.Empty(t, rest)
+			assert.Equal(t, planetest.Seq(migPrompt, tc.n), got)
+			assert.Equal(t, 1, e.callerAttempts(), "no second attempt")
+			e.noMoreAttempts()
+		})
+	}
+}
+
 // The crash comes while the caller is not reading: whatever part of the
 // first worker's tokens made it to the caller, the second worker continues
 // from there and the caller still sees one continuous stream.

@@ -196,6 +196,15 @@ type Continuation interface {
 	Next(payload []byte) ([]byte, error)
 }
 
+// Completer is what a Continuation may also be: Complete reports, given the
+// original request, whether the items passed so far already complete it
+// (the worker sent its last item, and only the stream's end was lost, as
+// when a worker shuts down as it finishes). A broken attempt of a complete
+// request is not retried: the caller's stream ends as finished.
+type Completer interface {
+	Complete(payload []byte) bool
+}
+
 // Runtime is one process's membership in the request plane.
 type Runtime struct {
 	bus  *natsbus.Bus

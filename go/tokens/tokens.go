@@ -195,9 +195,12 @@ func scanItem(b []byte, id func(v int, lit []byte)) (finish *string, ok bool) {
 // rewrites the request for the next worker so that it continues where the
 // last one stopped (Next): "token_ids" extended by those tokens,
 // "max_tokens" (top level and under "stop_conditions") reduced by their
-// number, never below 0. One Continuation serves one request.
+// number, never below 0. It also says when the items observed complete
+// the request (Complete), which then needs no next attempt. One
+// Continuation serves one request.
 type Continuation struct {
 	received []json.RawMessage // token ids passed to the caller so far, as they were written
+	finished bool              // an item carried a finish reason: the worker sent its last
 }
 
 // New returns the Continuation of one request (plane.Options.Continuation).
@@ -207,16 +210,35 @@ func New() *Continuation { return &Continuation{} }
 // (or not objects) add nothing.
 func (c *Continuation) Observe(item []byte) {
 	n := len(c.received)
-	if _, ok := scanItem(item, func(_ int, lit []byte) { c.received = append(c.received, append(json.RawMessage(nil), lit...)) }); ok {
+	if finish, ok := scanItem(item, func(_ int, lit []byte) { c.received = append(c.received, append(json.RawMessage(nil), lit...)) }); ok {
+		c.finished = c.finished || finish != nil
 		return
 	}
 	c.received = c.received[:n] // what the scan added before it gave up
 	var tok struct {
-		TokenIDs []json.RawMessage `json:"token_ids"`
+		TokenIDs     []json.RawMessage `json:"token_ids"`
+		FinishReason json.RawMessage   `json:"finish_reason"` // a string ends; anything else is not read
 	}
 	if json.Unmarshal(item, &tok) == nil {
 		c.received = append(c.received, tok.TokenIDs...)
+		var reason string
+		c.finished = c.finished || (len(tok.FinishReason) > 0 && !jsonscan.IsNull(tok.FinishReason) &&
+			json.Unmarshal(tok.FinishReason, &reason) == nil)
 	}
+}
+
+// Complete reports whether the items observed complete the request
+// payload (plane.Completer): one carried a finish reason, or they hold
+// all the tokens its "max_tokens" allows (at least one).
+func (c *Continuation) Complete(payload []byte) bool {
+	if c.finished {
+		return true
+	}
+	if len(c.received) == 0 {
+		return false
+	}
+	r, err := ParseRequest(payload)
+	return err == nil && r.MaxTokens >= 0 && len(c.received) >= r.MaxTokens
 }
 
 // Count is the number of tokens observed.

@@ -102,6 +102,40 @@ func TestContinuation(t *testing.T) {
 	assert.JSONEq(t, `{"token_ids":[1,7,8,9],"max_tokens":2}`, string(got))
 }
 
+// A Continuation says the request is complete once an item carried a
+// finish reason (read fast or by encoding/json), or once it holds every
+// token max_tokens allows; never before a token arrived.
+func TestContinuationComplete(t *testing.T) {
+	const limited = `{"token_ids":[1],"stop_conditions":{"max_tokens":3}}`
+	const unlimited = `{"token_ids":[1],"stop_conditions":{"max_tokens":null}}`
+	c := New()
+	assert.False(t, c.Complete([]byte(limited)), "nothing received")
+	assert.False(t, c.Complete([]byte(`{"token_ids":[1],"max_tokens":0}`)), "nothing received, none asked")
+	c.Observe([]byte(`{"token_ids":[7],"finish_reason":null}`))
+	c.Observe([]byte(`{"finish_reason":null,"token_ids":[8]}`))   // encoding/json's
+	c.Observe([]byte(`{"finish_reason":7,"token_ids":[]}`))       // malformed: no reason
+	c.Observe([]byte(`{"finish_reason":"stop","token_ids":"x"}`)) // malformed: not read
+	assert.False(t, c.Complete([]byte(limited)))
+	assert.False(t, c.Complete([]byte(unlimited)))
+	assert.True(t, c.Complete([]byte(`{"token_ids":[1],"max_tokens":2}`)), "max_tokens received")
+	assert.False(t, c.Complete([]byte(`not json`)))
+	c.Observe([]byte(`{"token_ids":[9]}`))
+	assert.True(t, c.Complete([]byte(limited)), "max_tokens received, no finish reason")
+	assert.False(t, c.Complete([]byte(unlimited)))
+
+	for _, last := range []string{
+		`{"token_ids":[9],"finish_reason":"stop"}`,                  // the fast reader's shape
+		`{"finish_reason":"length","token_ids":[9]}`,                // another order: encoding/json's
+		`{"token_ids":[],"finish_reason":"stop","log_probs":[]}`,    // other members
+		`{"token_ids":[9],"finish_reason":"cancelled","x":{"y":1}}`, // any reason
+	} {
+		c := New()
+		c.Observe([]byte(`{"token_ids":[7],"finish_reason":null}`))
+		c.Observe([]byte(last))
+		assert.True(t, c.Complete([]byte(unlimited)), last)
+	}
+}
+
 func TestParseItem(t *testing.T) {
 	it, err := ParseItem([]byte(`{"token_ids":[3,4],"finish_reason":"stop"}`))
 	require.NoError(t, err)

@@ -200,7 +200,7 @@ func scanItem(b []byte, id func(v int, lit []byte)) (finish *string, ok bool) {
 // Continuation serves one request.
 type Continuation struct {
 	received []json.RawMessage // token ids passed to the caller so far, as they were written
-	finished bool              // an item carried a finish reason: the worker sent its last
+	finished bool              // the last item carried a finish reason of a request done (completes)
 }
 
 // New returns the Continuation of one request (plane.Options.Continuation).
@@ -211,7 +211,7 @@ func New() *Continuation { return &Continuation{} }
 func (c *Continuation) Observe(item []byte) {
 	n := len(c.received)
 	if finish, ok := scanItem(item, func(_ int, lit []byte) { c.received = append(c.received, append(json.RawMessage(nil), lit...)) }); ok {
-		c.finished = c.finished || finish != nil
+		c.finished = finish != nil && completes(*finish)
 		return
 	}
 	c.received = c.received[:n] // what the scan added before it gave up
@@ -222,14 +222,17 @@ func (c *Continuation) Observe(item []byte) {
 	if json.Unmarshal(item, &tok) == nil {
 		c.received = append(c.received, tok.TokenIDs...)
 		var reason string
-		c.finished = c.finished || (len(tok.FinishReason) > 0 && !jsonscan.IsNull(tok.FinishReason) &&
-			json.Unmarshal(tok.FinishReason, &reason) == nil)
+		c.finished = len(tok.FinishReason) > 0 && !jsonscan.IsNull(tok.FinishReason) &&
+			json.Unmarshal(tok.FinishReason, &reason) == nil && completes(reason)
 	}
 }
 
 // Complete reports whether the items observed complete the request
-// payload (plane.Completer): one carried a finish reason, or they hold
-// all the tokens its "max_tokens" allows (at least one).
+// payload (plane.Completer): the last one carried the finish reason of a
+// request that is done ("stop", "length", "eos": not "abort", "cancelled",
+// "error", which say it was not), or they hold all the tokens its
+// max_tokens allows (at least one; only when every max_tokens the request
+// carries is an integer, so that no reader of it could allow more).
 func (c *Continuation) Complete(payload []byte) bool {
 	if c.finished {
 		return true
@@ -237,8 +240,49 @@ func (c *Continuation) Complete(payload []byte) bool {
 	if len(c.received) == 0 {
 		return false
 	}
-	r, err := ParseRequest(payload)
-	return err == nil && r.MaxTokens >= 0 && len(c.received) >= r.MaxTokens
+	n, ok := tokenLimit(payload)
+	return ok && len(c.received) >= n
+}
+
+// completes reports whether a finish reason says the request is done.
+func completes(reason string) bool {
+	switch reason {
+	case "stop", "length", "eos":
+		return true
+	}
+	return false
+}
+
+// tokenLimit is a request's max_tokens, stop_conditions' first, when each
+// one it carries is an integer of 0 or more; false otherwise (none, null,
+// or anything else).
+func tokenLimit(payload []byte) (int, bool) {
+	type limit struct {
+		MaxTokens json.RawMessage `json:"max_tokens"`
+	}
+	var p struct {
+		limit
+		StopConditions *limit `json:"stop_conditions"`
+	}
+	if json.Unmarshal(payload, &p) != nil {
+		return 0, false
+	}
+	fields := []json.RawMessage{p.MaxTokens}
+	if p.StopConditions != nil {
+		fields = append(fields, p.StopConditions.MaxTokens) // the one that wins
+	}
+	n, found := 0, false
+	for _, raw := range fields {
+		if raw == nil {
+			continue
+		}
+		var v int
+		if jsonscan.IsNull(raw) || json.Unmarshal(raw, &v) != nil || v < 0 {
+			return 0, false
+		}
+		n, found = v, true
+	}
+	return n, found
 }
 
 // Count is the number of tokens observed.

@@ -102,9 +102,11 @@ func TestContinuation(t *testing.T) {
 	assert.JSONEq(t, `{"token_ids":[1,7,8,9],"max_tokens":2}`, string(got))
 }
 
-// A Continuation says the request is complete once an item carried a
-// finish reason (read fast or by encoding/json), or once it holds every
-// token max_tokens allows; never before a token arrived.
+// A Continuation says the request is complete once its last item carried
+// the finish reason of a request that is done (read fast or by
+// encoding/json), or once it holds every token max_tokens allows, when
+// every max_tokens the request carries is an integer; never before a
+// token arrived, nor for an abort.
 func TestContinuationComplete(t *testing.T) {
 	const limited = `{"token_ids":[1],"stop_conditions":{"max_tokens":3}}`
 	const unlimited = `{"token_ids":[1],"stop_conditions":{"max_tokens":null}}`
@@ -119,21 +121,42 @@ func TestContinuationComplete(t *testing.T) {
 	assert.False(t, c.Complete([]byte(unlimited)))
 	assert.True(t, c.Complete([]byte(`{"token_ids":[1],"max_tokens":2}`)), "max_tokens received")
 	assert.False(t, c.Complete([]byte(`not json`)))
+	for _, ambiguous := range []string{
+		`{"token_ids":[1],"max_tokens":2,"stop_conditions":{"max_tokens":null}}`, // a reader may allow more
+		`{"token_ids":[1],"max_tokens":2,"stop_conditions":{"max_tokens":"2"}}`,
+		`{"token_ids":[1],"max_tokens":-1}`,
+		`{"token_ids":[1],"max_tokens":2.5}`,
+		`{"token_ids":[1]}`,
+	} {
+		assert.False(t, c.Complete([]byte(ambiguous)), ambiguous)
+	}
+	assert.True(t, c.Complete([]byte(`{"token_ids":[1],"max_tokens":9,"stop_conditions":{"max_tokens":2}}`)), "stop_conditions' wins")
 	c.Observe([]byte(`{"token_ids":[9]}`))
 	assert.True(t, c.Complete([]byte(limited)), "max_tokens received, no finish reason")
 	assert.False(t, c.Complete([]byte(unlimited)))
 
-	for _, last := range []string{
-		`{"token_ids":[9],"finish_reason":"stop"}`,                  // the fast reader's shape
-		`{"finish_reason":"length","token_ids":[9]}`,                // another order: encoding/json's
-		`{"token_ids":[],"finish_reason":"stop","log_probs":[]}`,    // other members
-		`{"token_ids":[9],"finish_reason":"cancelled","x":{"y":1}}`, // any reason
+	for _, tc := range []struct {
+		last string
+		done bool
+	}{
+		{`{"token_ids":[9],"finish_reason":"stop"}`, true},                   // the fast reader's shape
+		{`{"finish_reason":"length","token_ids":[9]}`, true},                 // another order: encoding/json's
+		{`{"token_ids":[],"finish_reason":"eos","log_probs":[]}`, true},      // other members
+		{`{"token_ids":[9],"finish_reason":"abort"}`, false},                 // not done
+		{`{"token_ids":[9],"finish_reason":"cancelled","x":{"y":1}}`, false}, // Dynamo's
+		{`{"token_ids":[9],"finish_reason":"error"}`, false},
+		{`{"token_ids":[9],"finish_reason":""}`, false},
 	} {
 		c := New()
 		c.Observe([]byte(`{"token_ids":[7],"finish_reason":null}`))
-		c.Observe([]byte(last))
-		assert.True(t, c.Complete([]byte(unlimited)), last)
+		c.Observe([]byte(tc.last))
+		assert.Equal(t, tc.done, c.Complete([]byte(unlimited)), tc.last)
 	}
+	// Only the last item counts: tokens after a finish reason undo it.
+	c = New()
+	c.Observe([]byte(`{"token_ids":[7],"finish_reason":"stop"}`))
+	c.Observe([]byte(`{"token_ids":[8],"finish_reason":null}`))
+	assert.False(t, c.Complete([]byte(unlimited)))
 }
 
 func TestParseItem(t *testing.T) {

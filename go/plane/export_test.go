@@ -12,12 +12,7 @@ import "github.com/nats-io/nats.go"
 func SetRoundRobin(c *Client, i int) { c.rr.Store(uint64(i)) }
 
 // Serving reports whether e still serves req: its response stream is open.
-func Serving(e *Endpoint, req *Request) bool {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	_, ok := e.active[req]
-	return ok
-}
+func Serving(e *Endpoint, req *Request) bool { return e.serving(req) }
 
 // NumServing is the number of requests e serves.
 func NumServing(e *Endpoint) int {

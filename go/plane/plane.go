@@ -422,7 +422,9 @@ func (r *Runtime) Done() <-chan struct{} { return r.done }
 
 // Close shuts the runtime down: requests being served are killed with
 // ReasonShutdown, leases are dropped, streams end, the connection closes.
-// It is idempotent.
+// Requests whose handlers returned first keep their end frames: Close
+// waits up to endFrameWait for them to be queued, then up to 1 s more for
+// the callers to read them (transport.Dialer.Close). It is idempotent.
 func (r *Runtime) Close() {
 	r.mu.Lock()
 	if r.closed {
@@ -450,8 +452,9 @@ func (r *Runtime) Close() {
 	for _, s := range sts {
 		s.abandon()
 	}
+	ends := time.Now().Add(endFrameWait) // one wait for all endpoints' end frames
 	for _, e := range eps {
-		e.Close()
+		e.closeBy(ends)
 	}
 	for _, c := range cls {
 		c.Close()

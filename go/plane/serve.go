@@ -259,20 +259,31 @@ func (e *Endpoint) endDone() {
 	e.mu.Unlock()
 }
 
-// endFrameWait bounds how long Close waits for the end frames of requests
-// whose handlers finished just before it (a session that is full, its
-// caller not reading, holds a write).
+// endFrameWait bounds how long Close (and Runtime.Close, for all its
+// endpoints) waits for the end frames of requests whose handlers finished
+// just before it (a session that is full, its caller not reading, holds a
+// write).
 const endFrameWait = time.Second
 
-// waitEnding waits, at most endFrameWait, for the end frames being written.
-func (e *Endpoint) waitEnding() {
+// serving reports whether req is among the requests being served (not yet
+// ending).
+func (e *Endpoint) serving(req *Request) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	_, ok := e.active[req]
+	return ok
+}
+
+// waitEnding waits, until deadline at most, for the end frames being
+// written.
+func (e *Endpoint) waitEnding(deadline time.Time) {
 	e.mu.Lock()
 	zero := e.endingZero
 	e.mu.Unlock()
 	if zero == nil {
 		return
 	}
-	t := time.NewTimer(endFrameWait)
+	t := time.NewTimer(time.Until(deadline))
 	defer t.Stop()
 	select {
 	case <-zero:
@@ -346,8 +357,13 @@ func (e *Endpoint) Active() int {
 }
 
 // Close stops serving: the instance leaves discovery, new requests are
-// refused, and requests being served are killed with ReasonShutdown.
-func (e *Endpoint) Close() {
+// refused, and requests being served are killed with ReasonShutdown. Those
+// whose handler returned first keep their end frames: Close waits up to
+// endFrameWait for them to be queued.
+func (e *Endpoint) Close() { e.closeBy(time.Now().Add(endFrameWait)) }
+
+// closeBy is Close, waiting for end frames until deadline at most.
+func (e *Endpoint) closeBy(deadline time.Time) {
 	e.mu.Lock()
 	if e.closed {
 		e.mu.Unlock()
@@ -371,9 +387,11 @@ func (e *Endpoint) Close() {
 	// sees closed); its goroutine must not outlive Close.
 	e.reading.Wait()
 	for _, r := range active {
-		r.Ctx.Cancel(ctxtree.Killed, ctxtree.ReasonShutdown)
+		if e.serving(r) { // not if its end began meanwhile (Request.end)
+			r.Ctx.Cancel(ctxtree.Killed, ctxtree.ReasonShutdown)
+		}
 	}
-	e.waitEnding() // the end frames of those that finished first: then the sessions close
+	e.waitEnding(deadline) // the end frames of those that finished first: then the sessions close
 	close(e.closedCh)
 	e.rt.mu.Lock()
 	delete(e.rt.endpoints, e)

@@ -15,16 +15,12 @@ import (
 	"github.com/dynamo-ctx/dynamo-ctx/go/plane"
 )
 
-// Drain: the instance leaves discovery at once, new requests go to the
-// other instance, and the request in flight finishes on the draining one.
-func TestDrainLetsRequestsFinishAndTakesNoNewOnes(t *testing.T) {
-	const path = "test.drain.generate"
-	host := planetest.Embedded(t)
-	release := make(chan struct{})
-	got := make(chan *plane.Request, 8)
-	draining := planetest.Serve(t, planetest.Join(t, host), path, func(w *planetest.Worker, req *plane.Request) {
-		got <- req
+// sendTwoAfter is a handler that sends item 0, hands its request to got,
+// and sends item 1 and completes once release is closed.
+func sendTwoAfter(got chan<- *plane.Request, release <-chan struct{}) planetest.Handler {
+	return func(w *planetest.Worker, req *plane.Request) {
 		w.Send(req, num(0))
+		got <- req
 		select {
 		case <-release:
 		case <-w.Quit:
@@ -32,7 +28,17 @@ func TestDrainLetsRequestsFinishAndTakesNoNewOnes(t *testing.T) {
 		}
 		w.Send(req, num(1))
 		req.Complete()
-	})
+	}
+}
+
+// Drain: the instance leaves discovery at once, new requests go to the
+// other instance, and the request in flight finishes on the draining one.
+func TestDrainLetsRequestsFinishAndTakesNoNewOnes(t *testing.T) {
+	const path = "test.drain.generate"
+	host := planetest.Embedded(t)
+	release := make(chan struct{})
+	got := make(chan *plane.Request, 8)
+	draining := planetest.Serve(t, planetest.Join(t, host), path, sendTwoAfter(got, release))
 	other := planetest.Serve(t, planetest.Join(t, host), path, planetest.Tokens)
 	c := planetest.Client(t, host, path)
 	planetest.WaitInstances(t, c, 2)
@@ -75,18 +81,8 @@ func TestDrainShutdownKeepsEndFramesOfFinishedRequests(t *testing.T) {
 	c := planetest.Client(t, host, path)
 	for round := 0; round < 10; round++ {
 		release := make(chan struct{})
-		started := make(chan struct{}, streams)
-		w := planetest.Serve(t, planetest.Join(t, host), path, func(w *planetest.Worker, req *plane.Request) {
-			w.Send(req, num(0))
-			started <- struct{}{}
-			select {
-			case <-release:
-			case <-w.Quit:
-				return
-			}
-			w.Send(req, num(1))
-			req.Complete()
-		})
+		started := make(chan *plane.Request, streams)
+		w := planetest.Serve(t, planetest.Join(t, host), path, sendTwoAfter(started, release))
 		planetest.WaitInstances(t, c, 1)
 		ss := make([]*plane.Stream, streams)
 		for i := range ss {

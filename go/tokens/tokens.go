@@ -207,11 +207,13 @@ type Continuation struct {
 func New() *Continuation { return &Continuation{} }
 
 // Observe records an item passed to the caller. Items without token ids
-// (or not objects) add nothing.
+// (or not objects) add nothing. An item with a finish reason, or with
+// tokens, decides whether the request is finished (Complete); others
+// leave that as it was.
 func (c *Continuation) Observe(item []byte) {
 	n := len(c.received)
 	if finish, ok := scanItem(item, func(_ int, lit []byte) { c.received = append(c.received, append(json.RawMessage(nil), lit...)) }); ok {
-		c.finished = finish != nil && completes(*finish)
+		c.noteEnd(finish, len(c.received) > n)
 		return
 	}
 	c.received = c.received[:n] // what the scan added before it gave up
@@ -222,8 +224,22 @@ func (c *Continuation) Observe(item []byte) {
 	if json.Unmarshal(item, &tok) == nil {
 		c.received = append(c.received, tok.TokenIDs...)
 		var reason string
-		c.finished = len(tok.FinishReason) > 0 && !jsonscan.IsNull(tok.FinishReason) &&
-			json.Unmarshal(tok.FinishReason, &reason) == nil && completes(reason)
+		if len(tok.FinishReason) > 0 && !jsonscan.IsNull(tok.FinishReason) && json.Unmarshal(tok.FinishReason, &reason) == nil {
+			c.noteEnd(&reason, len(tok.TokenIDs) > 0)
+		} else {
+			c.noteEnd(nil, len(tok.TokenIDs) > 0)
+		}
+	}
+}
+
+// noteEnd applies an item's finish reason (nil: none) and whether it
+// carried tokens to finished: a reason decides, tokens without one undo.
+func (c *Continuation) noteEnd(reason *string, tokens bool) {
+	switch {
+	case reason != nil:
+		c.finished = completes(*reason)
+	case tokens:
+		c.finished = false
 	}
 }
 
@@ -255,21 +271,20 @@ func completes(reason string) bool {
 
 // tokenLimit is a request's max_tokens, stop_conditions' first, when each
 // one it carries is an integer of 0 or more; false otherwise (none, null,
-// or anything else).
+// or anything else). Keys match exactly, as the worker's reader and
+// continuation read them.
 func tokenLimit(payload []byte) (int, bool) {
-	type limit struct {
-		MaxTokens json.RawMessage `json:"max_tokens"`
-	}
-	var p struct {
-		limit
-		StopConditions *limit `json:"stop_conditions"`
-	}
-	if json.Unmarshal(payload, &p) != nil {
+	var req map[string]json.RawMessage
+	if json.Unmarshal(payload, &req) != nil {
 		return 0, false
 	}
-	fields := []json.RawMessage{p.MaxTokens}
-	if p.StopConditions != nil {
-		fields = append(fields, p.StopConditions.MaxTokens) // the one that wins
+	fields := []json.RawMessage{req["max_tokens"]}
+	if raw, ok := req["stop_conditions"]; ok && !jsonscan.IsNull(raw) {
+		var sc map[string]json.RawMessage
+		if json.Unmarshal(raw, &sc) != nil {
+			return 0, false
+		}
+		fields = append(fields, sc["max_tokens"]) // the one that wins
 	}
 	n, found := 0, false
 	for _, raw := range fields {

@@ -152,11 +152,30 @@ func TestContinuationComplete(t *testing.T) {
 		c.Observe([]byte(tc.last))
 		assert.Equal(t, tc.done, c.Complete([]byte(unlimited)), tc.last)
 	}
-	// Only the last item counts: tokens after a finish reason undo it.
+	// Tokens after a finish reason undo it; an item with neither changes
+	// nothing.
 	c = New()
 	c.Observe([]byte(`{"token_ids":[7],"finish_reason":"stop"}`))
+	c.Observe([]byte(`{"note":"x"}`))
+	c.Observe([]byte(`{"token_ids":[],"finish_reason":null}`))
+	assert.True(t, c.Complete([]byte(unlimited)))
 	c.Observe([]byte(`{"token_ids":[8],"finish_reason":null}`))
 	assert.False(t, c.Complete([]byte(unlimited)))
+	c.Observe([]byte(`{"finish_reason":null,"token_ids":[9]}`))
+	assert.False(t, c.Complete([]byte(unlimited)))
+	c.Observe([]byte(`{"finish_reason":"length","token_ids":[]}`))
+	assert.True(t, c.Complete([]byte(unlimited)))
+	// Keys match exactly: another spelling is not max_tokens to the worker.
+	for _, other := range []string{
+		`{"token_ids":[1],"max_tokens":null,"Max_Tokens":1}`,
+		`{"token_ids":[1],"MAX_TOKENS":1}`,
+		`{"token_ids":[1],"Stop_Conditions":{"max_tokens":1}}`,
+		`{"token_ids":[1],"stop_conditions":"x","max_tokens":1}`,
+	} {
+		c := New()
+		c.Observe([]byte(`{"token_ids":[7],"finish_reason":null}`))
+		assert.False(t, c.Complete([]byte(other)), other)
+	}
 }
 
 func TestParseItem(t *testing.T) {

@@ -452,9 +452,16 @@ func (r *Runtime) Close() {
 	for _, s := range sts {
 		s.abandon()
 	}
-	ends := time.Now().Add(endFrameWait) // one wait for all endpoints' end frames
+	// Every endpoint stops first, then one wait for all their end frames.
+	finishes := make([]func(time.Time), 0, len(eps))
 	for _, e := range eps {
-		e.closeBy(ends)
+		if finish := e.stop(); finish != nil {
+			finishes = append(finishes, finish)
+		}
+	}
+	ends := time.Now().Add(endFrameWait)
+	for _, finish := range finishes {
+		finish(ends)
 	}
 	for _, c := range cls {
 		c.Close()

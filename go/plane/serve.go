@@ -360,14 +360,21 @@ func (e *Endpoint) Active() int {
 // refused, and requests being served are killed with ReasonShutdown. Those
 // whose handler returned first keep their end frames: Close waits up to
 // endFrameWait for them to be queued.
-func (e *Endpoint) Close() { e.closeBy(time.Now().Add(endFrameWait)) }
+func (e *Endpoint) Close() {
+	if finish := e.stop(); finish != nil {
+		finish(time.Now().Add(endFrameWait))
+	}
+}
 
-// closeBy is Close, waiting for end frames until deadline at most.
-func (e *Endpoint) closeBy(deadline time.Time) {
+// stop is the first half of Close: it refuses requests and kills those
+// being served. The second, finish, waits for the end frames of those
+// that finished first (until deadline at most) and ends the endpoint. It
+// returns nil if the endpoint was closed already.
+func (e *Endpoint) stop() (finish func(deadline time.Time)) {
 	e.mu.Lock()
 	if e.closed {
 		e.mu.Unlock()
-		return
+		return nil
 	}
 	e.closed = true
 	active := make([]*Request, 0, len(e.active))
@@ -391,12 +398,14 @@ func (e *Endpoint) closeBy(deadline time.Time) {
 			r.Ctx.Cancel(ctxtree.Killed, ctxtree.ReasonShutdown)
 		}
 	}
-	e.waitEnding(deadline) // the end frames of those that finished first: then the sessions close
-	close(e.closedCh)
-	e.rt.mu.Lock()
-	delete(e.rt.endpoints, e)
-	e.rt.mu.Unlock()
-	call(f)
+	return func(deadline time.Time) {
+		e.waitEnding(deadline) // the end frames of those that finished first: then the sessions close
+		close(e.closedCh)
+		e.rt.mu.Lock()
+		delete(e.rt.endpoints, e)
+		e.rt.mu.Unlock()
+		call(f)
+	}
 }
 
 // AbortedSubject carries AbortConfirmation messages: a worker publishes one

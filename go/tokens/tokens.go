@@ -223,12 +223,11 @@ func (c *Continuation) Observe(item []byte) {
 	}
 	if json.Unmarshal(item, &tok) == nil {
 		c.received = append(c.received, tok.TokenIDs...)
-		var reason string
-		if len(tok.FinishReason) > 0 && !jsonscan.IsNull(tok.FinishReason) && json.Unmarshal(tok.FinishReason, &reason) == nil {
-			c.noteEnd(&reason, len(tok.TokenIDs) > 0)
-		} else {
-			c.noteEnd(nil, len(tok.TokenIDs) > 0)
+		var reason *string // null: none; absent or not a string: not read
+		if json.Unmarshal(tok.FinishReason, &reason) != nil {
+			reason = nil
 		}
+		c.noteEnd(reason, len(tok.TokenIDs) > 0)
 	}
 }
 

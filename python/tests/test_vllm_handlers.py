@@ -258,6 +258,42 @@ def test_request_options_reach_the_engine_params():
     assert request_options({"token_ids": [1]}) == {}
 
 
+def test_max_tokens_read_as_the_library_reads_it():
+    """stop_conditions' max_tokens, else the top level's; none (or null) fills
+    the rest of the context, as Dynamo's handler does; 16 without a context length."""
+    from dynamo_ctx.backends.vllm import _max_tokens
+
+    ids = {"token_ids": [1, 2, 3]}
+    assert _max_tokens(dict(ids, stop_conditions={"max_tokens": 4}, max_tokens=9), 64) == 4
+    assert _max_tokens(dict(ids, stop_conditions={"max_tokens": None}, max_tokens=9), 64) == 9
+    assert _max_tokens(dict(ids, stop_conditions={"max_tokens": 0}), 64) == 0
+    assert _max_tokens(dict(ids, stop_conditions={"max_tokens": None}), 64) == 61
+    assert _max_tokens(ids, 2) == 1  # at least one, as Dynamo
+    assert _max_tokens(ids, None) == 16
+    assert _max_tokens({}, 8) == 8
+
+
+def test_request_without_max_tokens_fills_the_context(nats_url):
+    """A caller that sets no max_tokens (Dynamo's frontend, for a chat without
+    one) gets the rest of the context, not vLLM's default of 16."""
+
+    async def main():
+        engine = MockAsyncLLM(MockEngineArgs(decode_time_per_token=0.0005))
+        handler = AggregatedHandler(engine, "m")
+        assert handler.max_model_len is None  # the mock has no model_config: the worker's command sets it
+        handler.max_model_len = 40
+        w = await Served(nats_url, handler, f"{ns()}.backend.generate").start()
+        client = await w.client()
+        for request in ({"token_ids": [1, 2, 3]}, {"token_ids": [1, 2, 3], "stop_conditions": {"max_tokens": None}}):
+            stream = await client.generate(request, context=Context(new_namespace("ctx")))
+            items = [item.data() async for item in stream]
+            assert sum(len(i["token_ids"]) for i in items) == 37
+            assert items[-1]["finish_reason"] == "length"
+        await w.stop()
+
+    run(main())
+
+
 @pytest.mark.parametrize("kind", ["mock", "other engine"])
 def test_items_carry_new_tokens_whatever_the_output_kind(nats_url, kind):
     """The mock (and vLLM) are asked for DELTA outputs; an engine of another

@@ -43,7 +43,8 @@ handler called directly (no runtime) reads ``generate``'s stream; the items are 
 Requests are Dynamo-style token requests: ``{"token_ids": [...], "stop_conditions":
 {"max_tokens": N, "stop_token_ids": [...], "ignore_eos": bool}, "sampling_options": {"seed",
 "temperature", "top_p", "presence_penalty", "frequency_penalty"}}`` (a top-level
-``max_tokens`` is accepted too; everything but token_ids is optional). The stop token ids
+``max_tokens`` is accepted too; everything but token_ids is optional: a request that
+sets no max_tokens, or null, may fill the rest of the context). The stop token ids
 and sampling options go to the engine's SamplingParams. Each response item is
 ``{"token_ids": [new tokens], "finish_reason": ...}``.
 """
@@ -214,10 +215,24 @@ def _sampling_maker(engine_type: type) -> Callable[[int, Dict[str, Any]], Any]:
     return mock_params
 
 
-def _max_tokens(request: Dict[str, Any], default: int = 16) -> int:
-    sc = request.get("stop_conditions") or {}
-    n = sc.get("max_tokens", request.get("max_tokens", default))
-    return int(n) if n is not None else default
+#: The tokens a request that sets no max_tokens may generate when the
+#: context length is unknown (vLLM's ``SamplingParams`` default).
+DEFAULT_MAX_TOKENS = 16
+
+
+def _max_tokens(request: Dict[str, Any], context_length: Optional[int]) -> int:
+    """A request's max_tokens: ``stop_conditions.max_tokens``, else the top
+    level's; where neither is given (or both are null) the rest of the
+    context (``context_length`` less the prompt, at least 1), as Dynamo's
+    vLLM handler does; ``DEFAULT_MAX_TOKENS`` without a context length.
+    go/tokens' ``ParseRequest`` reads the same keys in the same order."""
+    sc = request.get("stop_conditions")
+    for n in (sc.get("max_tokens") if isinstance(sc, dict) else None, request.get("max_tokens")):
+        if n is not None:
+            return int(n)
+    if context_length is None:
+        return DEFAULT_MAX_TOKENS
+    return max(1, context_length - len(request.get("token_ids") or ()))
 
 
 class BaseWorkerHandler:
@@ -236,6 +251,10 @@ class BaseWorkerHandler:
         #: module's docstring); None: the error is raised to the caller.
         self.engine_dead: Optional[Callable[[BaseException], None]] = None
         self._engine_died = False  # the engine died under a request of this handler
+        #: The context length: what a request that sets no max_tokens may fill
+        #: (``_max_tokens``). The engine's own (vLLM's ``model_config``) unless
+        #: set; the worker's command sets its model's.
+        self.max_model_len: Optional[int] = getattr(getattr(engine, "model_config", None), "max_model_len", None)
 
     def _start_abort(self, engine_id: str, request_id: str, context: Context) -> "asyncio.Future[None]":
         """Abort ``engine_id`` in the engine once, and count the confirmation:
@@ -590,7 +609,8 @@ class AggregatedHandler(BaseWorkerHandler):
     @pushes_items
     async def generate(self, request: Dict[str, Any], context: Context) -> AsyncIterator[Dict[str, Any]]:
         prompt = {"prompt_token_ids": list(request.get("token_ids", []))}
-        async for item in self._engine_stream(context, context.id(), prompt, _max_tokens(request), options=request_options(request)):
+        max_tokens = _max_tokens(request, self.max_model_len)
+        async for item in self._engine_stream(context, context.id(), prompt, max_tokens, options=request_options(request)):
             yield item
 
 
@@ -643,7 +663,8 @@ class DecodeHandler(BaseWorkerHandler):
                 options["extra_args"] = {"kv_transfer_params": transfer}
             prompt = {"prompt_token_ids": token_ids}
             engine_ran = True
-            async for item in self._engine_stream(context, context.id(), prompt, _max_tokens(request), options=options, counted=False):
+            max_tokens = _max_tokens(request, self.max_model_len)
+            async for item in self._engine_stream(context, context.id(), prompt, max_tokens, options=options, counted=False):
                 yield item
         except BaseException as e:
             error = e

@@ -544,6 +544,8 @@ async def run(args: argparse.Namespace) -> None:
         else:
             component, handler = "backend", AggregatedHandler(engine, model.name, metrics)
         handler.engine_dead = engine_dead
+        if model.max_model_len is not None:
+            handler.max_model_len = model.max_model_len
         watch = asyncio.ensure_future(_watch_engine(engine, engine_dead))
         endpoint = runtime.namespace(args.namespace).component(component).endpoint("generate")
         readiness.waiting_for = f"registration of {endpoint.path}"

@@ -23,8 +23,8 @@ import (
 
 // migrationEnv has two workers of model "m" declaring migration_limit 1. The
 // first request whose prompt is "hello" (whichever worker gets it) sends
-// three tokens, reports its worker on crashed and waits; every other request
-// is served normally.
+// three tokens (the last with finish reason lastReason, if any), reports its
+// worker on crashed and waits; every other request is served normally.
 type migrationEnv struct {
 	*env
 	ws      [2]*planetest.Worker
@@ -34,6 +34,11 @@ type migrationEnv struct {
 
 func newMigrationEnv(t *testing.T) *migrationEnv {
 	t.Helper()
+	return newMigrationEnvEnding(t, "")
+}
+
+func newMigrationEnvEnding(t *testing.T, lastReason string) *migrationEnv {
+	t.Helper()
 	m := &migrationEnv{env: newEnv(t), crashed: make(chan *planetest.Worker, 1)}
 	var first atomic.Bool
 	for i := range m.ws {
@@ -41,7 +46,7 @@ func newMigrationEnv(t *testing.T) *migrationEnv {
 			m.served[i].Add(1)
 			p := parse(req)
 			if slices.Equal(p.TokenIDs, bytesOf("hello")) && first.CompareAndSwap(false, true) {
-				if !w.SendTokens(req, len(p.TokenIDs), 3, "") {
+				if !w.SendTokens(req, len(p.TokenIDs), 3, lastReason) {
 					return
 				}
 				m.crashed <- w
@@ -162,4 +167,71 @@ func TestMigrationNonStreaming(t *testing.T) {
 	assert.Equal(t, "length", c["finish_reason"])
 	assert.EqualValues(t, n, body["usage"].(map[string]any)["completion_tokens"])
 	checkContinuation(t, crashed, other, "mig-u", n, -1)
+}
+
+// A worker's last item said "abort" (a reason that does not complete the
+// request), then its stream broke: the migration continues the request, and
+// the client sees no finish reason before the real one. Were the "abort"
+// chunk written, the stream would carry two finish reasons, tokens after
+// the first.
+func TestMigrationAfterAnAbortReasonWritesOneFinish(t *testing.T) {
+	m := newMigrationEnvEnding(t, "abort")
+	const n = 10
+	resp := m.open("/v1/completions", completion("m", "hello", n, true), map[string]string{"x-request-id": "mig-abort"})
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	ev := newEvents(resp)
+	var got strings.Builder
+	var reasons []any
+	for i := 0; i < 3; i++ {
+		c := choice(t, ev.chunk(t))
+		got.WriteString(c["text"].(string))
+		reasons = append(reasons, c["finish_reason"])
+	}
+	crashed, other := m.crash(t)
+	for i := 3; i < n; i++ {
+		c := choice(t, ev.chunk(t))
+		got.WriteString(c["text"].(string))
+		reasons = append(reasons, c["finish_reason"])
+	}
+	ev.done(t)
+	assert.Equal(t, text(5, n), got.String(), "every token once, in order")
+	want := make([]any, n)
+	want[n-1] = "length"
+	assert.Equal(t, want, reasons, "one finish reason, the last chunk's")
+	checkContinuation(t, crashed, other, "mig-abort", n, 3)
+}
+
+// A worker that ends a request with "abort" on its last item and a clean
+// end: the client gets that reason, in a chunk of its own at the stream's
+// end (streaming), or on the choice (not streaming).
+func TestAbortReasonWrittenAtTheEnd(t *testing.T) {
+	e := newEnv(t)
+	e.worker("w", "dynamo", "m", 1, func(w *planetest.Worker, req *plane.Request) {
+		if w.SendTokens(req, len(parse(req).TokenIDs), 3, "abort") {
+			req.Complete()
+		}
+	})
+	e.start()
+	e.waitModels("m")
+
+	resp := e.open("/v1/completions", completion("m", "hello", 10, true), nil)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	ev := newEvents(resp)
+	var got strings.Builder
+	for i := 0; i < 3; i++ {
+		c := choice(t, ev.chunk(t))
+		got.WriteString(c["text"].(string))
+		assert.Nil(t, c["finish_reason"], "chunk %d", i)
+	}
+	c := choice(t, ev.chunk(t))
+	assert.Equal(t, "abort", c["finish_reason"])
+	assert.Equal(t, "", c["text"])
+	ev.done(t)
+	assert.Equal(t, text(5, 3), got.String())
+
+	r := e.post("/v1/completions", completion("m", "hello", 10, false), nil)
+	require.Equal(t, http.StatusOK, r.status, "body %s", r.body)
+	c = choice(t, r.json(t))
+	assert.Equal(t, "abort", c["finish_reason"])
+	assert.Equal(t, text(5, 3), c["text"])
 }

@@ -1,6 +1,7 @@
 package frontend
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -199,8 +200,8 @@ func (p *response) run(on func(c *choice, text string, finished bool) error) err
 			c.ended = true
 			running--
 			c.complete.Store(!c.stream().Context().IsStopped())
-			if c.finish == "" { // the worker gave no finish reason
-				c.finish = "stop"
+			if c.finish == "" { // the reason take held back, else none: "stop"
+				c.finish = cmp.Or(c.held, "stop")
 				c.lastIDs = nil
 				if err := on(c, c.stop.flush(), true); err != nil {
 					return err

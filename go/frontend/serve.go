@@ -68,6 +68,11 @@ type choice struct {
 	echo      string          // echo: the prompt's text, which the first chunk starts with
 	all       strings.Builder // the whole text, for a non-streaming response
 	finish    string
+	// held is a finish reason that does not complete the request (an
+	// "abort" or "error": tokens.Completes): its finish chunk waits for the
+	// stream's end, as a migration may still continue the request; more
+	// tokens drop it.
+	held string
 	// parse reads a chat choice's reasoning and tool calls (chatparse.go;
 	// nil: its text is the content); lastIDs are the ids of the item just
 	// taken, ids all of them (for a non-streaming response).
@@ -100,9 +105,14 @@ func (c *choice) take(it workerItem) (string, bool) {
 		c.finish = "stop"
 		return text, true
 	}
-	if it.FinishReason != nil {
+	switch {
+	case it.FinishReason != nil && !tokens.Completes(*it.FinishReason):
+		c.held = *it.FinishReason
+	case it.FinishReason != nil:
 		c.finish = *it.FinishReason
 		return text + c.stop.flush(), true
+	case len(it.TokenIDs) > 0:
+		c.held = ""
 	}
 	return text, false
 }

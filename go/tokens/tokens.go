@@ -236,7 +236,7 @@ func (c *Continuation) Observe(item []byte) {
 func (c *Continuation) noteEnd(reason *string, tokens bool) {
 	switch {
 	case reason != nil:
-		c.finished = completes(*reason)
+		c.finished = Completes(*reason)
 	case tokens:
 		c.finished = false
 	}
@@ -259,8 +259,11 @@ func (c *Continuation) Complete(payload []byte) bool {
 	return ok && len(c.received) >= n
 }
 
-// completes reports whether a finish reason says the request is done.
-func completes(reason string) bool {
+// Completes reports whether a worker's finish reason says the request is
+// done: "stop", "length" and "eos" do; "abort", "cancelled", "error" and
+// any other say it ended without being done, which a migration may
+// continue.
+func Completes(reason string) bool {
 	switch reason {
 	case "stop", "length", "eos":
 		return true

@@ -271,6 +271,37 @@ def test_max_tokens_read_as_the_library_reads_it():
     assert _max_tokens(ids, 2) == 1  # at least one, as Dynamo
     assert _max_tokens(ids, None) == 16
     assert _max_tokens({}, 8) == 8
+    for bad in (10.0, "10", True, -1):  # as go/tokens reads it
+        with pytest.raises(ValueError, match="max_tokens must be an integer of 0 or more"):
+            _max_tokens(dict(ids, stop_conditions={"max_tokens": bad}), 64)
+
+
+@pytest.mark.parametrize("mode", ["agg", "disagg"])
+def test_spent_budget_answers_length_without_the_engine(nats_url, mode):
+    """max_tokens 0 (a migration's retry after every token arrived, where the
+    library could not tell): one item, no tokens, "length", and no engine
+    request (vLLM's SamplingParams refuses 0); the outcome is counted."""
+
+    async def main():
+        engine = MockAsyncLLM(MockEngineArgs(decode_time_per_token=0.0005))
+        name = ns()
+        if mode == "agg":
+            handler = AggregatedHandler(engine, "m")
+            served = [await Served(nats_url, handler, f"{name}.backend.generate").start()]
+        else:
+            prefill = await Served(nats_url, PrefillHandler(engine, "m"), f"{name}.prefill.generate").start()
+            handler = DecodeHandler(engine, await prefill.client(), "m")
+            served = [prefill, await Served(nats_url, handler, f"{name}.backend.generate").start()]
+        client = await served[-1].client()
+        request = {"token_ids": [1, 2, 3], "max_tokens": 0, "stop_conditions": {"max_tokens": None}}
+        stream = await client.generate(request, context=Context(new_namespace("ctx")))
+        assert [item.data() async for item in stream] == [{"token_ids": [], "finish_reason": "length"}]
+        assert engine.stats.requests_total == 0  # neither prefill nor decode asked
+        assert (handler.metrics.requests_total, handler.metrics.outcomes["completed"]) == (1, 1)
+        for w in reversed(served):
+            await w.stop()
+
+    run(main())
 
 
 def test_request_without_max_tokens_fills_the_context(nats_url):

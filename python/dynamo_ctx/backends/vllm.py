@@ -215,6 +215,14 @@ def _sampling_maker(engine_type: type) -> Callable[[int, Dict[str, Any]], Any]:
     return mock_params
 
 
+def _spent() -> Dict[str, Any]:
+    """The one item that answers a request with nothing left to generate
+    (max_tokens 0, e.g. a migration's retry after every token arrived): its
+    budget is spent, as "length" says, and no engine is asked (vLLM's
+    ``SamplingParams`` refuses 0)."""
+    return {"token_ids": [], "finish_reason": "length"}
+
+
 #: The tokens a request that sets no max_tokens may generate when the
 #: context length is unknown (vLLM's ``SamplingParams`` default).
 DEFAULT_MAX_TOKENS = 16
@@ -229,7 +237,9 @@ def _max_tokens(request: Dict[str, Any], context_length: Optional[int]) -> int:
     sc = request.get("stop_conditions")
     for n in (sc.get("max_tokens") if isinstance(sc, dict) else None, request.get("max_tokens")):
         if n is not None:
-            return int(n)
+            if type(n) is not int or n < 0:  # as go/tokens reads it: not 10.0, "10" or true
+                raise ValueError(f"max_tokens must be an integer of 0 or more, not {n!r}")
+            return n
     if context_length is None:
         return DEFAULT_MAX_TOKENS
     return max(1, context_length - len(request.get("token_ids") or ()))
@@ -610,6 +620,17 @@ class AggregatedHandler(BaseWorkerHandler):
     async def generate(self, request: Dict[str, Any], context: Context) -> AsyncIterator[Dict[str, Any]]:
         prompt = {"prompt_token_ids": list(request.get("token_ids", []))}
         max_tokens = _max_tokens(request, self.max_model_len)
+        if max_tokens == 0:
+            self.metrics.requests_total += 1
+            error: Optional[BaseException] = None
+            try:
+                yield _spent()
+            except BaseException as e:
+                error = e
+                raise
+            finally:
+                self._count_outcome(context, error, False)
+            return
         async for item in self._engine_stream(context, context.id(), prompt, max_tokens, options=request_options(request)):
             yield item
 
@@ -645,6 +666,10 @@ class DecodeHandler(BaseWorkerHandler):
         error: Optional[BaseException] = None
         engine_ran = False
         try:
+            max_tokens = _max_tokens(request, self.max_model_len)
+            if max_tokens == 0:
+                yield _spent()  # no prefill either
+                return
             token_ids = list(request.get("token_ids", []))
             prefill_request = dict(request, stop_conditions=dict(request.get("stop_conditions") or {}, max_tokens=1))
             prefill_request.pop("max_tokens", None)
@@ -663,7 +688,6 @@ class DecodeHandler(BaseWorkerHandler):
                 options["extra_args"] = {"kv_transfer_params": transfer}
             prompt = {"prompt_token_ids": token_ids}
             engine_ran = True
-            max_tokens = _max_tokens(request, self.max_model_len)
             async for item in self._engine_stream(context, context.id(), prompt, max_tokens, options=options, counted=False):
                 yield item
         except BaseException as e:

@@ -40,7 +40,9 @@ API server, or our worker) between vLLM's output processing, its stats loggers, 
 decoding of the engine's messages, our worker's handing over of items, and the rest.
 ``BENCH_TRACE=1`` makes the aborts phase also print, for our stack, where each timed
 disconnect's time went, hop by hop (the library's kill trace, as ``bench_load.py
---trace``). Environment: BENCH_REPEATS, BENCH_ABORTS, BENCH_SHORT, BENCH_GOODPUT_S.
+--trace``). Environment: BENCH_REPEATS, BENCH_ABORTS, BENCH_SHORT, BENCH_GOODPUT_S, and
+BENCH_TOKENS (each throughput request's max_tokens, 128: two lengths split a figure
+into what a request costs and what a token does).
 
 Prints a markdown table per figure (docs/benchmarks.md keeps the current ones).
 """
@@ -67,7 +69,7 @@ from cpu_stack import MODEL, VENV, VllmServer, engine_flags, environment, is_eng
 from harness import Frontend, NatsHost, Result, Worker, new_id, new_namespace, stream_completion, wait_until  # noqa: E402
 
 HOOK = HERE / "vllm_abort_hook"
-TOKENS = 128
+TOKENS = int(os.environ.get("BENCH_TOKENS", "128"))
 REPEATS = int(os.environ.get("BENCH_REPEATS", "3"))
 ABORTS = int(os.environ.get("BENCH_ABORTS", "40"))
 SHORT = int(os.environ.get("BENCH_SHORT", "2000"))

@@ -230,6 +230,35 @@ def test_plain_decode_tokens_take_the_short_way(fleet):
         assert w.log_count(r"outputs all go through its output processor") == 0, w.name
 
 
+def test_token_request_without_max_tokens_fills_the_context(fleet):
+    """A token request that sets no max_tokens (Dynamo's frontend sends one for a
+    chat without it) runs to the end of the engine's context, as Dynamo's vLLM
+    handler does, not to vLLM's default of 16; one of max_tokens 0 gets one empty
+    item with "length", and no engine request (vLLM's SamplingParams refuses 0)."""
+    from dynamo_ctx import Context, DistributedRuntime
+
+    stack = fleet["stack"]
+
+    async def main() -> Dict[str, List[Dict[str, Any]]]:
+        # The fleet's NATS_TOKEN, in the URL: the library read its environment when it loaded.
+        rt = DistributedRuntime(nats_url=stack.nats_url.replace("nats://", f"nats://{os.environ['NATS_TOKEN']}@", 1))
+        try:
+            client = await rt.endpoint(f"{stack.namespace}.backend.generate").client()
+            await client.wait_for_instances()
+            out: Dict[str, List[Dict[str, Any]]] = {}
+            for name, sc in (("none", {"ignore_eos": True}), ("zero", {"max_tokens": 0})):
+                stream = await client.generate({"token_ids": [1, 2, 3], "stop_conditions": sc}, context=Context(new_id("mt")))
+                out[name] = [item.data() async for item in stream]
+            return out
+        finally:
+            rt.shutdown()
+
+    out = asyncio.run(main())
+    assert sum(len(i.get("token_ids", [])) for i in out["none"]) == 512 - 3  # engine_flags' --max-model-len
+    assert out["none"][-1]["finish_reason"] == "length"
+    assert out["zero"] == [{"token_ids": [], "finish_reason": "length"}]
+
+
 @pytest.mark.parametrize("phase", ["decode", "prefill"])
 def test_disconnect_aborts_the_engine(fleet, phase):
     """A client that leaves in decode (after 3 chunks) or in prefill (before its first

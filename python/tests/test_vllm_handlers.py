@@ -277,6 +277,48 @@ def test_max_tokens_read_as_the_library_reads_it():
 
 
 @pytest.mark.parametrize("mode", ["agg", "disagg"])
+def test_refused_requests_are_counted_once(nats_url, mode, monkeypatch):
+    """A request that fails before the engine runs it (a max_tokens that is not
+    an integer; one the engine's parameters refuse, as vLLM's SamplingParams
+    refuses some) counts as a request with one outcome, "failed", as any other."""
+    import dynamo_ctx.backends.vllm as backend
+
+    made = backend.sampling_params_for
+
+    def refusing(engine, max_tokens, options=None):
+        if max_tokens == 7:
+            raise ValueError("the engine refuses 7")
+        return made(engine, max_tokens, options)
+
+    monkeypatch.setattr(backend, "sampling_params_for", refusing)
+
+    async def main():
+        engine = MockAsyncLLM(MockEngineArgs(decode_time_per_token=0.0005))
+        name = ns()
+        if mode == "agg":
+            handler = AggregatedHandler(engine, "m")
+            served = [await Served(nats_url, handler, f"{name}.backend.generate").start()]
+        else:
+            prefill = await Served(nats_url, PrefillHandler(engine, "m"), f"{name}.prefill.generate").start()
+            handler = DecodeHandler(engine, await prefill.client(), "m")
+            served = [prefill, await Served(nats_url, handler, f"{name}.backend.generate").start()]
+        client = await served[-1].client()
+        bad = [{"token_ids": [1], "max_tokens": "10"}, {"token_ids": [1], "max_tokens": 7}]
+        for request in bad:
+            stream = await client.generate(request, context=Context(new_namespace("ctx")), annotated=False)
+            with pytest.raises(ValueError, match="ValueError"):
+                async for _ in stream:
+                    pass
+        assert handler.metrics.requests_total == len(bad)
+        assert handler.metrics.outcomes["failed"] == len(bad)
+        assert sum(handler.metrics.outcomes.values()) == len(bad)
+        for w in reversed(served):
+            await w.stop()
+
+    run(main())
+
+
+@pytest.mark.parametrize("mode", ["agg", "disagg"])
 def test_spent_budget_answers_length_without_the_engine(nats_url, mode):
     """max_tokens 0 (a migration's retry after every token arrived, where the
     library could not tell): one item, no tokens, "length", and no engine

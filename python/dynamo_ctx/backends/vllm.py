@@ -363,7 +363,12 @@ class BaseWorkerHandler:
             logger.debug("%sRequest ID %s runs in the engine as %s", self.label, request_id, engine_id)
         opts = dict(options or {})
         opts.setdefault("detokenize", False)  # the frontend makes the text
-        params = sampling_params_for(self.engine, max_tokens, opts)
+        try:
+            params = sampling_params_for(self.engine, max_tokens, opts)
+        except Exception as e:  # the engine refuses the request: one outcome, as for any
+            if counted:
+                self._count_outcome(context, e, False)
+            raise
         # Outputs carry the new tokens only (DELTA), or every token so far.
         items = _Items(getattr(getattr(params, "output_kind", None), "name", "CUMULATIVE") != "DELTA")
         finished = False  # the engine gave its last output: nothing left to abort
@@ -619,10 +624,16 @@ class AggregatedHandler(BaseWorkerHandler):
     @pushes_items
     async def generate(self, request: Dict[str, Any], context: Context) -> AsyncIterator[Dict[str, Any]]:
         prompt = {"prompt_token_ids": list(request.get("token_ids", []))}
-        max_tokens = _max_tokens(request, self.max_model_len)
+        error: Optional[BaseException] = None
+        try:
+            max_tokens = _max_tokens(request, self.max_model_len)
+            options = request_options(request)
+        except Exception as e:  # a request no engine could take: counted as one that failed
+            self.metrics.requests_total += 1
+            self._count_outcome(context, e, False)
+            raise
         if max_tokens == 0:
             self.metrics.requests_total += 1
-            error: Optional[BaseException] = None
             try:
                 yield _spent()
             except BaseException as e:
@@ -631,7 +642,7 @@ class AggregatedHandler(BaseWorkerHandler):
             finally:
                 self._count_outcome(context, error, False)
             return
-        async for item in self._engine_stream(context, context.id(), prompt, max_tokens, options=request_options(request)):
+        async for item in self._engine_stream(context, context.id(), prompt, max_tokens, options=options):
             yield item
 
 

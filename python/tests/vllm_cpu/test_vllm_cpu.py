@@ -253,7 +253,7 @@ def test_token_request_without_max_tokens_fills_the_context(fleet):
         finally:
             rt.shutdown()
 
-    out = asyncio.run(main())
+    out = asyncio.run(asyncio.wait_for(main(), 120))  # 509 decode steps: seconds
     assert sum(len(i.get("token_ids", [])) for i in out["none"]) == 512 - 3  # engine_flags' --max-model-len
     assert out["none"][-1]["finish_reason"] == "length"
     assert out["zero"] == [{"token_ids": [], "finish_reason": "length"}]

@@ -276,6 +276,20 @@ def test_max_tokens_read_as_the_library_reads_it():
             _max_tokens(dict(ids, stop_conditions={"max_tokens": bad}), 64)
 
 
+async def serve_mode(nats_url, mode):
+    """A mock engine behind an aggregated handler ("agg"), or behind a prefill and
+    a decode handler ("disagg"): the engine, the handler the caller reaches, and
+    what is served (the caller's last)."""
+    engine = MockAsyncLLM(MockEngineArgs(decode_time_per_token=0.0005))
+    name = ns()
+    if mode == "agg":
+        handler = AggregatedHandler(engine, "m")
+        return engine, handler, [await Served(nats_url, handler, f"{name}.backend.generate").start()]
+    prefill = await Served(nats_url, PrefillHandler(engine, "m"), f"{name}.prefill.generate").start()
+    handler = DecodeHandler(engine, await prefill.client(), "m")
+    return engine, handler, [prefill, await Served(nats_url, handler, f"{name}.backend.generate").start()]
+
+
 @pytest.mark.parametrize("mode", ["agg", "disagg"])
 def test_refused_requests_are_counted_once(nats_url, mode, monkeypatch):
     """A request that fails before the engine runs it (a max_tokens that is not
@@ -293,15 +307,7 @@ def test_refused_requests_are_counted_once(nats_url, mode, monkeypatch):
     monkeypatch.setattr(backend, "sampling_params_for", refusing)
 
     async def main():
-        engine = MockAsyncLLM(MockEngineArgs(decode_time_per_token=0.0005))
-        name = ns()
-        if mode == "agg":
-            handler = AggregatedHandler(engine, "m")
-            served = [await Served(nats_url, handler, f"{name}.backend.generate").start()]
-        else:
-            prefill = await Served(nats_url, PrefillHandler(engine, "m"), f"{name}.prefill.generate").start()
-            handler = DecodeHandler(engine, await prefill.client(), "m")
-            served = [prefill, await Served(nats_url, handler, f"{name}.backend.generate").start()]
+        engine, handler, served = await serve_mode(nats_url, mode)
         client = await served[-1].client()
         bad = [{"token_ids": [1], "max_tokens": "10"}, {"token_ids": [1], "max_tokens": 7}]
         for request in bad:
@@ -325,15 +331,7 @@ def test_spent_budget_answers_length_without_the_engine(nats_url, mode):
     request (vLLM's SamplingParams refuses 0); the outcome is counted."""
 
     async def main():
-        engine = MockAsyncLLM(MockEngineArgs(decode_time_per_token=0.0005))
-        name = ns()
-        if mode == "agg":
-            handler = AggregatedHandler(engine, "m")
-            served = [await Served(nats_url, handler, f"{name}.backend.generate").start()]
-        else:
-            prefill = await Served(nats_url, PrefillHandler(engine, "m"), f"{name}.prefill.generate").start()
-            handler = DecodeHandler(engine, await prefill.client(), "m")
-            served = [prefill, await Served(nats_url, handler, f"{name}.backend.generate").start()]
+        engine, handler, served = await serve_mode(nats_url, mode)
         client = await served[-1].client()
         request = {"token_ids": [1, 2, 3], "max_tokens": 0, "stop_conditions": {"max_tokens": None}}
         stream = await client.generate(request, context=Context(new_namespace("ctx")))

@@ -344,51 +344,86 @@ func (r *Request) SendMany(items [][]byte) (int, error) { return r.SendManyIn(it
 // once, and each caller's session writes them together. The caller must
 // call b.Flush.
 func (r *Request) SendManyIn(items [][]byte, b *transport.Batch) (int, error) {
-	for i, it := range items {
-		if !json.Valid(it) {
-			n, err := r.sendMany(items[:i], b)
-			if err != nil {
-				return n, err
-			}
-			return n, ErrNotJSON
-		}
-	}
-	return r.sendMany(items, b)
+	n, _, err := r.sendValid(items, b, false)
+	return n, err
 }
 
-func (r *Request) sendMany(items [][]byte, b *transport.Batch) (int, error) {
+// SendManyPosted is SendManyIn for items the host handed over without
+// waiting for the answer (posted: go/native's posted.go): it takes them all,
+// beyond the send buffer's bound if need be, since the host counts them as
+// sent, and reports whether the buffer is at or over its bound now (Over).
+// The host's next sends are refused with ErrFull until the stream's writer
+// brings it back under: what goes over is at most what the host posted
+// before it learned. An item that is not JSON ends the call as in
+// SendManyIn.
+func (r *Request) SendManyPosted(items [][]byte, b *transport.Batch) (over bool, err error) {
+	_, over, err = r.sendValid(items, b, true)
+	return over, err
+}
+
+// Over reports whether the send buffer is at or over its bound (Send
+// would answer ErrFull) on a request not finished.
+func (r *Request) Over() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return !r.finished && len(r.items) >= sendBuffer
+}
+
+// sendValid checks that each item is JSON, then sends those before the
+// first that is not (sendMany), failing the call with ErrNotJSON after them.
+func (r *Request) sendValid(items [][]byte, b *transport.Batch, all bool) (int, bool, error) {
+	for i, it := range items {
+		if !json.Valid(it) {
+			n, over, err := r.sendMany(items[:i], b, all)
+			if err != nil {
+				return n, over, err
+			}
+			return n, over, ErrNotJSON
+		}
+	}
+	return r.sendMany(items, b, all)
+}
+
+// sendMany queues items, as many as the send buffer takes (all of them with
+// all set, beyond its bound if need be), and reports how many it took and
+// whether the buffer is at or over its bound now.
+func (r *Request) sendMany(items [][]byte, b *transport.Batch, all bool) (int, bool, error) {
 	if len(items) == 0 {
-		return 0, nil
+		return 0, false, nil
 	}
 	r.mu.Lock()
 	if r.finished {
 		r.mu.Unlock()
-		return len(items), nil
+		return len(items), false, nil
 	}
 	direct := 0
 	if r.out != nil && !r.writing && len(r.items) == 0 {
 		direct = r.sendDirectLocked(items, b)
 		if direct == len(items) || r.finished {
 			r.mu.Unlock()
-			return len(items), nil
+			return len(items), false, nil
 		}
 		items = items[direct:] // the credit ran out: the rest waits for it in the write goroutine
 	}
 	n := min(len(items), sendBuffer-len(r.items))
+	if all {
+		n = len(items)
+	}
 	if n <= 0 {
 		r.mu.Unlock()
-		return 0, ErrFull
+		return 0, true, ErrFull
 	}
 	first := len(r.items) == 0
 	r.items = append(r.items, items[:n]...)
+	over := len(r.items) >= sendBuffer
 	r.mu.Unlock()
 	if first {
 		r.poke()
 	}
 	if n < len(items) {
-		return direct + n, ErrFull
+		return direct + n, over, ErrFull
 	}
-	return direct + n, nil
+	return direct + n, over, nil
 }
 
 // sendDirectLocked writes what the credit allows of items to the stream

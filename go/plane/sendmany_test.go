@@ -99,3 +99,39 @@ func TestSendManyDirectAndQueuedKeepOrder(t *testing.T) {
 	}
 	requireSeq(t, items, 0, total)
 }
+
+// SendManyPosted takes every item, beyond the send buffer's bound, and says
+// when the buffer is at or over it; a Send then reports ErrFull, Over holds
+// until the stream's writer took the items, and the caller receives them
+// all, in order.
+func TestSendManyPostedTakesAllAndReportsOver(t *testing.T) {
+	const path = "test.sendposted.generate"
+	results := make(chan [4]any, 1)
+	_, _, c := planetest.ServeAndConnect(t, path, func(_ *planetest.Worker, req *plane.Request) {
+		var batch [][]byte
+		for i := range 1000 { // more than the stream's credit and the send buffer hold
+			batch = append(batch, num(i))
+		}
+		small, err0 := req.SendManyPosted(batch[:1], nil)
+		over, err1 := req.SendManyPosted(batch[1:], nil)
+		full := req.Send(num(1000))
+		wasOver := req.Over()
+		f, ch := planetest.Armed()
+		req.Arm(f)
+		<-ch // the caller read enough: under the bound again
+		require.False(t, req.Over())
+		require.NoError(t, req.Send(num(1000)))
+		_, err2 := req.SendManyPosted([][]byte{num(1001), []byte("{not json")}, nil)
+		req.Complete()
+		results <- [4]any{[2]any{small, err0}, [2]any{over, err1}, [2]any{full, wasOver}, err2}
+	})
+	s := planetest.Generate(t, c, `{}`, nil)
+	items, _, err := planetest.Drain(s, 0)
+	require.Equal(t, io.EOF, err)
+	requireSeq(t, items, 0, 1002)
+	r := planetest.Recv(t, results, "the handler's results")
+	assert.Equal(t, [2]any{false, nil}, r[0], "one item: under the bound")
+	assert.Equal(t, [2]any{true, nil}, r[1], "all taken, over the bound")
+	assert.Equal(t, [2]any{plane.ErrFull, true}, r[2], "then Send is refused, and Over says so")
+	assert.ErrorIs(t, r[3].(error), plane.ErrNotJSON)
+}

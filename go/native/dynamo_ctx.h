@@ -99,6 +99,9 @@ enum { DC_HOST_TICK_MS = 100 };
    items in all. */
 enum { DC_SEND_MANY_MAX = 65536, DC_SEND_MULTI_MAX_REQUESTS = 65536, DC_SEND_MULTI_MAX_ITEMS = 16777216 };
 
+/* The largest message the library reads from its post socket (dc_post_fd). */
+enum { DC_POST_MAX_MESSAGE = 262144 };
+
 /* The size of a buffer that holds any path of a status listener
    (dc_status_next): a path is at most DC_STATUS_PATH_MAX - 1 bytes, plus the
    NUL. */
@@ -527,6 +530,20 @@ int dc_request_fail(uint64_t h, const char *msg, size_t len);
 
 /* Frees a request handle; a request neither completed nor failed is failed. */
 int dc_request_free(uint64_t h);
+
+/* Stores in *fd the write end of the library's post socket: a non-blocking
+   Unix SOCK_SEQPACKET socket through which the library's own Python module
+   hands over, without a call into the library, the calls it makes at every
+   engine step or on a timer and whose answer it does not wait for (a step's
+   items, dc_runtime_host_tick, dc_endpoint_set_engine_load). A thread of
+   the library runs each message in the order written; the calls that act
+   on a request, and those two, run the messages posted before them first,
+   so that a request's items come before its end. The messages'
+   format, and when a host may post items, are this library version's own
+   (go/native/posted.go): other hosts make the calls. The fd belongs to the
+   library: never close it. Errors: DC_EINVAL for NULL, DC_EIO if the socket
+   could not be made. */
+int dc_post_fd(int *fd);
 
 
 /* ------------------------------------------------------------------

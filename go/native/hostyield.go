@@ -8,6 +8,11 @@ import (
 
 // Renewing the scheduling tick of the host's thread.
 //
+// (The Python module now posts its per-step items and its 100 ms tick
+// instead of calling in: posted.go. What follows applies to the hosts and
+// the moments that still call dc_request_send_multi: a C host, or the
+// module while a request's buffer is full.)
+//
 // A call from the host (Python's thread) into an export runs as a
 // goroutine locked to that thread, holding a P; back in C, the thread
 // keeps the P in the system-call state until its next call. Go's monitor

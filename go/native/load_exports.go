@@ -19,6 +19,7 @@ import "math"
 //export dc_endpoint_set_engine_load
 func dc_endpoint_set_engine_load(h C.uint64_t, waiting C.int64_t, kvUsage C.double) (rc C.int) {
 	defer guard("dc_endpoint_set_engine_load", &rc)
+	drainPosted() // a posted older figure must not land after this one (posted.go)
 	kv := float64(kvUsage)
 	if math.IsNaN(kv) || math.IsInf(kv, 0) {
 		return fail(C.DC_EINVAL, "dc_endpoint_set_engine_load: kv_usage %v is not a finite number", kv)

@@ -17,7 +17,10 @@ import (
 	"go.uber.org/goleak"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	// The reader of posted calls lives as long as the process (posted.go).
+	goleak.VerifyTestMain(m, goleak.IgnoreAnyFunction("github.com/dynamo-ctx/dynamo-ctx/go/native.runPosted"))
+}
 
 func TestEveryExportRejectsBadHandles(t *testing.T) {
 	for _, h := range []uint64{0, 1, 0xdeadbeef, 1<<63 | 5, ^uint64(0)} {

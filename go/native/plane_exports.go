@@ -112,6 +112,7 @@ func dc_runtime_drain(h C.uint64_t) (rc C.int) {
 //export dc_runtime_host_tick
 func dc_runtime_host_tick(h C.uint64_t) (rc C.int) {
 	defer guard("dc_runtime_host_tick", &rc)
+	drainPosted() // in order with the posted ticks (posted.go)
 	rt, rc := get(runtimes, "dc_runtime_host_tick", h)
 	if rc != C.DC_OK {
 		return rc
@@ -313,6 +314,7 @@ func dc_request_context(h C.uint64_t, out *C.uint64_t) (rc C.int) {
 //export dc_request_send
 func dc_request_send(h C.uint64_t, data *C.char, dataLen C.size_t) (rc C.int) {
 	defer guard("dc_request_send", &rc)
+	drainPosted() // what the host posted before this call comes first (posted.go)
 	req, rc := get(requests, "dc_request_send", h)
 	if rc != C.DC_OK {
 		return rc
@@ -328,6 +330,7 @@ func dc_request_send(h C.uint64_t, data *C.char, dataLen C.size_t) (rc C.int) {
 //export dc_request_send_many
 func dc_request_send_many(h C.uint64_t, items **C.char, lens *C.size_t, count C.size_t, sent *C.size_t) (rc C.int) {
 	defer guard("dc_request_send_many", &rc)
+	drainPosted() // what the host posted before this call comes first (posted.go)
 	if sent == nil || (count > 0 && (items == nil || lens == nil)) {
 		return fail(C.DC_EINVAL, "dc_request_send_many: items, lens and sent must not be NULL")
 	}
@@ -380,6 +383,7 @@ const (
 //export dc_request_send_multi
 func dc_request_send_multi(hs *C.uint64_t, counts *C.size_t, n C.size_t, items **C.char, lens *C.size_t, sent *C.size_t, rcs *C.int) (rc C.int) {
 	defer guard("dc_request_send_multi", &rc)
+	drainPosted() // what the host posted before this call comes first (posted.go)
 	if n == 0 {
 		return C.DC_OK
 	}
@@ -437,6 +441,7 @@ func cArray[T any](p *T, off uintptr, n C.size_t) []T {
 //export dc_request_complete
 func dc_request_complete(h C.uint64_t) (rc C.int) {
 	defer guard("dc_request_complete", &rc)
+	drainPosted() // what the host posted before this call comes first (posted.go)
 	req, rc := get(requests, "dc_request_complete", h)
 	if rc != C.DC_OK {
 		return rc
@@ -450,6 +455,7 @@ func dc_request_complete(h C.uint64_t) (rc C.int) {
 //export dc_request_fail
 func dc_request_fail(h C.uint64_t, msg *C.char, msgLen C.size_t) (rc C.int) {
 	defer guard("dc_request_fail", &rc)
+	drainPosted() // what the host posted before this call comes first (posted.go)
 	req, rc := get(requests, "dc_request_fail", h)
 	if rc != C.DC_OK {
 		return rc
@@ -463,6 +469,7 @@ func dc_request_fail(h C.uint64_t, msg *C.char, msgLen C.size_t) (rc C.int) {
 //export dc_request_free
 func dc_request_free(h C.uint64_t) (rc C.int) {
 	defer guard("dc_request_free", &rc)
+	drainPosted() // what the host posted before this call comes first (posted.go)
 	req, err := requests.Remove(uint64(h))
 	if err != nil {
 		return fail(C.DC_EBADF, "dc_request_free: %v", err)

@@ -79,7 +79,7 @@ static const struct { const char* name; long value; } error_codes[] = {
     DC_CONST(REASON_PARENT), DC_CONST(REASON_DEADLINE), DC_CONST(REASON_CONNECTION_LOST),
     DC_CONST(REASON_SHUTDOWN),
     DC_CONST(ROUTE_ROUND_ROBIN), DC_CONST(ROUTE_RANDOM), DC_CONST(ROUTE_DIRECT),
-    DC_CONST(HOST_TICK_MS), DC_CONST(MAX_ID_LEN), DC_CONST(MAX_TIMEOUT_SECONDS),
+    DC_CONST(HOST_TICK_MS), DC_CONST(MAX_ID_LEN), DC_CONST(MAX_TIMEOUT_SECONDS), DC_CONST(POST_MAX_MESSAGE),
     DC_CONST(MODEL_CARD_MAX_BYTES), DC_CONST(MODEL_MAX_TOKENIZER_BYTES), DC_CONST(MODEL_MAX_CONFIG_BYTES),
 };
 #undef DC_CONST
@@ -167,7 +167,7 @@ PyMODINIT_FUNC PyInit__native(void) {
     PyObject* m = PyModule_Create(&native_module);
     if (m == NULL) return NULL;
     PyMethodDef* parts[] = {common_methods, queue_methods, plane_methods, client_methods, json_methods, status_methods,
-                            model_methods, trace_methods};
+                            model_methods, trace_methods, post_methods};
     for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
         if (PyModule_AddFunctions(m, parts[i]) < 0) {
             Py_DECREF(m);

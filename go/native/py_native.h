@@ -44,8 +44,10 @@
 // interpreter, when there is one, resolves them at import. The list is here,
 // where every py_*.c file sees it; keep it complete:
 // python/tests/test_packaging.py fails on a strong Python symbol.
+#pragma weak PyBytes_AsString
 #pragma weak PyBytes_AsStringAndSize
 #pragma weak PyBytes_FromStringAndSize
+#pragma weak PyBytes_Size
 #pragma weak PyCallable_Check
 #pragma weak PyDict_New
 #pragma weak PyDict_Next
@@ -73,6 +75,7 @@
 #pragma weak PyFloat_FromDouble
 #pragma weak PyList_Append
 #pragma weak PyList_GetItem
+#pragma weak PyList_GetSlice
 #pragma weak PyList_New
 #pragma weak PyList_SetItem
 #pragma weak PyList_Size
@@ -82,14 +85,15 @@
 #pragma weak PyLong_AsUnsignedLongLong
 #pragma weak PyLong_FromLong
 #pragma weak PyLong_FromSize_t
+#pragma weak PyLong_FromSsize_t
 #pragma weak PyLong_FromUnsignedLong
 #pragma weak PyLong_FromUnsignedLongLong
 #pragma weak PyLong_Type
 #pragma weak PyMem_Free
 #pragma weak PyMem_Malloc
 #pragma weak PyMem_Realloc
-#pragma weak PyModule_AddIntConstant
 #pragma weak PyModule_AddFunctions
+#pragma weak PyModule_AddIntConstant
 #pragma weak PyModule_AddObject
 #pragma weak PyModule_AddStringConstant
 #pragma weak PyModule_Create2
@@ -210,6 +214,10 @@ DC_HIDDEN PyObject* wrap_context_from(PyObject* args, int (*fn)(uint64_t, uint64
 // Creates the Context type and adds it to the module m; -1 with an exception set.
 DC_HIDDEN int context_add_type(PyObject* m);
 
+// request_send_multi(reqs, batches) on two lists already checked to be
+// lists (py_plane.c): the items handed over by a call into the library.
+DC_HIDDEN PyObject* send_multi_lists(PyObject* reqs, PyObject* batches);
+
 // ---------------------------------------------------------------- the methods of each part
 
 // Each py_*.c file's module functions; py_module.c adds them all.
@@ -221,6 +229,7 @@ extern DC_HIDDEN PyMethodDef json_methods[];
 extern DC_HIDDEN PyMethodDef status_methods[];
 extern DC_HIDDEN PyMethodDef model_methods[];
 extern DC_HIDDEN PyMethodDef trace_methods[];
+extern DC_HIDDEN PyMethodDef post_methods[];
 
 #endif // DC_WITH_PYTHON
 #endif // DC_PY_NATIVE_H

@@ -195,6 +195,11 @@ static PyObject* mod_request_send_multi(PyObject* m, PyObject* args) {
     PyObject *reqs, *batches;
     if (!PyArg_ParseTuple(args, "O!O!:request_send_multi", &PyList_Type, &reqs, &PyList_Type, &batches)) return NULL;
     if (check_fork() < 0) return NULL;
+    return send_multi_lists(reqs, batches);
+}
+
+// request_send_multi's work on its two lists (py_post.c calls it too).
+PyObject* send_multi_lists(PyObject* reqs, PyObject* batches) {
     Py_ssize_t n = PyList_Size(reqs);
     if (PyList_Size(batches) != n) {
         PyErr_SetString(PyExc_ValueError, "request_send_multi: as many batches as requests");

@@ -164,7 +164,7 @@ class DistributedRuntime:
         every = lib.HOST_TICK_MS / 1000
         while not self._closed and self._handle is not None:
             try:
-                lib.runtime_host_tick(self._handle)
+                lib.post_host_tick(self._handle)
             except (RuntimeError, ValueError):
                 return  # freed meanwhile
             await asyncio.sleep(every)
@@ -317,7 +317,7 @@ class Endpoint:
         """
         ep = self._ep
         if ep:
-            native().endpoint_set_engine_load(
+            native().post_engine_load(
                 ep, -1 if waiting is None else waiting, -1.0 if kv_usage is None else kv_usage
             )
 

@@ -37,8 +37,11 @@ _SEND_BATCH = 128
 
 class _Sends:
     """The items every handler on one event loop yielded during a turn of it,
-    handed to the library together at the end of the turn: one crossing for
-    all requests (a decode step's tokens), however many items each has.
+    handed to the library together at the end of the turn: one message for
+    all requests (a decode step's tokens), however many items each has,
+    posted to the library without a call into it (``request_post_multi``:
+    the call itself while a request's buffer is full, so that its answers
+    say which).
 
     A request's ``batch`` is its own list of encoded items, shared with its
     task: whoever sends from it (this, ``_send_all``) takes from the front
@@ -89,7 +92,7 @@ class _Sends:
             return
         batches = [pending[r] for r in reqs]
         try:
-            taken = self.lib.request_send_multi(reqs, batches)
+            taken = self.lib.request_post_multi(reqs, batches)
         except Exception as e:  # noqa: BLE001 - left in the batches: the next direct send raises it
             logger.debug("handing items to the library failed: %r", e)
             return

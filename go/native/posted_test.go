@@ -1,0 +1,76 @@
+package main
+
+import (
+	"encoding/binary"
+	"math"
+	"math/rand/v2"
+	"syscall"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// postFd calls dc_post_fd (f) with a Go int for its fd.
+func postFd[F ~int32, R ~int32](f func(*F) R) (int, R) {
+	var fd F
+	rc := f(&fd)
+	return int(fd), rc
+}
+
+func le32(v uint32) []byte { return binary.LittleEndian.AppendUint32(nil, v) }
+
+func le64(b []byte, v uint64) []byte { return binary.LittleEndian.AppendUint64(b, v) }
+
+// A message of any shape is run or dropped (logged), never a panic: only the
+// library's own module writes them, but a bug there must not take the
+// process down.
+func TestPostedMessagesOfAnyShapeAreSafe(t *testing.T) {
+	posted.mu.Lock()
+	defer posted.mu.Unlock()
+	items := func(h uint64, count uint32, rest ...byte) []byte {
+		b := le64(le32(postItems), h)
+		return append(binary.LittleEndian.AppendUint32(b, count), rest...)
+	}
+	nan := le64(le64(le64(le32(postEngineLoad), 7), 3), math.Float64bits(math.NaN()))
+	for _, m := range [][]byte{
+		nil, {1}, le32(9), le32(postItems), append(le32(postItems), 1, 2, 3),
+		items(1, 1), items(1, 1, 200, 0, 0, 0, '1'), items(1, maxSendMany+1), items(0, 2, 1, 0, 0, 0, '1'),
+		le32(postHostTick), le64(le32(postHostTick), 0), append(le64(le32(postHostTick), 1), 0),
+		le64(le32(postEngineLoad), 1), nan,
+	} {
+		assert.NotPanics(t, func() { runMessage(m) }, "%x", m)
+	}
+	rng := rand.New(rand.NewPCG(3, 4))
+	for range 20000 {
+		m := le32(uint32(rng.IntN(5)))
+		for k := rng.IntN(40); k > 0; k-- {
+			m = append(m, byte(rng.IntN(4)))
+		}
+		require.NotPanics(t, func() { runMessage(m) }, "%x", m)
+	}
+	assert.Empty(t, posted.over, "no request took any item")
+}
+
+// dc_post_fd answers one socket for the process; what is written to it runs
+// in the library, and drainPosted runs what was written before it.
+func TestPostFd(t *testing.T) {
+	assert.EqualValues(t, 22, dc_post_fd(nil))
+	fd, rc := postFd(dc_post_fd)
+	require.EqualValues(t, 0, rc)
+	again, _ := postFd(dc_post_fd)
+	assert.Equal(t, fd, again)
+	for _, m := range [][]byte{
+		le64(le32(postHostTick), 12345),                                         // a handle no longer valid: dropped
+		le64(le64(le64(le32(postEngineLoad), 12345), 1), math.Float64bits(0.5)), // the same
+		le64(le32(postItems), 12345),                                            // malformed: dropped, logged
+	} {
+		postedSent.Add(1) // as the host counts before it writes
+		n, err := syscall.Write(fd, m)
+		require.NoError(t, err)
+		require.Equal(t, len(m), n)
+		drainPosted()
+		assert.Equal(t, postedSent.Load(), postedDone.Load(), "run before drainPosted returns")
+	}
+	assert.Zero(t, postedOver.Load())
+}

@@ -1,0 +1,231 @@
+// py_post.c: the calls the worker's loop makes at every engine step or on a
+// timer, posted to the library without a call into it (dc_post_fd; why, and
+// the messages' format: go/native/posted.go). Each falls back to the call
+// when posting is off or the socket refuses the message, so that nothing is
+// lost and the order holds: a call runs what was posted before it first.
+#include "py_native.h"
+
+#ifdef DC_WITH_PYTHON
+
+#include <errno.h>
+#include <math.h>
+#include <string.h>
+#include <sys/socket.h>
+
+// Shared with the library (posted.c): nonzero while the library wants
+// calls, not posts, for items; the count of messages posted.
+extern uint64_t dc_posted_over;
+extern uint64_t dc_posted_sent;
+
+_Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the posted messages are little-endian (posted.go)");
+
+enum { KIND_ITEMS = 1, KIND_HOST_TICK = 2, KIND_ENGINE_LOAD = 3 };
+
+// dc_posted_over's value once the library stopped reading posts (posted.go:
+// postedBroken): everything goes by the call.
+enum { POSTED_BROKEN = 2 };
+
+// The post socket's fd: -2 not asked yet, -1 none (posting off).
+static int post_fd = -2;
+
+static int post_socket(void) {
+    if (post_fd == -2) {
+        int fd = -1;
+        post_fd = dc_post_fd(&fd) == DC_OK ? fd : -1;
+    }
+    return post_fd;
+}
+
+// Writes one message; 0 if it went, -1 if it did not (nothing is raised: the
+// caller makes the call instead). The GIL is held: the write never blocks.
+static int post(const char* msg, size_t len) {
+    int fd = post_socket();
+    if (fd < 0 || __atomic_load_n(&dc_posted_over, __ATOMIC_SEQ_CST) == POSTED_BROKEN) return -1;
+    __atomic_add_fetch(&dc_posted_sent, 1, __ATOMIC_SEQ_CST); // before the write: see posted.c
+    ssize_t w;
+    do {
+        w = send(fd, msg, len, MSG_DONTWAIT | MSG_NOSIGNAL);
+    } while (w < 0 && errno == EINTR);
+    if (w != (ssize_t)len) {
+        __atomic_sub_fetch(&dc_posted_sent, 1, __ATOMIC_SEQ_CST);
+        return -1;
+    }
+    return 0;
+}
+
+static void put_u32(char* p, uint32_t v) { memcpy(p, &v, 4); }
+static void put_u64(char* p, uint64_t v) { memcpy(p, &v, 8); }
+
+// The size of request i's record in a message of items; 0 if the request's
+// arguments are not what request_send_multi takes (it then raises).
+static size_t record_size(PyObject* batch) {
+    if (!PyList_Check(batch)) return 0;
+    size_t size = 12;
+    Py_ssize_t c = PyList_Size(batch);
+    if ((size_t)c > DC_SEND_MANY_MAX) return 0;
+    for (Py_ssize_t j = 0; j < c; j++) {
+        PyObject* it = PyList_GetItem(batch, j);
+        if (!PyBytes_Check(it)) return 0;
+        size += 4 + (size_t)PyBytes_Size(it);
+    }
+    return size;
+}
+
+// Writes request i's record at p: its handle, its count, its items.
+static char* put_record(char* p, uint64_t h, PyObject* batch) {
+    Py_ssize_t c = PyList_Size(batch);
+    put_u64(p, h);
+    put_u32(p + 8, (uint32_t)c);
+    p += 12;
+    for (Py_ssize_t j = 0; j < c; j++) {
+        PyObject* it = PyList_GetItem(batch, j);
+        Py_ssize_t len = PyBytes_Size(it);
+        put_u32(p, (uint32_t)len);
+        memcpy(p + 4, PyBytes_AsString(it), (size_t)len);
+        p += 4 + len;
+    }
+    return p;
+}
+
+// The call for requests [from, n), its answers stored into out from there.
+static int call_rest(PyObject* reqs, PyObject* batches, Py_ssize_t from, PyObject* out) {
+    Py_ssize_t n = PyList_Size(reqs);
+    PyObject* r = PyList_GetSlice(reqs, from, n);
+    PyObject* b = r ? PyList_GetSlice(batches, from, n) : NULL;
+    PyObject* taken = b ? send_multi_lists(r, b) : NULL;
+    Py_XDECREF(r);
+    Py_XDECREF(b);
+    if (taken == NULL) return -1;
+    for (Py_ssize_t i = from; i < n; i++) {
+        PyObject* v = PyList_GetItem(taken, i - from);
+        Py_INCREF(v);
+        PyList_SetItem(out, i, v); // steals v
+    }
+    Py_DECREF(taken);
+    return 0;
+}
+
+// request_post_multi([req, ...], [[bytes, ...], ...]) -> [taken, ...]:
+// request_send_multi, posted. Entry i is len(batches[i]) for a request whose
+// items were posted (the library takes them all: posted.go says how a full
+// buffer refuses the next ones), else request_send_multi's answer. Posts
+// nothing while the library wants calls (dc_posted_over) or when a request's
+// items exceed one message; a message the socket refuses, and every request
+// after it, goes by the call. A malformed argument raises before anything
+// is posted or queued.
+static PyObject* mod_request_post_multi(PyObject* m, PyObject* args) {
+    PyObject *reqs, *batches;
+    if (!PyArg_ParseTuple(args, "O!O!:request_post_multi", &PyList_Type, &reqs, &PyList_Type, &batches)) return NULL;
+    if (check_fork() < 0) return NULL;
+    Py_ssize_t n = PyList_Size(reqs);
+    if (PyList_Size(batches) != n || n == 0 || __atomic_load_n(&dc_posted_over, __ATOMIC_SEQ_CST) != 0 ||
+        post_socket() < 0)
+        return send_multi_lists(reqs, batches);
+    uint64_t* hs = PyMem_Malloc((size_t)n * (sizeof(uint64_t) + sizeof(size_t)));
+    if (hs == NULL) return PyErr_NoMemory();
+    size_t* sizes = (size_t*)(hs + n); // each request's record
+    size_t total = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject* r = PyList_GetItem(reqs, i);
+        unsigned long long h = PyLong_Check(r) ? PyLong_AsUnsignedLongLong(r) : (unsigned long long)-1;
+        size_t size = record_size(PyList_GetItem(batches, i));
+        if ((h == (unsigned long long)-1 && (PyErr_Occurred() || !PyLong_Check(r))) || size == 0 ||
+            size > DC_POST_MAX_MESSAGE - 4) {
+            PyErr_Clear(); // the call raises what is wrong, or takes the large one
+            PyMem_Free(hs);
+            return send_multi_lists(reqs, batches);
+        }
+        hs[i] = h;
+        sizes[i] = size;
+        total += size;
+    }
+    size_t cap = 4 + total < DC_POST_MAX_MESSAGE ? 4 + total : DC_POST_MAX_MESSAGE;
+    char* msg = PyMem_Malloc(cap);
+    PyObject* out = msg ? PyList_New(n) : NULL;
+    // The answers of posted requests, made before anything is posted: once
+    // something is, nothing may raise (the loop would send it again).
+    for (Py_ssize_t k = 0; out != NULL && k < n; k++) {
+        PyObject* v = PyLong_FromSsize_t(PyList_Size(PyList_GetItem(batches, k)));
+        if (v == NULL) Py_CLEAR(out);
+        else PyList_SetItem(out, k, v); // steals v
+    }
+    PyObject* eio = out ? PyLong_FromLong(-(long)DC_EIO) : NULL; // the answer of a failed rest, below
+    if (eio == NULL) {
+        Py_XDECREF(out);
+        PyMem_Free(hs);
+        PyMem_Free(msg);
+        return msg ? NULL : PyErr_NoMemory();
+    }
+    // Whole requests per message, in order; each message's requests count as
+    // taken once it is written.
+    Py_ssize_t first = 0, i = 0;
+    while (first < n) {
+        put_u32(msg, KIND_ITEMS);
+        char* p = msg + 4;
+        for (i = first; i < n && (size_t)(p - msg) + sizes[i] <= cap; i++) p = put_record(p, hs[i], PyList_GetItem(batches, i));
+        if (post(msg, (size_t)(p - msg)) < 0) break;
+        first = i;
+    }
+    PyMem_Free(msg);
+    PyMem_Free(hs);
+    if (first < n && call_rest(reqs, batches, first, out) < 0) {
+        if (first == 0) { // nothing posted: the call's error is the answer
+            Py_DECREF(eio);
+            Py_DECREF(out);
+            return NULL;
+        }
+        // Posted ones are out: answer them, and the rest as the library's
+        // failure (they stay with the loop, whose next call raises it).
+        PyErr_Clear();
+        for (Py_ssize_t k = first; k < n; k++) {
+            Py_INCREF(eio);
+            PyList_SetItem(out, k, eio); // steals the new reference
+        }
+    }
+    Py_DECREF(eio);
+    return out;
+}
+
+// post_host_tick(rt): runtime_host_tick, posted (a handle freed meanwhile is
+// then ignored, where the call raises).
+static PyObject* mod_post_host_tick(PyObject* m, PyObject* arg) {
+    uint64_t h;
+    if (parse_u64(arg, &h) < 0 || check_fork() < 0) return NULL;
+    char msg[12];
+    put_u32(msg, KIND_HOST_TICK);
+    put_u64(msg + 4, h);
+    if (post(msg, sizeof msg) == 0) Py_RETURN_NONE;
+    return call_h(arg, dc_runtime_host_tick, 0);
+}
+
+// post_engine_load(ep, waiting, kv_usage): endpoint_set_engine_load, posted
+// (kv_usage is checked here, as the call checks it).
+static PyObject* mod_post_engine_load(PyObject* m, PyObject* args) {
+    unsigned long long h;
+    long long waiting;
+    double kv_usage;
+    if (!PyArg_ParseTuple(args, "KLd:post_engine_load", &h, &waiting, &kv_usage)) return NULL;
+    if (check_fork() < 0) return NULL;
+    if (isfinite(kv_usage)) {
+        char msg[28];
+        put_u32(msg, KIND_ENGINE_LOAD);
+        put_u64(msg + 4, h);
+        put_u64(msg + 12, (uint64_t)waiting);
+        memcpy(msg + 20, &kv_usage, 8);
+        if (post(msg, sizeof msg) == 0) Py_RETURN_NONE;
+    }
+    int rc = dc_endpoint_set_engine_load(h, (int64_t)waiting, kv_usage);
+    if (rc != DC_OK) return raise_rc(rc);
+    Py_RETURN_NONE;
+}
+
+PyMethodDef post_methods[] = {
+    {"request_post_multi", mod_request_post_multi, METH_VARARGS,
+     "request_post_multi([req, ...], [[data, ...], ...]) -> [taken or -code, ...]: request_send_multi, posted"},
+    {"post_host_tick", mod_post_host_tick, METH_O, "post_host_tick(rt): runtime_host_tick, posted"},
+    {"post_engine_load", mod_post_engine_load, METH_VARARGS,
+     "post_engine_load(ep, waiting, kv_usage): endpoint_set_engine_load, posted"},
+    {NULL, NULL, 0, NULL},
+};
+
+#endif // DC_WITH_PYTHON

@@ -29,10 +29,13 @@ package main
 //     (u32) and each item as its length (u32) and bytes. The items are sent
 //     as dc_request_send_multi sends them, all taken: beyond the send
 //     buffer's bound if need be (plane.Request.SendManyPosted), since the
-//     host counts them as sent. While any request is at or over the bound
-//     dc_posted_over is set, and the host calls in instead, so that the
-//     answers tell it which requests are full: what goes over the bound is
-//     at most what the host posted before it saw the flag. An item that is
+//     host counts them as sent. A request at or over the bound is listed
+//     in dc_posted_full (posted.h), and the host sends its items by the
+//     call instead, whose answers refuse them while it is full. With more
+//     full requests than the list holds, the host calls in for all of them
+//     (dc_posted_over). The host posts at most DC_POSTED_MAX_AHEAD messages
+//     ahead of this side (else it calls in, which runs them), so what goes
+//     over the bound is at most that many turns' items. An item that is
 //     not JSON fails its request (the caller sees the error, the host's
 //     later sends to it are dropped).
 //   - postHostTick (2): a runtime's handle (u64): dc_runtime_host_tick.
@@ -48,9 +51,7 @@ package main
 #include <stdint.h>
 #define DC_ENUMS_ONLY
 #include "dynamo_ctx.h"
-extern uint64_t dc_posted_over;
-extern uint64_t dc_posted_sent;
-extern uint64_t dc_posted_done;
+#include "posted.h"
 */
 import "C"
 
@@ -77,12 +78,12 @@ const (
 	postEngineLoad = 3
 )
 
-// The values of dc_posted_over: 0, post; else call in, because a request
-// is full (postedFull, until none is) or for good (postedBroken: the
-// socket failed).
+// The values of dc_posted_over (posted.h).
 const (
-	postedFull   = 1
-	postedBroken = 2
+	postedAllPost = C.DC_POSTED_ALL_POST
+	postedSome    = C.DC_POSTED_SOME
+	postedBroken  = C.DC_POSTED_BROKEN
+	postedAllCall = C.DC_POSTED_ALL_CALL
 )
 
 // postMaxMessage is the largest message the library reads; the host posts
@@ -99,11 +100,13 @@ var posted struct {
 	r    int                       // the library's end
 	buf  []byte                    // one message
 	over map[uint64]*plane.Request // requests posted to at or over their bound
+	slot map[uint64]int            // their slots in dc_posted_full, those that have one
 }
 
 // The flags and counters shared with the host (posted.c).
 var (
 	postedOver = (*atomic.Uint64)(unsafe.Pointer(&C.dc_posted_over))
+	postedFull = (*[C.DC_POSTED_FULL_SLOTS]atomic.Uint64)(unsafe.Pointer(&C.dc_posted_full))
 	postedSent = (*atomic.Uint64)(unsafe.Pointer(&C.dc_posted_sent))
 	postedDone = (*atomic.Uint64)(unsafe.Pointer(&C.dc_posted_done))
 )
@@ -186,8 +189,10 @@ func stopPosting() {
 // every export that acts on a request calls it first, so that it comes
 // after the items posted before it.
 func drainPosted() {
-	if postedDone.Load() == postedSent.Load() && postedOver.Load() != postedFull {
-		return
+	if postedDone.Load() == postedSent.Load() {
+		if over := postedOver.Load(); over == postedAllPost || over == postedBroken {
+			return
+		}
 	}
 	posted.mu.Lock()
 	defer posted.mu.Unlock()
@@ -308,18 +313,35 @@ func runItems(m []byte) error {
 			continue
 		}
 		if over {
-			if posted.over == nil {
-				posted.over = map[uint64]*plane.Request{}
-			}
-			posted.over[h] = req
-			postedOver.CompareAndSwap(0, postedFull)
+			markFull(h, req)
 		}
 	}
 	return nil
 }
 
-// recheckOver forgets the requests that are no longer at their bound, and
-// clears dc_posted_over when none is (mu held).
+// markFull records that request h is at or over its bound, so that the host
+// sends its items by the call (mu held): in a free slot of dc_posted_full,
+// else by having the host call in for every request.
+func markFull(h uint64, req *plane.Request) {
+	if posted.over == nil {
+		posted.over, posted.slot = map[uint64]*plane.Request{}, map[uint64]int{}
+	}
+	if _, ok := posted.over[h]; ok {
+		return
+	}
+	posted.over[h] = req
+	for i := range postedFull {
+		if postedFull[i].Load() == 0 {
+			postedFull[i].Store(h)
+			posted.slot[h] = i
+			break
+		}
+	}
+	setOver()
+}
+
+// recheckOver forgets the requests that are no longer at their bound (mu
+// held).
 func recheckOver() {
 	if len(posted.over) == 0 {
 		return
@@ -327,9 +349,30 @@ func recheckOver() {
 	for h, req := range posted.over {
 		if !req.Over() {
 			delete(posted.over, h)
+			if i, ok := posted.slot[h]; ok {
+				postedFull[i].Store(0)
+				delete(posted.slot, h)
+			}
 		}
 	}
-	if len(posted.over) == 0 {
-		postedOver.CompareAndSwap(postedFull, 0)
+	setOver()
+}
+
+// setOver sets dc_posted_over from the requests that are full (mu held):
+// none, all of them in dc_posted_full, or more than it holds. Once broken
+// it stays so.
+func setOver() {
+	want := uint64(postedAllPost)
+	switch {
+	case len(posted.slot) < len(posted.over):
+		want = postedAllCall
+	case len(posted.over) > 0:
+		want = postedSome
+	}
+	for {
+		cur := postedOver.Load()
+		if cur == postedBroken || cur == want || postedOver.CompareAndSwap(cur, want) {
+			return
+		}
 	}
 }

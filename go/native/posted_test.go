@@ -9,6 +9,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/dynamo-ctx/dynamo-ctx/go/plane"
 )
 
 // postFd calls dc_post_fd (f) with a Go int for its fd.
@@ -73,4 +75,38 @@ func TestPostFd(t *testing.T) {
 		assert.Equal(t, postedSent.Load(), postedDone.Load(), "run before drainPosted returns")
 	}
 	assert.Zero(t, postedOver.Load())
+}
+
+// A full request is listed for the host, up to DC_POSTED_FULL_SLOTS of them;
+// with more, the host calls in for every request; once none is full the
+// list empties and the host posts again.
+func TestFullRequestsAreListedForTheHost(t *testing.T) {
+	posted.mu.Lock()
+	defer posted.mu.Unlock()
+	listed := func(h uint64) bool {
+		for i := range postedFull {
+			if postedFull[i].Load() == h {
+				return true
+			}
+		}
+		return false
+	}
+	reqs := make([]*plane.Request, len(postedFull)+6)
+	for i := range reqs {
+		reqs[i] = &plane.Request{} // a request's zero value: not full, so recheckOver drops it
+		markFull(uint64(1000+i), reqs[i])
+		if i == 0 {
+			assert.True(t, listed(1000))
+			assert.EqualValues(t, postedSome, postedOver.Load())
+		}
+	}
+	assert.True(t, listed(uint64(1000+len(postedFull)-1)))
+	assert.False(t, listed(uint64(1000+len(postedFull))), "no slot left")
+	assert.EqualValues(t, postedAllCall, postedOver.Load())
+	recheckOver()
+	assert.EqualValues(t, postedAllPost, postedOver.Load())
+	assert.Empty(t, posted.over)
+	for i := range postedFull {
+		assert.Zero(t, postedFull[i].Load())
+	}
 }

@@ -12,18 +12,12 @@
 #include <string.h>
 #include <sys/socket.h>
 
-// Shared with the library (posted.c): nonzero while the library wants
-// calls, not posts, for items; the count of messages posted.
-extern uint64_t dc_posted_over;
-extern uint64_t dc_posted_sent;
+#include "posted.h" // what the library shares with this file in memory
 
 _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the posted messages are little-endian (posted.go)");
 
 enum { KIND_ITEMS = 1, KIND_HOST_TICK = 2, KIND_ENGINE_LOAD = 3 };
 
-// dc_posted_over's value once the library stopped reading posts (posted.go:
-// postedBroken): everything goes by the call.
-enum { POSTED_BROKEN = 2 };
 
 // The post socket's fd: -2 not asked yet, -1 none (posting off).
 static int post_fd = -2;
@@ -36,11 +30,18 @@ static int post_socket(void) {
     return post_fd;
 }
 
+// Whether the library has run all but DC_POSTED_MAX_AHEAD of the messages
+// posted: else the host makes the call (posted.h).
+static int post_ahead_ok(void) {
+    uint64_t done = __atomic_load_n(&dc_posted_done, __ATOMIC_SEQ_CST);
+    return __atomic_load_n(&dc_posted_sent, __ATOMIC_SEQ_CST) - done < DC_POSTED_MAX_AHEAD;
+}
+
 // Writes one message; 0 if it went, -1 if it did not (nothing is raised: the
 // caller makes the call instead). The GIL is held: the write never blocks.
 static int post(const char* msg, size_t len) {
     int fd = post_socket();
-    if (fd < 0 || __atomic_load_n(&dc_posted_over, __ATOMIC_SEQ_CST) == POSTED_BROKEN) return -1;
+    if (fd < 0 || __atomic_load_n(&dc_posted_over, __ATOMIC_SEQ_CST) == DC_POSTED_BROKEN || !post_ahead_ok()) return -1;
     __atomic_add_fetch(&dc_posted_sent, 1, __ATOMIC_SEQ_CST); // before the write: see posted.c
     ssize_t w;
     do {
@@ -87,61 +88,86 @@ static char* put_record(char* p, uint64_t h, PyObject* batch) {
     return p;
 }
 
-// The call for requests [from, n), its answers stored into out from there.
-static int call_rest(PyObject* reqs, PyObject* batches, Py_ssize_t from, PyObject* out) {
-    Py_ssize_t n = PyList_Size(reqs);
-    PyObject* r = PyList_GetSlice(reqs, from, n);
-    PyObject* b = r ? PyList_GetSlice(batches, from, n) : NULL;
-    PyObject* taken = b ? send_multi_lists(r, b) : NULL;
-    Py_XDECREF(r);
-    Py_XDECREF(b);
-    if (taken == NULL) return -1;
-    for (Py_ssize_t i = from; i < n; i++) {
-        PyObject* v = PyList_GetItem(taken, i - from);
+// Whether request h is listed as full (dc_posted_full): its items go by the
+// call, whose answers refuse them while it is.
+static int listed_full(uint64_t h) {
+    for (int i = 0; i < DC_POSTED_FULL_SLOTS; i++)
+        if (__atomic_load_n(&dc_posted_full[i], __ATOMIC_SEQ_CST) == h) return 1;
+    return 0;
+}
+
+// The call for the requests marked in by_call, its answers stored into out
+// at their places; -1 with the call's exception.
+static int call_marked(PyObject* reqs, PyObject* batches, const char* by_call, PyObject* out) {
+    Py_ssize_t n = PyList_Size(reqs), k = 0;
+    PyObject* r = PyList_New(0);
+    PyObject* b = PyList_New(0);
+    PyObject* taken = NULL;
+    if (r == NULL || b == NULL) goto done;
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (by_call[i] && (PyList_Append(r, PyList_GetItem(reqs, i)) < 0 || PyList_Append(b, PyList_GetItem(batches, i)) < 0))
+            goto done;
+    taken = send_multi_lists(r, b);
+    if (taken == NULL) goto done;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (!by_call[i]) continue;
+        PyObject* v = PyList_GetItem(taken, k++);
         Py_INCREF(v);
         PyList_SetItem(out, i, v); // steals v
     }
+done:
+    Py_XDECREF(r);
+    Py_XDECREF(b);
+    if (taken == NULL) return -1;
     Py_DECREF(taken);
     return 0;
 }
 
 // request_post_multi([req, ...], [[bytes, ...], ...]) -> [taken, ...]:
 // request_send_multi, posted. Entry i is len(batches[i]) for a request whose
-// items were posted (the library takes them all: posted.go says how a full
-// buffer refuses the next ones), else request_send_multi's answer. Posts
-// nothing while the library wants calls (dc_posted_over) or when a request's
-// items exceed one message; a message the socket refuses, and every request
-// after it, goes by the call. A malformed argument raises before anything
-// is posted or queued.
+// items were posted (the library takes them all), else request_send_multi's
+// answer: for a request the library lists as full (dc_posted_full), for
+// every request while more are full than the list holds, posting is off or
+// DC_POSTED_MAX_AHEAD messages wait for the library, for a request whose
+// items exceed one message, and for the requests of a message the socket
+// refused and after it. A malformed argument raises
+// before anything is posted or queued; once anything is posted nothing
+// raises (an error of the call is then each of its requests' -DC_EIO).
 static PyObject* mod_request_post_multi(PyObject* m, PyObject* args) {
     PyObject *reqs, *batches;
     if (!PyArg_ParseTuple(args, "O!O!:request_post_multi", &PyList_Type, &reqs, &PyList_Type, &batches)) return NULL;
     if (check_fork() < 0) return NULL;
     Py_ssize_t n = PyList_Size(reqs);
-    if (PyList_Size(batches) != n || n == 0 || __atomic_load_n(&dc_posted_over, __ATOMIC_SEQ_CST) != 0 ||
-        post_socket() < 0)
+    uint64_t over = __atomic_load_n(&dc_posted_over, __ATOMIC_SEQ_CST);
+    if (PyList_Size(batches) != n || n == 0 || (over != DC_POSTED_ALL_POST && over != DC_POSTED_SOME) || post_socket() < 0 ||
+        !post_ahead_ok())
         return send_multi_lists(reqs, batches);
-    uint64_t* hs = PyMem_Malloc((size_t)n * (sizeof(uint64_t) + sizeof(size_t)));
-    if (hs == NULL) return PyErr_NoMemory();
-    size_t* sizes = (size_t*)(hs + n); // each request's record
+    // Per request: its handle, its record's size, whether it goes by the call.
+    char* mem = PyMem_Malloc((size_t)n * (sizeof(uint64_t) + sizeof(size_t) + 1));
+    if (mem == NULL) return PyErr_NoMemory();
+    uint64_t* hs = (uint64_t*)mem;
+    size_t* sizes = (size_t*)(hs + n);
+    char* by_call = (char*)(sizes + n);
     size_t total = 0;
+    Py_ssize_t calls = 0; // the requests that go by the call
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject* r = PyList_GetItem(reqs, i);
         unsigned long long h = PyLong_Check(r) ? PyLong_AsUnsignedLongLong(r) : (unsigned long long)-1;
         size_t size = record_size(PyList_GetItem(batches, i));
-        if ((h == (unsigned long long)-1 && (PyErr_Occurred() || !PyLong_Check(r))) || size == 0 ||
-            size > DC_POST_MAX_MESSAGE - 4) {
-            PyErr_Clear(); // the call raises what is wrong, or takes the large one
-            PyMem_Free(hs);
+        if ((h == (unsigned long long)-1 && (PyErr_Occurred() || !PyLong_Check(r))) || size == 0) {
+            PyErr_Clear(); // the call raises what is wrong
+            PyMem_Free(mem);
             return send_multi_lists(reqs, batches);
         }
         hs[i] = h;
         sizes[i] = size;
-        total += size;
+        by_call[i] = size > DC_POST_MAX_MESSAGE - 4 || (over == DC_POSTED_SOME && listed_full(h));
+        calls += by_call[i];
+        if (!by_call[i]) total += size;
     }
     size_t cap = 4 + total < DC_POST_MAX_MESSAGE ? 4 + total : DC_POST_MAX_MESSAGE;
-    char* msg = PyMem_Malloc(cap);
-    PyObject* out = msg ? PyList_New(n) : NULL;
+    char* msg = calls < n ? PyMem_Malloc(cap) : NULL;
+    PyObject* out = (msg || calls == n) ? PyList_New(n) : NULL;
     // The answers of posted requests, made before anything is posted: once
     // something is, nothing may raise (the loop would send it again).
     for (Py_ssize_t k = 0; out != NULL && k < n; k++) {
@@ -149,40 +175,48 @@ static PyObject* mod_request_post_multi(PyObject* m, PyObject* args) {
         if (v == NULL) Py_CLEAR(out);
         else PyList_SetItem(out, k, v); // steals v
     }
-    PyObject* eio = out ? PyLong_FromLong(-(long)DC_EIO) : NULL; // the answer of a failed rest, below
+    PyObject* eio = out ? PyLong_FromLong(-(long)DC_EIO) : NULL; // the answer of a failed call, below
     if (eio == NULL) {
         Py_XDECREF(out);
-        PyMem_Free(hs);
         PyMem_Free(msg);
-        return msg ? NULL : PyErr_NoMemory();
+        PyMem_Free(mem);
+        return PyErr_Occurred() ? NULL : PyErr_NoMemory();
     }
-    // Whole requests per message, in order; each message's requests count as
-    // taken once it is written.
-    Py_ssize_t first = 0, i = 0;
-    while (first < n) {
+    // Whole requests per message, in order; a message's requests count as
+    // taken once it is written. After a refused one, the rest go by the call.
+    int posted_any = 0;
+    Py_ssize_t i = 0;
+    while (calls < n && i < n) {
         put_u32(msg, KIND_ITEMS);
         char* p = msg + 4;
-        for (i = first; i < n && (size_t)(p - msg) + sizes[i] <= cap; i++) p = put_record(p, hs[i], PyList_GetItem(batches, i));
-        if (post(msg, (size_t)(p - msg)) < 0) break;
-        first = i;
+        Py_ssize_t from = i;
+        for (; i < n && (by_call[i] || (size_t)(p - msg) + sizes[i] <= cap); i++)
+            if (!by_call[i]) p = put_record(p, hs[i], PyList_GetItem(batches, i));
+        if (p == msg + 4) continue; // only requests that go by the call
+        if (post(msg, (size_t)(p - msg)) < 0) {
+            for (Py_ssize_t k = from; k < n; k++) by_call[k] = 1;
+            calls = n - from; // at least one, which is all that counts below
+            break;
+        }
+        posted_any = 1;
     }
     PyMem_Free(msg);
-    PyMem_Free(hs);
-    if (first < n && call_rest(reqs, batches, first, out) < 0) {
-        if (first == 0) { // nothing posted: the call's error is the answer
+    if (calls > 0 && call_marked(reqs, batches, by_call, out) < 0) {
+        if (!posted_any) { // nothing posted: the call's error is the answer
             Py_DECREF(eio);
             Py_DECREF(out);
+            PyMem_Free(mem);
             return NULL;
         }
-        // Posted ones are out: answer them, and the rest as the library's
-        // failure (they stay with the loop, whose next call raises it).
-        PyErr_Clear();
-        for (Py_ssize_t k = first; k < n; k++) {
+        PyErr_Clear(); // the posted ones are out; the others stay with the loop, whose next call raises it
+        for (Py_ssize_t k = 0; k < n; k++) {
+            if (!by_call[k]) continue;
             Py_INCREF(eio);
             PyList_SetItem(out, k, eio); // steals the new reference
         }
     }
     Py_DECREF(eio);
+    PyMem_Free(mem);
     return out;
 }
 

@@ -205,27 +205,32 @@ def test_send_multi_rejects_bad_input(name):
 
 def test_posted_items_wait_for_a_caller_that_does_not_read(nats_url):
     """Items posted at the end of each turn (request_post_multi) reach the
-    caller once each, in order, and a caller that stops reading holds the
-    handler back: once the request's buffer is over its bound the items go
-    by the call again, which refuses them, and the handler waits
-    (docs/design.md: a handler's items wait for a slow caller)."""
+    caller once each, in order, and a caller that stops reading holds its
+    handler back: once its request's buffer is over the bound the library
+    lists it as full, its items go by the call again, which refuses them,
+    and its handler waits; another request, read all along, finishes
+    meanwhile (request-plane.md, "Credits and bounded buffers")."""
     total, per_turn = 6000, 40
-    made = []
+    made = {"slow": [], "fast": []}
 
     async def handler(request, context):
+        mine = made[request["who"]]
         for i in range(total):
-            made.append(i)
+            mine.append(i)
             yield i
             if i % per_turn == per_turn - 1:
                 await asyncio.sleep(0)  # the turn ends: this turn's items are posted
 
     async def main():
         async with ServedEndpoint(nats_url, handler) as h:
-            stream = await h.client.generate({}, annotated=False)
-            first = await asyncio.wait_for(stream.__anext__(), HANG)
-            await asyncio.sleep(0.5)  # the caller does not read: the handler fills what holds its items
-            held_back = len(made)
-            got = [first] + await asyncio.wait_for(collect(stream), HANG)
+            slow = await h.client.generate({"who": "slow"}, annotated=False)
+            first = await asyncio.wait_for(slow.__anext__(), HANG)
+            fast = await h.client.generate({"who": "fast"}, annotated=False)
+            fast_items = await asyncio.wait_for(collect(fast), HANG)  # while the slow caller reads nothing
+            await asyncio.sleep(0.3)
+            held_back = len(made["slow"])
+            got = [first] + await asyncio.wait_for(collect(slow), HANG)
+        assert fast_items == list(range(total))
         assert got == list(range(total))
         assert held_back < total // 2, held_back
 

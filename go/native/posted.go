@@ -35,7 +35,9 @@ package main
 //     full requests than the list holds, the host calls in for all of them
 //     (dc_posted_over). The host posts at most DC_POSTED_MAX_AHEAD messages
 //     ahead of this side (else it calls in, which runs them), so what goes
-//     over the bound is at most that many turns' items. An item that is
+//     over the bound is a few turns' items: those of the messages ahead
+//     when the request is listed, and of one the host built before it saw
+//     the list. An item that is
 //     not JSON fails its request (the caller sees the error, the host's
 //     later sends to it are dropped).
 //   - postHostTick (2): a runtime's handle (u64): dc_runtime_host_tick.
@@ -189,10 +191,9 @@ func stopPosting() {
 // every export that acts on a request calls it first, so that it comes
 // after the items posted before it.
 func drainPosted() {
-	if postedDone.Load() == postedSent.Load() {
-		if over := postedOver.Load(); over == postedAllPost || over == postedBroken {
-			return
-		}
+	over := postedOver.Load()
+	if over == postedBroken || (over == postedAllPost && postedDone.Load() == postedSent.Load()) {
+		return
 	}
 	posted.mu.Lock()
 	defer posted.mu.Unlock()
@@ -330,15 +331,24 @@ func markFull(h uint64, req *plane.Request) {
 		return
 	}
 	posted.over[h] = req
+	giveSlot(h)
+	setOver()
+}
+
+// giveSlot lists request h in a free slot of dc_posted_full, if there is
+// one (mu held).
+func giveSlot(h uint64) {
 	for i := range postedFull {
 		if postedFull[i].Load() == 0 {
 			postedFull[i].Store(h)
 			posted.slot[h] = i
-			break
+			return
 		}
 	}
-	setOver()
 }
+
+// isOver is plane.Request.Over (a test's seam).
+var isOver = (*plane.Request).Over
 
 // recheckOver forgets the requests that are no longer at their bound (mu
 // held).
@@ -347,12 +357,19 @@ func recheckOver() {
 		return
 	}
 	for h, req := range posted.over {
-		if !req.Over() {
+		if !isOver(req) {
 			delete(posted.over, h)
 			if i, ok := posted.slot[h]; ok {
 				postedFull[i].Store(0)
 				delete(posted.slot, h)
 			}
+		}
+	}
+	// Those that found no slot take the slots freed, so that the host goes
+	// back to posting for the others once few enough are full.
+	for h := range posted.over {
+		if _, ok := posted.slot[h]; !ok && len(posted.slot) < len(postedFull) {
+			giveSlot(h)
 		}
 	}
 	setOver()

@@ -93,7 +93,7 @@ func TestFullRequestsAreListedForTheHost(t *testing.T) {
 	}
 	reqs := make([]*plane.Request, len(postedFull)+6)
 	for i := range reqs {
-		reqs[i] = &plane.Request{} // a request's zero value: not full, so recheckOver drops it
+		reqs[i] = &plane.Request{} // a request's zero value: Over is false
 		markFull(uint64(1000+i), reqs[i])
 		if i == 0 {
 			assert.True(t, listed(1000))
@@ -103,6 +103,20 @@ func TestFullRequestsAreListedForTheHost(t *testing.T) {
 	assert.True(t, listed(uint64(1000+len(postedFull)-1)))
 	assert.False(t, listed(uint64(1000+len(postedFull))), "no slot left")
 	assert.EqualValues(t, postedAllCall, postedOver.Load())
+	// Six of the listed ones no longer full: their slots go to the six that
+	// had none, and the host posts again for every request but those.
+	still := map[*plane.Request]bool{}
+	for i, r := range reqs {
+		still[r] = i >= 6
+	}
+	isOver = func(r *plane.Request) bool { return still[r] }
+	defer func() { isOver = (*plane.Request).Over }()
+	recheckOver()
+	assert.EqualValues(t, postedSome, postedOver.Load())
+	for i := range reqs {
+		assert.Equal(t, i >= 6, listed(uint64(1000+i)), "request %d", i)
+	}
+	isOver = (*plane.Request).Over
 	recheckOver()
 	assert.EqualValues(t, postedAllPost, postedOver.Load())
 	assert.Empty(t, posted.over)

@@ -218,6 +218,9 @@ DC_HIDDEN int context_add_type(PyObject* m);
 // lists (py_plane.c): the items handed over by a call into the library.
 DC_HIDDEN PyObject* send_multi_lists(PyObject* reqs, PyObject* batches);
 
+// endpoint_set_engine_load(ep, waiting, kv_usage), the call (py_plane.c).
+DC_HIDDEN PyObject* endpoint_set_engine_load_call(PyObject* m, PyObject* args);
+
 // ---------------------------------------------------------------- the methods of each part
 
 // Each py_*.c file's module functions; py_module.c adds them all.

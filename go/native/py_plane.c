@@ -76,7 +76,9 @@ static PyObject* mod_endpoint_accept(PyObject* m, PyObject* arg) {
 
 static PyObject* mod_endpoint_free(PyObject* m, PyObject* arg) { return call_h(arg, dc_endpoint_free, 1); }
 
-static PyObject* mod_endpoint_set_engine_load(PyObject* m, PyObject* args) {
+// endpoint_set_engine_load(ep, waiting, kv_usage), the call (py_post.c's
+// post_engine_load falls back to it).
+PyObject* endpoint_set_engine_load_call(PyObject* m, PyObject* args) {
     unsigned long long h;
     long long waiting;
     double kv_usage;
@@ -383,7 +385,7 @@ PyMethodDef plane_methods[] = {
     {"endpoint_instance_id", mod_endpoint_instance_id, METH_O, "endpoint_instance_id(ep) -> int"},
     {"endpoint_accept", mod_endpoint_accept, METH_O, "endpoint_accept(ep) -> (code, request handle)"},
     {"endpoint_free", mod_endpoint_free, METH_O, "endpoint_free(ep)"},
-    {"endpoint_set_engine_load", mod_endpoint_set_engine_load, METH_VARARGS,
+    {"endpoint_set_engine_load", endpoint_set_engine_load_call, METH_VARARGS,
      "endpoint_set_engine_load(ep, waiting, kv_usage): the engine's figures for the load reports (negative: left out)"},
     {"endpoint_load", mod_endpoint_load, METH_O, "endpoint_load(ep) -> (running, capacity, refused as busy)"},
     {"request_payload", mod_request_payload, METH_O, "request_payload(req) -> bytes"},

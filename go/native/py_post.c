@@ -132,7 +132,8 @@ done:
 // items exceed one message, and for the requests of a message the socket
 // refused and after it. A malformed argument raises
 // before anything is posted or queued; once anything is posted nothing
-// raises (an error of the call is then each of its requests' -DC_EIO).
+// raises (an error of the call is then each of its requests' -DC_EIO). Each
+// request appears once (the loop's _Sends hands over a dict's).
 static PyObject* mod_request_post_multi(PyObject* m, PyObject* args) {
     PyObject *reqs, *batches;
     if (!PyArg_ParseTuple(args, "O!O!:request_post_multi", &PyList_Type, &reqs, &PyList_Type, &batches)) return NULL;
@@ -232,25 +233,23 @@ static PyObject* mod_post_host_tick(PyObject* m, PyObject* arg) {
     return call_h(arg, dc_runtime_host_tick, 0);
 }
 
-// post_engine_load(ep, waiting, kv_usage): endpoint_set_engine_load, posted
-// (kv_usage is checked here, as the call checks it).
+// post_engine_load(ep, waiting, kv_usage): endpoint_set_engine_load, posted;
+// the call where the arguments are not what it takes (it raises) or it
+// cannot be posted.
 static PyObject* mod_post_engine_load(PyObject* m, PyObject* args) {
     unsigned long long h;
     long long waiting;
-    double kv_usage;
-    if (!PyArg_ParseTuple(args, "KLd:post_engine_load", &h, &waiting, &kv_usage)) return NULL;
-    if (check_fork() < 0) return NULL;
-    if (isfinite(kv_usage)) {
+    double kv;
+    if (PyArg_ParseTuple(args, "KLd", &h, &waiting, &kv) && check_fork() == 0 && isfinite(kv)) {
         char msg[28];
         put_u32(msg, KIND_ENGINE_LOAD);
         put_u64(msg + 4, h);
         put_u64(msg + 12, (uint64_t)waiting);
-        memcpy(msg + 20, &kv_usage, 8);
+        memcpy(msg + 20, &kv, 8);
         if (post(msg, sizeof msg) == 0) Py_RETURN_NONE;
     }
-    int rc = dc_endpoint_set_engine_load(h, (int64_t)waiting, kv_usage);
-    if (rc != DC_OK) return raise_rc(rc);
-    Py_RETURN_NONE;
+    PyErr_Clear();
+    return endpoint_set_engine_load_call(m, args);
 }
 
 PyMethodDef post_methods[] = {

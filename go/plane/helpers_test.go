@@ -21,6 +21,15 @@ import (
 
 func num(i int) []byte { return strconv.AppendInt(nil, int64(i), 10) }
 
+// nums is the items num(0) ... num(n-1).
+func nums(n int) [][]byte {
+	items := make([][]byte, n)
+	for i := range items {
+		items[i] = num(i)
+	}
+	return items
+}
+
 // requireSeq checks that items are the JSON numbers from, from+1, ... in order.
 func requireSeq(tb testing.TB, items [][]byte, from, n int) {
 	tb.Helper()

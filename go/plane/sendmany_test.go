@@ -21,10 +21,7 @@ func TestSendMany(t *testing.T) {
 	const path = "test.sendmany.generate"
 	results := make(chan [3]any, 1)
 	_, _, c := planetest.ServeAndConnect(t, path, func(_ *planetest.Worker, req *plane.Request) {
-		var batch [][]byte
-		for i := range 1000 { // more than the stream's credit and the send buffer hold
-			batch = append(batch, num(i))
-		}
+		batch := nums(1000) // more than the stream's credit and the send buffer hold
 		n1, err1 := req.SendMany(batch)
 		// The rest after the buffer drained (Arm), then a bad item in the middle.
 		for n := n1; n < len(batch); {
@@ -108,10 +105,7 @@ func TestSendManyPostedTakesAllAndReportsOver(t *testing.T) {
 	const path = "test.sendposted.generate"
 	results := make(chan [4]any, 1)
 	_, _, c := planetest.ServeAndConnect(t, path, func(_ *planetest.Worker, req *plane.Request) {
-		var batch [][]byte
-		for i := range 1000 { // more than the stream's credit and the send buffer hold
-			batch = append(batch, num(i))
-		}
+		batch := nums(1000) // more than the stream's credit and the send buffer hold
 		small, err0 := req.SendManyPosted(batch[:1], nil)
 		over, err1 := req.SendManyPosted(batch[1:], nil)
 		full := req.Send(num(1000))

@@ -203,6 +203,20 @@ def test_send_multi_rejects_bad_input(name):
         assert send_multi([0], [[big]]) == [-lib.EBADF]
 
 
+def test_posted_tick_and_load_check_their_arguments():
+    """post_host_tick and post_engine_load: what the call refuses is refused
+    as the call refuses it (a handle is the library's to check, later: a
+    freed one is ignored)."""
+    lib = native()
+    assert lib.post_host_tick(0) is None
+    assert lib.post_engine_load(0, 1, 0.5) is None
+    for args, exc in [((0, 1, float("nan")), ValueError), (("x", 1, 0.5), TypeError), ((0, 1), TypeError)]:
+        with pytest.raises(exc):
+            lib.post_engine_load(*args)
+    with pytest.raises(OverflowError):
+        lib.post_host_tick(-1)
+
+
 def test_posted_items_wait_for_a_caller_that_does_not_read(nats_url):
     """Items posted at the end of each turn (request_post_multi) reach the
     caller once each, in order, and a caller that stops reading holds its

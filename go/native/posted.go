@@ -9,9 +9,11 @@ package main
 // polls every 20 us. A worker that called in at every step of its engine
 // (dc_request_send_multi), every 100 ms (dc_runtime_host_tick) and at each
 // change of its engine's load paid that polling, plus the scheduler yields
-// of hostyield.go, all the time: on the real engine, thread switches of the
-// worker fell 30% at 16 streams and 70% at 64 with these calls posted, and
-// its CPU per token 11% and 33% (docs/benchmarks.md).
+// of hostyield.go, all the time. With these calls posted, an idle served
+// endpoint's process uses a third less CPU and switches threads a third as
+// often, and on the real engine the worker's thread switches per token fell
+// by a sixth at 16 streams and by half at 64 (docs/benchmarks.md, "Posted
+// calls").
 //
 // How: the host writes each call as one message to a Unix SOCK_SEQPACKET
 // socket (dc_post_fd), a non-blocking write of its own thread; a goroutine
@@ -37,9 +39,8 @@ package main
 //     ahead of this side (else it calls in, which runs them), so what goes
 //     over the bound is a few turns' items: those of the messages ahead
 //     when the request is listed, and of one the host built before it saw
-//     the list. An item that is
-//     not JSON fails its request (the caller sees the error, the host's
-//     later sends to it are dropped).
+//     the list. An item that is not JSON fails its request (the caller
+//     sees the error, the host's later sends to it are dropped).
 //   - postHostTick (2): a runtime's handle (u64): dc_runtime_host_tick.
 //   - postEngineLoad (3): an endpoint's handle (u64), the waiting requests
 //     (i64) and the KV usage (f64): dc_endpoint_set_engine_load.

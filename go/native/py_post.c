@@ -18,7 +18,6 @@ _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the posted messages a
 
 enum { KIND_ITEMS = 1, KIND_HOST_TICK = 2, KIND_ENGINE_LOAD = 3 };
 
-
 // The post socket's fd: -2 not asked yet, -1 none (posting off).
 static int post_fd = -2;
 
@@ -57,8 +56,8 @@ static int post(const char* msg, size_t len) {
 static void put_u32(char* p, uint32_t v) { memcpy(p, &v, 4); }
 static void put_u64(char* p, uint64_t v) { memcpy(p, &v, 8); }
 
-// The size of request i's record in a message of items; 0 if the request's
-// arguments are not what request_send_multi takes (it then raises).
+// The size of a request's record (batch: its items) in a message of items;
+// 0 if they are not what request_send_multi takes (it then raises).
 static size_t record_size(PyObject* batch) {
     if (!PyList_Check(batch)) return 0;
     size_t size = 12;
@@ -72,7 +71,8 @@ static size_t record_size(PyObject* batch) {
     return size;
 }
 
-// Writes request i's record at p: its handle, its count, its items.
+// Writes request h's record at p (its handle, its count, its items) and
+// returns where it ends.
 static char* put_record(char* p, uint64_t h, PyObject* batch) {
     Py_ssize_t c = PyList_Size(batch);
     put_u64(p, h);
@@ -130,10 +130,10 @@ done:
 // every request while more are full than the list holds, posting is off or
 // DC_POSTED_MAX_AHEAD messages wait for the library, for a request whose
 // items exceed one message, and for the requests of a message the socket
-// refused and after it. A malformed argument raises
-// before anything is posted or queued; once anything is posted nothing
-// raises (an error of the call is then each of its requests' -DC_EIO). Each
-// request appears once (the loop's _Sends hands over a dict's).
+// refused and after it. A malformed argument raises before anything is
+// posted or queued; once anything is posted nothing raises (an error of the
+// call is then each of its requests' -DC_EIO). Each request appears once
+// (the loop's _Sends hands over a dict's).
 static PyObject* mod_request_post_multi(PyObject* m, PyObject* args) {
     PyObject *reqs, *batches;
     if (!PyArg_ParseTuple(args, "O!O!:request_post_multi", &PyList_Type, &reqs, &PyList_Type, &batches)) return NULL;
@@ -153,9 +153,9 @@ static PyObject* mod_request_post_multi(PyObject* m, PyObject* args) {
     Py_ssize_t calls = 0; // the requests that go by the call
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject* r = PyList_GetItem(reqs, i);
-        unsigned long long h = PyLong_Check(r) ? PyLong_AsUnsignedLongLong(r) : (unsigned long long)-1;
+        unsigned long long h = PyLong_Check(r) ? PyLong_AsUnsignedLongLong(r) : 0;
         size_t size = record_size(PyList_GetItem(batches, i));
-        if ((h == (unsigned long long)-1 && (PyErr_Occurred() || !PyLong_Check(r))) || size == 0) {
+        if (!PyLong_Check(r) || (h == (unsigned long long)-1 && PyErr_Occurred()) || size == 0) {
             PyErr_Clear(); // the call raises what is wrong
             PyMem_Free(mem);
             return send_multi_lists(reqs, batches);

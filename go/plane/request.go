@@ -386,7 +386,9 @@ func (r *Request) sendValid(items [][]byte, b *transport.Batch, all bool) (int, 
 
 // sendMany queues items, as many as the send buffer takes (all of them with
 // all set, beyond its bound if need be), and reports how many it took and
-// whether the buffer is at or over its bound now.
+// whether the buffer is at or over its bound now: read under the lock that
+// queued them, so that a writer woken by this call, which may take them at
+// once, cannot hide it (Over, read later, could).
 func (r *Request) sendMany(items [][]byte, b *transport.Batch, all bool) (int, bool, error) {
 	if len(items) == 0 {
 		return 0, false, nil

@@ -101,28 +101,44 @@ func TestSendManyDirectAndQueuedKeepOrder(t *testing.T) {
 // when the buffer is at or over it; a Send then reports ErrFull, Over holds
 // until the stream's writer took the items, and the caller receives them
 // all, in order.
+//
+// The writer takes the whole buffer each time it wakes, so the buffer stays
+// over its bound only while the writer is held: the caller reads nothing
+// until the handler's checks are done, and the handler first sends more
+// than the caller can hold (its receive buffer and the transport's window,
+// recvBuffer + DefaultWindow + 1), so that the writer is held, before the
+// items it checks.
 func TestSendManyPostedTakesAllAndReportsOver(t *testing.T) {
 	const path = "test.sendposted.generate"
+	const total, held = 1200, 800 // the caller holds at most 513
 	results := make(chan [4]any, 1)
+	checked := make(chan struct{})
 	_, _, c := planetest.ServeAndConnect(t, path, func(_ *planetest.Worker, req *plane.Request) {
-		batch := nums(1000) // more than the stream's credit and the send buffer hold
+		batch := nums(total)
 		small, err0 := req.SendManyPosted(batch[:1], nil)
-		over, err1 := req.SendManyPosted(batch[1:], nil)
-		full := req.Send(num(1000))
+		_, errHeld := req.SendManyPosted(batch[1:held], nil)
+		assert.NoError(t, errHeld)
+		for req.Over() { // until the writer took them: it is held from now on
+			time.Sleep(time.Millisecond)
+		}
+		over, err1 := req.SendManyPosted(batch[held:], nil) // 400: over the bound of 256
+		full := req.Send(num(total))
 		wasOver := req.Over()
+		close(checked) // the caller reads only now
 		f, ch := planetest.Armed()
 		req.Arm(f)
 		<-ch // the caller read enough: under the bound again
-		require.False(t, req.Over())
-		require.NoError(t, req.Send(num(1000)))
-		_, err2 := req.SendManyPosted([][]byte{num(1001), []byte("{not json")}, nil)
+		assert.False(t, req.Over(), "under the bound after the caller read")
+		assert.NoError(t, req.Send(num(total)))
+		_, err2 := req.SendManyPosted([][]byte{num(total + 1), []byte("{not json")}, nil)
 		req.Complete()
 		results <- [4]any{[2]any{small, err0}, [2]any{over, err1}, [2]any{full, wasOver}, err2}
 	})
 	s := planetest.Generate(t, c, `{}`, nil)
+	planetest.Recv(t, checked, "the handler's first checks")
 	items, _, err := planetest.Drain(s, 0)
 	require.Equal(t, io.EOF, err)
-	requireSeq(t, items, 0, 1002)
+	requireSeq(t, items, 0, total+2)
 	r := planetest.Recv(t, results, "the handler's results")
 	assert.Equal(t, [2]any{false, nil}, r[0], "one item: under the bound")
 	assert.Equal(t, [2]any{true, nil}, r[1], "all taken, over the bound")

@@ -258,8 +258,19 @@ async def repeated(hp: Tuple[str, int], roots: Dict[str, int], c: int) -> Dict[s
     return mid
 
 
-#: Probed functions that run inside another probed function: name -> the one they run in.
-PROBED_INSIDE = {"ours.put": "vllm.process_outputs"}
+#: Probed functions that run inside another probed function: name -> the one they run in
+#: (where that one is probed: vLLM's ``process_outputs`` runs inside our short way's
+#: only in our worker, where the short way is installed).
+PROBED_INSIDE = {"ours.put": "vllm.process_outputs", "vllm.process_outputs": "ours.lean", "ours.tokens": "ours.lean"}
+
+
+def _outers(name: str) -> List[str]:
+    """The probed functions that ``name`` runs inside, innermost first."""
+    out = []
+    while name in PROBED_INSIDE:
+        name = PROBED_INSIDE[name]
+        out.append(name)
+    return out
 
 
 async def probe_read(probe: Path, pid: int) -> Dict[str, Any]:
@@ -294,9 +305,10 @@ async def breakdown(hp: Tuple[str, int], roots: Dict[str, int], c: int, probe: P
     for name, (cpu_s, n) in after["functions"].items():
         cpu0, n0 = before["functions"].get(name, (0.0, 0))
         functions[name], calls[name] = cpu_s - cpu0, n - n0
-    for name, outer in PROBED_INSIDE.items():
-        if name in calls and outer in functions:
-            functions[outer] -= calls[name] * cost
+    for name, n in calls.items():
+        for outer in _outers(name):  # each call's probe cost is in every function it runs inside
+            if outer in functions:
+                functions[outer] -= n * cost
     main = after["main_cpu_s"] - before["main_cpu_s"] - sum(calls.values()) * cost
     return {"streams": c, "process": role, "tokens": tokens, "probe_cost_us": cost * 1e6,
             "main_us_per_token": main / tokens * 1e6,
@@ -512,10 +524,14 @@ def _short_row(r: Dict[str, Any], sh: Dict[str, Any], results: List[Dict[str, An
 
 
 def _breakdown_row(r: Dict[str, Any], b: Dict[str, Any], results: List[Dict[str, Any]]) -> str:
-    f = {k: v["us_per_token"] for k, v in b["functions"].items()}
-    counted = sum(v for k, v in f.items() if k not in PROBED_INSIDE)
-    cells = [f"{f[k]:.1f}" if k in f else "-" for k in
-             ("vllm.process_outputs", "ours.put", "vllm.stats_record", "vllm.msgpack_decode", "ours.flush")]
+    f = {k: v["us_per_token"] for k, v in b["functions"].items() if v["calls_per_token"] > 0}
+    counted = sum(v for k, v in f.items() if not any(o in f for o in _outers(k)))  # the outermost only
+    # The output processing as installed: our short way where it runs (vLLM's own inside
+    # it, for what the short way leaves), else vLLM's; our items by either way.
+    processing = f.get("ours.lean", f.get("vllm.process_outputs"))
+    items = [f[k] for k in ("ours.put", "ours.tokens") if k in f]
+    cells = [f"{processing:.1f}" if processing is not None else "-", f"{sum(items):.1f}" if items else "-"]
+    cells += [f"{f[k]:.1f}" if k in f else "-" for k in ("vllm.stats_record", "vllm.msgpack_decode", "ours.flush")]
     return (f"| {r['model']} | {r['stack']} ({b['process']}) | {b['streams']} | {b['main_us_per_token']:.1f} | "
             + " | ".join(cells) + f" | {b['main_us_per_token'] - counted:.1f} |")
 

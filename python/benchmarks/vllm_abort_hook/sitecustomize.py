@@ -8,13 +8,16 @@ has; a stand-in that raises is put there.
 
 With DC_CPU_PROBE naming a folder, it counts the CPU time that this process's threads
 spend in a few functions on the path of every engine step (``PROBES``: vLLM's output
-processing, its stats loggers and message decoding, and our worker's handing over of
-items), and every half second writes ``<folder>/<pid>.json``: per function, the CPU
+processing, its stats loggers and message decoding, and our worker's short way around
+that processing, its items and its handing over of them), and every half second writes ``<folder>/<pid>.json``: per function, the CPU
 seconds and calls so far, the CPU seconds of the main thread (where the event loop
 runs), when the record was written, and what one probed call costs the thread beyond
 the call itself (``probe_cost_s``, measured once: two ``time.thread_time`` calls and
 the wrapper, about a microsecond and a half). bench_vllm_cpu.py's ``breakdown`` phase
-reads it and takes that cost out of its figures.
+reads it and takes that cost out of its figures. A probed function keeps its own
+signature (``functools.wraps``): our worker checks the signature of vLLM's
+``process_outputs`` before it takes its short way (backends/vllm_lean.py), and a
+probe that hid it would measure vLLM's way instead.
 
 The benchmark puts this folder first on PYTHONPATH of both stacks (vLLM's server, and
 our worker), so that the time from a client's close to the engine's abort is taken at
@@ -24,6 +27,7 @@ hook), so processes that never import vLLM (our frontend) import nothing more.
 
 from __future__ import annotations
 
+import functools
 import importlib.abc
 import importlib.machinery
 import json
@@ -44,7 +48,8 @@ PROBES = {
     "vllm.v1.metrics.loggers": [("StatLoggerManager", "record", "vllm.stats_record")],
     "vllm.v1.serial_utils": [("MsgpackDecoder", "decode", "vllm.msgpack_decode")],
     "dynamo_ctx.serving": [("_Sends", "flush", "ours.flush")],
-    "dynamo_ctx.backends.vllm": [("_Pushed", "_put", "ours.put")],
+    "dynamo_ctx.backends.vllm": [("_Pushed", "_put", "ours.put"), ("_Pushed", "tokens", "ours.tokens")],
+    "dynamo_ctx.backends.vllm_lean": [("LeanOutputs", "process_outputs", "ours.lean")],
 }
 
 
@@ -77,6 +82,7 @@ def _counting(original, counter):
     """``original``, counting its thread CPU seconds and calls into ``counter``."""
     now = time.thread_time
 
+    @functools.wraps(original)
     def counted(*args, **kwargs):
         t = now()
         try:

@@ -9,25 +9,27 @@ package frontend
 //
 // So each connection serving a request is also in an epoll set of the
 // frontend's own (EPOLLRDHUP: the peer's FIN or reset; nothing for its
-// bytes), read by one watcher goroutine in two ways:
+// bytes), read in two ways:
 //
-//   - busy (a response flushed since the watcher's last look: touch): a
-//     timer wakes it every hangupPoll and it reads the set without
-//     blocking. Timers are run at every scheduling decision, so it runs
-//     within about hangupPoll of its time however busy the Ps are.
-//   - quiet: it waits for the set itself in Go's network poller (the set's
-//     descriptor is readable while a hang-up is in it), which idle Ps
-//     check at once; the next response's write wakes it back to busy.
+//   - by the writers: every flush of a response tells the set (touch), and
+//     once hangupPoll has passed since it was last read, that writer reads
+//     it, without waiting, and hands what it finds to a goroutine. So while
+//     responses write, a hang-up is seen within about hangupPoll of the
+//     next write, however busy the Ps are.
+//   - by one watcher goroutine, which waits for the set itself in Go's
+//     network poller (the set's descriptor is readable while a hang-up is
+//     in it), which idle Ps check at once.
 //
-// A timer every hangupPoll on an otherwise idle process wakes a thread
-// (and the runtime's sysmon) each time: on the real engine, whose steps
-// leave the frontend idle for 10-20 ms between bursts of tokens, that was
-// a quarter of the frontend's CPU per token at 16 streams. A hang-up the
-// watcher reads calls the request's onDisconnect, as net/http's cancel
-// does (whichever comes first; the second does nothing). The goroutine
-// runs only while connections are watched, and stops after hangupLinger
-// without any. Where there is no epoll, or the connection has no
-// descriptor, net/http alone tells.
+// Neither wakes a thread on a timer. One did before: a 2 ms timer, armed
+// while any request was in flight and later only while responses wrote,
+// woke a thread (and the runtime's sysmon) in a process otherwise idle
+// between the engine's steps, after each step's burst of tokens; on the
+// real engine that was half the frontend's thread switches at 16 streams.
+// A hang-up the watcher or a writer reads calls the request's
+// onDisconnect, as net/http's cancel does (whichever comes first; the
+// second does nothing). The goroutine runs only while connections are
+// watched, and stops after hangupLinger without any. Where there is no
+// epoll, or the connection has no descriptor, net/http alone tells.
 
 import (
 	"context"
@@ -35,9 +37,9 @@ import (
 	"time"
 )
 
-// hangupPoll is how often the watcher reads its epoll set while
-// connections are watched: a bound on how late it sees a hang-up, paid
-// with a timer wake-up that often.
+// hangupPoll is how often the writers read the epoll set while responses
+// write: about how late a hang-up is seen under load, paid with a system
+// call that often.
 const hangupPoll = 2 * time.Millisecond
 
 // hangupLinger is how long the watcher goroutine stays without watched

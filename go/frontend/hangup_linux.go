@@ -24,15 +24,15 @@ type hangups struct {
 	watched map[int32]func() // key (the event's Fd field) -> onGone
 	running bool             // the watcher goroutine runs
 
-	// The set's descriptor in Go's network poller (quiet waits): closed
-	// by close, after epfd is -1, outside mu (see close).
+	// The set's descriptor in Go's network poller (the watcher's waits):
+	// closed by close, after epfd is -1, outside mu (see close).
 	file *os.File
 	rc   syscall.RawConn
-	// busy: a response wrote since the watcher last looked (touch);
-	// quiet: the watcher waits in the poller, and the first touch wakes
-	// it (a read deadline in the past).
-	busy, quiet atomic.Bool
-	looks       atomic.Int64 // the watcher's reads of the set (the tests)
+	// When the set was last read, in nanoseconds since epoch: a writer's
+	// touch reads it once hangupPoll has passed since.
+	epoch    time.Time
+	lastLook atomic.Int64
+	looks    atomic.Int64 // reads of the set (the tests)
 }
 
 // newHangups is the frontend's watcher, or nil where epoll is refused.
@@ -42,7 +42,7 @@ func newHangups() *hangups {
 		slog.Debug("hang-ups are seen by net/http alone: no epoll", "error", err)
 		return nil
 	}
-	h := &hangups{epfd: fd, watched: make(map[int32]func())}
+	h := &hangups{epfd: fd, watched: make(map[int32]func()), epoch: time.Now()}
 	// Non-blocking, os.NewFile puts it in Go's poller: readable while a
 	// hang-up is in the set.
 	if syscall.SetNonblock(fd, true) == nil {
@@ -54,33 +54,36 @@ func newHangups() *hangups {
 	return h
 }
 
-// touch marks the watcher busy, and wakes it if it waits quiet.
+// touch is told of every flush of a response: once hangupPoll has passed
+// since the set was last read, the writer reads it (one system call that
+// does not wait), and its hang-ups are handed to a goroutine of their own.
+// So while responses write, hang-ups are seen within about hangupPoll of a
+// write however busy the Ps are, and no timer wakes a thread for it.
 func (h *hangups) touch() {
-	if h.busy.Load() {
+	now := int64(time.Since(h.epoch))
+	last := h.lastLook.Load()
+	if now-last < int64(hangupPoll) || !h.lastLook.CompareAndSwap(last, now) {
 		return
 	}
-	h.busy.Store(true)
-	if h.quiet.Load() {
-		_ = h.file.SetReadDeadline(time.Unix(1, 0))
+	if !h.mu.TryLock() {
+		return // the watcher reads it, or a watch changes it: the next touch
+	}
+	gone := h.lookLocked()
+	h.mu.Unlock()
+	if len(gone) > 0 {
+		go callAll(gone) // not on this writer's goroutine: another request's work
 	}
 }
 
-// wait is the watcher's pause before it reads the set: hangupPoll when
-// busy (see touch), else until the set is readable, a touch, or
-// hangupLinger (to see whether it may end).
+// wait is the watcher's pause before it reads the set: until the set is
+// readable (a hang-up is in it), or hangupLinger (to see whether it may
+// end). Go's poller, which idle Ps check at once, wakes it.
 func (h *hangups) wait() {
-	if h.busy.Swap(false) || h.rc == nil {
-		time.Sleep(hangupPoll)
+	if h.rc == nil {
+		time.Sleep(hangupPoll) // not in the poller: a timer, as the only way
 		return
 	}
-	// The deadline first: a touch that sees quiet moves it to the past
-	// after this, so its wake-up is never overwritten.
 	_ = h.file.SetReadDeadline(time.Now().Add(hangupLinger))
-	h.quiet.Store(true)
-	defer h.quiet.Store(false)
-	if h.busy.Load() {
-		return // a touch came meanwhile
-	}
 	first := true
 	_ = h.rc.Read(func(uintptr) bool {
 		// The first call is before any wait: wait once for readiness.
@@ -90,6 +93,38 @@ func (h *hangups) wait() {
 		}
 		return true
 	})
+}
+
+// lookLocked reads the set without waiting (mu held; the set open) and
+// returns the onGone of each hang-up in it, taken out of the set.
+func (h *hangups) lookLocked() (gone []func()) {
+	if h.epfd < 0 {
+		return nil
+	}
+	h.looks.Add(1)
+	var events [128]syscall.EpollEvent
+	for {
+		n, err := rawio.EpollWait(h.epfd, events[:])
+		if err == syscall.EINTR {
+			continue
+		}
+		for _, ev := range events[:max(n, 0)] {
+			if onGone := h.watched[ev.Fd]; onGone != nil {
+				delete(h.watched, ev.Fd)
+				gone = append(gone, onGone)
+			}
+		}
+		if n < len(events) {
+			return gone
+		}
+	}
+}
+
+// callAll calls each of fs.
+func callAll(fs []func()) {
+	for _, f := range fs {
+		f()
+	}
 }
 
 // watch adds c to the set; see Frontend.watchHangup.
@@ -145,12 +180,10 @@ func (h *hangups) watch(c net.Conn, onGone func()) (stop func()) {
 
 // run reads the set after each wait while anything is watched.
 func (h *hangups) run() {
-	events := make([]syscall.EpollEvent, 128)
 	var idleSince time.Time
-	var gone []func()
 	for {
 		h.wait()
-		h.looks.Add(1)
+		h.lastLook.Store(int64(time.Since(h.epoch)))
 		h.mu.Lock()
 		switch {
 		case h.epfd < 0:
@@ -166,27 +199,9 @@ func (h *hangups) run() {
 			h.mu.Unlock()
 			return
 		}
-		for {
-			n, err := rawio.EpollWait(h.epfd, events)
-			if err == syscall.EINTR {
-				continue
-			}
-			for _, ev := range events[:max(n, 0)] {
-				if onGone := h.watched[ev.Fd]; onGone != nil {
-					delete(h.watched, ev.Fd)
-					gone = append(gone, onGone)
-				}
-			}
-			if n < len(events) {
-				break
-			}
-		}
+		gone := h.lookLocked()
 		h.mu.Unlock()
-		for i, onGone := range gone {
-			onGone()
-			gone[i] = nil
-		}
-		gone = gone[:0]
+		callAll(gone)
 	}
 }
 

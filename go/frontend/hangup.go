@@ -20,11 +20,14 @@ package frontend
 //     network poller (the set's descriptor is readable while a hang-up is
 //     in it), which idle Ps check at once.
 //
-// Neither wakes a thread on a timer. One did before: a 2 ms timer, armed
-// while any request was in flight and later only while responses wrote,
-// woke a thread (and the runtime's sysmon) in a process otherwise idle
-// between the engine's steps, after each step's burst of tokens; on the
-// real engine that was half the frontend's thread switches at 16 streams.
+// No timer wakes a thread every hangupPoll for it (the watcher's only
+// timer is its linger's deadline, hangupLinger). One did before: a 2 ms
+// timer, armed while any request was in flight and later only while
+// responses wrote, woke a thread (and the runtime's sysmon) in a process
+// otherwise idle between the engine's steps, after each step's burst of
+// tokens; on the real engine that was half the frontend's thread switches
+// at 16 streams. (Where the set cannot wait in Go's poller, the watcher
+// reads it every hangupPoll, on a timer.)
 // A hang-up the watcher or a writer reads calls the request's
 // onDisconnect, as net/http's cancel does (whichever comes first; the
 // second does nothing). The goroutine runs only while connections are
@@ -56,8 +59,8 @@ func connContext(ctx context.Context, c net.Conn) context.Context {
 }
 
 // watchHangup calls onGone once the connection of r's context is seen to
-// be closed by its peer; the returned function stops the watch (after it,
-// onGone is not called, unless it had started).
+// be closed by its peer; the returned function stops the watch: after it
+// returns, onGone is not called, and a call that had started has returned.
 func (f *Frontend) watchHangup(ctx context.Context, onGone func()) (stop func()) {
 	c, _ := ctx.Value(connKey{}).(net.Conn)
 	if c == nil || f.hangups == nil {

@@ -21,8 +21,9 @@ type hangups struct {
 	mu      sync.Mutex
 	epfd    int // -1 once closed
 	next    int32
-	watched map[int32]func() // key (the event's Fd field) -> onGone
-	running bool             // the watcher goroutine runs
+	watched map[int32]*watchEntry // key (the event's Fd field) -> its watch
+	running bool                  // the watcher goroutine runs
+	linger  time.Duration         // hangupLinger (the tests set their own)
 
 	// The set's descriptor in Go's network poller (the watcher's waits):
 	// closed by close, after epfd is -1, outside mu (see close).
@@ -42,7 +43,7 @@ func newHangups() *hangups {
 		slog.Debug("hang-ups are seen by net/http alone: no epoll", "error", err)
 		return nil
 	}
-	h := &hangups{epfd: fd, watched: make(map[int32]func()), epoch: time.Now()}
+	h := &hangups{epfd: fd, watched: make(map[int32]*watchEntry), epoch: time.Now(), linger: hangupLinger}
 	// Non-blocking, os.NewFile puts it in Go's poller: readable while a
 	// hang-up is in the set.
 	if syscall.SetNonblock(fd, true) == nil {
@@ -52,6 +53,14 @@ func newHangups() *hangups {
 		}
 	}
 	return h
+}
+
+// watchEntry is one watched connection's onGone. once runs it at most
+// once, and its stop runs once too: so stop waits for an onGone that
+// started, and no onGone starts after stop.
+type watchEntry struct {
+	onGone func()
+	once   sync.Once
 }
 
 // touch is told of every flush of a response: once hangupPoll has passed
@@ -66,7 +75,10 @@ func (h *hangups) touch() {
 		return
 	}
 	if !h.mu.TryLock() {
-		return // the watcher reads it, or a watch changes it: the next touch
+		// The watcher reads it, or a watch changes it: the next touch
+		// reads it, unless another's read is due meanwhile.
+		h.lastLook.CompareAndSwap(now, last)
+		return
 	}
 	gone := h.lookLocked()
 	h.mu.Unlock()
@@ -83,21 +95,24 @@ func (h *hangups) wait() {
 		time.Sleep(hangupPoll) // not in the poller: a timer, as the only way
 		return
 	}
-	_ = h.file.SetReadDeadline(time.Now().Add(hangupLinger))
+	_ = h.file.SetReadDeadline(time.Now().Add(h.linger))
 	first := true
-	_ = h.rc.Read(func(uintptr) bool {
-		// The first call is before any wait: wait once for readiness.
+	_ = h.rc.Read(func(fd uintptr) bool {
+		// The first call is before any wait, and Read has just cleared
+		// the readiness the poller had seen: a hang-up that came since the
+		// set was last read is looked for here, or its wake-up is lost
+		// (until the linger's deadline or a writer's read).
 		if first {
 			first = false
-			return false
+			return rawio.Readable(fd)
 		}
 		return true
 	})
 }
 
 // lookLocked reads the set without waiting (mu held; the set open) and
-// returns the onGone of each hang-up in it, taken out of the set.
-func (h *hangups) lookLocked() (gone []func()) {
+// returns the watch of each hang-up in it, taken out of the set.
+func (h *hangups) lookLocked() (gone []*watchEntry) {
 	if h.epfd < 0 {
 		return nil
 	}
@@ -109,9 +124,9 @@ func (h *hangups) lookLocked() (gone []func()) {
 			continue
 		}
 		for _, ev := range events[:max(n, 0)] {
-			if onGone := h.watched[ev.Fd]; onGone != nil {
+			if e := h.watched[ev.Fd]; e != nil {
 				delete(h.watched, ev.Fd)
-				gone = append(gone, onGone)
+				gone = append(gone, e)
 			}
 		}
 		if n < len(events) {
@@ -120,10 +135,10 @@ func (h *hangups) lookLocked() (gone []func()) {
 	}
 }
 
-// callAll calls each of fs.
-func callAll(fs []func()) {
-	for _, f := range fs {
-		f()
+// callAll calls the onGone of each of es (unless its watch stopped first).
+func callAll(es []*watchEntry) {
+	for _, e := range es {
+		e.once.Do(e.onGone)
 	}
 }
 
@@ -139,6 +154,7 @@ func (h *hangups) watch(c net.Conn, onGone func()) (stop func()) {
 		return none
 	}
 	var key int32
+	e := &watchEntry{onGone: onGone}
 	added, start := false, false
 	// Control holds the descriptor: it cannot be closed (and its number
 	// reused by another connection) during the call.
@@ -157,7 +173,7 @@ func (h *hangups) watch(c net.Conn, onGone func()) (stop func()) {
 		if rawio.EpollCtl(h.epfd, syscall.EPOLL_CTL_ADD, int(fd), &ev) != 0 {
 			return
 		}
-		h.watched[key] = onGone
+		h.watched[key] = e
 		added, start, h.running = true, !h.running, true
 	})
 	if start {
@@ -170,11 +186,12 @@ func (h *hangups) watch(c net.Conn, onGone func()) (stop func()) {
 		_ = rc.Control(func(fd uintptr) {
 			h.mu.Lock()
 			defer h.mu.Unlock()
-			if h.watched[key] != nil { // else its onGone was taken, or the set closed
+			if h.watched[key] == e { // else its onGone was taken, or the set closed
 				delete(h.watched, key)
 				_ = rawio.EpollCtl(h.epfd, syscall.EPOLL_CTL_DEL, int(fd), nil)
 			}
 		})
+		e.once.Do(func() {}) // waits for an onGone that started; none starts after
 	}
 }
 
@@ -194,7 +211,7 @@ func (h *hangups) run() {
 			idleSince = time.Time{}
 		case idleSince.IsZero():
 			idleSince = time.Now()
-		case time.Since(idleSince) > hangupLinger:
+		case time.Since(idleSince) > h.linger:
 			h.running = false
 			h.mu.Unlock()
 			return
@@ -213,7 +230,7 @@ func (h *hangups) close() {
 	h.mu.Lock()
 	fd := h.epfd
 	h.epfd = -1
-	h.watched = map[int32]func(){}
+	h.watched = map[int32]*watchEntry{}
 	h.mu.Unlock()
 	switch {
 	case fd < 0:

@@ -4,6 +4,7 @@ package frontend
 
 import (
 	"net"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -148,15 +149,63 @@ func TestHangupWatcherQuietAndBusy(t *testing.T) {
 			}
 		}
 	}()
-	before = h.looks.Load()
-	time.Sleep(20 * hangupPoll)
-	looks := h.looks.Load() - before
-	require.Greater(t, looks, int64(5), "the writers did not read the set")
-	require.LessOrEqual(t, looks, int64(25), "the writers read the set more often than every hangupPoll")
+	start, before := time.Now(), h.looks.Load()
+	require.Eventually(t, func() bool { return h.looks.Load()-before > 5 }, 5*time.Second, hangupPoll,
+		"the writers did not read the set")
+	looks, elapsed := h.looks.Load()-before, time.Since(start)
+	// At most one read per hangupPoll, and the watcher's own (two at most here).
+	require.LessOrEqual(t, looks, int64(elapsed/hangupPoll)+3, "the writers read the set more often than every hangupPoll")
 	require.NoError(t, c2.Close())
 	seenGone(t, gone2, "the writers")
 	close(stop)
 	<-done
+}
+
+// A hang-up that comes while the watcher runs the onGone of another (so
+// after its read of the set, before it waits again) is seen at once, not
+// at its linger's deadline: the poller's record of the set's readiness is
+// cleared as the watcher waits again, and the set is looked at first.
+func TestHangupDuringAnotherOnGoneIsSeen(t *testing.T) {
+	h := newHangups()
+	require.NotNil(t, h)
+	defer h.close()
+	h.linger = time.Minute // a hang-up missed is then seen a minute late
+	s1, c1 := tcpPair(t)
+	s2, c2 := tcpPair(t)
+	running, release := make(chan struct{}), make(chan struct{})
+	defer h.watch(s1, func() { close(running); <-release })()
+	gone2 := make(chan struct{})
+	defer h.watch(s2, func() { close(gone2) })()
+	require.NoError(t, c1.Close())
+	seenGone(t, running, "the watcher")
+	require.NoError(t, c2.Close())
+	time.Sleep(20 * time.Millisecond) // the FIN is in the set while the watcher is busy
+	close(release)
+	seenGone(t, gone2, "the watcher, after the other's onGone")
+}
+
+// A watch's stop waits for its onGone that started, and no onGone starts
+// after it returned.
+func TestHangupStopWaitsForARunningOnGone(t *testing.T) {
+	h := newHangups()
+	require.NotNil(t, h)
+	defer h.close()
+	s, c := tcpPair(t)
+	running, release := make(chan struct{}), make(chan struct{})
+	var calls atomic.Int32
+	stop := h.watch(s, func() { calls.Add(1); close(running); <-release })
+	require.NoError(t, c.Close())
+	seenGone(t, running, "the watcher")
+	stopped := make(chan struct{})
+	go func() { stop(); close(stopped) }()
+	select {
+	case <-stopped:
+		t.Fatal("stop returned while its onGone ran")
+	case <-time.After(20 * time.Millisecond):
+	}
+	close(release)
+	seenGone(t, stopped, "stop")
+	require.Equal(t, int32(1), calls.Load())
 }
 
 // watched is the client side of a connection that h watches, and the

@@ -163,6 +163,19 @@ func EpollWait(epfd int, events []syscall.EpollEvent) (int, syscall.Errno) {
 	return int(r), 0
 }
 
+// Readable reports whether fd is readable now (ppoll(2) with a zero
+// timeout, raw): for a descriptor whose readiness Go's poller may not
+// have recorded.
+func Readable(fd uintptr) bool {
+	pfd := struct {
+		fd             int32
+		events, revent int16
+	}{fd: int32(fd), events: 0x1} // POLLIN
+	var zero syscall.Timespec
+	n, _, e := syscall.RawSyscall6(syscall.SYS_PPOLL, uintptr(unsafe.Pointer(&pfd)), 1, uintptr(unsafe.Pointer(&zero)), 0, 0, 0)
+	return e == 0 && n == 1 && pfd.revent&0x1 != 0
+}
+
 // EpollCtl is epoll_ctl(2), raw (it never waits).
 func EpollCtl(epfd, op, fd int, ev *syscall.EpollEvent) syscall.Errno {
 	_, _, e := syscall.RawSyscall6(syscall.SYS_EPOLL_CTL, uintptr(epfd), uintptr(op), uintptr(fd), uintptr(unsafe.Pointer(ev)), 0, 0)

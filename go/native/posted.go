@@ -70,6 +70,7 @@ import (
 	"syscall"
 	"unsafe"
 
+	"github.com/dynamo-ctx/dynamo-ctx/go/internal/rawio"
 	"github.com/dynamo-ctx/dynamo-ctx/go/plane"
 	"github.com/dynamo-ctx/dynamo-ctx/go/transport"
 )
@@ -209,7 +210,7 @@ func drainPostedLocked() syscall.Errno {
 	}
 	defer recheckOver()
 	for {
-		n, e := rawRead(uintptr(posted.r), posted.buf)
+		n, e := rawio.TryRead(uintptr(posted.r), posted.buf)
 		switch {
 		case e == syscall.EINTR:
 			continue
@@ -231,16 +232,6 @@ func runMessageSafely(m []byte) {
 		}
 	}()
 	runMessage(m)
-}
-
-// rawRead is read(2), made raw (as go/internal/rawio's are): a call the
-// runtime does not account as a system call, so it never wakes sysmon.
-func rawRead(fd uintptr, b []byte) (int, syscall.Errno) {
-	r, _, e := syscall.RawSyscall(syscall.SYS_READ, fd, uintptr(unsafe.Pointer(&b[0])), uintptr(len(b)))
-	if e != 0 {
-		return 0, e
-	}
-	return int(r), 0
 }
 
 var errMalformed = errors.New("malformed message")

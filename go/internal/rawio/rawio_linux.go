@@ -141,6 +141,15 @@ func netOp(err error, op string) error {
 	return err
 }
 
+// TryRead reads what fd holds now into b, with one raw read(2): the count,
+// or the call's error (EAGAIN when empty).
+func TryRead(fd uintptr, b []byte) (int, syscall.Errno) {
+	if len(b) == 0 {
+		return 0, 0
+	}
+	return sysRead(fd, b)
+}
+
 // TryWrite writes what the socket fd takes of b now, with one raw
 // write(2): the count, or the call's error (EAGAIN when full).
 func TryWrite(fd uintptr, b []byte) (int, syscall.Errno) {

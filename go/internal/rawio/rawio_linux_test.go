@@ -45,6 +45,31 @@ func TestTryWriteTakesWhatFitsAndSaysWhenFull(t *testing.T) {
 	assert.Equal(t, syscall.EBADF, e)
 }
 
+func TestTryReadTakesWhatIsThereAndSaysWhenEmpty(t *testing.T) {
+	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_SEQPACKET|syscall.SOCK_NONBLOCK|syscall.SOCK_CLOEXEC, 0)
+	require.NoError(t, err)
+	defer syscall.Close(fds[0])
+	defer syscall.Close(fds[1])
+	buf := make([]byte, 16)
+	_, e := rawio.TryRead(uintptr(fds[1]), buf)
+	assert.Equal(t, syscall.EAGAIN, e, "empty: EAGAIN, never a wait")
+	_, err = syscall.Write(fds[0], []byte("one"))
+	require.NoError(t, err)
+	_, err = syscall.Write(fds[0], []byte("two!"))
+	require.NoError(t, err)
+	n, e := rawio.TryRead(uintptr(fds[1]), buf)
+	require.Zero(t, e)
+	assert.Equal(t, "one", string(buf[:n]), "one message a read")
+	n, e = rawio.TryRead(uintptr(fds[1]), buf)
+	require.Zero(t, e)
+	assert.Equal(t, "two!", string(buf[:n]))
+	n, e = rawio.TryRead(uintptr(fds[1]), nil)
+	assert.Zero(t, n)
+	assert.Zero(t, e)
+	_, e = rawio.TryRead(^uintptr(0)>>1, buf)
+	assert.Equal(t, syscall.EBADF, e)
+}
+
 func TestEpollCallsSeeReadiness(t *testing.T) {
 	epfd, err := syscall.EpollCreate1(syscall.EPOLL_CLOEXEC)
 	require.NoError(t, err)

@@ -197,24 +197,28 @@ def check(engine: Dict[str, Any], consts: Dict[str, float]) -> bool:
     shipped defaults' figures are printed for information only: a busy machine slows
     the engine several-fold (a step of 9 ms for the usual 3), the mock's timers less."""
     ok = _check_one(engine, consts, "the mock fitted now")
-    _check_one(engine, {}, "the mock as shipped (information)")
+    _check_one(engine, {}, "the mock as shipped (information)", checked=False)
     return ok
 
 
-def _check_one(engine: Dict[str, Any], consts: Dict[str, float], label: str) -> bool:
+def _check_one(engine: Dict[str, Any], consts: Dict[str, float], label: str, checked: bool = True) -> bool:
     from dynamo_ctx.backends.mocker import MockAsyncLLM, MockEngineArgs
 
     mock = MockAsyncLLM(MockEngineArgs(max_num_seqs=64, max_num_batched_tokens=2048, **consts))
     m = asyncio.run(measure("", [], mock=mock))
-    ok = True
+    within, figures = 0, 0
     print(f"{label + ' against the engine':<36}{'engine ms':>10}{'mock ms':>10}{'ratio':>8}")
     for kind in ("decode", "prefill", "ttft"):
         for k, real in engine[kind].items():
             ratio = m[kind][k] / real
             good = 1 / CHECK_FACTOR <= ratio <= CHECK_FACTOR
-            ok &= good
+            within, figures = within + good, figures + 1
             print(f"{f'{kind} {k}':<36}{real * 1e3:>10.3f}{m[kind][k] * 1e3:>10.3f}{ratio:>8.2f}{'' if good else '  OUT OF BOUNDS'}")
-    print(f"mock check, {label}: {'every figure' if ok else 'NOT every figure'} within {CHECK_FACTOR:g}x of the engine's")
+    ok = within == figures
+    if checked:
+        print(f"mock check, {label}: {'every figure' if ok else 'NOT every figure'} within {CHECK_FACTOR:g}x of the engine's")
+    else:  # the engine measured now, on a machine whose load moves it more than the mock
+        print(f"mock check, {label}: {within} of {figures} figures within {CHECK_FACTOR:g}x of the engine's as measured now (not checked)")
     return ok
 
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU check (docs/benchmarks.md, "vLLM on a GPU"), run on a GPU machine from the
+# The GPU check (not run yet: no GPU machine has been lent), run on a GPU machine from the
 # repository root, offline: vLLM and its missing dependencies arrive as a wheel bundle
 # in .stage/chunkNN/ (made here by python/benchmarks/gpu/stage/stage.sh; its README
 # says how the chunks travel), the native library as .stage/native/_native.abi3.so.xz

@@ -300,8 +300,15 @@ def test_deadline_kills_at_every_hop(fleet):
     """x-request-timeout: past it the stream ends with deadline_exceeded and the engine's
     abort is confirmed with reason deadline."""
     stack = fleet["stack"]
+    # The stream must outlast its deadline however fast the engine runs (with 250
+    # tokens and 1.5 s, a fast spell once ended it first): 280 tokens take this engine
+    # over a second at one stream, past the 0.6 s. A request first warms the path (a
+    # fresh frontend's first request loads the model's tokenizer), so that the 0.6 s
+    # is ample for the prompt to reach an engine and prefill (7 steps).
+    warm = new_id("deadline-warm")
+    assert stream(stack.frontend, "warm", 1, warm).finish == "length"
     rid = new_id("deadline")
-    r = stream(stack.frontend, long_prompt(rid), 250, rid, headers={"x-request-timeout": "1.5"})
+    r = stream(stack.frontend, long_prompt(rid), 280, rid, headers={"x-request-timeout": "0.6"})
     assert r.status in (200, 504), r
     assert "deadline_exceeded" in r.error and r.finish is None, r
     w = serving_worker(stack, rid)

@@ -37,7 +37,9 @@ serving layers' cost show):
 runs again with ``DC_CPU_PROBE`` set (vllm_abort_hook/sitecustomize.py) and splits the
 CPU per token of the serving process's main thread (where the event loop runs: vLLM's
 API server, or our worker) between vLLM's output processing, its stats loggers, its
-decoding of the engine's messages, our worker's handing over of items, and the rest.
+decoding of the engine's messages, our worker's handing over of items, and the rest;
+and, for our worker, the hand-over's wall time per call, apart for the calls in which
+the loop's thread lost its CPU (the write wakes the library's reader).
 ``BENCH_TRACE=1`` makes the aborts phase also print, for our stack, where each timed
 disconnect's time went, hop by hop (the library's kill trace, as ``bench_load.py
 --trace``). Environment: BENCH_REPEATS, BENCH_ABORTS, BENCH_SHORT, BENCH_GOODPUT_S, and
@@ -300,19 +302,26 @@ async def breakdown(hp: Tuple[str, int], roots: Dict[str, int], c: int, probe: P
     for _ in range(REPEATS):
         tokens += (await throughput(hp, roots, c))["tokens"]
     after = await probe_read(probe, roots[role])
-    cost = after["probe_cost_s"]  # what one probed call adds to its thread: taken out below
-    functions, calls = {}, {}
-    for name, (cpu_s, n) in after["functions"].items():
-        cpu0, n0 = before["functions"].get(name, (0.0, 0))
-        functions[name], calls[name] = cpu_s - cpu0, n - n0
-    for name, n in calls.items():
+    # What one probed call adds to its thread: taken out below (the wall-timed
+    # probes cost more: see vllm_abort_hook/sitecustomize.py).
+    cost, wall_cost = after["probe_cost_s"], after.get("wall_probe_cost_s", after["probe_cost_s"])
+    functions, calls, walls = {}, {}, {}
+    for name, counts in after["functions"].items():
+        was = before["functions"].get(name, [0.0, 0, 0.0, 0, 0.0])
+        delta = [a - b for a, b in zip(counts, was)]
+        functions[name], calls[name] = delta[0], delta[1]
+        if len(delta) == 5:  # wall, preempted calls, their wall
+            walls[name] = delta[2:]
+    probe_s = {name: n * (wall_cost if name in walls else cost) for name, n in calls.items()}
+    for name in calls:
         for outer in _outers(name):  # each call's probe cost is in every function it runs inside
             if outer in functions:
-                functions[outer] -= n * cost
-    main = after["main_cpu_s"] - before["main_cpu_s"] - sum(calls.values()) * cost
+                functions[outer] -= probe_s[name]
+    main = after["main_cpu_s"] - before["main_cpu_s"] - sum(probe_s.values())
     return {"streams": c, "process": role, "tokens": tokens, "probe_cost_us": cost * 1e6,
             "main_us_per_token": main / tokens * 1e6,
-            "functions": {k: {"us_per_token": v / tokens * 1e6, "calls_per_token": calls[k] / tokens} for k, v in functions.items()}}
+            "functions": {k: {"us_per_token": v / tokens * 1e6, "calls_per_token": calls[k] / tokens} for k, v in functions.items()},
+            "wall": {k: {"calls": calls[k], "wall_s": w, "preempted": p, "preempted_wall_s": pw} for k, (w, p, pw) in walls.items()}}
 
 
 def abort_lines(log: Path) -> List[Tuple[float, str]]:
@@ -539,6 +548,19 @@ def _breakdown_row(r: Dict[str, Any], b: Dict[str, Any], results: List[Dict[str,
             + " | ".join(cells) + f" | {b['main_us_per_token'] - counted:.1f} |")
 
 
+def _handover_row(r: Dict[str, Any], b: Dict[str, Any], results: List[Dict[str, Any]]) -> str:
+    """Our worker's hand-over, on the wall clock ("" for a process without one)."""
+    w = b.get("wall", {}).get("ours.flush")
+    if not w or not w["calls"]:
+        return ""
+    n, p = w["calls"], w["preempted"]
+    kept = (w["wall_s"] - w["preempted_wall_s"]) / (n - p) * 1e6 if n > p else float("nan")
+    lost = w["preempted_wall_s"] / p * 1e6 if p else float("nan")
+    cpu = b["functions"]["ours.flush"]["us_per_token"] * b["tokens"] / n
+    return (f"| {r['model']} | {r['stack']} ({b['process']}) | {b['streams']} | {n} | {cpu:.1f} | {kept:.1f} | "
+            f"{100 * p / n:.1f}% | {lost:.0f} |")
+
+
 #: Each figure's table: its key in a result, its header, and how a row is written.
 TABLES = [
     ("throughput", "| model | stack | streams | tokens/s (median; range) | TTFT p50 / p99 ms | ITL p50 / p99 ms "
@@ -555,6 +577,9 @@ TABLES = [
      "| of which our items (inside it) | vLLM's stats loggers | vLLM's decoding | our hand-over of a step's items "
      "| the rest (the event loop, HTTP, requests' starts and ends) |\n"
      "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|", _breakdown_row),
+    ("breakdown", "| model | stack (process) | streams | hand-overs | CPU us per hand-over | wall us, thread kept its CPU "
+     "| preempted inside | wall us, preempted |\n"
+     "|---|---|--:|--:|--:|--:|--:|--:|", _handover_row),
 ]
 
 
@@ -563,6 +588,7 @@ def tables(results: List[Dict[str, Any]]) -> str:
     out = []
     for key, header, row in TABLES:
         rows = [row(r, e, results) for r in results if key in r for e in (r[key] if isinstance(r[key], list) else [r[key]])]
+        rows = [x for x in rows if x]  # "": a row this process does not have
         if rows:
             out.append("\n".join([header] + rows))
     return "\n\n".join(out)

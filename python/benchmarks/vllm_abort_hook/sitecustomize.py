@@ -14,7 +14,11 @@ seconds and calls so far, the CPU seconds of the main thread (where the event lo
 runs), when the record was written, and what one probed call costs the thread beyond
 the call itself (``probe_cost_s``, measured once: two ``time.thread_time`` calls and
 the wrapper, about a microsecond and a half). bench_vllm_cpu.py's ``breakdown`` phase
-reads it and takes that cost out of its figures. A probed function keeps its own
+reads it and takes that cost out of its figures. The hand-over (``WALL_PROBES``) is
+also timed on the wall clock, with the calls in which the thread lost its CPU counted
+apart (``getrusage``'s involuntary switches; that probe's own cost is
+``wall_probe_cost_s``): its write wakes the library's reader, which may take the
+loop's CPU for longer than the call runs. A probed function keeps its own
 signature (``functools.wraps``): our worker checks the signature of vLLM's
 ``process_outputs`` before it takes its short way (backends/vllm_lean.py), and a
 probe that hid it would measure vLLM's way instead.
@@ -32,6 +36,7 @@ import importlib.abc
 import importlib.machinery
 import json
 import os
+import resource
 import sys
 import threading
 import time
@@ -74,12 +79,18 @@ def _patch(module) -> None:
     cls.abort = abort
 
 
-_counts = {}  # name -> [CPU seconds, calls]
+#: The probes that also count wall time and preemption (``_counting``'s ``wall``): a
+#: call that wakes another thread may lose its CPU to it, for longer than it runs.
+WALL_PROBES = {"ours.flush"}
+
+_counts = {}  # name -> [CPU seconds, calls], and for WALL_PROBES [..., wall, preempted calls, their wall]
 _dumper = []
 
 
-def _counting(original, counter):
-    """``original``, counting its thread CPU seconds and calls into ``counter``."""
+def _counting(original, counter, wall=False):
+    """``original``, counting its thread CPU seconds and calls into ``counter``; with
+    ``wall``, also its wall seconds, and the calls in which the thread was preempted
+    (``getrusage``'s involuntary switches of the thread) and their wall seconds."""
     now = time.thread_time
 
     @functools.wraps(original)
@@ -91,15 +102,31 @@ def _counting(original, counter):
             counter[0] += now() - t
             counter[1] += 1
 
-    return counted
+    if not wall:
+        return counted
+    clock, usage, thread = time.perf_counter, resource.getrusage, resource.RUSAGE_THREAD
+
+    @functools.wraps(original)
+    def timed(*args, **kwargs):
+        switches, w = usage(thread).ru_nivcsw, clock()
+        try:
+            return counted(*args, **kwargs)
+        finally:
+            w = clock() - w
+            counter[2] += w
+            if usage(thread).ru_nivcsw != switches:
+                counter[3] += 1
+                counter[4] += w
+
+    return timed
 
 
-def _probe_cost(n: int = 20000) -> float:
+def _probe_cost(n: int = 20000, wall: bool = False) -> float:
     """The thread CPU seconds one probed call adds, beyond the call itself."""
     def nothing():
         return None
 
-    counted = _counting(nothing, [0.0, 0])
+    counted = _counting(nothing, [0.0, 0, 0.0, 0, 0.0], wall)
     now = time.thread_time
     t = now()
     for _ in range(n):
@@ -115,13 +142,13 @@ def _dump_forever() -> None:
     main = threading.main_thread().native_id
     path = os.path.join(_PROBE, f"{os.getpid()}.json")
     tick = os.sysconf("SC_CLK_TCK")
-    cost = _probe_cost()
+    cost, wall_cost = _probe_cost(), _probe_cost(5000, wall=True)
     while True:
         time.sleep(0.5)
         try:
             with open(f"/proc/self/task/{main}/stat") as f:
                 fields = f.read().rsplit(")", 1)[1].split()
-            record = {"argv": sys.argv, "written_at": time.time(), "probe_cost_s": cost,
+            record = {"argv": sys.argv, "written_at": time.time(), "probe_cost_s": cost, "wall_probe_cost_s": wall_cost,
                       "main_cpu_s": (int(fields[11]) + int(fields[12])) / tick,
                       "functions": {k: list(v) for k, v in list(_counts.items())}}
             with open(path + ".tmp", "w") as f:
@@ -137,7 +164,8 @@ def _probe(module) -> None:
         original = getattr(cls, method, None)
         if original is None:
             continue  # another version: that figure is left out
-        setattr(cls, method, _counting(original, _counts.setdefault(name, [0.0, 0])))
+        wall = name in WALL_PROBES
+        setattr(cls, method, _counting(original, _counts.setdefault(name, [0.0, 0, 0.0, 0, 0.0] if wall else [0.0, 0]), wall))
     if not _dumper:
         _dumper.append(threading.Thread(target=_dump_forever, name="dc-cpu-probe", daemon=True))
         _dumper[0].start()

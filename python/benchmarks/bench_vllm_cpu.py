@@ -307,7 +307,7 @@ async def breakdown(hp: Tuple[str, int], roots: Dict[str, int], c: int, probe: P
     cost, wall_cost = after["probe_cost_s"], after.get("wall_probe_cost_s", after["probe_cost_s"])
     functions, calls, walls = {}, {}, {}
     for name, counts in after["functions"].items():
-        was = before["functions"].get(name, [0.0, 0, 0.0, 0, 0.0])
+        was = before["functions"].get(name) or [0] * len(counts)  # a probe first called since
         delta = [a - b for a, b in zip(counts, was)]
         functions[name], calls[name] = delta[0], delta[1]
         if len(delta) == 5:  # wall, preempted calls, their wall

@@ -83,8 +83,14 @@ def _patch(module) -> None:
 #: call that wakes another thread may lose its CPU to it, for longer than it runs.
 WALL_PROBES = {"ours.flush"}
 
-_counts = {}  # name -> [CPU seconds, calls], and for WALL_PROBES [..., wall, preempted calls, their wall]
+_counts = {}  # name -> _new_counter(name in WALL_PROBES)
 _dumper = []
+
+
+def _new_counter(wall: bool) -> list:
+    """A probe's counts: [CPU seconds, calls], and with ``wall`` also [..., wall
+    seconds, preempted calls, their wall seconds] (the layout bench_vllm_cpu.py reads)."""
+    return [0.0, 0, 0.0, 0, 0.0] if wall else [0.0, 0]
 
 
 def _counting(original, counter, wall=False):
@@ -126,7 +132,7 @@ def _probe_cost(n: int = 20000, wall: bool = False) -> float:
     def nothing():
         return None
 
-    counted = _counting(nothing, [0.0, 0, 0.0, 0, 0.0], wall)
+    counted = _counting(nothing, _new_counter(wall), wall)
     now = time.thread_time
     t = now()
     for _ in range(n):
@@ -165,7 +171,7 @@ def _probe(module) -> None:
         if original is None:
             continue  # another version: that figure is left out
         wall = name in WALL_PROBES
-        setattr(cls, method, _counting(original, _counts.setdefault(name, [0.0, 0, 0.0, 0, 0.0] if wall else [0.0, 0]), wall))
+        setattr(cls, method, _counting(original, _counts.setdefault(name, _new_counter(wall)), wall))
     if not _dumper:
         _dumper.append(threading.Thread(target=_dump_forever, name="dc-cpu-probe", daemon=True))
         _dumper[0].start()

@@ -120,7 +120,7 @@ const (
 	// to a dead worker's subscription before the server noticed its death.
 	DefaultAckTimeout = time.Second
 	sendBuffer        = 256 // items a handler may queue before Send reports ErrFull
-	recvBuffer        = 256 // items a client stream holds before it stops reading
+	recvBuffer        = 256 // items a migrating stream holds before it stops reading its attempt
 	maxTakeBatch      = 1024
 )
 

@@ -105,12 +105,11 @@ func TestSendManyDirectAndQueuedKeepOrder(t *testing.T) {
 // The writer takes the whole buffer each time it wakes, so the buffer stays
 // over its bound only while the writer is held: the caller reads nothing
 // until the handler's checks are done, and the handler first sends more
-// than the caller can hold (its receive buffer and the transport's window,
-// recvBuffer + DefaultWindow + 1), so that the writer is held, before the
-// items it checks.
+// than the caller can hold (the transport's window, DefaultWindow + 1), so
+// that the writer is held, before the items it checks.
 func TestSendManyPostedTakesAllAndReportsOver(t *testing.T) {
 	const path = "test.sendposted.generate"
-	const total, held = 1200, 800 // the caller holds at most 513
+	const total, held = 1200, 800 // the caller holds at most 257
 	results := make(chan [4]any, 1)
 	checked := make(chan struct{})
 	_, _, c := planetest.ServeAndConnect(t, path, func(_ *planetest.Worker, req *plane.Request) {

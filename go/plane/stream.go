@@ -41,9 +41,13 @@ type Stream struct {
 
 	mu      sync.Mutex
 	started bool // the request reached a worker (acknowledged)
-	items   [][]byte
-	err     error // terminal: io.EOF for a normal end
-	ready   arm
+	// direct: the items are taken from in's queue (TryRecv), not from
+	// items; set once the request reached its worker (a migrating
+	// stream's outer stream, whose attempts push into items, never is).
+	direct bool
+	items  [][]byte
+	err    error // terminal: io.EOF for a normal end
+	ready  arm
 	// startSeen: the host saw Started() succeed, so Arm need not fire for
 	// the start any more.
 	startSeen bool
@@ -213,17 +217,23 @@ func (s *Stream) run(nc *nats.Conn, subject string, env []byte) {
 	// The worker dials right after acknowledging: from now on the usual
 	// connect timeout applies.
 	s.in.Acknowledged()
+	// From now on the consumer takes the items from the connection's queue
+	// itself (Take), woken by the Incoming: no goroutine passes each item
+	// on. This one waits for the end alone.
+	s.in.OnSignal(s.wakeConsumer)
 	s.markStarted()
-	for {
-		item, err := s.in.Recv(context.Background())
-		if err != nil {
-			err = s.classify(err)
-			s.failed(err)
-			s.end(err)
-			return
-		}
-		s.push(item)
-	}
+	err = s.classify(s.in.WaitEnd())
+	s.failed(err)
+	s.end(err)
+}
+
+// wakeConsumer runs the consumer's armed callback: the Incoming queued an
+// item, ended, or was killed or closed.
+func (s *Stream) wakeConsumer() {
+	s.mu.Lock()
+	f := s.ready.take()
+	s.mu.Unlock()
+	call(f)
 }
 
 // failed makes the client avoid the instance for a while when err says the
@@ -237,6 +247,7 @@ func (s *Stream) failed(err error) {
 func (s *Stream) markStarted() {
 	s.mu.Lock()
 	s.started = true
+	s.direct = s.in != nil
 	f := s.ready.take()
 	s.mu.Unlock()
 	call(f)
@@ -422,6 +433,16 @@ func (s *Stream) Take(max int) ([][]byte, error) {
 	if killed {
 		s.items = nil
 	}
+	if s.direct && !killed {
+		s.mu.Unlock()
+		if out := s.takeQueued(max); len(out) > 0 {
+			return out, nil
+		}
+		// Nothing queued: the end, once run has seen it (it wakes the
+		// consumer then), else ErrAgain.
+		s.mu.Lock()
+		killed = s.Killed()
+	}
 	if len(s.items) == 0 {
 		err := s.err
 		s.mu.Unlock()
@@ -444,10 +465,31 @@ func (s *Stream) Take(max int) ([][]byte, error) {
 	return out, nil
 }
 
+// takeQueued takes up to max items from the connection's queue (direct).
+func (s *Stream) takeQueued(max int) [][]byte {
+	var out [][]byte
+	for len(out) < max {
+		item, err := s.in.TryRecv()
+		if err != nil {
+			break
+		}
+		if out == nil {
+			out = make([][]byte, 0, min(max, 8))
+		}
+		out = append(out, item)
+	}
+	return out
+}
+
+// hasItems reports whether Take has an item to return (mu held).
+func (s *Stream) hasItems() bool {
+	return len(s.items) > 0 || (s.direct && s.in.Queued())
+}
+
 // Arm runs f once when Take or Started may return something new.
 func (s *Stream) Arm(f func()) {
 	s.mu.Lock()
-	s.ready.setLocked(&s.mu, len(s.items) > 0 || s.err != nil || (s.started && !s.startSeen), f)
+	s.ready.setLocked(&s.mu, s.hasItems() || s.err != nil || (s.started && !s.startSeen), f)
 }
 
 // AwaitStart waits until the request reached a worker (nil; nil too when
@@ -485,7 +527,7 @@ func (s *Stream) waitStarted() error {
 // armData is Arm for a consumer that does not care about the start.
 func (s *Stream) armData(f func()) {
 	s.mu.Lock()
-	s.ready.setLocked(&s.mu, len(s.items) > 0 || s.err != nil, f)
+	s.ready.setLocked(&s.mu, s.hasItems() || s.err != nil, f)
 }
 
 // Kill kills the request (its context, and so the worker's) and ends the
@@ -500,5 +542,5 @@ func (s *Stream) Kill() {
 func (s *Stream) Finished() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.Killed() || (s.err != nil && len(s.items) == 0)
+	return s.Killed() || (s.err != nil && !s.hasItems())
 }

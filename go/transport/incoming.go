@@ -48,10 +48,12 @@ type Incoming struct {
 	linger    time.Duration
 	idle      time.Duration // liveness: see liveness.go
 	timer     *time.Timer
-	notify    chan struct{} // cap 1: "queue or end changed", for the one Recv
-	live      *liveness     // set at attach; nil when disabled
-	silent    atomic.Bool   // the worker was declared gone by the liveness check
-	deaf      atomic.Bool   // the worker left our control frames unread (see ctlWriter)
+	notify    chan struct{}          // cap 1: "queue or end changed", for the one Recv
+	ended     chan struct{}          // cap 1: "ended, killed or closed", for the one WaitEnd
+	hook      atomic.Pointer[func()] // OnSignal's
+	live      *liveness              // set at attach; nil when disabled
+	silent    atomic.Bool            // the worker was declared gone by the liveness check
+	deaf      atomic.Bool            // the worker left our control frames unread (see ctlWriter)
 
 	mu     sync.Mutex
 	q      ring
@@ -148,6 +150,18 @@ func (in *Incoming) signal() {
 	case in.notify <- struct{}{}:
 	default:
 	}
+	if f := in.hook.Load(); f != nil {
+		(*f)()
+	}
+}
+
+// signalEnd wakes WaitEnd: the stream ended, or was killed or closed.
+func (in *Incoming) signalEnd() {
+	select {
+	case in.ended <- struct{}{}:
+	default:
+	}
+	in.signal()
 }
 
 // end records how the stream ended, unless it already has.
@@ -163,7 +177,7 @@ func (in *Incoming) end(err error) {
 		settled = in.settle(outcomeTooLate)
 	}
 	in.mu.Unlock()
-	in.signal()
+	in.signalEnd()
 	in.dropOffer()
 	call(settled)
 }
@@ -189,40 +203,99 @@ func (in *Incoming) connectTimedOut() {
 // same error.
 func (in *Incoming) Recv(ctx context.Context) ([]byte, error) {
 	for {
-		in.mu.Lock()
-		switch {
-		case in.closed:
-			in.mu.Unlock()
-			return nil, ErrClosed
-		case in.killed:
-			in.mu.Unlock()
-			return nil, ErrKilled
+		item, err := in.TryRecv()
+		if err != ErrNoItem {
+			return item, err
 		}
-		if item, ok := in.q.pop(); ok {
-			var grant int
-			if in.err == nil { // after the end, credit is pointless
-				in.consumed++
-				if in.consumed >= in.threshold {
-					grant, in.consumed = in.consumed, 0
-					in.credit += grant
-				}
-			}
-			in.mu.Unlock()
-			if grant > 0 {
-				in.writeControl(func(w *frame.Writer) error { return w.WriteCredit(uint32(grant)) })
-			}
-			return item, nil
-		}
-		if err := in.err; err != nil {
-			in.mu.Unlock()
-			return nil, err
-		}
-		in.mu.Unlock()
 		select {
 		case <-in.notify:
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		}
+	}
+}
+
+// ErrNoItem is TryRecv's answer while the stream is live and nothing is
+// queued.
+var ErrNoItem = errors.New("transport: no item queued")
+
+// TryRecv is Recv without the wait: the next item, the stream's end (what
+// Recv returns), or ErrNoItem. A consumer that does not block learns of new
+// items and of the end from the hook set by OnSignal. Like Recv, it must be
+// called from one goroutine at a time, and not alongside Recv.
+func (in *Incoming) TryRecv() ([]byte, error) {
+	in.mu.Lock()
+	switch {
+	case in.closed:
+		in.mu.Unlock()
+		return nil, ErrClosed
+	case in.killed:
+		in.mu.Unlock()
+		return nil, ErrKilled
+	}
+	if item, ok := in.q.pop(); ok {
+		var grant int
+		if in.err == nil { // after the end, credit is pointless
+			in.consumed++
+			if in.consumed >= in.threshold {
+				grant, in.consumed = in.consumed, 0
+				in.credit += grant
+			}
+		}
+		in.mu.Unlock()
+		if grant > 0 {
+			in.writeControl(func(w *frame.Writer) error { return w.WriteCredit(uint32(grant)) })
+		}
+		return item, nil
+	}
+	err := in.err
+	in.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	return nil, ErrNoItem
+}
+
+// Queued reports whether an item waits for TryRecv (none once the stream is
+// killed or closed).
+func (in *Incoming) Queued() bool {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	return in.q.len() > 0 && !in.killed && !in.closed
+}
+
+// OnSignal sets f (nil: none), called after every change that Recv would
+// wake for (an item queued, the end, a kill or a close), on the goroutine
+// that made it and outside the Incoming's locks; f must not block. It is
+// how a consumer that does not block (TryRecv) is woken.
+func (in *Incoming) OnSignal(f func()) {
+	if f == nil {
+		in.hook.Store(nil)
+		return
+	}
+	in.hook.Store(&f)
+}
+
+// WaitEnd blocks until the stream has ended, or was killed or closed, and
+// returns the error Recv returns once the queue is empty (ErrClosed,
+// ErrKilled, or how it ended). It takes no item: what is queued stays for
+// TryRecv. It wakes only for the end, not for each item, and must be
+// called from one goroutine at a time.
+func (in *Incoming) WaitEnd() error {
+	for {
+		in.mu.Lock()
+		err := in.err
+		switch {
+		case in.closed:
+			err = ErrClosed
+		case in.killed:
+			err = ErrKilled
+		}
+		in.mu.Unlock()
+		if err != nil {
+			return err
+		}
+		<-in.ended
 	}
 }
 
@@ -277,7 +350,7 @@ func (in *Incoming) afterKill(attached bool, settled func()) {
 	if attached {
 		in.writeKill()
 	}
-	in.signal()
+	in.signalEnd()
 	call(settled)
 	if attached {
 		in.srv.spawn(func() {
@@ -555,9 +628,11 @@ func (in *Incoming) handle(f frame.Frame, err error) (done bool) {
 		in.err = err
 	}
 	in.mu.Unlock()
-	in.signal()
 	if err != nil {
+		in.signalEnd()
 		in.dropOffer()
+	} else {
+		in.signal()
 	}
 	return err != nil
 }

@@ -365,6 +365,7 @@ func (s *Server) Expect(token string, opts ...Option) *Incoming {
 		linger:    cfg.linger,
 		idle:      cfg.idleTimeout,
 		notify:    make(chan struct{}, 1),
+		ended:     make(chan struct{}, 1),
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()

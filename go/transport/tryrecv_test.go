@@ -1,0 +1,180 @@
+package transport
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// A consumer that does not block: TryRecv answers ErrNoItem while nothing
+// is queued, the hook wakes it for each item and for the end, and WaitEnd
+// returns at the end without taking the items still queued.
+func TestTryRecvWithHookAndWaitEnd(t *testing.T) {
+	_, in, o := connect(t)
+	_, err := in.TryRecv()
+	assert.ErrorIs(t, err, ErrNoItem)
+
+	wake := make(chan struct{}, 1)
+	in.OnSignal(func() {
+		select {
+		case wake <- struct{}{}:
+		default:
+		}
+	})
+	ended := make(chan error, 1)
+	go func() { ended <- in.WaitEnd() }()
+
+	ctx := context.Background()
+	var got []string
+	for i := 0; i < 50; i++ {
+		require.NoError(t, o.Send(ctx, item(i)))
+		for len(got) <= i {
+			b, err := in.TryRecv()
+			if err == ErrNoItem {
+				select {
+				case <-wake:
+				case <-time.After(10 * time.Second):
+					t.Fatalf("no wake-up for item %d", i)
+				}
+				continue
+			}
+			require.NoError(t, err)
+			got = append(got, string(b))
+		}
+	}
+	assert.Equal(t, items(0, 50), got)
+	select {
+	case err := <-ended:
+		t.Fatalf("WaitEnd returned %v before the end", err)
+	default:
+	}
+
+	for i := 50; i < 60; i++ {
+		require.NoError(t, o.Send(ctx, item(i)))
+	}
+	require.NoError(t, o.Finish())
+	select {
+	case err := <-ended:
+		assert.Equal(t, io.EOF, err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("WaitEnd did not return at the end")
+	}
+	// The end's items are still there, in order, then the end.
+	for {
+		b, err := in.TryRecv()
+		require.NotErrorIs(t, err, ErrNoItem, "after the end, TryRecv never waits")
+		if err != nil {
+			assert.Equal(t, io.EOF, err)
+			break
+		}
+		got = append(got, string(b))
+	}
+	assert.Equal(t, items(0, 60), got)
+	assert.False(t, in.Queued())
+	in.Close()
+}
+
+// A kill ends WaitEnd (ErrKilled), drops what is queued and wakes the hook.
+func TestWaitEndAfterKill(t *testing.T) {
+	_, in, o := connect(t)
+	var wakes atomic.Int64
+	in.OnSignal(func() { wakes.Add(1) })
+	require.NoError(t, o.Send(context.Background(), item(1)))
+	require.Eventually(t, in.Queued, 10*time.Second, time.Millisecond)
+	before := wakes.Load()
+	ended := make(chan error, 1)
+	go func() { ended <- in.WaitEnd() }()
+	in.Kill()
+	select {
+	case err := <-ended:
+		assert.ErrorIs(t, err, ErrKilled)
+	case <-time.After(10 * time.Second):
+		t.Fatal("WaitEnd did not return after the kill")
+	}
+	assert.Greater(t, wakes.Load(), before, "the kill woke the hook")
+	assert.False(t, in.Queued(), "a kill drops what is queued")
+	_, err := in.TryRecv()
+	assert.ErrorIs(t, err, ErrKilled)
+	in.Close()
+}
+
+// Many streams consumed the non-blocking way while their workers send and
+// finish: every item arrives, in order, and every credit is granted (a
+// window of 16 makes the workers wait for the consumers' grants).
+func TestTryRecvManyStreams(t *testing.T) {
+	const streams, perStream = 40, 300
+	s := listen(t, WithWindow(16))
+	var wg sync.WaitGroup
+	errs := make(chan error, 2*streams)
+	for k := 0; k < streams; k++ {
+		tok := NewToken()
+		in := s.Expect(tok)
+		wg.Add(2)
+		go func() { // worker
+			defer wg.Done()
+			o, err := Dial(context.Background(), s.Addr().String(), tok)
+			if err != nil {
+				errs <- err
+				return
+			}
+			for i := 0; i < perStream; i++ {
+				if err := o.Send(context.Background(), []byte(fmt.Sprintf("%s/%d", tok, i))); err != nil {
+					errs <- err
+					return
+				}
+			}
+			if err := o.Finish(); err != nil {
+				errs <- err
+			}
+		}()
+		go func() { // consumer
+			defer wg.Done()
+			defer in.Close()
+			wake := make(chan struct{}, 1)
+			in.OnSignal(func() {
+				select {
+				case wake <- struct{}{}:
+				default:
+				}
+			})
+			for i := 0; ; {
+				b, err := in.TryRecv()
+				switch {
+				case err == ErrNoItem:
+					select {
+					case <-wake:
+					case <-time.After(10 * time.Second):
+						errs <- fmt.Errorf("%s: no wake-up after %d items", tok, i)
+						return
+					}
+				case err == io.EOF:
+					if i != perStream {
+						errs <- fmt.Errorf("%s: %d items", tok, i)
+					}
+					return
+				case err != nil:
+					errs <- err
+					return
+				default:
+					if want := fmt.Sprintf("%s/%d", tok, i); string(b) != want {
+						errs <- fmt.Errorf("got %q, want %q", b, want)
+						return
+					}
+					i++
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+}

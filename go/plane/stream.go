@@ -38,16 +38,20 @@ type Stream struct {
 	wake      chan struct{} // buffered(1): the consumer took items
 	abandoned atomic.Bool   // the runtime closed: stop holding the producer
 	span      *tracing.Span // this attempt's span (trace.go); nil: not traced
-
-	mu      sync.Mutex
-	started bool // the request reached a worker (acknowledged)
 	// direct: the items are taken from in's queue (TryRecv), not from
 	// items; set once the request reached its worker (a migrating
 	// stream's outer stream, whose attempts push into items, never is).
-	direct bool
-	items  [][]byte
-	err    error // terminal: io.EOF for a normal end
-	ready  arm
+	direct atomic.Bool
+	// Next's wake-up, made at its first wait and kept: armed again at
+	// every wait, it pokes nextCh (cap 1).
+	nextCh   chan struct{}
+	nextWake func()
+
+	mu      sync.Mutex
+	started bool // the request reached a worker (acknowledged)
+	items   [][]byte
+	err     error // terminal: io.EOF for a normal end
+	ready   arm
 	// startSeen: the host saw Started() succeed, so Arm need not fire for
 	// the start any more.
 	startSeen bool
@@ -247,7 +251,7 @@ func (s *Stream) failed(err error) {
 func (s *Stream) markStarted() {
 	s.mu.Lock()
 	s.started = true
-	s.direct = s.in != nil
+	s.direct.Store(s.in != nil)
 	f := s.ready.take()
 	s.mu.Unlock()
 	call(f)
@@ -280,15 +284,29 @@ func (s *Stream) push(item []byte) {
 // block use Take and Arm. Only one goroutine may consume a stream.
 func (s *Stream) Next(ctx context.Context) ([]byte, error) {
 	for {
-		items, err := s.Take(1)
+		if s.direct.Load() && !s.Killed() {
+			if item, err := s.in.TryRecv(); err == nil {
+				return item, nil
+			}
+		}
+		items, err := s.Take(1) // the end, a kill, ErrAgain, or an item queued since
 		if err == nil {
 			return items[0], nil
 		}
 		if err != ErrAgain {
 			return nil, err
 		}
-		if err := waitArmed(ctx, s.armData); err != nil {
-			return nil, err
+		if s.nextWake == nil {
+			ch := make(chan struct{}, 1)
+			s.nextCh, s.nextWake = ch, func() { poke(ch) }
+		}
+		// A wake-up left by an arm that fired after an earlier Next gave
+		// up (its ctx) only makes this loop look again.
+		s.armData(s.nextWake)
+		select {
+		case <-s.nextCh:
+		case <-ctx.Done():
+			return nil, ctx.Err()
 		}
 	}
 }
@@ -433,7 +451,7 @@ func (s *Stream) Take(max int) ([][]byte, error) {
 	if killed {
 		s.items = nil
 	}
-	if s.direct && !killed {
+	if s.direct.Load() && !killed {
 		s.mu.Unlock()
 		if out := s.takeQueued(max); len(out) > 0 {
 			return out, nil
@@ -483,7 +501,7 @@ func (s *Stream) takeQueued(max int) [][]byte {
 
 // hasItems reports whether Take has an item to return (mu held).
 func (s *Stream) hasItems() bool {
-	return len(s.items) > 0 || (s.direct && s.in.Queued())
+	return len(s.items) > 0 || (s.direct.Load() && s.in.Queued())
 }
 
 // Arm runs f once when Take or Started may return something new.

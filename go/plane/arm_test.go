@@ -6,6 +6,7 @@ package plane_test
 
 import (
 	"io"
+	"runtime"
 	"sync/atomic"
 	"testing"
 
@@ -170,4 +171,38 @@ func TestArmInstances(t *testing.T) {
 	_, err := other.Generate([]byte(`{}`), nil, plane.RoundRobin, 0)
 	assert.ErrorIs(t, err, plane.ErrClosed)
 	assert.Equal(t, int32(1), fired.Load())
+}
+
+// A consumer that polls Take never sees the end before the last items: the
+// worker's last item and its end can land between the consumer's look at
+// the connection's queue and its look at the end (a direct stream's items
+// stay there until taken). Each request here is one item and the end.
+func TestTakeNeverEndsBeforeTheLastItem(t *testing.T) {
+	const path = "test.takeend.generate"
+	_, _, c := planetest.ServeAndConnect(t, path, func(w *planetest.Worker, req *plane.Request) {
+		w.Send(req, num(0))
+		req.Complete()
+	})
+	runs := 2000
+	if testing.Short() {
+		runs = 200
+	}
+	for i := 0; i < runs; i++ {
+		s := planetest.Generate(t, c, `{}`, nil)
+		var got [][]byte
+		var err error
+		for {
+			var items [][]byte
+			if items, err = s.Take(0); err == plane.ErrAgain {
+				runtime.Gosched()
+				continue
+			}
+			if err != nil {
+				break
+			}
+			got = append(got, items...)
+		}
+		require.Equal(t, io.EOF, err)
+		require.Len(t, got, 1, "run %d: the end came before the item", i)
+	}
 }

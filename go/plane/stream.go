@@ -456,10 +456,19 @@ func (s *Stream) Take(max int) ([][]byte, error) {
 		if out := s.takeQueued(max); len(out) > 0 {
 			return out, nil
 		}
-		// Nothing queued: the end, once run has seen it (it wakes the
+		// Nothing was queued: the end, once run has seen it (it wakes the
 		// consumer then), else ErrAgain.
 		s.mu.Lock()
 		killed = s.Killed()
+		if err := s.err; err != nil && !killed {
+			// run sets err once the Incoming has ended, when every item
+			// is queued: those that came since the look above go first.
+			s.mu.Unlock()
+			if out := s.takeQueued(max); len(out) > 0 {
+				return out, nil
+			}
+			return nil, err
+		}
 	}
 	if len(s.items) == 0 {
 		err := s.err

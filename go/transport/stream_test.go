@@ -321,7 +321,30 @@ func TestRecvContext(t *testing.T) {
 }
 
 func TestManyConcurrentStreams(t *testing.T) {
-	const streams, perStream = 50, 300
+	const perStream = 300
+	manyStreams(t, 50, perStream, func(in *Incoming, tok string) error {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		for i := 0; ; i++ {
+			b, err := in.Recv(ctx)
+			if errors.Is(err, io.EOF) && i == perStream {
+				return nil
+			}
+			if err != nil {
+				return fmt.Errorf("stream %s item %d: %w", tok, i, err)
+			}
+			if want := fmt.Sprintf("%s/%d", tok, i); string(b) != want {
+				return fmt.Errorf("got %q want %q", b, want)
+			}
+		}
+	})
+}
+
+// manyStreams runs streams streams at once, on a window of 16 (so the
+// workers wait for the consumers' grants): each worker sends perStream
+// items "token/i" and finishes, and consume reads its stream (and says
+// what went wrong).
+func manyStreams(t *testing.T, streams, perStream int, consume func(in *Incoming, tok string) error) {
 	s := listen(t, WithWindow(16))
 	var wg sync.WaitGroup
 	errs := make(chan error, 2*streams)
@@ -350,21 +373,8 @@ func TestManyConcurrentStreams(t *testing.T) {
 		go func() { // consumer
 			defer wg.Done()
 			defer in.Close()
-			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-			defer cancel()
-			for i := 0; ; i++ {
-				b, err := in.Recv(ctx)
-				if errors.Is(err, io.EOF) && i == perStream {
-					return
-				}
-				if err != nil {
-					errs <- fmt.Errorf("stream %s item %d: %w", tok, i, err)
-					return
-				}
-				if want := fmt.Sprintf("%s/%d", tok, i); string(b) != want {
-					errs <- fmt.Errorf("got %q want %q", b, want)
-					return
-				}
+			if err := consume(in, tok); err != nil {
+				errs <- err
 			}
 		}()
 	}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -106,75 +105,36 @@ func TestWaitEndAfterKill(t *testing.T) {
 }
 
 // Many streams consumed the non-blocking way while their workers send and
-// finish: every item arrives, in order, and every credit is granted (a
-// window of 16 makes the workers wait for the consumers' grants).
+// finish: every item arrives, in order, and every credit is granted.
 func TestTryRecvManyStreams(t *testing.T) {
-	const streams, perStream = 40, 300
-	s := listen(t, WithWindow(16))
-	var wg sync.WaitGroup
-	errs := make(chan error, 2*streams)
-	for k := 0; k < streams; k++ {
-		tok := NewToken()
-		in := s.Expect(tok)
-		wg.Add(2)
-		go func() { // worker
-			defer wg.Done()
-			o, err := Dial(context.Background(), s.Addr().String(), tok)
-			if err != nil {
-				errs <- err
-				return
+	const perStream = 300
+	manyStreams(t, 40, perStream, func(in *Incoming, tok string) error {
+		wake := make(chan struct{}, 1)
+		in.OnSignal(func() {
+			select {
+			case wake <- struct{}{}:
+			default:
 			}
-			for i := 0; i < perStream; i++ {
-				if err := o.Send(context.Background(), []byte(fmt.Sprintf("%s/%d", tok, i))); err != nil {
-					errs <- err
-					return
-				}
-			}
-			if err := o.Finish(); err != nil {
-				errs <- err
-			}
-		}()
-		go func() { // consumer
-			defer wg.Done()
-			defer in.Close()
-			wake := make(chan struct{}, 1)
-			in.OnSignal(func() {
+		})
+		for i := 0; ; {
+			b, err := in.TryRecv()
+			switch {
+			case err == ErrNoItem:
 				select {
-				case wake <- struct{}{}:
-				default:
+				case <-wake:
+				case <-time.After(10 * time.Second):
+					return fmt.Errorf("%s: no wake-up after %d items", tok, i)
 				}
-			})
-			for i := 0; ; {
-				b, err := in.TryRecv()
-				switch {
-				case err == ErrNoItem:
-					select {
-					case <-wake:
-					case <-time.After(10 * time.Second):
-						errs <- fmt.Errorf("%s: no wake-up after %d items", tok, i)
-						return
-					}
-				case err == io.EOF:
-					if i != perStream {
-						errs <- fmt.Errorf("%s: %d items", tok, i)
-					}
-					return
-				case err != nil:
-					errs <- err
-					return
-				default:
-					if want := fmt.Sprintf("%s/%d", tok, i); string(b) != want {
-						errs <- fmt.Errorf("got %q, want %q", b, want)
-						return
-					}
-					i++
+			case err == io.EOF && i == perStream:
+				return nil
+			case err != nil:
+				return fmt.Errorf("stream %s item %d: %w", tok, i, err)
+			default:
+				if want := fmt.Sprintf("%s/%d", tok, i); string(b) != want {
+					return fmt.Errorf("got %q, want %q", b, want)
 				}
+				i++
 			}
-		}()
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Error(err)
-	}
+		}
+	})
 }

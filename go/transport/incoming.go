@@ -628,11 +628,12 @@ func (in *Incoming) handle(f frame.Frame, err error) (done bool) {
 		in.err = err
 	}
 	in.mu.Unlock()
-	if err != nil {
+	switch {
+	case err != nil:
 		in.signalEnd()
 		in.dropOffer()
-	} else {
-		in.signal()
+	case f.Type == frame.Data:
+		in.signal() // a heartbeat changes nothing a reader sees: it wakes none
 	}
 	return err != nil
 }

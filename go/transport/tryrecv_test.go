@@ -138,3 +138,20 @@ func TestTryRecvManyStreams(t *testing.T) {
 		}
 	})
 }
+
+// A worker's heartbeats wake no consumer: only the item after them does.
+func TestHeartbeatsWakeNoConsumer(t *testing.T) {
+	s := listen(t)
+	in := expect(t, s, "tok")
+	var wakes atomic.Int64
+	in.OnSignal(func() { wakes.Add(1) })
+	_, w, _ := rawWorker(t, s, "tok")
+	for range 5 {
+		require.NoError(t, w.WriteHeartbeat())
+	}
+	require.NoError(t, w.WriteData(item(1)))
+	require.NoError(t, w.Flush())
+	require.Eventually(t, in.Queued, 10*time.Second, time.Millisecond)
+	assert.Equal(t, int64(1), wakes.Load(), "the item woke the consumer, the heartbeats before it did not")
+	in.Close()
+}

@@ -259,11 +259,11 @@ PyObject* send_multi_lists(PyObject* reqs, PyObject* batches) {
         size_t in_call = counts[i0];
         while (i1 < n && i1 - i0 < CALL_REQUESTS && in_call <= CALL_ITEMS && counts[i1] <= CALL_ITEMS - in_call) in_call += counts[i1++];
         int rc = dc_request_send_multi(hs + i0, counts + i0, (size_t)(i1 - i0), items + k0, lens + k0, sent + i0, rcs + i0);
-        if (rc != DC_OK && i0 == 0) {
-            raise_rc(rc); // the first call: nothing of this one was queued but what a recovered panic left
-            goto done;
-        }
         if (rc != DC_OK) {
+            if (i0 == 0) {
+                raise_rc(rc); // the first call: nothing of this one was queued but what a recovered panic left
+                goto done;
+            }
             // The earlier calls' items are queued: their answers stand, and
             // the requests of this call and after answer its error (the
             // loop would send the earlier ones again if this raised).

@@ -452,23 +452,21 @@ func (s *Stream) Take(max int) ([][]byte, error) {
 		s.items = nil
 	}
 	if s.direct.Load() && !killed {
+		// run sets err once the Incoming has ended, when every item is
+		// queued: an end read before the queue is taken comes after all
+		// its items. One read after could precede items still arriving.
+		err := s.err
 		s.mu.Unlock()
 		if out := s.takeQueued(max); len(out) > 0 {
 			return out, nil
 		}
-		// Nothing was queued: the end, once run has seen it (it wakes the
-		// consumer then), else ErrAgain.
-		s.mu.Lock()
-		killed = s.Killed()
-		if err := s.err; err != nil && !killed {
-			// run sets err once the Incoming has ended, when every item
-			// is queued: those that came since the look above go first.
-			s.mu.Unlock()
-			if out := s.takeQueued(max); len(out) > 0 {
-				return out, nil
-			}
+		switch {
+		case err != nil:
 			return nil, err
+		case s.Killed():
+			return nil, io.EOF
 		}
+		return nil, ErrAgain // run wakes the consumer at the end
 	}
 	if len(s.items) == 0 {
 		err := s.err

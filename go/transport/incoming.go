@@ -225,13 +225,9 @@ var ErrNoItem = errors.New("transport: no item queued")
 // called from one goroutine at a time, and not alongside Recv.
 func (in *Incoming) TryRecv() ([]byte, error) {
 	in.mu.Lock()
-	switch {
-	case in.closed:
+	if err := in.stoppedLocked(); err != nil {
 		in.mu.Unlock()
-		return nil, ErrClosed
-	case in.killed:
-		in.mu.Unlock()
-		return nil, ErrKilled
+		return nil, err
 	}
 	if item, ok := in.q.pop(); ok {
 		var grant int
@@ -254,6 +250,18 @@ func (in *Incoming) TryRecv() ([]byte, error) {
 		return nil, err
 	}
 	return nil, ErrNoItem
+}
+
+// stoppedLocked is ErrClosed after Close, ErrKilled after a kill, else nil
+// (mu held): what the reader gets from then on, queued items dropped.
+func (in *Incoming) stoppedLocked() error {
+	switch {
+	case in.closed:
+		return ErrClosed
+	case in.killed:
+		return ErrKilled
+	}
+	return nil
 }
 
 // Queued reports whether an item waits for TryRecv (none once the stream is
@@ -284,12 +292,9 @@ func (in *Incoming) OnSignal(f func()) {
 func (in *Incoming) WaitEnd() error {
 	for {
 		in.mu.Lock()
-		err := in.err
-		switch {
-		case in.closed:
-			err = ErrClosed
-		case in.killed:
-			err = ErrKilled
+		err := in.stoppedLocked()
+		if err == nil {
+			err = in.err
 		}
 		in.mu.Unlock()
 		if err != nil {

@@ -20,13 +20,7 @@ func TestTryRecvWithHookAndWaitEnd(t *testing.T) {
 	_, err := in.TryRecv()
 	assert.ErrorIs(t, err, ErrNoItem)
 
-	wake := make(chan struct{}, 1)
-	in.OnSignal(func() {
-		select {
-		case wake <- struct{}{}:
-		default:
-		}
-	})
+	wake := wakeOn(in)
 	ended := make(chan error, 1)
 	go func() { ended <- in.WaitEnd() }()
 
@@ -109,13 +103,7 @@ func TestWaitEndAfterKill(t *testing.T) {
 func TestTryRecvManyStreams(t *testing.T) {
 	const perStream = 300
 	manyStreams(t, 40, perStream, func(in *Incoming, tok string) error {
-		wake := make(chan struct{}, 1)
-		in.OnSignal(func() {
-			select {
-			case wake <- struct{}{}:
-			default:
-			}
-		})
+		wake := wakeOn(in)
 		for i := 0; ; {
 			b, err := in.TryRecv()
 			switch {
@@ -154,4 +142,17 @@ func TestHeartbeatsWakeNoConsumer(t *testing.T) {
 	require.Eventually(t, in.Queued, 10*time.Second, time.Millisecond)
 	assert.Equal(t, int64(1), wakes.Load(), "the item woke the consumer, the heartbeats before it did not")
 	in.Close()
+}
+
+// wakeOn sets in's hook to poke the channel it returns (cap 1: one pending
+// wake-up is as good as several).
+func wakeOn(in *Incoming) <-chan struct{} {
+	wake := make(chan struct{}, 1)
+	in.OnSignal(func() {
+		select {
+		case wake <- struct{}{}:
+		default:
+		}
+	})
+	return wake
 }

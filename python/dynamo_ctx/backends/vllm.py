@@ -392,7 +392,7 @@ class BaseWorkerHandler:
                 if context.is_stopped():
                     return  # nothing started: nothing to abort
                 pushed = _Pushed(items, sink, context, stop_monitor)
-                collector = await self.engine.add_request(engine_id, prompt, params)
+                collector = await self.engine.add_request(engine_id, _engine_input(self.engine, prompt), params)
                 admitted = True
                 if context.is_stopped():
                     # Stopped meanwhile: the monitor's abort may have come before the engine knew it.
@@ -410,7 +410,7 @@ class BaseWorkerHandler:
                         lean.unroute(routed)  # type: ignore[union-attr]
                 finished = pushed.finished
                 return
-            outputs = self.engine.generate(prompt, params, engine_id)
+            outputs = self.engine.generate(_engine_input(self.engine, prompt), params, engine_id)
             async for out in outputs:
                 if finished:
                     continue  # the engine's stream is read to its end (see below), nothing more sent
@@ -583,6 +583,69 @@ class _Pushed:
     def _fail(self, error: BaseException) -> None:
         if not self.done.done():
             self.done.set_exception(error)
+
+
+def _engine_input(engine: Any, prompt: Dict[str, Any]) -> Any:
+    """What vLLM's ``AsyncLLM`` is handed for ``prompt`` (``{"prompt_token_ids":
+    [...]}``): the engine input its renderer makes of it (``render_cmpl``, with
+    its default parameters), as vLLM's own servers hand it over, made here on
+    the event loop. A prompt of token ids needs no tokenizer, so this is a few
+    dict and list operations; given the raw prompt, ``AsyncLLM`` renders it on
+    its renderer's thread pool instead: two thread hand-overs per request, and
+    a deprecation warning. The prompt goes as it is to any other engine (the
+    mock takes both forms), to a vLLM whose renderer is not the one this was
+    written against (``_renders``), and where the renderer would also decode
+    the prompt's text. The renderer's errors (a prompt it refuses) are the
+    request's, as they would be inside ``add_request``."""
+    renderer = getattr(engine, "renderer", None) if _renders(type(engine)) else None  # type: ignore[arg-type]  # classes hash
+    if renderer is None:
+        return prompt
+    params = renderer.default_cmpl_tok_params  # what AsyncLLM would render with
+    if params.needs_detokenization:
+        return prompt  # the prompt's text too: a tokenizer's work, for vLLM's thread pool
+    tokens_prompt, = _vllm_tokens_prompt()
+    (engine_input,) = renderer.render_cmpl([tokens_prompt(prompt_token_ids=prompt["prompt_token_ids"])], params)
+    return engine_input
+
+
+@functools.lru_cache(maxsize=None)
+def _vllm_tokens_prompt() -> Tuple[Any]:
+    from vllm.inputs import TokensPrompt  # type: ignore[import-not-found]
+
+    return (TokensPrompt,)
+
+
+@functools.lru_cache(maxsize=None)
+def _renders(engine_type: type) -> bool:
+    """Whether ``_engine_input`` renders prompts for engines of ``engine_type``:
+    vLLM's ``AsyncLLM``, whose ``add_request`` takes a rendered input as it is
+    (an ``EngineInput``: a dict with a "type"), and whose renderer has
+    ``render_cmpl`` and default parameters that say whether they need the
+    prompt's text."""
+    if not _is_vllm_async_llm(engine_type):  # type: ignore[arg-type]  # classes hash
+        return False
+    try:
+        import inspect
+
+        from vllm.renderers.base import BaseRenderer  # type: ignore[import-not-found]
+        from vllm.renderers.params import TokenizeParams  # type: ignore[import-not-found]
+
+        _vllm_tokens_prompt()
+        if not (callable(getattr(BaseRenderer, "render_cmpl", None)) and hasattr(BaseRenderer, "default_cmpl_tok_params")):
+            why = "its renderer differs"
+        elif 'isinstance(prompt, dict) and "type" in prompt' not in inspect.getsource(engine_type.add_request):  # type: ignore[attr-defined]
+            why = "its add_request takes no rendered input"
+        elif "needs_detokenization" not in getattr(TokenizeParams, "__dataclass_fields__", {}):
+            why = "its tokenize parameters differ"
+        else:
+            why = ""
+    except Exception as e:  # noqa: BLE001 - another vLLM: the raw prompt, as before
+        why = repr(e)
+    if why:
+        logger.info("vLLM renders the worker's prompts itself, on its thread pool: %s", why)
+        return False
+    logger.info("The worker's prompts go to vLLM rendered (its renderer's render_cmpl, on the event loop)")
+    return True
 
 
 def _lean_outputs(engine: Any) -> Optional[LeanOutputs]:

@@ -433,6 +433,22 @@ def test_engine_has_what_the_worker_reads() -> None:
     assert "self.vllm_config" in inspect.getsource(AsyncLLM.__init__)
 
 
+def test_prompts_are_rendered_where_vllm_takes_them_so() -> None:
+    """Where this vLLM's ``AsyncLLM`` takes a rendered input, the worker renders
+    each prompt itself (backends/vllm.py, ``_engine_input``): its call binds to
+    the renderer's ``render_cmpl``, and the input that makes is what
+    ``add_request`` takes as it is. Elsewhere the raw prompt goes, as before."""
+    from dynamo_ctx.backends.vllm import _renders
+
+    if not _renders(AsyncLLM):
+        pytest.skip("this vLLM renders the worker's prompts itself")
+    from vllm.inputs import TokensPrompt
+    from vllm.renderers.base import BaseRenderer
+
+    inspect.signature(BaseRenderer.render_cmpl).bind(object(), [TokensPrompt(prompt_token_ids=[1, 2])], object())
+    assert "self.input_processor.process_inputs(" in inspect.getsource(AsyncLLM.add_request)
+
+
 # --------------------------------------------------------------------------- the mock's surface
 
 

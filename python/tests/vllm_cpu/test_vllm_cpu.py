@@ -230,6 +230,21 @@ def test_plain_decode_tokens_take_the_short_way(fleet):
         assert w.log_count(r"outputs all go through its output processor") == 0, w.name
 
 
+def test_prompts_go_to_vllm_rendered(fleet):
+    """The workers hand vLLM its renderer's input for each prompt, as vLLM's own
+    servers do (backends/vllm.py, ``_engine_input``), not the raw prompt that
+    vLLM renders on a thread pool and calls deprecated; the text identity above
+    was served that way."""
+    stack = fleet["stack"]
+    for i in range(4):
+        greedy_text(stack.frontend, f"rendered {i}", 4)
+    served = [w for w in stack.workers if w.running() and w.log_count(r"New Request ID: ")]
+    assert served
+    for w in served:
+        assert w.log_count(r"prompts go to vLLM rendered") == 1, w.name
+        assert w.log_count(r"Passing raw prompts to InputProcessor") == 0, w.name
+
+
 def test_token_request_without_max_tokens_fills_the_context(fleet):
     """A token request that sets no max_tokens (Dynamo's frontend sends one for a
     chat without it) runs to the end of the engine's context, as Dynamo's vLLM

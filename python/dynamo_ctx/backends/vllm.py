@@ -392,7 +392,7 @@ class BaseWorkerHandler:
                 if context.is_stopped():
                     return  # nothing started: nothing to abort
                 pushed = _Pushed(items, sink, context, stop_monitor)
-                collector = await self.engine.add_request(engine_id, _engine_input(self.engine, prompt), params)
+                collector = await self.engine.add_request(engine_id, _engine_input(self.engine, prompt, params, request_id), params)
                 admitted = True
                 if context.is_stopped():
                     # Stopped meanwhile: the monitor's abort may have come before the engine knew it.
@@ -410,7 +410,7 @@ class BaseWorkerHandler:
                         lean.unroute(routed)  # type: ignore[union-attr]
                 finished = pushed.finished
                 return
-            outputs = self.engine.generate(_engine_input(self.engine, prompt), params, engine_id)
+            outputs = self.engine.generate(_engine_input(self.engine, prompt, params, request_id), params, engine_id)
             async for out in outputs:
                 if finished:
                     continue  # the engine's stream is read to its end (see below), nothing more sent
@@ -585,34 +585,50 @@ class _Pushed:
             self.done.set_exception(error)
 
 
-def _engine_input(engine: Any, prompt: Dict[str, Any]) -> Any:
+def _engine_input(engine: Any, prompt: Dict[str, Any], params: Any, request_id: str) -> Any:
     """What vLLM's ``AsyncLLM`` is handed for ``prompt`` (``{"prompt_token_ids":
-    [...]}``): the engine input its renderer makes of it (``render_cmpl``, with
-    its default parameters), as vLLM's own servers hand it over, made here on
-    the event loop. A prompt of token ids needs no tokenizer, so this is a few
-    dict and list operations; given the raw prompt, ``AsyncLLM`` renders it on
-    its renderer's thread pool instead: two thread hand-overs per request, and
-    a deprecation warning. The prompt goes as it is to any other engine (the
-    mock takes both forms), to a vLLM whose renderer is not the one this was
-    written against (``_renders``), and where the renderer would also decode
-    the prompt's text. The renderer's errors (a prompt it refuses) are the
-    request's, as they would be inside ``add_request``."""
+    [...]}``) and ``params``: the engine input its renderer makes of the prompt,
+    as vLLM's own servers hand it over, made here on the event loop.
+
+    Given a rendered input, ``add_request`` runs vLLM's checks of the request
+    (``InputProcessor.process_inputs``) on the loop; given the raw prompt it
+    runs them, and the render, on its renderer's thread pool (two thread
+    hand-overs per request) and warns that raw prompts are deprecated. For a
+    prompt of token ids and ordinary parameters all of it is a few dict and
+    list operations, so the loop does it. The raw prompt still goes, and
+    vLLM's thread pool does the work, where it is more: structured output
+    (vLLM compiles the grammar to check it, up to seconds for a large schema)
+    and bad words (tokenized), and a renderer whose defaults would decode the
+    prompt's text. It goes too to any other engine (the mock takes both forms)
+    and to a vLLM whose renderer is not the one this was written against
+    (``_renders``). The prompt is parsed for the model as vLLM parses a raw
+    one (``parse_model_prompt``: an encoder-decoder model's too), and rendered
+    with the parameters it would use; the renderer's errors (a prompt it
+    refuses) are the request's, as they would be inside ``add_request``."""
     renderer = getattr(engine, "renderer", None) if _renders(type(engine)) else None  # type: ignore[arg-type]  # classes hash
     if renderer is None:
         return prompt
-    params = renderer.default_cmpl_tok_params  # what AsyncLLM would render with
-    if params.needs_detokenization:
-        return prompt  # the prompt's text too: a tokenizer's work, for vLLM's thread pool
-    tokens_prompt, = _vllm_tokens_prompt()
-    (engine_input,) = renderer.render_cmpl([tokens_prompt(prompt_token_ids=prompt["prompt_token_ids"])], params)
+    why = ""
+    if getattr(params, "structured_outputs", None) is not None:
+        why = "structured output"
+    elif getattr(params, "bad_words", None):
+        why = "bad words"
+    else:
+        tok_params = renderer.default_cmpl_tok_params.with_kwargs()  # as process_inputs makes them
+        if tok_params.needs_detokenization:
+            why = "its text is wanted"
+    if why:
+        logger.debug("Request %s goes to vLLM as a raw prompt (%s): checked on vLLM's thread pool", request_id, why)
+        return prompt
+    (engine_input,) = renderer.render_cmpl([_vllm_parse_model_prompt()(engine.model_config, prompt)], tok_params)
     return engine_input
 
 
 @functools.lru_cache(maxsize=None)
-def _vllm_tokens_prompt() -> Tuple[Any]:
-    from vllm.inputs import TokensPrompt  # type: ignore[import-not-found]
+def _vllm_parse_model_prompt() -> Callable[[Any, Any], Any]:
+    from vllm.renderers.inputs.preprocess import parse_model_prompt  # type: ignore[import-not-found]
 
-    return (TokensPrompt,)
+    return parse_model_prompt  # type: ignore[no-any-return]
 
 
 @functools.lru_cache(maxsize=None)
@@ -630,8 +646,9 @@ def _renders(engine_type: type) -> bool:
         from vllm.renderers.base import BaseRenderer  # type: ignore[import-not-found]
         from vllm.renderers.params import TokenizeParams  # type: ignore[import-not-found]
 
-        _vllm_tokens_prompt()
-        if not (callable(getattr(BaseRenderer, "render_cmpl", None)) and hasattr(BaseRenderer, "default_cmpl_tok_params")):
+        _vllm_parse_model_prompt()
+        if not (callable(getattr(BaseRenderer, "render_cmpl", None)) and hasattr(BaseRenderer, "default_cmpl_tok_params")
+                and callable(getattr(TokenizeParams, "with_kwargs", None))):
             why = "its renderer differs"
         elif 'isinstance(prompt, dict) and "type" in prompt' not in inspect.getsource(engine_type.add_request):  # type: ignore[attr-defined]
             why = "its add_request takes no rendered input"

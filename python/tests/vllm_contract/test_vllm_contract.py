@@ -442,10 +442,13 @@ def test_prompts_are_rendered_where_vllm_takes_them_so() -> None:
 
     if not _renders(AsyncLLM):
         pytest.skip("this vLLM renders the worker's prompts itself")
-    from vllm.inputs import TokensPrompt
     from vllm.renderers.base import BaseRenderer
+    from vllm.renderers.inputs.preprocess import parse_model_prompt
+    from vllm.renderers.params import TokenizeParams
 
-    inspect.signature(BaseRenderer.render_cmpl).bind(object(), [TokensPrompt(prompt_token_ids=[1, 2])], object())
+    inspect.signature(parse_model_prompt).bind(object(), {"prompt_token_ids": [1, 2]})
+    inspect.signature(BaseRenderer.render_cmpl).bind(object(), [{"prompt_token_ids": [1, 2]}], object())
+    inspect.signature(TokenizeParams.with_kwargs).bind(object())
     assert "self.input_processor.process_inputs(" in inspect.getsource(AsyncLLM.add_request)
 
 

@@ -230,19 +230,72 @@ def test_plain_decode_tokens_take_the_short_way(fleet):
         assert w.log_count(r"outputs all go through its output processor") == 0, w.name
 
 
+def test_rendered_prompts_make_the_requests_raw_ones_make():
+    """``_engine_input`` (backends/vllm.py) renders a prompt as vLLM renders a
+    raw one: vLLM's own ``InputProcessor`` makes the same engine-core request
+    of both, field for field (its arrival time aside), for the parameters the
+    worker sends; structured output and bad words go raw (vLLM checks them on
+    its thread pool)."""
+    from vllm import SamplingParams
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.renderers import renderer_from_config
+    from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
+    from vllm.v1.engine.async_llm import AsyncLLM
+    from vllm.v1.engine.input_processor import InputProcessor
+
+    from dynamo_ctx.backends.vllm import _engine_input
+
+    config = EngineArgs(model=model_dir("small"), max_model_len=512).create_engine_config()
+    renderer = renderer_from_config(config)
+    processor = InputProcessor(config, renderer)
+
+    class Engine(AsyncLLM):  # what _engine_input reads of an AsyncLLM, without its engine core
+        def __init__(self) -> None:
+            self.renderer, self.model_config = renderer, config.model_config
+
+        def __del__(self) -> None:
+            pass
+
+    engine = Engine()
+    delta = {"detokenize": False, "output_kind": RequestOutputKind.DELTA}
+    cases = [
+        ([5, 6, 7], SamplingParams(max_tokens=5, **delta)),
+        (list(range(1, 300)), SamplingParams(max_tokens=None, seed=7, temperature=0.8, top_p=0.5, **delta)),
+        ([9], SamplingParams(max_tokens=3, stop_token_ids=[2, 3], ignore_eos=True, min_tokens=1, **delta)),
+    ]
+    for ids, params in cases:
+        rendered = _engine_input(engine, {"prompt_token_ids": list(ids)}, params, "r")
+        assert isinstance(rendered, dict) and rendered.get("type") == "token", rendered
+        ours = processor.process_inputs("r", rendered, params, supported_tasks=("generate",))
+        theirs = processor.process_inputs("r", {"prompt_token_ids": list(ids)}, params, supported_tasks=("generate",))
+        fields = [f for f in type(ours).__struct_fields__ if f != "arrival_time"]
+        assert [repr(getattr(ours, f)) for f in fields] == [repr(getattr(theirs, f)) for f in fields], ids[:3]
+    for params in (SamplingParams(max_tokens=4, structured_outputs=StructuredOutputsParams(json_object=True), **delta),
+                   SamplingParams(max_tokens=4, bad_words=["no"], **delta)):
+        prompt = {"prompt_token_ids": [5, 6]}
+        assert _engine_input(engine, prompt, params, "r") is prompt
+
+
 def test_prompts_go_to_vllm_rendered(fleet):
-    """The workers hand vLLM its renderer's input for each prompt, as vLLM's own
-    servers do (backends/vllm.py, ``_engine_input``), not the raw prompt that
-    vLLM renders on a thread pool and calls deprecated; the text identity above
-    was served that way."""
+    """The workers hand vLLM its renderer's input for an ordinary prompt, as
+    vLLM's own servers do (backends/vllm.py, ``_engine_input``), not the raw
+    prompt that vLLM renders on a thread pool; a request with structured output,
+    whose grammar vLLM compiles to check it, still goes raw, so that the check
+    runs on vLLM's thread pool and not the worker's event loop."""
     stack = fleet["stack"]
-    for i in range(4):
-        greedy_text(stack.frontend, f"rendered {i}", 4)
     served = [w for w in stack.workers if w.running() and w.log_count(r"New Request ID: ")]
     assert served
     for w in served:
         assert w.log_count(r"prompts go to vLLM rendered") == 1, w.name
-        assert w.log_count(r"Passing raw prompts to InputProcessor") == 0, w.name
+    raw = sum(w.log_count(r"goes to vLLM as a raw prompt") for w in stack.workers)
+    for i in range(4):
+        greedy_text(stack.frontend, f"rendered {i}", 4)
+    assert sum(w.log_count(r"goes to vLLM as a raw prompt") for w in stack.workers) == raw
+    rid = new_id("raw")
+    body = dict(GREEDY, model=MODEL, prompt="JSON, please", max_tokens=8, response_format={"type": "json_object"})
+    status, _, answer = stack.frontend.request_json("POST", "/v1/completions", body, headers={"x-request-id": rid})
+    assert status == 200, answer
+    assert sum(w.log_count(rf"Request {rid}\S* goes to vLLM as a raw prompt \(structured output\)") for w in stack.workers) == 1
 
 
 def test_token_request_without_max_tokens_fills_the_context(fleet):

@@ -594,8 +594,10 @@ def _engine_input(engine: Any, prompt: Dict[str, Any], params: Any, request_id: 
     (``InputProcessor.process_inputs``) on the loop; given the raw prompt it
     runs them, and the render, on its renderer's thread pool (two thread
     hand-overs per request) and warns that raw prompts are deprecated. For a
-    prompt of token ids and ordinary parameters all of it is a few dict and
-    list operations, so the loop does it. The raw prompt still goes, and
+    prompt of token ids and ordinary parameters all of it is plain Python (a
+    few dict and list operations, and a pass over the prompt's ids), which
+    held the interpreter's lock on the pool's thread too, so the loop does
+    it. The raw prompt still goes, and
     vLLM's thread pool does the work, where it is more: structured output
     (vLLM compiles the grammar to check it, up to seconds for a large schema)
     and bad words (tokenized), and a renderer whose defaults would decode the

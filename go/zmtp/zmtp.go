@@ -1,0 +1,401 @@
+// Package zmtp is the receiving end of ZeroMQ's PUSH sockets: the PULL side
+// of ZMTP 3 (the wire protocol of libzmq 4, rfc.zeromq.org spec 23 and 37)
+// with the NULL security mechanism, over any stream listener (a Unix socket
+// for ZeroMQ's ipc:// addresses, TCP for tcp://). It is what reading one
+// process's PUSH stream takes (vLLM's engine core sends its outputs so), and
+// no more: no other socket type, no security mechanism but NULL.
+//
+// A Pull guarantees:
+//
+//   - Order: each connection's messages reach the handler in the order the
+//     peer sent them, on that connection's one goroutine, so the handler
+//     may act on a message before the next is read (no hand-over).
+//   - Whole messages: a message is delivered once all its frames arrived;
+//     a connection that ends mid-message delivers nothing of it.
+//   - Bounded memory: a frame is read as its bytes arrive, never allocated
+//     at the size its header claims; a message over MaxMessage bytes, a
+//     peer that is not a PUSH socket or speaks another protocol, and a
+//     malformed frame end that connection (logged through Options.Log),
+//     never the Pull.
+//   - Closing: Close stops accepting, closes every connection and returns
+//     after each connection's goroutine did; no handler call runs after it.
+//     Close is idempotent.
+package zmtp
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strings"
+	"sync"
+)
+
+// Handler is called with each message's frames, on its connection's
+// goroutine. The frames are the handler's to keep. An error ends that
+// connection.
+type Handler func(frames [][]byte) error
+
+// Options tune a Pull. The zero value is usable.
+type Options struct {
+	// MaxMessage is the most bytes a message's frames may hold together
+	// (0: DefaultMaxMessage).
+	MaxMessage int64
+	// Log, when set, is told why a connection ended, unless by Close or
+	// the peer's orderly close.
+	Log func(format string, args ...any)
+}
+
+// DefaultMaxMessage bounds a message when Options.MaxMessage is 0.
+const DefaultMaxMessage = 1 << 30
+
+// Errors that end a connection.
+var (
+	ErrGreeting   = errors.New("zmtp: not a ZMTP 3 peer with the NULL mechanism")
+	ErrSocketType = errors.New("zmtp: the peer is not a PUSH socket")
+	ErrFrame      = errors.New("zmtp: malformed frame")
+	ErrTooLarge   = errors.New("zmtp: message over the size limit")
+)
+
+// The frame header's flag bits.
+const (
+	flagMore    = 0x01
+	flagLong    = 0x02
+	flagCommand = 0x04
+)
+
+// greeting is this side's 64 bytes: the signature, version 3.1, the NULL
+// mechanism, as-server 0 and the filler.
+var greeting = func() []byte {
+	g := make([]byte, 64)
+	g[0], g[9] = 0xff, 0x7f
+	g[10], g[11] = 3, 1
+	copy(g[12:32], "NULL")
+	return g
+}()
+
+// Pull accepts PUSH peers on a listener and hands their messages to a
+// Handler. Make one with Serve.
+type Pull struct {
+	ln     net.Listener
+	handle Handler
+	max    int64
+	log    func(string, ...any)
+
+	mu     sync.Mutex
+	conns  map[net.Conn]struct{}
+	closed bool
+	wg     sync.WaitGroup
+}
+
+// Serve accepts PUSH peers on ln until Close, each on a goroutine of its
+// own that calls handle with its messages. The Pull owns ln from now on.
+func Serve(ln net.Listener, handle Handler, o Options) *Pull {
+	p := &Pull{ln: ln, handle: handle, max: o.MaxMessage, log: o.Log, conns: map[net.Conn]struct{}{}}
+	if p.max <= 0 {
+		p.max = DefaultMaxMessage
+	}
+	p.wg.Add(1)
+	go p.accept()
+	return p
+}
+
+// Addr is the listener's address.
+func (p *Pull) Addr() net.Addr { return p.ln.Addr() }
+
+// Close stops the Pull (see the package's guarantees).
+func (p *Pull) Close() error {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return nil
+	}
+	p.closed = true
+	err := p.ln.Close()
+	for c := range p.conns {
+		_ = c.Close()
+	}
+	p.mu.Unlock()
+	p.wg.Wait()
+	return err
+}
+
+func (p *Pull) accept() {
+	defer p.wg.Done()
+	for {
+		c, err := p.ln.Accept()
+		if err != nil {
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				continue
+			}
+			return // closed (by Close, or the listener failed for good)
+		}
+		p.mu.Lock()
+		if p.closed {
+			p.mu.Unlock()
+			_ = c.Close()
+			return
+		}
+		p.conns[c] = struct{}{}
+		p.wg.Add(1)
+		p.mu.Unlock()
+		go p.serve(c)
+	}
+}
+
+func (p *Pull) serve(c net.Conn) {
+	defer p.wg.Done()
+	err := p.read(c)
+	p.mu.Lock()
+	closing := p.closed
+	delete(p.conns, c)
+	p.mu.Unlock()
+	_ = c.Close()
+	if err != nil && !closing && !errors.Is(err, io.EOF) && p.log != nil {
+		p.log("zmtp: connection from %v ended: %v", c.RemoteAddr(), err)
+	}
+}
+
+// read speaks to one peer until it leaves or fails.
+func (p *Pull) read(c net.Conn) error {
+	if _, err := c.Write(append(append([]byte(nil), greeting...), ready("PULL")...)); err != nil {
+		return err
+	}
+	r := bufio.NewReaderSize(c, 64<<10)
+	var peer [64]byte
+	if _, err := io.ReadFull(r, peer[:]); err != nil {
+		if errors.Is(err, io.ErrUnexpectedEOF) {
+			return ErrGreeting
+		}
+		return err
+	}
+	if peer[0] != 0xff || peer[9] != 0x7f || peer[10] < 3 || string(bytes.TrimRight(peer[12:32], "\x00")) != "NULL" {
+		return ErrGreeting
+	}
+	// The peer's READY: its socket type must be PUSH.
+	flags, body, err := p.frame(r, 1<<16)
+	if err != nil {
+		return err
+	}
+	if flags&flagCommand == 0 {
+		return fmt.Errorf("%w: a message before READY", ErrFrame)
+	}
+	props, err := readyProps(body)
+	if err != nil {
+		return err
+	}
+	if !strings.EqualFold(props["socket-type"], "PUSH") {
+		return fmt.Errorf("%w: it is %q", ErrSocketType, props["socket-type"])
+	}
+	var msg [][]byte
+	var size int64
+	for {
+		flags, body, err := p.frame(r, p.max-size)
+		if err != nil {
+			if errors.Is(err, io.EOF) && msg != nil {
+				return io.ErrUnexpectedEOF
+			}
+			return err
+		}
+		if flags&flagCommand != 0 {
+			if msg != nil {
+				return fmt.Errorf("%w: a command inside a message", ErrFrame)
+			}
+			if err := pong(c, body); err != nil {
+				return err
+			}
+			continue
+		}
+		msg = append(msg, body)
+		size += int64(len(body))
+		if flags&flagMore != 0 {
+			continue
+		}
+		if err := p.handle(msg); err != nil {
+			return err
+		}
+		msg, size = nil, 0
+	}
+}
+
+// frame reads one frame of at most limit bytes.
+func (p *Pull) frame(r *bufio.Reader, limit int64) (byte, []byte, error) {
+	flags, err := r.ReadByte()
+	if err != nil {
+		return 0, nil, err
+	}
+	if flags&^(flagMore|flagLong|flagCommand) != 0 {
+		return 0, nil, fmt.Errorf("%w: flags %#x", ErrFrame, flags)
+	}
+	if flags&flagCommand != 0 && flags&flagMore != 0 {
+		return 0, nil, fmt.Errorf("%w: a command with MORE", ErrFrame)
+	}
+	var n uint64
+	if flags&flagLong != 0 {
+		var b [8]byte
+		if _, err := io.ReadFull(r, b[:]); err != nil {
+			return 0, nil, unexpected(err)
+		}
+		n = binary.BigEndian.Uint64(b[:])
+	} else {
+		b, err := r.ReadByte()
+		if err != nil {
+			return 0, nil, unexpected(err)
+		}
+		n = uint64(b)
+	}
+	if n > uint64(max(limit, 0)) {
+		return 0, nil, fmt.Errorf("%w: a frame of %d bytes", ErrTooLarge, n)
+	}
+	// Read as the bytes arrive: a claimed size is not an allocation.
+	var buf bytes.Buffer
+	if n <= 1<<20 {
+		buf.Grow(int(n))
+	}
+	if _, err := io.CopyN(&buf, r, int64(n)); err != nil {
+		return 0, nil, unexpected(err)
+	}
+	return flags, buf.Bytes(), nil
+}
+
+func unexpected(err error) error {
+	if errors.Is(err, io.EOF) {
+		return io.ErrUnexpectedEOF
+	}
+	return err
+}
+
+// ready is a READY command announcing socketType.
+func ready(socketType string) []byte {
+	body := []byte("\x05READY")
+	body = append(body, byte(len("Socket-Type")))
+	body = append(body, "Socket-Type"...)
+	body = binary.BigEndian.AppendUint32(body, uint32(len(socketType)))
+	body = append(body, socketType...)
+	return commandFrame(body)
+}
+
+func commandFrame(body []byte) []byte {
+	if len(body) < 256 {
+		return append([]byte{flagCommand, byte(len(body))}, body...)
+	}
+	f := []byte{flagCommand | flagLong}
+	f = binary.BigEndian.AppendUint64(f, uint64(len(body)))
+	return append(f, body...)
+}
+
+// readyProps parses a READY command's properties, names lower-cased.
+func readyProps(body []byte) (map[string]string, error) {
+	name, rest, ok := commandName(body)
+	if !ok || name != "READY" {
+		return nil, fmt.Errorf("%w: %q, not READY", ErrFrame, name)
+	}
+	props := map[string]string{}
+	for len(rest) > 0 {
+		n := int(rest[0])
+		if len(rest) < 1+n+4 {
+			return nil, fmt.Errorf("%w: a READY property cut short", ErrFrame)
+		}
+		key := strings.ToLower(string(rest[1 : 1+n]))
+		vn := binary.BigEndian.Uint32(rest[1+n:])
+		rest = rest[1+n+4:]
+		if uint64(vn) > uint64(len(rest)) {
+			return nil, fmt.Errorf("%w: a READY property cut short", ErrFrame)
+		}
+		props[key] = string(rest[:vn])
+		rest = rest[vn:]
+	}
+	return props, nil
+}
+
+func commandName(body []byte) (string, []byte, bool) {
+	if len(body) < 1 || len(body) < 1+int(body[0]) {
+		return "", nil, false
+	}
+	return string(body[1 : 1+body[0]]), body[1+body[0]:], true
+}
+
+// pong answers a PING (ZMTP 3.1's heartbeat) with its context; any other
+// command after the handshake is ignored, as the spec allows.
+func pong(c net.Conn, body []byte) error {
+	name, rest, ok := commandName(body)
+	if !ok {
+		return fmt.Errorf("%w: a command without a name", ErrFrame)
+	}
+	if name != "PING" {
+		return nil
+	}
+	if len(rest) < 2 {
+		return fmt.Errorf("%w: a PING without its TTL", ErrFrame)
+	}
+	ctx := rest[2:]
+	if len(ctx) > 16 {
+		ctx = ctx[:16]
+	}
+	_, err := c.Write(commandFrame(append([]byte("\x04PONG"), ctx...)))
+	return err
+}
+
+// Push is the sending end, for tests and tools: a PUSH socket's side of one
+// connection, NULL mechanism.
+type Push struct {
+	c net.Conn
+	r *bufio.Reader
+}
+
+// NewPush greets the PULL side on c and returns the Push that sends on it.
+func NewPush(c net.Conn) (*Push, error) {
+	if _, err := c.Write(append(append([]byte(nil), greeting...), ready("PUSH")...)); err != nil {
+		return nil, err
+	}
+	p := &Push{c: c, r: bufio.NewReader(c)}
+	var peer [64]byte
+	if _, err := io.ReadFull(p.r, peer[:]); err != nil {
+		return nil, err
+	}
+	if peer[0] != 0xff || peer[9] != 0x7f || peer[10] < 3 {
+		return nil, ErrGreeting
+	}
+	var pull Pull
+	flags, body, err := pull.frame(p.r, 1<<16)
+	if err != nil {
+		return nil, err
+	}
+	props, err := readyProps(body)
+	if err != nil || flags&flagCommand == 0 || !strings.EqualFold(props["socket-type"], "PULL") {
+		return nil, fmt.Errorf("%w: a peer that is not PULL", ErrSocketType)
+	}
+	return p, nil
+}
+
+// Send sends one message of frames.
+func (p *Push) Send(frames ...[]byte) error {
+	_, err := p.c.Write(Encode(frames...))
+	return err
+}
+
+// Close closes the connection.
+func (p *Push) Close() error { return p.c.Close() }
+
+// Encode is the wire form of one message of frames.
+func Encode(frames ...[]byte) []byte {
+	var b []byte
+	for i, f := range frames {
+		flags := byte(0)
+		if i < len(frames)-1 {
+			flags |= flagMore
+		}
+		if len(f) < 256 {
+			b = append(b, flags, byte(len(f)))
+		} else {
+			b = append(b, flags|flagLong)
+			b = binary.BigEndian.AppendUint64(b, uint64(len(f)))
+		}
+		b = append(b, f...)
+	}
+	return b
+}

@@ -9,7 +9,8 @@
 // A Router guarantees:
 //
 //   - One delivery: each output's tokens go out exactly once, either here
-//     (its flag in the forwarded message is 1) or by the host (0).
+//     (its flag in the forwarded message is 1, or 2 when it also carries
+//     fields the host keeps in its books) or by the host (0).
 //   - Order per request: a routed request's deliveries here all come before
 //     the first output left to the host; from that output on (a finish,
 //     logprobs, anything not plain) the request is handed back and never
@@ -18,9 +19,11 @@
 //     never holds an earlier output of it when this side starts.
 //   - Order of forwarding: messages are forwarded in the order they were
 //     read. A message whose outputs were all delivered here, and that
-//     carries nothing the host must act on at once, may wait up to Window
-//     to go with later ones (one wake-up of the host for several steps);
-//     any other message goes at once, after those waiting.
+//     carries nothing the host must act on at once, may wait to go with
+//     later ones (one wake-up of the host for several steps): until a
+//     message comes Window or more after the first that waits, or one the
+//     host must act on, or FlushPending; any other message goes at once,
+//     after those waiting.
 //   - Bad input: a message that does not read as the Layout says is
 //     forwarded whole, nothing of it delivered.
 package engineout
@@ -76,7 +79,8 @@ type Options[T any] struct {
 	// is never routed.
 	Suffix int
 	// Window is the most a message of delivered outputs waits to be
-	// forwarded (0: forwarded at once, as every other).
+	// forwarded while messages keep coming (0: forwarded at once, as every
+	// other); after the last, until FlushPending.
 	Window time.Duration
 	// Deliver hands a routed request's item ({"token_ids":[...]}, the
 	// caller's to keep) to its target and reports whether it took it (a
@@ -103,8 +107,8 @@ type Router[T any] struct {
 
 	mu      sync.Mutex
 	routes  map[string]*route[T]
-	pending [][]byte // forwarded messages waiting for the window
-	timer   *time.Timer
+	pending [][]byte  // forwarded messages waiting for the window
+	since   time.Time // when the first of them came
 	closed  bool
 	sent    int64 // tokens delivered
 }
@@ -182,9 +186,6 @@ func (r *Router[T]) Close() {
 	r.closed = true
 	r.pending = nil
 	r.routes = map[string]*route[T]{}
-	if r.timer != nil {
-		r.timer.Stop()
-	}
 }
 
 // Handle takes one message of the engine core (its frames; the first is
@@ -197,32 +198,50 @@ func (r *Router[T]) Handle(frames [][]byte) error {
 		return nil
 	}
 	var flags []byte
-	atOnce := true
+	atOnce, ok := true, false
 	if len(frames) > 0 {
-		flags, atOnce = r.route(frames[0])
+		flags, atOnce, ok = r.route(frames[0])
+	}
+	if !ok {
+		r.handBackAll()
 	}
 	msg := EncodeForward(frames, flags)
-	if atOnce || r.o.Window <= 0 {
+	now := time.Now()
+	if atOnce || r.o.Window <= 0 || (len(r.pending) > 0 && now.Sub(r.since) >= r.o.Window) {
 		r.flushPending()
 		r.o.Forward(msg)
 		return nil
 	}
-	r.pending = append(r.pending, msg)
-	if len(r.pending) == 1 {
-		if r.timer == nil {
-			r.timer = time.AfterFunc(r.o.Window, r.onTimer)
-		} else {
-			r.timer.Reset(r.o.Window)
-		}
+	if len(r.pending) == 0 {
+		r.since = now
 	}
+	r.pending = append(r.pending, msg)
 	return nil
 }
 
-func (r *Router[T]) onTimer() {
+// FlushPending forwards the messages waiting for the window now. The
+// Router keeps no timer (a timer's every expiry costs the process the Go
+// scheduler's polling): the window's end is seen when the next message
+// comes, and the host calls this from time to time for the messages after
+// which none came.
+func (r *Router[T]) FlushPending() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if !r.closed {
 		r.flushPending()
+	}
+}
+
+// handBackAll leaves every route's outputs to the host from now on (mu
+// held): after a message this side could not read, whose outputs the host
+// sends itself, none of their later outputs may go out here before them.
+func (r *Router[T]) handBackAll() {
+	for id, rt := range r.routes {
+		if rt.armed {
+			delete(r.routes, id)
+		} else {
+			rt.seen = true
+		}
 	}
 }
 
@@ -244,12 +263,13 @@ type output struct {
 }
 
 // route reads message m, delivers what it can, and returns each output's
-// flag and whether the host must have the message at once (mu held).
-func (r *Router[T]) route(m []byte) (flags []byte, atOnce bool) {
+// flag, whether the host must have the message at once, and whether m read
+// as the layout says (mu held).
+func (r *Router[T]) route(m []byte) (flags []byte, atOnce, ok bool) {
 	rd := reader{b: m}
 	n, ok := rd.array()
 	if !ok {
-		return nil, true
+		return nil, true, false
 	}
 	var outs []output
 	read := false
@@ -261,7 +281,7 @@ func (r *Router[T]) route(m []byte) (flags []byte, atOnce bool) {
 		switch {
 		case kind == FieldOutputs:
 			if outs, ok = r.readOutputs(&rd); !ok {
-				return nil, true
+				return nil, true, false
 			}
 			read = true
 		case kind == FieldAtOnce:
@@ -270,19 +290,19 @@ func (r *Router[T]) route(m []byte) (flags []byte, atOnce bool) {
 			}
 			atOnce = true
 			if !rd.skip() {
-				return nil, true
+				return nil, true, false
 			}
 		default:
 			if !rd.skip() {
-				return nil, true
+				return nil, true, false
 			}
 		}
 	}
 	if !rd.done() {
-		return nil, true
+		return nil, true, false
 	}
 	if !read {
-		return nil, atOnce
+		return nil, atOnce, true
 	}
 	flags = make([]byte, len(outs))
 	delivered := 0
@@ -304,7 +324,7 @@ func (r *Router[T]) route(m []byte) (flags []byte, atOnce bool) {
 				flags[i] = 2
 				atOnce = true
 			}
-			if o.tokens != nil && r.o.Deliver(rt.target, o.tokens) {
+			if r.o.Deliver(rt.target, o.tokens) {
 				r.sent += int64(o.count)
 				delivered++
 			}
@@ -316,7 +336,7 @@ func (r *Router[T]) route(m []byte) (flags []byte, atOnce bool) {
 	if delivered > 0 {
 		r.o.Flush()
 	}
-	return flags, atOnce
+	return flags, atOnce, true
 }
 
 // readOutputs reads the list of EngineCoreOutput.
@@ -325,11 +345,14 @@ func (r *Router[T]) readOutputs(rd *reader) ([]output, bool) {
 	if !ok {
 		return nil, false
 	}
-	outs := make([]output, n)
-	for i := range outs {
-		if !r.readOutput(rd, &outs[i]) {
+	// Grown as they read: a count is a claim, not an allocation.
+	outs := make([]output, 0, min(n, 256))
+	for range n {
+		var o output
+		if !r.readOutput(rd, &o) {
 			return nil, false
 		}
+		outs = append(outs, o)
 	}
 	return outs, true
 }
@@ -383,18 +406,15 @@ func (r *Router[T]) readOutput(rd *reader, o *output) bool {
 	return gotID
 }
 
-// readTokens reads an array of token ids as the item that carries them;
-// nil for none.
+// readTokens reads an array of token ids as the item that carries them
+// (no tokens: an item of none, as the host's own way sends it).
 func readTokens(rd *reader) ([]byte, int, bool) {
 	start := rd.i
 	n, ok := rd.array()
 	if !ok {
 		return nil, 0, false
 	}
-	if n == 0 {
-		return nil, 0, true
-	}
-	item := make([]byte, 0, len(`{"token_ids":[]}`)+n*7)
+	item := make([]byte, 0, len(`{"token_ids":[]}`)+min(n, 256)*7)
 	item = append(item, `{"token_ids":[`...)
 	for k := 0; k < n; k++ {
 		v, ok := rd.int()

@@ -13,10 +13,14 @@
 //   - Whole messages: a message is delivered once all its frames arrived;
 //     a connection that ends mid-message delivers nothing of it.
 //   - Bounded memory: a frame is read as its bytes arrive, never allocated
-//     at the size its header claims; a message over MaxMessage bytes, a
-//     peer that is not a PUSH socket or speaks another protocol, and a
-//     malformed frame end that connection (logged through Options.Log),
-//     never the Pull.
+//     at the size its header claims beyond a MiB; each frame counts
+//     FrameOverhead bytes more than its body toward MaxMessage (so a
+//     stream of empty frames is bounded too); at most MaxPeers connections
+//     are held (one more is closed at once), each with HandshakeTimeout to
+//     greet. A message over MaxMessage, a peer that is not a PUSH socket or
+//     speaks another protocol, and a malformed frame end that connection
+//     (logged through Options.Log), never the Pull; an error of the
+//     listener that may pass (too many open files) is retried.
 //   - Closing: Close stops accepting, closes every connection and returns
 //     after each connection's goroutine did; no handler call runs after it.
 //     Close is idempotent.
@@ -32,6 +36,8 @@ import (
 	"net"
 	"strings"
 	"sync"
+	"sync/atomic"
+	"time"
 )
 
 // Handler is called with each message's frames, on its connection's
@@ -41,16 +47,26 @@ type Handler func(frames [][]byte) error
 
 // Options tune a Pull. The zero value is usable.
 type Options struct {
-	// MaxMessage is the most bytes a message's frames may hold together
-	// (0: DefaultMaxMessage).
+	// MaxMessage is the most bytes a message's frames may hold together,
+	// FrameOverhead each included (0: DefaultMaxMessage).
 	MaxMessage int64
+	// MaxPeers is the most connections held at once (0: DefaultMaxPeers).
+	MaxPeers int
+	// HandshakeTimeout is how long a peer has to greet (0:
+	// DefaultHandshakeTimeout).
+	HandshakeTimeout time.Duration
 	// Log, when set, is told why a connection ended, unless by Close or
 	// the peer's orderly close.
 	Log func(format string, args ...any)
 }
 
-// DefaultMaxMessage bounds a message when Options.MaxMessage is 0.
-const DefaultMaxMessage = 1 << 30
+// The defaults of Options, and what a frame costs beyond its body.
+const (
+	DefaultMaxMessage       = 1 << 30
+	DefaultMaxPeers         = 16
+	DefaultHandshakeTimeout = 10 * time.Second
+	FrameOverhead           = 64
+)
 
 // Errors that end a connection.
 var (
@@ -80,10 +96,13 @@ var greeting = func() []byte {
 // Pull accepts PUSH peers on a listener and hands their messages to a
 // Handler. Make one with Serve.
 type Pull struct {
-	ln     net.Listener
-	handle Handler
-	max    int64
-	log    func(string, ...any)
+	ln        net.Listener
+	handle    Handler
+	max       int64
+	maxPeers  int
+	handshake time.Duration
+	log       func(string, ...any)
+	peers     atomic.Int64 // connections past their handshake
 
 	mu     sync.Mutex
 	conns  map[net.Conn]struct{}
@@ -94,9 +113,16 @@ type Pull struct {
 // Serve accepts PUSH peers on ln until Close, each on a goroutine of its
 // own that calls handle with its messages. The Pull owns ln from now on.
 func Serve(ln net.Listener, handle Handler, o Options) *Pull {
-	p := &Pull{ln: ln, handle: handle, max: o.MaxMessage, log: o.Log, conns: map[net.Conn]struct{}{}}
+	p := &Pull{ln: ln, handle: handle, max: o.MaxMessage, maxPeers: o.MaxPeers, handshake: o.HandshakeTimeout, log: o.Log,
+		conns: map[net.Conn]struct{}{}}
 	if p.max <= 0 {
 		p.max = DefaultMaxMessage
+	}
+	if p.maxPeers <= 0 {
+		p.maxPeers = DefaultMaxPeers
+	}
+	if p.handshake <= 0 {
+		p.handshake = DefaultHandshakeTimeout
 	}
 	p.wg.Add(1)
 	go p.accept()
@@ -105,6 +131,9 @@ func Serve(ln net.Listener, handle Handler, o Options) *Pull {
 
 // Addr is the listener's address.
 func (p *Pull) Addr() net.Addr { return p.ln.Addr() }
+
+// Peers is how many connections are past their handshake now.
+func (p *Pull) Peers() int { return int(p.peers.Load()) }
 
 // Close stops the Pull (see the package's guarantees).
 func (p *Pull) Close() error {
@@ -125,20 +154,35 @@ func (p *Pull) Close() error {
 
 func (p *Pull) accept() {
 	defer p.wg.Done()
+	var backoff time.Duration
 	for {
 		c, err := p.ln.Accept()
 		if err != nil {
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				continue
+			p.mu.Lock()
+			closed := p.closed
+			p.mu.Unlock()
+			if closed || errors.Is(err, net.ErrClosed) {
+				return
 			}
-			return // closed (by Close, or the listener failed for good)
+			// What may pass (too many open files, a connection reset
+			// before it was taken): wait and go on, as net/http does.
+			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+			if p.log != nil {
+				p.log("zmtp: accept: %v; retrying in %v", err, backoff)
+			}
+			time.Sleep(backoff)
+			continue
 		}
+		backoff = 0
 		p.mu.Lock()
-		if p.closed {
+		if p.closed || len(p.conns) >= p.maxPeers {
+			full := !p.closed
 			p.mu.Unlock()
 			_ = c.Close()
-			return
+			if full && p.log != nil {
+				p.log("zmtp: a connection beyond the %d held closed", p.maxPeers)
+			}
+			continue
 		}
 		p.conns[c] = struct{}{}
 		p.wg.Add(1)
@@ -162,6 +206,9 @@ func (p *Pull) serve(c net.Conn) {
 
 // read speaks to one peer until it leaves or fails.
 func (p *Pull) read(c net.Conn) error {
+	if p.handshake > 0 {
+		_ = c.SetDeadline(time.Now().Add(p.handshake))
+	}
 	if _, err := c.Write(append(append([]byte(nil), greeting...), ready("PULL")...)); err != nil {
 		return err
 	}
@@ -179,7 +226,7 @@ func (p *Pull) read(c net.Conn) error {
 	// The peer's READY: its socket type must be PUSH.
 	flags, body, err := p.frame(r, 1<<16)
 	if err != nil {
-		return err
+		return unexpected(err)
 	}
 	if flags&flagCommand == 0 {
 		return fmt.Errorf("%w: a message before READY", ErrFrame)
@@ -191,6 +238,9 @@ func (p *Pull) read(c net.Conn) error {
 	if !strings.EqualFold(props["socket-type"], "PUSH") {
 		return fmt.Errorf("%w: it is %q", ErrSocketType, props["socket-type"])
 	}
+	_ = c.SetDeadline(time.Time{})
+	p.peers.Add(1)
+	defer p.peers.Add(-1)
 	var msg [][]byte
 	var size int64
 	for {
@@ -211,7 +261,10 @@ func (p *Pull) read(c net.Conn) error {
 			continue
 		}
 		msg = append(msg, body)
-		size += int64(len(body))
+		size += int64(len(body)) + FrameOverhead
+		if size > p.max {
+			return fmt.Errorf("%w: %d frames", ErrTooLarge, len(msg))
+		}
 		if flags&flagMore != 0 {
 			continue
 		}
@@ -251,11 +304,15 @@ func (p *Pull) frame(r *bufio.Reader, limit int64) (byte, []byte, error) {
 	if n > uint64(max(limit, 0)) {
 		return 0, nil, fmt.Errorf("%w: a frame of %d bytes", ErrTooLarge, n)
 	}
-	// Read as the bytes arrive: a claimed size is not an allocation.
-	var buf bytes.Buffer
 	if n <= 1<<20 {
-		buf.Grow(int(n))
+		body := make([]byte, n)
+		if _, err := io.ReadFull(r, body); err != nil {
+			return 0, nil, unexpected(err)
+		}
+		return flags, body, nil
 	}
+	// Larger: read as the bytes arrive (a claimed size is not an allocation).
+	var buf bytes.Buffer
 	if _, err := io.CopyN(&buf, r, int64(n)); err != nil {
 		return 0, nil, unexpected(err)
 	}

@@ -218,7 +218,7 @@ func TestAMessageOverTheLimitEndsItsConnection(t *testing.T) {
 	_, s, path := pull(t, Options{MaxMessage: 1000})
 	p := push(t, path)
 	require.NoError(t, p.Send(make([]byte, 600)))
-	require.NoError(t, p.Send(make([]byte, 600), make([]byte, 600)))
+	require.NoError(t, p.Send(make([]byte, 500), make([]byte, 500)))
 	assert.Contains(t, ended(t, s), ErrTooLarge.Error())
 	assert.Len(t, s.messages(), 1, "the first message, under the limit, came")
 }
@@ -309,4 +309,35 @@ func FuzzPullNeverPanics(f *testing.F) {
 		<-done
 		_ = a.Close()
 	})
+}
+
+func TestEmptyFramesCountTowardTheLimit(t *testing.T) {
+	_, s, path := pull(t, Options{MaxMessage: 100 * FrameOverhead})
+	p := push(t, path)
+	frames := make([][]byte, 200)
+	_ = p.Send(frames...)
+	assert.Contains(t, ended(t, s), ErrTooLarge.Error())
+	assert.Empty(t, s.messages())
+}
+
+func TestPeersBeyondTheCapAreClosedAndSilentOnesTimeOut(t *testing.T) {
+	p, s, path := pull(t, Options{MaxPeers: 2, HandshakeTimeout: 100 * time.Millisecond})
+	a, b := push(t, path), push(t, path)
+	require.Eventually(t, func() bool { return p.Peers() == 2 }, 10*time.Second, time.Millisecond)
+	c, err := net.Dial("unix", path)
+	require.NoError(t, err)
+	defer c.Close()
+	require.NoError(t, c.SetReadDeadline(time.Now().Add(10*time.Second)))
+	_, err = c.Read(make([]byte, 1))
+	assert.Error(t, err, "the third is closed at once")
+	require.NoError(t, a.Close())
+	require.Eventually(t, func() bool { return p.Peers() == 1 }, 10*time.Second, time.Millisecond)
+	silent, err := net.Dial("unix", path) // greets nothing
+	require.NoError(t, err)
+	defer silent.Close()
+	start := time.Now()
+	_, _ = io.Copy(io.Discard, silent) // until the Pull closes it
+	assert.Less(t, time.Since(start), 5*time.Second)
+	require.NoError(t, b.Send([]byte("still")))
+	assert.Equal(t, [][][]byte{{[]byte("still")}}, s.wait(t, 1))
 }

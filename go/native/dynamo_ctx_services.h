@@ -173,6 +173,76 @@ int dc_frontend_free(uint64_t h);
    below DC_MAX_TIMEOUT_SECONDS. */
 int dc_frontend_drain(uint64_t h, double seconds);
 
+/* ------------------------------------------------------------------
+   Engine outputs: a vLLM engine core's output stream, read by the library
+   in its host's place (docs/design.md, "Engine outputs in the library")
+   ------------------------------------------------------------------ */
+
+/* Listens on the Unix socket path (path_len bytes; it must not exist) as
+   the PULL side of ZeroMQ's ZMTP 3 with the NULL mechanism, where an
+   engine core's PUSH socket connects, and stores the reader's handle in
+   *out and in *fd the host's end of a Unix stream socket that carries it
+   every message of the engine, in the order read (the host's to read, and
+   to close after dc_engine_outputs_free): each is its length (u32), the
+   count of its frames (u32), each frame's length (u32) and bytes, then the
+   count of outputs flagged (u32, 0 for a message the library could not
+   read) and a byte per output: 1 where the library delivered its tokens
+   to the request's stream, 2 where it did and one of the output's 'x'
+   fields is set, 0 where it did not. Little-endian.
+   message_layout and output_layout say what each field of the engine's
+   EngineCoreOutputs and EngineCoreOutput is, a letter per field in order
+   (go/engineout's Layout: 'o' the outputs, 'f' a field the host acts on at
+   once when set, 'a' read by the host only; 'i' the request id, 't' the
+   new token ids, 'n' a field whose being set leaves the output to the
+   host, 'x' one whose being set makes the host take the output its own
+   way at once, its tokens still delivered). suffix is how many trailing
+   bytes of an output's request id the engine added to the id routes are
+   reserved under. window (0 to 1 seconds): a message whose outputs were
+   all delivered (or that has none) waits to go to the host with later
+   ones until one comes window or more after the first that waits, or one
+   the host must have at once, or the host's next tick
+   (dc_runtime_host_tick).
+   Before each message, what the host posted runs (its routes, posted:
+   dc_post_fd), so a route reserved before its request reached the engine
+   is in place for the request's first output.
+   Errors: DC_EINVAL for NULL pointers, bad layouts or bounds; DC_EIO
+   (cannot listen). */
+int dc_engine_outputs_listen(const char *path, size_t path_len, const char *message_layout, size_t message_len,
+                             const char *output_layout, size_t output_len, size_t suffix, double window,
+                             uint64_t *out, int *fd);
+
+/* Reserves a route for request id (id_len bytes), before the engine has
+   the request; dc_engine_outputs_activate arms it. Errors: DC_EBADF;
+   DC_EINVAL for a NULL id. */
+int dc_engine_outputs_reserve(uint64_t h, const char *id, size_t id_len);
+
+/* Arms request id's reserved route to the served request's stream
+   (dc_request handle request): from now on its plain outputs' tokens go
+   there from the library, as items {"token_ids": [...]}, until its first
+   output that is not plain, which is the host's, as every later one. Sets
+   *armed to 1, or to 0 (and drops the route) where an output of it went by
+   since it was reserved, it was not reserved, or it was armed already: its
+   outputs are then all the host's. Errors: DC_EBADF (for either handle: the
+   route is dropped); DC_EINVAL for NULL pointers. */
+int dc_engine_outputs_activate(uint64_t h, const char *id, size_t id_len, uint64_t request, int *armed);
+
+/* Drops request id's route: its outputs are the host's from now on.
+   Errors: DC_EBADF; DC_EINVAL for a NULL id. */
+int dc_engine_outputs_drop(uint64_t h, const char *id, size_t id_len);
+
+/* Stores in *n how many engine connections the reader holds past their
+   handshake (the engine core's, once it connected). Errors: DC_EBADF;
+   DC_EINVAL for NULL. */
+int dc_engine_outputs_peers(uint64_t h, int *n);
+
+/* Stores in *tokens how many tokens the library delivered so far. Errors:
+   DC_EBADF; DC_EINVAL for NULL. */
+int dc_engine_outputs_sent(uint64_t h, int64_t *tokens);
+
+/* Stops listening, closes the engine's connections and frees the handle;
+   messages not taken are dropped. Errors: DC_EBADF. */
+int dc_engine_outputs_free(uint64_t h);
+
 #ifdef __cplusplus
 }
 #endif

@@ -43,6 +43,7 @@ const (
 	kindFrontend
 	kindStatus
 	kindSpan
+	kindEngineOutputs
 )
 
 var (
@@ -56,6 +57,8 @@ var (
 	frontends = handle.NewTable[*frontend.Frontend](kindFrontend)
 	statuses  = handle.NewTable[*status.Server](kindStatus)
 	spans     = handle.NewTable[*tracing.Span](kindSpan)
+	// engineReaders: engineout_exports.go.
+	engineReaders = handle.NewTable[*engineOutputs](kindEngineOutputs)
 )
 
 // otherTables are the tables of neither contexts nor queues
@@ -63,7 +66,7 @@ var (
 var otherTables = []interface {
 	Kind() handle.Kind
 	Len() int
-}{runtimes, endpoints, requests, clients, streams, frontends, statuses, spans}
+}{runtimes, endpoints, requests, clients, streams, frontends, statuses, spans, engineReaders}
 
 // fail records msg as the calling thread's last error and returns code.
 func fail(code C.int, format string, args ...any) C.int {

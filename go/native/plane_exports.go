@@ -118,6 +118,7 @@ func dc_runtime_host_tick(h C.uint64_t) (rc C.int) {
 		return rc
 	}
 	rt.HostTick()
+	flushEngineReaders()
 	return C.DC_OK
 }
 

@@ -44,6 +44,14 @@ package main
 //   - postHostTick (2): a runtime's handle (u64): dc_runtime_host_tick.
 //   - postEngineLoad (3): an endpoint's handle (u64), the waiting requests
 //     (i64) and the KV usage (f64): dc_endpoint_set_engine_load.
+//   - postEngineReserve (4), postEngineActivate (5), postEngineDrop (6): an
+//     engine-output reader's handle (u64), a request's (u64; 0 but for
+//     postEngineActivate), the length of a request id (u32) and the id:
+//     dc_engine_outputs_reserve, _activate (whose answer the host does not
+//     need: the outputs' flags tell it) and _drop (engineout_exports.go).
+//     The reader runs what is posted before each engine message, so a route
+//     posted before its request reached the engine is in place for its
+//     first output.
 //
 // A handle that is no longer valid drops its record (the host freed it
 // meanwhile); so does a malformed message, logged: only the library's own
@@ -77,9 +85,12 @@ import (
 
 // The record kinds (see above).
 const (
-	postItems      = 1
-	postHostTick   = 2
-	postEngineLoad = 3
+	postItems          = 1
+	postHostTick       = 2
+	postEngineLoad     = 3
+	postEngineReserve  = 4
+	postEngineActivate = 5
+	postEngineDrop     = 6
 )
 
 // The values of dc_posted_over (posted.h).
@@ -251,7 +262,10 @@ func runMessage(m []byte) {
 			err = errMalformed
 		} else if rt, e := runtimes.Get(binary.LittleEndian.Uint64(rest)); e == nil {
 			rt.HostTick()
+			flushEngineReaders()
 		}
+	case postEngineReserve, postEngineActivate, postEngineDrop:
+		err = runEngineRoute(kind, rest)
 	case postEngineLoad:
 		if len(rest) != 24 {
 			err = errMalformed

@@ -167,7 +167,7 @@ PyMODINIT_FUNC PyInit__native(void) {
     PyObject* m = PyModule_Create(&native_module);
     if (m == NULL) return NULL;
     PyMethodDef* parts[] = {common_methods, queue_methods, plane_methods, client_methods, json_methods, status_methods,
-                            model_methods, trace_methods, post_methods};
+                            model_methods, trace_methods, post_methods, engine_methods};
     for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
         if (PyModule_AddFunctions(m, parts[i]) < 0) {
             Py_DECREF(m);

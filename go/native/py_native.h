@@ -233,6 +233,7 @@ extern DC_HIDDEN PyMethodDef status_methods[];
 extern DC_HIDDEN PyMethodDef model_methods[];
 extern DC_HIDDEN PyMethodDef trace_methods[];
 extern DC_HIDDEN PyMethodDef post_methods[];
+extern DC_HIDDEN PyMethodDef engine_methods[];
 
 #endif // DC_WITH_PYTHON
 #endif // DC_PY_NATIVE_H

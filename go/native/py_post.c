@@ -16,7 +16,7 @@
 
 _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the posted messages are little-endian (posted.go)");
 
-enum { KIND_ITEMS = 1, KIND_HOST_TICK = 2, KIND_ENGINE_LOAD = 3 };
+enum { KIND_ITEMS = 1, KIND_HOST_TICK = 2, KIND_ENGINE_LOAD = 3, KIND_ENGINE_RESERVE = 4, KIND_ENGINE_ACTIVATE = 5, KIND_ENGINE_DROP = 6 };
 
 // The post socket's fd: -2 not asked yet, -1 none (posting off).
 static int post_fd = -2;
@@ -252,7 +252,44 @@ static PyObject* mod_post_engine_load(PyObject* m, PyObject* args) {
     return endpoint_set_engine_load_call(m, args);
 }
 
+// engine_outputs_post(kind, reader, id, request): a route of the engine-output
+// reader (4 reserve, 5 activate, 6 drop: dc_engine_outputs_reserve, _activate,
+// _drop), posted; the call where it cannot be posted (an activation's answer
+// is then dropped: the outputs' flags tell the host).
+static PyObject* mod_engine_outputs_post(PyObject* m, PyObject* args) {
+    int kind;
+    unsigned long long h, req;
+    const char* id;
+    Py_ssize_t id_len;
+    if (!PyArg_ParseTuple(args, "iKy#K:engine_outputs_post", &kind, &h, &id, &id_len, &req) || check_fork() < 0)
+        return NULL;
+    if (kind < KIND_ENGINE_RESERVE || kind > KIND_ENGINE_DROP) {
+        PyErr_SetString(PyExc_ValueError, "engine_outputs_post: kind must be 4, 5 or 6");
+        return NULL;
+    }
+    char small[512];
+    if ((size_t)id_len <= sizeof small - 24) {
+        put_u32(small, (uint32_t)kind);
+        put_u64(small + 4, (uint64_t)h);
+        put_u64(small + 12, kind == KIND_ENGINE_ACTIVATE ? (uint64_t)req : 0);
+        put_u32(small + 20, (uint32_t)id_len);
+        memcpy(small + 24, id, (size_t)id_len);
+        if (post(small, 24 + (size_t)id_len) == 0) Py_RETURN_NONE;
+    }
+    int rc, armed = 0;
+    if (kind == KIND_ENGINE_RESERVE)
+        rc = dc_engine_outputs_reserve((uint64_t)h, id, (size_t)id_len);
+    else if (kind == KIND_ENGINE_ACTIVATE)
+        rc = dc_engine_outputs_activate((uint64_t)h, id, (size_t)id_len, (uint64_t)req, &armed);
+    else
+        rc = dc_engine_outputs_drop((uint64_t)h, id, (size_t)id_len);
+    if (rc != DC_OK) return raise_rc(rc);
+    Py_RETURN_NONE;
+}
+
 PyMethodDef post_methods[] = {
+    {"engine_outputs_post", mod_engine_outputs_post, METH_VARARGS,
+     "engine_outputs_post(kind, reader, id, request): an engine-output route, posted"},
     {"request_post_multi", mod_request_post_multi, METH_VARARGS,
      "request_post_multi([req, ...], [[data, ...], ...]) -> [taken or -code, ...]: request_send_multi, posted"},
     {"post_host_tick", mod_post_host_tick, METH_O, "post_host_tick(rt): runtime_host_tick, posted"},

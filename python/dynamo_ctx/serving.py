@@ -156,7 +156,11 @@ def item_sink() -> Optional[Callable[[Any], None]]:
     raises what encoding the item raises (an item that is not JSON). The
     handler must not return before its last item is handed over: what it
     handed over is sent before the stream ends. Items wait in memory while
-    the caller's stream is full (at most what the request makes)."""
+    the caller's stream is full (at most what the request makes).
+
+    The sink's ``request`` is the library's handle of the request it serves:
+    where the library itself may send items too (backends/vllm_outputs.py),
+    which go ahead of those the sink holds for the turn's end."""
     sink = _sink.get()
     if sink is not None:
         _sink.set(None)
@@ -210,6 +214,7 @@ async def _relay(lib: Any, req: int, ctx: Context, gen: Any, batch: List[bytes],
             elif len(batch) % _SEND_BATCH == 0 and req not in sends.draining:
                 _send_some(lib, req, batch)  # what the library takes now; the rest goes at the turn's end
 
+        sink.request = req  # type: ignore[attr-defined]  # the library's request: where the library may send items itself
         _sink.set(sink)  # this task's context: the handler's code takes it (item_sink)
     async for item in gen:
         if killed():

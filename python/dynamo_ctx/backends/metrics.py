@@ -61,6 +61,10 @@ class WorkerMetrics:
         #: capacity), read at each scrape (``Endpoint.busy_refusals``, once
         #: the endpoint serves).
         self.busy_refusals: Callable[[], int] = lambda: 0
+        #: The output tokens the library sent to their callers itself, read
+        #: from vLLM's engine core (backends/vllm_outputs.py), read at each
+        #: scrape once the library reads them.
+        self.library_sent_tokens: Callable[[], int] = lambda: 0
 
     def cancellation(self, reason: str) -> None:
         """Count a request whose context was stopped or killed for ``reason``."""
@@ -92,6 +96,9 @@ class WorkerMetrics:
             (CounterMetricFamily, "dynamo_ctx_worker_busy_refusals_total",
              "Requests refused at once as busy (the worker at its capacity); they never reached the engine.",
              self.busy_refusals()),
+            (CounterMetricFamily, "dynamo_ctx_worker_library_sent_tokens_total",
+             "Output tokens the library sent to their callers itself, read from the engine's output stream "
+             "(the others went through the worker's Python).", self.library_sent_tokens()),
         ):
             f = family(name, help_, labels=["model"])
             f.add_metric([self.model], value)

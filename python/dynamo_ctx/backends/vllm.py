@@ -377,6 +377,7 @@ class BaseWorkerHandler:
         # (_Pushed); else this task reads the engine's stream.
         sink = item_sink() if max_tokens > 0 and _pushable(type(self.engine)) else None  # type: ignore[arg-type]  # classes hash
         pushed: Optional[_Pushed] = None
+        reader: Any = None  # the library's reader of the engine's outputs, watching this request
         admitted = False  # add_request returned: the engine holds the request
 
         def on_stop() -> None:
@@ -392,6 +393,14 @@ class BaseWorkerHandler:
                 if context.is_stopped():
                     return  # nothing started: nothing to abort
                 pushed = _Pushed(items, sink, context, stop_monitor)
+                lean = _lean_outputs(self.engine)
+                # The library reads the engine's outputs (vllm_outputs.py): it may
+                # send this request's plain tokens itself, from its first output
+                # on, so it watches the request before the engine has it.
+                served = getattr(sink, "request", None)
+                reader = lean.go if lean is not None and served is not None else None
+                if reader is not None:
+                    reader.reserve(engine_id)
                 collector = await self.engine.add_request(engine_id, _engine_input(self.engine, prompt, params, request_id), params)
                 admitted = True
                 if context.is_stopped():
@@ -399,10 +408,16 @@ class BaseWorkerHandler:
                     await asyncio.shield(_abort_quietly(self.engine, engine_id))
                     return
                 pushed.watch(collector)
-                lean = _lean_outputs(self.engine)
                 routed = getattr(collector, "request_id", None) if lean is not None else None
                 if routed is not None and not lean.route(routed, pushed.tokens):  # type: ignore[union-attr]
                     routed = None
+                if routed is not None and reader is not None and reader.activate(engine_id, routed, served):
+                    lean.deliver_to(routed, pushed)  # type: ignore[union-attr]
+                    if logger.isEnabledFor(logging.DEBUG):
+                        logger.debug("%sRequest ID %s: the library sends its plain tokens", self.label, request_id)
+                elif reader is not None:
+                    reader.drop(engine_id)  # its outputs are all the worker's: none need wait for it
+                    reader = None
                 try:
                     await pushed.done
                 finally:
@@ -460,6 +475,8 @@ class BaseWorkerHandler:
                         await asyncio.shield(aclose())
                 finally:
                     self._aborting.pop(engine_id, None)
+                    if reader is not None:
+                        reader.drop(engine_id)
                     if span:
                         usage = {"gen_ai.usage.output_tokens": items.produced,
                                  "gen_ai.response.finish_reasons": [items.finish] if items.finish else []}
@@ -514,7 +531,7 @@ class _Pushed:
     request does: its last output, a stop (``end``), or an error (the
     engine's, or an item that could not be handed over)."""
 
-    __slots__ = ("items", "sink", "context", "stop_monitor", "done", "finished")
+    __slots__ = ("items", "sink", "context", "stop_monitor", "done", "finished", "quiet")
 
     def __init__(self, items: _Items, sink: Callable[[Any], None], context: Context, stop_monitor: Callable[[], Any]) -> None:
         self.items = items
@@ -523,6 +540,9 @@ class _Pushed:
         self.stop_monitor = stop_monitor
         self.done: "asyncio.Future[None]" = asyncio.get_running_loop().create_future()
         self.finished = False  # the engine gave its last output
+        # Set while vLLM's output processor handles an output whose tokens the
+        # library sent itself (vllm_lean's Quiet): its output is only counted.
+        self.quiet = False
 
     def watch(self, collector: Any) -> None:
         """Take ``collector``'s outputs from now on, and any it already holds."""
@@ -548,6 +568,9 @@ class _Pushed:
             return  # ended: the abort's last output, one after a failure, or the task was cancelled
         if isinstance(output, BaseException):
             self._fail(output)
+            return
+        if self.quiet:
+            self.items.produced += len(output.outputs[0].token_ids)  # sent by the library (DELTA: routed)
             return
         if self.context.is_stopped():
             self.end()  # as a reader that stops reading; the monitor aborts the engine
@@ -575,6 +598,10 @@ class _Pushed:
             self.sink({"token_ids": ids})
         except Exception as e:  # noqa: BLE001 - the request fails, not the engine's callback
             self._fail(e)
+
+    def count(self, ids: List[int]) -> None:
+        """Count ``ids``, which the library sent itself (vllm_lean's Quiet)."""
+        self.items.produced += len(ids)
 
     def end(self) -> None:
         if not self.done.done():

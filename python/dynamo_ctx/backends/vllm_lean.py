@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import logging
 import weakref
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Protocol
 
 logger = logging.getLogger("dynamo_ctx.backends.vllm")
 
@@ -64,6 +64,11 @@ class LeanOutputs:
         self._delta = delta  # vLLM's RequestOutputKind.DELTA
         self._plain_detokenizer = plain_detokenizer
         self.routes: Dict[str, Route] = {}  # vLLM's request id -> where its tokens go
+        # The library's reader of the engine's outputs, when it reads them
+        # (vllm_outputs.py), and the requests whose plain tokens it sends itself:
+        # vLLM's request id -> its Quiet side here.
+        self.go: Any = None
+        self.delivered_to: Dict[str, "Quiet"] = {}
 
     @classmethod
     def of(cls, engine: Any) -> Optional["LeanOutputs"]:
@@ -131,9 +136,17 @@ class LeanOutputs:
         self.routes[request_id] = route
         return True
 
+    def deliver_to(self, request_id: str, quiet: "Quiet") -> None:
+        """Record that the library sends ``request_id``'s plain tokens itself (a
+        routed request's: vllm_outputs.py): the outputs it delivered (their
+        ``new_token_ids`` a ``Delivered`` list) are kept in vLLM's books and
+        counted on ``quiet``, never handed over again."""
+        self.delivered_to[request_id] = quiet
+
     def unroute(self, request_id: str) -> None:
         """Forget ``request_id``'s route (its outputs go vLLM's way after this)."""
         self.routes.pop(request_id, None)
+        self.delivered_to.pop(request_id, None)
 
     def process_outputs(self, engine_core_outputs: List[Any], engine_core_timestamp: Optional[float] = None,
                         iteration_stats: Any = None, weight_version: Optional[str] = None) -> Any:
@@ -142,11 +155,25 @@ class LeanOutputs:
         if not routes:
             return self._original(engine_core_outputs, engine_core_timestamp, iteration_stats, weight_version=weight_version)
         rest = []
-        states, stats = self._states, self._stats
+        quiet: List[Quiet] = []
+        states, stats, delivered_to = self._states, self._stats, self.delivered_to
         for out in engine_core_outputs:
             route = routes.get(out.request_id)
+            to: Optional[Quiet] = None
+            kind = type(out.new_token_ids)
+            if kind is not list and (kind is Delivered or kind is DeliveredExtra):
+                # The library sent its tokens itself (vllm_outputs.py): vLLM's books only.
+                to = delivered_to.get(out.request_id)
+                if to is None:
+                    rest.append(out)  # the request ended meanwhile: vLLM's way, and its collector drops it
+                    continue
+                route = to.count
+                if kind is DeliveredExtra:
+                    quiet.append(to)  # vLLM's way keeps its books (events, prefill statistics)
+                    rest.append(out)
+                    continue
             # Every field of _UNSET unset, spelled out: this runs for every token.
-            if route is None or not (
+            elif route is None or not (
                 out.finish_reason is None and out.stop_reason is None and out.new_logprobs is None
                 and out.new_prompt_logprobs_tensors is None and out.pooling_output is None and out.events is None
                 and out.kv_transfer_params is None and out.ec_transfer_params is None and out.prefill_stats is None
@@ -160,6 +187,8 @@ class LeanOutputs:
                 continue  # aborted: vLLM ignores its outputs too
             if state.is_prefilling:
                 rest.append(out)  # its first output: vLLM's way records the prefill
+                if to is not None:
+                    quiet.append(to)
                 continue
             stats(state, out, engine_core_timestamp, iteration_stats)
             ids = out.new_token_ids
@@ -167,7 +196,38 @@ class LeanOutputs:
                 state.track_weight_version(weight_version)  # before the tokens, as vLLM
             state.detokenizer.update(ids, False)
             route(ids)
-        return self._original(rest, engine_core_timestamp, iteration_stats, weight_version=weight_version)
+        if not quiet:
+            return self._original(rest, engine_core_timestamp, iteration_stats, weight_version=weight_version)
+        for to in quiet:
+            to.quiet = True  # what vLLM's way makes of these outputs is dropped
+        try:
+            return self._original(rest, engine_core_timestamp, iteration_stats, weight_version=weight_version)
+        finally:
+            for to in quiet:
+                to.quiet = False
+
+
+class Quiet(Protocol):
+    """A request's side for the outputs whose tokens the library sent itself."""
+
+    quiet: bool  # set while vLLM's way handles such an output: what it makes of it is dropped
+
+    def count(self, ids: List[int]) -> None:
+        """Count ``ids``, sent by the library."""
+
+
+class Delivered(list):  # type: ignore[type-arg]
+    """The new token ids of an output whose tokens the library sent itself
+    (vllm_outputs.py), an output otherwise plain."""
+
+    __slots__ = ()
+
+
+class DeliveredExtra(list):  # type: ignore[type-arg]
+    """The same, of an output with events or prefill statistics, which vLLM's
+    own way keeps in its books."""
+
+    __slots__ = ()
 
 
 #: What the short way takes from vLLM (``_unlike`` checks it on the running vLLM;

@@ -46,6 +46,7 @@ from ..backends import model_dir
 from ..backends.metrics import WorkerMetrics
 from ..backends.engineload import LoadSink, vllm_stat_logger
 from ..backends.mocker import DEFAULT_MAX_NUM_BATCHED_TOKENS, MockAsyncLLM, MockEngineArgs
+from ..backends.vllm_outputs import EngineOutputs
 from ..backends.vllm import AggregatedHandler, BaseWorkerHandler, DecodeHandler, PrefillHandler
 from . import _args, _errors, _logging, _runner
 from . import reaper
@@ -222,6 +223,11 @@ def _add_worker_flags(p: argparse.ArgumentParser) -> None:
             "--num-gpu-blocks-override", type=_args.positive_int, default=MockEngineArgs.num_kv_blocks,
             help="mock engine: blocks in its KV cache (requests wait for free blocks; the last admitted is preempted when they run out)",
         )
+    add(
+        "--engine-outputs", choices=["library", "vllm"], default="library", env="DYNAMO_CTX_ENGINE_OUTPUTS",
+        help="vLLM engine: who reads its engine core's outputs: the library (plain tokens go to their callers without "
+        "the worker's Python; docs/design.md, \"Engine outputs in the library\"), or vLLM itself, as before",
+    )
     add(
         "--mock-die-after-steps", type=_args.positive_int,
         help="mock engine: its core dies after this many engine steps, a rehearsal of engine death (default: never)",
@@ -527,6 +533,10 @@ async def run(args: argparse.Namespace) -> None:
             reaper.start()
         engine, model = vllm_model(args) if args.engine == "vllm" else mock_model(args)
         metrics_server, metrics_sock = _serve_status(metrics_sock, args, status_routes(metrics, engine, readiness)), None
+        if args.engine == "vllm" and args.engine_outputs == "library":
+            reader = await EngineOutputs.take(engine)  # before any request (or nothing, logged, where it cannot)
+            if reader is not None:
+                metrics.library_sent_tokens = reader.sent
         readiness.waiting_for = f"NATS at {_errors.nats_address(args.nats_url)}"
         runtime = await _runner.connect_runtime(args.nats_url)
         logger.info("migration_limit=%d for model %s", args.migration_limit, model.name)

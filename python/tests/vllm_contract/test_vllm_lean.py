@@ -194,3 +194,69 @@ def test_a_check_that_fails_installs_nothing(monkeypatch: pytest.MonkeyPatch) ->
     assert handlers._lean_outputs(engine) is None
     assert len(checks) == 1  # checked at the first request only
     assert "process_outputs" not in vars(engine.output_processor)  # type: ignore[attr-defined]
+
+
+class _Quiet:
+    """A request's side of the library's deliveries (backends/vllm.py's _Pushed):
+    counts what the library sent, and what vLLM's way makes while quiet."""
+
+    def __init__(self) -> None:
+        self.quiet = False
+        self.counted: List[List[int]] = []
+
+    def count(self, ids: List[int]) -> None:
+        self.counted.append(list(ids))
+
+
+@pytest.mark.parametrize("first", ["Delivered", "DeliveredExtra"])
+def test_outputs_the_library_sent_keep_vllms_books_and_reach_nobody_again(first: str) -> None:
+    """Outputs whose tokens the library sent itself (backends/vllm_outputs.py marks
+    their new_token_ids) are counted and kept in vLLM's books as its own way keeps
+    them, and reach the request no second time: the first output (its prefill,
+    vLLM's way, quiet) and the plain ones (the short way, counted); the last one,
+    which the library leaves to the worker, reaches it as before."""
+    if vllm_lean._unlike(_processor(lean=False)[0]):
+        pytest.skip("the short way is off on this vLLM")
+    _, _, plain_stats, plain_processor, _ = _run(lean=False)
+    processor, installed = _processor(lean=True)
+    assert installed is not None
+    rid = "req-1"
+    q = _Quiet()
+    collector = RequestOutputCollector(RequestOutputKind.DELTA, rid)
+    outputs: List[Any] = []
+    collector.put = lambda o: q.counted.append(list(o.outputs[0].token_ids)) if q.quiet else outputs.append(o)  # type: ignore[method-assign]
+    processor.add_request(_request(rid), None, None, 0, collector)
+    tokens: List[Any] = []
+    assert installed.route(rid, tokens.append)
+    installed.deliver_to(rid, q)
+    stats = []
+    for i, out in enumerate(_outputs(rid, 4)):
+        if i == 0:
+            out.new_token_ids = getattr(vllm_lean, first)(out.new_token_ids)
+        elif not out.finished:
+            out.new_token_ids = vllm_lean.Delivered(out.new_token_ids)
+        it = IterationStats()
+        result = processor.process_outputs([out], time.monotonic() + i * 0.01, it, weight_version="default")
+        assert not result.request_outputs and not result.reqs_to_abort
+        assert not q.quiet, "quiet only while vLLM's way runs"
+        stats.append((it.num_generation_tokens, it.num_prompt_tokens, len(it.finished_requests), len(list(_itl(it)))))
+    assert tokens == [], "nothing handed over by the short way"
+    assert q.counted == [[10], [11], [12], [13], [14]]
+    assert [list(o.outputs[0].token_ids) for o in outputs] == [[99]]
+    assert outputs[0].finished
+    assert stats == plain_stats
+    assert processor.request_states == {} == plain_processor.request_states
+
+
+def test_outputs_the_library_sent_for_a_request_that_ended_go_vllms_way() -> None:
+    """A message the library forwarded after the request's route was dropped (its
+    stream ended): its outputs go vLLM's way, whose collector (ended) drops them."""
+    processor, installed = _processor(lean=True)
+    if installed is None:
+        pytest.skip("the short way is off on this vLLM")
+    left: List[Any] = []
+    installed._original = lambda rest, *a, **k: left.append(list(rest))  # type: ignore[method-assign]
+    installed.routes["other"] = lambda ids: None  # so that the short way runs at all
+    out = EngineCoreOutput(request_id="gone", new_token_ids=vllm_lean.Delivered([1]))
+    installed.process_outputs([out], time.monotonic(), IterationStats(), weight_version=None)
+    assert left == [[out]]

@@ -230,6 +230,39 @@ def test_plain_decode_tokens_take_the_short_way(fleet):
         assert w.log_count(r"outputs all go through its output processor") == 0, w.name
 
 
+def test_the_library_reads_the_engine_cores_outputs(fleet):
+    """The workers' library reads the engine core's output stream and sends plain
+    tokens itself (backends/vllm_outputs.py, docs/design.md "Engine outputs in the
+    library"): the text identity above went that way. A stream of many tokens, and
+    requests side by side, come back whole and in order."""
+    stack = fleet["stack"]
+    fe = stack.frontend
+    for w in stack.workers:
+        if w.running():
+            assert w.log_count(r"The library reads the engine core's outputs") == 1, w.name
+            assert w.log_count(r"vLLM reads its engine core's outputs itself") == 0, w.name
+    want = greedy_text(fe, "a long one", 120)
+    sent = {w.name: _library_sent(w) for w in stack.workers if w.running()}
+
+    async def side_by_side() -> List[Result]:
+        return list(await asyncio.gather(*(
+            stream_completion(fe.host_port, MODEL, "a long one", 120, f"lib-out-{i}-{secrets.token_hex(4)}", extra=dict(GREEDY))
+            for i in range(6))))
+
+    for r in asyncio.run(side_by_side()):
+        assert r.status == 200 and r.done and not r.error, r
+        assert "".join(r.texts) == want["text"], r
+        assert r.finish == want["finish_reason"], r
+        assert serving_worker(stack, r.rid).log_count(rf"Request ID {r.rid}: the library sends its plain tokens") == 1, r.rid
+    # The library sent most of the tokens: all but each stream's last (its finish).
+    more = sum(_library_sent(w) - sent[w.name] for w in stack.workers if w.name in sent)
+    assert more >= 6 * (120 - 1), more
+
+
+def _library_sent(w: Worker) -> float:
+    return w.metrics().get("dynamo_ctx_worker_library_sent_tokens_total", 0.0)
+
+
 def test_rendered_prompts_make_the_requests_raw_ones_make():
     """``_engine_input`` (backends/vllm.py) renders a prompt as vLLM renders a
     raw one: vLLM's own ``InputProcessor`` makes the same engine-core request

@@ -1,0 +1,397 @@
+package main
+
+// The exports of the engine-output reader (go/engineout over go/zmtp): the
+// library takes a vLLM engine core's output stream in the host's place,
+// hands routed requests' plain tokens straight to their plane streams, and
+// forwards every message to the host through a stream socket (no call per
+// message: a call from the host's thread costs the process the Go
+// scheduler's polling, see posted.go). The routes of requests are posted
+// calls too (runEngineRoute), or calls where posting is off.
+
+/*
+#include <stddef.h>
+#include <stdint.h>
+#define DC_ENUMS_ONLY
+#include "dynamo_ctx.h"
+*/
+import "C"
+
+import (
+	"encoding/binary"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/dynamo-ctx/dynamo-ctx/go/engineout"
+	"github.com/dynamo-ctx/dynamo-ctx/go/plane"
+	"github.com/dynamo-ctx/dynamo-ctx/go/transport"
+	"github.com/dynamo-ctx/dynamo-ctx/go/zmtp"
+)
+
+// engineOutputs is one reader: its listener, its router and the socket
+// that carries the host its messages.
+type engineOutputs struct {
+	pull   *zmtp.Pull
+	router *engineout.Router[*plane.Request]
+	batch  transport.Batch // the deliveries of one message (the router's lock held)
+
+	// The host's messages, each length-prefixed: written to conn (the
+	// library's end of a stream socket whose other end is the host's) at
+	// once by the reader, without waiting, while nothing is queued before
+	// them; else appended to out, which the writer goroutine writes (when
+	// the host reads slower than the engine sends).
+	conn    net.Conn
+	raw     syscall.RawConn
+	mu      sync.Mutex
+	out     []byte
+	writing bool          // the writer holds bytes taken from out
+	broken  bool          // the socket failed: nothing more goes
+	frame   []byte        // forward's scratch (mu held)
+	kick    chan struct{} // capacity 1: out has bytes
+	written chan struct{} // closed when the writer returned
+}
+
+// forward hands message m to the host (the router's lock held: in order).
+func (e *engineOutputs) forward(m []byte) {
+	e.mu.Lock()
+	if e.broken {
+		e.mu.Unlock()
+		return
+	}
+	if len(e.out) > 0 || e.writing {
+		e.out = binary.LittleEndian.AppendUint32(e.out, uint32(len(m)))
+		e.out = append(e.out, m...)
+		e.mu.Unlock()
+		return // the writer, busy, takes it next
+	}
+	e.frame = binary.LittleEndian.AppendUint32(e.frame[:0], uint32(len(m)))
+	e.frame = append(e.frame, m...)
+	n := e.tryWrite(e.frame)
+	if n == len(e.frame) {
+		e.mu.Unlock()
+		return
+	}
+	e.out = append(e.out, e.frame[n:]...)
+	e.mu.Unlock()
+	select {
+	case e.kick <- struct{}{}:
+	default:
+	}
+}
+
+// tryWrite writes what the socket takes of b now, without waiting, and
+// returns how much (all of it on an error: the host is gone; mu held,
+// which marks the socket broken).
+func (e *engineOutputs) tryWrite(b []byte) int {
+	n := 0
+	err := e.raw.Write(func(fd uintptr) bool {
+		for n < len(b) {
+			w, err := syscall.Write(int(fd), b[n:])
+			if err == syscall.EINTR {
+				continue
+			}
+			if err != nil || w <= 0 {
+				if err != syscall.EAGAIN {
+					n, e.broken = len(b), true
+				}
+				return true
+			}
+			n += w
+		}
+		return true
+	})
+	if err != nil {
+		e.broken = true
+		return len(b)
+	}
+	return n
+}
+
+// write writes what forward queued, waiting for the socket as it must,
+// until the socket fails (closed by close, or the host's end gone).
+func (e *engineOutputs) write() {
+	defer close(e.written)
+	var buf []byte
+	for range e.kick {
+		for {
+			e.mu.Lock()
+			if len(e.out) == 0 {
+				e.writing = false
+				e.mu.Unlock()
+				break
+			}
+			buf, e.out = e.out, buf[:0]
+			e.writing = true
+			e.mu.Unlock()
+			if _, err := e.conn.Write(buf); err != nil {
+				e.mu.Lock()
+				e.broken, e.out = true, nil
+				e.mu.Unlock()
+				return
+			}
+		}
+	}
+}
+
+func (e *engineOutputs) close() {
+	if e.pull != nil {
+		_ = e.pull.Close()
+	}
+	e.router.Close()
+	_ = e.conn.Close()
+	close(e.kick)
+	<-e.written
+}
+
+// maxEngineWindow bounds dc_engine_outputs_listen's window: a second is
+// already far past what statistics may lag.
+const maxEngineWindow = 1.0
+
+// dc_engine_outputs_listen: see dynamo_ctx_services.h, the reference.
+//
+//export dc_engine_outputs_listen
+func dc_engine_outputs_listen(path *C.char, pathLen C.size_t, messageLayout *C.char, messageLen C.size_t,
+	outputLayout *C.char, outputLen C.size_t, suffix C.size_t, window C.double, out *C.uint64_t, fd *C.int) (rc C.int) {
+	defer guard("dc_engine_outputs_listen", &rc)
+	if path == nil || messageLayout == nil || outputLayout == nil || out == nil || fd == nil {
+		return fail(C.DC_EINVAL, "dc_engine_outputs_listen: path, layouts, out and fd must not be NULL")
+	}
+	w := float64(window)
+	if !(w >= 0 && w <= maxEngineWindow) || suffix > 64 || pathLen == 0 {
+		return fail(C.DC_EINVAL, "dc_engine_outputs_listen: window %v (0 to %v seconds), suffix %d (at most 64), a path", w, maxEngineWindow, suffix)
+	}
+	conn, hostFd, err := hostSocket()
+	if err != nil {
+		return fail(C.DC_EIO, "dc_engine_outputs_listen: %v", err)
+	}
+	raw, err := conn.(*net.UnixConn).SyscallConn()
+	if err != nil {
+		_ = syscall.Close(hostFd)
+		_ = conn.Close()
+		return fail(C.DC_EIO, "dc_engine_outputs_listen: %v", err)
+	}
+	e := &engineOutputs{conn: conn, raw: raw, kick: make(chan struct{}, 1), written: make(chan struct{})}
+	go e.write()
+	e.router, err = engineout.New(engineout.Options[*plane.Request]{
+		Layout: engineout.Layout{Message: string(goBytes(messageLayout, messageLen)), Output: string(goBytes(outputLayout, outputLen))},
+		Suffix: int(suffix),
+		Window: time.Duration(w * float64(time.Second)),
+		Deliver: func(req *plane.Request, item []byte) bool {
+			if req.Ctx != nil && req.Ctx.IsStopped() {
+				return false // as the worker's own sends: nothing after its request stopped
+			}
+			// Beyond the send buffer's bound if need be, as a posted send:
+			// a request holds at most what it makes.
+			if _, err := req.SendManyPosted([][]byte{item}, &e.batch); err != nil {
+				slog.Error("engine outputs: an item the library made is not JSON", "err", err)
+			}
+			return true
+		},
+		Flush:   func() { e.batch.Flush() },
+		Forward: e.forward,
+	})
+	if err != nil {
+		_ = syscall.Close(hostFd)
+		_ = conn.Close()
+		close(e.kick)
+		<-e.written
+		return fail(C.DC_EINVAL, "dc_engine_outputs_listen: %v", err)
+	}
+	ln, err := net.Listen("unix", string(goBytes(path, pathLen)))
+	if err != nil {
+		_ = syscall.Close(hostFd)
+		e.close()
+		return fail(C.DC_EIO, "dc_engine_outputs_listen: %v", err)
+	}
+	// What the host posted (the routes of requests it hands the engine) runs
+	// before each message: a route reserved before its request reached the
+	// engine is in place when the request's first output comes.
+	handle := func(frames [][]byte) error {
+		drainPosted()
+		return e.router.Handle(frames)
+	}
+	e.pull = zmtp.Serve(ln, handle, zmtp.Options{Log: func(format string, args ...any) {
+		slog.Warn(fmt.Sprintf(format, args...))
+	}})
+	*out = C.uint64_t(engineReaders.Insert(e))
+	*fd = C.int(hostFd)
+	liveReaders.Lock()
+	liveReaders.set[e] = struct{}{}
+	liveReaders.Unlock()
+	return C.DC_OK
+}
+
+// liveReaders are the readers whose waiting messages the host's tick
+// forwards (flushEngineReaders).
+var liveReaders = struct {
+	sync.Mutex
+	set map[*engineOutputs]struct{}
+}{set: map[*engineOutputs]struct{}{}}
+
+// flushEngineReaders forwards what waits for the window in every reader:
+// the host's tick (every HOST_TICK_MS while it serves) does, for the
+// messages after which the engine sent none (engineout.Router keeps no
+// timer).
+func flushEngineReaders() {
+	liveReaders.Lock()
+	defer liveReaders.Unlock()
+	for e := range liveReaders.set {
+		e.router.FlushPending()
+	}
+}
+
+// hostSocket makes a connected pair of Unix stream sockets: the library's
+// end, in Go's network poller, and the host's fd (close-on-exec).
+func hostSocket() (net.Conn, int, error) {
+	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, -1, err
+	}
+	f := os.NewFile(uintptr(fds[0]), "engine-outputs")
+	conn, err := net.FileConn(f) // a dup, in the poller
+	_ = f.Close()
+	if err != nil {
+		_ = syscall.Close(fds[1])
+		return nil, -1, err
+	}
+	return conn, fds[1], nil
+}
+
+// engineRoute runs f on reader h's router with the id's bytes.
+func engineRoute(name string, h C.uint64_t, id *C.char, idLen C.size_t, f func(r *engineout.Router[*plane.Request], id string) C.int) (rc C.int) {
+	if id == nil && idLen > 0 {
+		return fail(C.DC_EINVAL, "%s: id must not be NULL", name)
+	}
+	drainPosted() // after what the host posted before (posted.go)
+	e, rc := get(engineReaders, name, h)
+	if rc != C.DC_OK {
+		return rc
+	}
+	return f(e.router, string(goBytes(id, idLen)))
+}
+
+// dc_engine_outputs_reserve: see dynamo_ctx_services.h, the reference.
+//
+//export dc_engine_outputs_reserve
+func dc_engine_outputs_reserve(h C.uint64_t, id *C.char, idLen C.size_t) (rc C.int) {
+	defer guard("dc_engine_outputs_reserve", &rc)
+	return engineRoute("dc_engine_outputs_reserve", h, id, idLen, func(r *engineout.Router[*plane.Request], id string) C.int {
+		r.Reserve(id)
+		return C.DC_OK
+	})
+}
+
+// dc_engine_outputs_activate: see dynamo_ctx_services.h, the reference.
+//
+//export dc_engine_outputs_activate
+func dc_engine_outputs_activate(h C.uint64_t, id *C.char, idLen C.size_t, request C.uint64_t, armed *C.int) (rc C.int) {
+	defer guard("dc_engine_outputs_activate", &rc)
+	if armed == nil {
+		return fail(C.DC_EINVAL, "dc_engine_outputs_activate: armed must not be NULL")
+	}
+	*armed = 0
+	return engineRoute("dc_engine_outputs_activate", h, id, idLen, func(r *engineout.Router[*plane.Request], id string) C.int {
+		req, rc := get(requests, "dc_engine_outputs_activate", request)
+		if rc != C.DC_OK {
+			r.Drop(id)
+			return rc
+		}
+		if r.Activate(id, req) {
+			*armed = 1
+		}
+		return C.DC_OK
+	})
+}
+
+// dc_engine_outputs_drop: see dynamo_ctx_services.h, the reference.
+//
+//export dc_engine_outputs_drop
+func dc_engine_outputs_drop(h C.uint64_t, id *C.char, idLen C.size_t) (rc C.int) {
+	defer guard("dc_engine_outputs_drop", &rc)
+	return engineRoute("dc_engine_outputs_drop", h, id, idLen, func(r *engineout.Router[*plane.Request], id string) C.int {
+		r.Drop(id)
+		return C.DC_OK
+	})
+}
+
+// dc_engine_outputs_peers: see dynamo_ctx_services.h, the reference.
+//
+//export dc_engine_outputs_peers
+func dc_engine_outputs_peers(h C.uint64_t, n *C.int) (rc C.int) {
+	defer guard("dc_engine_outputs_peers", &rc)
+	if n == nil {
+		return fail(C.DC_EINVAL, "dc_engine_outputs_peers: n must not be NULL")
+	}
+	e, rc := get(engineReaders, "dc_engine_outputs_peers", h)
+	if rc != C.DC_OK {
+		return rc
+	}
+	*n = C.int(e.pull.Peers())
+	return C.DC_OK
+}
+
+// dc_engine_outputs_sent: see dynamo_ctx_services.h, the reference.
+//
+//export dc_engine_outputs_sent
+func dc_engine_outputs_sent(h C.uint64_t, tokens *C.int64_t) (rc C.int) {
+	defer guard("dc_engine_outputs_sent", &rc)
+	if tokens == nil {
+		return fail(C.DC_EINVAL, "dc_engine_outputs_sent: tokens must not be NULL")
+	}
+	e, rc := get(engineReaders, "dc_engine_outputs_sent", h)
+	if rc != C.DC_OK {
+		return rc
+	}
+	*tokens = C.int64_t(e.router.Sent())
+	return C.DC_OK
+}
+
+// dc_engine_outputs_free: see dynamo_ctx_services.h, the reference.
+//
+//export dc_engine_outputs_free
+func dc_engine_outputs_free(h C.uint64_t) (rc C.int) {
+	defer guard("dc_engine_outputs_free", &rc)
+	e, err := engineReaders.Remove(uint64(h))
+	if err != nil {
+		return fail(C.DC_EBADF, "dc_engine_outputs_free: %v", err)
+	}
+	liveReaders.Lock()
+	delete(liveReaders.set, e)
+	liveReaders.Unlock()
+	e.close()
+	return C.DC_OK
+}
+
+// runEngineRoute runs a posted route message (posted.mu held): the
+// reader's handle (u64), the request's (u64, for postEngineActivate), the
+// id's length (u32) and the id. A reader or request freed meanwhile drops
+// it, as a call would have been refused (an activation dropped so leaves
+// the request's outputs the host's).
+func runEngineRoute(kind uint32, m []byte) error {
+	if len(m) < 20 || uint64(len(m)-20) != uint64(binary.LittleEndian.Uint32(m[16:])) {
+		return errMalformed
+	}
+	e, err := engineReaders.Get(binary.LittleEndian.Uint64(m))
+	if err != nil {
+		return nil
+	}
+	id := string(m[20:])
+	switch kind {
+	case postEngineReserve:
+		e.router.Reserve(id)
+	case postEngineActivate:
+		req, err := requests.Get(binary.LittleEndian.Uint64(m[8:]))
+		if err != nil {
+			e.router.Drop(id)
+			return nil
+		}
+		e.router.Activate(id, req)
+	default:
+		e.router.Drop(id)
+	}
+	return nil
+}

@@ -1,0 +1,406 @@
+"""The engine core's outputs read by the library, in the worker's place.
+
+vLLM's ``AsyncLLM`` reads its engine core's outputs with pyzmq: at every step its
+I/O thread wakes, then the event loop's, and the worker's Python takes each
+request's new tokens apart and hands them to the library again. For the plain
+tokens of a decode, which is most of a stream, none of that is needed: the library
+can read the engine's stream itself (a ZeroMQ PULL socket: go/zmtp) and send each
+routed request's tokens to its caller at once (go/engineout), the way it sends any
+item. The worker still gets every message, later and in batches, and keeps vLLM's
+bookkeeping of each as before (statistics, finishes, everything not plain).
+
+``EngineOutputs.take(engine)`` takes over the output socket of ``engine`` (vLLM's
+``AsyncLLM`` with one engine core on this machine), before any request:
+
+- it closes vLLM's PULL socket and listens on its path in the library; the engine
+  core's PUSH socket connects again by itself (ZeroMQ reconnects);
+- the library's messages reach the loop through a socket; each is what
+  vLLM's own reader (``AsyncMPClient``'s ``process_outputs_socket``) would have
+  received, and is handled as it handles it (an engine's death, utility results,
+  the queue its output handler reads), with the outputs the library delivered
+  marked (their ``new_token_ids`` a ``Delivered`` list, or ``DeliveredExtra``
+  where the output has events or prefill statistics);
+- ``vllm_lean.LeanOutputs`` keeps those outputs' bookkeeping without handing their
+  tokens over again.
+
+A request is routed (``reserve`` before the engine has it, ``activate`` once it is
+one the short way serves: ``LeanOutputs.route``) to the library's request it is
+served for. Neither is a call into the library where posting works: both are
+posted (posted.go), as the worker's items are, and run before the library reads the
+engine's next message, so the worker's loop makes no call into the library per step
+or request.
+
+Where anything differs from what this was written against, nothing is taken and
+every output goes vLLM's way (logged at INFO with the reason).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import os
+import socket
+import struct
+import time
+from typing import Any, List, Optional, Tuple
+
+from .vllm_lean import _UNSET, Delivered, DeliveredExtra, LeanOutputs
+
+logger = logging.getLogger("dynamo_ctx.backends.vllm")
+
+#: The most a message whose outputs the library delivered waits before the worker
+#: gets it (with those after it): the worker's loop wakes once for several engine
+#: steps. vLLM's statistics lag by as much (its gauges, its token counters); a
+#: message the worker must act on (a request's first or last output, anything not
+#: plain) goes at once.
+WINDOW = 0.025
+
+#: How long ``take`` waits for ZeroMQ to remove its socket file after closing it,
+#: and for the engine core to connect to the library's.
+_UNLINK_WAIT = 2.0
+_CONNECT_WAIT = 10.0
+
+#: EngineCoreOutput's fields (vllm_lean's) that may be set on an output whose
+#: tokens the library delivers and whose bookkeeping vLLM's own way then does
+#: (a request's first output carries its prefill statistics, and its events when
+#: vLLM logs statistics).
+_EXTRA = ("events", "prefill_stats")
+#: Fields read by the worker only, whatever they hold.
+_ANY = ("trace_headers", "num_nans_in_logits")
+#: EngineCoreOutputs's fields that the worker must see at once when set.
+_AT_ONCE = ("utility_output", "finished_requests", "wave_complete", "start_wave")
+#: And those it reads when it reads the message.
+_MESSAGE_ANY = ("engine_index", "scheduler_stats", "timestamp", "weight_version")
+
+
+def layouts(output_type: type, outputs_type: type) -> Tuple[str, str]:
+    """go/engineout's layouts of vLLM's ``EngineCoreOutputs`` and ``EngineCoreOutput``;
+    ValueError for a field this module does not know."""
+    message = ""
+    for name in getattr(outputs_type, "__struct_fields__", ()):
+        if name == "outputs":
+            message += "o"
+        elif name in _AT_ONCE:
+            message += "f"
+        elif name in _MESSAGE_ANY:
+            message += "a"
+        else:
+            raise ValueError(f"EngineCoreOutputs has a field {name!r} the library's reader does not know")
+    output = ""
+    for name in getattr(output_type, "__struct_fields__", ()):
+        if name == "request_id":
+            output += "i"
+        elif name == "new_token_ids":
+            output += "t"
+        elif name in _EXTRA:
+            output += "x"
+        elif name in _ANY:
+            output += "a"
+        elif name in _UNSET:
+            output += "n"
+        else:
+            raise ValueError(f"EngineCoreOutput has a field {name!r} the library's reader does not know")
+    return message, output
+
+
+class EngineOutputs:
+    """The library's reader of one engine core's outputs (see the module's docstring)."""
+
+    def __init__(self, lib: Any, handle: int, fd: int, core: Any, lean: LeanOutputs, suffix: int) -> None:
+        self._lib = lib
+        self._handle = handle
+        self._sock = socket.socket(fileno=fd)  # the host's end: the library writes every message to it
+        self._sock.setblocking(False)
+        self._buf = bytearray()
+        self._core = core
+        self._lean = lean
+        self._suffix = suffix
+        self._closed = False
+        self._sent = 0
+        self._queue: "asyncio.Queue[Any]" = core.outputs_queue
+        self._decode = core.decoder.decode
+        self._resources = core.resources
+        self._utility_results = core.utility_results
+        from vllm.v1.engine import EEP_NOTIFICATION_CALL_ID, FT_STATUS_CALL_ID  # type: ignore[import-not-found]
+        from vllm.v1.engine.core import EngineCoreProc  # type: ignore[import-not-found]
+        from vllm.v1.engine.core_client import _process_utility_output  # type: ignore[import-not-found]
+        from vllm.v1.engine.exceptions import EngineDeadError  # type: ignore[import-not-found]
+
+        self._dead_message = EngineCoreProc.ENGINE_CORE_DEAD
+        self._dead_error = EngineDeadError
+        self._process_utility = _process_utility_output
+        self._unhandled_calls = (EEP_NOTIFICATION_CALL_ID, FT_STATUS_CALL_ID)
+
+    @classmethod
+    async def take(cls, engine: Any, window: float = WINDOW) -> Optional["EngineOutputs"]:
+        """Take ``engine``'s output stream (see the module's docstring); None, with
+        nothing changed, where this vLLM is not the one it was written against,
+        and None, with vLLM's own reader back on the same path, where the library
+        could not listen there or the engine core did not connect to it."""
+        try:
+            why, core, lean = _unlike(engine)
+        except Exception as e:  # noqa: BLE001 - whatever the check meets: vLLM's way
+            why, core, lean = repr(e), None, None
+        if why:
+            logger.info("vLLM reads its engine core's outputs itself: %s", why)
+            return None
+        assert core is not None and lean is not None
+        try:
+            # Everything that may fail before anything changes.
+            from vllm.utils.network_utils import make_zmq_socket  # type: ignore[import-not-found]
+            from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs  # type: ignore[import-not-found]
+            import zmq  # type: ignore[import-not-found]
+
+            from .. import _lib
+
+            message, output = layouts(EngineCoreOutput, EngineCoreOutputs)
+            lib, suffix = _lib.native(), _suffix()
+            resources = core.resources
+            sock = resources.output_socket
+            path = sock.getsockopt(zmq.LAST_ENDPOINT).decode()[len("ipc://"):]
+            empty = EngineCoreOutputs()
+        except Exception as e:  # noqa: BLE001 - as any difference: vLLM's way
+            logger.info("vLLM reads its engine core's outputs itself: %r", e)
+            return None
+        # The output handler reads a new queue: vLLM's reader, cancelled, puts its
+        # EngineDeadError into the old one, after an empty message that moves the
+        # handler (waiting on the old one now) to the new.
+        old = core.outputs_queue
+        core.outputs_queue = asyncio.Queue()
+        old.put_nowait(empty)
+        task = resources.output_queue_task
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        sock.close(linger=0)
+        handle: Optional[int] = None
+        self: Optional[EngineOutputs] = None
+        try:
+            # ZeroMQ removes the socket's file from its own thread; listening on the
+            # path before it did would have ours removed.
+            deadline = time.monotonic() + _UNLINK_WAIT
+            while os.path.exists(path) and time.monotonic() < deadline:
+                await asyncio.sleep(0.005)
+            if os.path.exists(path):
+                os.unlink(path)
+            handle, fd = lib.engine_outputs_listen(path.encode(), message.encode(), output.encode(), suffix, window)
+            self = cls(lib, handle, fd, core, lean, suffix)
+            # The engine core's PUSH socket connects again by itself (ZeroMQ
+            # retries every 100 ms): until it did, nothing is served.
+            deadline = time.monotonic() + _CONNECT_WAIT
+            while lib.engine_outputs_peers(handle) == 0:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"the engine core did not connect to {path} in {_CONNECT_WAIT:g} s")
+                await asyncio.sleep(0.01)
+        except BaseException as e:
+            # vLLM's own reader again, on the same path: the engine connects to it.
+            if self is not None:
+                self._free()
+            elif handle is not None:
+                lib.engine_outputs_free(handle)
+            resources.output_socket = make_zmq_socket(core.ctx, "ipc://" + path, zmq.PULL)
+            resources.output_queue_task = None
+            core._ensure_output_queue_task()
+            if not isinstance(e, Exception):
+                raise
+            logger.warning("vLLM reads its engine core's outputs itself: the library could not: %r", e)
+            return None
+        loop = asyncio.get_running_loop()
+        loop.add_reader(self._sock.fileno(), self._read)
+        # vLLM's shutdown cancels this task (its finalizer, also when the engine
+        # core dies): then, as its own reader, the handler gets EngineDeadError.
+        resources.output_queue_task = loop.create_task(self._hold(), name="EngineCoreOutputQueueTask")
+        lean.go = self
+        logger.info("The library reads the engine core's outputs (at %s) and sends plain tokens itself", path)
+        return self
+
+    async def _hold(self) -> None:
+        try:
+            await asyncio.get_running_loop().create_future()
+        except asyncio.CancelledError:
+            self._queue.put_nowait(self._dead_error())
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Stop reading (the engine's shutdown does)."""
+        if self._closed:
+            return
+        self._lean.go = None
+        try:
+            asyncio.get_running_loop().remove_reader(self._sock.fileno())
+        except RuntimeError:
+            pass  # no loop: nothing watches the socket
+        self._free()
+
+    def _free(self) -> None:
+        if self._closed:
+            return
+        self._sent = self.sent()
+        self._closed = True
+        self._lib.engine_outputs_free(self._handle)
+        self._sock.close()
+
+    def sent(self) -> int:
+        """The tokens the library sent itself so far (a counter: its last value once closed)."""
+        return self._sent if self._closed else int(self._lib.engine_outputs_sent(self._handle))
+
+    # A request's route, posted (no call into the library: posted.go).
+
+    def reserve(self, engine_id: str) -> None:
+        """Watch ``engine_id`` (the id given to ``add_request``) before the engine has it."""
+        self._lib.engine_outputs_post(_RESERVE, self._handle, engine_id.encode(), 0)
+
+    def activate(self, engine_id: str, vllm_id: str, request: int) -> bool:
+        """Have the library send ``engine_id``'s plain tokens to ``request`` (the
+        library's served request) from now on, unless one of its outputs went by
+        already (then they all stay the worker's: the outputs' flags say which
+        way each went). False, and the route dropped, where vLLM's id for the
+        request (``vllm_id``) is not ``engine_id`` and the suffix the library
+        strips."""
+        if self._closed:
+            return False
+        if len(vllm_id) != len(engine_id) + self._suffix or not vllm_id.startswith(engine_id):
+            self.drop(engine_id)
+            return False
+        self._lib.engine_outputs_post(_ACTIVATE, self._handle, engine_id.encode(), request)
+        return True
+
+    def drop(self, engine_id: str) -> None:
+        """Forget ``engine_id``'s route."""
+        if not self._closed:
+            self._lib.engine_outputs_post(_DROP, self._handle, engine_id.encode(), 0)
+
+    def _read(self) -> None:
+        """The loop's reader: vLLM's ``process_outputs_socket``, for what the library forwards."""
+        queue = self._queue
+        try:
+            while not self._closed:
+                try:
+                    data = self._sock.recv(_RECV)
+                except (BlockingIOError, InterruptedError):
+                    return
+                if not data:
+                    raise RuntimeError("the library's engine-output reader stopped")
+                self._buf += data
+                for frames, flags in parse(self._buf):
+                    self._handle_message(frames, flags, queue)
+        except Exception as e:  # noqa: BLE001 - as vLLM's reader: the output handler raises it
+            queue.put_nowait(e)
+            self.close()
+
+    def _handle_message(self, frames: List[bytes], flags: bytes, queue: "asyncio.Queue[Any]") -> None:
+        if len(frames) == 1 and frames[0] == self._dead_message:
+            self._resources.engine_dead = True
+            raise self._dead_error()
+        outputs = self._decode(frames)
+        if outputs.utility_output:
+            if outputs.utility_output.call_id in self._unhandled_calls:
+                logger.warning("vLLM's engine core sent a notification the library's reader does not handle: %r",
+                               outputs.utility_output)
+            else:
+                self._process_utility(outputs.utility_output, self._utility_results)
+            return
+        if flags:
+            for out, flag in zip(outputs.outputs, flags):
+                if flag:
+                    out.new_token_ids = (Delivered if flag == 1 else DeliveredExtra)(out.new_token_ids)
+        if outputs.outputs or outputs.scheduler_stats:
+            queue.put_nowait(outputs)
+
+
+#: engine_outputs_post's kinds (posted.go).
+_RESERVE, _ACTIVATE, _DROP = 4, 5, 6
+#: The most read from the library's socket at once.
+_RECV = 1 << 20
+
+
+def parse(buf: bytearray) -> List[Tuple[List[bytes], bytes]]:
+    """The whole messages at the start of ``buf`` (the library's form:
+    dc_engine_outputs_listen), taken out of it: (frames, flags) each."""
+    out = []
+    at = 0
+    end = len(buf)
+    while end - at >= 4:
+        (size,) = _U32.unpack_from(buf, at)
+        if end - at - 4 < size:
+            break
+        pos, stop = at + 4, at + 4 + size
+        (count,) = _U32.unpack_from(buf, pos)
+        pos += 4
+        frames = []
+        for _ in range(count):
+            (n,) = _U32.unpack_from(buf, pos)
+            frames.append(bytes(buf[pos + 4:pos + 4 + n]))
+            pos += 4 + n
+        (nflags,) = _U32.unpack_from(buf, pos)
+        flags = bytes(buf[pos + 4:pos + 4 + nflags])
+        if pos + 4 + nflags != stop:
+            raise RuntimeError("the library's engine-output reader sent a malformed message")
+        out.append((frames, flags))
+        at = stop
+    del buf[:at]
+    return out
+
+
+_U32 = struct.Struct("<I")
+
+
+def _suffix() -> int:
+    """How many characters vLLM adds to a request's id (``InputProcessor.assign_request_id``)."""
+    import vllm.envs as envs  # type: ignore[import-not-found]
+
+    return 0 if envs.VLLM_DISABLE_REQUEST_ID_RANDOMIZATION else 9
+
+
+#: The steps of vLLM's ``process_outputs_socket`` that ``_read`` repeats.
+_READER_STEPS = (
+    "frames = await output_socket.recv_multipart(copy=False)",
+    "resources.validate_alive(frames)",
+    "outputs: EngineCoreOutputs = decoder.decode(frames)",
+    "_process_utility_output(",
+    "if outputs.outputs or outputs.scheduler_stats:",
+    "outputs_queue.put_nowait(outputs)",
+    "outputs_queue.put_nowait(EngineDeadError())",
+)
+
+
+def _unlike(engine: Any) -> Tuple[str, Any, Optional[LeanOutputs]]:
+    """How ``engine`` differs from what ``take`` was written against ("" where it
+    does not), its engine-core client and its short way."""
+    from vllm.v1.engine.async_llm import AsyncLLM  # type: ignore[import-not-found]
+    from vllm.v1.engine.core_client import AsyncMPClient  # type: ignore[import-not-found]
+    from vllm.v1.engine.input_processor import InputProcessor  # type: ignore[import-not-found]
+    import zmq  # type: ignore[import-not-found]
+    import zmq.asyncio  # type: ignore[import-not-found]
+
+    if not isinstance(engine, AsyncLLM):
+        return "not vLLM's AsyncLLM", None, None
+    lean = LeanOutputs.of(engine)
+    if lean is None:
+        return "its output processor is not the one the short way knows", None, None
+    core = engine.engine_core
+    if type(core) is not AsyncMPClient:
+        return f"its engine-core client is a {type(core).__name__} (one engine core in processes of its own is)", None, None
+    parallel = engine.vllm_config.parallel_config
+    if getattr(parallel, "enable_elastic_ep", False) or getattr(parallel, "enable_fault_tolerance", False):
+        return "elastic expert parallelism or fault tolerance is on", None, None
+    resources = getattr(core, "resources", None)
+    sock = getattr(resources, "output_socket", None)
+    if not isinstance(sock, zmq.asyncio.Socket) or not isinstance(getattr(core, "outputs_queue", None), asyncio.Queue):
+        return "its output socket or queue differs", None, None
+    if not sock.getsockopt(zmq.LAST_ENDPOINT).decode().startswith("ipc://"):
+        return "its output socket is not a local (ipc://) one", None, None
+    source = inspect.getsource(AsyncMPClient._ensure_output_queue_task)
+    missing = [step for step in _READER_STEPS if step not in source]
+    if missing:
+        return f"its output reader no longer does {missing}", None, None
+    if "{random_uuid():.8}" not in inspect.getsource(InputProcessor.assign_request_id):
+        return "it names requests otherwise", None, None
+    from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs  # type: ignore[import-not-found]
+
+    layouts(EngineCoreOutput, EngineCoreOutputs)  # ValueError for a field not known
+    if engine.output_handler is None:
+        return "its output handler is not running", None, None
+    return "", core, lean

@@ -1,0 +1,268 @@
+"""The library's reader of an engine core's output stream (dc_engine_outputs_*,
+go/engineout over go/zmtp), without vLLM: a PUSH peer written here by hand (ZMTP
+3.1, NULL mechanism) sends it messages; every message reaches the host whole and in
+order through its fd; bad peers and bad input end their own connection only, and
+cost no memory they only claim. backends/vllm_outputs.py's layouts of vLLM's structs
+are checked here against stand-ins; vLLM's own are in vllm_contract."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import resource
+import socket
+import struct
+import time
+from pathlib import Path
+from typing import Any, List, Tuple
+
+import pytest
+
+from dynamo_ctx._lib import native
+from dynamo_ctx.backends import vllm_outputs
+from dynamo_ctx.serving import pushes_items
+from harness import HANG
+from helpers import ServedEndpoint, collect, run
+
+# vLLM 0.32's layouts (go/engineout/testdata/vllm-0.32.0.json).
+MESSAGE, OUTPUT = "aoaaffffa", "itnnnnnxnnaxnannnn"
+
+
+def greeting() -> bytes:
+    return b"\xff" + bytes(8) + b"\x7f" + bytes([3, 1]) + b"NULL".ljust(20, b"\0") + b"\0" + bytes(31)
+
+
+def command(body: bytes) -> bytes:
+    return bytes([0x04, len(body)]) + body
+
+
+def ready(socket_type: bytes) -> bytes:
+    return command(b"\x05READY" + bytes([11]) + b"Socket-Type" + struct.pack(">I", len(socket_type)) + socket_type)
+
+
+def frames(*parts: bytes) -> bytes:
+    out = b""
+    for i, p in enumerate(parts):
+        more = 1 if i < len(parts) - 1 else 0
+        out += bytes([more, len(p)]) + p if len(p) < 256 else bytes([more | 2]) + struct.pack(">Q", len(p)) + p
+    return out
+
+
+def mp_str(s: str) -> bytes:
+    b = s.encode()
+    return bytes([0xA0 | len(b)]) + b
+
+
+def message(*outs: Tuple[str, List[int]], finish: int = -1) -> bytes:
+    """An EngineCoreOutputs of plain outputs (the last with finish_reason ``finish``
+    where it is 0 or more), in MessagePack, every field written as vLLM's encoder
+    writes them."""
+    body = b"\x99\x00" + bytes([0x90 | len(outs)])
+    for i, (rid, ids) in enumerate(outs):
+        reason = bytes([finish]) if finish >= 0 and i == len(outs) - 1 else b"\xc0"
+        body += b"\xdc\x00\x12" + mp_str(rid) + bytes([0x90 | len(ids)]) + bytes(ids) + b"\xc0" * 3 + reason
+        body += b"\xc0" * 7 + b"\x00" + b"\xc0" * 4
+    return body + b"\xc0\xcb" + struct.pack(">d", 1.0) + b"\xc0" * 5
+
+
+class Reader:
+    def __init__(self, path: Path) -> None:
+        self.path = str(path)
+        self.h, fd = native().engine_outputs_listen(self.path.encode(), MESSAGE.encode(), OUTPUT.encode(), 9, 0.0)
+        self.sock = socket.socket(fileno=fd)
+        self.buf = bytearray()
+
+    def take(self, n: int, timeout: float = 10.0) -> List[Any]:
+        got: List[Any] = []
+        deadline = time.monotonic() + timeout
+        self.sock.settimeout(0.2)
+        while len(got) < n and time.monotonic() < deadline:
+            try:
+                data = self.sock.recv(1 << 20)
+            except socket.timeout:
+                continue
+            assert data, "the library closed the socket"
+            self.buf += data
+            got += vllm_outputs.parse(self.buf)
+        return got
+
+    def close(self) -> None:
+        native().engine_outputs_free(self.h)
+        assert self.sock.recv(10) == b"", "the library closed its end"
+        self.sock.close()
+
+    def push(self) -> socket.socket:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.connect(self.path)
+        s.sendall(greeting() + ready(b"PUSH"))
+        peer = b""
+        while len(peer) < 64 + len(ready(b"PULL")):
+            chunk = s.recv(4096)
+            assert chunk, "the reader closed the connection"
+            peer += chunk
+        assert peer[:1] == b"\xff" and peer[9:10] == b"\x7f" and peer[64:] == ready(b"PULL")
+        return s
+
+
+@pytest.fixture
+def reader(tmp_path: Path) -> Any:
+    r = Reader(tmp_path / "out")
+    yield r
+    r.close()
+
+
+def test_messages_reach_the_host_whole_and_in_order(reader: Reader) -> None:
+    s = reader.push()
+    big = os.urandom(100_000)
+    sent = [[message(("a-12345678", [i]))] for i in range(50)] + [[message(), big], [b"ENGINE_CORE_DEAD"]]
+    for m in sent:
+        s.sendall(frames(*m))
+    got = reader.take(len(sent))
+    assert [f for f, _ in got] == sent
+    assert [flags for _, flags in got] == [b"\0"] * 50 + [b"", b""]  # nothing routed: nothing delivered
+    assert native().engine_outputs_sent(reader.h) == 0
+    s.close()
+
+
+def test_a_route_needs_a_request_of_the_library(reader: Reader) -> None:
+    native().engine_outputs_reserve(reader.h, b"a")
+    with pytest.raises(ValueError, match="dc_engine_outputs_activate"):
+        native().engine_outputs_activate(reader.h, b"a", 12345)
+    native().engine_outputs_drop(reader.h, b"a")
+    native().engine_outputs_drop(reader.h, b"never reserved")
+    # Posted, the same: a request handle that is not one drops the route, a
+    # reader's that is not one drops the message; nothing raises.
+    for kind in (4, 5, 6):
+        native().engine_outputs_post(kind, reader.h, b"b", 12345)
+        native().engine_outputs_post(kind, 12345, b"b", 0)
+    s = reader.push()
+    s.sendall(frames(message(("b-12345678", [1]))))
+    assert [flags for _, flags in reader.take(1)] == [b"\0"]
+    s.close()
+
+
+@pytest.mark.parametrize("bad", [
+    b"GET / HTTP/1.1\r\n\r\n" + bytes(64),
+    greeting()[:10] + bytes([2, 0]) + greeting()[12:],  # ZMTP 2
+    greeting() + ready(b"DEALER"),
+    greeting() + ready(b"PUSH") + bytes([0x02]) + struct.pack(">Q", 1 << 40),  # a frame that claims a TiB
+    greeting() + ready(b"PUSH") + bytes([0x80, 0]),
+], ids=["http", "zmtp2", "dealer", "huge-claim", "bad-flags"])
+def test_bad_peers_end_their_own_connection_only(reader: Reader, bad: bytes) -> None:
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect(reader.path)
+    s.sendall(bad)
+    s.settimeout(10)
+    try:
+        while s.recv(4096):
+            pass  # the reader's greeting, then its close
+    except ConnectionResetError:
+        pass
+    s.close()
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 64 * 1024  # KiB: nothing claimed was allocated
+    good = reader.push()
+    good.sendall(frames(message(("b-12345678", [7]))))
+    assert len(reader.take(1)) == 1, "the reader still serves"
+    good.close()
+
+
+def test_bad_arguments_are_refused(tmp_path: Path) -> None:
+    lib = native()
+    with pytest.raises(ValueError, match="layout"):
+        lib.engine_outputs_listen(str(tmp_path / "x").encode(), b"aaa", OUTPUT.encode(), 9, 0.0)
+    with pytest.raises(ValueError, match="window"):
+        lib.engine_outputs_listen(str(tmp_path / "y").encode(), MESSAGE.encode(), OUTPUT.encode(), 9, 5.0)
+    with pytest.raises(ValueError):
+        lib.engine_outputs_listen(str(tmp_path / "z").encode(), MESSAGE.encode(), OUTPUT.encode(), -1, 0.0)
+    taken = tmp_path / "taken"
+    taken.write_text("")
+    with pytest.raises(OSError, match="address already in use"):
+        lib.engine_outputs_listen(str(taken).encode(), MESSAGE.encode(), OUTPUT.encode(), 9, 0.0)
+    with pytest.raises(ValueError, match="dc_engine_outputs_reserve"):
+        lib.engine_outputs_reserve(12345, b"a")
+    with pytest.raises(ValueError, match="kind"):
+        lib.engine_outputs_post(7, 12345, b"a", 0)
+    with pytest.raises(ValueError, match="dc_engine_outputs_free"):
+        lib.engine_outputs_free(12345)
+
+
+def test_layouts_of_vllms_structs() -> None:
+    class Output:
+        __struct_fields__ = ("request_id", "new_token_ids", "new_logprobs", "events", "prefill_stats", "trace_headers",
+                             "num_nans_in_logits", "finish_reason")
+
+    class Outputs:
+        __struct_fields__ = ("engine_index", "outputs", "scheduler_stats", "utility_output", "weight_version")
+
+    assert vllm_outputs.layouts(Output, Outputs) == ("aoafa", "itnxxaan")
+
+    class Newer(Output):
+        __struct_fields__ = Output.__struct_fields__ + ("something_new",)
+
+    with pytest.raises(ValueError, match="something_new"):
+        vllm_outputs.layouts(Newer, Outputs)
+
+
+class RoutedHandler:
+    """A served handler that routes its request to the library's reader (as
+    backends/vllm.py does for vLLM's engine): the library sends the plain tokens
+    the test's engine peer sends; the handler reads the reader's socket and
+    sends the last output itself, by its item sink."""
+
+    def __init__(self, reader: Reader) -> None:
+        self.reader = reader
+        self.routed = asyncio.Event()
+
+    @pushes_items
+    async def generate(self, request: Any, context: Any) -> Any:
+        from dynamo_ctx.serving import item_sink
+
+        sink = item_sink()
+        assert sink is not None
+        lib, h = native(), self.reader.h
+        lib.engine_outputs_post(4, h, b"eng", 0)
+        lib.engine_outputs_post(5, h, b"eng", sink.request)  # type: ignore[attr-defined]
+        self.routed.set()
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+        sock = self.reader.sock
+        sock.setblocking(False)
+
+        def readable() -> None:
+            self.reader.buf += sock.recv(1 << 20)
+            for _frames, flags in vllm_outputs.parse(self.reader.buf):
+                if flags == b"\0" and not done.done():  # the last output: the handler's
+                    sink({"token_ids": [99], "finish_reason": "length"})
+                    done.set_result(None)
+
+        loop.add_reader(sock.fileno(), readable)
+        try:
+            await done
+        finally:
+            loop.remove_reader(sock.fileno())
+            lib.engine_outputs_post(6, h, b"eng", 0)
+        return
+        yield  # an async generator, as a handler is
+
+
+def test_the_library_sends_routed_tokens_before_the_handlers_last(reader: Reader, nats_url: str) -> None:
+    """Tokens the library delivers reach the caller in the engine's order, and
+    before the item the handler sends after them (the last output, which the
+    library leaves to it); the library counts what it sent."""
+    handler = RoutedHandler(reader)
+    peer = reader.push()
+
+    async def main() -> List[Any]:
+        async with ServedEndpoint(nats_url, handler.generate) as ep:
+            stream = await ep.client.generate({}, annotated=False)
+            await asyncio.wait_for(handler.routed.wait(), HANG)
+            for i in range(1, 60):
+                peer.sendall(frames(message(("eng-12345678", [i]))))
+            peer.sendall(frames(message(("eng-12345678", [100]), finish=1)))
+            return await collect(stream)
+
+    items = run(main())
+    assert items == [{"token_ids": [i]} for i in range(1, 60)] + [{"token_ids": [99], "finish_reason": "length"}]
+    assert native().engine_outputs_sent(reader.h) == 59
+    peer.close()

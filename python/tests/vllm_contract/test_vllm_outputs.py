@@ -1,0 +1,96 @@
+"""The library's reader of vLLM's engine-core outputs (dynamo_ctx/backends/vllm_outputs.py)
+against the installed vLLM: it knows every field of vLLM's output structs, the
+layouts it hands the library are the ones the library's golden test reads
+(go/engineout/testdata), and messages vLLM's own encoder writes, sent by a ZeroMQ
+PUSH socket as vLLM's engine core sends them, reach the worker as vLLM's own reader
+would hand them on.
+
+Run by ``make test-vllm`` (with vLLM installed; skipped elsewhere).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import socket
+import time
+from pathlib import Path
+from typing import Any, List, Tuple
+
+import pytest
+
+if importlib.util.find_spec("vllm") is None:
+    pytest.skip("vLLM is not installed here: `make test-vllm` runs these tests", allow_module_level=True)
+
+import zmq  # noqa: E402
+from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs, FinishReason, UtilityOutput  # noqa: E402
+from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder  # noqa: E402
+
+from dynamo_ctx._lib import native  # noqa: E402
+from dynamo_ctx.backends import vllm_outputs  # noqa: E402
+
+GOLDEN = Path(__file__).resolve().parents[3] / "go" / "engineout" / "testdata" / "vllm-0.32.0.json"
+
+
+def test_it_knows_every_field_of_vllms_outputs() -> None:
+    message, output = vllm_outputs.layouts(EngineCoreOutput, EngineCoreOutputs)
+    assert message[EngineCoreOutputs.__struct_fields__.index("outputs")] == "o"
+    assert output[EngineCoreOutput.__struct_fields__.index("request_id")] == "i"
+    assert output[EngineCoreOutput.__struct_fields__.index("new_token_ids")] == "t"
+    golden = json.loads(GOLDEN.read_text())
+    import vllm
+
+    if vllm.__version__ == golden["vllm"]:
+        assert (message, output) == (golden["message_layout"], golden["output_layout"])
+
+
+def _listen(tmp_path: Path) -> Tuple[int, socket.socket, str]:
+    path = str(tmp_path / "out")
+    message, output = vllm_outputs.layouts(EngineCoreOutput, EngineCoreOutputs)
+    h, fd = native().engine_outputs_listen(path.encode(), message.encode(), output.encode(), 9, 0.0)
+    return h, socket.socket(fileno=fd), path
+
+
+def _take(sock: socket.socket, n: int) -> List[Any]:
+    got: List[Any] = []
+    buf = bytearray()
+    deadline = time.monotonic() + 10
+    sock.settimeout(0.5)
+    while len(got) < n and time.monotonic() < deadline:
+        try:
+            data = sock.recv(1 << 20)
+        except socket.timeout:
+            continue
+        buf += data
+        got += vllm_outputs.parse(buf)
+    return got
+
+
+def test_vllms_own_messages_come_through_whole(tmp_path: Path) -> None:
+    h, sock, path = _listen(tmp_path)
+    ctx = zmq.Context()
+    try:
+        push = ctx.socket(zmq.PUSH)
+        push.connect("ipc://" + path)
+        enc, dec = MsgpackEncoder(), MsgpackDecoder(EngineCoreOutputs)
+        sent = [
+            EngineCoreOutputs(outputs=[EngineCoreOutput("a-12345678", [1, 2]), EngineCoreOutput("b-12345678", [3])]),
+            EngineCoreOutputs(outputs=[EngineCoreOutput("a-12345678", [4], finish_reason=FinishReason.LENGTH)]),
+            EngineCoreOutputs(utility_output=UtilityOutput(call_id=3, result=None)),
+        ]
+        for m in sent:
+            push.send_multipart(enc.encode(m))
+        push.send(b"ENGINE_CORE_DEAD")
+        got = _take(sock, 4)
+        assert len(got) == 4
+        for m, (frames, flags) in zip(sent, got):
+            back = dec.decode(frames)
+            assert [(o.request_id, o.new_token_ids, o.finish_reason) for o in back.outputs] == \
+                [(o.request_id, o.new_token_ids, o.finish_reason) for o in m.outputs]
+            assert flags == bytes(len(m.outputs)) if m.outputs else flags == b""  # none routed: none delivered
+        assert got[3] == ([b"ENGINE_CORE_DEAD"], b"")
+        assert native().engine_outputs_sent(h) == 0
+    finally:
+        ctx.destroy(linger=0)
+        native().engine_outputs_free(h)
+        sock.close()

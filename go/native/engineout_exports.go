@@ -27,6 +27,7 @@ import (
 	"time"
 
 	"github.com/dynamo-ctx/dynamo-ctx/go/engineout"
+	"github.com/dynamo-ctx/dynamo-ctx/go/internal/rawio"
 	"github.com/dynamo-ctx/dynamo-ctx/go/plane"
 	"github.com/dynamo-ctx/dynamo-ctx/go/transport"
 	"github.com/dynamo-ctx/dynamo-ctx/go/zmtp"
@@ -89,18 +90,10 @@ func (e *engineOutputs) forward(m []byte) {
 func (e *engineOutputs) tryWrite(b []byte) int {
 	n := 0
 	err := e.raw.Write(func(fd uintptr) bool {
-		for n < len(b) {
-			w, err := syscall.Write(int(fd), b[n:])
-			if err == syscall.EINTR {
-				continue
-			}
-			if err != nil || w <= 0 {
-				if err != syscall.EAGAIN {
-					n, e.broken = len(b), true
-				}
-				return true
-			}
-			n += w
+		var errno syscall.Errno
+		n, errno = rawio.TryWriteAll(fd, b) // raw: no runtime bookkeeping (rawio's doc)
+		if errno != 0 && errno != syscall.EAGAIN {
+			n, e.broken = len(b), true
 		}
 		return true
 	})
@@ -174,7 +167,7 @@ func dc_engine_outputs_listen(path *C.char, pathLen C.size_t, messageLayout *C.c
 		_ = conn.Close()
 		return fail(C.DC_EIO, "dc_engine_outputs_listen: %v", err)
 	}
-	e := &engineOutputs{conn: conn, raw: raw, kick: make(chan struct{}, 1), written: make(chan struct{})}
+	e := &engineOutputs{conn: rawio.Wrap(conn), raw: raw, kick: make(chan struct{}, 1), written: make(chan struct{})}
 	go e.write()
 	e.router, err = engineout.New(engineout.Options[*plane.Request]{
 		Layout: engineout.Layout{Message: string(goBytes(messageLayout, messageLen)), Output: string(goBytes(outputLayout, outputLen))},

@@ -38,6 +38,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/dynamo-ctx/dynamo-ctx/go/internal/rawio"
 )
 
 // Handler is called with each message's frames, on its connection's
@@ -184,6 +186,9 @@ func (p *Pull) accept() {
 			}
 			continue
 		}
+		// Raw reads and writes (go/internal/rawio): a peer that sends a
+		// message a step wakes no runtime bookkeeping with each.
+		c = rawio.Wrap(c)
 		p.conns[c] = struct{}{}
 		p.wg.Add(1)
 		p.mu.Unlock()

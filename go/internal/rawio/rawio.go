@@ -28,7 +28,7 @@ import (
 // opError is err as a TCP connection's method reports it (net.OpError
 // around an os.SyscallError), so callers see the errors of net.Conn.
 func opError(c net.Conn, op string, err error) error {
-	return &net.OpError{Op: op, Net: "tcp", Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: os.NewSyscallError(op, err)}
+	return &net.OpError{Op: op, Net: c.LocalAddr().Network(), Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: os.NewSyscallError(op, err)}
 }
 
 // TryWriteAll writes what the socket fd takes of b now, retrying

@@ -33,19 +33,65 @@ type direction struct {
 	errno syscall.Errno
 }
 
-// Wrap is c as a Conn when it is a TCP connection, else c itself.
+// UnixConn is Conn for a Unix stream connection.
+type UnixConn struct {
+	*net.UnixConn
+	rc syscall.RawConn
+	r  direction
+	w  direction
+}
+
+// Wrap is c as a Conn when it is a TCP connection, as a UnixConn when it
+// is a Unix one, else c itself.
 func Wrap(c net.Conn) net.Conn {
-	tc, ok := c.(*net.TCPConn)
-	if !ok {
-		return c
+	switch tc := c.(type) {
+	case *net.TCPConn:
+		rc, err := tc.SyscallConn()
+		if err != nil {
+			return c
+		}
+		w := &Conn{TCPConn: tc, rc: rc}
+		w.r.fn, w.w.fn = w.r.read, w.w.write
+		return w
+	case *net.UnixConn:
+		rc, err := tc.SyscallConn()
+		if err != nil {
+			return c
+		}
+		w := &UnixConn{UnixConn: tc, rc: rc}
+		w.r.fn, w.w.fn = w.r.read, w.w.write
+		return w
 	}
-	rc, err := tc.SyscallConn()
+	return c
+}
+
+// Read is net.Conn's Read, as Conn's.
+func (c *UnixConn) Read(b []byte) (int, error) {
+	if len(b) == 0 {
+		return 0, nil
+	}
+	n, errno, err := call(c.rc, &c.r, b, false)
+	switch {
+	case err != nil:
+		return 0, netOp(err, "read")
+	case errno != 0:
+		return 0, opError(c, "read", errno)
+	case n == 0:
+		return 0, io.EOF
+	}
+	return n, nil
+}
+
+// Write is net.Conn's Write, as Conn's.
+func (c *UnixConn) Write(b []byte) (int, error) {
+	n, errno, err := call(c.rc, &c.w, b, true)
 	if err != nil {
-		return c
+		return n, netOp(err, "write")
 	}
-	w := &Conn{TCPConn: tc, rc: rc}
-	w.r.fn, w.w.fn = w.r.read, w.w.write
-	return w
+	if errno != 0 {
+		return n, opError(c, "write", errno)
+	}
+	return n, nil
 }
 
 // Read is net.Conn's Read: it waits (within the read deadline) until
@@ -70,14 +116,18 @@ func (c *Conn) Read(b []byte) (int, error) {
 // when write, else its Read): what it did, its errno, and the poller's
 // error (closed, past the deadline).
 func (c *Conn) call(d *direction, b []byte, write bool) (int, syscall.Errno, error) {
+	return call(c.rc, d, b, write)
+}
+
+func call(rc syscall.RawConn, d *direction, b []byte, write bool) (int, syscall.Errno, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.b, d.n, d.errno = b, 0, 0
 	var err error
 	if write {
-		err = c.rc.Write(d.fn)
+		err = rc.Write(d.fn)
 	} else {
-		err = c.rc.Read(d.fn)
+		err = rc.Read(d.fn)
 	}
 	d.b = nil
 	return d.n, d.errno, err

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"path/filepath"
 	"syscall"
 	"testing"
 	"time"
@@ -159,7 +160,7 @@ func TestWrapKeepsTheConnectionsOtherMethods(t *testing.T) {
 	a, b := net.Pipe()
 	defer a.Close()
 	defer b.Close()
-	assert.Same(t, a, rawio.Wrap(a), "not TCP: returned as it is")
+	assert.Same(t, a, rawio.Wrap(a), "neither TCP nor Unix: returned as it is")
 }
 
 func TestASocketOrdersWhatItCarries(t *testing.T) {
@@ -191,4 +192,41 @@ func TestReadsAndWritesAllocateNothing(t *testing.T) {
 		}
 	})
 	assert.Zero(t, allocs)
+}
+
+func TestUnixConnectionsAreWrappedToo(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "s")
+	ln, err := net.Listen("unix", path)
+	require.NoError(t, err)
+	defer ln.Close()
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		c, _ := ln.Accept()
+		accepted <- c
+	}()
+	c, err := net.Dial("unix", path)
+	require.NoError(t, err)
+	s := <-accepted
+	require.NotNil(t, s)
+	client, server := rawio.Wrap(c), rawio.Wrap(s)
+	defer client.Close()
+	defer server.Close()
+	assert.IsType(t, &rawio.UnixConn{}, client)
+	_, err = client.Write([]byte("ping"))
+	require.NoError(t, err)
+	buf := make([]byte, 4)
+	_, err = io.ReadFull(server, buf)
+	require.NoError(t, err)
+	assert.Equal(t, "ping", string(buf))
+	require.NoError(t, server.SetReadDeadline(time.Now().Add(20*time.Millisecond)))
+	_, err = server.Read(buf)
+	var ne net.Error
+	require.ErrorAs(t, err, &ne)
+	assert.True(t, ne.Timeout(), "deadlines are kept")
+	require.NoError(t, client.Close())
+	require.NoError(t, server.SetReadDeadline(time.Time{}))
+	_, err = server.Read(buf)
+	assert.ErrorIs(t, err, io.EOF)
+	_, ok := client.(syscall.Conn)
+	assert.True(t, ok)
 }

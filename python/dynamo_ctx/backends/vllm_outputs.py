@@ -113,6 +113,8 @@ class EngineOutputs:
         self._sock = socket.socket(fileno=fd)  # the host's end: the library writes every message to it
         self._sock.setblocking(False)
         self._buf = bytearray()
+        self._chunk = bytearray(_RECV)  # read into, again and again (a fresh large buffer per read costs an mmap)
+        self._view = memoryview(self._chunk)
         self._core = core
         self._lean = lean
         self._suffix = suffix
@@ -278,12 +280,12 @@ class EngineOutputs:
         try:
             while not self._closed:
                 try:
-                    data = self._sock.recv(_RECV)
+                    n = self._sock.recv_into(self._chunk)
                 except (BlockingIOError, InterruptedError):
                     return
-                if not data:
+                if not n:
                     raise RuntimeError("the library's engine-output reader stopped")
-                self._buf += data
+                self._buf += self._view[:n]
                 for frames, flags in parse(self._buf):
                     self._handle_message(frames, flags, queue)
         except Exception as e:  # noqa: BLE001 - as vLLM's reader: the output handler raises it
@@ -313,7 +315,7 @@ class EngineOutputs:
 #: engine_outputs_post's kinds (posted.go).
 _RESERVE, _ACTIVATE, _DROP = 4, 5, 6
 #: The most read from the library's socket at once.
-_RECV = 1 << 20
+_RECV = 1 << 18
 
 
 def parse(buf: bytearray) -> List[Tuple[List[bytes], bytes]]:

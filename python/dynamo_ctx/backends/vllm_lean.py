@@ -165,6 +165,9 @@ class LeanOutputs:
                 # The library sent its tokens itself (vllm_outputs.py): vLLM's books only.
                 to = delivered_to.get(out.request_id)
                 if to is None:
+                    if out.request_id not in states:
+                        _count_sent(out, iteration_stats)
+                        continue
                     rest.append(out)  # the request ended meanwhile: vLLM's way, and its collector drops it
                     continue
                 route = to.count
@@ -184,6 +187,8 @@ class LeanOutputs:
                 continue
             state = states.get(out.request_id)
             if state is None:
+                if to is not None:
+                    _count_sent(out, iteration_stats)
                 continue  # aborted: vLLM ignores its outputs too
             if state.is_prefilling:
                 rest.append(out)  # its first output: vLLM's way records the prefill
@@ -214,6 +219,20 @@ class Quiet(Protocol):
 
     def count(self, ids: List[int]) -> None:
         """Count ``ids``, sent by the library."""
+
+
+def _count_sent(out: Any, iteration_stats: Any) -> None:
+    """Count in vLLM's statistics the tokens (and a first output's prompt) of an
+    output the library sent for a request aborted before the worker's books saw
+    it: its caller got them, so they were generated. (vLLM's own reader books an
+    output before its caller sees it; the library's caller sees it first. The
+    request's own figures, gone with its state, are not kept.)"""
+    if iteration_stats is None:
+        return
+    iteration_stats.num_generation_tokens += len(out.new_token_ids)
+    prefill = getattr(out, "prefill_stats", None)
+    if prefill is not None:
+        iteration_stats.prompt_token_stats.update_from_output(prefill)
 
 
 class Delivered(list):  # type: ignore[type-arg]

@@ -250,13 +250,29 @@ def test_outputs_the_library_sent_keep_vllms_books_and_reach_nobody_again(first:
 
 def test_outputs_the_library_sent_for_a_request_that_ended_go_vllms_way() -> None:
     """A message the library forwarded after the request's route was dropped (its
-    stream ended): its outputs go vLLM's way, whose collector (ended) drops them."""
+    stream ended) while vLLM still holds the request: its outputs go vLLM's way,
+    whose collector (ended) drops them."""
     processor, installed = _processor(lean=True)
     if installed is None:
         pytest.skip("the short way is off on this vLLM")
     left: List[Any] = []
     installed._original = lambda rest, *a, **k: left.append(list(rest))  # type: ignore[method-assign]
     installed.routes["other"] = lambda ids: None  # so that the short way runs at all
+    processor.add_request(_request("gone"), None, None, 0, RequestOutputCollector(RequestOutputKind.DELTA, "gone"))
     out = EngineCoreOutput(request_id="gone", new_token_ids=vllm_lean.Delivered([1]))
     installed.process_outputs([out], time.monotonic(), IterationStats(), weight_version=None)
     assert left == [[out]]
+
+
+def test_outputs_the_library_sent_for_an_aborted_request_are_still_counted() -> None:
+    """The library's caller saw these tokens before the worker booked them, and the
+    request was aborted meanwhile (its state gone): they count as generated, as
+    vLLM's own way counts what its caller saw."""
+    processor, installed = _processor(lean=True)
+    if installed is None:
+        pytest.skip("the short way is off on this vLLM")
+    installed.routes["other"] = lambda ids: None  # so that the short way runs at all
+    it = IterationStats()
+    out = EngineCoreOutput(request_id="aborted", new_token_ids=vllm_lean.Delivered([1, 2, 3]))
+    installed.process_outputs([out], time.monotonic(), it, weight_version=None)
+    assert it.num_generation_tokens == 3

@@ -152,7 +152,7 @@ class LeanOutputs:
                         iteration_stats: Any = None, weight_version: Optional[str] = None) -> Any:
         """vLLM's ``OutputProcessor.process_outputs``, the short way for what it can."""
         routes = self.routes
-        if not routes:
+        if not routes and self.go is None:  # with the library's reader, its outputs may outlive their routes
             return self._original(engine_core_outputs, engine_core_timestamp, iteration_stats, weight_version=weight_version)
         rest = []
         quiet: List[Quiet] = []

@@ -44,6 +44,7 @@
 // interpreter, when there is one, resolves them at import. The list is here,
 // where every py_*.c file sees it; keep it complete:
 // python/tests/test_packaging.py fails on a strong Python symbol.
+#pragma weak PyBool_FromLong
 #pragma weak PyBytes_AsString
 #pragma weak PyBytes_AsStringAndSize
 #pragma weak PyBytes_FromStringAndSize
@@ -84,6 +85,7 @@
 #pragma weak PyLong_AsLongLongAndOverflow
 #pragma weak PyLong_AsUnsignedLongLong
 #pragma weak PyLong_FromLong
+#pragma weak PyLong_FromLongLong
 #pragma weak PyLong_FromSize_t
 #pragma weak PyLong_FromSsize_t
 #pragma weak PyLong_FromUnsignedLong

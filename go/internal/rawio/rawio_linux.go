@@ -66,41 +66,21 @@ func Wrap(c net.Conn) net.Conn {
 }
 
 // Read is net.Conn's Read, as Conn's.
-func (c *UnixConn) Read(b []byte) (int, error) {
-	if len(b) == 0 {
-		return 0, nil
-	}
-	n, errno, err := call(c.rc, &c.r, b, false)
-	switch {
-	case err != nil:
-		return 0, netOp(err, "read")
-	case errno != 0:
-		return 0, opError(c, "read", errno)
-	case n == 0:
-		return 0, io.EOF
-	}
-	return n, nil
-}
+func (c *UnixConn) Read(b []byte) (int, error) { return read(c, c.rc, &c.r, b) }
 
 // Write is net.Conn's Write, as Conn's.
-func (c *UnixConn) Write(b []byte) (int, error) {
-	n, errno, err := call(c.rc, &c.w, b, true)
-	if err != nil {
-		return n, netOp(err, "write")
-	}
-	if errno != 0 {
-		return n, opError(c, "write", errno)
-	}
-	return n, nil
-}
+func (c *UnixConn) Write(b []byte) (int, error) { return write(c, c.rc, &c.w, b) }
 
 // Read is net.Conn's Read: it waits (within the read deadline) until
 // there is something to read, the peer's end (io.EOF) or an error.
-func (c *Conn) Read(b []byte) (int, error) {
+func (c *Conn) Read(b []byte) (int, error) { return read(c, c.rc, &c.r, b) }
+
+// read is a Read of connection c (its RawConn rc, its read direction d).
+func read(c net.Conn, rc syscall.RawConn, d *direction, b []byte) (int, error) {
 	if len(b) == 0 {
 		return 0, nil
 	}
-	n, errno, err := c.call(&c.r, b, false)
+	n, errno, err := call(rc, d, b, false)
 	switch {
 	case err != nil:
 		return 0, netOp(err, "read") // closed, or past the deadline
@@ -115,10 +95,6 @@ func (c *Conn) Read(b []byte) (int, error) {
 // call runs direction d's callback on b in the poller (RawConn's Write
 // when write, else its Read): what it did, its errno, and the poller's
 // error (closed, past the deadline).
-func (c *Conn) call(d *direction, b []byte, write bool) (int, syscall.Errno, error) {
-	return call(c.rc, d, b, write)
-}
-
 func call(rc syscall.RawConn, d *direction, b []byte, write bool) (int, syscall.Errno, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -153,8 +129,11 @@ func (d *direction) read(fd uintptr) bool {
 
 // Write is net.Conn's Write: all of b, waiting (within the write
 // deadline) for room, or an error with what was written.
-func (c *Conn) Write(b []byte) (int, error) {
-	n, errno, err := c.call(&c.w, b, true)
+func (c *Conn) Write(b []byte) (int, error) { return write(c, c.rc, &c.w, b) }
+
+// write is a Write of connection c (its RawConn rc, its write direction d).
+func write(c net.Conn, rc syscall.RawConn, d *direction, b []byte) (int, error) {
+	n, errno, err := call(rc, d, b, true)
 	if err != nil {
 		return n, netOp(err, "write")
 	}

@@ -115,7 +115,6 @@ class EngineOutputs:
         self._buf = bytearray()
         self._chunk = bytearray(_RECV)  # read into, again and again (a fresh large buffer per read costs an mmap)
         self._view = memoryview(self._chunk)
-        self._core = core
         self._lean = lean
         self._suffix = suffix
         self._closed = False

@@ -8,9 +8,11 @@
 //
 // A Router guarantees:
 //
-//   - One delivery: each output's tokens go out exactly once, either here
+//   - One delivery: each output's tokens go out at most once, either here
 //     (its flag in the forwarded message is 1, or 2 when it also carries
-//     fields the host keeps in its books) or by the host (0).
+//     fields the host keeps in its books) or by the host (0); a flag of 1
+//     or 2 means they went out (a target that refuses them, its request
+//     stopped, hands the request back: Options.Deliver).
 //   - Order per request: a routed request's deliveries here all come before
 //     the first output left to the host; from that output on (a finish,
 //     logprobs, anything not plain) the request is handed back and never
@@ -83,11 +85,13 @@ type Options[T any] struct {
 	// other); after the last, until FlushPending.
 	Window time.Duration
 	// Deliver hands a routed request's item ({"token_ids":[...]}, the
-	// caller's to keep) to its target and reports whether it took it (a
-	// target may drop what comes after its request stopped: the output is
-	// still the Router's, flagged, and the host sends nothing of it
-	// either); Flush follows each message's deliveries. Both are called
-	// with the Router's lock held: they must not call back into it.
+	// caller's to keep) to its target and reports whether it took it. A
+	// target that refuses (its request stopped: nothing more goes to its
+	// caller) hands its request back: that output and every later one are
+	// the host's (flag 0), which keeps them in its books, or not, as its
+	// own way does for a stopped request, and counts none as sent. Flush
+	// follows each message's deliveries. Both are called with the Router's
+	// lock held: they must not call back into it.
 	Deliver func(target T, item []byte) bool
 	Flush   func()
 	// Forward hands the host one message (EncodeForward's form), in the
@@ -250,6 +254,7 @@ func (r *Router[T]) flushPending() {
 	for _, m := range r.pending {
 		r.o.Forward(m)
 	}
+	clear(r.pending) // forwarded: not kept reachable
 	r.pending = r.pending[:0]
 }
 
@@ -318,17 +323,15 @@ func (r *Router[T]) route(m []byte) (flags []byte, atOnce, ok bool) {
 		case !rt.armed:
 			rt.seen = true
 			atOnce = true
-		case o.plain:
+		case o.plain && r.o.Deliver(rt.target, o.tokens):
+			r.sent += int64(o.count)
+			delivered++
 			flags[i] = 1
 			if o.extra {
 				flags[i] = 2
 				atOnce = true
 			}
-			if r.o.Deliver(rt.target, o.tokens) {
-				r.sent += int64(o.count)
-				delivered++
-			}
-		default: // handed back: the host has this output and every later one
+		default: // handed back (not plain, or refused): the host has this output and every later one
 			delete(r.routes, string(o.id[:len(o.id)-r.o.Suffix]))
 			atOnce = true
 		}

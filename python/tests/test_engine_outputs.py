@@ -266,3 +266,63 @@ def test_the_library_sends_routed_tokens_before_the_handlers_last(reader: Reader
     assert items == [{"token_ids": [i]} for i in range(1, 60)] + [{"token_ids": [99], "finish_reason": "length"}]
     assert native().engine_outputs_sent(reader.h) == 59
     peer.close()
+
+
+class StoppedHandler:
+    """A served handler whose request is routed to the library's reader until its
+    caller stops it; then it asks the test's engine peer for one more step and
+    reads how the library flagged that step's outputs."""
+
+    def __init__(self, reader: Reader) -> None:
+        self.reader = reader
+        self.routed = asyncio.Event()
+        self.stopped = asyncio.Event()
+        self.flags: List[bytes] = []
+
+    @pushes_items
+    async def generate(self, request: Any, context: Any) -> Any:
+        from dynamo_ctx.serving import item_sink
+
+        sink = item_sink()
+        assert sink is not None
+        lib, h = native(), self.reader.h
+        lib.engine_outputs_post(4, h, b"eng", 0)
+        lib.engine_outputs_post(5, h, b"eng", sink.request)  # type: ignore[attr-defined]
+        self.routed.set()
+        try:
+            await asyncio.wait_for(context.stopped(), HANG)
+            self.stopped.set()
+            got = await asyncio.get_running_loop().run_in_executor(None, self.reader.take, 1)
+            self.flags = [flags for _, flags in got]
+        finally:
+            lib.engine_outputs_post(6, h, b"eng", 0)
+        return
+        yield  # an async generator, as a handler is
+
+
+def test_a_stopped_requests_outputs_are_left_to_its_handler(reader: Reader, nats_url: str) -> None:
+    """Once the caller stopped the request, the library sends none of its tokens
+    and flags its outputs 0 (the handler's: it books them as its own way books a
+    stopped request's), counting none as sent; the other requests' outputs of
+    the same message are not held up."""
+    handler = StoppedHandler(reader)
+    peer = reader.push()
+
+    async def main() -> List[Any]:
+        async with ServedEndpoint(nats_url, handler.generate) as ep:
+            ctx, stream = await ep.open()
+            await asyncio.wait_for(handler.routed.wait(), HANG)
+            peer.sendall(frames(message(("eng-12345678", [1]))))
+            first = await asyncio.wait_for(stream.__anext__(), HANG)
+            await asyncio.get_running_loop().run_in_executor(None, reader.take, 1)  # that step's message
+            ctx.stop_generating()
+            await asyncio.wait_for(handler.stopped.wait(), HANG)
+            peer.sendall(frames(message(("eng-12345678", [2]), ("other-12345678", [3]))))
+            rest = await collect(stream)
+            return [first] + rest
+
+    items = run(main())
+    assert items == [{"token_ids": [1]}], "nothing after the stop"
+    assert handler.flags == [b"\0\0"]
+    assert native().engine_outputs_sent(reader.h) == 1
+    peer.close()

@@ -188,7 +188,10 @@ int dc_frontend_drain(uint64_t h, double seconds);
    count of outputs flagged (u32, 0 for a message the library could not
    read) and a byte per output: 1 where the library delivered its tokens
    to the request's stream, 2 where it did and one of the output's 'x'
-   fields is set, 0 where it did not. Little-endian.
+   fields is set, 0 where it did not (then, or once the request's context
+   stopped, that output and every later one of its request are the
+   host's). Little-endian. The socket's file is made its owner's only
+   (mode 0600), whatever the umask.
    message_layout and output_layout say what each field of the engine's
    EngineCoreOutputs and EngineCoreOutput is, a letter per field in order
    (go/engineout's Layout: 'o' the outputs, 'f' a field the host acts on at

@@ -72,12 +72,17 @@ func (e *engineOutputs) forward(m []byte) {
 	e.frame = binary.LittleEndian.AppendUint32(e.frame[:0], uint32(len(m)))
 	e.frame = append(e.frame, m...)
 	n := e.tryWrite(e.frame)
-	if n == len(e.frame) {
-		e.mu.Unlock()
+	rest := n < len(e.frame)
+	if rest {
+		e.out = append(e.out, e.frame[n:]...)
+	}
+	if cap(e.frame) > keptBuffer {
+		e.frame = nil // the largest message's size is not kept for the reader's life
+	}
+	e.mu.Unlock()
+	if !rest {
 		return
 	}
-	e.out = append(e.out, e.frame[n:]...)
-	e.mu.Unlock()
 	select {
 	case e.kick <- struct{}{}:
 	default:
@@ -115,9 +120,15 @@ func (e *engineOutputs) write() {
 			if len(e.out) == 0 {
 				e.writing = false
 				e.mu.Unlock()
+				if cap(buf) > keptBuffer {
+					buf = nil // as out's below
+				}
 				break
 			}
 			buf, e.out = e.out, buf[:0]
+			if cap(e.out) > keptBuffer {
+				e.out = nil // a burst's buffer is not kept for the reader's life
+			}
 			e.writing = true
 			e.mu.Unlock()
 			if _, err := e.conn.Write(buf); err != nil {
@@ -130,6 +141,22 @@ func (e *engineOutputs) write() {
 	}
 }
 
+// fail stops a reader whose handling of a message panicked (p): it
+// delivers and forwards nothing more, since what it delivered of that
+// message is unknown, and the host's end of the socket reads its end, as
+// when the engine core dies (the host's reader stops and the engine's
+// requests fail). The process lives on; dc_engine_outputs_free still frees
+// the rest.
+func (e *engineOutputs) fail(p any) error {
+	slog.Error("engine outputs: the reader stopped on a panic", "panic", p)
+	e.router.Close()
+	e.mu.Lock()
+	e.broken, e.out = true, nil
+	e.mu.Unlock()
+	_ = e.conn.Close()
+	return fmt.Errorf("engine outputs: the reader stopped on a panic: %v", p)
+}
+
 func (e *engineOutputs) close() {
 	if e.pull != nil {
 		_ = e.pull.Close()
@@ -139,6 +166,11 @@ func (e *engineOutputs) close() {
 	close(e.kick)
 	<-e.written
 }
+
+// keptBuffer is the largest scratch or queue buffer a reader keeps once
+// it is drained: a larger one (a burst, a message far above the usual)
+// goes back to the garbage collector.
+const keptBuffer = 1 << 20
 
 // maxEngineWindow bounds dc_engine_outputs_listen's window: a second is
 // already far past what statistics may lag.
@@ -195,6 +227,13 @@ func dc_engine_outputs_listen(path *C.char, pathLen C.size_t, messageLayout *C.c
 		return fail(C.DC_EINVAL, "dc_engine_outputs_listen: %v", err)
 	}
 	ln, err := net.Listen("unix", string(goBytes(path, pathLen)))
+	if err == nil {
+		// Only this user's processes (the engine core is one) may connect,
+		// whatever the umask: a peer here can have tokens sent to callers.
+		if err = os.Chmod(string(goBytes(path, pathLen)), 0o600); err != nil {
+			_ = ln.Close()
+		}
+	}
 	if err != nil {
 		_ = syscall.Close(hostFd)
 		e.close()
@@ -203,7 +242,12 @@ func dc_engine_outputs_listen(path *C.char, pathLen C.size_t, messageLayout *C.c
 	// What the host posted (the routes of requests it hands the engine) runs
 	// before each message: a route reserved before its request reached the
 	// engine is in place when the request's first output comes.
-	handle := func(frames [][]byte) error {
+	handle := func(frames [][]byte) (err error) {
+		defer func() {
+			if p := recover(); p != nil {
+				err = e.fail(p)
+			}
+		}()
 		drainPosted()
 		return e.router.Handle(frames)
 	}

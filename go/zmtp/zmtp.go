@@ -55,7 +55,7 @@ type Options struct {
 	// MaxPeers is the most connections held at once (0: DefaultMaxPeers).
 	MaxPeers int
 	// HandshakeTimeout is how long a peer has to greet (0:
-	// DefaultHandshakeTimeout).
+	// DefaultHandshakeTimeout), and how long a PONG may wait to be written.
 	HandshakeTimeout time.Duration
 	// Log, when set, is told why a connection ended, unless by Close or
 	// the peer's orderly close.
@@ -260,9 +260,13 @@ func (p *Pull) read(c net.Conn) error {
 			if msg != nil {
 				return fmt.Errorf("%w: a command inside a message", ErrFrame)
 			}
+			// A peer that pings and never reads is dropped once the PONG
+			// waits HandshakeTimeout for room, not held forever.
+			_ = c.SetWriteDeadline(time.Now().Add(p.handshake))
 			if err := pong(c, body); err != nil {
 				return err
 			}
+			_ = c.SetWriteDeadline(time.Time{})
 			continue
 		}
 		msg = append(msg, body)

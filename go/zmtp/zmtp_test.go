@@ -347,3 +347,27 @@ func TestPeersBeyondTheCapAreClosedAndSilentOnesTimeOut(t *testing.T) {
 	require.NoError(t, b.Send([]byte("still")))
 	assert.Equal(t, [][][]byte{{[]byte("still")}}, s.wait(t, 1))
 }
+
+func TestAPeerThatPingsAndNeverReadsIsDropped(t *testing.T) {
+	p, s, path := pull(t, Options{HandshakeTimeout: 100 * time.Millisecond})
+	c, _ := rawPeer(t, path, "PUSH")
+	// PINGs, their PONGs never read: once the socket's buffers are full, a
+	// PONG waits, and the Pull gives up on the peer after HandshakeTimeout.
+	ping := bytes.Repeat(commandFrame([]byte("\x04PING\x00\x00abcdefghijklmnop")), 1024)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			if _, err := c.Write(ping); err != nil {
+				return // the Pull closed it
+			}
+		}
+	}()
+	select {
+	case <-done:
+	case <-time.After(20 * time.Second):
+		t.Fatal("a peer that never reads its PONGs is held")
+	}
+	assert.Contains(t, ended(t, s), "i/o timeout")
+	require.Eventually(t, func() bool { return p.Peers() == 0 }, 10*time.Second, time.Millisecond)
+}

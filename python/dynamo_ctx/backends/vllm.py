@@ -408,21 +408,27 @@ class BaseWorkerHandler:
                     await asyncio.shield(_abort_quietly(self.engine, engine_id))
                     return
                 pushed.watch(collector)
-                routed = getattr(collector, "request_id", None) if lean is not None else None
-                if routed is not None and not lean.route(routed, pushed.tokens):  # type: ignore[union-attr]
-                    routed = None
-                if routed is not None and reader is not None and reader.activate(engine_id, routed, served):
-                    lean.deliver_to(routed, pushed)  # type: ignore[union-attr]
-                    if logger.isEnabledFor(logging.DEBUG):
-                        logger.debug("%sRequest ID %s: the library sends its plain tokens", self.label, request_id)
-                elif reader is not None:
-                    reader.drop(engine_id)  # its outputs are all the worker's: none need wait for it
-                    reader = None
+                routed = None
                 try:
+                    routed = getattr(collector, "request_id", None) if lean is not None else None
+                    if routed is not None and not lean.route(routed, pushed.tokens):  # type: ignore[union-attr]
+                        routed = None
+                    if routed is not None and reader is not None and reader.activate(engine_id, routed, served):
+                        lean.deliver_to(routed, pushed)  # type: ignore[union-attr]
+                        if logger.isEnabledFor(logging.DEBUG):
+                            logger.debug("%sRequest ID %s: the library sends its plain tokens", self.label, request_id)
+                    elif reader is not None:
+                        reader.drop(engine_id)  # its outputs are all the worker's: none need wait for it
+                        reader = None
                     await pushed.done
                 finally:
+                    # Nothing more goes to the request, by either way, once it
+                    # ended here (also when it failed: the abort comes after).
                     if routed is not None:
                         lean.unroute(routed)  # type: ignore[union-attr]
+                    if reader is not None:
+                        reader.drop(engine_id)
+                        reader = None  # dropped: the last finally has nothing to drop
                 finished = pushed.finished
                 return
             outputs = self.engine.generate(_engine_input(self.engine, prompt, params, request_id), params, engine_id)

@@ -172,6 +172,9 @@ class LeanOutputs:
                     continue
                 route = to.count
                 if kind is DeliveredExtra:
+                    if out.request_id not in states:
+                        _count_sent(out, iteration_stats)  # aborted meanwhile: as a plain one below
+                        continue
                     quiet.append(to)  # vLLM's way keeps its books (events, prefill statistics)
                     rest.append(out)
                     continue

@@ -138,7 +138,9 @@ class EngineOutputs:
         """Take ``engine``'s output stream (see the module's docstring); None, with
         nothing changed, where this vLLM is not the one it was written against,
         and None, with vLLM's own reader back on the same path, where the library
-        could not listen there or the engine core did not connect to it."""
+        could not listen there or the engine core did not connect to it (also
+        when cancelled: then CancelledError, vLLM's reader back). An error in
+        putting vLLM's reader back is raised: the engine would have none."""
         try:
             why, core, lean = _unlike(engine)
         except Exception as e:  # noqa: BLE001 - whatever the check meets: vLLM's way
@@ -171,13 +173,13 @@ class EngineOutputs:
         core.outputs_queue = asyncio.Queue()
         old.put_nowait(empty)
         task = resources.output_queue_task
-        if task is not None:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-        sock.close(linger=0)
         handle: Optional[int] = None
         self: Optional[EngineOutputs] = None
         try:
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+            sock.close(linger=0)
             # ZeroMQ removes the socket's file from its own thread; listening on the
             # path before it did would have ours removed.
             deadline = time.monotonic() + _UNLINK_WAIT
@@ -195,12 +197,15 @@ class EngineOutputs:
                     raise TimeoutError(f"the engine core did not connect to {path} in {_CONNECT_WAIT:g} s")
                 await asyncio.sleep(0.01)
         except BaseException as e:
-            # vLLM's own reader again, on the same path: the engine connects to it.
+            # vLLM's own reader again, on the same path (its socket where it is
+            # still open: cancelled before it closed), reading the new queue,
+            # to which the output handler moved: the engine connects to it.
             if self is not None:
                 self._free()
             elif handle is not None:
                 lib.engine_outputs_free(handle)
-            resources.output_socket = make_zmq_socket(core.ctx, "ipc://" + path, zmq.PULL)
+            if sock.closed:
+                resources.output_socket = make_zmq_socket(core.ctx, "ipc://" + path, zmq.PULL)
             resources.output_queue_task = None
             core._ensure_output_queue_task()
             if not isinstance(e, Exception):

@@ -25,7 +25,7 @@ from vllm import SamplingParams  # noqa: E402
 from vllm.sampling_params import RequestOutputKind  # noqa: E402
 from vllm.v1.engine import EngineCoreOutput, EngineCoreRequest, FinishReason  # noqa: E402
 from vllm.v1.engine.output_processor import OutputProcessor, RequestOutputCollector  # noqa: E402
-from vllm.v1.metrics.stats import IterationStats  # noqa: E402
+from vllm.v1.metrics.stats import IterationStats, PrefillStats  # noqa: E402
 
 from dynamo_ctx.backends import vllm_lean  # noqa: E402
 
@@ -47,10 +47,16 @@ def _processor(lean: bool) -> Tuple[OutputProcessor, Optional[vllm_lean.LeanOutp
     return processor, installed
 
 
+#: The engine's timestamps of the outputs fed (step i at _T0 + i/100), the same in
+#: every run, so that the inter-token latencies compare exactly.
+_T0 = time.monotonic()
+
+
 def _outputs(rid: str, steps: int) -> List[Any]:
-    """A request's engine-core outputs: its first token (with the prefill's events),
-    plain tokens, and a last one that finishes it."""
-    out = [EngineCoreOutput(request_id=rid, new_token_ids=[10])]
+    """A request's engine-core outputs: its first token (with the prefill's
+    statistics), plain tokens, and a last one that finishes it."""
+    prefill = PrefillStats(num_prompt_tokens=3, num_computed_tokens=2, num_cached_tokens=1, num_local_cached_tokens=1)
+    out = [EngineCoreOutput(request_id=rid, new_token_ids=[10], prefill_stats=prefill)]
     out += [EngineCoreOutput(request_id=rid, new_token_ids=[11 + i]) for i in range(steps)]
     out.append(EngineCoreOutput(request_id=rid, new_token_ids=[99], finish_reason=FinishReason.LENGTH))
     return out
@@ -71,14 +77,23 @@ def _run(lean: bool, **sampling: Any) -> Tuple[List[Any], List[Any], Any, Output
     stats = []
     for i, out in enumerate(_outputs(rid, 4)):
         it = IterationStats()
-        result = processor.process_outputs([out], time.monotonic() + i * 0.01, it, weight_version="default")
+        result = processor.process_outputs([out], _T0 + i * 0.01, it, weight_version="default")
         assert not result.request_outputs and not result.reqs_to_abort
-        stats.append((it.num_generation_tokens, it.num_prompt_tokens, len(it.finished_requests), len(list(_itl(it)))))
+        stats.append(_figures(it))
     return tokens, outputs, stats, processor, routed
 
 
 def _itl(it: Any) -> Any:
     return getattr(it, "inter_token_latencies_iter", None) or []
+
+
+def _figures(it: Any) -> Tuple[Any, ...]:
+    """What a step's statistics say, as far as two runs must agree: the tokens, the
+    prompt's (by source), the first tokens and finishes seen, the inter-token
+    latencies (the engine's timestamps are the same in both)."""
+    prompt = it.prompt_token_stats
+    return (it.num_generation_tokens, it.num_prompt_tokens, prompt.computed, prompt.cached_tokens, prompt.local_cache_hit,
+            len(it.time_to_first_tokens_iter), len(it.finished_requests), [round(x, 9) for x in _itl(it)])
 
 
 def test_installs_on_the_vllm_it_knows_or_says_why() -> None:
@@ -105,7 +120,8 @@ def test_same_tokens_statistics_and_end_as_vllms_own_way() -> None:
     last, plain_last = outputs[-1], plain_outputs[-1]
     assert last.finished and plain_last.finished
     assert last.outputs[0].finish_reason == plain_last.outputs[0].finish_reason == "length"
-    assert stats == plain_stats  # tokens counted, prompt counted once, the finish, the inter-token latencies
+    assert stats == plain_stats  # tokens counted, prompt counted once, the first token, the finish, the inter-token latencies
+    assert stats[0][1:6] == (3, 2, 1, 1, 1), "the prefill's statistics are in the figures compared"
     assert processor.request_states == {} == plain_processor.request_states
     assert not processor.external_req_ids.get("req-1") and not plain_processor.external_req_ids.get("req-1")
 
@@ -236,10 +252,10 @@ def test_outputs_the_library_sent_keep_vllms_books_and_reach_nobody_again(first:
         elif not out.finished:
             out.new_token_ids = vllm_lean.Delivered(out.new_token_ids)
         it = IterationStats()
-        result = processor.process_outputs([out], time.monotonic() + i * 0.01, it, weight_version="default")
+        result = processor.process_outputs([out], _T0 + i * 0.01, it, weight_version="default")
         assert not result.request_outputs and not result.reqs_to_abort
         assert not q.quiet, "quiet only while vLLM's way runs"
-        stats.append((it.num_generation_tokens, it.num_prompt_tokens, len(it.finished_requests), len(list(_itl(it)))))
+        stats.append(_figures(it))
     assert tokens == [], "nothing handed over by the short way"
     assert q.counted == [[10], [11], [12], [13], [14]]
     assert [list(o.outputs[0].token_ids) for o in outputs] == [[99]]
@@ -264,15 +280,23 @@ def test_outputs_the_library_sent_for_a_request_that_ended_go_vllms_way() -> Non
     assert left == [[out]]
 
 
-def test_outputs_the_library_sent_for_an_aborted_request_are_still_counted() -> None:
-    """The library's caller saw these tokens before the worker booked them, and the
-    request was aborted meanwhile (its state gone): they count as generated, as
-    vLLM's own way counts what its caller saw."""
+@pytest.mark.parametrize("routed", [False, True])
+def test_outputs_the_library_sent_for_an_aborted_request_are_still_counted(routed: bool) -> None:
+    """The library's caller got these tokens before the worker booked them, and the
+    request was aborted meanwhile (its state gone): they count as generated (vLLM's
+    own way books an output before its caller sees it, so whatever its caller saw
+    was counted), a first output's prompt with them; whether the request's route
+    is still there or not. (An output the library did not send, its request
+    stopped, is flagged 0: the worker's, which vLLM ignores once the state went.)"""
     processor, installed = _processor(lean=True)
     if installed is None:
         pytest.skip("the short way is off on this vLLM")
-    installed.go = object()  # the library reads the engine's outputs; no route is left
+    installed.go = object()  # the library reads the engine's outputs
+    if routed:
+        installed.deliver_to("aborted", _Quiet())
     it = IterationStats()
-    out = EngineCoreOutput(request_id="aborted", new_token_ids=vllm_lean.Delivered([1, 2, 3]))
-    installed.process_outputs([out], time.monotonic(), it, weight_version=None)
-    assert it.num_generation_tokens == 3
+    prefill = PrefillStats(num_prompt_tokens=5, num_computed_tokens=5)
+    first = EngineCoreOutput(request_id="aborted", new_token_ids=vllm_lean.DeliveredExtra([1]), prefill_stats=prefill)
+    out = EngineCoreOutput(request_id="aborted", new_token_ids=vllm_lean.Delivered([2, 3]))
+    installed.process_outputs([first, out], time.monotonic(), it, weight_version=None)
+    assert (it.num_generation_tokens, it.num_prompt_tokens) == (3, 5)

@@ -94,3 +94,55 @@ def test_vllms_own_messages_come_through_whole(tmp_path: Path) -> None:
         ctx.destroy(linger=0)
         native().engine_outputs_free(h)
         sock.close()
+
+
+def test_a_take_cancelled_midway_puts_vllms_reader_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``take`` cancelled while vLLM's reader task winds down (its one wait before
+    the library listens) leaves vLLM reading its own socket again, into the queue
+    its output handler reads now: a message the engine sends then arrives."""
+    import asyncio
+    import types
+
+    import zmq.asyncio
+
+    async def main() -> None:
+        ctx = zmq.asyncio.Context()
+        path = f"ipc://{tmp_path}/out"
+        sock = ctx.socket(zmq.PULL)
+        sock.bind(path)
+        first = asyncio.Queue()  # type: asyncio.Queue[Any]
+
+        async def vllms_reader(queue: "asyncio.Queue[Any]") -> None:
+            while True:
+                queue.put_nowait(await resources.output_socket.recv_multipart())
+
+        resources = types.SimpleNamespace(output_socket=sock, output_queue_task=None)
+        core = types.SimpleNamespace(outputs_queue=first, resources=resources, ctx=ctx)
+
+        def ensure() -> None:  # vLLM's _ensure_output_queue_task: a reader of the queue as it is now
+            if resources.output_queue_task is None:
+                resources.output_queue_task = asyncio.ensure_future(vllms_reader(core.outputs_queue))
+
+        core._ensure_output_queue_task = ensure
+        ensure()
+        monkeypatch.setattr(vllm_outputs, "_unlike", lambda engine: ("", core, types.SimpleNamespace(go=None)))
+        await asyncio.sleep(0)
+        take = asyncio.ensure_future(vllm_outputs.EngineOutputs.take(object()))
+        await asyncio.sleep(0)  # take waits for vLLM's reader task to end
+        take.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await take
+        assert core.outputs_queue is not first, "the handler reads the new queue (after the empty message)"
+        assert first.get_nowait() is not None  # that empty message
+        assert not resources.output_socket.closed
+        assert resources.output_queue_task is not None and not resources.output_queue_task.done()
+        push = ctx.socket(zmq.PUSH)
+        push.connect(path)
+        await push.send_multipart([b"step"])
+        assert await asyncio.wait_for(core.outputs_queue.get(), 10) == [b"step"]
+        resources.output_queue_task.cancel()
+        push.close(linger=0)
+        resources.output_socket.close(linger=0)
+        ctx.term()
+
+    asyncio.run(main())

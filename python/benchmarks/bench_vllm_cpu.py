@@ -37,7 +37,8 @@ serving layers' cost show):
 runs again with ``DC_CPU_PROBE`` set (vllm_abort_hook/sitecustomize.py) and splits the
 CPU per token of the serving process's main thread (where the event loop runs: vLLM's
 API server, or our worker) between vLLM's output processing, its stats loggers, its
-decoding of the engine's messages, our worker's handing over of items, and the rest;
+decoding of the engine's messages, our worker's reading of the messages the library
+forwards (their decoding inside it), its handing over of items, and the rest;
 and, for our worker, the hand-over's wall time per call, apart for the calls in which
 the loop's thread lost its CPU (the write wakes the library's reader).
 ``BENCH_TRACE=1`` makes the aborts phase also print, for our stack, where each timed
@@ -263,7 +264,8 @@ async def repeated(hp: Tuple[str, int], roots: Dict[str, int], c: int) -> Dict[s
 #: Probed functions that run inside another probed function: name -> the one they run in
 #: (where that one is probed: vLLM's ``process_outputs`` runs inside our short way's
 #: only in our worker, where the short way is installed).
-PROBED_INSIDE = {"ours.put": "vllm.process_outputs", "vllm.process_outputs": "ours.lean", "ours.tokens": "ours.lean"}
+PROBED_INSIDE = {"ours.put": "vllm.process_outputs", "vllm.process_outputs": "ours.lean", "ours.tokens": "ours.lean",
+                 "vllm.msgpack_decode": "ours.read"}
 
 
 def _outers(name: str) -> List[str]:
@@ -540,10 +542,10 @@ def _breakdown_row(r: Dict[str, Any], b: Dict[str, Any], results: List[Dict[str,
     processing = f.get("ours.lean", f.get("vllm.process_outputs"))
     items = [f[k] for k in ("ours.put", "ours.tokens") if k in f]
     cells = [f"{processing:.1f}" if processing is not None else "-", f"{sum(items):.1f}" if items else "-"]
-    cells += [f"{f[k]:.1f}" if k in f else "-" for k in ("vllm.stats_record", "vllm.msgpack_decode", "ours.flush")]
-    # Our worker whose tokens all went vLLM's way (its short way did not install: its
+    cells += [f"{f[k]:.1f}" if k in f else "-" for k in ("vllm.stats_record", "vllm.msgpack_decode", "ours.read", "ours.flush")]
+    # Our worker whose outputs all went vLLM's way (its short way did not install: its
     # log says why) is measured, but not as it runs: the row says so.
-    off = ", its short way off" if b["process"] == "worker" and "ours.tokens" not in f else ""
+    off = ", its short way off" if b["process"] == "worker" and "ours.lean" not in f else ""
     return (f"| {r['model']} | {r['stack']} ({b['process']}{off}) | {b['streams']} | {b['main_us_per_token']:.1f} | "
             + " | ".join(cells) + f" | {b['main_us_per_token'] - counted:.1f} |")
 
@@ -574,9 +576,10 @@ TABLES = [
     ("short", "| model | stack | short requests/s | serving CPU us per request | CPU us per request, by process | ours against |\n"
      "|---|---|--:|--:|---|---|", _short_row),
     ("breakdown", "| model | stack (process) | streams | main thread CPU us per token | vLLM's output processing "
-     "| of which our items (inside it) | vLLM's stats loggers | vLLM's decoding | our hand-over of a step's items "
+     "| of which our items (inside it) | vLLM's stats loggers | vLLM's decoding "
+     "| our reader of the library's messages (its decoding inside it) | our hand-over of a step's items "
      "| the rest (the event loop, HTTP, requests' starts and ends) |\n"
-     "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|", _breakdown_row),
+     "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|", _breakdown_row),
     ("breakdown", "| model | stack (process) | streams | hand-overs | CPU us per hand-over | wall us, thread kept its CPU "
      "| preempted inside | wall us, preempted |\n"
      "|---|---|--:|--:|--:|--:|--:|--:|", _handover_row),

@@ -9,7 +9,8 @@ has; a stand-in that raises is put there.
 With DC_CPU_PROBE naming a folder, it counts the CPU time that this process's threads
 spend in a few functions on the path of every engine step (``PROBES``: vLLM's output
 processing, its stats loggers and message decoding, and our worker's short way around
-that processing, its items and its handing over of them), and every half second writes ``<folder>/<pid>.json``: per function, the CPU
+that processing, its items, its handing over of them and its reading of the engine's
+messages that the library forwards), and every half second writes ``<folder>/<pid>.json``: per function, the CPU
 seconds and calls so far, the CPU seconds of the main thread (where the event loop
 runs), when the record was written, and what one probed call costs the thread beyond
 the call itself (``probe_cost_s``, measured once: two ``time.thread_time`` calls and
@@ -55,6 +56,7 @@ PROBES = {
     "dynamo_ctx.serving": [("_Sends", "flush", "ours.flush")],
     "dynamo_ctx.backends.vllm": [("_Pushed", "_put", "ours.put"), ("_Pushed", "tokens", "ours.tokens")],
     "dynamo_ctx.backends.vllm_lean": [("LeanOutputs", "process_outputs", "ours.lean")],
+    "dynamo_ctx.backends.vllm_outputs": [("EngineOutputs", "_read", "ours.read")],
 }
 
 

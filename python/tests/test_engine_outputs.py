@@ -214,16 +214,22 @@ class RoutedHandler:
         self.reader = reader
         self.routed = asyncio.Event()
 
-    @pushes_items
-    async def generate(self, request: Any, context: Any) -> Any:
+    def route(self) -> Any:
+        """Route the served request (engine id "eng") to the library's reader, as
+        backends/vllm.py posts it: reserve, then activate; its item sink."""
         from dynamo_ctx.serving import item_sink
 
         sink = item_sink()
         assert sink is not None
-        lib, h = native(), self.reader.h
-        lib.engine_outputs_post(4, h, b"eng", 0)
-        lib.engine_outputs_post(5, h, b"eng", sink.request)  # type: ignore[attr-defined]
+        native().engine_outputs_post(4, self.reader.h, b"eng", 0)
+        native().engine_outputs_post(5, self.reader.h, b"eng", sink.request)  # type: ignore[attr-defined]
         self.routed.set()
+        return sink
+
+    @pushes_items
+    async def generate(self, request: Any, context: Any) -> Any:
+        sink = self.route()
+        lib, h = native(), self.reader.h
         loop = asyncio.get_running_loop()
         done = loop.create_future()
         sock = self.reader.sock
@@ -268,27 +274,20 @@ def test_the_library_sends_routed_tokens_before_the_handlers_last(reader: Reader
     peer.close()
 
 
-class StoppedHandler:
+class StoppedHandler(RoutedHandler):
     """A served handler whose request is routed to the library's reader until its
     caller stops it; then it asks the test's engine peer for one more step and
     reads how the library flagged that step's outputs."""
 
     def __init__(self, reader: Reader) -> None:
-        self.reader = reader
-        self.routed = asyncio.Event()
+        super().__init__(reader)
         self.stopped = asyncio.Event()
         self.flags: List[bytes] = []
 
     @pushes_items
     async def generate(self, request: Any, context: Any) -> Any:
-        from dynamo_ctx.serving import item_sink
-
-        sink = item_sink()
-        assert sink is not None
+        self.route()
         lib, h = native(), self.reader.h
-        lib.engine_outputs_post(4, h, b"eng", 0)
-        lib.engine_outputs_post(5, h, b"eng", sink.request)  # type: ignore[attr-defined]
-        self.routed.set()
         try:
             await asyncio.wait_for(context.stopped(), HANG)
             self.stopped.set()

@@ -260,11 +260,12 @@ func (r *Router[T]) flushPending() {
 
 // output is what route reads of one EngineCoreOutput.
 type output struct {
+	index  int // in the message's outputs
 	id     []byte
-	tokens []byte // {"token_ids":[...]}
-	count  int    // of tokens
-	plain  bool   // every FieldUnset field is nil, the tokens read
-	extra  bool   // a FieldExtra field is set
+	tokens int  // where its array of token ids starts in the message (read: tokenItem)
+	count  int  // of tokens
+	plain  bool // every FieldUnset field is nil, the tokens read
+	extra  bool // a FieldExtra field is set
 }
 
 // route reads message m, delivers what it can, and returns each output's
@@ -276,7 +277,8 @@ func (r *Router[T]) route(m []byte) (flags []byte, atOnce, ok bool) {
 	if !ok {
 		return nil, true, false
 	}
-	var outs []output
+	var outs []output // those with a route
+	count := 0        // of outputs
 	read := false
 	for f := 0; f < n; f++ {
 		kind := byte(FieldAny)
@@ -285,9 +287,11 @@ func (r *Router[T]) route(m []byte) (flags []byte, atOnce, ok bool) {
 		}
 		switch {
 		case kind == FieldOutputs:
-			if outs, ok = r.readOutputs(&rd); !ok {
+			var unrouted bool
+			if outs, count, unrouted, ok = r.readOutputs(&rd); !ok {
 				return nil, true, false
 			}
+			atOnce = atOnce || unrouted
 			read = true
 		case kind == FieldAtOnce:
 			if rd.nil() {
@@ -309,21 +313,19 @@ func (r *Router[T]) route(m []byte) (flags []byte, atOnce, ok bool) {
 	if !read {
 		return nil, atOnce, true
 	}
-	flags = make([]byte, len(outs))
+	flags = make([]byte, count)
 	delivered := 0
-	for i := range outs {
-		o := &outs[i]
-		var rt *route[T]
-		if len(o.id) > r.o.Suffix {
-			rt = r.routes[string(o.id[:len(o.id)-r.o.Suffix])]
-		}
+	for k := range outs {
+		o := &outs[k]
+		i := o.index
+		rt := r.routes[string(o.id[:len(o.id)-r.o.Suffix])] // gone since if an earlier output handed it back
 		switch {
 		case rt == nil:
 			atOnce = true
 		case !rt.armed:
 			rt.seen = true
 			atOnce = true
-		case o.plain && r.o.Deliver(rt.target, o.tokens):
+		case o.plain && r.o.Deliver(rt.target, tokenItem(m, o.tokens)):
 			r.sent += int64(o.count)
 			delivered++
 			flags[i] = 1
@@ -342,22 +344,28 @@ func (r *Router[T]) route(m []byte) (flags []byte, atOnce, ok bool) {
 	return flags, atOnce, true
 }
 
-// readOutputs reads the list of EngineCoreOutput.
-func (r *Router[T]) readOutputs(rd *reader) ([]output, bool) {
+// readOutputs reads the list of EngineCoreOutput: the outputs whose
+// request has a route now (only those are kept: what a message costs in
+// memory grows with the routed requests, not with its outputs), how many
+// there are in all, and whether any has none (the host then has the
+// message at once).
+func (r *Router[T]) readOutputs(rd *reader) (outs []output, count int, unrouted, ok bool) {
 	n, ok := rd.array()
 	if !ok {
-		return nil, false
+		return nil, 0, false, false
 	}
-	// Grown as they read: a count is a claim, not an allocation.
-	outs := make([]output, 0, min(n, 256))
-	for range n {
-		var o output
+	for i := range n {
+		o := output{index: i}
 		if !r.readOutput(rd, &o) {
-			return nil, false
+			return nil, 0, false, false
+		}
+		if len(o.id) <= r.o.Suffix || r.routes[string(o.id[:len(o.id)-r.o.Suffix])] == nil {
+			unrouted = true
+			continue
 		}
 		outs = append(outs, o)
 	}
-	return outs, true
+	return outs, n, unrouted, true
 }
 
 func (r *Router[T]) readOutput(rd *reader, o *output) bool {
@@ -409,28 +417,41 @@ func (r *Router[T]) readOutput(rd *reader, o *output) bool {
 	return gotID
 }
 
-// readTokens reads an array of token ids as the item that carries them
-// (no tokens: an item of none, as the host's own way sends it).
-func readTokens(rd *reader) ([]byte, int, bool) {
+// readTokens reads past an array of token ids (integers, none negative)
+// and returns where it starts and its length; the item that carries them
+// is made only for an output delivered (tokenItem), so an output no route
+// takes costs no allocation. Not such an array: false, nothing read.
+func readTokens(rd *reader) (int, int, bool) {
 	start := rd.i
 	n, ok := rd.array()
 	if !ok {
-		return nil, 0, false
+		return 0, 0, false
 	}
-	item := make([]byte, 0, len(`{"token_ids":[]}`)+min(n, 256)*7)
+	for k := 0; k < n; k++ {
+		if v, ok := rd.int(); !ok || v < 0 {
+			rd.i = start
+			return 0, 0, false
+		}
+	}
+	return start, n, true
+}
+
+// tokenItem is the item that carries the token ids whose array readTokens
+// read at start of m (no tokens: an item of none, as the host's own way
+// sends it).
+func tokenItem(m []byte, start int) []byte {
+	rd := reader{b: m, i: start}
+	n, _ := rd.array()
+	item := make([]byte, 0, len(`{"token_ids":[]}`)+n*7)
 	item = append(item, `{"token_ids":[`...)
 	for k := 0; k < n; k++ {
-		v, ok := rd.int()
-		if !ok || v < 0 {
-			rd.i = start
-			return nil, 0, false
-		}
+		v, _ := rd.int()
 		if k > 0 {
 			item = append(item, ',')
 		}
 		item = strconv.AppendInt(item, v, 10)
 	}
-	return append(item, "]}"...), n, true
+	return append(item, "]}"...)
 }
 
 // EncodeForward is the form in which a message goes to the host: the

@@ -636,3 +636,24 @@ func TestVLLMsOwnMessages(t *testing.T) {
 	assert.Equal(t, 0, r.Routes(), "logprobs handed b back, the finish a")
 	assert.Equal(t, int64(5), r.Sent())
 }
+
+func TestOutputsWithoutARouteCostOnlyTheirFlag(t *testing.T) {
+	// What a message costs to read grows with its routed outputs, not with
+	// all of them: 65,536 outputs of 3 tokens, none routed (the engine's
+	// requests that the host serves its own way, or a peer's made-up ones),
+	// allocate the forwarded copy and a flag each (before: 52x the message).
+	h := newHarness(t, 0)
+	h.route(t, "a", "A")
+	outs := make([]any, 0, 1<<16)
+	for range 1 << 16 {
+		outs = append(outs, out("x", []int{1, 2, 3}, nil))
+	}
+	m := message(outs)
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	require.NoError(t, h.Handle([][]byte{m}))
+	runtime.ReadMemStats(&after)
+	assert.Less(t, after.TotalAlloc-before.TotalAlloc, uint64(2*len(m)))
+	_, forwarded := h.take()
+	assert.Equal(t, [][]byte{make([]byte, 1<<16)}, flagsOf(t, forwarded, m))
+}

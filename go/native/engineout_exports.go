@@ -58,16 +58,27 @@ type engineOutputs struct {
 
 // forward hands message m to the host (the router's lock held: in order).
 func (e *engineOutputs) forward(m []byte) {
+	if e.queue(m) {
+		select {
+		case e.kick <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// queue writes m to the host at once where nothing waits before it and
+// the socket takes it, else queues what is left for the writer, and says
+// whether the writer must be told.
+func (e *engineOutputs) queue(m []byte) (kick bool) {
 	e.mu.Lock()
+	defer e.mu.Unlock() // also on a panic: fail takes the lock
 	if e.broken {
-		e.mu.Unlock()
-		return
+		return false
 	}
 	if len(e.out) > 0 || e.writing {
 		e.out = binary.LittleEndian.AppendUint32(e.out, uint32(len(m)))
 		e.out = append(e.out, m...)
-		e.mu.Unlock()
-		return // the writer, busy, takes it next
+		return false // the writer, busy, takes it next
 	}
 	e.frame = binary.LittleEndian.AppendUint32(e.frame[:0], uint32(len(m)))
 	e.frame = append(e.frame, m...)
@@ -79,14 +90,7 @@ func (e *engineOutputs) forward(m []byte) {
 	if cap(e.frame) > keptBuffer {
 		e.frame = nil // the largest message's size is not kept for the reader's life
 	}
-	e.mu.Unlock()
-	if !rest {
-		return
-	}
-	select {
-	case e.kick <- struct{}{}:
-	default:
-	}
+	return rest
 }
 
 // tryWrite writes what the socket takes of b now, without waiting, and

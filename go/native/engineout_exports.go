@@ -52,6 +52,7 @@ type engineOutputs struct {
 	writing bool          // the writer holds bytes taken from out
 	broken  bool          // the socket failed: nothing more goes
 	frame   []byte        // forward's scratch (mu held)
+	inPlane bool          // a delivery is in the plane's code (the router's lock held)
 	kick    chan struct{} // capacity 1: out has bytes
 	written chan struct{} // closed when the writer returned
 }
@@ -145,7 +146,8 @@ func (e *engineOutputs) write() {
 	}
 }
 
-// fail stops a reader whose handling of a message panicked (p): it
+// fail stops a reader whose handling of a message panicked (p) outside
+// the plane's code (its reading, routing or forwarding): it
 // delivers and forwards nothing more, since what it delivered of that
 // message is unknown, and the host's end of the socket reads its end, as
 // when the engine core dies (the host's reader stops and the engine's
@@ -215,12 +217,18 @@ func dc_engine_outputs_listen(path *C.char, pathLen C.size_t, messageLayout *C.c
 			}
 			// Beyond the send buffer's bound if need be, as a posted send:
 			// a request holds at most what it makes.
+			e.inPlane = true
 			if _, err := req.SendManyPosted([][]byte{item}, &e.batch); err != nil {
 				slog.Error("engine outputs: an item the library made is not JSON", "err", err)
 			}
+			e.inPlane = false
 			return true
 		},
-		Flush:   func() { e.batch.Flush() },
+		Flush: func() {
+			e.inPlane = true
+			e.batch.Flush()
+			e.inPlane = false
+		},
 		Forward: e.forward,
 	})
 	if err != nil {
@@ -249,13 +257,20 @@ func dc_engine_outputs_listen(path *C.char, pathLen C.size_t, messageLayout *C.c
 	handle := func(frames [][]byte) (err error) {
 		defer func() {
 			if p := recover(); p != nil {
+				if e.inPlane {
+					// Inside the plane's sends, which may hold a request's or
+					// a session's lock at the panic: the process ends, as
+					// any panic of the plane ends it, rather than a later
+					// send hanging on that lock.
+					panic(p)
+				}
 				err = e.fail(p)
 			}
 		}()
 		drainPosted()
 		return e.router.Handle(frames)
 	}
-	e.pull = zmtp.Serve(ln, handle, zmtp.Options{Log: func(format string, args ...any) {
+	e.pull = zmtp.Serve(ownerOnly{ln}, handle, zmtp.Options{Log: func(format string, args ...any) {
 		slog.Warn(fmt.Sprintf(format, args...))
 	}})
 	*out = C.uint64_t(engineReaders.Insert(e))

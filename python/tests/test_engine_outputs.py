@@ -325,3 +325,42 @@ def test_a_stopped_requests_outputs_are_left_to_its_handler(reader: Reader, nats
     assert handler.flags == [b"\0\0"]
     assert native().engine_outputs_sent(reader.h) == 1
     peer.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="needs root, to connect as another user")
+def test_only_the_sockets_user_may_connect() -> None:
+    """The socket's file is its user's only, and a process of another user that
+    connects anyway (here: with the mode opened up, as a permissive umask would
+    leave it for a moment) is closed at once, greeted with nothing."""
+    import shutil
+    import tempfile
+
+    folder = tempfile.mkdtemp()
+    os.chmod(folder, 0o755)  # others may reach the socket's file
+    reader = Reader(Path(folder) / "out")
+    try:
+        assert os.stat(reader.path).st_mode & 0o777 == 0o600
+        os.chmod(reader.path, 0o666)
+        pid = os.fork()
+        if pid == 0:  # the child: as nobody, connect and see what comes back
+            code = 1
+            try:
+                os.setgid(65534)
+                os.setuid(65534)
+                s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                s.settimeout(10)
+                s.connect(reader.path)
+                s.sendall(greeting() + ready(b"PUSH"))
+                code = 0 if s.recv(4096) == b"" else 2
+            except (ConnectionResetError, BrokenPipeError):
+                code = 0
+            except BaseException:
+                code = 3
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0, "closed without a greeting"
+        reader.push().close()  # the socket's own user still connects
+    finally:
+        reader.close()
+        shutil.rmtree(folder, ignore_errors=True)

@@ -205,6 +205,15 @@ class EngineOutputs:
             elif handle is not None:
                 lib.engine_outputs_free(handle)
             if sock.closed:
+                if handle is None:
+                    # Cancelled while ZeroMQ removes its socket's file (from its
+                    # own thread): a bind before that would have the new file
+                    # removed. Rare (a cancelled start), short, so waited here.
+                    deadline = time.monotonic() + _UNLINK_WAIT
+                    while os.path.exists(path) and time.monotonic() < deadline:
+                        time.sleep(0.005)
+                    if os.path.exists(path):
+                        os.unlink(path)
                 resources.output_socket = make_zmq_socket(core.ctx, "ipc://" + path, zmq.PULL)
             resources.output_queue_task = None
             core._ensure_output_queue_task()

@@ -191,7 +191,8 @@ int dc_frontend_drain(uint64_t h, double seconds);
    fields is set, 0 where it did not (then, or once the request's context
    stopped, that output and every later one of its request are the
    host's). Little-endian. The socket's file is made its owner's only
-   (mode 0600), whatever the umask.
+   (mode 0600), whatever the umask, and on Linux a peer of another user
+   is closed at once.
    message_layout and output_layout say what each field of the engine's
    EngineCoreOutputs and EngineCoreOutput is, a letter per field in order
    (go/engineout's Layout: 'o' the outputs, 'f' a field the host acts on at

@@ -254,8 +254,12 @@ static PyObject* mod_post_engine_load(PyObject* m, PyObject* args) {
 
 // engine_outputs_post(kind, reader, id, request): a route of the engine-output
 // reader (4 reserve, 5 activate, 6 drop: dc_engine_outputs_reserve, _activate,
-// _drop), posted; the call where it cannot be posted (an activation's answer
-// is then dropped: the outputs' flags tell the host).
+// _drop), posted; the call where it cannot be posted (more than
+// DC_POSTED_MAX_AHEAD wait, the socket is full), which answers as the posted
+// message would: an activation's answer is dropped (the outputs' flags tell the
+// host), and a handle that is no longer valid (DC_EBADF: the host freed the
+// reader, or the request ended; an activation's route is then dropped) raises
+// nothing, as a posted record with one is dropped.
 static PyObject* mod_engine_outputs_post(PyObject* m, PyObject* args) {
     int kind;
     unsigned long long h, req;
@@ -283,7 +287,7 @@ static PyObject* mod_engine_outputs_post(PyObject* m, PyObject* args) {
         rc = dc_engine_outputs_activate((uint64_t)h, id, (size_t)id_len, (uint64_t)req, &armed);
     else
         rc = dc_engine_outputs_drop((uint64_t)h, id, (size_t)id_len);
-    if (rc != DC_OK) return raise_rc(rc);
+    if (rc != DC_OK && rc != DC_EBADF) return raise_rc(rc);
     Py_RETURN_NONE;
 }
 

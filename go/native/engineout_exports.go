@@ -317,8 +317,10 @@ func hostSocket() (net.Conn, int, error) {
 	return conn, fds[1], nil
 }
 
-// engineRoute runs f on reader h's router with the id's bytes.
-func engineRoute(name string, h C.uint64_t, id *C.char, idLen C.size_t, f func(r *engineout.Router[*plane.Request], id string) C.int) (rc C.int) {
+// engineRoute is the call of a route change (kind: postEngineReserve,
+// postEngineActivate of request, postEngineDrop) on reader h, as name;
+// armed, where not nil, says whether an activation armed the route.
+func engineRoute(name string, kind uint32, h C.uint64_t, id *C.char, idLen C.size_t, request C.uint64_t, armed *C.int) C.int {
 	if id == nil && idLen > 0 {
 		return fail(C.DC_EINVAL, "%s: id must not be NULL", name)
 	}
@@ -327,7 +329,34 @@ func engineRoute(name string, h C.uint64_t, id *C.char, idLen C.size_t, f func(r
 	if rc != C.DC_OK {
 		return rc
 	}
-	return f(e.router, string(goBytes(id, idLen)))
+	ok, err := applyRoute(e.router, kind, string(goBytes(id, idLen)), uint64(request))
+	if err != nil {
+		return fail(C.DC_EBADF, "%s: %v", name, err)
+	}
+	if ok && armed != nil {
+		*armed = 1
+	}
+	return C.DC_OK
+}
+
+// applyRoute makes one route change on router r, called or posted: an
+// activation of a handle that is not a request's drops the route (its
+// request's outputs are the host's) and returns the handle's error.
+func applyRoute(r *engineout.Router[*plane.Request], kind uint32, id string, request uint64) (armed bool, err error) {
+	switch kind {
+	case postEngineReserve:
+		r.Reserve(id)
+	case postEngineActivate:
+		req, err := requests.Get(request)
+		if err != nil {
+			r.Drop(id)
+			return false, err
+		}
+		return r.Activate(id, req), nil
+	default:
+		r.Drop(id)
+	}
+	return false, nil
 }
 
 // dc_engine_outputs_reserve: see dynamo_ctx_services.h, the reference.
@@ -335,10 +364,7 @@ func engineRoute(name string, h C.uint64_t, id *C.char, idLen C.size_t, f func(r
 //export dc_engine_outputs_reserve
 func dc_engine_outputs_reserve(h C.uint64_t, id *C.char, idLen C.size_t) (rc C.int) {
 	defer guard("dc_engine_outputs_reserve", &rc)
-	return engineRoute("dc_engine_outputs_reserve", h, id, idLen, func(r *engineout.Router[*plane.Request], id string) C.int {
-		r.Reserve(id)
-		return C.DC_OK
-	})
+	return engineRoute("dc_engine_outputs_reserve", postEngineReserve, h, id, idLen, 0, nil)
 }
 
 // dc_engine_outputs_activate: see dynamo_ctx_services.h, the reference.
@@ -350,17 +376,7 @@ func dc_engine_outputs_activate(h C.uint64_t, id *C.char, idLen C.size_t, reques
 		return fail(C.DC_EINVAL, "dc_engine_outputs_activate: armed must not be NULL")
 	}
 	*armed = 0
-	return engineRoute("dc_engine_outputs_activate", h, id, idLen, func(r *engineout.Router[*plane.Request], id string) C.int {
-		req, rc := get(requests, "dc_engine_outputs_activate", request)
-		if rc != C.DC_OK {
-			r.Drop(id)
-			return rc
-		}
-		if r.Activate(id, req) {
-			*armed = 1
-		}
-		return C.DC_OK
-	})
+	return engineRoute("dc_engine_outputs_activate", postEngineActivate, h, id, idLen, request, armed)
 }
 
 // dc_engine_outputs_drop: see dynamo_ctx_services.h, the reference.
@@ -368,10 +384,7 @@ func dc_engine_outputs_activate(h C.uint64_t, id *C.char, idLen C.size_t, reques
 //export dc_engine_outputs_drop
 func dc_engine_outputs_drop(h C.uint64_t, id *C.char, idLen C.size_t) (rc C.int) {
 	defer guard("dc_engine_outputs_drop", &rc)
-	return engineRoute("dc_engine_outputs_drop", h, id, idLen, func(r *engineout.Router[*plane.Request], id string) C.int {
-		r.Drop(id)
-		return C.DC_OK
-	})
+	return engineRoute("dc_engine_outputs_drop", postEngineDrop, h, id, idLen, 0, nil)
 }
 
 // dc_engine_outputs_peers: see dynamo_ctx_services.h, the reference.
@@ -435,19 +448,6 @@ func runEngineRoute(kind uint32, m []byte) error {
 	if err != nil {
 		return nil
 	}
-	id := string(m[20:])
-	switch kind {
-	case postEngineReserve:
-		e.router.Reserve(id)
-	case postEngineActivate:
-		req, err := requests.Get(binary.LittleEndian.Uint64(m[8:]))
-		if err != nil {
-			e.router.Drop(id)
-			return nil
-		}
-		e.router.Activate(id, req)
-	default:
-		e.router.Drop(id)
-	}
+	_, _ = applyRoute(e.router, kind, string(m[20:]), binary.LittleEndian.Uint64(m[8:])) // a request freed: its route dropped, nothing to tell
 	return nil
 }

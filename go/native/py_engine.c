@@ -31,15 +31,21 @@ static PyObject* mod_engine_outputs_listen(PyObject* m, PyObject* args) {
     return Py_BuildValue("(Ki)", (unsigned long long)h, fd);
 }
 
-// engine_outputs_reserve(h, id)
-static PyObject* mod_engine_outputs_reserve(PyObject* m, PyObject* args) {
+// A route change of reader h for one id, f (reserve or drop), its arguments
+// parsed by format: None, or the error raised.
+static PyObject* route_call(PyObject* args, const char* format, int (*f)(uint64_t, const char*, size_t)) {
     unsigned long long h;
     const char* id;
     Py_ssize_t id_len;
-    if (!PyArg_ParseTuple(args, "Ky#:engine_outputs_reserve", &h, &id, &id_len) || check_fork() < 0) return NULL;
-    int rc = dc_engine_outputs_reserve((uint64_t)h, id, (size_t)id_len);
+    if (!PyArg_ParseTuple(args, format, &h, &id, &id_len) || check_fork() < 0) return NULL;
+    int rc = f((uint64_t)h, id, (size_t)id_len);
     if (rc != DC_OK) return raise_rc(rc);
     Py_RETURN_NONE;
+}
+
+// engine_outputs_reserve(h, id)
+static PyObject* mod_engine_outputs_reserve(PyObject* m, PyObject* args) {
+    return route_call(args, "Ky#:engine_outputs_reserve", dc_engine_outputs_reserve);
 }
 
 // engine_outputs_activate(h, id, request) -> bool
@@ -57,13 +63,7 @@ static PyObject* mod_engine_outputs_activate(PyObject* m, PyObject* args) {
 
 // engine_outputs_drop(h, id)
 static PyObject* mod_engine_outputs_drop(PyObject* m, PyObject* args) {
-    unsigned long long h;
-    const char* id;
-    Py_ssize_t id_len;
-    if (!PyArg_ParseTuple(args, "Ky#:engine_outputs_drop", &h, &id, &id_len) || check_fork() < 0) return NULL;
-    int rc = dc_engine_outputs_drop((uint64_t)h, id, (size_t)id_len);
-    if (rc != DC_OK) return raise_rc(rc);
-    Py_RETURN_NONE;
+    return route_call(args, "Ky#:engine_outputs_drop", dc_engine_outputs_drop);
 }
 
 // engine_outputs_peers(h) -> engine connections past their handshake

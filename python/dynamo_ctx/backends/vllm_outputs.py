@@ -77,31 +77,22 @@ _MESSAGE_ANY = ("engine_index", "scheduler_stats", "timestamp", "weight_version"
 def layouts(output_type: type, outputs_type: type) -> Tuple[str, str]:
     """go/engineout's layouts of vLLM's ``EngineCoreOutputs`` and ``EngineCoreOutput``;
     ValueError for a field this module does not know."""
-    message = ""
-    for name in getattr(outputs_type, "__struct_fields__", ()):
-        if name == "outputs":
-            message += "o"
-        elif name in _AT_ONCE:
-            message += "f"
-        elif name in _MESSAGE_ANY:
-            message += "a"
-        else:
-            raise ValueError(f"EngineCoreOutputs has a field {name!r} the library's reader does not know")
-    output = ""
-    for name in getattr(output_type, "__struct_fields__", ()):
-        if name == "request_id":
-            output += "i"
-        elif name == "new_token_ids":
-            output += "t"
-        elif name in _EXTRA:
-            output += "x"
-        elif name in _ANY:
-            output += "a"
-        elif name in _UNSET:
-            output += "n"
-        else:
-            raise ValueError(f"EngineCoreOutput has a field {name!r} the library's reader does not know")
+    message = _layout(outputs_type, "EngineCoreOutputs", ((("outputs",), "o"), (_AT_ONCE, "f"), (_MESSAGE_ANY, "a")))
+    output = _layout(output_type, "EngineCoreOutput", ((("request_id",), "i"), (("new_token_ids",), "t"), (_EXTRA, "x"),
+                                                       (_ANY, "a"), (_UNSET, "n")))
     return message, output
+
+
+def _layout(struct: type, name: str, letters: Tuple[Tuple[Tuple[str, ...], str], ...]) -> str:
+    """A letter per field of ``struct`` (vLLM's ``name``): that of the first group
+    of ``letters`` that names it; ValueError for a field none names."""
+    layout = ""
+    for field in getattr(struct, "__struct_fields__", ()):
+        letter = next((letter for fields, letter in letters if field in fields), None)
+        if letter is None:
+            raise ValueError(f"{name} has a field {field!r} the library's reader does not know")
+        layout += letter
+    return layout
 
 
 class EngineOutputs:

@@ -56,10 +56,20 @@ logger = logging.getLogger("dynamo_ctx.backends.vllm")
 #: plain) goes at once.
 WINDOW = 0.025
 
-#: How long ``take`` waits for ZeroMQ to remove its socket file after closing it,
-#: and for the engine core to connect to the library's.
+#: How long ``take`` waits for ZeroMQ to remove its socket file after closing it
+#: (where it does: ``_zmq_removes_closed_files``), and for the engine core to
+#: connect to the library's.
 _UNLINK_WAIT = 2.0
 _CONNECT_WAIT = 10.0
+
+
+def _zmq_removes_closed_files(zmq: Any) -> bool:
+    """Whether this ZeroMQ removes a bound ``ipc://`` path's file when its socket
+    closes. Before 4.3 it did, from its own thread, after ``close`` returned: a bind
+    on the path before that had its new file removed. 4.3 and later leave the file
+    (a bind removes a stale one first); the contract tests check it of the ZeroMQ
+    installed."""
+    return tuple(zmq.zmq_version_info()) < (4, 3)
 
 #: EngineCoreOutput's fields (vllm_lean's) that may be set on an output whose
 #: tokens the library delivers and whose bookkeeping vLLM's own way then does
@@ -154,6 +164,7 @@ class EngineOutputs:
             sock = resources.output_socket
             path = sock.getsockopt(zmq.LAST_ENDPOINT).decode()[len("ipc://"):]
             empty = EngineCoreOutputs()
+            removes = _zmq_removes_closed_files(zmq)
         except Exception as e:  # noqa: BLE001 - as any difference: vLLM's way
             logger.info("vLLM reads its engine core's outputs itself: %r", e)
             return None
@@ -171,19 +182,23 @@ class EngineOutputs:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
             sock.close(linger=0)
-            # ZeroMQ removes the socket's file from its own thread; listening on the
-            # path before it did would have ours removed.
-            deadline = time.monotonic() + _UNLINK_WAIT
-            while os.path.exists(path) and time.monotonic() < deadline:
-                await asyncio.sleep(0.005)
+            if removes:
+                # ZeroMQ removes the socket's file from its own thread; listening on
+                # the path before it did would have ours removed.
+                deadline = time.monotonic() + _UNLINK_WAIT
+                while os.path.exists(path) and time.monotonic() < deadline:
+                    await asyncio.sleep(0.005)
             if os.path.exists(path):
                 os.unlink(path)
             handle, fd = lib.engine_outputs_listen(path.encode(), message.encode(), output.encode(), suffix, window)
             self = cls(lib, handle, fd, core, lean, suffix)
             # The engine core's PUSH socket connects again by itself (ZeroMQ
-            # retries every 100 ms): until it did, nothing is served.
+            # retries every 100 ms): until it did, nothing is served. An engine
+            # core that died meanwhile (vLLM's monitor says so) never will.
             deadline = time.monotonic() + _CONNECT_WAIT
             while lib.engine_outputs_peers(handle) == 0:
+                if getattr(resources, "engine_dead", False):
+                    raise RuntimeError(f"the engine core died before it connected to {path}")
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"the engine core did not connect to {path} in {_CONNECT_WAIT:g} s")
                 await asyncio.sleep(0.01)
@@ -196,7 +211,7 @@ class EngineOutputs:
             elif handle is not None:
                 lib.engine_outputs_free(handle)
             if sock.closed:
-                if handle is None:
+                if handle is None and removes:
                     # Cancelled while ZeroMQ removes its socket's file (from its
                     # own thread): a bind before that would have the new file
                     # removed. Rare (a cancelled start), short, so waited here.

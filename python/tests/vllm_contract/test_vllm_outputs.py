@@ -146,3 +146,81 @@ def test_a_take_cancelled_midway_puts_vllms_reader_back(tmp_path: Path, monkeypa
         ctx.term()
 
     asyncio.run(main())
+
+
+def test_zeromq_leaves_or_removes_a_closed_sockets_file_as_take_expects(tmp_path: Path) -> None:
+    """``take`` binds on the path of vLLM's socket right after closing it where the
+    installed ZeroMQ leaves the file of a closed socket (4.3 and later), and waits
+    for the file to go where it removes it from its own thread: which one this
+    ZeroMQ does."""
+    ctx = zmq.Context()
+    path = tmp_path / "out"
+    sock = ctx.socket(zmq.PULL)
+    sock.bind(f"ipc://{path}")
+    sock.close(linger=0)
+    if vllm_outputs._zmq_removes_closed_files(zmq):
+        deadline = time.monotonic() + vllm_outputs._UNLINK_WAIT
+        while path.exists() and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert not path.exists()
+    else:
+        time.sleep(0.2)
+        assert path.exists(), "this ZeroMQ removes a closed socket's file: take would bind too early"
+        again = ctx.socket(zmq.PULL)
+        again.bind(f"ipc://{path}")  # over the file left: as vLLM's socket on a take that fails
+        again.close(linger=0)
+    ctx.term()
+
+
+def test_a_take_ends_at_once_when_the_engine_core_dies(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                      caplog: pytest.LogCaptureFixture) -> None:
+    """An engine core that dies while ``take`` waits for it to connect (vLLM's
+    monitor marks the engine dead) ends the wait at once, not after its 10 s:
+    ``take`` answers None with vLLM's own reader back on the path."""
+    import asyncio
+    import types
+
+    import zmq.asyncio
+
+    async def main() -> None:
+        ctx = zmq.asyncio.Context()
+        path = f"ipc://{tmp_path}/out"
+        sock = ctx.socket(zmq.PULL)
+        sock.bind(path)
+        queue = asyncio.Queue()  # type: asyncio.Queue[Any]
+
+        async def vllms_reader(queue: "asyncio.Queue[Any]") -> None:
+            while True:
+                queue.put_nowait(await resources.output_socket.recv_multipart())
+
+        resources = types.SimpleNamespace(output_socket=sock, output_queue_task=None, engine_dead=False)
+        core = types.SimpleNamespace(outputs_queue=queue, resources=resources, ctx=ctx, decoder=MsgpackDecoder(EngineCoreOutputs),
+                                     utility_results={})
+
+        def ensure() -> None:  # vLLM's _ensure_output_queue_task
+            if resources.output_queue_task is None:
+                resources.output_queue_task = asyncio.ensure_future(vllms_reader(core.outputs_queue))
+
+        core._ensure_output_queue_task = ensure
+        ensure()
+        monkeypatch.setattr(vllm_outputs, "_unlike", lambda engine: ("", core, types.SimpleNamespace(go=None)))
+        take = asyncio.ensure_future(vllm_outputs.EngineOutputs.take(object()))
+        await asyncio.sleep(0.3)  # the library listens (ZeroMQ 4.3 leaves the file: no wait); no engine core connects
+        assert not take.done()
+        t0 = time.monotonic()
+        resources.engine_dead = True  # vLLM's monitor thread, on the engine core's death
+        assert await asyncio.wait_for(take, 5) is None
+        assert time.monotonic() - t0 < 2
+        assert "the engine core died before it connected" in caplog.text
+        assert not resources.output_socket.closed and resources.output_socket is not sock
+        assert resources.output_queue_task is not None and not resources.output_queue_task.done()
+        push = ctx.socket(zmq.PUSH)  # vLLM's reader reads the path again
+        push.connect(path)
+        await push.send_multipart([b"step"])
+        assert await asyncio.wait_for(core.outputs_queue.get(), 10) == [b"step"]
+        resources.output_queue_task.cancel()
+        push.close(linger=0)
+        resources.output_socket.close(linger=0)
+        ctx.term()
+
+    asyncio.run(main())

@@ -64,11 +64,11 @@ _CONNECT_WAIT = 10.0
 
 
 def _zmq_removes_closed_files(zmq: Any) -> bool:
-    """Whether this ZeroMQ removes a bound ``ipc://`` path's file when its socket
-    closes. Before 4.3 it did, from its own thread, after ``close`` returned: a bind
-    on the path before that had its new file removed. 4.3 and later leave the file
-    (a bind removes a stale one first); the contract tests check it of the ZeroMQ
-    installed."""
+    """Whether this ZeroMQ may remove a bound ``ipc://`` path's file when its socket
+    closes. Old ones did, from their own thread, after ``close`` returned: a bind on
+    the path before that had its new file removed. Since 4.2.3 ZeroMQ leaves the file
+    (a bind removes a stale one first); this answers yes below 4.3, the side that
+    only waits for nothing. The contract tests check it of the ZeroMQ installed."""
     return tuple(zmq.zmq_version_info()) < (4, 3)
 
 #: EngineCoreOutput's fields (vllm_lean's) that may be set on an output whose
@@ -165,8 +165,12 @@ class EngineOutputs:
             path = sock.getsockopt(zmq.LAST_ENDPOINT).decode()[len("ipc://"):]
             empty = EngineCoreOutputs()
             removes = _zmq_removes_closed_files(zmq)
+            from vllm.v1.engine.exceptions import EngineDeadError  # type: ignore[import-not-found]
         except Exception as e:  # noqa: BLE001 - as any difference: vLLM's way
             logger.info("vLLM reads its engine core's outputs itself: %r", e)
+            return None
+        if getattr(resources, "engine_dead", False):
+            logger.info("vLLM reads its engine core's outputs itself: its engine core is dead")
             return None
         # The output handler reads a new queue: vLLM's reader, cancelled, puts its
         # EngineDeadError into the old one, after an empty message that moves the
@@ -223,6 +227,11 @@ class EngineOutputs:
                 resources.output_socket = make_zmq_socket(core.ctx, "ipc://" + path, zmq.PULL)
             resources.output_queue_task = None
             core._ensure_output_queue_task()
+            if getattr(resources, "engine_dead", False):
+                # Dead meanwhile: vLLM's shutdown may have closed the reader it
+                # found (the one this replaced), so its output handler learns it
+                # here, as vLLM's reader would have told it.
+                core.outputs_queue.put_nowait(EngineDeadError())
             if not isinstance(e, Exception):
                 raise
             logger.warning("vLLM reads its engine core's outputs itself: the library could not: %r", e)

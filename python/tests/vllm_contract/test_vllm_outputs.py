@@ -24,6 +24,7 @@ if importlib.util.find_spec("vllm") is None:
 
 import zmq  # noqa: E402
 from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs, FinishReason, UtilityOutput  # noqa: E402
+from vllm.v1.engine.exceptions import EngineDeadError  # noqa: E402
 from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder  # noqa: E402
 
 from dynamo_ctx._lib import native  # noqa: E402
@@ -172,6 +173,46 @@ def test_zeromq_leaves_or_removes_a_closed_sockets_file_as_take_expects(tmp_path
     ctx.term()
 
 
+def test_a_take_listens_at_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``take`` listens on the path of vLLM's socket as soon as it closed it (where
+    ZeroMQ leaves the file: no wait for its removal), and is done once the engine
+    core's PUSH socket connected again (ZeroMQ retries every 100 ms)."""
+    import asyncio
+    import types
+
+    import vllm.v1.engine.core  # noqa: F401 - what take's first use imports (about 1 s), before the clock starts
+    import zmq.asyncio
+
+    if vllm_outputs._zmq_removes_closed_files(zmq):
+        pytest.skip("this ZeroMQ removes a closed socket's file: take waits for it")
+
+    async def main() -> None:
+        ctx = zmq.asyncio.Context()
+        path = f"ipc://{tmp_path}/out"
+        sock = ctx.socket(zmq.PULL)
+        sock.bind(path)
+        push = ctx.socket(zmq.PUSH)  # the engine core's
+        push.connect(path)
+        resources = types.SimpleNamespace(output_socket=sock, output_queue_task=None, engine_dead=False)
+        core = types.SimpleNamespace(outputs_queue=asyncio.Queue(), resources=resources, ctx=ctx,
+                                     decoder=MsgpackDecoder(EngineCoreOutputs), utility_results={},
+                                     _ensure_output_queue_task=lambda: None)
+        monkeypatch.setattr(vllm_outputs, "_unlike", lambda engine: ("", core, types.SimpleNamespace(go=None)))
+        t0 = time.monotonic()
+        reader = await asyncio.wait_for(vllm_outputs.EngineOutputs.take(object()), 10)
+        took = time.monotonic() - t0
+        assert reader is not None
+        assert took < 1.5, f"take took {took:.2f} s: it waited for ZeroMQ to remove the file"
+        assert resources.output_queue_task is not None
+        resources.output_queue_task.cancel()  # vLLM's shutdown: the library stops reading
+        await asyncio.gather(resources.output_queue_task, return_exceptions=True)
+        assert isinstance(core.outputs_queue.get_nowait(), EngineDeadError)
+        push.close(linger=0)
+        ctx.term()
+
+    asyncio.run(main())
+
+
 def test_a_take_ends_at_once_when_the_engine_core_dies(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                       caplog: pytest.LogCaptureFixture) -> None:
     """An engine core that dies while ``take`` waits for it to connect (vLLM's
@@ -212,9 +253,12 @@ def test_a_take_ends_at_once_when_the_engine_core_dies(tmp_path: Path, monkeypat
         assert await asyncio.wait_for(take, 5) is None
         assert time.monotonic() - t0 < 2
         assert "the engine core died before it connected" in caplog.text
+        # The output handler learns of the death (vLLM's shutdown may have closed
+        # the reader it found), and vLLM's reader reads the path again.
+        assert isinstance(core.outputs_queue.get_nowait(), EngineDeadError)
         assert not resources.output_socket.closed and resources.output_socket is not sock
         assert resources.output_queue_task is not None and not resources.output_queue_task.done()
-        push = ctx.socket(zmq.PUSH)  # vLLM's reader reads the path again
+        push = ctx.socket(zmq.PUSH)
         push.connect(path)
         await push.send_multipart([b"step"])
         assert await asyncio.wait_for(core.outputs_queue.get(), 10) == [b"step"]

@@ -97,54 +97,74 @@ def test_vllms_own_messages_come_through_whole(tmp_path: Path) -> None:
         sock.close()
 
 
+class _Client:
+    """vLLM's engine-core client as ``take`` meets it: its PULL socket bound on an
+    ``ipc://`` path under ``tmp_path``, the reader task that ``_ensure_output_queue_task``
+    starts (a reader of the queue as it is then), and ``_unlike`` answering with it."""
+
+    def __init__(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **resources: Any) -> None:
+        import asyncio
+        import types
+
+        import zmq.asyncio
+
+        self.ctx = zmq.asyncio.Context()
+        self.path = f"ipc://{tmp_path}/out"
+        self.sock = self.ctx.socket(zmq.PULL)
+        self.sock.bind(self.path)
+        self.first: "asyncio.Queue[Any]" = asyncio.Queue()
+        self.resources = types.SimpleNamespace(output_socket=self.sock, output_queue_task=None, **resources)
+        self.core = types.SimpleNamespace(outputs_queue=self.first, resources=self.resources, ctx=self.ctx,
+                                          decoder=MsgpackDecoder(EngineCoreOutputs), utility_results={},
+                                          _ensure_output_queue_task=self._ensure)
+        self._ensure()
+        monkeypatch.setattr(vllm_outputs, "_unlike", lambda engine: ("", self.core, types.SimpleNamespace(go=None)))
+
+    async def _read(self, queue: Any) -> None:
+        while True:
+            queue.put_nowait(await self.resources.output_socket.recv_multipart())
+
+    def _ensure(self) -> None:
+        import asyncio
+
+        if self.resources.output_queue_task is None:
+            self.resources.output_queue_task = asyncio.ensure_future(self._read(self.core.outputs_queue))
+
+    async def vllm_reads_the_path_again(self) -> None:
+        """Asserts that vLLM's reader is back on the path, reading into the queue its
+        output handler reads now; then closes everything."""
+        import asyncio
+
+        assert not self.resources.output_socket.closed
+        assert self.resources.output_queue_task is not None and not self.resources.output_queue_task.done()
+        push = self.ctx.socket(zmq.PUSH)
+        push.connect(self.path)
+        await push.send_multipart([b"step"])
+        assert await asyncio.wait_for(self.core.outputs_queue.get(), 10) == [b"step"]
+        self.resources.output_queue_task.cancel()
+        push.close(linger=0)
+        self.resources.output_socket.close(linger=0)
+        self.ctx.term()
+
+
 def test_a_take_cancelled_midway_puts_vllms_reader_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``take`` cancelled while vLLM's reader task winds down (its one wait before
     the library listens) leaves vLLM reading its own socket again, into the queue
     its output handler reads now: a message the engine sends then arrives."""
     import asyncio
-    import types
-
-    import zmq.asyncio
 
     async def main() -> None:
-        ctx = zmq.asyncio.Context()
-        path = f"ipc://{tmp_path}/out"
-        sock = ctx.socket(zmq.PULL)
-        sock.bind(path)
-        first = asyncio.Queue()  # type: asyncio.Queue[Any]
-
-        async def vllms_reader(queue: "asyncio.Queue[Any]") -> None:
-            while True:
-                queue.put_nowait(await resources.output_socket.recv_multipart())
-
-        resources = types.SimpleNamespace(output_socket=sock, output_queue_task=None)
-        core = types.SimpleNamespace(outputs_queue=first, resources=resources, ctx=ctx)
-
-        def ensure() -> None:  # vLLM's _ensure_output_queue_task: a reader of the queue as it is now
-            if resources.output_queue_task is None:
-                resources.output_queue_task = asyncio.ensure_future(vllms_reader(core.outputs_queue))
-
-        core._ensure_output_queue_task = ensure
-        ensure()
-        monkeypatch.setattr(vllm_outputs, "_unlike", lambda engine: ("", core, types.SimpleNamespace(go=None)))
+        client = _Client(tmp_path, monkeypatch)
         await asyncio.sleep(0)
         take = asyncio.ensure_future(vllm_outputs.EngineOutputs.take(object()))
         await asyncio.sleep(0)  # take waits for vLLM's reader task to end
         take.cancel()
         with pytest.raises(asyncio.CancelledError):
             await take
-        assert core.outputs_queue is not first, "the handler reads the new queue (after the empty message)"
-        assert first.get_nowait() is not None  # that empty message
-        assert not resources.output_socket.closed
-        assert resources.output_queue_task is not None and not resources.output_queue_task.done()
-        push = ctx.socket(zmq.PUSH)
-        push.connect(path)
-        await push.send_multipart([b"step"])
-        assert await asyncio.wait_for(core.outputs_queue.get(), 10) == [b"step"]
-        resources.output_queue_task.cancel()
-        push.close(linger=0)
-        resources.output_socket.close(linger=0)
-        ctx.term()
+        assert client.core.outputs_queue is not client.first, "the handler reads the new queue (after the empty message)"
+        assert client.first.get_nowait() is not None  # that empty message
+        assert client.resources.output_socket is client.sock
+        await client.vllm_reads_the_path_again()
 
     asyncio.run(main())
 
@@ -178,37 +198,27 @@ def test_a_take_listens_at_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     ZeroMQ leaves the file: no wait for its removal), and is done once the engine
     core's PUSH socket connected again (ZeroMQ retries every 100 ms)."""
     import asyncio
-    import types
 
     import vllm.v1.engine.core  # noqa: F401 - what take's first use imports (about 1 s), before the clock starts
-    import zmq.asyncio
 
     if vllm_outputs._zmq_removes_closed_files(zmq):
         pytest.skip("this ZeroMQ removes a closed socket's file: take waits for it")
 
     async def main() -> None:
-        ctx = zmq.asyncio.Context()
-        path = f"ipc://{tmp_path}/out"
-        sock = ctx.socket(zmq.PULL)
-        sock.bind(path)
-        push = ctx.socket(zmq.PUSH)  # the engine core's
-        push.connect(path)
-        resources = types.SimpleNamespace(output_socket=sock, output_queue_task=None, engine_dead=False)
-        core = types.SimpleNamespace(outputs_queue=asyncio.Queue(), resources=resources, ctx=ctx,
-                                     decoder=MsgpackDecoder(EngineCoreOutputs), utility_results={},
-                                     _ensure_output_queue_task=lambda: None)
-        monkeypatch.setattr(vllm_outputs, "_unlike", lambda engine: ("", core, types.SimpleNamespace(go=None)))
+        client = _Client(tmp_path, monkeypatch, engine_dead=False)
+        push = client.ctx.socket(zmq.PUSH)  # the engine core's
+        push.connect(client.path)
         t0 = time.monotonic()
         reader = await asyncio.wait_for(vllm_outputs.EngineOutputs.take(object()), 10)
         took = time.monotonic() - t0
         assert reader is not None
         assert took < 1.5, f"take took {took:.2f} s: it waited for ZeroMQ to remove the file"
-        assert resources.output_queue_task is not None
-        resources.output_queue_task.cancel()  # vLLM's shutdown: the library stops reading
-        await asyncio.gather(resources.output_queue_task, return_exceptions=True)
-        assert isinstance(core.outputs_queue.get_nowait(), EngineDeadError)
+        task = client.resources.output_queue_task
+        task.cancel()  # vLLM's shutdown: the library stops reading
+        await asyncio.gather(task, return_exceptions=True)
+        assert isinstance(client.core.outputs_queue.get_nowait(), EngineDeadError)
         push.close(linger=0)
-        ctx.term()
+        client.ctx.term()
 
     asyncio.run(main())
 
@@ -219,52 +229,21 @@ def test_a_take_ends_at_once_when_the_engine_core_dies(tmp_path: Path, monkeypat
     monitor marks the engine dead) ends the wait at once, not after its 10 s:
     ``take`` answers None with vLLM's own reader back on the path."""
     import asyncio
-    import types
-
-    import zmq.asyncio
 
     async def main() -> None:
-        ctx = zmq.asyncio.Context()
-        path = f"ipc://{tmp_path}/out"
-        sock = ctx.socket(zmq.PULL)
-        sock.bind(path)
-        queue = asyncio.Queue()  # type: asyncio.Queue[Any]
-
-        async def vllms_reader(queue: "asyncio.Queue[Any]") -> None:
-            while True:
-                queue.put_nowait(await resources.output_socket.recv_multipart())
-
-        resources = types.SimpleNamespace(output_socket=sock, output_queue_task=None, engine_dead=False)
-        core = types.SimpleNamespace(outputs_queue=queue, resources=resources, ctx=ctx, decoder=MsgpackDecoder(EngineCoreOutputs),
-                                     utility_results={})
-
-        def ensure() -> None:  # vLLM's _ensure_output_queue_task
-            if resources.output_queue_task is None:
-                resources.output_queue_task = asyncio.ensure_future(vllms_reader(core.outputs_queue))
-
-        core._ensure_output_queue_task = ensure
-        ensure()
-        monkeypatch.setattr(vllm_outputs, "_unlike", lambda engine: ("", core, types.SimpleNamespace(go=None)))
+        client = _Client(tmp_path, monkeypatch, engine_dead=False)
         take = asyncio.ensure_future(vllm_outputs.EngineOutputs.take(object()))
         await asyncio.sleep(0.3)  # the library listens (ZeroMQ 4.3 leaves the file: no wait); no engine core connects
         assert not take.done()
         t0 = time.monotonic()
-        resources.engine_dead = True  # vLLM's monitor thread, on the engine core's death
+        client.resources.engine_dead = True  # vLLM's monitor thread, on the engine core's death
         assert await asyncio.wait_for(take, 5) is None
         assert time.monotonic() - t0 < 2
         assert "the engine core died before it connected" in caplog.text
         # The output handler learns of the death (vLLM's shutdown may have closed
         # the reader it found), and vLLM's reader reads the path again.
-        assert isinstance(core.outputs_queue.get_nowait(), EngineDeadError)
-        assert not resources.output_socket.closed and resources.output_socket is not sock
-        assert resources.output_queue_task is not None and not resources.output_queue_task.done()
-        push = ctx.socket(zmq.PUSH)
-        push.connect(path)
-        await push.send_multipart([b"step"])
-        assert await asyncio.wait_for(core.outputs_queue.get(), 10) == [b"step"]
-        resources.output_queue_task.cancel()
-        push.close(linger=0)
-        resources.output_socket.close(linger=0)
-        ctx.term()
+        assert isinstance(client.core.outputs_queue.get_nowait(), EngineDeadError)
+        assert client.resources.output_socket is not client.sock
+        await client.vllm_reads_the_path_again()
 
     asyncio.run(main())

@@ -71,6 +71,7 @@ def _zmq_removes_closed_files(zmq: Any) -> bool:
     only waits for nothing. The contract tests check it of the ZeroMQ installed."""
     return tuple(zmq.zmq_version_info()) < (4, 3)
 
+
 #: EngineCoreOutput's fields (vllm_lean's) that may be set on an output whose
 #: tokens the library delivers and whose bookkeeping vLLM's own way then does
 #: (a request's first output carries its prefill statistics, and its events when

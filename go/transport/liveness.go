@@ -62,8 +62,10 @@ func heartbeatFor(idle time.Duration) time.Duration {
 	return max(min(DefaultHeartbeat, idle/5), time.Millisecond)
 }
 
-// liveness is the watchdog of one side of a connection: one timer, no
-// goroutine of its own.
+// liveness is the watchdog of one side of a connection. Its checks run
+// from its round (watchRound): one timer for every watchdog of the same
+// period in the process. It has no goroutine of its own: a heartbeat's
+// write and the dead callback each run on a short-lived one.
 type liveness struct {
 	idle  time.Duration
 	every time.Duration        // check period: half the heartbeat interval
@@ -75,10 +77,10 @@ type liveness struct {
 
 	mu        sync.Mutex
 	stopped   bool
-	timer     *time.Timer
-	lastHeard time.Time // timer goroutine only (under mu)
+	lastHeard time.Time // under mu
 	lastBeat  time.Time
 	interval  time.Duration
+	beating   bool // a heartbeat's write is under way (under mu)
 }
 
 // startLiveness starts watching; it returns nil when liveness is disabled.
@@ -90,9 +92,7 @@ func startLiveness(idle time.Duration, beat func(*liveness) bool, dead func()) *
 	now := time.Now()
 	l := &liveness{idle: idle, every: max(hb/2, time.Millisecond), beat: beat, dead: dead,
 		lastHeard: now, lastBeat: now, interval: hb}
-	l.mu.Lock()
-	l.timer = time.AfterFunc(l.every, l.check)
-	l.mu.Unlock()
+	roundOf(l.every).add(l)
 	return l
 }
 
@@ -124,41 +124,143 @@ func (l *liveness) stop() {
 	}
 	l.mu.Lock()
 	l.stopped = true
-	if l.timer != nil {
-		l.timer.Stop()
-	}
 	l.mu.Unlock()
+	// Its round drops it at its next run.
 }
 
-func (l *liveness) check() {
+// check is one check of the round: it fails a silent peer (dead) and writes
+// a heartbeat when one is due, each on a goroutine of its own, so that a
+// write that blocks (a peer that stopped reading) or a slow dead never
+// delays the round's other checks. It reports whether l stays in the round.
+func (l *liveness) check(now time.Time) bool {
 	l.mu.Lock()
 	if l.stopped {
 		l.mu.Unlock()
-		return
+		return false
 	}
-	now := time.Now()
 	if l.heard.Swap(false) {
 		l.lastHeard = now
 	}
 	if now.Sub(l.lastHeard) >= l.idle {
 		l.stopped = true
 		l.mu.Unlock()
-		l.dead()
-		return
+		go l.dead()
+		return false
 	}
 	due := false
 	if l.wrote.Swap(false) {
 		l.lastBeat = now
-	} else if now.Sub(l.lastBeat) >= l.interval-l.every/2 {
-		due = true
+	} else if now.Sub(l.lastBeat) >= l.interval-l.every/2 && !l.beating {
+		due, l.beating = true, true
 	}
-	// Rescheduled before writing: a write that blocks (a peer that stopped
-	// reading) must not stop the silence check.
-	l.timer.Reset(l.every)
 	l.mu.Unlock()
-	if due && l.beat(l) {
-		l.mu.Lock()
+	if due {
+		go l.heartbeat(now)
+	}
+	return true
+}
+
+// heartbeat writes one heartbeat (check found it due at now).
+func (l *liveness) heartbeat(now time.Time) {
+	ok := l.beat(l)
+	l.mu.Lock()
+	l.beating = false
+	if ok {
 		l.lastBeat = now
-		l.mu.Unlock()
+	}
+	l.mu.Unlock()
+}
+
+// watchRound runs the checks of every watchdog of one period: one timer
+// for all of them, armed while the round has any. A timer per watchdog
+// fired at each watchdog's own moment, four times a second a stream on
+// each side, and woke the process between an engine's steps for them
+// (docs/benchmarks.md, "Where the serving processes' CPU goes"). A
+// watchdog's checks stay a period apart; its first comes within one
+// period of its start instead of at one period, so its first heartbeat
+// within 0.75 to 1.25 heartbeat intervals instead of at one.
+//
+// Runs never overlap (the timer is rearmed at a run's end), and a
+// watchdog's stop takes no lock of the round: the next run drops it.
+type watchRound struct {
+	every time.Duration
+
+	mu      sync.Mutex
+	members map[*liveness]struct{}
+	peak    int         // most members since members was last made
+	timer   *time.Timer // made on the first add
+	armed   bool        // the timer will fire
+	running bool        // a run is under way (it rearms the timer at its end)
+	batch   []*liveness // the running run's copy of members
+}
+
+var (
+	roundsMu sync.Mutex
+	rounds   = map[time.Duration]*watchRound{} // one per period: a few at most
+)
+
+// roundOf is the round of the watchdogs checked every d.
+func roundOf(d time.Duration) *watchRound {
+	roundsMu.Lock()
+	defer roundsMu.Unlock()
+	r := rounds[d]
+	if r == nil {
+		r = &watchRound{every: d, members: map[*liveness]struct{}{}}
+		rounds[d] = r
+	}
+	return r
+}
+
+func (r *watchRound) add(l *liveness) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.members[l] = struct{}{}
+	r.peak = max(r.peak, len(r.members))
+	switch {
+	case r.armed || r.running:
+	case r.timer == nil:
+		r.timer, r.armed = time.AfterFunc(r.every, r.run), true
+	default:
+		r.timer.Reset(r.every)
+		r.armed = true
+	}
+}
+
+// run checks every member, drops those that are done (stopped, or their
+// peer declared gone), and rearms the timer while any remain.
+func (r *watchRound) run() {
+	r.mu.Lock()
+	r.armed, r.running = false, true
+	batch := r.batch[:0]
+	for l := range r.members {
+		batch = append(batch, l)
+	}
+	r.mu.Unlock()
+	now := time.Now()
+	done := batch[:0] // the members to drop, written over those checked
+	for _, l := range batch {
+		if !l.check(now) {
+			done = append(done, l)
+		}
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, l := range done {
+		delete(r.members, l)
+	}
+	clear(batch[:cap(batch)])
+	r.batch = batch[:0]
+	if n := len(r.members); r.peak > 256 && n < r.peak/4 {
+		// Maps keep their largest size: after a burst, a smaller one.
+		m := make(map[*liveness]struct{}, n)
+		for l := range r.members {
+			m[l] = struct{}{}
+		}
+		r.members, r.peak, r.batch = m, n, nil
+	}
+	r.running = false
+	if len(r.members) > 0 {
+		r.timer.Reset(r.every)
+		r.armed = true
 	}
 }

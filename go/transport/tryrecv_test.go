@@ -139,7 +139,8 @@ func TestHeartbeatsWakeNoConsumer(t *testing.T) {
 	}
 	require.NoError(t, w.WriteData(item(1)))
 	require.NoError(t, w.Flush())
-	require.Eventually(t, in.Queued, 10*time.Second, time.Millisecond)
+	// The item is queued before its hook runs: wait for both.
+	require.Eventually(t, func() bool { return in.Queued() && wakes.Load() > 0 }, 10*time.Second, time.Millisecond)
 	assert.Equal(t, int64(1), wakes.Load(), "the item woke the consumer, the heartbeats before it did not")
 	in.Close()
 }

@@ -62,6 +62,12 @@ func heartbeatFor(idle time.Duration) time.Duration {
 	return max(min(DefaultHeartbeat, idle/5), time.Millisecond)
 }
 
+// checkEvery is how often a watchdog with idle timeout idle is checked:
+// half its heartbeat interval. Watchdogs of one period share a round.
+func checkEvery(idle time.Duration) time.Duration {
+	return max(heartbeatFor(idle)/2, time.Millisecond)
+}
+
 // liveness is the watchdog of one side of a connection. Its checks run
 // from its round (watchRound): one timer for every watchdog of the same
 // period in the process. It has no goroutine of its own: a heartbeat's
@@ -90,7 +96,7 @@ func startLiveness(idle time.Duration, beat func(*liveness) bool, dead func()) *
 	}
 	hb := heartbeatFor(idle)
 	now := time.Now()
-	l := &liveness{idle: idle, every: max(hb/2, time.Millisecond), beat: beat, dead: dead,
+	l := &liveness{idle: idle, every: checkEvery(idle), beat: beat, dead: dead,
 		lastHeard: now, lastBeat: now, interval: hb}
 	roundOf(l.every).add(l)
 	return l

@@ -19,9 +19,7 @@ func roundState(r *watchRound) (int, bool) {
 
 // roundOfIdle is the round of the watchdogs of streams with idle timeout
 // idle (each test uses an idle timeout no other test uses).
-func roundOfIdle(idle time.Duration) *watchRound {
-	return roundOf(max(heartbeatFor(idle)/2, time.Millisecond))
-}
+func roundOfIdle(idle time.Duration) *watchRound { return roundOf(checkEvery(idle)) }
 
 // roundEmpties waits until r has no member and no timer to fire.
 func roundEmpties(t *testing.T, r *watchRound) {

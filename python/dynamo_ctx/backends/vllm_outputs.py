@@ -72,6 +72,12 @@ def _zmq_removes_closed_files(zmq: Any) -> bool:
     return tuple(zmq.zmq_version_info()) < (4, 3)
 
 
+def _engine_dead(resources: Any) -> bool:
+    """Whether vLLM has marked its engine core dead (its engine-core client's
+    ``resources.engine_dead``, set by its monitor or by this module's reader)."""
+    return bool(getattr(resources, "engine_dead", False))
+
+
 #: EngineCoreOutput's fields (vllm_lean's) that may be set on an output whose
 #: tokens the library delivers and whose bookkeeping vLLM's own way then does
 #: (a request's first output carries its prefill statistics, and its events when
@@ -170,7 +176,7 @@ class EngineOutputs:
         except Exception as e:  # noqa: BLE001 - as any difference: vLLM's way
             logger.info("vLLM reads its engine core's outputs itself: %r", e)
             return None
-        if getattr(resources, "engine_dead", False):
+        if _engine_dead(resources):
             logger.info("vLLM reads its engine core's outputs itself: its engine core is dead")
             return None
         # The output handler reads a new queue: vLLM's reader, cancelled, puts its
@@ -202,7 +208,7 @@ class EngineOutputs:
             # core that died meanwhile (vLLM's monitor says so) never will.
             deadline = time.monotonic() + _CONNECT_WAIT
             while lib.engine_outputs_peers(handle) == 0:
-                if getattr(resources, "engine_dead", False):
+                if _engine_dead(resources):
                     raise RuntimeError(f"the engine core died before it connected to {path}")
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"the engine core did not connect to {path} in {_CONNECT_WAIT:g} s")
@@ -228,7 +234,7 @@ class EngineOutputs:
                 resources.output_socket = make_zmq_socket(core.ctx, "ipc://" + path, zmq.PULL)
             resources.output_queue_task = None
             core._ensure_output_queue_task()
-            if getattr(resources, "engine_dead", False):
+            if _engine_dead(resources):
                 # Dead meanwhile: vLLM's shutdown may have closed the reader it
                 # found (the one this replaced), so its output handler learns it
                 # here, as vLLM's reader would have told it.

@@ -1,9 +1,10 @@
-// Package zmtp is the receiving end of ZeroMQ's PUSH sockets: the PULL side
-// of ZMTP 3 (the wire protocol of libzmq 4, rfc.zeromq.org spec 23 and 37)
-// with the NULL security mechanism, over any stream listener (a Unix socket
-// for ZeroMQ's ipc:// addresses, TCP for tcp://). It is what reading one
-// process's PUSH stream takes (vLLM's engine core sends its outputs so), and
-// no more: no other socket type, no security mechanism but NULL.
+// Package zmtp is the listening end of two ZeroMQ socket pairs over ZMTP 3
+// (the wire protocol of libzmq 4, rfc.zeromq.org spec 23 and 37) with the
+// NULL security mechanism, over any stream listener (a Unix socket for
+// ZeroMQ's ipc:// addresses, TCP for tcp://): the PULL side of PUSH sockets
+// (Pull: vLLM's engine core sends its outputs so), and the ROUTER side of
+// DEALER sockets (Router, router.go: its engine core reads its inputs so).
+// No other socket type, no security mechanism but NULL.
 //
 // A Pull guarantees:
 //
@@ -17,8 +18,8 @@
 //     FrameOverhead bytes more than its body toward MaxMessage (so a
 //     stream of empty frames is bounded too); at most MaxPeers connections
 //     are held (one more is closed at once), each with HandshakeTimeout to
-//     greet. A message over MaxMessage, a peer that is not a PUSH socket or
-//     speaks another protocol, and a malformed frame end that connection
+//     greet. A message over MaxMessage, a peer of another socket type (a
+//     Pull's are PUSH) or protocol, and a malformed frame end that connection
 //     (logged through Options.Log), never the Pull; an error of the
 //     listener that may pass (too many open files) is retried.
 //   - Closing: Close stops accepting, closes every connection and returns
@@ -37,6 +38,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/dynamo-ctx/dynamo-ctx/go/internal/rawio"
@@ -73,9 +75,10 @@ const (
 // Errors that end a connection.
 var (
 	ErrGreeting   = errors.New("zmtp: not a ZMTP 3 peer with the NULL mechanism")
-	ErrSocketType = errors.New("zmtp: the peer is not a PUSH socket")
+	ErrSocketType = errors.New("zmtp: the peer's socket type does not pair with this side's")
 	ErrFrame      = errors.New("zmtp: malformed frame")
 	ErrTooLarge   = errors.New("zmtp: message over the size limit")
+	ErrIdentity   = errors.New("zmtp: a peer of that identity is connected already")
 )
 
 // The frame header's flag bits.
@@ -105,6 +108,9 @@ type Pull struct {
 	handshake time.Duration
 	log       func(string, ...any)
 	peers     atomic.Int64 // connections past their handshake
+	self      string       // this side's socket type: PULL, or ROUTER
+	peerType  string       // the peers' it accepts: PUSH, or DEALER
+	router    *Router      // a Router's: where its peers' writers are kept
 
 	mu     sync.Mutex
 	conns  map[net.Conn]struct{}
@@ -115,8 +121,15 @@ type Pull struct {
 // Serve accepts PUSH peers on ln until Close, each on a goroutine of its
 // own that calls handle with its messages. The Pull owns ln from now on.
 func Serve(ln net.Listener, handle Handler, o Options) *Pull {
+	p := newPull(ln, handle, o, "PULL", "PUSH")
+	p.wg.Add(1)
+	go p.accept()
+	return p
+}
+
+func newPull(ln net.Listener, handle Handler, o Options, self, peerType string) *Pull {
 	p := &Pull{ln: ln, handle: handle, max: o.MaxMessage, maxPeers: o.MaxPeers, handshake: o.HandshakeTimeout, log: o.Log,
-		conns: map[net.Conn]struct{}{}}
+		conns: map[net.Conn]struct{}{}, self: self, peerType: peerType}
 	if p.max <= 0 {
 		p.max = DefaultMaxMessage
 	}
@@ -126,8 +139,6 @@ func Serve(ln net.Listener, handle Handler, o Options) *Pull {
 	if p.handshake <= 0 {
 		p.handshake = DefaultHandshakeTimeout
 	}
-	p.wg.Add(1)
-	go p.accept()
 	return p
 }
 
@@ -186,19 +197,25 @@ func (p *Pull) accept() {
 			}
 			continue
 		}
+		// A Router writes to its peers without waiting (router.go): it
+		// needs the socket's own descriptor.
+		var raw syscall.RawConn
+		if sc, ok := c.(syscall.Conn); ok && p.router != nil {
+			raw, _ = sc.SyscallConn()
+		}
 		// Raw reads and writes (go/internal/rawio): a peer that sends a
 		// message a step wakes no runtime bookkeeping with each.
 		c = rawio.Wrap(c)
 		p.conns[c] = struct{}{}
 		p.wg.Add(1)
 		p.mu.Unlock()
-		go p.serve(c)
+		go p.serve(c, raw)
 	}
 }
 
-func (p *Pull) serve(c net.Conn) {
+func (p *Pull) serve(c net.Conn, raw syscall.RawConn) {
 	defer p.wg.Done()
-	err := p.read(c)
+	err := p.read(c, raw)
 	p.mu.Lock()
 	closing := p.closed
 	delete(p.conns, c)
@@ -210,11 +227,11 @@ func (p *Pull) serve(c net.Conn) {
 }
 
 // read speaks to one peer until it leaves or fails.
-func (p *Pull) read(c net.Conn) error {
+func (p *Pull) read(c net.Conn, raw syscall.RawConn) error {
 	if p.handshake > 0 {
 		_ = c.SetDeadline(time.Now().Add(p.handshake))
 	}
-	if _, err := c.Write(append(append([]byte(nil), greeting...), ready("PULL")...)); err != nil {
+	if _, err := c.Write(append(append([]byte(nil), greeting...), ready(p.self)...)); err != nil {
 		return err
 	}
 	r := bufio.NewReaderSize(c, 64<<10)
@@ -228,7 +245,7 @@ func (p *Pull) read(c net.Conn) error {
 	if peer[0] != 0xff || peer[9] != 0x7f || peer[10] < 3 || string(bytes.TrimRight(peer[12:32], "\x00")) != "NULL" {
 		return ErrGreeting
 	}
-	// The peer's READY: its socket type must be PUSH.
+	// The peer's READY: its socket type must be the one this side pairs with.
 	flags, body, err := p.frame(r, 1<<16)
 	if err != nil {
 		return unexpected(err)
@@ -240,10 +257,21 @@ func (p *Pull) read(c net.Conn) error {
 	if err != nil {
 		return err
 	}
-	if !strings.EqualFold(props["socket-type"], "PUSH") {
+	if !strings.EqualFold(props["socket-type"], p.peerType) {
 		return fmt.Errorf("%w: it is %q", ErrSocketType, props["socket-type"])
 	}
 	_ = c.SetDeadline(time.Time{})
+	// A Router's peer: its identity (ZeroMQ's routing id) names it, and its
+	// messages reach the handler after it, as a ROUTER socket reads them.
+	var out *peerOut
+	var identity []byte
+	if p.router != nil {
+		identity = []byte(props["identity"])
+		if out = p.router.join(c, raw, props["identity"]); out == nil {
+			return fmt.Errorf("%w: %q", ErrIdentity, props["identity"])
+		}
+		defer p.router.leave(out)
+	}
 	p.peers.Add(1)
 	defer p.peers.Add(-1)
 	var msg [][]byte
@@ -259,6 +287,13 @@ func (p *Pull) read(c net.Conn) error {
 		if flags&flagCommand != 0 {
 			if msg != nil {
 				return fmt.Errorf("%w: a command inside a message", ErrFrame)
+			}
+			if out != nil {
+				// Queued after what the Router sends the peer: one writer.
+				if err := pong(out, body); err != nil {
+					return err
+				}
+				continue
 			}
 			// A peer that pings and never reads is dropped once the PONG
 			// waits HandshakeTimeout for room, not held forever.
@@ -276,6 +311,9 @@ func (p *Pull) read(c net.Conn) error {
 		}
 		if flags&flagMore != 0 {
 			continue
+		}
+		if identity != nil {
+			msg = append([][]byte{bytes.Clone(identity)}, msg...) // the handler's to keep, as every frame
 		}
 		if err := p.handle(msg); err != nil {
 			return err
@@ -387,7 +425,7 @@ func commandName(body []byte) (string, []byte, bool) {
 
 // pong answers a PING (ZMTP 3.1's heartbeat) with its context; any other
 // command after the handshake is ignored, as the spec allows.
-func pong(c net.Conn, body []byte) error {
+func pong(c io.Writer, body []byte) error {
 	name, rest, ok := commandName(body)
 	if !ok {
 		return fmt.Errorf("%w: a command without a name", ErrFrame)

@@ -306,9 +306,9 @@ func FuzzPullNeverPanics(f *testing.F) {
 	f.Add([]byte{0xff, 0, 0, 0, 0, 0, 0, 0, 0, 0x7f, 3, 0})
 	f.Fuzz(func(t *testing.T, input []byte) {
 		a, b := net.Pipe()
-		p := &Pull{handle: func([][]byte) error { return nil }, max: 1 << 16}
+		p := newPull(nil, func([][]byte) error { return nil }, Options{MaxMessage: 1 << 16}, "PULL", "PUSH")
 		done := make(chan error, 1)
-		go func() { done <- p.read(a) }()
+		go func() { done <- p.read(a, nil) }()
 		go func() { _, _ = io.Copy(io.Discard, b) }()
 		_, _ = b.Write(input)
 		_ = b.Close()

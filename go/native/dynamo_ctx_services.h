@@ -220,13 +220,18 @@ int dc_engine_outputs_listen(const char *path, size_t path_len, const char *mess
    DC_EINVAL for a NULL id. */
 int dc_engine_outputs_reserve(uint64_t h, const char *id, size_t id_len);
 
-/* Arms request id's reserved route to the served request's stream
-   (dc_request handle request): from now on its plain outputs' tokens go
+/* Arms the reserved route of the request the engine knows as id (id_len
+   bytes: the reserved id and the suffix the engine added) to the served
+   request's stream (dc_request handle request): from now on its plain
+   outputs' tokens go
    there from the library, as items {"token_ids": [...]}, until its first
    output that is not plain, which is the host's, as every later one. Sets
    *armed to 1, or to 0 (and drops the route) where an output of it went by
    since it was reserved, it was not reserved, or it was armed already: its
-   outputs are then all the host's. Errors: DC_EBADF (for either handle: the
+   outputs are then all the host's. Where the reader holds the engine's
+   input socket (dc_engine_inputs_listen), an armed route's request is
+   aborted in the engine by the library the moment its context stops,
+   until dc_engine_outputs_drop. Errors: DC_EBADF (for either handle: the
    route is dropped); DC_EINVAL for NULL pointers. */
 int dc_engine_outputs_activate(uint64_t h, const char *id, size_t id_len, uint64_t request, int *armed);
 
@@ -243,9 +248,51 @@ int dc_engine_outputs_peers(uint64_t h, int *n);
    DC_EBADF; DC_EINVAL for NULL. */
 int dc_engine_outputs_sent(uint64_t h, int64_t *tokens);
 
-/* Stops listening, closes the engine's connections and frees the handle;
-   messages not taken are dropped. Errors: DC_EBADF. */
+/* Stops listening (for the outputs and the inputs), closes the engine's
+   connections and frees the handle; messages not taken or not sent are
+   dropped. Errors: DC_EBADF. */
 int dc_engine_outputs_free(uint64_t h);
+
+/* Reader h takes the engine core's input socket too: it listens on the
+   Unix socket path (path_len bytes; it must not exist; mode 0600 as the
+   outputs') as the ROUTER side of ZeroMQ's ZMTP 3 with the NULL mechanism,
+   where the engine core's DEALER socket of routing id identity (1 to 255
+   bytes) connects. From then on the host sends the engine its messages
+   through the library (dc_engine_inputs_send, or posted), and the library
+   aborts an armed route's request itself once its context stops
+   (dc_engine_outputs_activate): a message of two frames, abort_type (1 to
+   16 bytes: vLLM's EngineCoreRequestType.ABORT) and MessagePack's array of
+   the request's id. Once per reader. Errors: DC_EBADF; DC_EINVAL for NULL
+   pointers, bounds, or a reader that holds the inputs already; DC_EIO
+   (cannot listen). */
+int dc_engine_inputs_listen(uint64_t h, const char *path, size_t path_len, const char *identity, size_t identity_len,
+                            const char *abort_type, size_t abort_type_len);
+
+/* Sends one message to the engine through reader h's input socket, never
+   waiting (what the socket does not take now is queued, unbounded, as a
+   ROUTER socket's with no high-water mark), in order with every earlier
+   one and with the library's aborts: msg (msg_len bytes) is its frame
+   count (u32, at least 2), then each frame's length (u32) and bytes,
+   little-endian; the first frame is the routing id of the peer it goes to
+   (a message to a peer not connected is dropped, as a ROUTER socket drops
+   it). Errors: DC_EBADF; DC_EINVAL for NULL, a malformed msg, or a reader
+   without the inputs. */
+int dc_engine_inputs_send(uint64_t h, const char *msg, size_t msg_len);
+
+/* Sends the engine an abort of the request it knows as id (id_len bytes),
+   as the library does on a stop. Errors: DC_EBADF; DC_EINVAL for NULL or a
+   reader without the inputs. */
+int dc_engine_inputs_abort(uint64_t h, const char *id, size_t id_len);
+
+/* Stores in *n how many engine connections reader h's input socket holds
+   past their handshake. Errors: DC_EBADF; DC_EINVAL for NULL or a reader
+   without the inputs. */
+int dc_engine_inputs_peers(uint64_t h, int *n);
+
+/* Stores in *n how many aborts the library sent the engine through reader
+   h (on stops, and dc_engine_inputs_abort's) to a connected engine.
+   Errors: DC_EBADF; DC_EINVAL for NULL or a reader without the inputs. */
+int dc_engine_inputs_aborts(uint64_t h, int64_t *n);
 
 #ifdef __cplusplus
 }

@@ -23,6 +23,7 @@ import (
 	"net"
 	"os"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -55,6 +56,14 @@ type engineOutputs struct {
 	inPlane bool          // a delivery is in the plane's code (the router's lock held)
 	kick    chan struct{} // capacity 1: out has bytes
 	written chan struct{} // closed when the writer returned
+
+	suffix int // the bytes the engine adds to a request's id (dc_engine_outputs_listen)
+	// The engine's input socket, once the library took it too
+	// (engineinput_exports.go), and the stop notifications of the armed
+	// routes' requests, by id: each aborts its request in the engine.
+	inputs atomic.Pointer[engineInputs]
+	armMu  sync.Mutex
+	armed  map[string]func() bool
 }
 
 // forward hands message m to the host (the router's lock held: in order).
@@ -167,6 +176,10 @@ func (e *engineOutputs) close() {
 	if e.pull != nil {
 		_ = e.pull.Close()
 	}
+	e.disarmAll()
+	if in := e.inputs.Swap(closedInputs); in != nil && in != closedInputs {
+		in.close()
+	}
 	e.router.Close()
 	_ = e.conn.Close()
 	close(e.kick)
@@ -205,7 +218,8 @@ func dc_engine_outputs_listen(path *C.char, pathLen C.size_t, messageLayout *C.c
 		_ = conn.Close()
 		return fail(C.DC_EIO, "dc_engine_outputs_listen: %v", err)
 	}
-	e := &engineOutputs{conn: rawio.Wrap(conn), raw: raw, kick: make(chan struct{}, 1), written: make(chan struct{})}
+	e := &engineOutputs{conn: rawio.Wrap(conn), raw: raw, kick: make(chan struct{}, 1), written: make(chan struct{}),
+		suffix: int(suffix), armed: map[string]func() bool{}}
 	go e.write()
 	e.router, err = engineout.New(engineout.Options[*plane.Request]{
 		Layout: engineout.Layout{Message: string(goBytes(messageLayout, messageLen)), Output: string(goBytes(outputLayout, outputLen))},
@@ -329,7 +343,7 @@ func engineRoute(name string, kind uint32, h C.uint64_t, id *C.char, idLen C.siz
 	if rc != C.DC_OK {
 		return rc
 	}
-	ok, err := applyRoute(e.router, kind, string(goBytes(id, idLen)), uint64(request))
+	ok, err := applyRoute(e, kind, string(goBytes(id, idLen)), uint64(request))
 	if err != nil {
 		return fail(C.DC_EBADF, "%s: %v", name, err)
 	}
@@ -339,21 +353,35 @@ func engineRoute(name string, kind uint32, h C.uint64_t, id *C.char, idLen C.siz
 	return C.DC_OK
 }
 
-// applyRoute makes one route change on router r, called or posted: an
+// applyRoute makes one route change on reader e, called or posted: an
 // activation of a handle that is not a request's drops the route (its
-// request's outputs are the host's) and returns the handle's error.
-func applyRoute(r *engineout.Router[*plane.Request], kind uint32, id string, request uint64) (armed bool, err error) {
+// request's outputs are the host's) and returns the handle's error. An
+// activation's id is the engine's (the reserved id and the suffix); where
+// the library holds the engine's input socket, an armed route's request,
+// once stopped, is aborted in the engine from here (engineinput_exports.go)
+// until the route is dropped.
+func applyRoute(e *engineOutputs, kind uint32, id string, request uint64) (armed bool, err error) {
+	r := e.router
 	switch kind {
 	case postEngineReserve:
 		r.Reserve(id)
 	case postEngineActivate:
 		req, err := requests.Get(request)
+		if len(id) < e.suffix {
+			return false, err // not an id the engine made: no route reserved is armed
+		}
+		engineID := id[:len(id)-e.suffix]
 		if err != nil {
-			r.Drop(id)
+			r.Drop(engineID)
 			return false, err
 		}
-		return r.Activate(id, req), nil
+		if !r.Activate(engineID, req) {
+			return false, nil
+		}
+		e.arm(engineID, id, req)
+		return true, nil
 	default:
+		e.disarm(id)
 		r.Drop(id)
 	}
 	return false, nil
@@ -448,6 +476,6 @@ func runEngineRoute(kind uint32, m []byte) error {
 	if err != nil {
 		return nil
 	}
-	_, _ = applyRoute(e.router, kind, string(m[20:]), binary.LittleEndian.Uint64(m[8:])) // a request freed: its route dropped, nothing to tell
+	_, _ = applyRoute(e, kind, string(m[20:]), binary.LittleEndian.Uint64(m[8:])) // a request freed: its route dropped, nothing to tell
 	return nil
 }

@@ -51,7 +51,12 @@ package main
 //     need: the outputs' flags tell it) and _drop (engineout_exports.go).
 //     The reader runs what is posted before each engine message, so a route
 //     posted before its request reached the engine is in place for its
-//     first output.
+//     first output. postEngineActivate's id is the engine's (the reserved
+//     id and the suffix), as dc_engine_outputs_activate's.
+//   - postEngineInput (7): an engine-output reader's handle (u64), then a
+//     message for the engine, as dc_engine_inputs_send takes it
+//     (engineinput_exports.go): in order with the routes posted around it,
+//     so a request's route is armed after its request went to the engine.
 //
 // A handle that is no longer valid drops its record (the host freed it
 // meanwhile); so does a malformed message, logged: only the library's own
@@ -91,6 +96,7 @@ const (
 	postEngineReserve  = 4
 	postEngineActivate = 5
 	postEngineDrop     = 6
+	postEngineInput    = 7
 )
 
 // The values of dc_posted_over (posted.h).
@@ -266,6 +272,8 @@ func runMessage(m []byte) {
 		}
 	case postEngineReserve, postEngineActivate, postEngineDrop:
 		err = runEngineRoute(kind, rest)
+	case postEngineInput:
+		err = runEngineInput(rest)
 	case postEngineLoad:
 		if len(rest) != 24 {
 			err = errMalformed

@@ -95,7 +95,55 @@ static PyObject* mod_engine_outputs_free(PyObject* m, PyObject* arg) {
     Py_RETURN_NONE;
 }
 
+// engine_inputs_listen(h, path, identity, abort_type): reader h takes the
+// engine's input socket too (its ROUTER's path; the engine's routing id;
+// the first frame of an abort).
+static PyObject* mod_engine_inputs_listen(PyObject* m, PyObject* args) {
+    unsigned long long h;
+    const char *path, *identity, *abort_type;
+    Py_ssize_t path_len, identity_len, abort_len;
+    if (!PyArg_ParseTuple(args, "Ky#y#y#:engine_inputs_listen", &h, &path, &path_len, &identity, &identity_len,
+                          &abort_type, &abort_len) ||
+        check_fork() < 0)
+        return NULL;
+    int rc;
+    CALL_RELEASED(rc, dc_engine_inputs_listen((uint64_t)h, path, (size_t)path_len, identity, (size_t)identity_len,
+                                              abort_type, (size_t)abort_len));
+    if (rc != DC_OK) return raise_rc(rc);
+    Py_RETURN_NONE;
+}
+
+// engine_inputs_abort(h, id): the engine aborts request id (its own id).
+static PyObject* mod_engine_inputs_abort(PyObject* m, PyObject* args) {
+    return route_call(args, "Ky#:engine_inputs_abort", dc_engine_inputs_abort);
+}
+
+// engine_inputs_peers(h) -> engine connections to the input socket past their handshake
+static PyObject* mod_engine_inputs_peers(PyObject* m, PyObject* arg) {
+    uint64_t h;
+    if (parse_u64(arg, &h) < 0 || check_fork() < 0) return NULL;
+    int n = 0;
+    int rc = dc_engine_inputs_peers(h, &n);
+    if (rc != DC_OK) return raise_rc(rc);
+    return PyLong_FromLong(n);
+}
+
+// engine_inputs_aborts(h) -> aborts the library sent the engine
+static PyObject* mod_engine_inputs_aborts(PyObject* m, PyObject* arg) {
+    uint64_t h;
+    if (parse_u64(arg, &h) < 0 || check_fork() < 0) return NULL;
+    int64_t n = 0;
+    int rc = dc_engine_inputs_aborts(h, &n);
+    if (rc != DC_OK) return raise_rc(rc);
+    return PyLong_FromLongLong((long long)n);
+}
+
 DC_HIDDEN PyMethodDef engine_methods[] = {
+    {"engine_inputs_listen", mod_engine_inputs_listen, METH_VARARGS,
+     "engine_inputs_listen(handle, path, identity, abort_type)"},
+    {"engine_inputs_abort", mod_engine_inputs_abort, METH_VARARGS, "engine_inputs_abort(handle, id)"},
+    {"engine_inputs_peers", mod_engine_inputs_peers, METH_O, "engine_inputs_peers(handle) -> connections"},
+    {"engine_inputs_aborts", mod_engine_inputs_aborts, METH_O, "engine_inputs_aborts(handle) -> aborts sent"},
     {"engine_outputs_listen", mod_engine_outputs_listen, METH_VARARGS,
      "engine_outputs_listen(path, message_layout, output_layout, suffix, window) -> (handle, fd)"},
     {"engine_outputs_reserve", mod_engine_outputs_reserve, METH_VARARGS, "engine_outputs_reserve(handle, id)"},

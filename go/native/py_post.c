@@ -16,7 +16,8 @@
 
 _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the posted messages are little-endian (posted.go)");
 
-enum { KIND_ITEMS = 1, KIND_HOST_TICK = 2, KIND_ENGINE_LOAD = 3, KIND_ENGINE_RESERVE = 4, KIND_ENGINE_ACTIVATE = 5, KIND_ENGINE_DROP = 6 };
+enum { KIND_ITEMS = 1, KIND_HOST_TICK = 2, KIND_ENGINE_LOAD = 3, KIND_ENGINE_RESERVE = 4, KIND_ENGINE_ACTIVATE = 5, KIND_ENGINE_DROP = 6,
+       KIND_ENGINE_INPUT = 7 };
 
 // The post socket's fd: -2 not asked yet, -1 none (posting off).
 static int post_fd = -2;
@@ -291,7 +292,78 @@ static PyObject* mod_engine_outputs_post(PyObject* m, PyObject* args) {
     Py_RETURN_NONE;
 }
 
+// engine_inputs_send(reader, frames): a message for the engine core through
+// the reader's input socket (frames: a sequence of bytes, the first naming
+// the peer, as a ROUTER socket's send_multipart takes them:
+// dc_engine_inputs_send), posted; the call where it cannot be posted (too
+// large, or the socket refuses it).
+static PyObject* mod_engine_inputs_send(PyObject* m, PyObject* args) {
+    unsigned long long h;
+    PyObject* seq;
+    if (!PyArg_ParseTuple(args, "KO:engine_inputs_send", &h, &seq) || check_fork() < 0) return NULL;
+    Py_ssize_t n = PySequence_Size(seq);
+    if (n < 0) return NULL;
+    if (n < 2 || n > 4096) {
+        PyErr_SetString(PyExc_ValueError, "engine_inputs_send: 2 to 4096 frames (the first names the peer)");
+        return NULL;
+    }
+    PyObject* result = NULL;
+    char* buf = NULL;
+    Py_ssize_t got = 0;
+    PyObject** frames = PyMem_Calloc((size_t)n, sizeof(PyObject*));
+    if (frames == NULL) return PyErr_NoMemory();
+    size_t size = 16; // kind, reader, frame count
+    for (; got < n; got++) {
+        frames[got] = PySequence_GetItem(seq, got);
+        if (frames[got] == NULL) goto done;
+        if (!PyBytes_Check(frames[got])) {
+            got++;
+            PyErr_SetString(PyExc_TypeError, "engine_inputs_send: every frame must be bytes");
+            goto done;
+        }
+        Py_ssize_t len = PyBytes_Size(frames[got]);
+        if ((uint64_t)len > UINT32_MAX || size > SIZE_MAX / 2) {
+            got++;
+            PyErr_SetString(PyExc_ValueError, "engine_inputs_send: a frame over 4 GiB");
+            goto done;
+        }
+        size += 4 + (size_t)len;
+    }
+    buf = PyMem_Malloc(size);
+    if (buf == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    put_u32(buf, KIND_ENGINE_INPUT);
+    put_u64(buf + 4, (uint64_t)h);
+    put_u32(buf + 12, (uint32_t)n);
+    char* p = buf + 16;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_ssize_t len = PyBytes_Size(frames[i]);
+        put_u32(p, (uint32_t)len);
+        if (len > 0) memcpy(p + 4, PyBytes_AsString(frames[i]), (size_t)len);
+        p += 4 + len;
+    }
+    if (size > DC_POST_MAX_MESSAGE || post(buf, size) != 0) {
+        // A reader freed meanwhile (DC_EBADF) drops it, as a posted one.
+        int rc = dc_engine_inputs_send((uint64_t)h, buf + 12, size - 12);
+        if (rc != DC_OK && rc != DC_EBADF) {
+            raise_rc(rc);
+            goto done;
+        }
+    }
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    for (Py_ssize_t i = 0; i < got; i++) Py_XDECREF(frames[i]);
+    PyMem_Free(frames);
+    PyMem_Free(buf);
+    return result;
+}
+
 PyMethodDef post_methods[] = {
+    {"engine_inputs_send", mod_engine_inputs_send, METH_VARARGS,
+     "engine_inputs_send(reader, frames): a message for the engine core, posted"},
     {"engine_outputs_post", mod_engine_outputs_post, METH_VARARGS,
      "engine_outputs_post(kind, reader, id, request): an engine-output route, posted"},
     {"request_post_multi", mod_request_post_multi, METH_VARARGS,

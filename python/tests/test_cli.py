@@ -308,7 +308,7 @@ def test_a_fresh_worker_exports_every_metric_family_at_zero(nats_url):
                 assert s.labels["model"] == "fresh-model", s
     model_only = ("dynamo_ctx_worker_running_requests", "dynamo_ctx_worker_kv_blocks_in_use", "dynamo_ctx_worker_requests_total",
                   "dynamo_ctx_worker_running_requests_peak", "dynamo_ctx_worker_busy_refusals_total",
-                  "dynamo_ctx_worker_library_sent_tokens_total")
+                  "dynamo_ctx_worker_library_sent_tokens_total", "dynamo_ctx_worker_library_aborts_total")
     by_reason = ("dynamo_ctx_worker_cancellations_received_total", "dynamo_ctx_worker_aborts_confirmed_total",
                  "dynamo_ctx_worker_abort_freed_kv_blocks_total")
     assert set(samples) == {*model_only, *by_reason, "dynamo_ctx_worker_outcomes_total"}, sorted(samples)

@@ -217,14 +217,15 @@ class RoutedHandler:
         self.routed = asyncio.Event()
 
     def route(self) -> Any:
-        """Route the served request (engine id "eng") to the library's reader, as
-        backends/vllm.py posts it: reserve, then activate; its item sink."""
+        """Route the served request (engine id "eng", "eng-12345678" as the engine
+        knows it) to the library's reader, as backends/vllm.py posts it: reserve,
+        then activate; its item sink."""
         from dynamo_ctx.serving import item_sink
 
         sink = item_sink()
         assert sink is not None
         native().engine_outputs_post(4, self.reader.h, b"eng", 0)
-        native().engine_outputs_post(5, self.reader.h, b"eng", sink.request)  # type: ignore[attr-defined]
+        native().engine_outputs_post(5, self.reader.h, b"eng-12345678", sink.request)  # type: ignore[attr-defined]
         self.routed.set()
         return sink
 
@@ -366,3 +367,171 @@ def test_only_the_sockets_user_may_connect() -> None:
     finally:
         reader.close()
         shutil.rmtree(folder, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------- the engine's inputs
+
+ENGINE = b"\x00\x00"  # vLLM's engine core's routing id (its rank, 2 bytes)
+ABORT = b"\x01"  # vLLM's EngineCoreRequestType.ABORT
+
+
+def ready_with_identity(socket_type: bytes, identity: bytes) -> bytes:
+    body = b"\x05READY" + bytes([11]) + b"Socket-Type" + struct.pack(">I", len(socket_type)) + socket_type
+    body += bytes([8]) + b"Identity" + struct.pack(">I", len(identity)) + identity
+    return command(body)
+
+
+class Dealer:
+    """The engine core's DEALER socket, by hand: it greets the library's input
+    socket (a ROUTER) with its identity and reads the messages sent to it."""
+
+    def __init__(self, path: str, identity: bytes = ENGINE) -> None:
+        self.s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.s.settimeout(10)
+        self.s.connect(path)
+        self.s.sendall(greeting() + ready_with_identity(b"DEALER", identity))
+        self.buf = b""
+        self._need(64)
+        assert self.buf[:1] == b"\xff" and self.buf[9:10] == b"\x7f"
+        self.buf = self.buf[64:]
+        flags, body = self._frame()
+        assert flags & 4 and b"ROUTER" in body, "the library greets as a ROUTER"
+
+    def _need(self, n: int) -> None:
+        while len(self.buf) < n:
+            chunk = self.s.recv(1 << 20)
+            assert chunk, "the library closed the connection"
+            self.buf += chunk
+
+    def _frame(self) -> Tuple[int, bytes]:
+        self._need(2)
+        flags = self.buf[0]
+        if flags & 2:
+            self._need(9)
+            (n,) = struct.unpack(">Q", self.buf[1:9])
+            head = 9
+        else:
+            n, head = self.buf[1], 2
+        self._need(head + n)
+        body, self.buf = self.buf[head:head + n], self.buf[head + n:]
+        return flags, body
+
+    def recv(self) -> List[bytes]:
+        msg = []
+        while True:
+            flags, body = self._frame()
+            msg.append(body)
+            if not flags & 1:
+                return msg
+
+    def close(self) -> None:
+        self.s.close()
+
+
+@pytest.fixture
+def inputs(reader: Reader, tmp_path: Path) -> Any:
+    """The reader, holding the engine's input socket too, and the engine's DEALER connected to it."""
+    path = str(tmp_path / "in")
+    native().engine_inputs_listen(reader.h, path.encode(), ENGINE, ABORT)
+    assert os.stat(path).st_mode & 0o777 == 0o600
+    dealer = Dealer(path)
+    deadline = time.monotonic() + HANG
+    while native().engine_inputs_peers(reader.h) == 0:
+        assert time.monotonic() < deadline, "the engine's DEALER never counted"
+        time.sleep(0.005)
+    yield dealer
+    dealer.close()
+
+
+def abort_body(request_id: bytes) -> bytes:
+    return b"\x91" + (bytes([0xA0 | len(request_id)]) if len(request_id) < 32 else bytes([0xD9, len(request_id)])) + request_id
+
+
+def test_the_engines_inputs_go_through_the_library_in_order(reader: Reader, inputs: Dealer) -> None:
+    """What the host sends (posted, or by the call where the post socket refuses a
+    message this large) reaches the engine whole and in order with the library's
+    own aborts; a message to another identity is dropped, as a ROUTER drops it."""
+    lib = native()
+    big = os.urandom(300_000)  # over what a posted message may hold: sent by the call
+    lib.engine_inputs_send(reader.h, [ENGINE, b"\x00", b"first"])
+    lib.engine_inputs_send(reader.h, [b"someone else", b"\x00", b"dropped"])
+    lib.engine_inputs_send(reader.h, [ENGINE, b"\x00", big, b""])
+    lib.engine_inputs_abort(reader.h, b"req-1-12345678")
+    long_id = b"r" * 40
+    lib.engine_inputs_send(reader.h, (ENGINE, b"\x03", b"last"))
+    lib.engine_inputs_abort(reader.h, long_id)
+    assert inputs.recv() == [b"\x00", b"first"]
+    assert inputs.recv() == [b"\x00", big, b""]
+    assert inputs.recv() == [ABORT, abort_body(b"req-1-12345678")]
+    assert inputs.recv() == [b"\x03", b"last"]
+    assert inputs.recv() == [ABORT, abort_body(long_id)]
+    assert lib.engine_inputs_aborts(reader.h) == 2
+
+
+def test_bad_input_arguments_are_refused(reader: Reader, tmp_path: Path) -> None:
+    lib = native()
+    lib.engine_inputs_send(reader.h, [ENGINE, b"\x00"])  # no inputs taken yet: posted, dropped (as for a reader freed)
+    with pytest.raises(ValueError, match="dc_engine_inputs_abort"):
+        lib.engine_inputs_abort(reader.h, b"x")  # the call says so
+    with pytest.raises(ValueError, match="dc_engine_inputs_peers"):
+        lib.engine_inputs_peers(reader.h)
+    with pytest.raises(ValueError, match="identity"):
+        lib.engine_inputs_listen(reader.h, str(tmp_path / "a").encode(), b"", ABORT)
+    with pytest.raises(ValueError, match="dc_engine_inputs_listen"):
+        lib.engine_inputs_listen(12345, str(tmp_path / "b").encode(), ENGINE, ABORT)
+    lib.engine_inputs_listen(reader.h, str(tmp_path / "c").encode(), ENGINE, ABORT)
+    with pytest.raises(ValueError, match="already"):
+        lib.engine_inputs_listen(reader.h, str(tmp_path / "d").encode(), ENGINE, ABORT)
+    with pytest.raises(ValueError, match="2 to 4096"):
+        lib.engine_inputs_send(reader.h, [ENGINE])
+    with pytest.raises(TypeError, match="bytes"):
+        lib.engine_inputs_send(reader.h, [ENGINE, "not bytes"])  # type: ignore[list-item]
+    assert not os.path.exists(tmp_path / "d")
+
+
+class AbortedHandler(RoutedHandler):
+    """A served handler whose request is routed (and so armed) until its caller
+    kills it (the dispatcher then cancels it)."""
+
+    def __init__(self, reader: Reader) -> None:
+        super().__init__(reader)
+        self.ended = asyncio.Event()
+
+    @pushes_items
+    async def generate(self, request: Any, context: Any) -> Any:
+        self.route()
+        try:
+            await asyncio.wait_for(context.killed(), HANG)
+        finally:
+            native().engine_outputs_post(6, self.reader.h, b"eng", 0)
+            self.ended.set()
+        return
+        yield  # an async generator, as a handler is
+
+
+def test_a_killed_routed_request_is_aborted_in_the_engine_by_the_library(reader: Reader, inputs: Dealer,
+                                                                         nats_url: str) -> None:
+    """The caller's kill reaches the engine as an abort of the request's engine id,
+    sent by the library from the Kill frame's reader, once; a request whose route
+    was dropped is not aborted on a later stop."""
+    handler = AbortedHandler(reader)
+
+    async def main() -> List[bytes]:
+        async with ServedEndpoint(nats_url, handler.generate) as ep:
+            ctx, stream = await ep.open()
+            await asyncio.wait_for(handler.routed.wait(), HANG)
+            # The activation is posted: a send after it (a call, which runs what
+            # was posted first) is in place once it returns.
+            native().engine_inputs_send(reader.h, [ENGINE, b"\x00", b"mark"])
+            assert await asyncio.get_running_loop().run_in_executor(None, inputs.recv) == [b"\x00", b"mark"]
+            ctx.kill()
+            got = await asyncio.get_running_loop().run_in_executor(None, inputs.recv)
+            await asyncio.wait_for(handler.ended.wait(), HANG)
+            assert await collect(stream) == []  # killed: it ends with nothing sent
+            # The route dropped: a mark sent now is the next the engine reads.
+            native().engine_inputs_send(reader.h, [ENGINE, b"\x00", b"after"])
+            assert await asyncio.get_running_loop().run_in_executor(None, inputs.recv) == [b"\x00", b"after"]
+            return got
+
+    assert run(main()) == [ABORT, abort_body(b"eng-12345678")]
+    assert native().engine_inputs_aborts(reader.h) == 1

@@ -65,6 +65,9 @@ class WorkerMetrics:
         #: from vLLM's engine core (backends/vllm_outputs.py), read at each
         #: scrape once the library reads them.
         self.library_sent_tokens: Callable[[], int] = lambda: 0
+        #: The aborts the library sent vLLM's engine core itself, on its
+        #: requests' stops (backends/vllm_outputs.py), read at each scrape.
+        self.library_aborts: Callable[[], int] = lambda: 0
 
     def cancellation(self, reason: str) -> None:
         """Count a request whose context was stopped or killed for ``reason``."""
@@ -99,6 +102,9 @@ class WorkerMetrics:
             (CounterMetricFamily, "dynamo_ctx_worker_library_sent_tokens_total",
              "Output tokens the library sent to their callers itself, read from the engine's output stream "
              "(the others went through the worker's Python).", self.library_sent_tokens()),
+            (CounterMetricFamily, "dynamo_ctx_worker_library_aborts_total",
+             "Aborts the library sent the engine itself the moment a request's context stopped "
+             "(the worker's own abort follows through vLLM).", self.library_aborts()),
         ):
             f = family(name, help_, labels=["model"])
             f.add_metric([self.model], value)

@@ -30,8 +30,21 @@ posted (posted.go), as the worker's items are, and run before the library reads 
 engine's next message, so the worker's loop makes no call into the library per step
 or request.
 
+``take`` takes the engine core's input socket too (vLLM's ROUTER, where its engine
+core's DEALER connects), in the same way: what vLLM's client sends the engine goes
+through the library (``InputSocket``, posted), and once a request's route is armed
+the library aborts the request in the engine itself the moment its context stops,
+from the thread that learns of it (the Kill frame's reader): the worker's event
+loop and ZeroMQ's I/O thread are off a cancellation's way to the engine. The
+handler still aborts the request through vLLM when it learns of the stop (its
+output processor's bookkeeping); the engine takes a second abort of a request as
+it takes the first (vLLM's scheduler drops a request once).
+
 Where anything differs from what this was written against, nothing is taken and
-every output goes vLLM's way (logged at INFO with the reason).
+every output goes vLLM's way (logged at INFO with the reason); where only vLLM's
+input socket or its use of it differs, the outputs are taken and the inputs left to
+vLLM. Where the taking fails on the way (the engine core does not connect to either
+socket), vLLM's own sockets are put back on both paths.
 """
 
 from __future__ import annotations
@@ -125,6 +138,8 @@ class EngineOutputs:
         self._view = memoryview(self._chunk)
         self._lean = lean
         self._suffix = suffix
+        self._input: Optional[InputSocket] = None  # where the library sends the engine its inputs
+        self._aborts = 0
         self._closed = False
         self._sent = 0
         self._queue: "asyncio.Queue[Any]" = core.outputs_queue
@@ -172,6 +187,12 @@ class EngineOutputs:
             path = sock.getsockopt(zmq.LAST_ENDPOINT).decode()[len("ipc://"):]
             empty = EngineCoreOutputs()
             removes = _zmq_removes_closed_files(zmq)
+            try:
+                in_why, inputs = _inputs_unlike(core), None
+                if not in_why:
+                    inputs = _Inputs.of(core)
+            except Exception as e:  # noqa: BLE001 - as any difference: vLLM's input socket stays
+                in_why, inputs = repr(e), None
             from vllm.v1.engine.exceptions import EngineDeadError  # type: ignore[import-not-found]
         except Exception as e:  # noqa: BLE001 - as any difference: vLLM's way
             logger.info("vLLM reads its engine core's outputs itself: %r", e)
@@ -188,31 +209,30 @@ class EngineOutputs:
         task = resources.output_queue_task
         handle: Optional[int] = None
         self: Optional[EngineOutputs] = None
+        loop = asyncio.get_running_loop()
+        in_closed = False  # vLLM's input socket is closed (the library's or none listens there)
         try:
             if task is not None:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
             sock.close(linger=0)
-            if removes:
-                # ZeroMQ removes the socket's file from its own thread; listening on
-                # the path before it did would have ours removed.
-                deadline = time.monotonic() + _UNLINK_WAIT
-                while os.path.exists(path) and time.monotonic() < deadline:
-                    await asyncio.sleep(0.005)
-            if os.path.exists(path):
-                os.unlink(path)
+            await _unlinked(path, removes)
             handle, fd = lib.engine_outputs_listen(path.encode(), message.encode(), output.encode(), suffix, window)
             self = cls(lib, handle, fd, core, lean, suffix)
             # The engine core's PUSH socket connects again by itself (ZeroMQ
             # retries every 100 ms): until it did, nothing is served. An engine
             # core that died meanwhile (vLLM's monitor says so) never will.
-            deadline = time.monotonic() + _CONNECT_WAIT
-            while lib.engine_outputs_peers(handle) == 0:
-                if _engine_dead(resources):
-                    raise RuntimeError(f"the engine core died before it connected to {path}")
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"the engine core did not connect to {path} in {_CONNECT_WAIT:g} s")
-                await asyncio.sleep(0.01)
+            await _connected(lambda: lib.engine_outputs_peers(handle), resources, path)
+            if inputs is not None:
+                in_sock = inputs.socket
+                in_sock.close(linger=0)
+                in_closed = True
+                await _unlinked(inputs.path, removes)
+                lib.engine_inputs_listen(handle, inputs.path.encode(), inputs.identity, inputs.abort_type)
+                # As the outputs': the engine core's DEALER connects again by itself.
+                await _connected(lambda: lib.engine_inputs_peers(handle), resources, inputs.path)
+                self._input = InputSocket(lib, handle, loop.create_future())
+                core.input_socket = resources.input_socket = self._input
         except BaseException as e:
             # vLLM's own reader again, on the same path (its socket where it is
             # still open: cancelled before it closed), reading the new queue,
@@ -221,35 +241,57 @@ class EngineOutputs:
                 self._free()
             elif handle is not None:
                 lib.engine_outputs_free(handle)
-            if sock.closed:
-                if handle is None and removes:
-                    # Cancelled while ZeroMQ removes its socket's file (from its
-                    # own thread): a bind before that would have the new file
-                    # removed. Rare (a cancelled start), short, so waited here.
-                    deadline = time.monotonic() + _UNLINK_WAIT
-                    while os.path.exists(path) and time.monotonic() < deadline:
-                        time.sleep(0.005)
-                    if os.path.exists(path):
-                        os.unlink(path)
-                resources.output_socket = make_zmq_socket(core.ctx, "ipc://" + path, zmq.PULL)
-            resources.output_queue_task = None
-            core._ensure_output_queue_task()
-            if _engine_dead(resources):
-                # Dead meanwhile: vLLM's shutdown may have closed the reader it
-                # found (the one this replaced), so its output handler learns it
-                # here, as vLLM's reader would have told it.
-                core.outputs_queue.put_nowait(EngineDeadError())
+            try:
+                if in_closed:
+                    # vLLM's own input socket again, made as vLLM makes it (no
+                    # handover: take refuses elastic expert parallelism); its
+                    # engine core connects to it again. The library's listener,
+                    # freed with the reader, removed its file.
+                    assert inputs is not None
+                    if removes:
+                        # As below for the outputs' file: ZeroMQ may still remove it.
+                        deadline = time.monotonic() + _UNLINK_WAIT
+                        while os.path.exists(inputs.path) and time.monotonic() < deadline:
+                            time.sleep(0.005)
+                        if os.path.exists(inputs.path):
+                            os.unlink(inputs.path)
+                    core.input_socket = resources.input_socket = make_zmq_socket(
+                        core.ctx, "ipc://" + inputs.path, zmq.ROUTER, bind=True)
+            finally:
+                # The outputs' way back, whatever befell the inputs'.
+                if sock.closed:
+                    if handle is None and removes:
+                        # Cancelled while ZeroMQ removes its socket's file (from its
+                        # own thread): a bind before that would have the new file
+                        # removed. Rare (a cancelled start), short, so waited here.
+                        deadline = time.monotonic() + _UNLINK_WAIT
+                        while os.path.exists(path) and time.monotonic() < deadline:
+                            time.sleep(0.005)
+                        if os.path.exists(path):
+                            os.unlink(path)
+                    resources.output_socket = make_zmq_socket(core.ctx, "ipc://" + path, zmq.PULL)
+                resources.output_queue_task = None
+                core._ensure_output_queue_task()
+                if _engine_dead(resources):
+                    # Dead meanwhile: vLLM's shutdown may have closed the reader it
+                    # found (the one this replaced), so its output handler learns it
+                    # here, as vLLM's reader would have told it.
+                    core.outputs_queue.put_nowait(EngineDeadError())
             if not isinstance(e, Exception):
                 raise
             logger.warning("vLLM reads its engine core's outputs itself: the library could not: %r", e)
             return None
-        loop = asyncio.get_running_loop()
         loop.add_reader(self._sock.fileno(), self._read)
         # vLLM's shutdown cancels this task (its finalizer, also when the engine
         # core dies): then, as its own reader, the handler gets EngineDeadError.
         resources.output_queue_task = loop.create_task(self._hold(), name="EngineCoreOutputQueueTask")
         lean.go = self
         logger.info("The library reads the engine core's outputs (at %s) and sends plain tokens itself", path)
+        if inputs is not None:
+            logger.info("The library sends the engine core its inputs (at %s) and aborts a stopped request itself",
+                        inputs.path)
+        else:
+            logger.info("vLLM sends its engine core's inputs itself: %s", in_why)
         return self
 
     async def _hold(self) -> None:
@@ -275,7 +317,10 @@ class EngineOutputs:
         if self._closed:
             return
         self._sent = self.sent()
+        self._aborts = self.aborts()
         self._closed = True
+        if self._input is not None:
+            self._input.closed = True  # the library's listener goes with the reader
         self._lib.engine_outputs_free(self._handle)
         self._sock.close()
 
@@ -301,8 +346,16 @@ class EngineOutputs:
         if len(vllm_id) != len(engine_id) + self._suffix or not vllm_id.startswith(engine_id):
             self.drop(engine_id)
             return False
-        self._lib.engine_outputs_post(_ACTIVATE, self._handle, engine_id.encode(), request)
+        # vLLM's id: the library routes by it less the suffix, and aborts it.
+        self._lib.engine_outputs_post(_ACTIVATE, self._handle, vllm_id.encode(), request)
         return True
+
+    def aborts(self) -> int:
+        """The aborts the library sent the engine itself (0 where vLLM sends its
+        inputs; a counter: its last value once closed)."""
+        if self._closed:
+            return self._aborts
+        return 0 if self._input is None else int(self._lib.engine_inputs_aborts(self._handle))
 
     def drop(self, engine_id: str) -> None:
         """Forget ``engine_id``'s route."""
@@ -345,6 +398,112 @@ class EngineOutputs:
                     out.new_token_ids = (Delivered if flag == 1 else DeliveredExtra)(out.new_token_ids)
         if outputs.outputs or outputs.scheduler_stats:
             queue.put_nowait(outputs)
+
+
+async def _unlinked(path: str, removes: bool) -> None:
+    """Remove a closed ZeroMQ socket's file at ``path``, after ZeroMQ did where it
+    does so itself (``removes``: then from its own thread, and listening on the
+    path before that would have the new file removed)."""
+    if removes:
+        deadline = time.monotonic() + _UNLINK_WAIT
+        while os.path.exists(path) and time.monotonic() < deadline:
+            await asyncio.sleep(0.005)
+    if os.path.exists(path):
+        os.unlink(path)
+
+
+async def _connected(peers: Any, resources: Any, path: str) -> None:
+    """Wait until the engine core connected to the library's socket at ``path``
+    (``peers()`` above 0): ZeroMQ reconnects every 100 ms. An engine core that
+    died meanwhile (vLLM's monitor says so) never will."""
+    deadline = time.monotonic() + _CONNECT_WAIT
+    while peers() == 0:
+        if _engine_dead(resources):
+            raise RuntimeError(f"the engine core died before it connected to {path}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the engine core did not connect to {path} in {_CONNECT_WAIT:g} s")
+        await asyncio.sleep(0.01)
+
+
+#: What vLLM's engine-core client does with its input socket, that the library's
+#: stand-in (``InputSocket``) takes the place of: every message goes through one
+#: call, a ROUTER socket's send, the engine's routing id first; an abort is the
+#: ABORT type and the ids (the library makes it itself: dc_engine_inputs_listen).
+_SENDER_STEPS = ("return self.input_socket.send_multipart((engine,) + message, copy=False)",)
+_ABORT_STEPS = ("await self._send_input(EngineCoreRequestType.ABORT, request_ids)",)
+
+
+class _Inputs:
+    """vLLM's input socket as ``take`` finds it: the socket, its path, the engine
+    core's routing id and the type frame of an abort."""
+
+    def __init__(self, socket: Any, path: str, identity: bytes, abort_type: bytes) -> None:
+        self.socket, self.path, self.identity, self.abort_type = socket, path, identity, abort_type
+
+    @classmethod
+    def of(cls, core: Any) -> "_Inputs":
+        import zmq  # type: ignore[import-not-found]
+        from vllm.v1.engine import EngineCoreRequestType  # type: ignore[import-not-found]
+
+        sock = core.input_socket
+        path = sock.getsockopt(zmq.LAST_ENDPOINT).decode()[len("ipc://"):]
+        return cls(sock, path, bytes(core.core_engine), bytes(EngineCoreRequestType.ABORT.value))
+
+
+def _inputs_unlike(core: Any) -> str:
+    """How ``core``'s input socket differs from what the library's stand-in was
+    written against ("" where it does not)."""
+    import zmq  # type: ignore[import-not-found]
+    import zmq.asyncio  # type: ignore[import-not-found]
+    from vllm.v1.engine.core_client import AsyncMPClient  # type: ignore[import-not-found]
+
+    found = getattr(core, "input_socket", None)
+    if not isinstance(found, zmq.asyncio.Socket) or found is not getattr(core.resources, "input_socket", None):
+        return "its input socket differs"
+    sock: Any = found
+    if sock.getsockopt(zmq.TYPE) != zmq.ROUTER:
+        return "its input socket is not a ROUTER"
+    if not sock.getsockopt(zmq.LAST_ENDPOINT).decode().startswith("ipc://"):
+        return "its input socket is not a local (ipc://) one"
+    engines = list(getattr(core, "core_engines", ()))
+    if len(engines) != 1 or engines[0] != getattr(core, "core_engine", None) or not isinstance(engines[0], bytes):
+        return "it has more than one engine core"
+    for method, steps in ((AsyncMPClient._send_input_message, _SENDER_STEPS),
+                          (AsyncMPClient.abort_requests_async, _ABORT_STEPS)):
+        source = inspect.getsource(method)
+        missing = [step for step in steps if step not in source]
+        if missing:
+            return f"its {method.__name__} no longer does {missing}"
+    return ""
+
+
+class InputSocket:
+    """The library's stand-in for vLLM's input socket: what vLLM's engine-core
+    client sends goes through the library (posted: no call into it), in order
+    with the aborts the library sends itself. A send never waits (the
+    library queues what the engine's socket does not take yet), so each
+    returns the same finished future."""
+
+    def __init__(self, lib: Any, handle: int, done: "asyncio.Future[None]") -> None:
+        self._lib = lib
+        self._handle = handle
+        done.set_result(None)
+        self._done = done
+        self.closed = False
+
+    def send_multipart(self, msg: Any, copy: bool = True, track: bool = False, **kwargs: Any) -> "asyncio.Future[None]":
+        """pyzmq's ``send_multipart``: the first frame names the engine core."""
+        if self.closed:
+            import zmq  # type: ignore[import-not-found]
+
+            raise zmq.ZMQError(zmq.ENOTSOCK)
+        self._lib.engine_inputs_send(self._handle, [f if type(f) is bytes else bytes(f) for f in msg])
+        return self._done
+
+    def close(self, linger: Optional[int] = None) -> None:
+        """As vLLM's shutdown closes its sockets: nothing more is sent (the
+        library's listener goes with the reader)."""
+        self.closed = True
 
 
 #: engine_outputs_post's kinds (posted.go).

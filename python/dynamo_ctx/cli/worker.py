@@ -537,6 +537,7 @@ async def run(args: argparse.Namespace) -> None:
             reader = await EngineOutputs.take(engine)  # before any request (or nothing, logged, where it cannot)
             if reader is not None:
                 metrics.library_sent_tokens = reader.sent
+                metrics.library_aborts = reader.aborts
         readiness.waiting_for = f"NATS at {_errors.nats_address(args.nats_url)}"
         runtime = await _runner.connect_runtime(args.nats_url)
         logger.info("migration_limit=%d for model %s", args.migration_limit, model.name)

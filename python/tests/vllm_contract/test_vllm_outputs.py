@@ -247,3 +247,144 @@ def test_a_take_ends_at_once_when_the_engine_core_dies(tmp_path: Path, monkeypat
         await client.vllm_reads_the_path_again()
 
     asyncio.run(main())
+
+
+# --------------------------------------------------------------------------- the engine core's inputs
+
+
+def test_the_librarys_messages_are_ones_vllms_engine_core_reads(tmp_path: Path) -> None:
+    """Through the library's input socket (a ROUTER), a DEALER made as vLLM's engine
+    core makes its own (its routing id, vLLM's socket options) reads each message
+    whole: the library's own abort is vLLM's ABORT with the ids its decoder reads
+    (short, long and very long ids), and what vLLM's encoder wrote comes through."""
+    from vllm.utils.network_utils import make_zmq_socket
+    from vllm.v1.engine import EngineCoreRequestType
+
+    h, sock, _ = _listen(tmp_path)
+    path = str(tmp_path / "in")
+    identity = (0).to_bytes(2, "little")  # vLLM's engine core's (its rank)
+    native().engine_inputs_listen(h, path.encode(), identity, EngineCoreRequestType.ABORT.value)
+    ctx = zmq.Context()
+    try:
+        dealer = make_zmq_socket(ctx, "ipc://" + path, zmq.DEALER, identity=identity, bind=False)
+        deadline = time.monotonic() + 10
+        while native().engine_inputs_peers(h) == 0:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        ids = ["a-12345678", "r" * 40 + "-12345678", "x" * 300]
+        for i in ids:
+            native().engine_inputs_abort(h, i.encode())
+        enc = MsgpackEncoder()
+        native().engine_inputs_send(h, [identity, EngineCoreRequestType.UTILITY.value, *enc.encode((0, 7, "m", ("x",)))])
+        dealer.setsockopt(zmq.RCVTIMEO, 10_000)
+        dec = MsgpackDecoder()
+        for i in ids:
+            type_frame, *data = dealer.recv_multipart()
+            assert EngineCoreRequestType(type_frame) == EngineCoreRequestType.ABORT
+            assert dec.decode(data) == [i]
+        type_frame, *data = dealer.recv_multipart()
+        assert EngineCoreRequestType(type_frame) == EngineCoreRequestType.UTILITY
+        assert dec.decode(data) == [0, 7, "m", ["x"]]
+        assert native().engine_inputs_aborts(h) == 3
+        dealer.close(linger=0)
+    finally:
+        ctx.destroy(linger=0)
+        native().engine_outputs_free(h)
+        sock.close()
+    assert not Path(path).exists(), "the library's listener went with the reader"
+
+
+class _ClientWithInputs(_Client):
+    """``_Client`` with vLLM's input socket too: a ROUTER bound on an ``ipc://``
+    path, the engine core's routing id, and the engine core's DEALER connected."""
+
+    def __init__(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **resources: Any) -> None:
+        import zmq.asyncio
+
+        super().__init__(tmp_path, monkeypatch, **resources)
+        self.in_path = f"ipc://{tmp_path}/in"
+        self.router = self.ctx.socket(zmq.ROUTER)
+        self.router.bind(self.in_path)
+        self.resources.input_socket = self.router
+        self.core.input_socket = self.router
+        self.core.core_engine = (0).to_bytes(2, "little")
+        self.core.core_engines = [self.core.core_engine]
+        self.sync = zmq.Context()
+        self.dealer = self.sync.socket(zmq.DEALER)  # the engine core's
+        self.dealer.setsockopt(zmq.IDENTITY, self.core.core_engine)
+        self.dealer.setsockopt(zmq.RCVTIMEO, 10_000)
+        self.dealer.connect(self.in_path)
+        self.push = self.ctx.socket(zmq.PUSH)  # the engine core's outputs
+        self.push.connect(self.path)
+        assert isinstance(self.router, zmq.asyncio.Socket)
+
+    def close(self) -> None:
+        self.dealer.close(linger=0)
+        self.sync.term()
+        self.push.close(linger=0)
+
+
+def test_a_take_takes_the_input_socket_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``take`` puts the library in the place of vLLM's input socket: vLLM's client's
+    sends (its ``_send_input_message``: the engine's id first) reach the engine
+    core's DEALER, which connected to the library by itself."""
+    import asyncio
+
+    async def main() -> None:
+        client = _ClientWithInputs(tmp_path, monkeypatch, engine_dead=False)
+        reader = await asyncio.wait_for(vllm_outputs.EngineOutputs.take(object()), 15)
+        assert reader is not None
+        sock = client.core.input_socket
+        assert isinstance(sock, vllm_outputs.InputSocket) and client.resources.input_socket is sock
+        assert client.router.closed
+        await sock.send_multipart((client.core.core_engine, b"\x00", memoryview(b"add")), copy=False)
+        got = await asyncio.get_running_loop().run_in_executor(None, client.dealer.recv_multipart)
+        assert got == [b"\x00", b"add"]
+        sock.close(linger=0)  # vLLM's shutdown
+        with pytest.raises(zmq.ZMQError):
+            sock.send_multipart((client.core.core_engine, b"\x00", b"late"))
+        task = client.resources.output_queue_task
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        assert reader.aborts() == 0
+        client.close()
+        client.ctx.term()
+
+    asyncio.run(main())
+
+
+def test_a_take_whose_engine_never_connects_to_the_inputs_puts_vllms_sockets_back(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """Where the engine core dies before its DEALER connected to the library's input
+    socket, ``take`` answers None with vLLM's own sockets back on both paths: a
+    DEALER that connects to vLLM's ROUTER again is heard there."""
+    import asyncio
+
+    async def main() -> None:
+        client = _ClientWithInputs(tmp_path, monkeypatch, engine_dead=False)
+        client.dealer.close(linger=0)  # the engine core's input side never comes back
+        take = asyncio.ensure_future(vllm_outputs.EngineOutputs.take(object()))
+        deadline = time.monotonic() + 10
+        while not client.router.closed:
+            assert time.monotonic() < deadline, "take never reached the inputs"
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.2)
+        client.resources.engine_dead = True
+        assert await asyncio.wait_for(take, 5) is None
+        assert "the engine core died before it connected" in caplog.text
+        assert isinstance(client.core.outputs_queue.get_nowait(), EngineDeadError)  # as vLLM's reader tells it
+        again = client.core.input_socket
+        assert again is client.resources.input_socket and not isinstance(again, vllm_outputs.InputSocket)
+        assert again.getsockopt(zmq.TYPE) == zmq.ROUTER
+        dealer = client.sync.socket(zmq.DEALER)
+        dealer.setsockopt(zmq.IDENTITY, client.core.core_engine)
+        dealer.connect(client.in_path)
+        dealer.send(b"ready")
+        assert await asyncio.wait_for(again.recv_multipart(), 10) == [client.core.core_engine, b"ready"]
+        dealer.close(linger=0)
+        again.close(linger=0)
+        client.dealer = client.sync.socket(zmq.DEALER)
+        client.close()
+        await client.vllm_reads_the_path_again()
+
+    asyncio.run(main())

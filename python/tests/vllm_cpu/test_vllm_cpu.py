@@ -241,6 +241,8 @@ def test_the_library_reads_the_engine_cores_outputs(fleet):
         if w.running():
             assert w.log_count(r"The library reads the engine core's outputs") == 1, w.name
             assert w.log_count(r"vLLM reads its engine core's outputs itself") == 0, w.name
+            assert w.log_count(r"The library sends the engine core its inputs") == 1, w.name
+            assert w.log_count(r"vLLM sends its engine core's inputs itself") == 0, w.name
     want = greedy_text(fe, "a long one", 120)
     sent = {w.name: _library_sent(w) for w in stack.workers if w.running()}
 
@@ -261,6 +263,10 @@ def test_the_library_reads_the_engine_cores_outputs(fleet):
 
 def _library_sent(w: Worker) -> float:
     return w.metrics().get("dynamo_ctx_worker_library_sent_tokens_total", 0.0)
+
+
+def _library_aborts(w: Worker) -> float:
+    return w.metrics().get("dynamo_ctx_worker_library_aborts_total", 0.0)
 
 
 def test_rendered_prompts_make_the_requests_raw_ones_make():
@@ -363,13 +369,15 @@ def test_token_request_without_max_tokens_fills_the_context(fleet):
 @pytest.mark.parametrize("phase", ["decode", "prefill"])
 def test_disconnect_aborts_the_engine(fleet, phase):
     """A client that leaves in decode (after 3 chunks) or in prefill (before its first
-    token, during a chunked prefill): the worker confirms vLLM's abort with reason
+    token, during a chunked prefill): the library aborts it in the engine itself
+    (backends/vllm_outputs.py), the worker confirms vLLM's abort with reason
     client_disconnected, vLLM's own gauges return to zero, the frontend counts it."""
     stack = fleet["stack"]
     fe = stack.frontend
     rid = new_id(f"dc-{phase}")
     before_fe = fe.metrics(MODEL)
     gen_before = {w.name: vllm_metric(scrape_url(w.metrics_url), "vllm:generation_tokens_total") for w in stack.workers}
+    aborts_before = {w.name: _library_aborts(w) for w in stack.workers if w.running()}
 
     def in_prefill(r: str) -> None:  # the engine runs it: its prefill takes several steps of 32 tokens
         w = serving_worker(stack, r)
@@ -392,6 +400,7 @@ def test_disconnect_aborts_the_engine(fleet, phase):
         assert got["chunks"] == 0 and generated <= 1, generated  # left before its first token reached the client
     else:
         assert generated >= 3
+    assert _library_aborts(w) == aborts_before[w.name] + 1, (w.name, _library_aborts(w), aborts_before)
 
 
 # --------------------------------------------------------------------------- deadline, admission

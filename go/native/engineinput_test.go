@@ -1,0 +1,67 @@
+package main
+
+import (
+	"bytes"
+	"encoding/binary"
+	"net"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/dynamo-ctx/dynamo-ctx/go/zmtp"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// An abort's body is MessagePack's array of one string, in the shortest form
+// for its length (as msgspec, vLLM's decoder, writes and reads it).
+func TestAbortBodyIsAMessagePackArrayOfTheID(t *testing.T) {
+	for _, c := range []struct {
+		n    int
+		head []byte
+	}{
+		{0, []byte{0x91, 0xa0}},
+		{31, []byte{0x91, 0xbf}},
+		{32, []byte{0x91, 0xd9, 32}},
+		{255, []byte{0x91, 0xd9, 255}},
+		{256, []byte{0x91, 0xda, 1, 0}},
+		{70000, []byte{0x91, 0xdb, 0, 1, 0x11, 0x70}},
+	} {
+		id := strings.Repeat("r", c.n)
+		b := abortBody(id)
+		require.True(t, bytes.HasPrefix(b, c.head), "%d: % x", c.n, b[:min(len(b), 8)])
+		assert.Equal(t, id, string(b[len(c.head):]), c.n)
+	}
+}
+
+// The host's form of an input message: malformed ones are refused whole,
+// well-formed ones to a peer not connected are dropped without an error.
+func TestSendInputReadsTheHostsFormAndRefusesMalformedOnes(t *testing.T) {
+	ln, err := net.Listen("unix", filepath.Join(t.TempDir(), "in"))
+	require.NoError(t, err)
+	in := &engineInputs{router: zmtp.ServeRouter(ln, func([][]byte) error { return nil }, zmtp.Options{})}
+	defer in.close()
+	form := func(frames ...[]byte) []byte {
+		b := binary.LittleEndian.AppendUint32(nil, uint32(len(frames)))
+		for _, f := range frames {
+			b = binary.LittleEndian.AppendUint32(b, uint32(len(f)))
+			b = append(b, f...)
+		}
+		return b
+	}
+	assert.NoError(t, sendInput(in, form([]byte("engine"), []byte{0}, []byte("x"))))
+	assert.NoError(t, sendInput(in, form([]byte("engine"), nil)))
+	good := form([]byte("engine"), []byte{0}, []byte("x"))
+	for name, m := range map[string][]byte{
+		"empty":        nil,
+		"one frame":    form([]byte("engine")),
+		"cut short":    good[:len(good)-1],
+		"trailing":     append(append([]byte(nil), good...), 0),
+		"count lies":   binary.LittleEndian.AppendUint32(nil, 1<<30),
+		"length lies":  append(binary.LittleEndian.AppendUint32(nil, 2), 0xff, 0xff, 0xff, 0xff),
+		"zero frames":  binary.LittleEndian.AppendUint32(nil, 0),
+		"header short": {1, 0},
+	} {
+		assert.ErrorIs(t, sendInput(in, m), errMalformed, name)
+	}
+}

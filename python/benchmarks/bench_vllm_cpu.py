@@ -24,9 +24,11 @@ serving layers' cost show):
   tokens of every process;
 - disconnect -> engine abort (p50/p99), in decode (after 3 chunks) and in prefill (at
   half the lone time to the first token of a prompt of about 440 tokens, before any
-  token): the time from the client's close
-  to the return of vLLM's ``AsyncLLM.abort`` in the process that runs it, taken by the
-  same hook in both stacks (``vllm_abort_hook/sitecustomize.py``);
+  token): the time from the client's close to the engine core's read of the abort
+  (its input thread: in our stack the library's own abort, vLLM's server's
+  ``AsyncLLM.abort``'s), and to the return of vLLM's ``AsyncLLM.abort`` in the process
+  that runs it (our worker, vLLM's API server), taken by the same hook in both stacks
+  (``vllm_abort_hook/sitecustomize.py``);
 - goodput under abandonment: 16 client loops for 30 s, 3 requests of every 10 closed
   after 2 chunks; the other requests completed per second;
 - short requests (as ``bench_connections.py`` on the mock): 2-token completions, not
@@ -378,8 +380,11 @@ async def abort_latency(hp: Tuple[str, int], log: Path, phase: str) -> Dict[str,
             ttft.append(r.first_item - t0)
         delay = min(ttft) / 2
     closes: Dict[str, float] = {}  # request id -> when its client closed (the timed ones)
+    engine_log = Path(str(log) + ".engine")
+    at_engine: List[float] = []
     for i in range(ABORTS + 2):
         n0 = len(abort_times(log))
+        e0 = len(abort_times(engine_log))
         size0 = _size(log)
         reader, writer = await asyncio.open_connection(*hp)
         rid = new_id(f"abort-{phase}")
@@ -410,6 +415,12 @@ async def abort_latency(hp: Tuple[str, int], log: Path, phase: str) -> Dict[str,
             lat.append(abort_times(log)[n0] - t_close)
             closes[rid] = t_close
         await asyncio.sleep(0.3)
+        if seen and i >= 2:
+            # The engine's first read of an abort since (ours sends two: the
+            # library's, then vLLM's own from the worker's handler).
+            engine = abort_times(engine_log)[e0:]
+            if engine:
+                at_engine.append(engine[0] - t_close)
     trace = log.parent / "kill-trace.txt"
     if TRACE and trace.exists():
         from bench_load import print_breakdown
@@ -418,7 +429,9 @@ async def abort_latency(hp: Tuple[str, int], log: Path, phase: str) -> Dict[str,
         print(f"  disconnect in {phase}:")
         print_breakdown(str(trace), closes, _aborts_by_request(log), disagg=False)
     return {"phase": phase, "n": len(lat), "missed": missed, "close_after_ms": delay * 1e3,
-            "p50_ms": pct(lat, 50) * 1e3, "p99_ms": pct(lat, 99) * 1e3}
+            "p50_ms": pct(lat, 50) * 1e3, "p99_ms": pct(lat, 99) * 1e3,
+            "engine_p50_ms": pct(at_engine, 50) * 1e3 if at_engine else float("nan"),
+            "engine_p99_ms": pct(at_engine, 99) * 1e3 if at_engine else float("nan"), "engine_n": len(at_engine)}
 
 
 async def goodput(hp: Tuple[str, int]) -> Dict[str, Any]:
@@ -535,7 +548,8 @@ def _throughput_row(r: Dict[str, Any], t: Dict[str, Any], results: List[Dict[str
 
 def _abort_row(r: Dict[str, Any], a: Dict[str, Any], results: List[Dict[str, Any]]) -> str:
     return (f"| {r['model']} | {r['stack']} | {a['phase']} | {a['close_after_ms']:.0f} | {a['p50_ms']:.2f} | "
-            f"{a['p99_ms']:.2f} | {a['n']} | {a['missed']} |")
+            f"{a['p99_ms']:.2f} | {a.get('engine_p50_ms', float('nan')):.2f} | {a.get('engine_p99_ms', float('nan')):.2f} | "
+            f"{a['n']} | {a['missed']} |")
 
 
 def _goodput_row(r: Dict[str, Any], g: Dict[str, Any], results: List[Dict[str, Any]]) -> str:
@@ -584,8 +598,9 @@ TABLES = [
      "| serving CPU us per token | CPU us per token, by process | ours against "
      "| thread switches per 1k tokens, voluntary/involuntary, by process |\n"
      "|---|---|--:|--:|--:|--:|--:|---|---|---|", _throughput_row),
-    ("aborts", "| model | stack | phase | closed after ms | disconnect -> abort p50 ms | p99 ms | n | no abort seen |\n"
-     "|---|---|---|--:|--:|--:|--:|--:|", _abort_row),
+    ("aborts", "| model | stack | phase | closed after ms | disconnect -> abort returned p50 ms | p99 ms | "
+     "-> engine read it p50 ms | p99 ms | n | no abort seen |\n"
+     "|---|---|---|--:|--:|--:|--:|--:|--:|--:|", _abort_row),
     ("goodput", "| model | stack | completed/s (30% of clients leave) | completed | abandoned | failed |\n"
      "|---|---|--:|--:|--:|--:|", _goodput_row),
     ("short", "| model | stack | short requests/s | serving CPU us per request | CPU us per request, by process | ours against |\n"

@@ -1,5 +1,8 @@
 """bench_vllm_cpu.py's instrument: when DC_ABORT_LOG names a file, every return of vLLM's
-``AsyncLLM.abort`` in this process appends ``<wall-clock time> <request ids>`` to it.
+``AsyncLLM.abort`` in this process appends ``<wall-clock time> <request ids>`` to it,
+and the engine core's process appends the same to ``<that file>.engine`` the moment its
+input thread has read an abort (``EngineCore``'s ``aborts_queue``: where the engine
+takes aborts between its model's steps), whoever sent it.
 
 With DC_VLLM_SHIM=1 it also lets NVIDIA Dynamo 1.6.1's vLLM worker import on the vLLM
 the benchmark runs: Dynamo imports ``get_engine_zmq_addresses`` from
@@ -45,6 +48,7 @@ import time
 _LOG = os.environ.get("DC_ABORT_LOG")
 _SHIM = os.environ.get("DC_VLLM_SHIM") == "1"
 _TARGET = "vllm.v1.engine.async_llm"
+_CORE = "vllm.v1.engine.core"
 _UTILS = "vllm.v1.engine.utils"
 _PROBE = os.environ.get("DC_CPU_PROBE")
 
@@ -79,6 +83,29 @@ def _patch(module) -> None:
         return out
 
     cls.abort = abort
+
+
+def _patch_core(module) -> None:
+    import queue
+
+    engine_log = _LOG + ".engine"
+
+    class LoggedAborts(queue.Queue):
+        def put_nowait(self, item):
+            t = time.time()
+            super().put_nowait(item)
+            with open(engine_log, "a") as f:
+                f.write(f"{t:.6f} {','.join(item)}\n")
+
+    cls = module.EngineCore
+    original = cls.__init__
+
+    @functools.wraps(original)
+    def init(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        self.aborts_queue = LoggedAborts()
+
+    cls.__init__ = init
 
 
 #: The probes that also count wall time and preemption (``_counting``'s ``wall``): a
@@ -210,6 +237,7 @@ class _Finder(importlib.abc.MetaPathFinder):
 _patches = {}
 if _LOG:
     _patches.setdefault(_TARGET, []).append(_patch)
+    _patches.setdefault(_CORE, []).append(_patch_core)
 if _SHIM:
     _patches.setdefault(_UTILS, []).append(_shim)
 if _PROBE:

@@ -91,6 +91,7 @@
 #pragma weak PyLong_FromUnsignedLong
 #pragma weak PyLong_FromUnsignedLongLong
 #pragma weak PyLong_Type
+#pragma weak PyMem_Calloc
 #pragma weak PyMem_Free
 #pragma weak PyMem_Malloc
 #pragma weak PyMem_Realloc
@@ -106,6 +107,8 @@
 #pragma weak PyObject_IsSubclass
 #pragma weak PyObject_SetAttrString
 #pragma weak PyObject_Type
+#pragma weak PySequence_GetItem
+#pragma weak PySequence_Size
 #pragma weak PyTuple_GetItem
 #pragma weak PyTuple_New
 #pragma weak PyTuple_SetItem

@@ -158,12 +158,14 @@ class EngineOutputs:
 
     @classmethod
     async def take(cls, engine: Any, window: float = WINDOW) -> Optional["EngineOutputs"]:
-        """Take ``engine``'s output stream (see the module's docstring); None, with
+        """Take ``engine``'s output stream, and its input socket where vLLM's client is
+        the one this was written against (see the module's docstring); None, with
         nothing changed, where this vLLM is not the one it was written against,
         and None, with vLLM's own reader back on the same path, where the library
         could not listen there or the engine core did not connect to it (also
-        when cancelled: then CancelledError, vLLM's reader back). An error in
-        putting vLLM's reader back is raised: the engine would have none."""
+        when cancelled: then CancelledError, vLLM's reader back), and then with
+        vLLM's input socket back too. An error in putting vLLM's reader back is
+        raised: the engine would have none."""
         try:
             why, core, lean = _unlike(engine)
         except Exception as e:  # noqa: BLE001 - whatever the check meets: vLLM's way

@@ -225,8 +225,9 @@ def _add_worker_flags(p: argparse.ArgumentParser) -> None:
         )
     add(
         "--engine-outputs", choices=["library", "vllm"], default="library", env="DYNAMO_CTX_ENGINE_OUTPUTS",
-        help="vLLM engine: who reads its engine core's outputs: the library (plain tokens go to their callers without "
-        "the worker's Python; docs/design.md, \"Engine outputs in the library\"), or vLLM itself, as before",
+        help="vLLM engine: who reads its engine core's outputs and sends its inputs: the library (plain tokens go to "
+        "their callers without the worker's Python, a stopped request is aborted from the library; docs/design.md, "
+        "\"Engine outputs in the library\"), or vLLM itself, as before",
     )
     add(
         "--mock-die-after-steps", type=_args.positive_int,

@@ -349,10 +349,13 @@ HOPS = [
 ]
 
 
-def print_breakdown(trace_path: str, closes: Dict[str, float], aborts: Dict[str, float], disagg: bool) -> None:
+def print_breakdown(trace_path: str, closes: Dict[str, float], aborts: Dict[str, float], disagg: bool,
+                    last: str = "") -> None:
     """Per hop of the timed disconnects: p50/p90/p99 of the time since the
     previous hop. Disaggregated, the worker hops are the decode worker's (the
-    first a kill reaches) and the last includes its kill of the prefill."""
+    first a kill reaches) and the last includes its kill of the prefill.
+    ``last`` names the last hop (``aborts``' times) where it is not the
+    worker's logged abort."""
     marks: Dict[str, Dict[str, float]] = {}
     try:
         with open(trace_path) as f:
@@ -383,6 +386,8 @@ def print_breakdown(trace_path: str, closes: Dict[str, float], aborts: Dict[str,
         d = [(r[b] - r[a]) * 1000 for r in rows]
         if disagg and b == "aborted":
             what = "prefill worker: engine abort logged (after the decode worker's kill of it)"
+        elif last and b == "aborted":
+            what = last
         print(f"    {b:22s} {pct(d, 50):7.2f} {pct(d, 90):7.2f} {pct(d, 99):7.2f}   {what}")
 
 

@@ -351,13 +351,15 @@ def abort_times(log: Path) -> List[float]:
     return [t for t, _ in abort_lines(log)]
 
 
-def _aborts_by_request(log: Path) -> Dict[str, float]:
+def _aborts_by_request(log: Path, suffixed: bool = False) -> Dict[str, float]:
     """The abort log's first time per request id: our engine key is the request's
-    id, a dash, 32 hex digits, a dash and a serial number (backends/vllm.py)."""
+    id, a dash, 32 hex digits, a dash and a serial number (backends/vllm.py), and
+    in the engine core's log (``suffixed``) a dash and vLLM's 8 characters more."""
     out: Dict[str, float] = {}
+    parts = 3 if suffixed else 2
     for t, key in abort_lines(log):
-        if key.count("-") >= 2:
-            out.setdefault(key.rsplit("-", 2)[0], t)
+        if key.count("-") >= parts:
+            out.setdefault(key.rsplit("-", parts)[0], t)
     return out
 
 
@@ -428,6 +430,9 @@ async def abort_latency(hp: Tuple[str, int], log: Path, phase: str) -> Dict[str,
         await asyncio.sleep(0.2)  # each process writes its marks every 50 ms
         print(f"  disconnect in {phase}:")
         print_breakdown(str(trace), closes, _aborts_by_request(log), disagg=False)
+        print("  the same, to the engine core's first read of an abort (the library's):")
+        print_breakdown(str(trace), closes, _aborts_by_request(engine_log, suffixed=True), disagg=False,
+                        last="engine core: the abort read, since the worker's context was killed")
     return {"phase": phase, "n": len(lat), "missed": missed, "close_after_ms": delay * 1e3,
             "p50_ms": pct(lat, 50) * 1e3, "p99_ms": pct(lat, 99) * 1e3,
             "engine_p50_ms": pct(at_engine, 50) * 1e3 if at_engine else float("nan"),

@@ -41,21 +41,14 @@ type engineOutputs struct {
 	router *engineout.Router[*plane.Request]
 	batch  transport.Batch // the deliveries of one message (the router's lock held)
 
-	// The host's messages, each length-prefixed: written to conn (the
-	// library's end of a stream socket whose other end is the host's) at
-	// once by the reader, without waiting, while nothing is queued before
-	// them; else appended to out, which the writer goroutine writes (when
-	// the host reads slower than the engine sends).
-	conn    net.Conn
-	raw     syscall.RawConn
-	mu      sync.Mutex
-	out     []byte
-	writing bool          // the writer holds bytes taken from out
-	broken  bool          // the socket failed: nothing more goes
-	frame   []byte        // forward's scratch (mu held)
-	inPlane bool          // a delivery is in the plane's code (the router's lock held)
-	kick    chan struct{} // capacity 1: out has bytes
-	written chan struct{} // closed when the writer returned
+	// The host's messages, each length-prefixed, go to host (the library's
+	// end of a stream socket whose other end is the host's): written at once
+	// by the reader, without waiting, while nothing is queued before them;
+	// else queued for its writer (when the host reads slower than the
+	// engine sends).
+	host    *rawio.Queue
+	frame   []byte // forward's scratch (the router's lock held)
+	inPlane bool   // a delivery is in the plane's code (the router's lock held)
 
 	suffix int // the bytes the engine adds to a request's id (dc_engine_outputs_listen)
 	// The engine's input socket, once the library took it too
@@ -67,91 +60,13 @@ type engineOutputs struct {
 }
 
 // forward hands message m to the host (the router's lock held: in order).
+// Once the host's socket failed it is dropped: the host is gone.
 func (e *engineOutputs) forward(m []byte) {
-	if e.queue(m) {
-		select {
-		case e.kick <- struct{}{}:
-		default:
-		}
-	}
-}
-
-// queue writes m to the host at once where nothing waits before it and
-// the socket takes it, else queues what is left for the writer, and says
-// whether the writer must be told.
-func (e *engineOutputs) queue(m []byte) (kick bool) {
-	e.mu.Lock()
-	defer e.mu.Unlock() // also on a panic: fail takes the lock
-	if e.broken {
-		return false
-	}
-	if len(e.out) > 0 || e.writing {
-		e.out = binary.LittleEndian.AppendUint32(e.out, uint32(len(m)))
-		e.out = append(e.out, m...)
-		return false // the writer, busy, takes it next
-	}
 	e.frame = binary.LittleEndian.AppendUint32(e.frame[:0], uint32(len(m)))
 	e.frame = append(e.frame, m...)
-	n := e.tryWrite(e.frame)
-	rest := n < len(e.frame)
-	if rest {
-		e.out = append(e.out, e.frame[n:]...)
-	}
+	_, _ = e.host.Write(e.frame)
 	if cap(e.frame) > keptBuffer {
 		e.frame = nil // the largest message's size is not kept for the reader's life
-	}
-	return rest
-}
-
-// tryWrite writes what the socket takes of b now, without waiting, and
-// returns how much (all of it on an error: the host is gone; mu held,
-// which marks the socket broken).
-func (e *engineOutputs) tryWrite(b []byte) int {
-	n := 0
-	err := e.raw.Write(func(fd uintptr) bool {
-		var errno syscall.Errno
-		n, errno = rawio.TryWriteAll(fd, b) // raw: no runtime bookkeeping (rawio's doc)
-		if errno != 0 && errno != syscall.EAGAIN {
-			n, e.broken = len(b), true
-		}
-		return true
-	})
-	if err != nil {
-		e.broken = true
-		return len(b)
-	}
-	return n
-}
-
-// write writes what forward queued, waiting for the socket as it must,
-// until the socket fails (closed by close, or the host's end gone).
-func (e *engineOutputs) write() {
-	defer close(e.written)
-	var buf []byte
-	for range e.kick {
-		for {
-			e.mu.Lock()
-			if len(e.out) == 0 {
-				e.writing = false
-				e.mu.Unlock()
-				if cap(buf) > keptBuffer {
-					buf = nil // as out's below
-				}
-				break
-			}
-			buf, e.out = e.out, buf[:0]
-			if cap(e.out) > keptBuffer {
-				e.out = nil // a burst's buffer is not kept for the reader's life
-			}
-			e.writing = true
-			e.mu.Unlock()
-			if _, err := e.conn.Write(buf); err != nil {
-				e.mu.Lock()
-				e.broken, e.out = true, nil
-				e.mu.Unlock()
-				return
-			}
-		}
 	}
 }
 
@@ -165,10 +80,7 @@ func (e *engineOutputs) write() {
 func (e *engineOutputs) fail(p any) error {
 	slog.Error("engine outputs: the reader stopped on a panic", "panic", p)
 	e.router.Close()
-	e.mu.Lock()
-	e.broken, e.out = true, nil
-	e.mu.Unlock()
-	_ = e.conn.Close()
+	e.host.Close()
 	return fmt.Errorf("engine outputs: the reader stopped on a panic: %v", p)
 }
 
@@ -181,14 +93,11 @@ func (e *engineOutputs) close() {
 		in.close()
 	}
 	e.router.Close()
-	_ = e.conn.Close()
-	close(e.kick)
-	<-e.written
+	e.host.Close()
 }
 
-// keptBuffer is the largest scratch or queue buffer a reader keeps once
-// it is drained: a larger one (a burst, a message far above the usual)
-// goes back to the garbage collector.
+// keptBuffer is the largest scratch buffer a reader keeps: a larger one
+// (a message far above the usual) goes back to the garbage collector.
 const keptBuffer = 1 << 20
 
 // maxEngineWindow bounds dc_engine_outputs_listen's window: a second is
@@ -218,9 +127,7 @@ func dc_engine_outputs_listen(path *C.char, pathLen C.size_t, messageLayout *C.c
 		_ = conn.Close()
 		return fail(C.DC_EIO, "dc_engine_outputs_listen: %v", err)
 	}
-	e := &engineOutputs{conn: rawio.Wrap(conn), raw: raw, kick: make(chan struct{}, 1), written: make(chan struct{}),
-		suffix: int(suffix), armed: map[string]func() bool{}}
-	go e.write()
+	e := &engineOutputs{host: rawio.NewQueue(rawio.Wrap(conn), raw, nil), suffix: int(suffix), armed: map[string]func() bool{}}
 	e.router, err = engineout.New(engineout.Options[*plane.Request]{
 		Layout: engineout.Layout{Message: string(goBytes(messageLayout, messageLen)), Output: string(goBytes(outputLayout, outputLen))},
 		Suffix: int(suffix),
@@ -247,9 +154,7 @@ func dc_engine_outputs_listen(path *C.char, pathLen C.size_t, messageLayout *C.c
 	})
 	if err != nil {
 		_ = syscall.Close(hostFd)
-		_ = conn.Close()
-		close(e.kick)
-		<-e.written
+		e.host.Close()
 		return fail(C.DC_EINVAL, "dc_engine_outputs_listen: %v", err)
 	}
 	ln, err := net.Listen("unix", string(goBytes(path, pathLen)))

@@ -57,17 +57,16 @@ func (r *Router) Send(identity []byte, frames ...[]byte) bool {
 	return err == nil
 }
 
-// join registers c's writer under identity, and starts it (nil: the
-// identity is taken).
+// join registers c's writer under identity (nil: the identity is taken).
+// A write that fails closes c: its reader sees it, and the peer leaves.
 func (r *Router) join(c net.Conn, raw syscall.RawConn, identity string) *peerOut {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if _, ok := r.peers[identity]; ok {
 		return nil
 	}
-	o := &peerOut{c: c, raw: raw, identity: identity, kick: make(chan struct{}, 1), done: make(chan struct{})}
+	o := &peerOut{Queue: rawio.NewQueue(c, raw, func() { _ = c.Close() }), identity: identity}
 	r.peers[identity] = o
-	go o.write()
 	return o
 }
 
@@ -78,104 +77,11 @@ func (r *Router) leave(o *peerOut) {
 		delete(r.peers, o.identity)
 	}
 	r.mu.Unlock()
-	o.mu.Lock()
-	o.broken, o.out = true, nil
-	close(o.kick) // under mu: Write pokes under it, and only while not broken
-	o.mu.Unlock()
-	_ = o.c.Close() // a writer waiting for room returns
-	<-o.done
+	o.Close()
 }
 
-// peerOut is one peer's writing end: bytes written at once while nothing
-// is queued and the socket takes them, else queued for write.
+// peerOut is one peer's writing end (an io.Writer for pong too).
 type peerOut struct {
-	c        net.Conn
-	raw      syscall.RawConn // nil: every write is queued
+	*rawio.Queue
 	identity string
-
-	mu      sync.Mutex
-	out     []byte
-	writing bool // the writer holds bytes taken from out
-	broken  bool // the connection failed or left: nothing more goes
-	kick    chan struct{}
-	done    chan struct{}
-}
-
-// Write queues b whole (io.Writer for pong): net.ErrClosed once the
-// connection failed.
-func (o *peerOut) Write(b []byte) (int, error) {
-	o.mu.Lock()
-	if o.broken {
-		o.mu.Unlock()
-		return 0, net.ErrClosed
-	}
-	if len(o.out) > 0 || o.writing || o.raw == nil {
-		o.out = append(o.out, b...)
-		o.poke()
-		o.mu.Unlock()
-		return len(b), nil
-	}
-	n := 0
-	var errno syscall.Errno
-	err := o.raw.Write(func(fd uintptr) bool {
-		n, errno = rawio.TryWriteAll(fd, b) // raw: no runtime bookkeeping (rawio's doc)
-		return true
-	})
-	if err != nil || (errno != 0 && errno != syscall.EAGAIN) {
-		o.broken = true
-		o.mu.Unlock()
-		_ = o.c.Close() // the reader sees it and the peer leaves
-		return 0, net.ErrClosed
-	}
-	if n < len(b) {
-		o.out = append(o.out, b[n:]...)
-		o.poke()
-	}
-	o.mu.Unlock()
-	return len(b), nil
-}
-
-// poke tells the writer that out has bytes (mu held, not broken: leave
-// closes kick under mu once broken).
-func (o *peerOut) poke() {
-	select {
-	case o.kick <- struct{}{}:
-	default:
-	}
-}
-
-// keptBuffer is the largest queue buffer a writer keeps once drained.
-const keptBuffer = 1 << 20
-
-// write writes what Write queued, waiting for the socket as it must,
-// until the connection fails or the peer leaves.
-func (o *peerOut) write() {
-	defer close(o.done)
-	var buf []byte
-	for range o.kick {
-		for {
-			o.mu.Lock()
-			if len(o.out) == 0 || o.broken {
-				o.writing = false
-				o.mu.Unlock()
-				if cap(buf) > keptBuffer {
-					buf = nil
-				}
-				break
-			}
-			buf, o.out = o.out, buf[:0]
-			if cap(o.out) > keptBuffer {
-				o.out = nil
-			}
-			o.writing = true
-			o.mu.Unlock()
-			if _, err := o.c.Write(buf); err != nil {
-				o.mu.Lock()
-				o.broken, o.out, o.writing = true, nil, false
-				o.mu.Unlock()
-				_ = o.c.Close()
-				break
-			}
-		}
-	}
 }

@@ -251,12 +251,7 @@ class EngineOutputs:
                     # freed with the reader, removed its file.
                     assert inputs is not None
                     if removes:
-                        # As below for the outputs' file: ZeroMQ may still remove it.
-                        deadline = time.monotonic() + _UNLINK_WAIT
-                        while os.path.exists(inputs.path) and time.monotonic() < deadline:
-                            time.sleep(0.005)
-                        if os.path.exists(inputs.path):
-                            os.unlink(inputs.path)
+                        _unlinked_blocking(inputs.path)  # as below for the outputs' file
                     core.input_socket = resources.input_socket = make_zmq_socket(
                         core.ctx, "ipc://" + inputs.path, zmq.ROUTER, bind=True)
             finally:
@@ -266,11 +261,7 @@ class EngineOutputs:
                         # Cancelled while ZeroMQ removes its socket's file (from its
                         # own thread): a bind before that would have the new file
                         # removed. Rare (a cancelled start), short, so waited here.
-                        deadline = time.monotonic() + _UNLINK_WAIT
-                        while os.path.exists(path) and time.monotonic() < deadline:
-                            time.sleep(0.005)
-                        if os.path.exists(path):
-                            os.unlink(path)
+                        _unlinked_blocking(path)
                     resources.output_socket = make_zmq_socket(core.ctx, "ipc://" + path, zmq.PULL)
                 resources.output_queue_task = None
                 core._ensure_output_queue_task()
@@ -410,6 +401,16 @@ async def _unlinked(path: str, removes: bool) -> None:
         deadline = time.monotonic() + _UNLINK_WAIT
         while os.path.exists(path) and time.monotonic() < deadline:
             await asyncio.sleep(0.005)
+    if os.path.exists(path):
+        os.unlink(path)
+
+
+def _unlinked_blocking(path: str) -> None:
+    """``_unlinked`` where ZeroMQ removes the file, waited for without the loop:
+    for the clean-up after a cancellation, which may not await."""
+    deadline = time.monotonic() + _UNLINK_WAIT
+    while os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.005)
     if os.path.exists(path):
         os.unlink(path)
 

@@ -26,7 +26,9 @@ import (
 //   - A message to an identity no peer has (not yet connected, or gone) is
 //     dropped, as a ROUTER socket drops it: Send says whether it went to a
 //     peer. A second peer of an identity already connected is turned away
-//     (ErrIdentity), as a ROUTER socket does without handover.
+//     (ErrIdentity), as a ROUTER socket does without handover, unless the
+//     first one's connection failed (its writes did), though its reader
+//     has not seen it yet: a DEALER that reconnects takes its place.
 type Router struct {
 	*Pull
 
@@ -57,12 +59,14 @@ func (r *Router) Send(identity []byte, frames ...[]byte) bool {
 	return err == nil
 }
 
-// join registers c's writer under identity (nil: the identity is taken).
-// A write that fails closes c: its reader sees it, and the peer leaves.
+// join registers c's writer under identity (nil: the identity is taken
+// by a peer whose connection has not failed; one whose writes failed is
+// gone, though its reader may not have seen it yet). A write that fails
+// closes c: its reader sees it, and the peer leaves.
 func (r *Router) join(c net.Conn, raw syscall.RawConn, identity string) *peerOut {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if _, ok := r.peers[identity]; ok {
+	if old, ok := r.peers[identity]; ok && !old.Failed() {
 		return nil
 	}
 	o := &peerOut{Queue: rawio.NewQueue(c, raw, func() { _ = c.Close() }), identity: identity}

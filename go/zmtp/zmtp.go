@@ -270,10 +270,16 @@ func (p *Pull) read(c net.Conn, raw syscall.RawConn) error {
 		if out = p.router.join(c, raw, props["identity"]); out == nil {
 			return fmt.Errorf("%w: %q", ErrIdentity, props["identity"])
 		}
-		defer p.router.leave(out)
 	}
 	p.peers.Add(1)
-	defer p.peers.Add(-1)
+	defer func() {
+		if out != nil {
+			// Before the count drops: a peer no longer counted holds its
+			// identity no more (the same one may connect again at once).
+			p.router.leave(out)
+		}
+		p.peers.Add(-1)
+	}()
 	var msg [][]byte
 	var size int64
 	for {

@@ -71,6 +71,14 @@ func (q *Queue) Write(b []byte) (int, error) {
 	return len(b), nil
 }
 
+// Failed reports whether a write to the socket failed, or Close ran:
+// nothing more goes.
+func (q *Queue) Failed() bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.broken
+}
+
 // poke tells the writer that out has bytes (mu held, not broken: Close
 // closes kick under mu once broken).
 func (q *Queue) poke() {

@@ -348,8 +348,13 @@ int dc_queue_drain(uint64_t q, uint64_t *buf, size_t cap, size_t *n);
 
 /* Arranges for token to be pushed onto queue q once, when the context reaches
    state (DC_STOPPED, which a kill also satisfies, or DC_KILLED). If it already
-   has, the token is pushed at once. Errors: DC_EBADF for either handle,
-   DC_EINVAL for another state, DC_EEXIST if token is already pending on q. */
+   has, the token is pushed at once. One exception: a killed context one of
+   whose requests the library aborts in the engine itself (an armed route,
+   dynamo_ctx_services.h) has its token pushed 5 ms after the kill, so that
+   the host's work on the kill leaves the CPUs to the engine reading the
+   abort (docs/design.md, "Aborts from the library"). Errors: DC_EBADF for
+   either handle, DC_EINVAL for another state, DC_EEXIST if token is already
+   pending on q. */
 int dc_context_watch(uint64_t h, uint64_t q, uint32_t state, uint64_t token);
 
 /* Pushes n tokens onto queue q, in order, as fired watches would: for a

@@ -26,7 +26,9 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"sync"
 	"sync/atomic"
+	"time"
 	"unicode/utf8"
 
 	"github.com/dynamo-ctx/dynamo-ctx/go/ctxtree"
@@ -84,22 +86,37 @@ func (e *engineOutputs) arm(engineID, id string, req *plane.Request) {
 	if e.armed == nil || in == nil || in == closedInputs {
 		return // freed (disarmAll ran), or the inputs are vLLM's
 	}
-	if prev := e.armed[engineID]; prev != nil {
-		prev()
+	if prev, ok := e.armed[engineID]; ok {
+		prev.disarm()
 	}
+	// Counted before it is registered: a kill that comes at once finds
+	// the context's watches handed off (handOff).
+	libraryAborts.add(req.Ctx, 1)
 	// Registered under armMu: a stop that comes at once runs the abort
 	// here, which takes no lock of the reader's.
-	e.armed[engineID] = req.Ctx.Notify(ctxtree.Stopped, func() { in.abort(id) })
+	e.armed[engineID] = armedAbort{req.Ctx.Notify(ctxtree.Stopped, func() { in.abort(id) }), req.Ctx}
+}
+
+// armedAbort is an armed route's abort on stop: its notification, and
+// the context it is registered on.
+type armedAbort struct {
+	stop func() bool
+	ctx  *ctxtree.Context
+}
+
+func (a armedAbort) disarm() {
+	a.stop()
+	libraryAborts.add(a.ctx, -1)
 }
 
 // disarm forgets engineID's abort on stop.
 func (e *engineOutputs) disarm(engineID string) {
 	e.armMu.Lock()
-	stop := e.armed[engineID]
+	a, ok := e.armed[engineID]
 	delete(e.armed, engineID) // a no-op on nil
 	e.armMu.Unlock()
-	if stop != nil {
-		stop()
+	if ok {
+		a.disarm()
 	}
 }
 
@@ -110,8 +127,59 @@ func (e *engineOutputs) disarmAll() {
 	armed := e.armed
 	e.armed = nil
 	e.armMu.Unlock()
-	for _, stop := range armed {
-		stop()
+	for _, a := range armed {
+		a.disarm()
+	}
+}
+
+// killHandOff is how much later than the engine the host's event loop
+// learns of a kill whose abort the library sends the engine itself (an
+// armed route's request): the watches of its context (dc_context_watch)
+// fire that much after the kill. The host's work on a kill (its handler's
+// cancellation, its engine client's own abort and books) would otherwise
+// run on the CPUs at the moment the engine core's input thread needs one
+// to read the abort: on the project's two-core machine, with the host's
+// work deferred, the engine read the abort 0.3 ms sooner at the median
+// (docs/benchmarks.md, "Disconnect -> engine abort"). A stop that is not a
+// kill reaches the host at once (its caller waits for the stream's end),
+// as does every poll of the context's state.
+const killHandOff = 5 * time.Millisecond
+
+// libraryAborts counts, by context, the armed routes that abort a request
+// in the engine once the context stops.
+var libraryAborts = contextCounts{n: map[*ctxtree.Context]int{}}
+
+type contextCounts struct {
+	mu sync.Mutex
+	n  map[*ctxtree.Context]int
+}
+
+func (cc *contextCounts) add(c *ctxtree.Context, d int) {
+	cc.mu.Lock()
+	defer cc.mu.Unlock()
+	if n := cc.n[c] + d; n > 0 {
+		cc.n[c] = n
+	} else {
+		delete(cc.n, c)
+	}
+}
+
+func (cc *contextCounts) has(c *ctxtree.Context) bool {
+	cc.mu.Lock()
+	defer cc.mu.Unlock()
+	return cc.n[c] > 0
+}
+
+// handOff is a watch's fire for context c: at once, unless c is killed
+// and the library aborts a request of c in the engine itself, when it
+// fires killHandOff later (on a timer: the killing goroutine goes on).
+func handOff(c *ctxtree.Context, fire func()) func() {
+	return func() {
+		if c.IsKilled() && libraryAborts.has(c) {
+			time.AfterFunc(killHandOff, fire)
+			return
+		}
+		fire()
 	}
 }
 

@@ -7,7 +7,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/dynamo-ctx/dynamo-ctx/go/ctxtree"
 	"github.com/dynamo-ctx/dynamo-ctx/go/zmtp"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -64,4 +66,61 @@ func TestSendInputReadsTheHostsFormAndRefusesMalformedOnes(t *testing.T) {
 	} {
 		assert.ErrorIs(t, sendInput(in, m), errMalformed, name)
 	}
+}
+
+// A watch of a context whose request the library aborts in the engine
+// fires killHandOff after a kill, on a timer; on a stop, or for a context
+// the library aborts nothing of, at once (before the cancel returns). The
+// count of a context's armed aborts leaves nothing behind once disarmed.
+func TestAKillReachesTheHostAfterTheLibrarysAbort(t *testing.T) {
+	armed, stopped, plain := ctxtree.New("armed"), ctxtree.New("stopped"), ctxtree.New("plain")
+	before := len(libraryAborts.n)
+	libraryAborts.add(armed, 1)
+	libraryAborts.add(armed, 1) // two of its requests, say
+	libraryAborts.add(stopped, 1)
+	watch := func(c *ctxtree.Context, st ctxtree.State) <-chan time.Time {
+		ch := make(chan time.Time, 1)
+		c.Notify(st, handOff(c, func() { ch <- time.Now() }))
+		return ch
+	}
+
+	killed, stoppedW := watch(armed, ctxtree.Killed), watch(armed, ctxtree.Stopped)
+	start := time.Now()
+	require.True(t, armed.Cancel(ctxtree.Killed, ctxtree.ReasonKill))
+	for _, ch := range []<-chan time.Time{killed, stoppedW} {
+		select {
+		case at := <-ch:
+			assert.GreaterOrEqual(t, at.Sub(start), killHandOff)
+		case <-time.After(10 * time.Second):
+			t.Fatal("a handed-off watch never fired")
+		}
+	}
+
+	for _, c := range []struct {
+		ctx    *ctxtree.Context
+		target ctxtree.State
+	}{{stopped, ctxtree.Stopped}, {plain, ctxtree.Killed}} {
+		ch := watch(c.ctx, ctxtree.Stopped)
+		require.True(t, c.ctx.Cancel(c.target, ctxtree.ReasonKill))
+		select {
+		case <-ch:
+		default:
+			t.Fatalf("%s: its watch did not fire at once", c.ctx.ID())
+		}
+	}
+	// Already killed when watched: handed off too.
+	late := watch(armed, ctxtree.Killed)
+	select {
+	case <-late:
+		t.Fatal("a watch of a killed context whose abort the library sent fired at once")
+	default:
+	}
+	<-late
+
+	libraryAborts.add(armed, -1)
+	assert.True(t, libraryAborts.has(armed))
+	libraryAborts.add(armed, -1)
+	libraryAborts.add(stopped, -1)
+	assert.False(t, libraryAborts.has(armed))
+	assert.Len(t, libraryAborts.n, before)
 }

@@ -56,7 +56,7 @@ type engineOutputs struct {
 	// routes' requests, by id: each aborts its request in the engine.
 	inputs atomic.Pointer[engineInputs]
 	armMu  sync.Mutex
-	armed  map[string]func() bool
+	armed  map[string]armedAbort
 }
 
 // forward hands message m to the host (the router's lock held: in order).
@@ -127,7 +127,7 @@ func dc_engine_outputs_listen(path *C.char, pathLen C.size_t, messageLayout *C.c
 		_ = conn.Close()
 		return fail(C.DC_EIO, "dc_engine_outputs_listen: %v", err)
 	}
-	e := &engineOutputs{host: rawio.NewQueue(rawio.Wrap(conn), raw, nil), suffix: int(suffix), armed: map[string]func() bool{}}
+	e := &engineOutputs{host: rawio.NewQueue(rawio.Wrap(conn), raw, nil), suffix: int(suffix), armed: map[string]armedAbort{}}
 	e.router, err = engineout.New(engineout.Options[*plane.Request]{
 		Layout: engineout.Layout{Message: string(goBytes(messageLayout, messageLen)), Output: string(goBytes(outputLayout, outputLen))},
 		Suffix: int(suffix),

@@ -127,7 +127,7 @@ func dc_context_watch(h C.uint64_t, q C.uint64_t, state C.uint32_t, token C.uint
 		return rc
 	}
 	tok := uint64(token)
-	switch err := e.Watch(tok, func(fire func()) func() bool { return c.Notify(st, fire) }); {
+	switch err := e.Watch(tok, func(fire func()) func() bool { return c.Notify(st, handOff(c, fire)) }); {
 	case errors.Is(err, wake.ErrDuplicate):
 		return fail(C.DC_EEXIST, "dc_context_watch: token %d is already pending on this queue", tok)
 	case err != nil:

@@ -161,7 +161,7 @@ func (r *Request) control(out *transport.Outgoing, ev transport.Event) {
 		}
 		killtrace.Mark("worker.frame_read", r.ID)
 		r.Ctx.Cancel(ctxtree.Killed, frameKillReason(out))
-		killtrace.Mark("worker.ctx_killed", r.ID) // its watchers (the host's fd) signalled
+		killtrace.Mark("worker.ctx_killed", r.ID) // its watchers ran: the host's fd signalled, or its hand-off timed
 	case transport.EventLost:
 		r.Ctx.Cancel(ctxtree.Killed, ctxtree.ReasonConnectionLost)
 	}

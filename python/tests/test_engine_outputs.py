@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 import resource
+import select
 import socket
 import struct
 import time
@@ -535,3 +536,52 @@ def test_a_killed_routed_request_is_aborted_in_the_engine_by_the_library(reader:
 
     assert run(main()) == [ABORT, abort_body(b"eng-12345678")]
     assert native().engine_inputs_aborts(reader.h) == 1
+
+
+class HandedOffHandler(AbortedHandler):
+    """AbortedHandler that notes when, and with what at the engine, it learned of the kill."""
+
+    def __init__(self, reader: Reader, engine: Dealer) -> None:
+        super().__init__(reader)
+        self.engine = engine
+        self.learned = 0.0
+        self.abort_at_engine = False
+
+    @pushes_items
+    async def generate(self, request: Any, context: Any) -> Any:
+        self.route()
+        try:
+            await asyncio.wait_for(context.killed(), HANG)
+        finally:  # the kill's wake-up: this, or the dispatcher's cancellation
+            self.learned = time.monotonic()
+            self.abort_at_engine = bool(select.select([self.engine.s], [], [], 0)[0])
+            native().engine_outputs_post(6, self.reader.h, b"eng", 0)
+            self.ended.set()
+        return
+        yield  # an async generator, as a handler is
+
+
+def test_a_killed_routed_requests_handler_learns_of_it_after_the_engine(reader: Reader, inputs: Dealer,
+                                                                        nats_url: str) -> None:
+    """The library's abort is at the engine when the handler of a killed routed
+    request wakes, a hand-off later (docs/design.md, "Aborts from the library"):
+    the handler's work on the kill does not take the CPU the engine needs to
+    read the abort. The context's state says killed at once."""
+    handler = HandedOffHandler(reader, inputs)
+
+    async def main() -> float:
+        async with ServedEndpoint(nats_url, handler.generate) as ep:
+            ctx, stream = await ep.open()
+            await asyncio.wait_for(handler.routed.wait(), HANG)
+            native().engine_inputs_send(reader.h, [ENGINE, b"\x00", b"mark"])
+            assert await asyncio.get_running_loop().run_in_executor(None, inputs.recv) == [b"\x00", b"mark"]
+            killed = time.monotonic()
+            ctx.kill()
+            await asyncio.wait_for(handler.ended.wait(), HANG)
+            assert await collect(stream) == []
+            assert await asyncio.get_running_loop().run_in_executor(None, inputs.recv) == [ABORT, abort_body(b"eng-12345678")]
+            return handler.learned - killed
+
+    after = run(main())
+    assert handler.abort_at_engine
+    assert after >= 0.005  # the hand-off's 5 ms: the kill went through the worker's reader first

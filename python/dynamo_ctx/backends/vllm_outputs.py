@@ -38,7 +38,9 @@ from the thread that learns of it (the Kill frame's reader): the worker's event
 loop and ZeroMQ's I/O thread are off a cancellation's way to the engine. The
 handler still aborts the request through vLLM when it learns of the stop (its
 output processor's bookkeeping); the engine takes a second abort of a request as
-it takes the first (vLLM's scheduler drops a request once).
+it takes the first (vLLM's scheduler drops a request once). The loop learns of a
+kill of such a request 5 ms after the library's abort (dc_context_watch), so that
+its work on the kill leaves the CPUs to the engine core reading the abort.
 
 Where anything differs from what this was written against, nothing is taken and
 every output goes vLLM's way (logged at INFO with the reason); where only vLLM's

@@ -503,18 +503,22 @@ class AbortedHandler(RoutedHandler):
         self.route()
         try:
             await asyncio.wait_for(context.killed(), HANG)
-        finally:
+        finally:  # the kill's wake-up: this, or the dispatcher's cancellation
+            self.woke()
             native().engine_outputs_post(6, self.reader.h, b"eng", 0)
             self.ended.set()
         return
         yield  # an async generator, as a handler is
 
+    def woke(self) -> None:
+        """Called as the handler learns of the kill."""
+
 
 def test_a_killed_routed_request_is_aborted_in_the_engine_by_the_library(reader: Reader, inputs: Dealer,
                                                                          nats_url: str) -> None:
-    """The caller's kill reaches the engine as an abort of the request's engine id,
-    sent by the library from the Kill frame's reader, once; a request whose route
-    was dropped is not aborted on a later stop."""
+    """The caller's kill (here in process) reaches the engine as an abort of the
+    request's engine id, sent by the library as the kill stops the context, once;
+    a request whose route was dropped is not aborted on a later stop."""
     handler = AbortedHandler(reader)
 
     async def main() -> List[bytes]:
@@ -547,18 +551,9 @@ class HandedOffHandler(AbortedHandler):
         self.learned = 0.0
         self.abort_at_engine = False
 
-    @pushes_items
-    async def generate(self, request: Any, context: Any) -> Any:
-        self.route()
-        try:
-            await asyncio.wait_for(context.killed(), HANG)
-        finally:  # the kill's wake-up: this, or the dispatcher's cancellation
-            self.learned = time.monotonic()
-            self.abort_at_engine = bool(select.select([self.engine.s], [], [], 0)[0])
-            native().engine_outputs_post(6, self.reader.h, b"eng", 0)
-            self.ended.set()
-        return
-        yield  # an async generator, as a handler is
+    def woke(self) -> None:
+        self.learned = time.monotonic()
+        self.abort_at_engine = bool(select.select([self.engine.s], [], [], 0)[0])
 
 
 def test_a_killed_routed_requests_handler_learns_of_it_after_the_engine(reader: Reader, inputs: Dealer,

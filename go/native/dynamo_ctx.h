@@ -223,9 +223,9 @@ int dc_context_state_word(uint64_t h, const uint32_t **out);
 int dc_context_cancel(uint64_t h, uint32_t state, uint32_t reason);
 
 /* dc_context_cancel for a host whose event loop the cancel wakes: the state
-   words and what the host waits on (dc_context_watch; but for its hand-off)
-   change before this returns, as with dc_context_cancel; the wake-ups of the library's own
-   threads that the cancellation causes (the Kill frame to a handler in this
+   words and what the host waits on (dc_context_watch; but for its
+   hand-off) change before this returns, as with dc_context_cancel; the
+   wake-ups of the library's own threads that the cancellation causes (the Kill frame to a handler in this
    process, which was itself cancelled at once; the request's writer) are
    held. *ticket is set to the ticket of what was held, or 0 when nothing
    was. The host runs them with dc_run_held(ticket) once its loop has run
@@ -239,10 +239,10 @@ int dc_context_cancel_held(uint64_t h, uint32_t state, uint32_t reason, uint64_t
    q (see dc_queue_new) on the calling thread: the tokens the cancel pushes
    to q (the watches it fires there: an in-process handler's, a waiter's;
    not those handed off, dc_context_watch) are not written to q's fd but
-   stored in toks, at most capacity of them,
-   and *ntoks is set to how many; the host delivers them itself, at once,
-   without reading the fd. Tokens past capacity, and any token that another
-   thread pushes to q during the call, reach q as usual or are in toks.
+   stored in toks, at most capacity of them, and *ntoks is set to how
+   many; the host delivers them itself, at once, without reading the fd.
+   Tokens past capacity, and any token that another thread pushes to q
+   during the call, reach q as usual or are in toks.
    Tokens in toks are not ordered with those already in the fd.
    Errors: those of dc_context_cancel_held (nothing is cancelled, *ntoks is
    0); DC_EBADF for q; DC_EINVAL for a NULL ntoks, or a NULL toks with a
@@ -354,9 +354,9 @@ int dc_queue_drain(uint64_t q, uint64_t *buf, size_t cap, size_t *n);
    route, dynamo_ctx_services.h), a watch that a kill fires pushes its
    token 5 ms later (one made after the kill, 5 ms after it is made), so
    that the host's work on the kill leaves the CPUs to the engine reading
-   the abort (docs/design.md, "Aborts from the library"). Errors: DC_EBADF for
-   either handle, DC_EINVAL for another state, DC_EEXIST if token is already
-   pending on q. */
+   the abort (docs/design.md, "Aborts from the library"). Errors: DC_EBADF
+   for either handle, DC_EINVAL for another state, DC_EEXIST if token is
+   already pending on q. */
 int dc_context_watch(uint64_t h, uint64_t q, uint32_t state, uint64_t token);
 
 /* Pushes n tokens onto queue q, in order, as fired watches would: for a

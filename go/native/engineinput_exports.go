@@ -164,12 +164,6 @@ func (cc *contextCounts) add(c *ctxtree.Context, d int) {
 	}
 }
 
-func (cc *contextCounts) len() int {
-	cc.mu.Lock()
-	defer cc.mu.Unlock()
-	return len(cc.n)
-}
-
 func (cc *contextCounts) has(c *ctxtree.Context) bool {
 	cc.mu.Lock()
 	defer cc.mu.Unlock()

@@ -144,3 +144,10 @@ func TestArmedRoutesLeaveNoContextCounted(t *testing.T) {
 	e.arm("eng-c", "eng-c-1", a) // freed: nothing armed
 	assert.Equal(t, before, libraryAborts.len())
 }
+
+// len is how many contexts are counted (the tests' view).
+func (cc *contextCounts) len() int {
+	cc.mu.Lock()
+	defer cc.mu.Unlock()
+	return len(cc.n)
+}

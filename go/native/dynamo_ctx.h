@@ -352,9 +352,9 @@ int dc_queue_drain(uint64_t q, uint64_t *buf, size_t cap, size_t *n);
    has, the token is pushed at once. One exception, the hand-off: while the
    library aborts a request of the context in the engine itself (an armed
    route, dynamo_ctx_services.h), a watch that a kill fires pushes its
-   token 5 ms later (one made after the kill, 5 ms after it is made), so
-   that the host's work on the kill leaves the CPUs to the engine reading
-   the abort (docs/design.md, "Aborts from the library"). Errors: DC_EBADF
+   token no sooner than 5 ms after the library's abort left (at once if
+   that has passed), so that the host's work on the kill leaves the CPUs to
+   the engine reading the abort (docs/design.md, "Aborts from the library"). Errors: DC_EBADF
    for either handle, DC_EINVAL for another state, DC_EEXIST if token is
    already pending on q. */
 int dc_context_watch(uint64_t h, uint64_t q, uint32_t state, uint64_t token);

@@ -94,7 +94,11 @@ func (e *engineOutputs) arm(engineID, id string, req *plane.Request) {
 	libraryAborts.add(req.Ctx, 1)
 	// Registered under armMu: a stop that comes at once runs the abort
 	// here, which takes no lock of the reader's.
-	e.armed[engineID] = armedAbort{req.Ctx.Notify(ctxtree.Stopped, func() { in.abort(id) }), req.Ctx}
+	c := req.Ctx
+	e.armed[engineID] = armedAbort{c.Notify(ctxtree.Stopped, func() {
+		in.abort(id)
+		libraryAborts.aborted(c)
+	}), c}
 }
 
 // armedAbort is an armed route's abort on stop: its notification, and
@@ -132,33 +136,41 @@ func (e *engineOutputs) disarmAll() {
 	}
 }
 
-// killHandOff is how much later than the engine the host's event loop
-// learns of a kill whose abort the library sends the engine itself (an
-// armed route's request): the watches of its context (dc_context_watch)
-// fire that much after the kill. The host's work on a kill (its handler's
-// cancellation, its engine client's own abort and books) would otherwise
-// run on the CPUs at the moment the engine core's input thread needs one
-// to read the abort: on the project's two-core machine, with the host's
-// work deferred, the engine read the abort 0.3 ms sooner at the median
-// (docs/benchmarks.md, "Disconnect -> engine abort"). A stop that is not a
-// kill reaches the host at once (its caller waits for the stream's end),
-// as does every poll of the context's state.
+// killHandOff is how much later than the library's abort the host's
+// event loop learns of a kill of a request the library aborts in the
+// engine itself (an armed route's request): a watch of its context
+// (dc_context_watch) that a kill fires fires no sooner than that after the
+// abort left; one that fires later than that, at once. The host's work on
+// a kill (its handler's cancellation, its engine client's own abort and
+// books) would otherwise run on the CPUs at the moment the engine core's
+// input thread needs one to read the abort: on the project's two-core
+// machine, with the host's work deferred, the engine read the abort 0.3 ms
+// sooner at the median (docs/benchmarks.md, "Disconnect -> engine
+// abort"). A stop that is not a kill reaches the host at once (its caller
+// waits for the stream's end), as does every poll of the context's state.
 const killHandOff = 5 * time.Millisecond
 
 // libraryAborts counts, by context, the armed routes that abort a request
-// in the engine once the context stops.
-var libraryAborts = contextCounts{n: map[*ctxtree.Context]int{}}
+// in the engine once the context stops, and keeps when the first of those
+// aborts left.
+var libraryAborts = contextCounts{n: map[*ctxtree.Context]abortCount{}}
 
 type contextCounts struct {
 	mu sync.Mutex
-	n  map[*ctxtree.Context]int
+	n  map[*ctxtree.Context]abortCount
+}
+
+type abortCount struct {
+	n  int
+	at time.Time // when the library's first abort for the context left; zero until then
 }
 
 func (cc *contextCounts) add(c *ctxtree.Context, d int) {
 	cc.mu.Lock()
 	defer cc.mu.Unlock()
-	if n := cc.n[c] + d; n > 0 {
-		cc.n[c] = n
+	if e := cc.n[c]; e.n+d > 0 {
+		e.n += d
+		cc.n[c] = e
 	} else {
 		delete(cc.n, c)
 	}
@@ -167,17 +179,48 @@ func (cc *contextCounts) add(c *ctxtree.Context, d int) {
 func (cc *contextCounts) has(c *ctxtree.Context) bool {
 	cc.mu.Lock()
 	defer cc.mu.Unlock()
-	return cc.n[c] > 0
+	return cc.n[c].n > 0
+}
+
+// aborted notes that the library's abort of a request of c left (the
+// first one counts), while c is counted.
+func (cc *contextCounts) aborted(c *ctxtree.Context) {
+	cc.mu.Lock()
+	defer cc.mu.Unlock()
+	if e, ok := cc.n[c]; ok && e.at.IsZero() {
+		e.at = time.Now()
+		cc.n[c] = e
+	}
+}
+
+// wait is how much longer a watch of killed context c waits (handOff):
+// killHandOff after the library's abort left, all of it if the abort is
+// yet to leave (the watch fired first), none if the library aborts nothing
+// of c.
+func (cc *contextCounts) wait(c *ctxtree.Context) time.Duration {
+	cc.mu.Lock()
+	e := cc.n[c]
+	cc.mu.Unlock()
+	switch {
+	case e.n == 0:
+		return 0
+	case e.at.IsZero():
+		return killHandOff
+	}
+	return killHandOff - time.Since(e.at)
 }
 
 // handOff is a watch's fire for context c: at once, unless c is killed
 // and the library aborts a request of c in the engine itself, when it
-// fires killHandOff later (on a timer: the killing goroutine goes on).
+// fires killHandOff after that abort left (on a timer: the killing
+// goroutine goes on).
 func handOff(c *ctxtree.Context, fire func()) func() {
 	return func() {
-		if c.IsKilled() && libraryAborts.has(c) {
-			time.AfterFunc(killHandOff, fire)
-			return
+		if c.IsKilled() {
+			if d := libraryAborts.wait(c); d > 0 {
+				time.AfterFunc(d, fire)
+				return
+			}
 		}
 		fire()
 	}

@@ -109,7 +109,8 @@ func TestAKillReachesTheHostAfterTheLibrarysAbort(t *testing.T) {
 			t.Fatalf("%s: its watch did not fire at once", c.ctx.ID())
 		}
 	}
-	// Already killed when watched: handed off too.
+	// Already killed when watched, no abort of the library's noted (it
+	// aborted nothing here): handed off all of killHandOff.
 	watched := time.Now()
 	assert.GreaterOrEqual(t, (<-watch(armed, ctxtree.Killed)).Sub(watched), killHandOff)
 
@@ -119,6 +120,64 @@ func TestAKillReachesTheHostAfterTheLibrarysAbort(t *testing.T) {
 	libraryAborts.add(stopped, -1)
 	assert.False(t, libraryAborts.has(armed))
 	assert.Equal(t, before, libraryAborts.len())
+}
+
+// The hand-off counts from the library's abort: a kill that comes after
+// the abort left (a stop first) reaches a watch once killHandOff has passed
+// since the abort, at once if it has; a watch made after that, at once.
+func TestTheHandOffCountsFromTheLibrarysAbort(t *testing.T) {
+	ln, err := net.Listen("unix", filepath.Join(t.TempDir(), "in"))
+	require.NoError(t, err)
+	in := &engineInputs{router: zmtp.ServeRouter(ln, func([][]byte) error { return nil }, zmtp.Options{})}
+	defer in.close()
+	e := &engineOutputs{armed: map[string]armedAbort{}}
+	e.inputs.Store(in)
+	defer e.disarmAll()
+	watch := func(c *ctxtree.Context) <-chan time.Time {
+		ch := make(chan time.Time, 1)
+		c.Notify(ctxtree.Killed, handOff(c, func() { ch <- time.Now() }))
+		return ch
+	}
+	fired := func(ch <-chan time.Time) time.Time {
+		select {
+		case at := <-ch:
+			return at
+		case <-time.After(10 * time.Second):
+			t.Fatal("a handed-off watch never fired")
+			return time.Time{}
+		}
+	}
+
+	// Stopped (the abort leaves), then killed well after: at once.
+	late := &plane.Request{Ctx: ctxtree.New("late")}
+	e.arm("eng-late", "eng-late-1", late)
+	require.True(t, late.Ctx.Cancel(ctxtree.Stopped, ctxtree.ReasonStopGenerating))
+	time.Sleep(killHandOff + time.Millisecond)
+	ch := watch(late.Ctx)
+	require.True(t, late.Ctx.Cancel(ctxtree.Killed, ctxtree.ReasonKill))
+	select {
+	case <-ch:
+	default:
+		t.Fatal("a kill long after the library's abort was handed off again")
+	}
+
+	// Stopped, killed at once: killHandOff after the abort left, not after
+	// the kill; a watch made once that passed fires at once.
+	soon := &plane.Request{Ctx: ctxtree.New("soon")}
+	e.arm("eng-soon", "eng-soon-1", soon)
+	before := time.Now()
+	require.True(t, soon.Ctx.Cancel(ctxtree.Stopped, ctxtree.ReasonStopGenerating))
+	ch = watch(soon.Ctx)
+	time.Sleep(killHandOff / 2)
+	assert.LessOrEqual(t, libraryAborts.wait(soon.Ctx), killHandOff/2, "counted from the abort, not the kill")
+	require.True(t, soon.Ctx.Cancel(ctxtree.Killed, ctxtree.ReasonKill))
+	assert.GreaterOrEqual(t, fired(ch).Sub(before), killHandOff)
+	time.Sleep(killHandOff)
+	select {
+	case <-watch(soon.Ctx):
+	default:
+		t.Fatal("a watch made after the hand-off passed was handed off")
+	}
 }
 
 // Arming counts a route's context once, whatever replaces, drops or frees

@@ -85,6 +85,7 @@ import (
 	"github.com/dynamo-ctx/dynamo-ctx/go/ctxtree"
 	"github.com/dynamo-ctx/dynamo-ctx/go/listener"
 	"github.com/dynamo-ctx/dynamo-ctx/go/plane"
+	"github.com/dynamo-ctx/dynamo-ctx/go/procs"
 )
 
 // Options configures New.
@@ -121,6 +122,11 @@ type Options struct {
 	// it they are answered 503 overloaded. 0: DefaultMaxQueuedRequests;
 	// below 0: no queue; at most MaxQueuedLimit.
 	MaxQueuedRequests int
+	// AdaptiveProcs fits the process's Ps to its load while the frontend
+	// runs: one P while the process is quiet, the runtime's default once
+	// it is busy (go/procs). For a process that is the frontend alone (the
+	// frontend command): it sets GOMAXPROCS for the whole process.
+	AdaptiveProcs bool
 }
 
 // Defaults of Options.
@@ -196,7 +202,8 @@ type Frontend struct {
 	modelIx   atomic.Pointer[modelIndex] // what requests read of the instances (modelindex.go)
 	modelIxMu sync.Mutex                 // held while one is made
 
-	unsubscribe func() // from abort confirmations
+	unsubscribe  func() // from abort confirmations
+	releaseProcs func() // Options.AdaptiveProcs's hold (a no-op without)
 
 	draining  atomic.Bool   // Drain was called
 	hurry     chan struct{} // closed by a Drain during a drain: stop waiting
@@ -228,7 +235,7 @@ func New(ctx context.Context, rt *plane.Runtime, opts Options) (*Frontend, error
 		rt: rt, opts: opts, client: client, metrics: newMetrics(),
 		clients: map[route]*plane.Client{}, gates: map[route]*gate{}, pending: map[string]*pendingAbort{},
 		hurry: make(chan struct{}), drained: make(chan struct{}), stopping: make(chan struct{}),
-		hangups: newHangups(),
+		hangups: newHangups(), releaseProcs: func() {},
 	}
 	unsubscribe, err := rt.OnAbortConfirmed(f.onAbortConfirmed)
 	if err != nil {
@@ -268,6 +275,9 @@ func New(ctx context.Context, rt *plane.Runtime, opts Options) (*Frontend, error
 		unsubscribe()
 		client.Close()
 		return nil, err
+	}
+	if opts.AdaptiveProcs {
+		f.releaseProcs = procs.Acquire()
 	}
 	return f, nil
 }
@@ -323,6 +333,7 @@ func (f *Frontend) Drain(timeout time.Duration) error {
 			files.Close()
 		}
 		f.unsubscribe()
+		f.releaseProcs()
 	}
 	return f.closeErr
 }

@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -26,8 +27,10 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
+	"github.com/dynamo-ctx/dynamo-ctx/go/frontend"
 	"github.com/dynamo-ctx/dynamo-ctx/go/internal/planetest"
 	"github.com/dynamo-ctx/dynamo-ctx/go/plane"
+	"github.com/dynamo-ctx/dynamo-ctx/go/procs"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -55,6 +58,22 @@ func TestHealthAndModels(t *testing.T) {
 	r = e.post("/v1/completions", completion("gamma", "hi", 2, false), nil)
 	assert.Equal(t, http.StatusNotFound, r.status, "body %s", r.body)
 	assert.Empty(t, gamma.Reqs)
+}
+
+// A frontend with AdaptiveProcs fits the process's Ps while it runs and
+// stops at its close (TestMain's leak check sees the fitting goroutine
+// gone), leaving the runtime's default; requests are served meanwhile.
+func TestAdaptiveProcsEndWithTheFrontend(t *testing.T) {
+	def := runtime.GOMAXPROCS(0)
+	e := newEnv(t)
+	e.worker("alpha", "dynamo", "alpha", 0, planetest.Tokens)
+	e.startWith(frontend.Options{Addr: "127.0.0.1:0", MigrationLimit: -1, AdaptiveProcs: true})
+	e.waitModels("alpha")
+	r := e.post("/v1/completions", completion("alpha", "hi", 2, false), nil)
+	require.Equal(t, http.StatusOK, r.status, "body %s", r.body)
+	require.NoError(t, e.fe.Close())
+	assert.False(t, procs.One())
+	assert.Equal(t, def, runtime.GOMAXPROCS(0))
 }
 
 // A model /health and /v1/models list is routable at once: the first

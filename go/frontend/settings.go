@@ -44,6 +44,8 @@ type Settings struct {
 	// MaxQueuedRequests gives Options.MaxQueuedRequests: a number of
 	// requests from 0 (no queue) to MaxQueuedLimit.
 	MaxQueuedRequests *Given `json:"max_queued_requests,omitempty"`
+	// AdaptiveProcs gives Options.AdaptiveProcs (nil: false).
+	AdaptiveProcs *bool `json:"adaptive_procs,omitempty"`
 }
 
 // Given is a setting as a user gave it: its text, parsed here, and where it
@@ -107,7 +109,7 @@ var textSettings = []struct {
 
 // settingsKeys are the member names of Settings and Given, matched exactly.
 var settingsKeys = jsonscan.NewKeys("addr", "namespace", "migration_limit", "max_body_bytes", "max_idle_connections",
-	"request_timeout", "max_queued_requests", "text", "source")
+	"request_timeout", "max_queued_requests", "adaptive_procs", "text", "source")
 
 // DecodeSettings reads Settings from JSON. Members are matched exactly: one
 // that is not a setting, names one only up to case, or names one twice, is
@@ -136,6 +138,7 @@ func (s Settings) Options() (Options, error) {
 	if s.MigrationLimit != nil {
 		o.MigrationLimit = *s.MigrationLimit
 	}
+	o.AdaptiveProcs = s.AdaptiveProcs != nil && *s.AdaptiveProcs
 	for _, t := range textSettings {
 		g := t.given(&s)
 		if g == nil {

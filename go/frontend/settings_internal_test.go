@@ -13,9 +13,9 @@ import (
 // gives; what is left out is its default; a value it refuses is a
 // *SettingError naming the setting as its source spells it, and the value.
 func TestOptionsFromSettings(t *testing.T) {
-	limit := 3
+	limit, adaptive := 3, true
 	s := Settings{
-		Addr: "127.0.0.1:0", Namespace: "ns", MigrationLimit: &limit,
+		Addr: "127.0.0.1:0", Namespace: "ns", MigrationLimit: &limit, AdaptiveProcs: &adaptive,
 		MaxBodyBytes:       &Given{Text: " 1024 ", Source: "DYNAMO_CTX_MAX_BODY_BYTES"},
 		MaxIdleConnections: &Given{Text: "7", Source: "--max-idle-connections"},
 		RequestTimeout:     &Given{Text: "2.5"},
@@ -31,6 +31,10 @@ func TestOptionsFromSettings(t *testing.T) {
 	assert.Equal(t, 7, o.MaxIdleConnections)
 	assert.Equal(t, 2500*time.Millisecond, o.RequestTimeout)
 	assert.Equal(t, -1, o.MaxQueuedRequests, "0: no queue")
+	assert.True(t, o.AdaptiveProcs)
+	o, err = Settings{}.Options()
+	require.NoError(t, err)
+	assert.False(t, o.AdaptiveProcs, "not unless asked")
 
 	// Options a Go caller sets are kept by New's defaults.
 	given := Options{MaxBodyBytes: 5, MaxIdleConnections: 6, RequestTimeout: time.Second, MaxQueuedRequests: 8}
@@ -121,7 +125,7 @@ func TestMaxQueuedLimitIsOneRange(t *testing.T) {
 // default.
 func TestDecodeSettings(t *testing.T) {
 	s, err := DecodeSettings([]byte(`{"addr":"127.0.0.1:0","namespace":"ns","migration_limit":2,` +
-		`"max_body_bytes":{"text":"64","source":"--max-body-bytes"},"request_timeout":{"text":"1"}}`))
+		`"max_body_bytes":{"text":"64","source":"--max-body-bytes"},"request_timeout":{"text":"1"},"adaptive_procs":true}`))
 	require.NoError(t, err)
 	assert.Equal(t, "127.0.0.1:0", s.Addr)
 	assert.Equal(t, "ns", s.Namespace)
@@ -130,11 +134,13 @@ func TestDecodeSettings(t *testing.T) {
 	assert.Equal(t, &Given{Text: "64", Source: "--max-body-bytes"}, s.MaxBodyBytes)
 	assert.Equal(t, &Given{Text: "1"}, s.RequestTimeout)
 	assert.Nil(t, s.MaxQueuedRequests)
+	require.NotNil(t, s.AdaptiveProcs)
+	assert.True(t, *s.AdaptiveProcs)
 
 	for _, bad := range []string{
 		``, `[]`, `"addr"`, `{"addr":1}`, `{"adr":"x"}`, `{"ADDR":"x"}`, `{"addr":"a","addr":"b"}`,
 		`{"max_body_bytes":"64"}`, `{"max_body_bytes":{"txt":"64"}}`, `{"max_body_bytes":{"Text":"64"}}`,
-		`{"migration_limit":1.5}`, `{"addr":"x"} {}`,
+		`{"migration_limit":1.5}`, `{"addr":"x"} {}`, `{"adaptive_procs":"yes"}`, `{"Adaptive_Procs":true}`,
 	} {
 		_, err := DecodeSettings([]byte(bad))
 		assert.ErrorIs(t, err, ErrBadSettings, bad)

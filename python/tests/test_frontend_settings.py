@@ -75,3 +75,18 @@ def test_settings_are_one_value_and_nothing_else_is_read(monkeypatch):
             assert '--max-idle-connections "0": want a positive number of connections' in str(e)
     finally:
         rt.shutdown()
+
+
+def test_only_the_command_fits_its_procs():
+    """The command's settings fit its process's Go scheduler to its load
+    (``adaptive_procs``: its process is the frontend alone); a frontend started
+    from the API, which may share its process, does not unless asked; the
+    library takes both."""
+    from dynamo_ctx._lib import native
+    from dynamo_ctx.cli.frontend import FrontendSettings, frontend_settings, parse_args
+
+    command = json.loads(frontend_settings(parse_args([]), {}).to_json())
+    assert command["adaptive_procs"] is True
+    assert "adaptive_procs" not in json.loads(FrontendSettings("127.0.0.1:0").to_json())
+    for s in (frontend_settings(parse_args([]), {}), FrontendSettings("127.0.0.1:0", adaptive_procs=False)):
+        native().frontend_check_settings(s.to_json())

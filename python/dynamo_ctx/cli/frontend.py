@@ -49,7 +49,10 @@ class FrontendSettings:
     """A frontend's configuration as one typed value: what the library's
     frontend starts with (``to_json``; go/frontend/settings.go reads and
     checks it, ``Settings``). A setting left None is the library's default:
-    the migration limit the workers declare, the others LIBRARY_SETTINGS'."""
+    the migration limit the workers declare, the others LIBRARY_SETTINGS'.
+    ``adaptive_procs``: fit the process's Go scheduler to its load (one P while
+    quiet, the runtime's default once busy; docs/design.md, section 7), for a
+    process that is the frontend alone, as the command's is; off unless True."""
 
     addr: str
     namespace: str = "dynamo"
@@ -58,6 +61,7 @@ class FrontendSettings:
     max_idle_connections: Optional[Given] = None
     request_timeout: Optional[Given] = None
     max_queued_requests: Optional[Given] = None
+    adaptive_procs: Optional[bool] = None
 
     def to_json(self) -> str:
         """The settings given, as the JSON object the library takes."""
@@ -81,7 +85,9 @@ class HttpFrontend:
         process's environment (LIBRARY_SETTINGS), as the command's do
         without flags. ``start`` takes the whole configuration instead."""
         limit = None if migration_limit is None else int(migration_limit)
-        self._start(runtime, FrontendSettings(f"{host}:{port}", namespace, limit, **library_settings(os.environ)))
+        # Not adaptive_procs: this process may be more than the frontend.
+        settings = FrontendSettings(f"{host}:{port}", namespace, limit, adaptive_procs=None, **library_settings(os.environ))
+        self._start(runtime, settings)
 
     @classmethod
     def start(cls, runtime: DistributedRuntime, settings: FrontendSettings) -> "HttpFrontend":
@@ -183,9 +189,11 @@ def library_settings(environ: Mapping[str, str], args: Optional[argparse.Namespa
 def frontend_settings(args: argparse.Namespace, environ: Mapping[str, str]) -> FrontendSettings:
     """The command's settings: its flags, else their variables (read by
     ``add_flag`` for the command's own, by ``library_settings`` for the
-    library's), else the defaults."""
+    library's), else the defaults. The command's process is the frontend
+    alone: its Ps are fitted to its load (``adaptive_procs``)."""
     return FrontendSettings(
-        f"{args.http_host}:{args.http_port}", args.namespace, args.migration_limit, **library_settings(environ, args)
+        f"{args.http_host}:{args.http_port}", args.namespace, args.migration_limit,
+        adaptive_procs=True, **library_settings(environ, args)
     )
 
 

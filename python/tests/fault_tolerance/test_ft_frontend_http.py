@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from harness import http_get
+import time
+
+from harness import http_get, wait_until
 
 
 def test_models_health_and_request_id(stack):
@@ -89,3 +91,26 @@ def test_metrics_parse_as_prometheus_text(stack):
     wf = {f.name: f for f in text_string_to_metric_families(body.decode())}
     assert wf["dynamo_ctx_worker_running_requests"].type == "gauge"
     assert any(n.startswith("dynamo_ctx_worker_aborts_confirmed") for n in wf)
+
+
+def test_a_quiet_frontend_runs_at_one_p(stack):
+    """The frontend command fits the Go scheduler of its process to its load
+    (docs/design.md, section 7): quiet for 2 s, it runs at one P, as its
+    go_sched_gomaxprocs_threads says, and serves as before (on one CPU the
+    runtime's default is one P already)."""
+    stack.env.pop("GOMAXPROCS", None)  # a deployment's setting is kept: not this test's
+    fe = stack.start([{"mode": "agg"}]).frontend
+    wait_until(lambda: fe.raw_metrics()["go_sched_gomaxprocs_threads"] == 1, "one P once quiet", every=0.2)
+    client = fe.openai()
+    for i in range(3):
+        got = client.completions.create(model=stack.model, prompt=f"one P {i}", max_tokens=4)
+        assert got.choices[0].text == stack.expected_text(f"one P {i}", 4)
+
+
+def test_a_given_gomaxprocs_is_left_alone(stack):
+    """A GOMAXPROCS set in the frontend's environment is the deployment's:
+    the frontend keeps it, quiet or not."""
+    stack.env["GOMAXPROCS"] = "3"
+    fe = stack.start([{"mode": "agg"}]).frontend
+    time.sleep(3)  # past the 2 s of quiet after which a fitted frontend goes to one P
+    assert fe.raw_metrics()["go_sched_gomaxprocs_threads"] == 3

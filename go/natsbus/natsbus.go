@@ -394,17 +394,18 @@ func (b *Bus) dial(name string) error {
 	if err != nil {
 		return err
 	}
+	dialer := nats.SetCustomDialer(rawDialer{timeout: connectTimeout})
 	if b.pin {
-		authOpts = append(authOpts, nats.SetCustomDialer(ownerDialer{
+		dialer = nats.SetCustomDialer(ownerDialer{
 			timeout: connectTimeout,
 			refused: func(uid int) {
 				if b.foreign.Swap(int64(uid)) != int64(uid) {
 					b.log.Error("refused a NATS server of another user: it is sent neither our token nor any request", "url", redact(b.url), "uid", uid)
 				}
 			},
-		}))
+		})
 	}
-	nc, err := nats.Connect(b.url, append(authOpts,
+	nc, err := nats.Connect(b.url, append(authOpts, dialer,
 		nats.Name(name),
 		nats.Timeout(connectTimeout),
 		nats.MaxReconnects(-1),

@@ -6,6 +6,8 @@ import (
 	"net"
 	"os"
 	"time"
+
+	"github.com/dynamo-ctx/dynamo-ctx/go/internal/rawio"
 )
 
 // ErrForeignServer means that the NATS server answering at a loopback
@@ -19,7 +21,8 @@ var ErrForeignServer = errors.New("the NATS server at this address runs as anoth
 // the server's INFO and sends its CONNECT line, with the token, only to a
 // server that passed. It is used for loopback addresses reached without
 // explicit credentials: those where the user's own embedded server is
-// expected, and the token file's token is presented.
+// expected, and the token file's token is presented. Its connections are
+// raw, as rawDialer's.
 type ownerDialer struct {
 	timeout time.Duration
 	refused func(uid int) // called when a server of another user was refused
@@ -42,7 +45,22 @@ func (d ownerDialer) Dial(network, address string) (net.Conn, error) {
 		}
 		return nil, fmt.Errorf("%w (%s: uid %d)", ErrForeignServer, address, uid)
 	}
-	return c, nil
+	return rawio.Wrap(c), nil
+}
+
+// rawDialer dials like net.Dialer and reads and writes the connection with
+// raw system calls (rawio's doc says why: an ordinary call wakes the
+// runtime's monitor thread from its deep sleep). A request's envelope
+// crosses the NATS connection on both sides, so each request woke it
+// there. nats.go adds TLS over it where asked.
+type rawDialer struct{ timeout time.Duration }
+
+func (d rawDialer) Dial(network, address string) (net.Conn, error) {
+	c, err := net.DialTimeout(network, address, d.timeout)
+	if err != nil {
+		return nil, err
+	}
+	return rawio.Wrap(c), nil
 }
 
 // isLoopback reports whether host names the loopback interface.

@@ -176,12 +176,6 @@ func (cc *contextCounts) add(c *ctxtree.Context, d int) {
 	}
 }
 
-func (cc *contextCounts) has(c *ctxtree.Context) bool {
-	cc.mu.Lock()
-	defer cc.mu.Unlock()
-	return cc.n[c].n > 0
-}
-
 // aborted notes that the library's abort of a request of c left (the
 // first one counts), while c is counted.
 func (cc *contextCounts) aborted(c *ctxtree.Context) {

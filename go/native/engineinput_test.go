@@ -210,3 +210,10 @@ func (cc *contextCounts) len() int {
 	defer cc.mu.Unlock()
 	return len(cc.n)
 }
+
+// has says whether c is counted (the tests' view; handOff asks wait).
+func (cc *contextCounts) has(c *ctxtree.Context) bool {
+	cc.mu.Lock()
+	defer cc.mu.Unlock()
+	return cc.n[c].n > 0
+}

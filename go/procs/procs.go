@@ -120,9 +120,8 @@ func fit(stop <-chan struct{}, done chan<- struct{}) {
 	for {
 		select {
 		case <-stop:
-			if one.Swap(false) {
-				runtime.SetDefaultGOMAXPROCS()
-				moves.Add(1)
+			if one.Load() {
+				move(false)
 			}
 			return
 		case <-t.C:
@@ -134,22 +133,24 @@ func fit(stop <-chan struct{}, done chan<- struct{}) {
 			use = float64(c-lastCPU) / float64(el)
 		}
 		lastCPU, lastOK, lastAt = c, ok, now
-		var toOne, toDefault bool
-		toOne, toDefault, low = next(one.Load(), use, low)
-		switch {
-		case toOne:
-			runtime.GOMAXPROCS(1)
-			one.Store(true)
-			moves.Add(1)
-			slog.Debug("procs: one P", "cpus", fmt.Sprintf("%.3f", use))
-		case toDefault:
-			runtime.SetDefaultGOMAXPROCS()
-			one.Store(false)
-			moves.Add(1)
-			slog.Debug("procs: the runtime's default", "cpus", fmt.Sprintf("%.3f", use),
-				"procs", runtime.GOMAXPROCS(0))
+		toOne, toDefault, l := next(one.Load(), use, low)
+		low = l
+		if toOne || toDefault {
+			move(toOne)
+			slog.Debug("procs: moved", "one", toOne, "cpus", fmt.Sprintf("%.3f", use), "procs", runtime.GOMAXPROCS(0))
 		}
 	}
+}
+
+// move runs the process at one P (toOne), or at the runtime's default.
+func move(toOne bool) {
+	if toOne {
+		runtime.GOMAXPROCS(1)
+	} else {
+		runtime.SetDefaultGOMAXPROCS()
+	}
+	one.Store(toOne)
+	moves.Add(1)
 }
 
 // next is the rule: from one P (atOne) or the default, given a window's

@@ -225,12 +225,12 @@ int dc_context_cancel(uint64_t h, uint32_t state, uint32_t reason);
 /* dc_context_cancel for a host whose event loop the cancel wakes: the state
    words and what the host waits on (dc_context_watch; but for its
    hand-off) change before this returns, as with dc_context_cancel; the
-   wake-ups of the library's own threads that the cancellation causes (the Kill frame to a handler in this
-   process, which was itself cancelled at once; the request's writer) are
-   held. *ticket is set to the ticket of what was held, or 0 when nothing
-   was. The host runs them with dc_run_held(ticket) once its loop has run
-   what the cancel woke (its next turn), so an in-process handler's wake-up
-   does not wait for them. The calls that wait (docs/c-abi.md, "Blocking")
+   wake-ups of the library's own threads that the cancellation causes (the
+   Kill frame to a handler in this process, which was itself cancelled at
+   once; the request's writer) are held. *ticket is set to the ticket of
+   what was held, or 0 when nothing was. The host runs them with
+   dc_run_held(ticket) once its loop has run what the cancel woke (its next
+   turn), so an in-process handler's wake-up does not wait for them. The calls that wait (docs/c-abi.md, "Blocking")
    run every held wake-up first; no other call waits for one.
    Errors: those of dc_context_cancel; DC_EINVAL for a NULL ticket. */
 int dc_context_cancel_held(uint64_t h, uint32_t state, uint32_t reason, uint64_t *ticket);
@@ -354,9 +354,9 @@ int dc_queue_drain(uint64_t q, uint64_t *buf, size_t cap, size_t *n);
    route, dynamo_ctx_services.h), a watch that a kill fires pushes its
    token no sooner than 5 ms after the library's abort left (at once if
    that has passed), so that the host's work on the kill leaves the CPUs to
-   the engine reading the abort (docs/design.md, "Aborts from the library"). Errors: DC_EBADF
-   for either handle, DC_EINVAL for another state, DC_EEXIST if token is
-   already pending on q. */
+   the engine reading the abort (docs/design.md, "Aborts from the
+   library"). Errors: DC_EBADF for either handle, DC_EINVAL for another
+   state, DC_EEXIST if token is already pending on q. */
 int dc_context_watch(uint64_t h, uint64_t q, uint32_t state, uint64_t token);
 
 /* Pushes n tokens onto queue q, in order, as fired watches would: for a

@@ -232,8 +232,9 @@ int dc_engine_outputs_reserve(uint64_t h, const char *id, size_t id_len);
    input socket (dc_engine_inputs_listen), an armed route's request is
    aborted in the engine by the library the moment its context stops,
    until dc_engine_outputs_drop; a kill of that context reaches its
-   watches (dc_context_watch) 5 ms after that abort left. Errors: DC_EBADF (for either
-   handle: the route is dropped); DC_EINVAL for NULL pointers. */
+   watches (dc_context_watch) 5 ms after that abort left. Errors:
+   DC_EBADF (for either handle: the route is dropped); DC_EINVAL for NULL
+   pointers. */
 int dc_engine_outputs_activate(uint64_t h, const char *id, size_t id_len, uint64_t request, int *armed);
 
 /* Drops request id's route: its outputs are the host's from now on.

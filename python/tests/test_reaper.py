@@ -32,6 +32,10 @@ def engine_main(q):
 if __name__ == "__main__":
     end, how = sys.argv[1], sys.argv[2]
     r = reaper.start()
+    if how == "late":
+        # Started once the reaper's intervals have grown (nothing changed for
+        # seconds): its next scan is seconds away, so the worker pokes it.
+        time.sleep(reaper.MAX_SCAN_INTERVAL + 0.5)
     if how == "fork":
         q = multiprocessing.get_context("fork").Queue()
         engine = multiprocessing.get_context("fork").Process(target=engine_main, args=(q,), daemon=False)
@@ -42,7 +46,11 @@ if __name__ == "__main__":
             "import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']);"
             " print(p.pid, flush=True); time.sleep(600)"], stdout=subprocess.PIPE, text=True)
         grandchild = int(engine.stdout.readline())
-    time.sleep(4 * reaper.SCAN_INTERVAL + 0.5)  # the reaper has scanned since
+    if how == "late":
+        reaper.poke()
+        time.sleep(0.3)  # the poked scan has run; the next one is due seconds later
+    else:
+        time.sleep(4 * reaper.SCAN_INTERVAL + 0.5)  # the reaper has scanned since
     print(json.dumps({"reaper": r.pid, "engine": engine.pid, "grandchild": grandchild}), flush=True)
     if end == "exit":
         sys.stdin.readline()  # the test has seen them all running
@@ -69,11 +77,13 @@ def start_worker(end: str, how: str, tmp_path):
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="the reaper reads /proc")
-@pytest.mark.parametrize("how", ["popen", "fork"])
+@pytest.mark.parametrize("how", ["popen", "fork", "late"])
 @pytest.mark.parametrize("end", ["sigkill", "exit"])
 def test_engine_processes_die_with_the_worker(end, how, tmp_path):
     """However the engine was started (a child that execs, or one forked, which
-    inherits the worker's descriptors) and however the worker ends."""
+    inherits the worker's descriptors; or one that execs, started seconds after
+    the reaper, when its scans have grown apart, with a poke as the worker
+    command gives once its engine runs) and however the worker ends."""
     worker, pids = start_worker(end, how, tmp_path)
     bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     try:

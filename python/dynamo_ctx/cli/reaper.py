@@ -11,8 +11,13 @@ first, and waits for its first scan: ``python -m dynamo_ctx.cli.reaper PID``, in
 a session of its own (a signal to the worker's process group does not take it
 first), holding the read end of a pipe whose write end only the worker holds
 (close-on-exec, and closed in any child the worker forks: vLLM forks its engine
-where it can). Every ``SCAN_INTERVAL`` seconds the reaper records the worker's
-descendants (their pid and start time, read from ``/proc``). When the pipe
+where it can). The reaper records the worker's descendants (their pid and
+start time, read from ``/proc``): every ``SCAN_INTERVAL`` seconds while they
+change, then, while they stay the same, at twice the last interval, up to
+``MAX_SCAN_INTERVAL`` (a scan costs about a millisecond of CPU: four a second
+cost a busy worker a few microseconds per token). The worker asks for a scan
+at once (``poke``: a byte on the pipe) when it has started its engine, so
+that what the engine started is recorded before the intervals grow. When the pipe
 reaches end of file, the worker is gone (however it died: the kernel closes its
 descriptors): the reaper SIGKILLs every process it recorded that still runs
 with the same start time (so a reused pid is never hit), and every descendant
@@ -37,9 +42,14 @@ import sys
 import time
 from typing import IO, Dict, List, Optional, Set, Union
 
-#: Seconds between two scans of the worker's descendants: a process the
-#: engine started less than this before the worker died may be missed.
+#: Seconds between two scans of the worker's descendants while they change: a
+#: process the worker started less than this before it died may be missed (what
+#: a recorded process started is found at the end).
 SCAN_INTERVAL = 0.25
+#: The longest interval between two scans, reached while the descendants stay
+#: the same (each interval twice the last); a change, or a ``poke``, goes back
+#: to ``SCAN_INTERVAL``.
+MAX_SCAN_INTERVAL = 4.0
 #: Rounds of kills at the end: each kills what was recorded and what those
 #: processes started since the last scan; a pause between two rounds.
 KILL_ROUNDS = 3
@@ -150,8 +160,10 @@ def reap(watched: int, pipe: IO[bytes], ready: Optional[IO[bytes]] = None) -> No
     starts its engine)."""
     me = os.getpid()
     seen: Dict[int, int] = {}  # pid -> start time
+    interval = SCAN_INTERVAL
     while True:
         now = {pid: start_time(pid) for pid in descendants([watched]) if pid != me}
+        changed = any(t is not None and seen.get(pid) != t for pid, t in now.items())
         # A pid the kernel gave to a new process holds the new start time; a
         # process no longer under the worker (its parent died) is kept while it
         # runs; those that ended are forgotten, so this stays small.
@@ -160,9 +172,12 @@ def reap(watched: int, pipe: IO[bytes], ready: Optional[IO[bytes]] = None) -> No
         if ready is not None:
             ready.close()
             ready = None
-        readable, _, _ = select.select([pipe], [], [], SCAN_INTERVAL)
-        if readable and not os.read(pipe.fileno(), 4096):
-            break
+        interval = SCAN_INTERVAL if changed else min(2 * interval, MAX_SCAN_INTERVAL)
+        readable, _, _ = select.select([pipe], [], [], interval)
+        if readable:
+            if not os.read(pipe.fileno(), 4096):
+                break  # the worker is gone
+            interval = SCAN_INTERVAL / 2  # poked: scan now, and soon again
     trackers: List[int] = []
     for _ in range(KILL_ROUNDS):
         alive = [pid for pid, t in seen.items() if start_time(pid) == t]
@@ -225,6 +240,7 @@ def start() -> Optional["subprocess.Popen[bytes]"]:
         os.close(read_end)
         os.close(ready_write)
     os.set_inheritable(write_end, False)
+    os.set_blocking(write_end, False)  # a poke never waits
     # Kept for the life of the process (its end of file is the signal).
     _held.append(write_end)
     global _fork_hook
@@ -236,6 +252,19 @@ def start() -> Optional["subprocess.Popen[bytes]"]:
     finally:
         os.close(ready_read)
     return proc
+
+
+def poke() -> None:
+    """Ask this process's reaper, if it has one, to record the process's
+    descendants now: call it when the process has started processes of its own
+    (its engine), so that they are recorded before the reaper's intervals grow."""
+    for fd in _held:
+        try:
+            os.write(fd, b"\0")
+        except BlockingIOError:
+            pass  # the pipe is full of pokes the reaper has yet to read: it will scan
+        except OSError:
+            pass  # the reaper is gone
 
 
 _held: List[int] = []

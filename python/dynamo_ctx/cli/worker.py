@@ -533,6 +533,8 @@ async def run(args: argparse.Namespace) -> None:
             # worker, also when it is SIGKILLed (see reaper's doc).
             reaper.start()
         engine, model = vllm_model(args) if args.engine == "vllm" else mock_model(args)
+        if args.engine == "vllm":
+            reaper.poke()  # the engine's processes run now: recorded at once, whatever the reaper's interval
         metrics_server, metrics_sock = _serve_status(metrics_sock, args, status_routes(metrics, engine, readiness)), None
         if args.engine == "vllm" and args.engine_outputs == "library":
             reader = await EngineOutputs.take(engine)  # before any request (or nothing, logged, where it cannot)

@@ -33,8 +33,10 @@ if __name__ == "__main__":
     end, how = sys.argv[1], sys.argv[2]
     r = reaper.start()
     if how == "late":
-        # Started once the reaper's intervals have grown (nothing changed for
-        # seconds): its next scan is seconds away, so the worker pokes it.
+        # A first poke (the worker's engine ready), then nothing changes for
+        # seconds: the reaper's next scan is seconds away when the engine
+        # starts, so the worker pokes it again.
+        reaper.poke()
         time.sleep(reaper.MAX_SCAN_INTERVAL + 0.5)
     if how == "fork":
         q = multiprocessing.get_context("fork").Queue()
@@ -48,7 +50,7 @@ if __name__ == "__main__":
         grandchild = int(engine.stdout.readline())
     if how == "late":
         reaper.poke()
-        time.sleep(0.3)  # the poked scan has run; the next one is due seconds later
+        time.sleep(1.0)  # the poked scan has run; without the poke, the next is due 2 s later
     else:
         time.sleep(4 * reaper.SCAN_INTERVAL + 0.5)  # the reaper has scanned since
     print(json.dumps({"reaper": r.pid, "engine": engine.pid, "grandchild": grandchild}), flush=True)
@@ -81,9 +83,9 @@ def start_worker(end: str, how: str, tmp_path):
 @pytest.mark.parametrize("end", ["sigkill", "exit"])
 def test_engine_processes_die_with_the_worker(end, how, tmp_path):
     """However the engine was started (a child that execs, or one forked, which
-    inherits the worker's descriptors; or one that execs, started seconds after
-    the reaper, when its scans have grown apart, with a poke as the worker
-    command gives once its engine runs) and however the worker ends."""
+    inherits the worker's descriptors; or one that execs, started when the
+    reaper's scans have grown apart after a first poke, then poked for) and
+    however the worker ends."""
     worker, pids = start_worker(end, how, tmp_path)
     bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     try:

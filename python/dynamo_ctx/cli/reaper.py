@@ -12,12 +12,12 @@ a session of its own (a signal to the worker's process group does not take it
 first), holding the read end of a pipe whose write end only the worker holds
 (close-on-exec, and closed in any child the worker forks: vLLM forks its engine
 where it can). The reaper records the worker's descendants (their pid and
-start time, read from ``/proc``): every ``SCAN_INTERVAL`` seconds while they
-change, then, while they stay the same, at twice the last interval, up to
-``MAX_SCAN_INTERVAL`` (a scan costs about a millisecond of CPU: four a second
-cost a busy worker a few microseconds per token). The worker asks for a scan
-at once (``poke``: a byte on the pipe) when it has started its engine, so
-that what the engine started is recorded before the intervals grow. When the pipe
+start time, read from ``/proc``) every ``SCAN_INTERVAL`` seconds until the
+worker says its engine is ready (``poke``: a byte on the pipe, which also asks
+for a scan at once); from then on, while they stay the same, at twice the last
+interval, up to ``MAX_SCAN_INTERVAL``, and at ``SCAN_INTERVAL`` again after a
+change or a poke (a scan costs about a millisecond of CPU: four a second cost
+a busy worker a few microseconds per token). When the pipe
 reaches end of file, the worker is gone (however it died: the kernel closes its
 descriptors): the reaper SIGKILLs every process it recorded that still runs
 with the same start time (so a reused pid is never hit), and every descendant
@@ -42,13 +42,15 @@ import sys
 import time
 from typing import IO, Dict, List, Optional, Set, Union
 
-#: Seconds between two scans of the worker's descendants while they change: a
-#: process the worker started less than this before it died may be missed (what
-#: a recorded process started is found at the end).
+#: Seconds between two scans of the worker's descendants until its first
+#: ``poke``, and after a change: a process the worker started less than this
+#: before it died may be missed (what a recorded process started is found at
+#: the end).
 SCAN_INTERVAL = 0.25
-#: The longest interval between two scans, reached while the descendants stay
-#: the same (each interval twice the last); a change, or a ``poke``, goes back
-#: to ``SCAN_INTERVAL``.
+#: The longest interval between two scans, reached after a poke while the
+#: descendants stay the same (each interval twice the last): a process the
+#: worker starts once its engine is ready is recorded up to this late, unless
+#: the worker pokes again.
 MAX_SCAN_INTERVAL = 4.0
 #: Rounds of kills at the end: each kills what was recorded and what those
 #: processes started since the last scan; a pause between two rounds.
@@ -161,6 +163,7 @@ def reap(watched: int, pipe: IO[bytes], ready: Optional[IO[bytes]] = None) -> No
     me = os.getpid()
     seen: Dict[int, int] = {}  # pid -> start time
     interval = SCAN_INTERVAL
+    poked = False  # the worker's engine is ready: the intervals may grow
     while True:
         now = {pid: start_time(pid) for pid in descendants([watched]) if pid != me}
         changed = any(t is not None and seen.get(pid) != t for pid, t in now.items())
@@ -172,11 +175,12 @@ def reap(watched: int, pipe: IO[bytes], ready: Optional[IO[bytes]] = None) -> No
         if ready is not None:
             ready.close()
             ready = None
-        interval = SCAN_INTERVAL if changed else min(2 * interval, MAX_SCAN_INTERVAL)
+        interval = SCAN_INTERVAL if changed or not poked else min(2 * interval, MAX_SCAN_INTERVAL)
         readable, _, _ = select.select([pipe], [], [], interval)
         if readable:
             if not os.read(pipe.fileno(), 4096):
                 break  # the worker is gone
+            poked = True
             interval = SCAN_INTERVAL / 2  # poked: scan now, and soon again
     trackers: List[int] = []
     for _ in range(KILL_ROUNDS):
@@ -255,9 +259,10 @@ def start() -> Optional["subprocess.Popen[bytes]"]:
 
 
 def poke() -> None:
-    """Ask this process's reaper, if it has one, to record the process's
-    descendants now: call it when the process has started processes of its own
-    (its engine), so that they are recorded before the reaper's intervals grow."""
+    """Tell this process's reaper, if it has one, that the process's engine is
+    ready, and ask it to record the process's descendants now: until the first
+    poke it scans every ``SCAN_INTERVAL``, after it less often while nothing
+    changes. Call it again after starting more processes of its own."""
     for fd in _held:
         try:
             os.write(fd, b"\0")

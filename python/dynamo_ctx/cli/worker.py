@@ -534,7 +534,7 @@ async def run(args: argparse.Namespace) -> None:
             reaper.start()
         engine, model = vllm_model(args) if args.engine == "vllm" else mock_model(args)
         if args.engine == "vllm":
-            reaper.poke()  # the engine's processes run now: recorded at once, whatever the reaper's interval
+            reaper.poke()  # the engine is ready: its processes recorded at once, and the reaper's scans may slow
         metrics_server, metrics_sock = _serve_status(metrics_sock, args, status_routes(metrics, engine, readiness)), None
         if args.engine == "vllm" and args.engine_outputs == "library":
             reader = await EngineOutputs.take(engine)  # before any request (or nothing, logged, where it cannot)

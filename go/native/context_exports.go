@@ -18,6 +18,7 @@ import "C"
 
 import (
 	"runtime"
+	"sync"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -31,18 +32,63 @@ func init() {
 	ctxtree.CountKills((*atomic.Uint64)(unsafe.Pointer(&C.dc_kill_epoch)))
 }
 
-// newContext allocates the state word outside the Go heap, so C code may keep
-// a pointer to it and poll it without calling into Go. The word is freed by
-// the garbage collector's cleanup once the Go context is unreachable: its
-// handle is gone and no parent or propagation holds it any more.
+// newContext gives the context a state word outside the Go heap, so C code
+// may keep a pointer to it and poll it without calling into Go. The word goes
+// back to stateWords by the garbage collector's cleanup once the Go context is
+// unreachable: its handle is gone and no parent or propagation holds it any
+// more.
 func newContext(id string) *ctxtree.Context {
-	word := C.calloc(1, 4)
-	if word == nil {
+	word := stateWords.get()
+	c := ctxtree.New(id, ctxtree.WithStateWord((*atomic.Uint32)(word)))
+	runtime.AddCleanup(c, stateWords.put, word)
+	return c
+}
+
+// wordsPerSlab is how many state words one C allocation holds.
+const wordsPerSlab = 1024
+
+// stateWords hands out the contexts' state words: 4 bytes of C memory each,
+// allocated a slab of wordsPerSlab at a time and reused once their context
+// is gone. A call into C per context (calloc, then free in the cleanup)
+// enters the system-call state, which wakes Go's monitor thread (sysmon)
+// from its deep sleep; it then polls every 20 us for a millisecond or more.
+// Once per request, that was most of sysmon's wake-ups in a worker and a
+// frontend between engine steps (docs/benchmarks.md, "Where the serving
+// processes' CPU goes"). Slabs are never freed: the memory kept is 4 bytes
+// (and a free list's 8) per context at the most ever alive at once.
+var stateWords wordPool
+
+type wordPool struct {
+	mu   sync.Mutex
+	free []unsafe.Pointer
+}
+
+// get returns a zeroed word.
+func (w *wordPool) get() unsafe.Pointer {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if n := len(w.free); n > 0 {
+		p := w.free[n-1]
+		w.free = w.free[:n-1]
+		return p
+	}
+	slab := C.calloc(wordsPerSlab, 4)
+	if slab == nil {
 		panic("out of memory")
 	}
-	c := ctxtree.New(id, ctxtree.WithStateWord((*atomic.Uint32)(word)))
-	runtime.AddCleanup(c, func(p unsafe.Pointer) { C.free(p) }, word)
-	return c
+	for i := wordsPerSlab - 1; i > 0; i-- {
+		w.free = append(w.free, unsafe.Add(slab, 4*i))
+	}
+	return slab
+}
+
+// put takes back a word whose context is gone (nothing reads it any more:
+// see dc_context_state_word), zeroed for its next context.
+func (w *wordPool) put(p unsafe.Pointer) {
+	(*atomic.Uint32)(p).Store(0)
+	w.mu.Lock()
+	w.free = append(w.free, p)
+	w.mu.Unlock()
 }
 
 func putContext(c *ctxtree.Context, out *C.uint64_t) {

@@ -7,6 +7,7 @@ package main
 
 import (
 	"runtime"
+	"sync/atomic"
 	"testing"
 	"time"
 	"unsafe"
@@ -246,4 +247,48 @@ func TestTheHostThreadYieldsAtMostEveryInterval(t *testing.T) {
 	assert.True(t, renewHostTick(start+int64(hostYieldEvery)))
 	a, b := hostNow(), hostNow()
 	assert.LessOrEqual(t, a, b, "monotonic")
+}
+
+func TestStateWordsComeFromSlabsAndAreReusedZeroed(t *testing.T) {
+	var pool wordPool
+	first := pool.get()
+	second := pool.get()
+	require.NotEqual(t, first, second)
+	// One slab: the words of a slab are handed out in order, 4 bytes apart.
+	assert.Equal(t, uintptr(4), uintptr(second)-uintptr(first))
+	assert.Len(t, pool.free, wordsPerSlab-2)
+
+	// A word comes back zeroed for the next context, whatever its last one's state.
+	(*atomic.Uint32)(second).Store(0x00020302)
+	pool.put(second)
+	again := pool.get()
+	assert.Equal(t, second, again)
+	assert.Zero(t, (*atomic.Uint32)(again).Load())
+
+	// A slab runs out: the next word comes from a new one.
+	for len(pool.free) > 0 {
+		pool.get()
+	}
+	assert.NotNil(t, pool.get())
+	assert.Len(t, pool.free, wordsPerSlab-1)
+}
+
+func TestAContextsStateWordGoesBackToThePool(t *testing.T) {
+	c := newContext("word-reuse")
+	word := unsafe.Pointer(c.StateWord())
+	c.Kill()
+	require.NotZero(t, (*atomic.Uint32)(word).Load())
+	c = nil
+	back := func() bool {
+		stateWords.mu.Lock()
+		defer stateWords.mu.Unlock()
+		for _, p := range stateWords.free {
+			if p == word {
+				return true
+			}
+		}
+		return false
+	}
+	require.Eventually(t, func() bool { runtime.GC(); return back() }, 5*time.Second, 10*time.Millisecond)
+	assert.Zero(t, (*atomic.Uint32)(word).Load())
 }

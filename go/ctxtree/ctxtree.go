@@ -62,6 +62,7 @@
 package ctxtree
 
 import (
+	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -134,14 +135,23 @@ func New(id string, opts ...Option) *Context {
 // ID returns the request id the context was created with.
 func (c *Context) ID() string { return c.id }
 
+// load reads the state word. A word given by WithStateWord may be reused
+// once c is unreachable, so c stays alive until the load is done, even in a
+// caller that holds it last.
+func (c *Context) load() uint32 {
+	w := c.word.Load()
+	runtime.KeepAlive(c)
+	return w
+}
+
 // State returns the current state and reason (one atomic load).
-func (c *Context) State() (State, Reason) { return Unpack(c.word.Load()) }
+func (c *Context) State() (State, Reason) { return Unpack(c.load()) }
 
 // IsStopped reports whether the context is Stopped or Killed.
-func (c *Context) IsStopped() bool { return stateOf(c.word.Load()) >= Stopped }
+func (c *Context) IsStopped() bool { return stateOf(c.load()) >= Stopped }
 
 // IsKilled reports whether the context is Killed.
-func (c *Context) IsKilled() bool { return stateOf(c.word.Load()) == Killed }
+func (c *Context) IsKilled() bool { return stateOf(c.load()) == Killed }
 
 // Reason returns why the context was cancelled, ReasonNone while it is live.
 func (c *Context) Reason() Reason { _, r := c.State(); return r }
@@ -150,7 +160,7 @@ func (c *Context) Reason() Reason { _, r := c.State(); return r }
 // reason if it was cancelled directly, else the reason of the ancestor whose
 // cancellation reached it (ReasonNone while live). A context cancelled over
 // a connection is cancelled directly, with the cause the caller sent.
-func (c *Context) Cause() Reason { return causeOf(c.word.Load()) }
+func (c *Context) Cause() Reason { return causeOf(c.load()) }
 
 // StopGenerating moves the context to Stopped with ReasonStopGenerating.
 func (c *Context) StopGenerating() { c.Cancel(Stopped, ReasonStopGenerating) }

@@ -181,7 +181,7 @@ def reap(watched: int, pipe: IO[bytes], ready: Optional[IO[bytes]] = None) -> No
             if not os.read(pipe.fileno(), 4096):
                 break  # the worker is gone
             poked = True
-            interval = SCAN_INTERVAL / 2  # poked: scan now, and soon again
+            interval = SCAN_INTERVAL / 2  # poked: scan now; the next interval is SCAN_INTERVAL
     trackers: List[int] = []
     for _ in range(KILL_ROUNDS):
         alive = [pid for pid, t in seen.items() if start_time(pid) == t]
@@ -266,10 +266,8 @@ def poke() -> None:
     for fd in _held:
         try:
             os.write(fd, b"\0")
-        except BlockingIOError:
-            pass  # the pipe is full of pokes the reaper has yet to read: it will scan
         except OSError:
-            pass  # the reaper is gone
+            pass  # the pipe is full of pokes yet to be read (a scan is coming), or the reaper is gone
 
 
 _held: List[int] = []

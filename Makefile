@@ -46,8 +46,11 @@ lint: vet setup
 	$(VENV)/bin/ruff check python
 	$(VENV)/bin/mypy
 
+# The leader-loss test is built only without the race detector (see its
+# file): it runs in a second pass, without -race.
 test-go:
 	go test $(GOTEST_FLAGS) ./...
+	go test -count=1 -timeout 15m -run '^TestStreamLeaderLoss$$' ./go/cmd/scalesim
 
 # The panic-recovery tests load the test library (build.py --selftest: the
 # shipped library plus its self-test hook, in build/selftest); their fixture

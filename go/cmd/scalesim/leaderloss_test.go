@@ -1,3 +1,14 @@
+//go:build !race
+
+// The leader-loss test is built without the race detector only: three
+// nats-server nodes share the test's process, and the server's own
+// JetStream code raced once under it (a CI run, 2026-12-07: the part of
+// the report kept showed a stream's monitor goroutine started by a node's
+// meta group apply, near the node's crash; 120 runs since, loaded or not,
+// did not show it again), which fails the test whatever it checks. `make
+// test-go` runs it again without -race. The project's code that it drives
+// (plane, discovery) is race-checked by their own packages' tests.
+
 package main
 
 import (

@@ -181,16 +181,17 @@ int dc_frontend_drain(uint64_t h, double seconds);
 /* Listens on the Unix socket path (path_len bytes; it must not exist) as
    the PULL side of ZeroMQ's ZMTP 3 with the NULL mechanism, where an
    engine core's PUSH socket connects, and stores the reader's handle in
-   *out and in *fd the host's end of a Unix stream socket that carries it
-   every message of the engine, in the order read (the host's to read, and
-   to close after dc_engine_outputs_free): each is its length (u32), the
+   *out and in *fd the read end of a pipe (non-blocking, close-on-exec)
+   that carries it every message of the engine, in the order read (the
+   host's to read, and to close after dc_engine_outputs_free; the library
+   closes the write end once freed): each is its length (u32), the
    count of its frames (u32), each frame's length (u32) and bytes, then the
    count of outputs flagged (u32, 0 for a message the library could not
    read) and a byte per output: 1 where the library delivered its tokens
    to the request's stream, 2 where it did and one of the output's 'x'
    fields is set, 0 where it did not (then, or once the request's context
    stopped, that output and every later one of its request are the
-   host's). Little-endian. The socket's file is made its owner's only
+   host's). Little-endian. The listening socket's file is made its owner's only
    (mode 0600), whatever the umask, and on Linux a peer of another user
    is closed at once.
    message_layout and output_layout say what each field of the engine's

@@ -3,7 +3,7 @@ package main
 // The exports of the engine-output reader (go/engineout over go/zmtp): the
 // library takes a vLLM engine core's output stream in the host's place,
 // hands routed requests' plain tokens straight to their plane streams, and
-// forwards every message to the host through a stream socket (no call per
+// forwards every message to the host through a pipe (no call per
 // message: a call from the host's thread costs the process the Go
 // scheduler's polling, see posted.go). The routes of requests are posted
 // calls too (runEngineRoute), or calls where posting is off.
@@ -41,8 +41,8 @@ type engineOutputs struct {
 	router *engineout.Router[*plane.Request]
 	batch  transport.Batch // the deliveries of one message (the router's lock held)
 
-	// The host's messages, each length-prefixed, go to host (the library's
-	// end of a stream socket whose other end is the host's): written at once
+	// The host's messages, each length-prefixed, go to host (the write end
+	// of a pipe whose read end is the host's): written at once
 	// by the reader, without waiting, while nothing is queued before them;
 	// else queued for its writer (when the host reads slower than the
 	// engine sends).
@@ -60,7 +60,7 @@ type engineOutputs struct {
 }
 
 // forward hands message m to the host (the router's lock held: in order).
-// Once the host's socket failed it is dropped: the host is gone.
+// Once the host's pipe failed it is dropped: the host is gone.
 func (e *engineOutputs) forward(m []byte) {
 	e.frame = binary.LittleEndian.AppendUint32(e.frame[:0], uint32(len(m)))
 	e.frame = append(e.frame, m...)
@@ -117,17 +117,11 @@ func dc_engine_outputs_listen(path *C.char, pathLen C.size_t, messageLayout *C.c
 	if !(w >= 0 && w <= maxEngineWindow) || suffix > 64 || pathLen == 0 {
 		return fail(C.DC_EINVAL, "dc_engine_outputs_listen: window %v (0 to %v seconds), suffix %d (at most 64), a path", w, maxEngineWindow, suffix)
 	}
-	conn, hostFd, err := hostSocket()
+	pipe, raw, hostFd, err := hostPipe()
 	if err != nil {
 		return fail(C.DC_EIO, "dc_engine_outputs_listen: %v", err)
 	}
-	raw, err := conn.(*net.UnixConn).SyscallConn()
-	if err != nil {
-		_ = syscall.Close(hostFd)
-		_ = conn.Close()
-		return fail(C.DC_EIO, "dc_engine_outputs_listen: %v", err)
-	}
-	e := &engineOutputs{host: rawio.NewQueue(rawio.Wrap(conn), raw, nil), suffix: int(suffix), armed: map[string]armedAbort{}}
+	e := &engineOutputs{host: rawio.NewQueue(pipe, raw, nil), suffix: int(suffix), armed: map[string]armedAbort{}}
 	e.router, err = engineout.New(engineout.Options[*plane.Request]{
 		Layout: engineout.Layout{Message: string(goBytes(messageLayout, messageLen)), Output: string(goBytes(outputLayout, outputLen))},
 		Suffix: int(suffix),
@@ -219,21 +213,33 @@ func flushEngineReaders() {
 	}
 }
 
-// hostSocket makes a connected pair of Unix stream sockets: the library's
-// end, in Go's network poller, and the host's fd (close-on-exec).
-func hostSocket() (net.Conn, int, error) {
-	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
-	if err != nil {
-		return nil, -1, err
+// hostPipeSize is the capacity asked for the host's pipe: about a Unix
+// stream socket's default send buffer (what carried the messages before),
+// so that a host a few messages behind costs no queueing. The kernel may
+// refuse it (a lower limit): the default 64 KiB then.
+const hostPipeSize = 256 << 10
+
+// hostPipe makes the pipe that carries the host its messages: the
+// library's write end, non-blocking, in Go's network poller, and the host's
+// read end (both close-on-exec). A pipe, not a socket pair: a socket pair
+// reports its writer's end writable again (EPOLLOUT, edge-triggered in
+// Go's poller) at every read of the host's, so each of the host's reads
+// woke a thread of the library's for nothing; a pipe wakes its writer only
+// when the read made room in a full pipe.
+func hostPipe() (*os.File, syscall.RawConn, int, error) {
+	var p [2]int
+	if err := syscall.Pipe2(p[:], syscall.O_NONBLOCK|syscall.O_CLOEXEC); err != nil {
+		return nil, nil, -1, err
 	}
-	f := os.NewFile(uintptr(fds[0]), "engine-outputs")
-	conn, err := net.FileConn(f) // a dup, in the poller
-	_ = f.Close()
+	_, _, _ = syscall.Syscall(syscall.SYS_FCNTL, uintptr(p[1]), syscall.F_SETPIPE_SZ, hostPipeSize)
+	f := os.NewFile(uintptr(p[1]), "engine-outputs") // non-blocking: in the poller
+	raw, err := f.SyscallConn()
 	if err != nil {
-		_ = syscall.Close(fds[1])
-		return nil, -1, err
+		_ = f.Close()
+		_ = syscall.Close(p[0])
+		return nil, nil, -1, err
 	}
-	return conn, fds[1], nil
+	return f, raw, p[0], nil
 }
 
 // engineRoute is the call of a route change (kind: postEngineReserve,

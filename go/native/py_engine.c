@@ -10,7 +10,7 @@
 #include <string.h>
 
 // engine_outputs_listen(path, message_layout, output_layout, suffix, window) -> (handle, fd): fd is the
-// host's end of the stream socket that carries it the messages (the host's to read and close).
+// read end of the pipe that carries it the messages (the host's to read and close).
 static PyObject* mod_engine_outputs_listen(PyObject* m, PyObject* args) {
     const char *path, *msg, *out;
     Py_ssize_t path_len, msg_len, out_len, suffix;

@@ -8,10 +8,13 @@ are checked here against stand-ins; vLLM's own are in vllm_contract."""
 from __future__ import annotations
 
 import asyncio
+import fcntl
+import io
 import os
 import resource
 import select
 import socket
+import stat
 import struct
 import time
 from pathlib import Path
@@ -70,27 +73,28 @@ class Reader:
     def __init__(self, path: Path) -> None:
         self.path = str(path)
         self.h, fd = native().engine_outputs_listen(self.path.encode(), MESSAGE.encode(), OUTPUT.encode(), 9, 0.0)
-        self.sock = socket.socket(fileno=fd)
+        self.pipe = io.FileIO(fd, "rb")  # the pipe's read end, non-blocking
         self.buf = bytearray()
 
     def take(self, n: int, timeout: float = 10.0) -> List[Any]:
         got: List[Any] = []
         deadline = time.monotonic() + timeout
-        self.sock.settimeout(0.2)
         while len(got) < n and time.monotonic() < deadline:
-            try:
-                data = self.sock.recv(1 << 20)
-            except socket.timeout:
+            if not select.select([self.pipe], [], [], 0.2)[0]:
                 continue
-            assert data, "the library closed the socket"
+            data = self.pipe.read(1 << 20)
+            if data is None:
+                continue
+            assert data, "the library closed the pipe"
             self.buf += data
             got += vllm_outputs.parse(self.buf)
         return got
 
     def close(self) -> None:
         native().engine_outputs_free(self.h)
-        assert self.sock.recv(10) == b"", "the library closed its end"
-        self.sock.close()
+        assert select.select([self.pipe], [], [], 5.0)[0], "the library closed its end"
+        assert self.pipe.read(10) == b"", "the library closed its end"
+        self.pipe.close()
 
     def push(self) -> socket.socket:
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -123,6 +127,17 @@ def test_messages_reach_the_host_whole_and_in_order(reader: Reader) -> None:
     assert [flags for _, flags in got] == [b"\0"] * 50 + [b"", b""]  # nothing routed: nothing delivered
     assert native().engine_outputs_sent(reader.h) == 0
     s.close()
+
+
+def test_the_hosts_end_is_a_pipe_that_reads_never_wake_the_library(reader: Reader) -> None:
+    """The host reads its messages from a pipe's read end, non-blocking: a socket
+    pair would signal the library's end writable (an edge in its poller) at every
+    read of the host's, waking a thread of the library's for nothing; a pipe wakes
+    its writer only when a read made room in a full pipe."""
+    fd = reader.pipe.fileno()
+    assert stat.S_ISFIFO(os.fstat(fd).st_mode)
+    assert not os.get_blocking(fd)
+    assert fcntl.fcntl(fd, fcntl.F_GETFD) & fcntl.FD_CLOEXEC
 
 
 def test_a_route_needs_a_request_of_the_library(reader: Reader) -> None:
@@ -236,21 +251,20 @@ class RoutedHandler:
         lib, h = native(), self.reader.h
         loop = asyncio.get_running_loop()
         done = loop.create_future()
-        sock = self.reader.sock
-        sock.setblocking(False)
+        pipe = self.reader.pipe
 
         def readable() -> None:
-            self.reader.buf += sock.recv(1 << 20)
+            self.reader.buf += pipe.read(1 << 20) or b""
             for _frames, flags in vllm_outputs.parse(self.reader.buf):
                 if flags == b"\0" and not done.done():  # the last output: the handler's
                     sink({"token_ids": [99], "finish_reason": "length"})
                     done.set_result(None)
 
-        loop.add_reader(sock.fileno(), readable)
+        loop.add_reader(pipe.fileno(), readable)
         try:
             await done
         finally:
-            loop.remove_reader(sock.fileno())
+            loop.remove_reader(pipe.fileno())
             lib.engine_outputs_post(6, h, b"eng", 0)
         return
         yield  # an async generator, as a handler is

@@ -1,20 +1,21 @@
 package rawio
 
 import (
+	"io"
 	"net"
 	"sync"
 	"syscall"
 )
 
-// Queue writes a socket's bytes for callers that must never wait (a
-// reader's goroutine that other streams wait on, a Kill's): Write writes
-// what the socket takes at once, with a raw write, while nothing is queued
-// before it, and queues the rest for the Queue's writer, a goroutine that
-// waits for room. Bytes go out in the order written. The queue is not
+// Queue writes a socket's (or a pipe's) bytes for callers that must never
+// wait (a reader's goroutine that other streams wait on, a Kill's): Write
+// writes what the socket takes at once, with a raw write, while nothing is
+// queued before it, and queues the rest for the Queue's writer, a goroutine
+// that waits for room. Bytes go out in the order written. The queue is not
 // bounded: its user bounds what it writes. Once the socket fails, or once
 // Close, nothing more is written and what was queued is dropped.
 type Queue struct {
-	c      net.Conn
+	c      io.WriteCloser
 	raw    syscall.RawConn // nil: every write is queued
 	failed func()          // NewQueue's, run once when the socket fails
 
@@ -27,10 +28,12 @@ type Queue struct {
 	done    chan struct{} // closed when the writer returned
 }
 
-// NewQueue starts c's Queue. raw is c's descriptor (from its
-// SyscallConn); nil has every write queued. failed, when not nil, runs
-// once when a write to c fails (outside the Queue's lock), not on Close.
-func NewQueue(c net.Conn, raw syscall.RawConn, failed func()) *Queue {
+// NewQueue starts c's Queue: a connection, or a pipe's write end in Go's
+// network poller (an *os.File of a non-blocking descriptor). raw is c's
+// descriptor (from its SyscallConn); nil has every write queued. failed,
+// when not nil, runs once when a write to c fails (outside the Queue's
+// lock), not on Close. Closing c must end a Write of c's that waits.
+func NewQueue(c io.WriteCloser, raw syscall.RawConn, failed func()) *Queue {
 	q := &Queue{c: c, raw: raw, failed: failed, kick: make(chan struct{}, 1), done: make(chan struct{})}
 	go q.write()
 	return q

@@ -87,3 +87,62 @@ func TestQueueFailsOnceWhenThePeerIsGone(t *testing.T) {
 }
 
 func osFile(fd int) *os.File { return os.NewFile(uintptr(fd), "socketpair") }
+
+// A pipe's write end in the poller (as the library's end of the host's
+// messages): Write never waits, every byte comes in order once the reader
+// reads, a reader that is gone fails the Queue once, and Close ends a
+// writer that waits for room.
+func TestQueueOnAPipe(t *testing.T) {
+	pipe := func() (*os.File, syscall.RawConn, *os.File) {
+		var p [2]int
+		require.NoError(t, syscall.Pipe2(p[:], syscall.O_NONBLOCK|syscall.O_CLOEXEC))
+		w := os.NewFile(uintptr(p[1]), "pipe-w")
+		raw, err := w.SyscallConn()
+		require.NoError(t, err)
+		r := os.NewFile(uintptr(p[0]), "pipe-r")
+		t.Cleanup(func() { _ = w.Close(); _ = r.Close() })
+		return w, raw, r
+	}
+	w, raw, r := pipe()
+	var failed atomic.Int32
+	q := rawio.NewQueue(w, raw, func() { failed.Add(1) })
+	var want bytes.Buffer
+	for i := range 64 { // 64 x 64 KiB: far beyond the pipe's capacity
+		b := bytes.Repeat([]byte{byte(i)}, 64<<10)
+		want.Write(b)
+		n, err := q.Write(b)
+		require.NoError(t, err)
+		require.Equal(t, len(b), n)
+	}
+	got := make([]byte, want.Len())
+	_, err := io.ReadFull(r, got)
+	require.NoError(t, err)
+	assert.True(t, bytes.Equal(want.Bytes(), got), "in order, whole")
+
+	// Full again, the writer waiting for room: Close ends it.
+	for range 8 {
+		_, err := q.Write(make([]byte, 64<<10))
+		require.NoError(t, err)
+	}
+	closed := make(chan struct{})
+	go func() { q.Close(); close(closed) }()
+	select {
+	case <-closed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close waited for a reader that never reads")
+	}
+	assert.Zero(t, failed.Load(), "Close is not a failure")
+
+	// A reader that is gone: the hook runs once, later writes report it.
+	w2, raw2, r2 := pipe()
+	q2 := rawio.NewQueue(w2, raw2, func() { failed.Add(1) })
+	defer q2.Close()
+	require.NoError(t, r2.Close())
+	require.Eventually(t, func() bool {
+		_, err := q2.Write(bytes.Repeat([]byte("x"), 1<<16))
+		return err != nil
+	}, 10*time.Second, time.Millisecond)
+	_, err = q2.Write([]byte("again"))
+	assert.ErrorIs(t, err, net.ErrClosed)
+	assert.EqualValues(t, 1, failed.Load())
+}

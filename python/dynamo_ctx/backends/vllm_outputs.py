@@ -14,7 +14,7 @@ bookkeeping of each as before (statistics, finishes, everything not plain).
 
 - it closes vLLM's PULL socket and listens on its path in the library; the engine
   core's PUSH socket connects again by itself (ZeroMQ reconnects);
-- the library's messages reach the loop through a socket; each is what
+- the library's messages reach the loop through a pipe; each is what
   vLLM's own reader (``AsyncMPClient``'s ``process_outputs_socket``) would have
   received, and is handled as it handles it (an engine's death, utility results,
   the queue its output handler reads), with the outputs the library delivered
@@ -53,9 +53,9 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import io
 import logging
 import os
-import socket
 import struct
 import time
 from typing import Any, List, Optional, Tuple
@@ -133,8 +133,8 @@ class EngineOutputs:
     def __init__(self, lib: Any, handle: int, fd: int, core: Any, lean: LeanOutputs, suffix: int) -> None:
         self._lib = lib
         self._handle = handle
-        self._sock = socket.socket(fileno=fd)  # the host's end: the library writes every message to it
-        self._sock.setblocking(False)
+        # The read end of the pipe the library writes every message to (non-blocking).
+        self._pipe = io.FileIO(fd, "rb")
         self._buf = bytearray()
         self._chunk = bytearray(_RECV)  # read into, again and again (a fresh large buffer per read costs an mmap)
         self._view = memoryview(self._chunk)
@@ -276,7 +276,7 @@ class EngineOutputs:
                 raise
             logger.warning("vLLM reads its engine core's outputs itself: the library could not: %r", e)
             return None
-        loop.add_reader(self._sock.fileno(), self._read)
+        loop.add_reader(self._pipe.fileno(), self._read)
         # vLLM's shutdown cancels this task (its finalizer, also when the engine
         # core dies): then, as its own reader, the handler gets EngineDeadError.
         resources.output_queue_task = loop.create_task(self._hold(), name="EngineCoreOutputQueueTask")
@@ -303,7 +303,7 @@ class EngineOutputs:
             return
         self._lean.go = None
         try:
-            asyncio.get_running_loop().remove_reader(self._sock.fileno())
+            asyncio.get_running_loop().remove_reader(self._pipe.fileno())
         except RuntimeError:
             pass  # no loop: nothing watches the socket
         self._free()
@@ -317,7 +317,7 @@ class EngineOutputs:
         if self._input is not None:
             self._input.closed = True  # the library's listener goes with the reader
         self._lib.engine_outputs_free(self._handle)
-        self._sock.close()
+        self._pipe.close()
 
     def sent(self) -> int:
         """The tokens the library sent itself so far (a counter: its last value once closed)."""
@@ -363,8 +363,10 @@ class EngineOutputs:
         try:
             while not self._closed:
                 try:
-                    n = self._sock.recv_into(self._chunk)
-                except (BlockingIOError, InterruptedError):
+                    n = self._pipe.readinto(self._chunk)
+                except InterruptedError:
+                    return
+                if n is None:  # nothing more now
                     return
                 if not n:
                     raise RuntimeError("the library's engine-output reader stopped")

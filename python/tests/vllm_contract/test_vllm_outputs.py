@@ -11,8 +11,9 @@ Run by ``make test-vllm`` (with vLLM installed; skipped elsewhere).
 from __future__ import annotations
 
 import importlib.util
+import io
 import json
-import socket
+import select
 import time
 from pathlib import Path
 from typing import Any, List, Tuple
@@ -45,22 +46,22 @@ def test_it_knows_every_field_of_vllms_outputs() -> None:
         assert (message, output) == (golden["message_layout"], golden["output_layout"])
 
 
-def _listen(tmp_path: Path) -> Tuple[int, socket.socket, str]:
+def _listen(tmp_path: Path) -> Tuple[int, io.FileIO, str]:
     path = str(tmp_path / "out")
     message, output = vllm_outputs.layouts(EngineCoreOutput, EngineCoreOutputs)
     h, fd = native().engine_outputs_listen(path.encode(), message.encode(), output.encode(), 9, 0.0)
-    return h, socket.socket(fileno=fd), path
+    return h, io.FileIO(fd, "rb"), path  # the pipe's read end, non-blocking
 
 
-def _take(sock: socket.socket, n: int) -> List[Any]:
+def _take(pipe: io.FileIO, n: int) -> List[Any]:
     got: List[Any] = []
     buf = bytearray()
     deadline = time.monotonic() + 10
-    sock.settimeout(0.5)
     while len(got) < n and time.monotonic() < deadline:
-        try:
-            data = sock.recv(1 << 20)
-        except socket.timeout:
+        if not select.select([pipe], [], [], 0.5)[0]:
+            continue
+        data = pipe.read(1 << 20)
+        if data is None:
             continue
         buf += data
         got += vllm_outputs.parse(buf)
@@ -68,7 +69,7 @@ def _take(sock: socket.socket, n: int) -> List[Any]:
 
 
 def test_vllms_own_messages_come_through_whole(tmp_path: Path) -> None:
-    h, sock, path = _listen(tmp_path)
+    h, pipe, path = _listen(tmp_path)
     ctx = zmq.Context()
     try:
         push = ctx.socket(zmq.PUSH)
@@ -82,7 +83,7 @@ def test_vllms_own_messages_come_through_whole(tmp_path: Path) -> None:
         for m in sent:
             push.send_multipart(enc.encode(m))
         push.send(b"ENGINE_CORE_DEAD")
-        got = _take(sock, 4)
+        got = _take(pipe, 4)
         assert len(got) == 4
         for m, (frames, flags) in zip(sent, got):
             back = dec.decode(frames)
@@ -94,7 +95,7 @@ def test_vllms_own_messages_come_through_whole(tmp_path: Path) -> None:
     finally:
         ctx.destroy(linger=0)
         native().engine_outputs_free(h)
-        sock.close()
+        pipe.close()
 
 
 class _Client:
@@ -260,7 +261,7 @@ def test_the_librarys_messages_are_ones_vllms_engine_core_reads(tmp_path: Path) 
     from vllm.utils.network_utils import make_zmq_socket
     from vllm.v1.engine import EngineCoreRequestType
 
-    h, sock, _ = _listen(tmp_path)
+    h, pipe, _ = _listen(tmp_path)
     path = str(tmp_path / "in")
     identity = (0).to_bytes(2, "little")  # vLLM's engine core's (its rank)
     native().engine_inputs_listen(h, path.encode(), identity, EngineCoreRequestType.ABORT.value)
@@ -290,7 +291,7 @@ def test_the_librarys_messages_are_ones_vllms_engine_core_reads(tmp_path: Path) 
     finally:
         ctx.destroy(linger=0)
         native().engine_outputs_free(h)
-        sock.close()
+        pipe.close()
     assert not Path(path).exists(), "the library's listener went with the reader"
 
 

@@ -27,6 +27,8 @@ import (
 	"errors"
 	"sync"
 	"syscall"
+
+	"github.com/dynamo-ctx/dynamo-ctx/go/internal/rawio"
 )
 
 // ErrClosed is returned by Push after Close.
@@ -109,20 +111,18 @@ func (q *Queue[T]) signal() error {
 
 // write writes b to the non-blocking descriptor fd in one system call,
 // retried when interrupted; full reports that the pipe had no room (EAGAIN),
-// and b was not written.
+// and b was not written. A raw call (go/internal/rawio): a write that never
+// blocks needs none of the runtime's system-call bookkeeping, which would
+// wake its monitor thread from its deep sleep when the process idled. b is
+// at most 8 bytes, which a pipe takes whole or not at all.
 func write(fd int, b []byte) (full bool, err error) {
-	for {
-		_, err := syscall.Write(fd, b)
-		switch err {
-		case nil:
-			return false, nil
-		case syscall.EINTR:
-			continue
-		case syscall.EAGAIN:
-			return true, nil
-		default:
-			return false, err
-		}
+	switch _, errno := rawio.TryWriteAll(uintptr(fd), b); errno {
+	case 0:
+		return false, nil
+	case syscall.EAGAIN:
+		return true, nil
+	default:
+		return false, errno
 	}
 }
 

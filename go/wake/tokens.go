@@ -9,6 +9,8 @@ import (
 	"sync"
 	"syscall"
 	"unsafe"
+
+	"github.com/dynamo-ctx/dynamo-ctx/go/internal/rawio"
 )
 
 // TokenQueue is a FIFO of 64-bit tokens carried in its pipe: each Push
@@ -161,11 +163,11 @@ func (q *TokenQueue) Drain(dst []uint64) (n int, more bool) {
 	}
 	for n < len(dst) {
 		buf := unsafe.Slice((*byte)(unsafe.Pointer(&dst[n])), (len(dst)-n)*8)
-		r, err := syscall.Read(q.rfd, buf)
-		if err == syscall.EINTR {
+		r, errno := rawio.TryRead(uintptr(q.rfd), buf) // raw, as write's (wake.go)
+		if errno == syscall.EINTR {
 			continue
 		}
-		if err != nil || r <= 0 {
+		if errno != 0 || r <= 0 {
 			break // EAGAIN: the pipe is empty
 		}
 		n += r / 8 // tokens are written whole, so read whole

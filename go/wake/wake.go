@@ -160,8 +160,8 @@ func (q *Queue[T]) Drain(dst []T) (n int, more bool) {
 func (q *Queue[T]) unsignal() {
 	var b [64]byte
 	for {
-		n, err := syscall.Read(q.rfd, b[:])
-		if err == syscall.EINTR {
+		n, errno := rawio.TryRead(uintptr(q.rfd), b[:]) // raw, as write's
+		if errno == syscall.EINTR {
 			continue
 		}
 		// A pipe read returns everything available up to len(b), and no one
@@ -169,7 +169,7 @@ func (q *Queue[T]) unsignal() {
 		// empty: stop without paying for a second read that would return
 		// EAGAIN. EAGAIN itself means empty too. Other errors and EOF cannot
 		// occur on our own open descriptor and could not be acted on here.
-		if err != nil || n < len(b) {
+		if errno != 0 || n < len(b) {
 			return
 		}
 	}
